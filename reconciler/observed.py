@@ -1,0 +1,195 @@
+"""Plain values describing what is on the host: the output of observation and the input of the planner.
+
+Pure: frozen dataclasses only. Observers in ``reconciler.observe`` build these from Docker, GPU telemetry
+and /proc; the planner and the renderers read them; nothing here talks to the world.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+# Labels this tool puts on every container it creates. Ownership is decided by these alone.
+LABEL_PREFIX = "io.reconciler."
+LABEL_MANAGED = LABEL_PREFIX + "managed"
+LABEL_HOST = LABEL_PREFIX + "host"
+LABEL_RECIPE = LABEL_PREFIX + "recipe"
+LABEL_RECIPE_HASH = LABEL_PREFIX + "recipe-hash"
+LABEL_SLOTS = LABEL_PREFIX + "slots"
+LABEL_GPUS = LABEL_PREFIX + "gpus"
+LABEL_OFFLOAD = LABEL_PREFIX + "offload"
+LABEL_PRESERVED = LABEL_PREFIX + "preserved"
+
+# Container states in which a container holds its GPUs and its offload files.
+ACTIVE_STATES = frozenset({"running", "restarting", "paused"})
+
+
+class SourceState(str, Enum):
+    OK = "ok"
+    UNAVAILABLE = "unavailable"
+
+
+@dataclass(frozen=True)
+class Source:
+    """Whether one observation source answered completely."""
+
+    name: str  # "docker" | "proc" | "gpu"
+    ok: bool
+    detail: str = ""
+
+    def render(self) -> str:
+        return "ok" if self.ok else f"unavailable: {self.detail}"
+
+
+@dataclass(frozen=True)
+class ContainerView:
+    """One Docker container, as far as this tool cares."""
+
+    id: str
+    name: str
+    state: str  # docker's State: created, running, restarting, paused, exited, dead, removing
+    image: str
+    labels: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
+    exit_code: int | None = None
+    # GPUs the container is given: physical ids as written (index or UUID), or ("all",).
+    gpu_devices: tuple[str, ...] = ()
+    # vLLM native offload configured (our label, vLLM flags in its command, or offload env).
+    offload: bool = False
+    pids: tuple[int, ...] = ()
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+    @property
+    def managed(self) -> bool:
+        return self.labels.get(LABEL_MANAGED) == "true"
+
+    @property
+    def preserved(self) -> bool:
+        return self.labels.get(LABEL_PRESERVED) == "true"
+
+    @property
+    def recipe(self) -> str | None:
+        return self.labels.get(LABEL_RECIPE)
+
+    @property
+    def recipe_hash(self) -> str | None:
+        return self.labels.get(LABEL_RECIPE_HASH)
+
+    @property
+    def slots(self) -> tuple[str, ...]:
+        raw = self.labels.get(LABEL_SLOTS, "")
+        return tuple(s for s in raw.split(",") if s)
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_bytes: int | None
+    container_id: str | None = None  # full id when the pid runs in a Docker container
+    command: str = ""
+
+
+@dataclass(frozen=True)
+class GpuSlotView:
+    """One configured slot as GPU telemetry sees it."""
+
+    slot: str
+    index: int | None
+    uuid: str | None
+    name: str = ""
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    processes: tuple[GpuProcess, ...] = ()
+    missing: bool = False  # configured, but no such GPU on the host
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class GpuView:
+    """GPU telemetry for all configured slots. With ``telemetry == "none"`` there are no processes to see."""
+
+    telemetry: str  # "nvml" | "none"
+    source: Source
+    slots: dict[str, GpuSlotView] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Owner:
+    pid: int
+    via: str  # "map" | "fd"
+    container: str | None = None  # container name (or id) when the pid belongs to one
+    command: str = ""
+
+
+@dataclass(frozen=True)
+class ShmFile:
+    path: str
+    dev: int
+    inode: int
+    size_bytes: int
+    allocated_bytes: int
+    owners: tuple[Owner, ...] = ()
+    state: str = "orphan"  # "owned" | "orphan" | "blocked"
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Uninspectable:
+    pid: int
+    command: str
+    reason: str
+    excused: bool
+
+
+@dataclass(frozen=True)
+class Tmpfs:
+    size_bytes: int
+    used_bytes: int
+    free_bytes: int
+
+
+@dataclass(frozen=True)
+class ShmView:
+    """The offload files in ``shm.dir`` and who holds them."""
+
+    dir: str
+    pattern: str
+    tmpfs: Tmpfs
+    proc: Source
+    docker: Source
+    files: tuple[ShmFile, ...] = ()
+    # Running containers with native offload configured: while any exists, nothing is reclaimed.
+    blocking_containers: tuple[str, ...] = ()
+    # Bytes of files already unlinked but still mapped (``(deleted)`` in maps): owned, with no path.
+    deleted_mapped_bytes: int = 0
+    deleted_mapped: tuple[ShmFile, ...] = ()
+    uninspectable: tuple[Uninspectable, ...] = ()
+    # Entries that matched the pattern but were refused (symlink, directory, outside dir): path -> why.
+    skipped: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def sources_ok(self) -> bool:
+        return self.proc.ok and self.docker.ok
+
+    def by_state(self, state: str) -> tuple[ShmFile, ...]:
+        return tuple(f for f in self.files if f.state == state)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything one observation pass saw. Sources that failed are recorded, never papered over."""
+
+    host: str
+    containers: tuple[ContainerView, ...]
+    gpus: GpuView
+    shm: ShmView
+    docker: Source
+
+    @property
+    def sources(self) -> dict[str, Source]:
+        return {"docker": self.docker, "proc": self.shm.proc, "gpu": self.gpus.source}
+
+    def unavailable(self) -> list[Source]:
+        return [s for s in self.sources.values() if not s.ok]

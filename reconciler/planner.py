@@ -1,0 +1,374 @@
+"""The pure planner: ``plan(desired, observed) -> Plan``.
+
+Called by every command that decides (``plan``, ``apply``, ``status``, the loop). It reads plain values and
+returns frozen actions in a safe order: leaves first (they free GPU slots and offload files), then a reclaim
+of orphan offload files, then enters. It never observes and never acts; ``reconciler.apply`` executes the very
+same Plan object. Nothing here imports Docker, NVML or metrics (an import contract test keeps it so).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+from reconciler.model import DesiredAssignment, DesiredState, container_name
+from reconciler.observed import LABEL_HOST, ContainerView, Observed
+
+GIB = 1024**3
+
+
+class ActionKind(str, Enum):
+    LEAVE = "leave"
+    RECLAIM = "reclaim"
+    ENTER = "enter"
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: ActionKind
+    reason: str
+    recipe: str | None = None
+    gpus: tuple[str, ...] = ()
+    container: str | None = None
+    container_id: str | None = None
+    recipe_hash: str | None = None
+    paths: tuple[str, ...] = ()
+    bytes: int = 0
+    offload: bool = False
+
+    @property
+    def key(self) -> str:
+        """What this action is about: the assignment (recipe@slots) or, for reclaim, the shm dir."""
+        if self.kind is ActionKind.RECLAIM:
+            return "reclaim"
+        return f"{self.recipe}@{'+'.join(self.gpus)}"
+
+    def to_json(self) -> dict:
+        return {
+            "kind": self.kind.value,
+            "recipe": self.recipe,
+            "gpus": list(self.gpus),
+            "container": self.container,
+            "paths": list(self.paths),
+            "reason": self.reason,
+            "container_id": self.container_id,
+            "recipe_hash": self.recipe_hash,
+            "bytes": self.bytes,
+        }
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """A needed change that cannot be made safely; the reconciler never kills what it does not own."""
+
+    recipe: str
+    gpus: tuple[str, ...]
+    reason: str
+    holder: str = ""
+
+    def to_json(self) -> dict:
+        return {"recipe": self.recipe, "gpus": list(self.gpus), "reason": self.reason, "holder": self.holder}
+
+
+@dataclass(frozen=True)
+class Held:
+    """An enter postponed by the caller (a recipe in backoff after a failed enter)."""
+
+    recipe: str
+    gpus: tuple[str, ...]
+    reason: str
+
+    def to_json(self) -> dict:
+        return {"recipe": self.recipe, "gpus": list(self.gpus), "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Plan:
+    host: str
+    actions: tuple[Action, ...] = ()
+    blockers: tuple[Blocker, ...] = ()
+    held: tuple[Held, ...] = ()
+    # Observation sources that failed: the plan is then incomplete and nothing that needs them may run.
+    unavailable: tuple[str, ...] = ()
+    satisfied: tuple[str, ...] = field(default=())  # container names already matching their assignment
+
+    @property
+    def blocked(self) -> bool:
+        return bool(self.blockers)
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.actions or self.blockers)
+
+    @property
+    def converged(self) -> bool:
+        return not self.actions and not self.blockers and not self.held and not self.unavailable
+
+    def to_json(self) -> dict:
+        return {
+            "host": self.host,
+            "changes": self.changes,
+            "blocked": self.blocked,
+            "actions": [a.to_json() for a in self.actions],
+            "blockers": [b.to_json() for b in self.blockers],
+            "held": [h.to_json() for h in self.held],
+            "unavailable": list(self.unavailable),
+            "satisfied": list(self.satisfied),
+        }
+
+
+# ---------------------------------------------------------------- GPU claims
+
+
+def device_index(desired: DesiredState, observed: Observed) -> dict[str, str]:
+    """Every id a container may use for a configured GPU (index, UUID) -> slot name."""
+    ids: dict[str, str] = {}
+    for slot, gpu in desired.host.gpus.items():
+        for dev in gpu.device_ids():
+            ids[dev] = slot
+        seen = observed.gpus.slots.get(slot)
+        if seen is not None and not seen.missing:
+            if seen.uuid:
+                ids[seen.uuid] = slot
+            if seen.index is not None:
+                ids[str(seen.index)] = slot
+    return ids
+
+
+def claimed_slots(c: ContainerView, ids: Mapping[str, str], all_slots: tuple[str, ...]) -> tuple[str, ...]:
+    """The slots a container holds: by our label, its DeviceRequests / visible-devices env, or 'all'."""
+    slots: list[str] = list(c.slots) if c.managed else []
+    for dev in c.gpu_devices:
+        if dev == "all":
+            return all_slots
+        slot = ids.get(dev)
+        if slot is not None and slot not in slots:
+            slots.append(slot)
+    return tuple(slots)
+
+
+def _ours(c: ContainerView, host: str) -> bool:
+    """A container is ours when it carries our managed label for this host (or no host label at all)."""
+    return c.managed and c.labels.get(LABEL_HOST, host) == host
+
+
+def _describe(c: ContainerView) -> str:
+    return f"container {c.name} ({c.id[:12]}, {c.state})"
+
+
+# ---------------------------------------------------------------- the planner
+
+
+def plan(desired: DesiredState, observed: Observed, *, hold: Mapping[str, str] | None = None) -> Plan:
+    """Decide what to do. ``hold`` maps assignment keys (recipe@slots) to a reason to postpone their enter."""
+    hold = hold or {}
+    host = desired.host.name
+    unavailable = tuple(s.name for s in observed.unavailable())
+    if not observed.docker.ok:
+        # Without Docker nothing about containers is known: no action can be justified.
+        return Plan(host=host, unavailable=unavailable)
+
+    all_slots = tuple(desired.host.gpus)
+    ids = device_index(desired, observed)
+    ours = [c for c in observed.containers if _ours(c, host) and not (c.preserved and not c.active)]
+
+    leaves: list[Action] = []
+    enters: list[DesiredAssignment] = []
+    satisfied: list[ContainerView] = []
+    claimed: set[str] = set()
+
+    for d in desired.assignments:
+        mine = [c for c in ours if c.recipe == d.recipe and c.slots == d.slots and not c.preserved]
+        claimed.update(c.id for c in mine)
+        good = [c for c in mine if c.active and c.recipe_hash == d.recipe_hash]
+        keep = good[0] if good else None
+        if keep is not None:
+            satisfied.append(keep)
+        else:
+            enters.append(d)
+        for c in mine:
+            if c is keep:
+                continue
+            if c in good:
+                why = f"duplicate of {keep.name} for {d.key}"
+            elif c.active:
+                why = f"recipe {d.recipe} changed (hash {c.recipe_hash} -> {d.recipe_hash}): recreate"
+            else:
+                why = _stopped_reason(c)
+            leaves.append(_leave(c, why, desired))
+
+    for c in ours:
+        if c.id in claimed:
+            continue
+        if c.active:
+            why = f"{c.recipe or 'container'} on {','.join(c.slots) or 'no slot'} is not in the manifest"
+        else:
+            why = _stopped_reason(c) + "; not in the manifest"
+        leaves.append(_leave(c, why, desired))
+
+    leaving = {a.container_id for a in leaves}
+    kept_ids = {c.id for c in satisfied}
+    shm = observed.shm
+
+    # Offload files: orphans are reclaimed through the guard; what leaving containers own goes with them.
+    reclaim: Action | None = None
+    orphans = shm.by_state("orphan")
+    proc_ok = shm.proc.ok and shm.docker.ok
+    if orphans and proc_ok:
+        reclaim_bytes = sum(f.allocated_bytes for f in orphans)
+        reclaim = Action(
+            kind=ActionKind.RECLAIM,
+            reason=f"{len(orphans)} orphan offload file(s) in {shm.dir} hold {_gib(reclaim_bytes)} "
+            "with no live mapping, open fd or running offload container",
+            paths=tuple(f.path for f in orphans),
+            bytes=reclaim_bytes,
+        )
+    freed_by_leaves = sum(
+        f.allocated_bytes
+        for f in shm.files
+        if f.owners and all(_owner_leaving(o.container, observed, leaving) for o in f.owners)
+    )
+    blocked_orphans = shm.by_state("blocked")
+    if blocked_orphans and shm.blocking_containers and all(
+        _name_leaving(n, observed, leaving) for n in shm.blocking_containers
+    ):
+        freed_by_leaves += sum(f.allocated_bytes for f in blocked_orphans)
+    room = shm.tmpfs.free_bytes + (reclaim.bytes if reclaim else 0) + freed_by_leaves
+
+    blockers: list[Blocker] = []
+    held: list[Held] = []
+    enter_actions: list[Action] = []
+    for d in enters:
+        recipe = desired.recipes[d.recipe]
+        problems = _slot_problems(d, observed, ids, all_slots, leaving, kept_ids, desired)
+        if d.offload_bytes:
+            if not proc_ok:
+                problems.append(("offload files cannot be inspected: " + _sources(shm), ""))
+            elif d.offload_bytes > room:
+                problems.append(
+                    (
+                        f"tmpfs {shm.dir} would have {_gib(room)} free after planned leaves and reclaim; "
+                        f"recipe {d.recipe} needs {_gib(d.offload_bytes)} for its offload file",
+                        "tmpfs",
+                    )
+                )
+        if problems:
+            for why, holder in problems:
+                blockers.append(Blocker(recipe=d.recipe, gpus=d.slots, reason=why, holder=holder))
+            continue
+        if d.key in hold:
+            held.append(Held(recipe=d.recipe, gpus=d.slots, reason=hold[d.key]))
+            continue
+        room -= d.offload_bytes
+        enter_actions.append(
+            Action(
+                kind=ActionKind.ENTER,
+                reason=_enter_reason(d, observed, ours),
+                recipe=d.recipe,
+                gpus=d.slots,
+                container=container_name(d.recipe, d.slots),
+                recipe_hash=d.recipe_hash,
+                bytes=d.offload_bytes,
+                offload=recipe.offload.enabled,
+            )
+        )
+
+    actions: list[Action] = [*leaves]
+    if reclaim is not None:
+        actions.append(reclaim)
+    actions.extend(enter_actions)
+    return Plan(
+        host=host,
+        actions=tuple(actions),
+        blockers=tuple(blockers),
+        held=tuple(held),
+        unavailable=unavailable,
+        satisfied=tuple(c.name for c in satisfied),
+    )
+
+
+def _slot_problems(
+    d: DesiredAssignment,
+    observed: Observed,
+    ids: Mapping[str, str],
+    all_slots: tuple[str, ...],
+    leaving: set[str | None],
+    kept: set[str],
+    desired: DesiredState,
+) -> list[tuple[str, str]]:
+    """Why the slots of ``d`` are not free once the planned leaves are done (empty: free)."""
+    problems: list[tuple[str, str]] = []
+    gpus = observed.gpus
+    if not gpus.source.ok:
+        problems.append((f"GPU telemetry ({gpus.telemetry}) unavailable: {gpus.source.detail}", ""))
+    for c in observed.containers:
+        if not c.active or c.id in leaving:
+            continue
+        held = [s for s in claimed_slots(c, ids, all_slots) if s in d.slots]
+        if not held:
+            continue
+        who = "managed by this tool for another assignment" if _ours(c, desired.host.name) else "not managed by this tool"
+        problems.append((f"{_describe(c)} holds GPU slot {','.join(held)} and is {who}", c.name))
+    by_id = {c.id: c for c in observed.containers}
+    for slot in d.slots:
+        view = gpus.slots.get(slot)
+        if view is None:
+            continue
+        if view.missing:
+            problems.append((f"GPU for slot {slot} not found on this host ({view.error or 'missing'})", ""))
+            continue
+        for p in view.processes:
+            owner = by_id.get(p.container_id) if p.container_id else None
+            if owner is not None and (owner.id in leaving):
+                continue  # goes away with a planned leave
+            if owner is not None and owner.id in kept and slot in owner.slots:
+                continue
+            where = f"container {owner.name}" if owner else ("a container" if p.container_id else "no container")
+            cmd = f" ({p.command})" if p.command else ""
+            problems.append((f"pid {p.pid}{cmd} in {where} uses GPU slot {slot}", f"pid {p.pid}"))
+    return problems
+
+
+def _leave(c: ContainerView, why: str, desired: DesiredState) -> Action:
+    recipe = desired.recipes.get(c.recipe or "")
+    return Action(
+        kind=ActionKind.LEAVE,
+        reason=why,
+        recipe=c.recipe,
+        gpus=c.slots,
+        container=c.name,
+        container_id=c.id,
+        recipe_hash=c.recipe_hash,
+        offload=c.offload or bool(recipe and recipe.offload.enabled),
+    )
+
+
+def _stopped_reason(c: ContainerView) -> str:
+    if c.state == "created":
+        return f"{c.name} was created but never started"
+    code = "" if c.exit_code is None else f" with code {c.exit_code}"
+    return f"{c.name} is {c.state}{code}"
+
+
+def _enter_reason(d: DesiredAssignment, observed: Observed, ours: list[ContainerView]) -> str:
+    prior = [c for c in ours if c.recipe == d.recipe and c.slots == d.slots and c.active]
+    if prior and prior[0].recipe_hash != d.recipe_hash:
+        return f"recipe {d.recipe} changed: recreate on {','.join(d.slots)}"
+    return f"manifest gives {','.join(d.slots)} to {d.recipe}; no container of it is running"
+
+
+def _owner_leaving(name: str | None, observed: Observed, leaving: set[str | None]) -> bool:
+    return name is not None and _name_leaving(name, observed, leaving)
+
+
+def _name_leaving(name: str, observed: Observed, leaving: set[str | None]) -> bool:
+    return any(c.id in leaving and (c.name == name or c.id.startswith(name)) for c in observed.containers)
+
+
+def _sources(shm) -> str:  # type: ignore[no-untyped-def]
+    return ", ".join(f"{s.name} {s.render()}" for s in (shm.proc, shm.docker) if not s.ok)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f} GiB" if n >= GIB / 10 else f"{n / 1024**2:.1f} MiB"
