@@ -168,8 +168,11 @@ class Recipe(_Strict):
     stop: StopSpec = Field(default_factory=StopSpec)
 
     def content_hash(self) -> str:
-        """Stable hash of everything that defines the container: a changed recipe means recreate."""
-        canon = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """Stable hash of everything that defines the container: a changed recipe means recreate.
+
+        The free-text description is left out: rewording it must not restart a model that took minutes to load.
+        """
+        canon = json.dumps(self.model_dump(mode="json", exclude={"description"}), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canon.encode()).hexdigest()[:16]
 
 

@@ -1,1 +1,22 @@
-"""Observation: reads Docker, GPU telemetry and /proc + the shm dir into one ``Observed`` value. Read-only."""
+"""Observation: reads Docker, GPU telemetry and /proc + the shm dir into one ``Observed`` value. Read-only.
+
+Called by ``plan``, ``status``, ``apply`` (before and after each action) and the loop. Each source that fails
+is recorded as unavailable in the result instead of raising, so callers can fail closed and say which one.
+"""
+
+from __future__ import annotations
+
+from reconciler.model import HostConfig
+from reconciler.observe.docker_obs import DockerObserver
+from reconciler.observe.gpu import observe_gpus
+from reconciler.observed import Observed
+
+
+def observe(host: HostConfig, *, docker: DockerObserver | None = None, proc_root: str = "/proc") -> Observed:
+    from reconciler.observe.shm import inspect_shm
+
+    docker = docker or DockerObserver(host.docker.url)
+    containers, docker_source = docker.observe()
+    gpus = observe_gpus(host)
+    shm = inspect_shm(host.shm, containers=containers, docker=docker_source, proc_root=proc_root)
+    return Observed(host=host.name, containers=containers, gpus=gpus, shm=shm, docker=docker_source)

@@ -1,0 +1,175 @@
+"""The command line: ``reconciler validate | plan | apply | run | status | shm``.
+
+The entry point of the console script. Every command takes ``--root`` and ``--json`` (before or after the
+command name). Exit codes are part of the contract (DESIGN.md): plan 0 nothing to do, 2 changes pending,
+3 blocked, 1 error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from reconciler import __version__
+from reconciler.errors import ConfigError, ReconcilerError
+from reconciler.loader import default_root
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_CHANGES = 2
+EXIT_BLOCKED = 3
+
+
+def emit_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2, sort_keys=False, default=str)
+    sys.stdout.write("\n")
+
+
+def report_config_error(exc: ConfigError, args: argparse.Namespace) -> int:
+    for p in exc.problems:
+        print(str(p), file=sys.stderr)
+    if getattr(args, "json", False) and args.command == "validate":
+        emit_json({"valid": False, "errors": [{"path": p.path, "line": p.line, "message": p.message} for p in exc.problems]})
+    return EXIT_ERROR
+
+
+# ---------------------------------------------------------------- commands
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from reconciler.loader import load_desired
+
+    desired = load_desired(args.root)
+    if args.json:
+        emit_json(
+            {
+                "valid": True,
+                "host": desired.host.name,
+                "manifest": desired.manifest_path,
+                "recipes": sorted(desired.recipes),
+                "assignments": [
+                    {"recipe": a.recipe, "gpus": list(a.slots), "recipe_hash": a.recipe_hash} for a in desired.assignments
+                ],
+            }
+        )
+    else:
+        print(
+            f"valid: host {desired.host.name}, {len(desired.recipes)} recipe(s), "
+            f"{len(desired.assignments)} assignment(s) in {desired.manifest_path}"
+        )
+    return EXIT_OK
+
+
+def _observe_and_plan(root: str):  # type: ignore[no-untyped-def]
+    from reconciler.loader import load_desired
+    from reconciler.observe import observe
+    from reconciler.planner import plan
+
+    desired = load_desired(root)
+    observed = observe(desired.host)
+    return desired, observed, plan(desired, observed)
+
+
+def plan_exit_code(p: Any) -> int:
+    if p.unavailable:
+        return EXIT_ERROR
+    if p.blocked:
+        return EXIT_BLOCKED
+    if p.actions:
+        return EXIT_CHANGES
+    return EXIT_OK
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from reconciler.render import Style, render_plan
+
+    desired, observed, p = _observe_and_plan(args.root)
+    if args.json:
+        data = p.to_json()
+        data["sources"] = {n: v.render() for n, v in observed.sources.items()}
+        emit_json(data)
+    else:
+        print(render_plan(p, observed, Style()))
+    code = plan_exit_code(p)
+    if code == EXIT_ERROR:
+        for s in observed.unavailable():
+            print(f"error: {s.name} source unavailable: {s.detail}", file=sys.stderr)
+    return code
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from reconciler.render import Style, render_status, status_data
+
+    desired, observed, p = _observe_and_plan(args.root)
+    data = status_data(desired, observed, p)
+    if args.json:
+        emit_json(data)
+    else:
+        print(render_status(data, Style()))
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: the value given before the command name stays unless repeated after it.
+    common.add_argument("--root", default=argparse.SUPPRESS, help="directory holding configs/ and manifests/")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+
+    parser = argparse.ArgumentParser(
+        prog="reconciler",
+        description="Make a GPU serving host match its manifest: recipes on GPU slots, guarded offload shm.",
+    )
+    parser.add_argument("--root", default=None, help="directory holding configs/ and manifests/ (default: $RECONCILER_ROOT or .)")
+    parser.add_argument("--json", action="store_true", default=False, help="machine-readable output")
+    parser.add_argument("--version", action="version", version=f"reconciler {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("validate", parents=[common], help="check host, recipes and manifests (0 valid, 1 invalid)")
+    p.set_defaults(func=cmd_validate)
+    p = sub.add_parser(
+        "plan", parents=[common], help="dry run: what would change and why (0 none, 2 pending, 3 blocked, 1 error)"
+    )
+    p.set_defaults(func=cmd_plan)
+    p = sub.add_parser("status", parents=[common], help="what is on each GPU slot, containers, shm, converged or not")
+    p.set_defaults(func=cmd_status)
+
+    try:
+        from reconciler.cli_shm import add_commands as add_shm
+    except ImportError:  # pragma: no cover - only while the shm guard is not installed
+        add_shm = None
+    if add_shm is not None:
+        add_shm(sub, parents=[common])
+    try:
+        from reconciler.cli_apply import add_commands as add_apply
+    except ImportError:  # pragma: no cover
+        add_apply = None
+    if add_apply is not None:
+        add_apply(sub, parents=[common])
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.root is None:
+        args.root = default_root()
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        return report_config_error(exc, args)
+    except ReconcilerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,250 @@
+"""Human output for plan and status: pure functions from values to text.
+
+Called by the CLI. Colour only when writing to a terminal (and NO_COLOR is unset); plain text when piped.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, TextIO
+
+from reconciler.model import DesiredState
+from reconciler.observed import Observed
+from reconciler.planner import Action, ActionKind, Plan, claimed_slots, device_index
+
+GIB = 1024**3
+
+
+class Style:
+    def __init__(self, stream: TextIO | None = None, *, color: bool | None = None):
+        stream = stream or sys.stdout
+        if color is None:
+            color = stream.isatty() and not os.environ.get("NO_COLOR")
+        self.color = color
+
+    def _c(self, code: str, text: str) -> str:
+        return f"\x1b[{code}m{text}\x1b[0m" if self.color else text
+
+    def red(self, t: str) -> str:
+        return self._c("31", t)
+
+    def green(self, t: str) -> str:
+        return self._c("32", t)
+
+    def yellow(self, t: str) -> str:
+        return self._c("33", t)
+
+    def bold(self, t: str) -> str:
+        return self._c("1", t)
+
+    def dim(self, t: str) -> str:
+        return self._c("2", t)
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "?"
+    if n >= GIB:
+        return f"{n / GIB:.2f} GiB"
+    if n >= 1024**2:
+        return f"{n / 1024**2:.1f} MiB"
+    if n >= 1024:
+        return f"{n / 1024:.1f} KiB"
+    return f"{n} B"
+
+
+_SIGN = {ActionKind.LEAVE: "-", ActionKind.RECLAIM: "~", ActionKind.ENTER: "+"}
+
+
+def _action_line(a: Action, s: Style) -> list[str]:
+    sign = _SIGN[a.kind]
+    paint = {ActionKind.LEAVE: s.red, ActionKind.RECLAIM: s.yellow, ActionKind.ENTER: s.green}[a.kind]
+    if a.kind is ActionKind.RECLAIM:
+        head = f"{sign} reclaim {len(a.paths)} orphan offload file(s), {human_bytes(a.bytes)}"
+        lines = [paint(head), f"      why: {a.reason}"]
+        lines += [f"      {p!r}" if "\n" in p else f"      {p}" for p in a.paths]
+        return lines
+    slots = ",".join(a.gpus) or "no GPU slot"
+    head = f"{sign} {a.kind.value:<7} {a.recipe or '?'} on {slots}"
+    extra = []
+    if a.container:
+        extra.append(f"container {a.container}")
+    if a.kind is ActionKind.ENTER and a.bytes:
+        extra.append(f"offload {human_bytes(a.bytes)}")
+    tail = f"  ({', '.join(extra)})" if extra else ""
+    return [paint(head) + s.dim(tail), f"      why: {a.reason}"]
+
+
+def render_plan(plan: Plan, observed: Observed | None, s: Style) -> str:
+    out: list[str] = []
+    if observed is not None:
+        src = ", ".join(f"{n} {v.render()}" for n, v in observed.sources.items())
+        out.append(s.bold(f"host {plan.host}") + f"  ({src})")
+    if plan.unavailable:
+        out.append(
+            s.red(f"cannot plan completely: {', '.join(plan.unavailable)} unavailable")
+            + " - nothing that needs it will be changed"
+        )
+    for name in plan.satisfied:
+        out.append(s.dim(f"  = {name} matches its assignment"))
+    for a in plan.actions:
+        out.extend("  " + line for line in _action_line(a, s))
+    for b in plan.blockers:
+        out.append(s.red(f"  ! blocked {b.recipe} on {','.join(b.gpus)}: {b.reason}"))
+    for h in plan.held:
+        out.append(s.yellow(f"  … held {h.recipe} on {','.join(h.gpus)}: {h.reason}"))
+    counts = {k: sum(1 for a in plan.actions if a.kind is k) for k in ActionKind}
+    if plan.blocked:
+        out.append(
+            s.red(
+                f"Blocked: {len(plan.blockers)} problem(s); apply would change nothing. The reconciler never stops "
+                "what it does not own: free the slot or change the manifest."
+            )
+        )
+    elif plan.actions:
+        out.append(
+            s.bold(
+                f"Plan: {counts[ActionKind.ENTER]} to enter, {counts[ActionKind.LEAVE]} to leave, "
+                f"{counts[ActionKind.RECLAIM]} reclaim."
+            )
+        )
+    elif not plan.unavailable and not plan.held:
+        out.append(s.green("No changes: the host matches the manifest."))
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- status
+
+
+def status_data(desired: DesiredState, observed: Observed, plan: Plan) -> dict[str, Any]:
+    """The JSON of ``reconciler status``: per slot what is desired and what holds it, containers, shm, sources."""
+    ids = device_index(desired, observed)
+    all_slots = tuple(desired.host.gpus)
+    want = desired.slot_owner()
+    by_id = {c.id: c for c in observed.containers}
+    slots: dict[str, Any] = {}
+    for slot, gpu in desired.host.gpus.items():
+        holders = [c for c in observed.containers if c.active and slot in claimed_slots(c, ids, all_slots)]
+        view = observed.gpus.slots.get(slot)
+        procs = []
+        for p in view.processes if view else ():
+            owner = by_id.get(p.container_id) if p.container_id else None
+            procs.append(
+                {
+                    "pid": p.pid,
+                    "used_bytes": p.used_bytes,
+                    "container": owner.name if owner else p.container_id,
+                    "command": p.command,
+                }
+            )
+        d = want.get(slot)
+        slots[slot] = {
+            "desired": d.recipe if d else None,
+            "index": view.index if view and view.index is not None else gpu.index,
+            "uuid": view.uuid if view and view.uuid else gpu.uuid,
+            "name": view.name if view else "",
+            "missing": bool(view and view.missing),
+            "memory_total_bytes": view.memory_total_bytes if view else None,
+            "memory_used_bytes": view.memory_used_bytes if view else None,
+            "containers": [
+                {"name": c.name, "id": c.id[:12], "managed": c.managed, "recipe": c.recipe, "state": c.state}
+                for c in holders
+            ],
+            "processes": procs,
+            "free": not holders and not procs,
+        }
+    shm = observed.shm
+    return {
+        "host": desired.host.name,
+        "converged": plan.converged,
+        "manifest": desired.manifest_path,
+        "gpu_telemetry": observed.gpus.telemetry,
+        "sources": {n: v.render() for n, v in observed.sources.items()},
+        "slots": slots,
+        "containers": [
+            {
+                "name": c.name,
+                "id": c.id[:12],
+                "state": c.state,
+                "recipe": c.recipe,
+                "slots": list(c.slots),
+                "recipe_hash": c.recipe_hash,
+                "preserved": c.preserved,
+                "exit_code": c.exit_code,
+            }
+            for c in observed.containers
+            if c.managed
+        ],
+        "shm": {
+            "dir": shm.dir,
+            "tmpfs": {
+                "size_bytes": shm.tmpfs.size_bytes,
+                "used_bytes": shm.tmpfs.used_bytes,
+                "free_bytes": shm.tmpfs.free_bytes,
+            },
+            "files": {
+                state: {"count": len(shm.by_state(state)), "bytes": sum(f.allocated_bytes for f in shm.by_state(state))}
+                for state in ("owned", "orphan", "blocked")
+            },
+            "deleted_mapped_bytes": shm.deleted_mapped_bytes,
+            "blocking_containers": list(shm.blocking_containers),
+        },
+        "plan": plan.to_json(),
+    }
+
+
+def render_status(data: dict[str, Any], s: Style) -> str:
+    out = [s.bold(f"host {data['host']}") + f"  (telemetry {data['gpu_telemetry']}; manifest {data['manifest']})"]
+    bad = {k: v for k, v in data["sources"].items() if v != "ok" and not v.startswith("ok")}
+    if bad:
+        out.append(s.red("sources: " + ", ".join(f"{k} {v}" for k, v in bad.items())))
+    out.append("")
+    out.append(s.bold("GPU slots"))
+    for slot, v in data["slots"].items():
+        gpu = f"gpu {v['index'] if v['index'] is not None else '?'}"
+        if v["uuid"]:
+            gpu += f" {v['uuid']}"
+        if v["memory_total_bytes"]:
+            gpu += f", {human_bytes(v['memory_used_bytes'])} / {human_bytes(v['memory_total_bytes'])}"
+        if v["missing"]:
+            gpu += s.red(" MISSING")
+        held = [
+            f"{c['name']} ({'managed ' + (c['recipe'] or '') if c['managed'] else 'unmanaged'}, {c['state']})"
+            for c in v["containers"]
+        ]
+        held += [
+            f"pid {p['pid']} {p['command'][:60]} ({human_bytes(p['used_bytes'])}"
+            + (f", in {p['container']}" if p["container"] else ", no container")
+            + ")"
+            for p in v["processes"]
+        ]
+        now = "; ".join(held) if held else s.dim("free")
+        want = v["desired"] or "free"
+        out.append(f"  {slot:<16} want {want:<24} has {now}  [{gpu}]")
+    out.append("")
+    shm = data["shm"]
+    t = shm["tmpfs"]
+    f = shm["files"]
+    out.append(s.bold("offload shm") + f"  {shm['dir']}: {human_bytes(t['free_bytes'])} free of {human_bytes(t['size_bytes'])}")
+    out.append(
+        f"  owned {f['owned']['count']} ({human_bytes(f['owned']['bytes'])}), "
+        f"orphan {f['orphan']['count']} ({human_bytes(f['orphan']['bytes'])}), "
+        f"blocked {f['blocked']['count']} ({human_bytes(f['blocked']['bytes'])}), "
+        f"deleted but mapped {human_bytes(shm['deleted_mapped_bytes'])}"
+    )
+    preserved = [c for c in data["containers"] if c["preserved"]]
+    if preserved:
+        out.append("")
+        out.append(s.bold("kept failed containers") + " (logs: docker logs NAME)")
+        for c in preserved:
+            out.append(f"  {c['name']} {c['recipe']} exit {c['exit_code']}")
+    out.append("")
+    plan = data["plan"]
+    if data["converged"]:
+        out.append(s.green("converged: the host matches the manifest"))
+    else:
+        n = len(plan["actions"])
+        state = "blocked" if plan["blocked"] else f"{n} action(s) pending"
+        out.append(s.yellow(f"not converged: {state} (run `reconciler plan` for details)"))
+    return "\n".join(out)
