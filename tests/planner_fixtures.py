@@ -1,0 +1,133 @@
+"""Builds DesiredState and Observed values from the compact YAML of tests/cases/plan/*.yaml (pure, no I/O)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reconciler.model import DesiredAssignment, DesiredState, GIB, HostConfig, Recipe
+from reconciler.observed import (
+    LABEL_HOST,
+    LABEL_MANAGED,
+    LABEL_PRESERVED,
+    LABEL_RECIPE,
+    LABEL_RECIPE_HASH,
+    LABEL_SLOTS,
+    ContainerView,
+    GpuProcess,
+    GpuSlotView,
+    GpuView,
+    Observed,
+    Owner,
+    ShmFile,
+    ShmView,
+    Source,
+    Tmpfs,
+)
+
+SLOTS = {"dark-compute-a": 0, "dark-compute-b": 1}
+
+
+def make_recipe(tp: int = 1, offload_gib: float = 0, image: str = "img") -> Recipe:
+    return Recipe.model_validate(
+        {
+            "tensor_parallel_size": tp,
+            "model": {"id": "m"},
+            "container": {"image": image, "command": ["serve"]},
+            "offload": {"enabled": bool(offload_gib), "capacity_gib": offload_gib},
+        }
+    )
+
+
+def make_desired(case: dict[str, Any]) -> DesiredState:
+    host = HostConfig.model_validate(
+        {"name": "h", "gpus": {s: {"index": i} for s, i in SLOTS.items()}, "gpu_telemetry": case.get("telemetry", "none")}
+    )
+    recipes = {name: make_recipe(**(spec or {})) for name, spec in case["recipes"].items()}
+    assignments = []
+    for entry in case.get("manifest") or []:
+        ((name, slots),) = entry.items()
+        r = recipes[name]
+        assignments.append(DesiredAssignment(name, tuple(slots), r.content_hash(), r.offload.capacity_bytes))
+    return DesiredState(host=host, recipes=recipes, assignments=tuple(assignments))
+
+
+def _source(name: str, spec: Any) -> Source:
+    if spec in (None, "ok"):
+        return Source(name, True)
+    return Source(name, False, str(spec))
+
+
+def make_observed(case: dict[str, Any], desired: DesiredState) -> Observed:
+    obs = case.get("observed") or {}
+    containers = []
+    for n, c in enumerate(obs.get("containers") or []):
+        labels: dict[str, str] = {}
+        if c.get("managed"):
+            recipe = c["recipe"]
+            h = desired.recipes[recipe].content_hash() if recipe in desired.recipes else "gone"
+            labels = {
+                LABEL_MANAGED: "true",
+                LABEL_HOST: c.get("host", "h"),
+                LABEL_RECIPE: recipe,
+                LABEL_RECIPE_HASH: "stale0000" if c.get("hash") == "stale" else h,
+                LABEL_SLOTS: ",".join(c.get("slots") or []),
+            }
+            if c.get("preserved"):
+                labels[LABEL_PRESERVED] = "true"
+        containers.append(
+            ContainerView(
+                id=c.get("id", f"{n:02d}" + "c" * 62),
+                name=c["name"],
+                state=c.get("state", "running"),
+                image="img",
+                labels=labels,
+                exit_code=c.get("exit_code"),
+                gpu_devices=tuple(str(g) for g in c.get("gpus") or ()),
+                offload=bool(c.get("offload")),
+            )
+        )
+    by_name = {c.name: c for c in containers}
+    procs = obs.get("gpu_processes") or {}
+    missing = set(obs.get("missing_gpus") or [])
+    slots = {}
+    for slot, idx in SLOTS.items():
+        plist = tuple(
+            GpuProcess(
+                pid=p["pid"],
+                used_bytes=p.get("mib", 100) * 1024**2,
+                container_id=by_name[p["container"]].id if p.get("container") in by_name else p.get("container"),
+                command=p.get("command", "python"),
+            )
+            for p in procs.get(slot, [])
+        )
+        slots[slot] = GpuSlotView(slot=slot, index=idx, uuid=None, processes=plist, missing=slot in missing)
+    gpus = GpuView(telemetry=desired.host.gpu_telemetry, source=_source("gpu", obs.get("gpu")), slots=slots)
+    shm_spec = obs.get("shm") or {}
+    files = []
+    for n, f in enumerate(shm_spec.get("files") or []):
+        size = int(f.get("gib", 1) * GIB)
+        owners = tuple(Owner(pid=1000 + n, via="map", container=o) for o in f.get("owners") or [])
+        files.append(
+            ShmFile(
+                path=f"/dev/shm/{f['name']}",
+                dev=42,
+                inode=100 + n,
+                size_bytes=size,
+                allocated_bytes=size,
+                owners=owners,
+                state=f.get("state", "owned" if owners else "orphan"),
+            )
+        )
+    size = int(shm_spec.get("size_gib", 31.4) * GIB)
+    free = int(shm_spec.get("free_gib", 31.4 - sum(f.get("gib", 1) for f in shm_spec.get("files") or [])) * GIB)
+    docker = _source("docker", obs.get("docker"))
+    shm = ShmView(
+        dir="/dev/shm",
+        pattern="vllm_offload_*.mmap",
+        tmpfs=Tmpfs(size_bytes=size, used_bytes=size - free, free_bytes=free),
+        proc=_source("proc", shm_spec.get("proc")),
+        docker=docker,
+        files=tuple(files),
+        blocking_containers=tuple(shm_spec.get("blocking") or ()),
+    )
+    return Observed(host="h", containers=tuple(containers), gpus=gpus, shm=shm, docker=docker)
