@@ -6,6 +6,7 @@ and /proc; the planner and the renderers read them; nothing here talks to the wo
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -19,6 +20,10 @@ LABEL_SLOTS = LABEL_PREFIX + "slots"
 LABEL_GPUS = LABEL_PREFIX + "gpus"
 LABEL_OFFLOAD = LABEL_PREFIX + "offload"
 LABEL_PRESERVED = LABEL_PREFIX + "preserved"
+
+# Docker cannot relabel a container, so a failed one kept for its logs is marked by this name suffix.
+PRESERVED_SUFFIX = "-failed-"
+_PRESERVED_RE = re.compile(r"-failed-\d{8}-\d{6}$")
 
 # Container states in which a container holds its GPUs and its offload files.
 ACTIVE_STATES = frozenset({"running", "restarting", "paused"})
@@ -67,7 +72,8 @@ class ContainerView:
 
     @property
     def preserved(self) -> bool:
-        return self.labels.get(LABEL_PRESERVED) == "true"
+        """A failed container kept (stopped, renamed ``NAME-failed-YYYYMMDD-HHMMSS``) so its logs stay readable."""
+        return self.labels.get(LABEL_PRESERVED) == "true" or bool(_PRESERVED_RE.search(self.name))
 
     @property
     def recipe(self) -> str | None:

@@ -1,2 +1,51 @@
-"""Shared test fixtures. Tests that need a real Docker engine are marked ``docker``; they run wherever one answers
-(CI starts one) and fail loudly rather than skip when RECONCILER_REQUIRE_DOCKER=1."""
+"""Shared fixtures for the real-engine and real-tmpfs tests.
+
+Tests that need Docker take the ``docker_api`` fixture: where no engine answers they are skipped on a developer's
+box, but with RECONCILER_REQUIRE_DOCKER=1 (``make test``, CI) a missing engine is a failure, never a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+DOCKER_URL = os.environ.get("RECONCILER_TEST_DOCKER_URL", "unix:///var/run/docker.sock")
+
+
+def _require_docker() -> bool:
+    return os.environ.get("RECONCILER_REQUIRE_DOCKER") == "1" or os.environ.get("CI") == "true"
+
+
+@pytest.fixture(scope="session")
+def docker_api():  # type: ignore[no-untyped-def]
+    import docker
+
+    try:
+        api = docker.APIClient(base_url=DOCKER_URL, version="auto", timeout=30)
+        api.ping()
+    except Exception as exc:  # noqa: BLE001
+        if _require_docker():
+            pytest.fail(f"a Docker engine is required here and did not answer at {DOCKER_URL}: {exc}")
+        pytest.skip(f"no Docker engine at {DOCKER_URL} (make test starts one)")
+    return api
+
+
+@pytest.fixture
+def tmpfs_dir() -> Iterator[Path]:
+    """A fresh 64 MiB tmpfs mounted on a temporary directory (root only), unmounted afterwards."""
+    if os.geteuid() != 0:
+        if _require_docker():
+            pytest.fail("tmpfs tests need root (mount -t tmpfs)")
+        pytest.skip("tmpfs tests need root")
+    d = Path(tempfile.mkdtemp(prefix="reconciler-tmpfs-"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(d)], check=True)
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", "-l", str(d)], check=False)
+        d.rmdir()

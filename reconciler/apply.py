@@ -1,0 +1,445 @@
+"""The apply layer: the only part of the tool that changes the host.
+
+``Applier.converge()`` runs one converge pass: observe, plan, execute the first action, observe again and re-plan,
+until the plan is empty, blocked, or an action failed. Each action has a preflight, the act, and a postcondition;
+an action is done when the new plan has nothing left for it. Called by ``reconciler apply`` and the loop.
+
+Safety (DESIGN.md 6-7): an enter needs its slots free and tmpfs room (orphans are reclaimed through the one
+shm guard first); a failed enter keeps its stopped container for the logs, reclaims its unmapped offload file and
+frees the GPUs. Everything this layer creates carries the ownership labels from the create call on, so an
+interrupted pass never leaves an unowned container behind.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from reconciler.docker_ops import DockerOps, create_spec
+from reconciler.errors import ReconcilerError
+from reconciler.model import DesiredState, Recipe
+from reconciler.observe import observe
+from reconciler.observe.docker_obs import DockerObserver
+from reconciler.observed import Observed
+from reconciler.planner import Action, ActionKind, Plan, claimed_slots, device_index, plan
+
+CLEAN_EXIT_CODES = (0, 143)  # exited by itself, or on the SIGTERM of `docker stop`
+DEFAULT_STOP_TIMEOUT_S = 180.0
+
+
+class ActionFailed(ReconcilerError):
+    """An action did not reach its postcondition. ``cause`` is what the operator should read first."""
+
+    def __init__(self, cause: str, *, detail: str = ""):
+        self.cause = cause
+        self.detail = detail
+        super().__init__(cause)
+
+
+class Cancelled(ReconcilerError):
+    """A stop was requested (SIGINT/SIGTERM); the current action was abandoned at a safe point."""
+
+
+class Progress(Protocol):
+    def phase(self, action: Action, phase: str, *, elapsed: float = 0.0, timeout: float | None = None) -> None: ...
+
+    def done(self, action: Action, result: str, seconds: float, detail: str) -> None: ...
+
+
+class NoProgress:
+    def phase(self, action: Action, phase: str, *, elapsed: float = 0.0, timeout: float | None = None) -> None:
+        return None
+
+    def done(self, action: Action, result: str, seconds: float, detail: str) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    action: Action
+    result: str  # "ok" | "failed" | "interrupted"
+    seconds: float
+    detail: str = ""
+    reclaimed_bytes: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.action.to_json(),
+            "result": self.result,
+            "seconds": round(self.seconds, 3),
+            "detail": self.detail,
+            "reclaimed_bytes": self.reclaimed_bytes,
+        }
+
+
+@dataclass
+class PassResult:
+    result: str  # "converged" | "blocked" | "failed" | "error" | "held" | "interrupted"
+    plan: Plan
+    final: Plan
+    outcomes: list[Outcome] = field(default_factory=list)
+    message: str = ""
+    seconds: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        return {"converged": 0, "held": 0, "blocked": 3}.get(self.result, 1)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "host": self.plan.host,
+            "result": self.result,
+            "message": self.message,
+            "seconds": round(self.seconds, 3),
+            "plan": self.plan.to_json(),
+            "actions": [o.to_json() for o in self.outcomes],
+            "final": self.final.to_json(),
+        }
+
+
+ReclaimFn = Callable[..., Any]
+
+
+class Applier:
+    """Executes plans for one host. One instance per ``apply`` command or per loop."""
+
+    def __init__(
+        self,
+        desired: DesiredState,
+        *,
+        observer: DockerObserver | None = None,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+        hold: Mapping[str, str] | None = None,
+        on_outcome: Callable[[Outcome], None] | None = None,
+        poll_s: float = 0.2,
+    ):
+        self.desired = desired
+        self.observer = observer or DockerObserver(desired.host.docker.url)
+        self.ops = DockerOps(self.observer.api)
+        self.progress = progress or NoProgress()
+        self.cancel = cancel or threading.Event()
+        self.hold = dict(hold or {})
+        self.on_outcome = on_outcome
+        self.poll_s = poll_s
+
+    # ------------------------------------------------------------ observe + plan
+
+    def observe(self) -> Observed:
+        return observe(self.desired.host, docker=self.observer)
+
+    def plan_now(self, extra_hold: Mapping[str, str] | None = None) -> tuple[Observed, Plan]:
+        observed = self.observe()
+        return observed, plan(self.desired, observed, hold={**self.hold, **(extra_hold or {})})
+
+    # ------------------------------------------------------------ the pass
+
+    def converge(
+        self, *, start: tuple[Observed, Plan] | None = None, max_steps: int | None = None
+    ) -> PassResult:
+        """One pass. ``start`` is an observation and its plan already shown to the operator, to act on as shown."""
+        t0 = time.monotonic()
+        observed, first = start or self.plan_now()
+        result = self._converge_from(observed, first, max_steps=max_steps)
+        result.seconds = time.monotonic() - t0
+        return result
+
+    def _converge_from(self, observed: Observed, first: Plan, *, max_steps: int | None) -> PassResult:
+        if first.unavailable:
+            srcs = ", ".join(f"{s.name} ({s.detail})" for s in observed.unavailable())
+            return PassResult("error", first, first, message=f"source unavailable: {srcs}; nothing changed")
+        if first.blocked:
+            return PassResult("blocked", first, first, message="; ".join(b.reason for b in first.blockers))
+        outcomes: list[Outcome] = []
+        failed: dict[str, str] = {}
+        current = first
+        limit = max_steps if max_steps is not None else 2 * len(first.actions) + 6
+        while current.actions and len(outcomes) < limit:
+            if self.cancel.is_set():
+                return PassResult("interrupted", first, current, outcomes, "stop requested; nothing left half-owned")
+            action = current.actions[0]
+            outcome = self._execute(action, observed)
+            observed, current = self.plan_now(failed)
+            if outcome.result == "ok" and _still_wanted(action, current):
+                outcome = Outcome(
+                    action,
+                    "failed",
+                    outcome.seconds,
+                    f"postcondition: after the {action.kind.value}, the plan still wants it ({_brief(current)})",
+                    outcome.reclaimed_bytes,
+                )
+            outcomes.append(outcome)
+            if self.on_outcome:
+                self.on_outcome(outcome)
+            if outcome.result == "interrupted":
+                return PassResult("interrupted", first, current, outcomes, outcome.detail)
+            if outcome.result == "failed":
+                failed[action.key] = f"{action.kind.value} failed in this pass: {outcome.detail}"
+                observed, current = self.plan_now(failed)
+            if current.blocked or current.unavailable:
+                break
+        bad = [o for o in outcomes if o.result == "failed"]
+        if bad:
+            return PassResult("failed", first, current, outcomes, "; ".join(o.detail for o in bad))
+        if current.unavailable:
+            return PassResult("error", first, current, outcomes, f"source unavailable: {', '.join(current.unavailable)}")
+        if current.blocked:
+            return PassResult("blocked", first, current, outcomes, "; ".join(b.reason for b in current.blockers))
+        if current.actions:
+            return PassResult("failed", first, current, outcomes, f"did not converge after {len(outcomes)} actions")
+        if current.held:
+            return PassResult("held", first, current, outcomes, "; ".join(h.reason for h in current.held))
+        return PassResult("converged", first, current, outcomes)
+
+    def _execute(self, action: Action, observed: Observed) -> Outcome:
+        t0 = time.monotonic()
+        self.progress.phase(action, "start")
+        try:
+            if action.kind is ActionKind.ENTER:
+                detail, freed = self.enter(action, observed)
+            elif action.kind is ActionKind.LEAVE:
+                detail, freed = self.leave(action, observed)
+            else:
+                detail, freed = self.reclaim(action)
+            result = "ok"
+        except Cancelled as exc:
+            detail, freed, result = str(exc), 0, "interrupted"
+        except ActionFailed as exc:
+            detail, freed, result = exc.cause, 0, "failed"
+        except ReconcilerError as exc:
+            detail, freed, result = str(exc), 0, "failed"
+        except Exception as exc:  # noqa: BLE001 - a Docker API error etc.: the action failed, say why
+            detail, freed, result = f"{type(exc).__name__}: {exc}", 0, "failed"
+        seconds = time.monotonic() - t0
+        self.progress.done(action, result, seconds, detail)
+        return Outcome(action, result, seconds, detail, freed)
+
+    # ------------------------------------------------------------ reclaim (through the one guard)
+
+    def _guarded_reclaim(self, *, only_paths: list[str] | None = None) -> Any:
+        from reconciler.shm_guard import reclaim
+
+        return reclaim(self.desired.host.shm, observe_docker=self.observer.observe, confirm=True, only_paths=only_paths)
+
+    def reclaim(self, action: Action) -> tuple[str, int]:
+        self.progress.phase(action, "two inspections", timeout=self.desired.host.shm.confirm_interval_s)
+        res = self._guarded_reclaim(only_paths=list(action.paths))
+        data = res.to_json()
+        if not data.get("verified", False) and data.get("reclaimed"):
+            raise ActionFailed(f"reclaim could not verify the files are gone: {data}")
+        if not data.get("reclaimed") and data.get("kept"):
+            kept = "; ".join(f"{k['path']}: {k['reason']}" for k in data["kept"])
+            raise ActionFailed(f"reclaim refused: {kept}")
+        return f"reclaimed {len(data['reclaimed'])} file(s), {data['reclaimed_bytes']} bytes", int(data["reclaimed_bytes"])
+
+    # ------------------------------------------------------------ enter
+
+    def enter(self, action: Action, observed: Observed) -> tuple[str, int]:
+        assert action.recipe is not None
+        recipe = self.desired.recipes[action.recipe]
+        slots = action.gpus
+        freed = 0
+        # Preflight: the image, then tmpfs room for the offload file (orphans reclaimed through the guard).
+        self.progress.phase(action, "preflight")
+        if not self.ops.image_present(recipe.container.image):
+            raise ActionFailed(
+                f"image {recipe.container.image} is not present on this host: pull or build it "
+                f"(recipe {action.recipe}, container.image)"
+            )
+        need = recipe.offload.capacity_bytes
+        if need and observed.shm.tmpfs.free_bytes < need:
+            if observed.shm.by_state("orphan"):
+                self.progress.phase(action, "reclaiming orphan offload files")
+                res = self._guarded_reclaim()
+                freed = int(res.to_json().get("reclaimed_bytes", 0))
+                observed = self.observe()
+            if observed.shm.tmpfs.free_bytes < need:
+                raise ActionFailed(
+                    f"tmpfs {observed.shm.dir} has {observed.shm.tmpfs.free_bytes} bytes free; recipe "
+                    f"{action.recipe} needs {need} for its offload file (see `reconciler shm status`)"
+                )
+        if self.cancel.is_set():
+            raise Cancelled("stop requested before create; nothing created")
+        # Act: create (labelled in the same call, so an interrupt never leaves it unowned), start, wait for health.
+        self.progress.phase(action, "create")
+        cid = self.ops.create(create_spec(self.desired, action.recipe, slots))
+        try:
+            self.progress.phase(action, "start")
+            self.ops.start(cid)
+            self._wait_healthy(action, cid, recipe)
+            self._check_enter(action, cid)
+        except ActionFailed as exc:
+            self._fail_enter(action, cid, exc)
+        detail = f"{action.container} healthy on {','.join(slots)}"
+        if freed:
+            detail += f" (reclaimed {freed} bytes of orphan offload files first)"
+        return detail, freed
+
+    def _wait_healthy(self, action: Action, cid: str, recipe: Recipe) -> None:
+        h = recipe.health
+        t0 = time.monotonic()
+        running_since: float | None = None
+        restarts: int | None = None
+        while True:
+            elapsed = time.monotonic() - t0
+            if self.cancel.is_set():
+                raise Cancelled(f"stop requested while waiting for {action.container}; it keeps its labels")
+            st = self.ops.inspect(cid).get("State") or {}
+            if st.get("Status") in ("exited", "dead"):
+                raise ActionFailed(f"{action.container} exited with code {st.get('ExitCode')} during start")
+            if st.get("Status") == "running":
+                running_since = running_since or time.monotonic()
+                count = int(st.get("RestartCount") or 0)
+                if restarts is not None and count != restarts:
+                    running_since = time.monotonic()
+                restarts = count
+                if h.url:
+                    if _http_ok(h.url):
+                        return
+                elif time.monotonic() - running_since >= h.settle_s:
+                    return
+            if elapsed >= h.start_timeout_s:
+                raise ActionFailed(
+                    f"{action.container} not healthy within {h.start_timeout_s:g} s "
+                    f"({'GET ' + h.url if h.url else 'running for settle_s'}); raise health.start_timeout_s "
+                    "in the recipe if it needs longer"
+                )
+            self.progress.phase(action, "waiting for health", elapsed=elapsed, timeout=h.start_timeout_s)
+            time.sleep(self.poll_s)
+
+    def _check_enter(self, action: Action, cid: str) -> None:
+        """Postcondition: running and holding exactly its slots (by Docker, and by NVML where it is on)."""
+        observed = self.observe()
+        mine = next((c for c in observed.containers if c.id == cid), None)
+        if mine is None or not mine.active:
+            raise ActionFailed(f"{action.container} is not running after it became healthy")
+        ids = device_index(self.desired, observed)
+        held = set(claimed_slots(mine, ids, tuple(self.desired.host.gpus)))
+        if held != set(action.gpus):
+            raise ActionFailed(f"{action.container} holds slots {sorted(held)}, expected {list(action.gpus)}")
+        if observed.gpus.telemetry == "nvml":
+            if not observed.gpus.source.ok:
+                raise ActionFailed(f"GPU telemetry unavailable after enter: {observed.gpus.source.detail}")
+            stray = [
+                slot
+                for slot, view in observed.gpus.slots.items()
+                if slot not in action.gpus and any(p.container_id == cid for p in view.processes)
+            ]
+            if stray:
+                raise ActionFailed(f"{action.container} runs processes on slots {stray} outside its assignment")
+
+    def _fail_enter(self, action: Action, cid: str, exc: ActionFailed) -> None:
+        """Keep the failed container for its logs, reclaim its unmapped shm, free the GPUs; then raise."""
+        self.progress.phase(action, "failed: keeping the container, reclaiming its shm")
+        logs = self.ops.logs_tail(cid)
+        self.ops.stop(cid, 5)
+        kept = self.ops.preserve(cid, action.container or cid[:12])
+        freed_note = ""
+        res = self._guarded_reclaim()
+        data = res.to_json()
+        if data.get("reclaimed_bytes"):
+            freed_note = f"; reclaimed {data['reclaimed_bytes']} bytes of its offload file"
+        observed = self.observe()
+        still = [c.name for c in observed.containers if c.id == cid and c.active]
+        cause = _cause_from_logs(logs) or exc.cause
+        msg = f"enter {action.recipe} on {','.join(action.gpus)} failed: {cause}. Kept as {kept} (docker logs {kept}){freed_note}"
+        if still:
+            msg += f"; WARNING: {still[0]} is still running"
+        raise ActionFailed(msg, detail=logs)
+
+    # ------------------------------------------------------------ leave
+
+    def leave(self, action: Action, observed: Observed) -> tuple[str, int]:
+        cid = action.container_id
+        assert cid is not None
+        c = next((x for x in observed.containers if x.id == cid), None)
+        if c is None:
+            return f"{action.container} already gone", 0
+        recipe = self.desired.recipes.get(c.recipe or "")
+        timeout = recipe.stop.timeout_s if recipe else DEFAULT_STOP_TIMEOUT_S
+        its_files = [f.path for f in observed.shm.files if any(o.container in (c.name, c.id) for o in f.owners)]
+        if c.active:
+            self.progress.phase(action, "stopping", timeout=timeout)
+            self.ops.stop(cid, timeout)
+        info = self.ops.inspect(cid)
+        code = (info.get("State") or {}).get("ExitCode")
+        never_started = c.state == "created"
+        if never_started or code in CLEAN_EXIT_CODES:
+            self.ops.remove(cid)
+            fate = "removed"
+        else:
+            kept = self.ops.preserve(cid, c.name)
+            fate = f"exited with code {code}: kept as {kept} for its logs"
+        freed = 0
+        if action.offload or its_files or c.offload:
+            self.progress.phase(action, "reclaiming its offload files")
+            data = self._guarded_reclaim().to_json()
+            freed = int(data.get("reclaimed_bytes", 0))
+        # Postcondition: not running, its slots free of every container, none of its offload files left.
+        after = self.observe()
+        if any(x.id == cid and x.active for x in after.containers):
+            raise ActionFailed(f"{c.name} is still running after stop")
+        ids = device_index(self.desired, after)
+        holders = [
+            x.name
+            for x in after.containers
+            if x.active and set(claimed_slots(x, ids, tuple(self.desired.host.gpus))) & set(c.slots)
+        ]
+        if holders:
+            raise ActionFailed(f"slots {','.join(c.slots)} still held by {', '.join(holders)} after leave")
+        left = [f.path for f in after.shm.files if f.path in its_files]
+        if left:
+            raise ActionFailed(
+                f"offload file(s) of {c.name} still present after leave: {', '.join(left)} "
+                f"({'; '.join(f.reason or f.state for f in after.shm.files if f.path in left)})"
+            )
+        detail = f"{c.name} {fate}"
+        if freed:
+            detail += f"; reclaimed {freed} bytes"
+        return detail, freed
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as resp:  # noqa: S310 - operator-configured health URL
+            return 200 <= resp.status < 300
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _cause_from_logs(logs: str) -> str:
+    """The line an operator needs first: the report's Errno 14, or the last error-looking line."""
+    lines = [ln.strip() for ln in logs.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if "Errno 14" in ln or "Bad address" in ln:
+            return f"{ln} (the offload mmap could not be prefaulted: the tmpfs is out of room)"
+    for ln in reversed(lines):
+        low = ln.lower()
+        if "error" in low or "exception" in low or "fatal" in low:
+            return ln
+    return ""
+
+
+def _still_wanted(action: Action, current: Plan) -> bool:
+    for a in current.actions:
+        if a.kind is not action.kind:
+            continue
+        if action.kind is ActionKind.LEAVE and a.container_id == action.container_id:
+            return True
+        if action.kind is ActionKind.ENTER and a.key == action.key:
+            return True
+        if action.kind is ActionKind.RECLAIM and set(a.paths) & set(action.paths):
+            return True
+    return False
+
+
+def _brief(p: Plan) -> str:
+    return "; ".join(f"{a.kind.value} {a.key}: {a.reason}" for a in p.actions[:3]) or "nothing"

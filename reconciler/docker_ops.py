@@ -1,0 +1,184 @@
+"""Docker writes for the apply layer: create (labelled in the same call), start, stop, remove, rename, logs.
+
+Only ``reconciler.apply`` calls this. Transient engine errors (connection reset, 5xx) are retried with
+exponential backoff through tenacity; permanent ones (4xx: bad config, conflict, missing image) fail at once.
+The message of the last attempt says it was the last.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from reconciler.errors import ReconcilerError
+from reconciler.model import DesiredState, Recipe, container_name
+from reconciler.observed import (
+    LABEL_GPUS,
+    LABEL_HOST,
+    LABEL_MANAGED,
+    LABEL_OFFLOAD,
+    LABEL_PREFIX,
+    LABEL_RECIPE,
+    LABEL_RECIPE_HASH,
+    LABEL_SLOTS,
+    PRESERVED_SUFFIX,
+)
+
+T = TypeVar("T")
+ATTEMPTS = 4
+
+
+class DockerActionError(ReconcilerError):
+    """A Docker call failed for good (permanent error, or the last of the retries)."""
+
+
+def _transient(exc: BaseException) -> bool:
+    import docker.errors
+    import requests
+
+    if isinstance(exc, (requests.ConnectionError, requests.Timeout, ConnectionError)):
+        return True
+    if isinstance(exc, docker.errors.APIError) and not isinstance(exc, docker.errors.NotFound):
+        code = exc.status_code or 0
+        return code >= 500
+    return False
+
+
+def _call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run one engine call with the retry policy; permanent errors surface unchanged at once."""
+    name = getattr(fn, "__name__", "call")
+    try:
+        for attempt in Retrying(
+            retry=retry_if_exception(_transient),
+            stop=stop_after_attempt(ATTEMPTS),
+            wait=wait_exponential(multiplier=0.2, max=3),
+            reraise=True,
+        ):
+            with attempt:
+                return fn(*args, **kwargs)
+    except Exception as exc:
+        if _transient(exc):
+            raise DockerActionError(f"docker {name}: {exc} (the last of {ATTEMPTS} attempts)") from exc
+        raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def labels_for(desired: DesiredState, recipe_name: str, slots: tuple[str, ...]) -> dict[str, str]:
+    recipe = desired.recipes[recipe_name]
+    gpus = [desired.host.gpus[s].preferred_id() for s in slots]
+    labels = {
+        LABEL_MANAGED: "true",
+        LABEL_HOST: desired.host.name,
+        LABEL_RECIPE: recipe_name,
+        LABEL_RECIPE_HASH: recipe.content_hash(),
+        LABEL_SLOTS: ",".join(slots),
+        LABEL_GPUS: ",".join(gpus),
+        LABEL_OFFLOAD: "true" if recipe.offload.enabled else "false",
+        LABEL_PREFIX + "model": recipe.model.id,
+    }
+    if recipe.model.revision:
+        labels[LABEL_PREFIX + "model-revision"] = recipe.model.revision
+    return labels
+
+
+def create_spec(desired: DesiredState, recipe_name: str, slots: tuple[str, ...]) -> dict[str, Any]:
+    """Pure: the create_container arguments for a recipe on its slots (GPU binding by DeviceRequest and env)."""
+    recipe: Recipe = desired.recipes[recipe_name]
+    spec = recipe.container
+    gpus = [desired.host.gpus[s].preferred_id() for s in slots]
+    env = dict(spec.env)
+    # The visible-devices env is set in every case, so the binding is readable even without a GPU runtime.
+    env["NVIDIA_VISIBLE_DEVICES"] = ",".join(gpus)
+    binds = []
+    for vol in spec.volumes:
+        parts = vol.split(":")
+        binds.append(vol if len(parts) == 3 else f"{vol}:rw")
+    host_config: dict[str, Any] = {
+        "binds": binds,
+        "ipc_mode": spec.ipc,
+        "network_mode": spec.network,
+        "init": spec.init or None,
+        "shm_size": spec.shm_size,
+        "restart_policy": {"Name": "no"},  # restarts are this tool's decision (with backoff), not the engine's
+    }
+    if desired.host.docker.gpu_requests:
+        host_config["device_requests"] = [{"Driver": "nvidia", "DeviceIDs": gpus, "Capabilities": [["gpu"]]}]
+    return {
+        "image": spec.image,
+        "command": list(spec.command) or None,
+        "entrypoint": spec.entrypoint,
+        "environment": env,
+        "labels": labels_for(desired, recipe_name, slots),
+        "name": container_name(recipe_name, slots),
+        "user": spec.user,
+        "host_config": {k: v for k, v in host_config.items() if v is not None},
+    }
+
+
+class DockerOps:
+    """The writes. ``api`` is a docker.APIClient."""
+
+    def __init__(self, api: Any):
+        self.api = api
+
+    def image_present(self, image: str) -> bool:
+        import docker.errors
+
+        try:
+            _call(self.api.inspect_image, image)
+            return True
+        except docker.errors.NotFound:
+            return False
+
+    def create(self, spec: dict[str, Any]) -> str:
+        hc = self.api.create_host_config(**spec["host_config"])
+        args = {k: v for k, v in spec.items() if k != "host_config"}
+        created = _call(self.api.create_container, host_config=hc, **args)
+        return str(created["Id"])
+
+    def start(self, cid: str) -> None:
+        _call(self.api.start, cid)
+
+    def inspect(self, cid: str) -> dict[str, Any]:
+        return _call(self.api.inspect_container, cid)
+
+    def stop(self, cid: str, timeout_s: float) -> None:
+        import docker.errors
+
+        try:
+            # The HTTP timeout must outlast the engine's own stop timeout.
+            _call(self.api.stop, cid, timeout=int(max(1, round(timeout_s))))
+        except docker.errors.NotFound:
+            return
+
+    def remove(self, cid: str) -> None:
+        import docker.errors
+
+        try:
+            _call(self.api.remove_container, cid, v=True, force=False)
+        except docker.errors.NotFound:
+            return
+
+    def kill(self, cid: str) -> None:
+        import docker.errors
+
+        try:
+            _call(self.api.kill, cid)
+        except docker.errors.APIError:
+            return  # not running any more
+
+    def preserve(self, cid: str, name: str) -> str:
+        """Rename a failed container so its name is free and its logs stay readable."""
+        new = f"{name}{PRESERVED_SUFFIX}{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+        _call(self.api.rename, cid, new)
+        return new
+
+    def logs_tail(self, cid: str, lines: int = 40) -> str:
+        try:
+            raw = _call(self.api.logs, cid, stdout=True, stderr=True, tail=lines)
+        except (DockerActionError, Exception):  # noqa: BLE001 - logs are evidence, not a reason to fail harder
+            return ""
+        return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)

@@ -1,0 +1,70 @@
+"""One reconciler per host: an advisory lock (flock) on a file that says who holds it.
+
+Taken by ``reconciler apply`` and ``reconciler run``. The kernel drops a flock when its holder dies, so the lock
+of a dead process is simply taken over; the file's content (pid, command, start time) is only for the message
+that a refused second instance prints.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from pathlib import Path
+
+from reconciler.errors import ReconcilerError
+
+
+def lock_dir() -> Path:
+    return Path(os.environ.get("RECONCILER_LOCK_DIR", "/run/lock"))
+
+
+class LockHeld(ReconcilerError):
+    def __init__(self, path: Path, holder: dict[str, object]):
+        self.path = path
+        self.holder = holder
+        who = ", ".join(f"{k} {v}" for k, v in holder.items()) or "unknown holder"
+        super().__init__(f"another reconciler holds {path} ({who}); one reconciler per host at a time")
+
+
+class HostLock:
+    def __init__(self, host: str, *, command: str):
+        self.path = lock_dir() / f"reconciler-{host}.lock"
+        self.command = command
+        self._fd: int | None = None
+
+    def acquire(self) -> HostLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
+            except ValueError:
+                holder = {}
+            os.close(fd)
+            raise LockHeld(self.path, holder) from None
+        info = {
+            "pid": os.getpid(),
+            "command": self.command,
+            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> HostLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
