@@ -1,25 +1,276 @@
 """GPU telemetry behind one interface: ``observe_gpus(host) -> GpuView``.
 
 ``none`` (a host without NVIDIA GPUs: the demo, CI): every configured slot is reported with no processes,
-and GPU occupancy comes from Docker alone. ``nvml`` reads each slot's GPU through NVML.
-Called by ``reconciler.observe.observe``.
+and GPU occupancy comes from Docker alone. ``nvml`` reads the GPUs through NVML (``nvidia-ml-py``), split
+into a read and a parse:
+
+- ``read_nvml(host)`` is the only code that talks to NVML. It returns plain, JSON-able data (the devices by
+  index with name, UUID, memory and compute processes, and every failed call as text) and never raises.
+- ``parse_nvml(raw, host, container_of=..., command_of=...)`` is pure: it resolves each configured slot to a
+  GPU (by UUID when ``configs/host.yaml`` gives one, else by index), attributes each process to a container
+  through the callables it is handed, and decides whether the source is usable. It is tested on captured
+  NVML answers.
+
+Fail closed: with ``gpu_telemetry: nvml`` any NVML error (library missing, driver not loaded, a GPU lost, a
+failed per-device call on a configured slot) makes the source unavailable, so the planner blocks every enter
+that needs a GPU. A configured slot whose GPU is not on the host is ``missing``: that blocks the slot alone.
+NVML indices are the driver's (PCI bus order), the same ones the NVIDIA container runtime and
+``nvidia-smi`` use; ``CUDA_VISIBLE_DEVICES`` inside a process may order them differently.
+
+Called by ``reconciler.observe.observe`` (every observation pass) and the apply layer's re-observation.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
 from reconciler.model import HostConfig
-from reconciler.observed import GpuSlotView, GpuView, Source
+from reconciler.observe.procfs import container_of_pid, read_comm
+from reconciler.observed import GpuProcess, GpuSlotView, GpuView, Source
+
+HOST_FILE = "configs/host.yaml"
+_FIX_NONE = f"on a host without NVIDIA GPUs set 'gpu_telemetry: none' in {HOST_FILE}"
+
+RawNvml = dict[str, Any]
 
 
-def observe_gpus(host: HostConfig) -> GpuView:
+def _err(exc: BaseException) -> str:
+    """One line naming the NVML error class and its text, e.g. 'NVMLError_DriverNotLoaded: Driver Not Loaded'."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _text(value: object) -> str:
+    # Older nvidia-ml-py releases return bytes for names and UUIDs.
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+# ---------------------------------------------------------------- the read (I/O)
+
+
+def read_nvml(host: HostConfig) -> RawNvml:
+    """Ask NVML about the GPUs; plain data back, never an exception.
+
+    Name and UUID are read for every device (a slot given by UUID may be any of them); memory and compute
+    processes only for devices a configured slot points at, by index or UUID. Shape::
+
+        {"error": None | "NVMLError_...: text", "driver_version": str, "device_count": int, "read_s": float,
+         "devices": [{"index", "name", "uuid", "memory_total", "memory_used",
+                      "processes": [{"pid", "used_gpu_memory"}], "errors": {call: "NVMLError_...: text"}}]}
+    """
+    started = time.monotonic()
+    raw: RawNvml = {"error": None, "driver_version": "", "device_count": 0, "devices": [], "read_s": 0.0}
+    try:
+        import pynvml  # imported here: hosts with gpu_telemetry none never need the library
+    except ImportError as exc:
+        raw["error"] = f"the nvidia-ml-py package is not installed ({exc}); pip install nvidia-ml-py"
+        return raw
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVMLError_* subclasses, or OSError from the C loader on odd hosts
+        raw["error"] = _err(exc)
+        raw["read_s"] = time.monotonic() - started
+        return raw
+    try:
+        _read_devices(pynvml, host, raw)
+    except Exception as exc:  # noqa: BLE001 - the read must never raise; the parse turns this into "unavailable"
+        raw["error"] = _err(exc)
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception as exc:  # noqa: BLE001 - a failed shutdown does not spoil what was read
+            raw.setdefault("shutdown_error", _err(exc))
+    raw["read_s"] = time.monotonic() - started
+    return raw
+
+
+def _read_devices(pynvml: Any, host: HostConfig, raw: RawNvml) -> None:
+    try:
+        raw["driver_version"] = _text(pynvml.nvmlSystemGetDriverVersion())
+    except pynvml.NVMLError as exc:
+        raw["driver_version_error"] = _err(exc)
+    count = int(pynvml.nvmlDeviceGetCount())
+    raw["device_count"] = count
+    want_index = {g.index for g in host.gpus.values() if g.index is not None}
+    want_uuid = {g.uuid for g in host.gpus.values() if g.uuid}
+    for index in range(count):
+        dev: dict[str, Any] = {"index": index, "errors": {}}
+        raw["devices"].append(dev)
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        except pynvml.NVMLError as exc:
+            dev["errors"]["handle"] = _err(exc)
+            continue
+        for key, call in (("uuid", pynvml.nvmlDeviceGetUUID), ("name", pynvml.nvmlDeviceGetName)):
+            try:
+                dev[key] = _text(call(handle))
+            except pynvml.NVMLError as exc:
+                dev["errors"][key] = _err(exc)
+        if index not in want_index and dev.get("uuid") not in want_uuid and "uuid" in dev:
+            continue  # not a configured slot: name and UUID are all anyone needs from it
+        try:
+            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            dev["memory_total"] = int(mem.total)
+            dev["memory_used"] = int(mem.used)
+        except pynvml.NVMLError as exc:
+            dev["errors"]["memory"] = _err(exc)
+        try:
+            procs = _compute_processes(pynvml, handle)
+            dev["processes"] = [
+                {"pid": int(p.pid), "used_gpu_memory": None if p.usedGpuMemory is None else int(p.usedGpuMemory)}
+                for p in procs
+            ]
+        except pynvml.NVMLError as exc:
+            dev["errors"]["processes"] = _err(exc)
+
+
+def _compute_processes(pynvml: Any, handle: Any) -> list[Any]:
+    try:
+        return list(pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
+    except pynvml.NVMLError_FunctionNotFound:
+        # A driver older than the bindings lacks the _v3 entry point; _v2 answers the same question.
+        return list(pynvml.nvmlDeviceGetComputeRunningProcesses_v2(handle))
+
+
+# ---------------------------------------------------------------- the parse (pure)
+
+
+def parse_nvml(
+    raw: Mapping[str, Any],
+    host: HostConfig,
+    *,
+    container_of: Callable[[int], str | None],
+    command_of: Callable[[int], str],
+) -> GpuView:
+    """Turn one ``read_nvml`` answer into the slots the planner reads.
+
+    ``container_of(pid)`` gives the full container id a host pid runs in (None: no container);
+    ``command_of(pid)`` a short command line for humans ('' when the pid is gone).
+    """
+    if raw.get("error"):
+        detail = f"NVML: {raw['error']}; {_FIX_NONE}"
+        return _unavailable(host, detail)
+
+    devices: list[Mapping[str, Any]] = list(raw.get("devices") or [])
+    by_index = {int(d["index"]): d for d in devices}
+    by_uuid = {str(d["uuid"]): d for d in devices if d.get("uuid")}
+    unreadable = [d for d in devices if "uuid" not in d]
+
+    slots: dict[str, GpuSlotView] = {}
+    problems: list[str] = []
+    for slot, gpu in host.gpus.items():
+        where = f"{HOST_FILE} gpus.{slot}"
+        dev: Mapping[str, Any] | None
+        if gpu.uuid:
+            dev = by_uuid.get(gpu.uuid)
+            if dev is None:
+                if unreadable:
+                    # The GPU may be one whose UUID NVML would not give: not knowing is not "missing".
+                    idx = ", ".join(str(d["index"]) for d in unreadable)
+                    why = f"{where}: uuid {gpu.uuid} not among the readable GPUs; GPU(s) {idx} did not answer"
+                    problems.append(why)
+                    slots[slot] = GpuSlotView(slot=slot, index=gpu.index, uuid=gpu.uuid, error=why)
+                    continue
+                found = ", ".join(f"{d['index']}={d['uuid']}" for d in devices) or "none"
+                why = f"{where}: no GPU with uuid {gpu.uuid} (found: {found})"
+                slots[slot] = _missing(slot, gpu.index, gpu.uuid, why)
+                continue
+            if gpu.index is not None and int(dev["index"]) != gpu.index:
+                # Containers may name this GPU by either id; they must agree or the slot means two GPUs.
+                why = (
+                    f"{where}: uuid {gpu.uuid} is GPU index {dev['index']}, but index {gpu.index} is given; "
+                    "fix the index or remove it"
+                )
+                slots[slot] = _missing(slot, gpu.index, gpu.uuid, why)
+                continue
+        else:
+            dev = by_index.get(int(gpu.index)) if gpu.index is not None else None
+            if dev is None:
+                count = int(raw.get("device_count") or len(devices))
+                why = f"{where}: no GPU with index {gpu.index}; this host has {count} GPU(s) (indices 0..{count - 1})"
+                slots[slot] = _missing(slot, gpu.index, gpu.uuid, why)
+                continue
+        view, errors = _slot_view(slot, dev, container_of=container_of, command_of=command_of)
+        problems.extend(f"{where} (GPU {dev['index']}): {e}" for e in errors)
+        slots[slot] = view
+
+    if problems:
+        return GpuView(telemetry="nvml", source=Source("gpu", False, "NVML: " + "; ".join(problems)), slots=slots)
+    driver = raw.get("driver_version") or "unknown"
+    detail = f"NVML driver {driver}, {raw.get('device_count', len(devices))} GPU(s)"
+    return GpuView(telemetry="nvml", source=Source("gpu", True, detail), slots=slots)
+
+
+def _slot_view(
+    slot: str,
+    dev: Mapping[str, Any],
+    *,
+    container_of: Callable[[int], str | None],
+    command_of: Callable[[int], str],
+) -> tuple[GpuSlotView, list[str]]:
+    errors = [f"{call} failed: {text}" for call, text in sorted((dev.get("errors") or {}).items())]
+    used: dict[int, int | None] = {}
+    for p in dev.get("processes") or []:
+        pid = int(p["pid"])
+        mem = p.get("used_gpu_memory")
+        # A pid can appear once per context (MIG instances, several contexts): one entry, memory summed.
+        if pid in used and used[pid] is not None and mem is not None:
+            used[pid] = int(used[pid]) + int(mem)  # type: ignore[arg-type]
+        elif pid in used:
+            used[pid] = None
+        else:
+            used[pid] = None if mem is None else int(mem)
+    processes = tuple(
+        GpuProcess(pid=pid, used_bytes=used[pid], container_id=container_of(pid), command=command_of(pid))
+        for pid in sorted(used)
+    )
+    view = GpuSlotView(
+        slot=slot,
+        index=int(dev["index"]),
+        uuid=dev.get("uuid"),
+        name=str(dev.get("name") or ""),
+        memory_total_bytes=dev.get("memory_total"),
+        memory_used_bytes=dev.get("memory_used"),
+        processes=processes,
+        error="; ".join(errors),
+    )
+    return view, errors
+
+
+def _missing(slot: str, index: int | None, uuid: str | None, why: str) -> GpuSlotView:
+    return GpuSlotView(slot=slot, index=index, uuid=uuid, missing=True, error=why)
+
+
+def _unavailable(host: HostConfig, detail: str) -> GpuView:
+    return GpuView(
+        telemetry="nvml",
+        source=Source("gpu", False, detail),
+        slots={
+            slot: GpuSlotView(slot=slot, index=g.index, uuid=g.uuid, error=detail) for slot, g in host.gpus.items()
+        },
+    )
+
+
+# ---------------------------------------------------------------- the observer
+
+
+def observe_gpus(
+    host: HostConfig,
+    *,
+    read: Callable[[HostConfig], Mapping[str, Any]] = read_nvml,
+    container_of: Callable[[int], str | None] = container_of_pid,
+    command_of: Callable[[int], str] = read_comm,
+) -> GpuView:
+    """The GPU view for one observation pass; never raises (a failure is an unavailable source)."""
     if host.gpu_telemetry == "none":
         return GpuView(
             telemetry="none",
             source=Source("gpu", True, "telemetry none: GPU occupancy from Docker alone"),
             slots={slot: GpuSlotView(slot=slot, index=g.index, uuid=g.uuid) for slot, g in host.gpus.items()},
         )
-    return GpuView(
-        telemetry="nvml",
-        source=Source("gpu", False, "NVML telemetry is not implemented yet"),
-        slots={slot: GpuSlotView(slot=slot, index=g.index, uuid=g.uuid) for slot, g in host.gpus.items()},
-    )
+    try:
+        return parse_nvml(read(host), host, container_of=container_of, command_of=command_of)
+    except Exception as exc:  # noqa: BLE001 - fail closed: a malformed answer blocks GPU work, never a whole pass
+        return _unavailable(host, f"NVML answer could not be read: {_err(exc)}")

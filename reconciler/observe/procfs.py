@@ -5,18 +5,32 @@ Called by the shm observer (maps, fds) and the GPU observer (pid -> container th
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import time
+from dataclasses import dataclass, field
 
-# A 64-hex container id inside a cgroup path, in every form Docker and containerd write:
-#   v2 systemd:  0::/system.slice/docker-<id>.scope
-#   v2 cgroupfs: 0::/docker/<id>
-#   v1:          12:memory:/docker/<id>   or  /kubepods/.../<id>
-#   containerd:  0::/system.slice/containerd.service/... or cri-containerd-<id>.scope
+# A 64-hex container id inside a cgroup path, in every form Docker and containerd write (tests hold examples):
+#   Docker, cgroup v2, systemd driver:   0::/system.slice/docker-<id>.scope  (and .../docker-<id>.scope/init.scope)
+#   Docker, cgroup v2, cgroupfs driver:  0::/docker/<id>
+#   Docker, cgroup v1, either driver:    12:memory:/docker/<id>   or  4:memory:/system.slice/docker-<id>.scope
+#   rootless Docker:                     0::/user.slice/user-1000.slice/user@1000.service/user.slice/docker-<id>.scope
+#   containerd CRI, systemd driver:      0::/kubepods.slice/.../kubepods-besteffort-pod<uid>.slice/
+#                                          cri-containerd-<id>.scope
+#   containerd / kubelet, cgroupfs:      0::/kubepods/burstable/pod<uid>/<id>
+#   nerdctl (containerd without CRI):    0::/default/<id>  or  0::/system.slice/nerdctl-<id>.scope
+#   CRI-O, Podman:                       crio-<id>.scope,  libpod-<id>.scope/container
+# A pod uid (dashes or underscores), a systemd session or a sandbox's 32-hex cgroup never matches.
 _CGROUP_ID = re.compile(r"(?:^|[/-])(?:docker-|cri-containerd-|crio-|libpod-)?([0-9a-f]{64})(?:\.scope)?(?:/|$)")
 
 
 def parse_cgroup_container_id(text: str) -> str | None:
-    """The container id a process runs in, from the text of /proc/PID/cgroup; None for a host process."""
+    """The container id a process runs in, from the text of /proc/PID/cgroup; None for a host process.
+
+    The first (outermost) id on the path wins: the reconciler runs on the host and asks the host's engine,
+    which knows the outer container of a nested one (Docker in Docker: /docker/<outer>/docker/<inner>).
+    """
     for line in text.splitlines():
         parts = line.split(":", 2)
         if len(parts) != 3:
@@ -52,3 +66,223 @@ def read_comm(pid: int, proc_root: str = "/proc") -> str:
             return f"[{fh.read().strip()}]"
     except OSError:
         return ""
+
+
+# ---------------------------------------------------------------- /proc/PID/maps and /proc/PID/fd
+#
+# Who holds a file on the offload tmpfs: a live process that maps it (a line of /proc/PID/maps) or holds it open
+# (an entry of /proc/PID/fd). Both are matched by device and inode, never by path text: a container sees the same
+# file under another path, and a mapped file may already be unlinked. ``scan_holders`` is the hot path the shm
+# guard runs twice per reclaim; ``parse_maps`` is its pure half, tested on captured text.
+
+_GONE_ERRNOS = frozenset({errno.ENOENT, errno.ESRCH})
+_MAPS_READ_CHUNK = 1 << 17  # procfs hands out about one page per read; a larger buffer costs nothing
+_DELETED = b" (deleted)"
+
+
+@dataclass(frozen=True, slots=True)
+class MapRecord:
+    """One line of /proc/PID/maps."""
+
+    start: int
+    end: int
+    perms: str
+    offset: int
+    dev_major: int
+    dev_minor: int
+    inode: int
+    # As the kernel printed it, with " (deleted)" removed and "\\012" turned back into a newline. Informational:
+    # the path is relative to the reader's root and can be ambiguous; ownership is decided by device and inode.
+    path: str
+    deleted: bool
+
+    @property
+    def dev(self) -> int:
+        return os.makedev(self.dev_major, self.dev_minor)
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+def dev_token(dev: int) -> bytes:
+    """How a device appears in a maps line, with the separating blanks: the kernel prints it as "%02x:%02x"."""
+    return b" %02x:%02x " % (os.major(dev), os.minor(dev))
+
+
+def parse_maps_line(line: bytes) -> MapRecord | None:
+    """Pure: one maps line -> MapRecord; None for a line that is not one (a truncated read's last line)."""
+    parts = line.rstrip(b"\n").split(None, 5)
+    if len(parts) < 5:
+        return None
+    try:
+        lo, _, hi = parts[0].partition(b"-")
+        major, _, minor = parts[3].partition(b":")
+        start, end = int(lo, 16), int(hi, 16)
+        offset, dev_major, dev_minor = int(parts[2], 16), int(major, 16), int(minor, 16)
+        inode = int(parts[4])
+    except ValueError:
+        return None
+    raw = parts[5] if len(parts) == 6 else b""
+    deleted = raw.endswith(_DELETED)
+    if deleted:
+        raw = raw[: -len(_DELETED)]
+    # The kernel escapes a newline in a path as \012 (and nothing else), so one maps line is one mapping.
+    path = os.fsdecode(raw.replace(b"\\012", b"\n"))
+    return MapRecord(start, end, parts[1].decode("ascii", "replace"), offset, dev_major, dev_minor, inode, path, deleted)
+
+
+def parse_maps(text: bytes, *, dev: int | None = None) -> list[MapRecord]:
+    """Pure: the mappings in a maps text; with ``dev``, only those of that device.
+
+    With ``dev`` the text is first searched for the device as printed (a C-level substring search over the
+    whole text), and only the lines around each hit are split: the usual process maps nothing on the tmpfs
+    and costs one search. A hit inside a path name is ruled out by the parsed device.
+    """
+    if dev is None:
+        return [r for r in map(parse_maps_line, text.splitlines()) if r is not None]
+    token = dev_token(dev)
+    out: list[MapRecord] = []
+    pos = text.find(token)
+    while pos >= 0:
+        line_start = text.rfind(b"\n", 0, pos) + 1
+        line_end = text.find(b"\n", pos)
+        if line_end < 0:
+            line_end = len(text)
+        rec = parse_maps_line(text[line_start:line_end])
+        if rec is not None and rec.dev == dev:
+            out.append(rec)
+        pos = text.find(token, line_end)
+    return out
+
+
+def read_proc_bytes(path: str) -> bytes:
+    """The whole content of a /proc file. Raises OSError (ENOENT/ESRCH when the process is gone)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, _MAPS_READ_CHUNK):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True, slots=True)
+class FdTarget:
+    """An open file descriptor of a process whose file lies on the scanned device."""
+
+    fd: int
+    inode: int
+    size: int
+    allocated: int  # st_blocks * 512
+    nlink: int  # 0: the file was unlinked and lives on through this descriptor
+
+
+def read_fd_targets(fd_dir: str, dev: int) -> list[FdTarget]:
+    """The descriptors in a /proc/PID/fd directory that point at files on ``dev``.
+
+    Each descriptor is stat'ed through its magic link (one syscall, relative to the opened directory): that
+    reaches the open file itself, whatever path it was opened under. A descriptor closed meanwhile is skipped;
+    any other error is raised, so the caller can call the process uninspectable.
+    """
+    dfd = os.open(fd_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        out: list[FdTarget] = []
+        stat = os.stat
+        for name in os.listdir(dfd):
+            try:
+                st = stat(name, dir_fd=dfd)
+            except FileNotFoundError:
+                continue  # closed between the listing and the stat
+            if st.st_dev == dev:
+                out.append(FdTarget(int(name), st.st_ino, st.st_size, st.st_blocks * 512, st.st_nlink))
+        return out
+    finally:
+        os.close(dfd)
+
+
+@dataclass
+class HolderScan:
+    """What one pass over /proc found on one device: mappings and open descriptors per pid."""
+
+    dev: int
+    pids_scanned: int = 0
+    maps: dict[int, list[MapRecord]] = field(default_factory=dict)
+    fds: dict[int, list[FdTarget]] = field(default_factory=dict)
+    # pid -> why its maps or fds could not be read (not because it exited): the scan is incomplete for it.
+    unreadable: dict[int, str] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+
+    def holders(self) -> dict[int, list[tuple[int, str]]]:
+        """inode -> [(pid, "map"|"fd")], each pid once per way, mappings first."""
+        out: dict[int, list[tuple[int, str]]] = {}
+        for pid, recs in self.maps.items():
+            for ino in dict.fromkeys(r.inode for r in recs):
+                out.setdefault(ino, []).append((pid, "map"))
+        for pid, fds in self.fds.items():
+            for ino in dict.fromkeys(f.inode for f in fds):
+                out.setdefault(ino, []).append((pid, "fd"))
+        return out
+
+
+def _why(exc: OSError) -> str:
+    return f"{exc.filename}: {exc.strerror or exc}"
+
+
+def _scan_task(base: str, pid: int, dev: int, token: bytes, scan: HolderScan) -> bool:
+    """Scan one process (or thread) directory; False when it turned out to be gone."""
+    try:
+        text = read_proc_bytes(base + "/maps")
+    except OSError as exc:
+        if exc.errno in _GONE_ERRNOS:
+            return False
+        scan.unreadable[pid] = _why(exc)
+        text = b""
+    # Most processes map nothing on the device: one substring search decides, no line is split.
+    if token in text:
+        recs = parse_maps(text, dev=dev)
+        if recs:
+            scan.maps.setdefault(pid, []).extend(recs)
+    try:
+        fds = read_fd_targets(base + "/fd", dev)
+    except OSError as exc:
+        if exc.errno in _GONE_ERRNOS:
+            return bool(text)
+        scan.unreadable.setdefault(pid, _why(exc))
+        return True
+    if fds:
+        scan.fds.setdefault(pid, []).extend(fds)
+    if not text and not fds:
+        # Empty maps: a kernel thread, a zombie, or a thread-group leader that exited while its other threads
+        # run on with the memory and descriptors. Only the last holds anything; look at its threads.
+        _scan_threads(base, pid, dev, token, scan)
+    return True
+
+
+def _scan_threads(base: str, pid: int, dev: int, token: bytes, scan: HolderScan) -> None:
+    try:
+        tids = [t for t in os.listdir(base + "/task") if t != str(pid)]
+    except OSError:
+        return  # gone, or a kernel thread without a readable task list: nothing mapped either way
+    for tid in tids:
+        _scan_task(f"{base}/task/{tid}", pid, dev, token, scan)
+
+
+def scan_holders(dev: int, *, proc_root: str = "/proc") -> HolderScan:
+    """Every live process's mappings and open descriptors on device ``dev``.
+
+    A process that exits during the scan is simply gone. One whose maps or fd directory cannot be read for any
+    other reason is recorded in ``unreadable``: the caller must treat the scan as incomplete for it.
+    Raises OSError when ``proc_root`` itself cannot be listed.
+    """
+    t0 = time.perf_counter()
+    scan = HolderScan(dev=dev)
+    token = dev_token(dev)
+    for name in os.listdir(proc_root):
+        if not name.isdigit():
+            continue
+        if _scan_task(f"{proc_root}/{name}", int(name), dev, token, scan):
+            scan.pids_scanned += 1
+    scan.elapsed_s = time.perf_counter() - t0
+    return scan

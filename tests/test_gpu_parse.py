@@ -1,0 +1,368 @@
+"""GPU telemetry without a GPU: the parse of NVML answers (captured as data), slot resolution, cgroup parsing,
+fail-closed handling, and the planner reading the result. Runs everywhere, in milliseconds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reconciler.model import DesiredAssignment, DesiredState, HostConfig, Recipe
+from reconciler.observe.gpu import observe_gpus, parse_nvml, read_nvml
+from reconciler.observe.procfs import container_of_pid, parse_cgroup_container_id
+from reconciler.observed import GpuView, Observed, ShmView, Source, Tmpfs
+from reconciler.planner import plan
+
+DATA = Path(__file__).parent / "data"
+GIB = 1024**3
+
+UUID_0 = "GPU-5d3e8f0a-8c1e-4a57-9a8e-0c7d1f1a2b30"
+UUID_1 = "GPU-9b2c4e61-17f0-4e0d-b3c5-6a8f2d9e4c11"
+CTR = "7f1c0e5b2d9a4c3e8b6a1f0d2e3c4b5a6978e1d2c3b4a5968778695a4b3c2d1e"
+
+# The shape read_nvml returns on the field report's two-GPU host: omni's vLLM worker on GPU 1, nothing on GPU 0.
+TWO_GPUS: dict[str, Any] = {
+    "error": None,
+    "driver_version": "580.159.03",
+    "device_count": 2,
+    "read_s": 0.04,
+    "devices": [
+        {
+            "index": 0,
+            "name": "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition",
+            "uuid": UUID_0,
+            "memory_total": 102641958912,
+            "memory_used": 564330496,
+            "processes": [],
+            "errors": {},
+        },
+        {
+            "index": 1,
+            "name": "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition",
+            "uuid": UUID_1,
+            "memory_total": 102641958912,
+            "memory_used": 90194313216,
+            "processes": [{"pid": 4242, "used_gpu_memory": 89615204352}],
+            "errors": {},
+        },
+    ],
+}
+
+DOCKER_V2_SYSTEMD = f"0::/system.slice/docker-{CTR}.scope\n"
+
+
+def host(gpus: Mapping[str, Mapping[str, Any]], telemetry: str = "nvml") -> HostConfig:
+    return HostConfig(name="workstation", gpus=dict(gpus), gpu_telemetry=telemetry)
+
+
+SPLIT = host({"dark-compute-a": {"index": 0}, "dark-compute-b": {"index": 1}})
+
+
+def procs(cgroups: Mapping[int, str], commands: Mapping[int, str] | None = None) -> dict[str, Any]:
+    """container_of / command_of over captured /proc text: the real cgroup parse, no /proc needed."""
+    commands = commands or {}
+    return {
+        "container_of": lambda pid: parse_cgroup_container_id(cgroups[pid]) if pid in cgroups else None,
+        "command_of": lambda pid: commands.get(pid, ""),
+    }
+
+
+def with_devices(*devices: dict[str, Any], **top: Any) -> dict[str, Any]:
+    raw = {**TWO_GPUS, "devices": list(devices), "device_count": len(devices)}
+    raw.update(top)
+    return raw
+
+
+# ---------------------------------------------------------------- slots, memory, processes
+
+
+def test_slots_by_index_carry_name_uuid_memory_and_processes() -> None:
+    view = parse_nvml(TWO_GPUS, SPLIT, **procs({4242: DOCKER_V2_SYSTEMD}, {4242: "python3 -m vllm.entrypoints"}))
+    assert view.telemetry == "nvml"
+    assert view.source.ok, view.source.detail
+    assert view.source.detail == "NVML driver 580.159.03, 2 GPU(s)"
+    a, b = view.slots["dark-compute-a"], view.slots["dark-compute-b"]
+    assert (a.index, a.uuid, a.processes, a.missing) == (0, UUID_0, (), False)
+    assert (a.memory_total_bytes, a.memory_used_bytes) == (102641958912, 564330496)
+    assert b.uuid == UUID_1 and b.name.startswith("NVIDIA RTX PRO 6000")
+    assert b.memory_used_bytes == 90194313216
+    [p] = b.processes
+    assert (p.pid, p.used_bytes, p.container_id, p.command) == (4242, 89615204352, CTR, "python3 -m vllm.entrypoints")
+
+
+def test_a_host_process_belongs_to_no_container() -> None:
+    sandbox = (DATA / "cgroup" / "host-process-sandbox.txt").read_text()
+    view = parse_nvml(TWO_GPUS, SPLIT, **procs({4242: sandbox}))
+    [p] = view.slots["dark-compute-b"].processes
+    assert p.container_id is None
+
+
+def test_slot_by_uuid_follows_the_uuid_not_the_order() -> None:
+    # The slot names GPU 1 by UUID: a reordered bus must not move it.
+    h = host({"dark-compute-a": {"uuid": UUID_1}, "dark-compute-b": {"uuid": UUID_0}})
+    view = parse_nvml(TWO_GPUS, h, **procs({}))
+    assert view.source.ok
+    assert view.slots["dark-compute-a"].index == 1
+    assert [p.pid for p in view.slots["dark-compute-a"].processes] == [4242]
+    assert view.slots["dark-compute-b"].index == 0
+    assert view.slots["dark-compute-b"].processes == ()
+
+
+def test_uuid_and_index_that_disagree_make_the_slot_unusable() -> None:
+    h = host({"dark-compute-a": {"index": 0, "uuid": UUID_1}})
+    view = parse_nvml(TWO_GPUS, h, **procs({}))
+    s = view.slots["dark-compute-a"]
+    assert s.missing
+    assert s.error == (
+        f"configs/host.yaml gpus.dark-compute-a: uuid {UUID_1} is GPU index 1, but index 0 is given; "
+        "fix the index or remove it"
+    )
+
+
+def test_uuid_and_index_that_agree_resolve() -> None:
+    view = parse_nvml(TWO_GPUS, host({"dark-compute-b": {"index": 1, "uuid": UUID_1}}), **procs({}))
+    assert not view.slots["dark-compute-b"].missing
+    assert view.slots["dark-compute-b"].index == 1
+
+
+def test_missing_index_is_missing_and_names_the_file_and_count() -> None:
+    h = host({"dark-compute-a": {"index": 0}, "dark-compute-b": {"index": 1}})
+    raw = with_devices(TWO_GPUS["devices"][0])  # the second card fell off the bus
+    view = parse_nvml(raw, h, **procs({}))
+    assert view.source.ok  # the rest of the host is still known; the planner blocks the one slot
+    b = view.slots["dark-compute-b"]
+    assert b.missing and b.index == 1
+    assert b.error == "configs/host.yaml gpus.dark-compute-b: no GPU with index 1; this host has 1 GPU(s) (indices 0..0)"
+    assert not view.slots["dark-compute-a"].missing
+
+
+def test_missing_uuid_lists_what_was_found() -> None:
+    gone = "GPU-00000000-0000-0000-0000-000000000000"
+    view = parse_nvml(TWO_GPUS, host({"dark-compute-a": {"uuid": gone}}), **procs({}))
+    s = view.slots["dark-compute-a"]
+    assert s.missing and s.uuid == gone and s.index is None
+    assert s.error == f"configs/host.yaml gpus.dark-compute-a: no GPU with uuid {gone} (found: 0={UUID_0}, 1={UUID_1})"
+
+
+def test_one_pid_in_several_contexts_is_one_process_with_memory_summed() -> None:
+    dev = {**TWO_GPUS["devices"][0], "processes": [
+        {"pid": 7, "used_gpu_memory": 1 * GIB},
+        {"pid": 9, "used_gpu_memory": None},  # NVML_VALUE_NOT_AVAILABLE: memory unknown, pid still blocks
+        {"pid": 7, "used_gpu_memory": 2 * GIB},
+    ]}
+    view = parse_nvml(with_devices(dev), host({"a": {"index": 0}}), **procs({}))
+    got = [(p.pid, p.used_bytes) for p in view.slots["a"].processes]
+    assert got == [(7, 3 * GIB), (9, None)]
+
+
+# ---------------------------------------------------------------- fail closed
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        "NVMLError_LibraryNotFound: NVML Shared Library Not Found",
+        "NVMLError_DriverNotLoaded: Driver Not Loaded",
+        "NVMLError_LibRmVersionMismatch: RM has detected an NVML/RM version mismatch.",
+        "the nvidia-ml-py package is not installed (No module named 'pynvml'); pip install nvidia-ml-py",
+    ],
+)
+def test_an_nvml_error_is_an_unavailable_source(error: str) -> None:
+    raw = {"error": error, "driver_version": "", "device_count": 0, "devices": [], "read_s": 0.0}
+    view = parse_nvml(raw, SPLIT, **procs({}))
+    assert not view.source.ok
+    assert view.source.detail == f"NVML: {error}; on a host without NVIDIA GPUs set 'gpu_telemetry: none' in configs/host.yaml"
+    assert set(view.slots) == {"dark-compute-a", "dark-compute-b"}
+    assert all(s.processes == () and s.error == view.source.detail for s in view.slots.values())
+
+
+def test_a_failed_process_list_on_a_configured_gpu_is_unavailable() -> None:
+    dev = {**TWO_GPUS["devices"][1], "errors": {"processes": "NVMLError_GpuIsLost: GPU is lost"}}
+    dev.pop("processes")
+    view = parse_nvml(with_devices(TWO_GPUS["devices"][0], dev), SPLIT, **procs({}))
+    assert not view.source.ok
+    assert view.source.detail == (
+        "NVML: configs/host.yaml gpus.dark-compute-b (GPU 1): processes failed: NVMLError_GpuIsLost: GPU is lost"
+    )
+    assert view.slots["dark-compute-b"].error == "processes failed: NVMLError_GpuIsLost: GPU is lost"
+
+
+def test_a_failed_call_on_a_gpu_no_slot_uses_does_not_matter() -> None:
+    dev1 = {"index": 1, "errors": {"handle": "NVMLError_Unknown: Unknown Error"}}
+    view = parse_nvml(with_devices(TWO_GPUS["devices"][0], dev1), host({"a": {"index": 0}}), **procs({}))
+    assert view.source.ok, view.source.detail
+
+
+def test_a_uuid_slot_with_an_unreadable_gpu_is_unknown_not_missing() -> None:
+    dev1 = {"index": 1, "errors": {"handle": "NVMLError_GpuIsLost: GPU is lost"}}
+    raw = with_devices(TWO_GPUS["devices"][0], dev1)
+    view = parse_nvml(raw, host({"b": {"uuid": UUID_1}}), **procs({}))
+    assert not view.source.ok
+    assert not view.slots["b"].missing
+    assert "GPU(s) 1 did not answer" in view.source.detail
+
+
+def test_observe_never_raises_on_a_broken_read() -> None:
+    def explode(_: HostConfig) -> dict[str, Any]:
+        raise RuntimeError("ctypes went away")
+
+    view = observe_gpus(SPLIT, read=explode)
+    assert not view.source.ok
+    assert view.source.detail == "NVML answer could not be read: RuntimeError: ctypes went away"
+    malformed = observe_gpus(SPLIT, read=lambda _: {"error": None, "devices": [{"name": "no index"}]})
+    assert not malformed.source.ok and "KeyError" in malformed.source.detail
+
+
+def test_telemetry_none_never_reads_nvml() -> None:
+    def must_not_be_called(_: HostConfig) -> dict[str, Any]:
+        raise AssertionError("NVML read with gpu_telemetry none")
+
+    view = observe_gpus(host({"a": {"index": 0}}, telemetry="none"), read=must_not_be_called)
+    assert view.telemetry == "none" and view.source.ok
+    assert view.source.detail == "telemetry none: GPU occupancy from Docker alone"
+
+
+def test_read_without_the_bindings_reports_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # what Python does when the package is not installed
+    raw = read_nvml(SPLIT)
+    assert raw["error"].startswith("the nvidia-ml-py package is not installed")
+    assert raw["error"].endswith("; pip install nvidia-ml-py")
+    assert raw["devices"] == []
+
+
+def test_importing_the_observer_does_not_load_nvml() -> None:
+    code = "import sys, reconciler.observe.gpu, reconciler.planner; print('pynvml' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_a_read_answer_is_plain_json() -> None:
+    # The read hands back data, not NVML objects: it can be captured, stored and parsed later.
+    assert json.loads(json.dumps(TWO_GPUS)) == TWO_GPUS
+    assert json.loads(json.dumps(read_nvml(SPLIT)))["devices"] == read_nvml(SPLIT)["devices"]
+
+
+# ---------------------------------------------------------------- cgroup forms
+
+A = "3f7e2a9c1b5d4e6f8a0b2c4d6e8f0a1b3c5d7e9f1a2b4c6d8e0f1a3b5c7d9e1f"
+B = "c1d2e3f4a5b6978812345678901234567890abcdefabcdefabcdefabcdef0123"
+
+CGROUP_FORMS = [
+    # Written by Docker with the systemd cgroup driver on cgroup v2 (Debian 12, Ubuntu 22.04+).
+    ("docker v2 systemd", f"0::/system.slice/docker-{A}.scope\n", A),
+    # The same, for a container that runs systemd or its own sub-cgroups inside.
+    ("docker v2 systemd nested", f"0::/system.slice/docker-{A}.scope/init.scope\n", A),
+    ("docker v2 cgroupfs", f"0::/docker/{A}\n", A),
+    ("docker v1 systemd", "".join(f"{n}:{c}:/system.slice/docker-{A}.scope\n" for n, c in
+                                  [(12, "pids"), (4, "memory"), (1, "name=systemd")]) + "0::/\n", A),
+    ("rootless docker", f"0::/user.slice/user-1000.slice/user@1000.service/user.slice/docker-{A}.scope\n", A),
+    ("containerd cri systemd v2",
+     "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0d6c7b2e_4f1a_4c3b_9e8d_7a6b5c4d3e2f.slice"
+     f"/cri-containerd-{A}.scope\n", A),
+    ("containerd cri systemd v1",
+     "11:devices:/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0d6c7b2e_4f1a.slice"
+     f"/cri-containerd-{A}.scope\n1:name=systemd:/kubepods.slice/x/cri-containerd-{A}.scope\n", A),
+    ("kubepods cgroupfs v1", f"10:memory:/kubepods/burstable/pod0d6c7b2e-4f1a-4c3b-9e8d-7a6b5c4d3e2f/{A}\n", A),
+    ("kubepods cgroupfs v2", f"0::/kubepods/besteffort/pod0d6c7b2e-4f1a-4c3b-9e8d-7a6b5c4d3e2f/{A}\n", A),
+    ("nerdctl systemd", f"0::/system.slice/nerdctl-{A}.scope\n", A),
+    ("containerd default namespace", f"0::/default/{A}\n", A),
+    ("podman", f"0::/machine.slice/libpod-{A}.scope/container\n", A),
+    ("cri-o", f"0::/kubepods.slice/kubepods-pod1.slice/crio-{A}.scope\n", A),
+    # Docker in Docker seen from the host: the host's engine knows the outer container.
+    ("docker in docker", f"1:name=systemd:/docker/{A}/docker/{B}\n0::/docker/{A}/docker/{B}\n", A),
+    # Host processes: never a container.
+    ("host v2 session", "0::/user.slice/user-0.slice/session-3.scope\n", None),
+    ("host v1 root", "12:pids:/\n4:memory:/\n1:name=systemd:/\n0::/\n", None),
+    ("containerd daemon itself", "0::/system.slice/containerd.service\n", None),
+    ("kubelet pod slice only", "0::/kubepods.slice/kubepods-besteffort.slice\n", None),
+    ("a 64-hex name glued to more text", f"0::/docker/{A}x\n", None),
+    ("garbage", "not a cgroup file\n\n", None),
+]
+
+
+@pytest.mark.parametrize(("form", "text", "want"), CGROUP_FORMS, ids=[f[0] for f in CGROUP_FORMS])
+def test_cgroup_forms(form: str, text: str, want: str | None) -> None:
+    assert parse_cgroup_container_id(text) == want
+
+
+def test_cgroup_captured_from_a_real_docker_container() -> None:
+    # /proc/PID/cgroup of a busybox container under Docker 20.10 (cgroupfs driver, cgroup v1), read on the host.
+    text = (DATA / "cgroup" / "docker-v1-cgroupfs.txt").read_text()
+    want = (DATA / "cgroup" / "docker-v1-cgroupfs.id").read_text().strip()
+    assert parse_cgroup_container_id(text) == want
+
+
+def test_cgroup_captured_from_a_sandboxed_host_process() -> None:
+    # A 32-hex sandbox cgroup (/process_api/<hex>) is not a container id.
+    assert parse_cgroup_container_id((DATA / "cgroup" / "host-process-sandbox.txt").read_text()) is None
+
+
+def test_container_of_pid_reads_a_proc_tree(tmp_path: Path) -> None:
+    (tmp_path / "4242").mkdir()
+    (tmp_path / "4242" / "cgroup").write_text(DOCKER_V2_SYSTEMD)
+    assert container_of_pid(4242, proc_root=str(tmp_path)) == CTR
+    assert container_of_pid(4343, proc_root=str(tmp_path)) is None  # gone: no container, never an error
+
+
+# ---------------------------------------------------------------- the planner reads it
+
+
+def _recipe() -> Recipe:
+    return Recipe.model_validate(
+        {"tensor_parallel_size": 1, "model": {"id": "omni"}, "container": {"image": "omni:test"}}
+    )
+
+
+def _observed(gpus: GpuView) -> Observed:
+    ok = Source("docker", True)
+    shm = ShmView(dir="/dev/shm", pattern="vllm_offload_*.mmap", tmpfs=Tmpfs(64 * GIB, 0, 64 * GIB),
+                  proc=Source("proc", True), docker=ok)
+    return Observed(host="workstation", containers=(), gpus=gpus, shm=shm, docker=ok)
+
+
+def _desired() -> DesiredState:
+    r = _recipe()
+    return DesiredState(
+        host=SPLIT,
+        recipes={"omni": r},
+        assignments=(DesiredAssignment(recipe="omni", slots=("dark-compute-b",), recipe_hash=r.content_hash(),
+                                       offload_bytes=0),),
+    )
+
+
+def test_a_stray_process_on_the_slot_blocks_the_enter_naming_the_pid() -> None:
+    sandbox = (DATA / "cgroup" / "host-process-sandbox.txt").read_text()
+    gpus = parse_nvml(TWO_GPUS, SPLIT, **procs({4242: sandbox}, {4242: "python3 train.py"}))
+    p = plan(_desired(), _observed(gpus))
+    assert p.blocked and not p.actions
+    [b] = p.blockers
+    assert b.holder == "pid 4242"
+    assert b.reason == "pid 4242 (python3 train.py) in no container uses GPU slot dark-compute-b"
+
+
+def test_the_same_manifest_enters_when_the_slot_is_free() -> None:
+    idle = with_devices(TWO_GPUS["devices"][0], {**TWO_GPUS["devices"][1], "processes": []})
+    p = plan(_desired(), _observed(parse_nvml(idle, SPLIT, **procs({}))))
+    assert not p.blocked
+    assert [(a.kind.value, a.recipe, a.gpus) for a in p.actions] == [("enter", "omni", ("dark-compute-b",))]
+
+
+def test_unavailable_telemetry_blocks_and_says_why() -> None:
+    raw = {"error": "NVMLError_DriverNotLoaded: Driver Not Loaded", "devices": []}
+    p = plan(_desired(), _observed(parse_nvml(raw, SPLIT, **procs({}))))
+    assert p.unavailable == ("gpu",)
+    assert p.blocked and not p.actions
+    assert p.blockers[0].reason.startswith("GPU telemetry (nvml) unavailable: NVML: NVMLError_DriverNotLoaded")
+
+
+def test_a_missing_gpu_blocks_only_its_slot() -> None:
+    raw = with_devices(TWO_GPUS["devices"][0])
+    p = plan(_desired(), _observed(parse_nvml(raw, SPLIT, **procs({}))))
+    assert p.unavailable == ()
+    [b] = p.blockers
+    assert b.reason.startswith("GPU for slot dark-compute-b not found on this host (configs/host.yaml gpus.dark-compute-b")
