@@ -1,0 +1,191 @@
+"""Bad input gets a clear error naming file, line, field and fix, and nothing is acted on.
+
+Each test writes a small root (configs/ + manifests/) and runs the real CLI entry point in-process.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from reconciler.cli import main
+from reconciler.errors import ConfigError
+from reconciler.loader import load_desired
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = REPO / "examples" / "demo"
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    shutil.copytree(DEMO / "configs", tmp_path / "configs")
+    shutil.copytree(DEMO / "manifests", tmp_path / "manifests")
+    return tmp_path
+
+
+def write_manifest(root: Path, text: str) -> None:
+    (root / "manifests" / "demo.yaml").write_text(textwrap.dedent(text))
+
+
+def errors_of(root: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    code = main(["--root", str(root), "validate"])
+    return code, capsys.readouterr().err
+
+
+def test_demo_and_shipped_roots_are_valid(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--root", str(DEMO), "validate"]) == 0
+    assert main(["--root", str(REPO), "validate"]) == 0
+    out = capsys.readouterr().out
+    assert "valid: host demo" in out and "valid: host workstation" in out
+
+
+def test_shipped_recipes_pin_the_field_report() -> None:
+    d = load_desired(REPO)
+    r8 = d.recipes["deepseek-v4-flash-0731-r16-b12x-dspark5-256k-offload8-wsl2-mmap-unpinned"]
+    r16 = d.recipes["deepseek-v4-flash-0731-r16-b12x-dspark5-256k-offload16-wsl2-mmap-unpinned"]
+    for r in (r8, r16):
+        assert r.model.revision == "9e165c30e2704aec5d9d593cce3eebd58bbef1cb"
+        assert r.container.image.endswith("331b79259b9532788b44f13696d484a0d1d576231c6ad397c0f0faf72b85cd86")
+        assert r.tensor_parallel_size == 2 and r.container.env["VLLM_KV_OFFLOAD_MMAP_PIN_MEMORY"] == "0"
+        assert "262144" in r.container.command
+    assert (r8.offload.capacity_gib, r16.offload.capacity_gib) == (8, 16)
+    assert "131072" in d.recipes["deepseek-v4-flash-0731-r16-b12x-dspark5-131k"].container.command
+    assert "not named" in (REPO / "configs/recipes/omni.toml").read_text()
+    assert [(a.recipe, a.slots) for a in d.assignments] == [("omni", ("dark-compute-b",))]
+
+
+def test_yaml_syntax_error_names_file_and_line(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_manifest(root, "host: demo\nassignments:\n  - recipe: omni\n    gpus: [dark-compute-b\n")
+    code, err = errors_of(root, capsys)
+    assert code == 1
+    assert "manifests/demo.yaml:5: YAML syntax error" in err and "started at line 4" in err
+
+
+def test_toml_syntax_error_names_file_and_line(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (root / "configs/recipes/broken.toml").write_text('description = "x"\ntensor_parallel_size = = 2\n')
+    code, err = errors_of(root, capsys)
+    assert code == 1 and "configs/recipes/broken.toml:2: TOML syntax error" in err
+
+
+def test_unknown_recipe(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_manifest(root, "host: demo\nassignments:\n  - recipe: omnii\n    gpus: [dark-compute-b]\n")
+    code, err = errors_of(root, capsys)
+    assert code == 1
+    assert "manifests/demo.yaml:3: assignments[0].recipe: unknown recipe 'omnii'" in err
+    assert "known recipes: deepseek-256k-offload, omni" in err
+
+
+def test_unknown_slot(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_manifest(root, "host: demo\nassignments:\n  - recipe: omni\n    gpus: [dark-compute-c]\n")
+    code, err = errors_of(root, capsys)
+    assert code == 1
+    assert "manifests/demo.yaml:4: assignments[0].gpus: unknown GPU slot 'dark-compute-c'" in err
+    assert "dark-compute-a, dark-compute-b" in err
+
+
+def test_slot_in_two_assignments(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_manifest(
+        root,
+        """\
+        host: demo
+        assignments:
+          - recipe: omni
+            gpus: [dark-compute-b]
+          - recipe: deepseek-256k-offload
+            gpus: [dark-compute-a, dark-compute-b]
+        """,
+    )
+    code, err = errors_of(root, capsys)
+    assert code == 1
+    assert "manifests/demo.yaml:6: assignments[1].gpus: GPU slot 'dark-compute-b' is already given to assignments[0]" in err
+
+
+def test_tp_mismatch(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_manifest(root, "host: demo\nassignments:\n  - recipe: deepseek-256k-offload\n    gpus: [dark-compute-a]\n")
+    code, err = errors_of(root, capsys)
+    assert code == 1
+    assert "tensor_parallel_size = 2 and needs exactly that many GPU slots, got 1" in err
+
+
+def test_offload_over_tmpfs(root: Path) -> None:
+    write_manifest(root, "host: demo\nassignments:\n  - recipe: deepseek-256k-offload\n    gpus: [dark-compute-a, dark-compute-b]\n")
+    load_desired(root, shm_size=1024**3)  # fits: 64 MiB + 0.25 GiB reserve in 1 GiB
+    with pytest.raises(ConfigError) as exc:
+        load_desired(root, shm_size=256 * 1024**2)
+    msg = str(exc.value)
+    assert "manifests/demo.yaml:2: assignments: offload capacities add up to 0.06 GiB" in msg
+    assert "do not fit the 0.25 GiB tmpfs at /dev/shm" in msg
+
+
+def test_unknown_keys_everywhere(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    host = (root / "configs/host.yaml").read_text().replace("gpu_telemetry: none", "gpu_telemetry: none\ngpu_telemtry: nvml")
+    (root / "configs/host.yaml").write_text(host)
+    recipe = (root / "configs/recipes/omni.toml").read_text().replace("init = true", "init = true\nrestart = 'always'")
+    (root / "configs/recipes/omni.toml").write_text(recipe)
+    code, err = errors_of(root, capsys)
+    assert code == 1
+    assert "configs/host.yaml:" in err and "unknown key 'gpu_telemtry'" in err
+    assert "configs/recipes/omni.toml:" in err and "container.restart: unknown key 'restart'" in err
+    assert "allowed keys here: image, command" in err
+
+
+def test_unknown_key_in_manifest_has_its_line(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_manifest(root, "host: demo\nassignments:\n  - recipe: omni\n    gpus: [dark-compute-b]\n    gpu: 1\n")
+    code, err = errors_of(root, capsys)
+    assert code == 1 and "manifests/demo.yaml:5: assignments[0].gpu: unknown key 'gpu'" in err
+
+
+def test_manifest_for_another_host(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_manifest(root, "host: workstation\nassignments: []\n")
+    code, err = errors_of(root, capsys)
+    assert code == 1
+    assert "manifests/demo.yaml:1: host: manifest is for host 'workstation' but configs/host.yaml names this host 'demo'" in err
+
+
+@pytest.mark.parametrize("missing", [True, False])
+def test_empty_or_missing_manifests(root: Path, capsys: pytest.CaptureFixture[str], missing: bool) -> None:
+    shutil.rmtree(root / "manifests")
+    if not missing:
+        (root / "manifests").mkdir()
+    code, err = errors_of(root, capsys)
+    assert code == 1 and "manifests: no manifest found" in err
+
+
+def test_missing_host_file_points_at_root(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = errors_of(tmp_path, capsys)
+    assert code == 1 and "configs/host.yaml: file not found: is --root" in err
+
+
+def test_validate_json(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    write_manifest(root, "host: demo\nassignments:\n  - recipe: nope\n    gpus: [dark-compute-b]\n")
+    assert main(["--root", str(root), "validate", "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["valid"] is False and data["errors"][0]["line"] == 3
+
+
+def test_bad_manifest_makes_plan_exit_1_without_touching_docker(root: Path) -> None:
+    """A broken manifest stops `plan` before any observation: an unreachable engine is never even asked."""
+    write_manifest(root, "host: demo\nassignments:\n  - recipe: nope\n    gpus: [dark-compute-b]\n")
+    host = root / "configs/host.yaml"
+    host.write_text(host.read_text().replace("unix:///var/run/docker.sock", "unix:///nonexistent/docker.sock"))
+    res = subprocess.run(
+        [sys.executable, "-m", "reconciler", "--root", str(root), "plan"], capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 1
+    assert "unknown recipe 'nope'" in res.stderr and "docker" not in res.stderr
+
+
+def test_recipe_hash_ignores_description_only(root: Path) -> None:
+    before = load_desired(root).recipes["omni"].content_hash()
+    p = root / "configs/recipes/omni.toml"
+    p.write_text(p.read_text().replace('description = "', 'description = "reworded '))
+    assert load_desired(root).recipes["omni"].content_hash() == before
+    p.write_text(p.read_text().replace('"--port", "8001"', '"--port", "8002"'))
+    assert load_desired(root).recipes["omni"].content_hash() != before
