@@ -1,0 +1,496 @@
+#!/usr/bin/python3
+"""A stand-in for a vLLM OpenAI server with native KV offload, for hosts without GPUs.
+
+It reproduces what the field report says a vLLM start does to the host, and nothing else: N tensor-parallel
+worker processes share one ``vllm_offload_<engine id>.mmap`` file in the shm dir (worker 0 creates and sizes it,
+the others wait for it and map it, every worker prefaults it with ``madvise(MADV_POPULATE_WRITE)``), a health
+endpoint answers 200 only once every worker has mapped the file, and SIGTERM unmaps and unlinks it. A full
+tmpfs makes the prefault fail with the report's ``OSError: [Errno 14] Bad address``; switches make it crash
+without cleanup, fail at start, or never become healthy.
+
+Who runs it: ``examples/fake-vllm/build.sh`` packs it into the image ``reconciler/fake-vllm:latest`` (the host's
+``/usr`` is bind-mounted read-only to supply Python), which the demo's recipes and the end-to-end tests start
+through the reconciler; ``tests/test_fake_vllm.py`` also runs it directly as a host process. Standard library
+only, so the host's ``/usr/bin/python3`` runs it inside the image.
+
+Exit status: 0 after a graceful stop, 1 when the start fails (``fail-start``, a worker error such as Errno 14,
+a worker that dies), 2 on a bad command line, 137 for the ``crash-after`` switch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import http.server
+import json
+import mmap
+import os
+import select
+import signal
+import sys
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+VERSION = "0.0.0+fake"
+GIB = 1 << 30
+# Linux 5.14+; Python's mmap module only exposes the constant when its build headers had it.
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+POLL_S = 0.05
+# After SIGTERM the workers get this long to unmap before they are killed; docker stop waits 10 s by default.
+WORKER_STOP_GRACE_S = 5.0
+CRASH_EXIT_CODE = 137  # what Docker reports for a SIGKILLed container
+MODE_ENV = "FAKE_VLLM_MODE"
+MODE_HELP = (
+    "comma-separated switches: fail-start | never-healthy | crash-after=SECONDS | start-delay=SECONDS "
+    f"(default from ${MODE_ENV}; empty = a normal server)"
+)
+
+_log_prefix = ""
+
+
+def log(level: str, message: str) -> None:
+    """One vLLM-looking log line on stdout, flushed at once so ``docker logs`` and test pipes see it."""
+    caller = sys._getframe(1)
+    stamp = datetime.now().strftime("%m-%d %H:%M:%S")
+    line = f"{_log_prefix}{level} {stamp} [fake_vllm.py:{caller.f_lineno}] {message}\n"
+    # One write per line keeps lines of concurrent workers from interleaving mid-line.
+    os.write(sys.stdout.fileno(), line.encode())
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    """Behaviour switches parsed from ``--fake-mode`` / ``$FAKE_VLLM_MODE``."""
+
+    fail_start: bool = False
+    never_healthy: bool = False
+    # Seconds after every worker mapped the file; 0 crashes before /health ever answers 200.
+    crash_after_s: float | None = None
+    # Seconds each worker "loads weights" before mapping; /health answers 503 meanwhile.
+    start_delay_s: float = 0.0
+
+    def __str__(self) -> str:
+        words = [w for w, on in (("fail-start", self.fail_start), ("never-healthy", self.never_healthy)) if on]
+        if self.crash_after_s is not None:
+            words.append(f"crash-after={self.crash_after_s:g}")
+        if self.start_delay_s:
+            words.append(f"start-delay={self.start_delay_s:g}")
+        return ",".join(words) or "normal"
+
+
+def parse_mode(text: str) -> Mode:
+    """Parse ``fail-start,never-healthy,crash-after=S,start-delay=S`` (any subset, any order)."""
+    fields: dict[str, object] = {}
+    for raw in text.split(","):
+        item = raw.strip()
+        if not item or item == "normal":
+            continue
+        name, _, value = item.partition("=")
+        if name in ("fail-start", "never-healthy") and not value:
+            fields[name.replace("-", "_")] = True
+        elif name in ("crash-after", "start-delay") and value:
+            try:
+                seconds = float(value)
+            except ValueError:
+                seconds = -1.0
+            if seconds < 0:
+                raise ValueError(f"{MODE_ENV}/--fake-mode: {item!r} needs a number of seconds >= 0, e.g. {name}=5")
+            fields["crash_after_s" if name == "crash-after" else "start_delay_s"] = seconds
+        else:
+            raise ValueError(f"{MODE_ENV}/--fake-mode: unknown switch {item!r}; use {MODE_HELP}")
+    return Mode(**fields)  # type: ignore[arg-type]
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything a run needs, resolved from the command line and the environment."""
+
+    model: str
+    tensor_parallel_size: int
+    offload_bytes: int  # 0: native offload not configured
+    shm_dir: str
+    engine_id: str
+    host: str
+    port: int
+    mode: Mode
+    file_wait_s: float
+    ignored_args: tuple[str, ...]
+
+    @property
+    def offload_path(self) -> str:
+        return os.path.join(self.shm_dir, f"vllm_offload_{self.engine_id}.mmap")
+
+
+def _env_default(environ: Mapping[str, str], name: str, default: str) -> str:
+    value = environ.get(name, "")
+    return value if value != "" else default
+
+
+def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    # Environment defaults stay strings: argparse converts string defaults with `type`, so a bad value in the
+    # environment gets the same clear usage error as a bad flag.
+    parser = argparse.ArgumentParser(
+        prog="fake_vllm.py",
+        usage="fake_vllm.py [vllm] [serve] [MODEL] [options]",
+        description="A vLLM stand-in: TP workers sharing one offload mmap in the shm dir, and /health.",
+    )
+    parser.add_argument("--model", default=None, help="model name, shown in logs and /v1/models")
+    parser.add_argument(
+        "--tensor-parallel-size", "-tp", type=int,
+        default=_env_default(environ, "FAKE_VLLM_TENSOR_PARALLEL_SIZE", "1"),
+        help="number of worker processes (default $FAKE_VLLM_TENSOR_PARALLEL_SIZE or 1)",
+    )
+    parser.add_argument(
+        "--kv-offloading-size", type=float,
+        default=_env_default(environ, "FAKE_VLLM_KV_OFFLOADING_SIZE", "0"),
+        help="offload buffer in GiB, fractions allowed (0.0625 = 64 MiB); 0 = no offload "
+        "(default $FAKE_VLLM_KV_OFFLOADING_SIZE or 0)",
+    )
+    parser.add_argument("--kv-offloading-backend", default="native", help="accepted for vLLM compatibility")
+    parser.add_argument(
+        "--shm-dir", default=_env_default(environ, "FAKE_VLLM_SHM_DIR", "/dev/shm"),
+        help="where the offload file goes (default $FAKE_VLLM_SHM_DIR or /dev/shm)",
+    )
+    parser.add_argument(
+        "--engine-id", default=_env_default(environ, "FAKE_VLLM_ENGINE_ID", ""),
+        help="names the file vllm_offload_<id>.mmap (default $FAKE_VLLM_ENGINE_ID or a fresh uuid per start)",
+    )
+    parser.add_argument("--host", default="0.0.0.0", help="HTTP bind address (default 0.0.0.0)")
+    parser.add_argument("--port", type=int, default=8000, help="HTTP port for /health (default 8000; 0 = any free)")
+    parser.add_argument("--fake-mode", default=environ.get(MODE_ENV, ""), help=MODE_HELP)
+    parser.add_argument(
+        "--fake-file-wait", type=float, default=60.0,
+        help="seconds workers 1..N-1 wait for worker 0 to create the file (default 60)",
+    )
+    return parser
+
+
+def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
+    """Read ``[vllm] [serve] [MODEL] [options]``; unknown vLLM options are kept aside and only logged."""
+    args = list(argv)
+    # Recipes written for vLLM say `vllm serve MODEL ...`; accept the same words so they run unchanged.
+    if args and args[0] == "vllm":
+        args.pop(0)
+    if args and args[0] == "serve":
+        args.pop(0)
+    positional_model = args.pop(0) if args and not args[0].startswith("-") else None
+    parser = build_parser(environ)
+    ns, unknown = parser.parse_known_args(args)
+    if ns.tensor_parallel_size < 1:
+        parser.error(f"--tensor-parallel-size must be >= 1, got {ns.tensor_parallel_size}")
+    if ns.kv_offloading_size < 0:
+        parser.error(f"--kv-offloading-size is in GiB and must be >= 0, got {ns.kv_offloading_size}")
+    try:
+        mode = parse_mode(ns.fake_mode)
+    except ValueError as exc:
+        parser.error(str(exc))
+    page = mmap.PAGESIZE
+    wanted = int(ns.kv_offloading_size * GIB)
+    offload_bytes = -(-wanted // page) * page  # whole pages: the mapping and the tmpfs both count in pages
+    return Settings(
+        model=ns.model or positional_model or "fake/model",
+        tensor_parallel_size=ns.tensor_parallel_size,
+        offload_bytes=offload_bytes,
+        shm_dir=ns.shm_dir,
+        engine_id=ns.engine_id or str(uuid.uuid4()),
+        host=ns.host,
+        port=ns.port,
+        mode=mode,
+        file_wait_s=ns.fake_file_wait,
+        ignored_args=tuple(unknown),
+    )
+
+
+def _prctl(option: int, value: int | bytes) -> None:
+    # Best effort: names only help `ps`, and the death signal is backed up by a getppid() check.
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return
+    libc.prctl(option, value, 0, 0, 0)
+
+
+class Stop(Exception):
+    """Raised in a worker by SIGTERM/SIGINT to unwind out of any wait into its cleanup."""
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    raise Stop()
+
+
+def _wait_for_file(path: str, size: int, timeout_s: float) -> int:
+    """Workers 1..N-1: open the file once worker 0 has created it and sized it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            fd = -1
+        if fd >= 0:
+            if os.fstat(fd).st_size >= size:
+                return fd
+            os.close(fd)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear with {size} bytes within {timeout_s:g} s (--fake-file-wait)")
+        time.sleep(0.02)
+
+
+def run_worker(*, rank: int, settings: Settings, ready_fd: int) -> int:
+    """One TP worker: map and prefault the shared file, say so on ``ready_fd``, hold it until SIGTERM."""
+    global _log_prefix
+    _log_prefix = f"(VllmWorker TP{rank} pid={os.getpid()}) "
+    _prctl(PR_SET_NAME, f"VllmWorker TP{rank}".encode())
+    signal.signal(signal.SIGTERM, _raise_stop)
+    signal.signal(signal.SIGINT, _raise_stop)
+    fd = -1
+    buffer: mmap.mmap | None = None
+    try:
+        log("INFO", f"Worker rank {rank} of {settings.tensor_parallel_size} started for {settings.model}")
+        if settings.mode.start_delay_s:
+            log("INFO", f"Loading model weights (start-delay={settings.mode.start_delay_s:g} s)")
+            time.sleep(settings.mode.start_delay_s)
+        if settings.offload_bytes:
+            path, size = settings.offload_path, settings.offload_bytes
+            try:
+                if rank == 0:
+                    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+                    os.ftruncate(fd, size)
+                    log("INFO", f"Created native KV offload buffer {path} ({size} bytes)")
+                else:
+                    fd = _wait_for_file(path, size, settings.file_wait_s)
+                buffer = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+                log("INFO", f"Prefaulting {size} bytes of {path} with MADV_POPULATE_WRITE")
+                buffer.madvise(MADV_POPULATE_WRITE)
+            except (OSError, TimeoutError):
+                log("ERROR", "WorkerProc failed to start.")
+                trace = "".join(_log_prefix + line + "\n" for line in traceback.format_exc().splitlines())
+                os.write(sys.stdout.fileno(), trace.encode())
+                return 1
+            log("INFO", f"Mapped {path} ({size} bytes)")
+        else:
+            log("INFO", "Native KV offloading not configured (--kv-offloading-size 0)")
+        os.write(ready_fd, b"M")
+        while True:
+            signal.pause()
+    except Stop:
+        log("INFO", "Worker shutting down")
+        return 0
+    finally:
+        if buffer is not None:
+            buffer.close()
+        if fd >= 0:
+            os.close(fd)
+
+
+@dataclasses.dataclass
+class Health:
+    """What /health reports; written by the main loop, read by the HTTP threads."""
+
+    ready: bool = False
+    model: str = ""
+
+
+def make_server(*, host: str, port: int, health: Health) -> http.server.ThreadingHTTPServer:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the http.server API
+            if self.path == "/health":
+                self._answer(200 if health.ready else 503, {} if health.ready else {"status": "starting"})
+            elif self.path == "/v1/models" and health.ready:
+                self._answer(200, {"object": "list", "data": [{"id": health.model, "object": "model"}]})
+            elif self.path == "/v1/models":
+                self._answer(503, {"status": "starting"})
+            else:
+                self._answer(404, {"detail": "Not Found"})
+
+        def _answer(self, status: int, body: dict[str, object]) -> None:
+            data = json.dumps(body).encode() if body else b""
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the http.server API
+            pass  # health polls every few hundred ms would drown the log
+
+    server = http.server.ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    return server
+
+
+@dataclasses.dataclass
+class Worker:
+    rank: int
+    pid: int
+    ready_fd: int  # read end of the worker's pipe; -1 once it hit EOF
+    mapped: bool = False
+    exit_status: int | None = None  # as from os.waitpid, once reaped
+
+
+def spawn_worker(*, rank: int, settings: Settings, server: http.server.ThreadingHTTPServer) -> Worker:
+    read_fd, write_fd = os.pipe()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(read_fd)
+            server.socket.close()  # the port belongs to the API process only
+            # Die with the API process: a host-process test killing it must not leave workers mapping the file.
+            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != parent:
+                os._exit(1)
+            code = run_worker(rank=rank, settings=settings, ready_fd=write_fd)
+        except BaseException:
+            # os._exit below would swallow the traceback; the log is all an operator has.
+            os.write(sys.stdout.fileno(), traceback.format_exc().encode())
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    return Worker(rank=rank, pid=pid, ready_fd=read_fd)
+
+
+def describe_status(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"killed by signal {signal.Signals(os.WTERMSIG(status)).name}"
+    return f"exit code {os.waitstatus_to_exitcode(status)}"
+
+
+def stop_workers(workers: Sequence[Worker], *, grace_s: float) -> None:
+    """SIGTERM every live worker, SIGKILL the ones still there after ``grace_s``, reap all."""
+    for w in workers:
+        if w.exit_status is None:
+            os.kill(w.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for w in workers:
+        while w.exit_status is None:
+            pid, status = os.waitpid(w.pid, os.WNOHANG)
+            if pid:
+                w.exit_status = status
+            elif time.monotonic() > deadline:
+                os.kill(w.pid, signal.SIGKILL)
+                w.exit_status = os.waitpid(w.pid, 0)[1]
+            else:
+                time.sleep(0.01)
+
+
+def serve(settings: Settings) -> int:
+    """The API-server process: spawn workers, flip /health when all mapped, handle stop and crash."""
+    log("INFO", f"vLLM API server version {VERSION}")
+    log("INFO", f"args: model={settings.model!r} tensor_parallel_size={settings.tensor_parallel_size} "
+        f"kv_offloading_size={settings.offload_bytes / GIB:g} GiB shm_dir={settings.shm_dir!r} "
+        f"engine_id={settings.engine_id!r} mode={settings.mode}")
+    if settings.ignored_args:
+        log("WARNING", f"ignoring options this stand-in does not model: {' '.join(settings.ignored_args)}")
+    if settings.mode.fail_start:
+        log("ERROR", f"Engine core initialization failed: fake failure at start ({MODE_ENV}=fail-start)")
+        return 1
+    if settings.offload_bytes and not os.path.isdir(settings.shm_dir):
+        log("ERROR", f"shm dir {settings.shm_dir!r} is not a directory: create it or pass --shm-dir "
+            "(or $FAKE_VLLM_SHM_DIR); in a container, mount the host's shm dir there (--ipc=host or -v)")
+        return 1
+
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    health = Health(model=settings.model)
+    try:
+        server = make_server(host=settings.host, port=settings.port, health=health)
+    except OSError as exc:
+        log("ERROR", f"cannot listen on {settings.host}:{settings.port}: {exc}; pick another --port")
+        return 1
+    workers = [spawn_worker(rank=r, settings=settings, server=server)
+               for r in range(settings.tensor_parallel_size)]
+    # Started only after the forks so no worker inherits a thread in the middle of a request.
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+    port = server.server_address[1]
+    log("INFO", f"Uvicorn running on http://{settings.host}:{port} (Press CTRL+C to quit)")
+
+    mapped_at: float | None = None
+    try:
+        while True:
+            if stopping.is_set():
+                return shutdown(settings, workers)
+            open_fds = [w.ready_fd for w in workers if w.ready_fd >= 0]
+            readable = select.select(open_fds, [], [], POLL_S)[0] if open_fds else []
+            for w in workers:
+                if w.ready_fd in readable:
+                    data = os.read(w.ready_fd, 16)
+                    if data:
+                        w.mapped = True
+                    else:
+                        os.close(w.ready_fd)
+                        w.ready_fd = -1
+            for w in workers:
+                if w.exit_status is None:
+                    pid, status = os.waitpid(w.pid, os.WNOHANG)
+                    if pid:
+                        w.exit_status = status
+                        if not stopping.is_set():
+                            return worker_died(w, workers)
+            if mapped_at is None and all(w.mapped for w in workers):
+                mapped_at = time.monotonic()
+                log("INFO", f"All {len(workers)} workers ready"
+                    + (f"; {settings.offload_path} mapped by each" if settings.offload_bytes else ""))
+                crash_after = settings.mode.crash_after_s
+                if settings.mode.never_healthy:
+                    log("WARNING", f"never becoming healthy ({MODE_ENV}=never-healthy)")
+                elif crash_after is None or crash_after > 0:
+                    health.ready = True
+                    log("INFO", "Application startup complete.")
+            crash_after = settings.mode.crash_after_s
+            if mapped_at is not None and crash_after is not None and time.monotonic() - mapped_at >= crash_after:
+                crash(settings, workers)
+    finally:
+        server.server_close()
+
+
+def shutdown(settings: Settings, workers: Sequence[Worker]) -> int:
+    log("INFO", "Shutting down FastAPI HTTP server.")
+    stop_workers(workers, grace_s=WORKER_STOP_GRACE_S)
+    if settings.offload_bytes:
+        try:
+            os.unlink(settings.offload_path)
+            log("INFO", f"Removed native KV offload buffer {settings.offload_path}")
+        except FileNotFoundError:
+            pass  # stopped before worker 0 created it
+    log("INFO", "Application shutdown complete.")
+    return 0
+
+
+def worker_died(dead: Worker, workers: Sequence[Worker]) -> int:
+    # The file stays: a failed start leaves its (partly prefaulted) buffer behind, as in the field report.
+    log("ERROR", f"Worker TP{dead.rank} (pid {dead.pid}) died: {describe_status(dead.exit_status or 0)}")
+    stop_workers(workers, grace_s=WORKER_STOP_GRACE_S)
+    log("ERROR", "RuntimeError: Engine core initialization failed. See root cause above. "
+        f"Failed core proc(s): TP{dead.rank}")
+    return 1
+
+
+def crash(settings: Settings, workers: Sequence[Worker]) -> None:
+    log("ERROR", f"fake crash ({MODE_ENV}=crash-after={settings.mode.crash_after_s:g}): killing workers, "
+        "exiting without cleanup" + (f"; {settings.offload_path} is left behind" if settings.offload_bytes else ""))
+    for w in workers:
+        if w.exit_status is None:
+            os.kill(w.pid, signal.SIGKILL)
+    os._exit(CRASH_EXIT_CODE)
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    settings = parse_settings(sys.argv[1:] if argv is None else argv, os.environ if environ is None else environ)
+    return serve(settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,342 @@
+"""Tests of the vLLM stand-in in examples/fake-vllm/, which the demo and the end-to-end tests start.
+
+The end-to-end tests trust it to behave like the field report's vLLM, so these check that behaviour on the real
+things: worker processes mapping one file on a real tmpfs (seen through /proc/*/maps by device and inode), the
+report's Errno 14 on a full tmpfs, health over real HTTP, and the image built by build.sh running in the real
+Docker engine with the host's /usr mounted read-only.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+FAKE_DIR = Path(__file__).resolve().parent.parent / "examples" / "fake-vllm"
+SCRIPT = FAKE_DIR / "fake_vllm.py"
+IMAGE = "reconciler/fake-vllm:latest"
+MIB = 1 << 20
+# 32 MiB: two of them do not fit the 64 MiB test tmpfs once something else holds a few MiB.
+OFFLOAD_GIB = "0.03125"
+OFFLOAD_BYTES = 32 * MIB
+
+
+def load_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("fake_vllm", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("fake_vllm", module)  # dataclasses resolve string annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+def wait_until(predicate: Callable[[], object], *, timeout: float, what: str) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def mapping_pids(path: Path) -> set[int]:
+    """Host pids whose /proc/PID/maps map ``path``, matched by device and inode as the reconciler does."""
+    st = os.stat(path)
+    found: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            text = Path("/proc", entry, "maps").read_text()
+        except (PermissionError, FileNotFoundError, ProcessLookupError):
+            continue  # pid 1 is unreadable on these machines; others may vanish mid-scan
+        for line in text.splitlines():
+            fields = line.split(maxsplit=5)
+            if len(fields) < 5 or fields[4] != str(st.st_ino):
+                continue
+            major, minor = (int(x, 16) for x in fields[3].split(":"))
+            if os.makedev(major, minor) == st.st_dev:
+                found.add(int(entry))
+                break
+    return found
+
+
+def health(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+class HostRun:
+    """fake_vllm.py as a plain host process, its log in a file (a pipe nobody reads could block it)."""
+
+    def __init__(self, *, args: Sequence[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(SCRIPT), *args, "--port", "0", "--host", "127.0.0.1"],
+            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def port(self) -> int:
+        found = wait_until(lambda: re.search(r"Uvicorn running on http://[\d.]+:(\d+)", self.log()),
+                           timeout=10, what=f"the listening line in {self.log_path}")
+        assert isinstance(found, re.Match)
+        return int(found.group(1))
+
+    def worker_pids(self) -> set[int]:
+        return {int(p) for p in re.findall(r"\(VllmWorker TP\d+ pid=(\d+)\) INFO .* started", self.log())}
+
+    def wait(self, timeout: float = 10) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()  # the workers die with it (PR_SET_PDEATHSIG)
+            self.proc.wait(timeout=10)
+        self._log.close()
+
+
+@pytest.fixture
+def run_fake(tmp_path: Path) -> Iterator[Callable[..., HostRun]]:
+    runs: list[HostRun] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> HostRun:
+        run = HostRun(args=args, log_path=tmp_path / f"fake-vllm-{len(runs)}.log", env=env)
+        runs.append(run)
+        return run
+
+    yield start
+    for run in runs:
+        run.close()
+
+
+def offload_args(shm: Path, engine_id: str, *, size_gib: str = OFFLOAD_GIB, tp: int = 2) -> list[str]:
+    return ["vllm", "serve", "fake/tp", "--tensor-parallel-size", str(tp), "--kv-offloading-size", size_gib,
+            "--shm-dir", str(shm), "--engine-id", engine_id]
+
+
+# --- command line, in process -------------------------------------------------------------------------------
+
+
+def test_command_line_reads_vllm_words_fractional_gib_and_env() -> None:
+    fake = load_module()
+    s = fake.parse_settings(
+        ["vllm", "serve", "org/model", "-tp", "2", "--kv-offloading-size", "0.0625", "--max-model-len", "4096"],
+        {"FAKE_VLLM_SHM_DIR": "/x", "FAKE_VLLM_ENGINE_ID": "e1", "FAKE_VLLM_MODE": "crash-after=2.5,start-delay=1"},
+    )
+    assert (s.model, s.tensor_parallel_size, s.offload_bytes) == ("org/model", 2, 64 * MIB)
+    assert s.offload_path == "/x/vllm_offload_e1.mmap"
+    assert (s.mode.crash_after_s, s.mode.start_delay_s, s.mode.fail_start) == (2.5, 1.0, False)
+    assert s.ignored_args == ("--max-model-len", "4096")
+    assert (s.host, s.port) == ("0.0.0.0", 8000)
+    # Flags win over the environment; a fresh engine id per start when none is given.
+    s2 = fake.parse_settings(["--fake-mode", "never-healthy", "--shm-dir", "/y"], {"FAKE_VLLM_MODE": "fail-start"})
+    assert s2.mode == fake.Mode(never_healthy=True) and s2.shm_dir == "/y" and s2.offload_bytes == 0
+    assert s2.engine_id != fake.parse_settings([], {}).engine_id
+
+
+def test_unknown_mode_is_a_usage_error_naming_the_switches(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--fake-mode", "crash-later"],
+                          capture_output=True, text=True, timeout=10)
+    assert proc.returncode == 2
+    assert "FAKE_VLLM_MODE/--fake-mode: unknown switch 'crash-later'" in proc.stderr
+    assert "crash-after=SECONDS" in proc.stderr
+
+
+# --- host processes on a real tmpfs ----------------------------------------------------------------------------
+
+
+@pytest.mark.root
+def test_tp2_workers_share_one_prefaulted_file(tmpfs_dir: Path, run_fake: Callable[..., HostRun]) -> None:
+    run = run_fake(*offload_args(tmpfs_dir, "share"))
+    port = run.port()
+    wait_until(lambda: health(port) == 200, timeout=10, what="health 200")
+    path = tmpfs_dir / "vllm_offload_share.mmap"
+    assert sorted(p.name for p in tmpfs_dir.iterdir()) == [path.name]
+    st = path.stat()
+    # Sized by ftruncate and fully allocated by the prefault, not sparse.
+    assert st.st_size == OFFLOAD_BYTES and st.st_blocks * 512 == OFFLOAD_BYTES
+    workers = run.worker_pids()
+    assert len(workers) == 2 and run.proc.pid not in workers
+    assert mapping_pids(path) == workers  # both workers, and only they
+
+
+@pytest.mark.root
+def test_sigterm_unmaps_and_unlinks_then_exits_0(tmpfs_dir: Path, run_fake: Callable[..., HostRun]) -> None:
+    run = run_fake(*offload_args(tmpfs_dir, "stop"))
+    port = run.port()
+    wait_until(lambda: health(port) == 200, timeout=10, what="health 200")
+    workers = run.worker_pids()
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.wait() == 0
+    assert list(tmpfs_dir.iterdir()) == []
+    assert not any(Path("/proc", str(p)).exists() for p in workers)
+    assert f"Removed native KV offload buffer {tmpfs_dir}/vllm_offload_stop.mmap" in run.log()
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("after", ["0", "0.3"])
+def test_crash_leaves_an_orphan_nobody_maps(after: str, tmpfs_dir: Path, run_fake: Callable[..., HostRun]) -> None:
+    run = run_fake(*offload_args(tmpfs_dir, "crash"), env={"FAKE_VLLM_MODE": f"crash-after={after}"})
+    run.port()
+    assert run.wait() == 137
+    path = tmpfs_dir / "vllm_offload_crash.mmap"
+    assert path.stat().st_blocks * 512 == OFFLOAD_BYTES
+    wait_until(lambda: not mapping_pids(path), timeout=5, what="the killed workers to drop their mappings")
+    log = run.log()
+    assert "exiting without cleanup" in log and "Removed" not in log
+    # crash-after=0 dies as soon as the workers mapped, before /health could ever say 200.
+    assert ("Application startup complete." in log) == (after != "0")
+
+
+@pytest.mark.root
+def test_full_tmpfs_fails_with_errno_14_and_starts_once_the_orphan_is_gone(
+    tmpfs_dir: Path, run_fake: Callable[..., HostRun]
+) -> None:
+    # The field report's failure: an orphan offload file fills most of the tmpfs.
+    orphan = tmpfs_dir / "vllm_offload_orphan.mmap"
+    orphan.write_bytes(b"\1" * (48 * MIB))
+    run = run_fake(*offload_args(tmpfs_dir, "full"))
+    port = run.port()
+    assert run.wait() == 1
+    log = run.log()
+    assert "OSError: [Errno 14] Bad address" in log
+    assert "WorkerProc failed to start." in log and "Engine core initialization failed" in log
+    assert "Application startup complete." not in log
+    with pytest.raises(urllib.error.URLError):
+        health(port)  # the server is gone with the process
+    # The failed start leaves its partly prefaulted buffer behind, as the report found.
+    assert (tmpfs_dir / "vllm_offload_full.mmap").exists()
+    for f in tmpfs_dir.iterdir():
+        f.unlink()
+    again = run_fake(*offload_args(tmpfs_dir, "full"))
+    port = again.port()
+    wait_until(lambda: health(port) == 200, timeout=10, what="health 200 after the orphan is gone")
+    assert len(mapping_pids(tmpfs_dir / "vllm_offload_full.mmap")) == 2
+
+
+@pytest.mark.root
+def test_health_is_503_until_every_worker_mapped(tmpfs_dir: Path, run_fake: Callable[..., HostRun]) -> None:
+    run = run_fake(*offload_args(tmpfs_dir, "slow"), env={"FAKE_VLLM_MODE": "start-delay=1.0"})
+    port = run.port()
+    path = tmpfs_dir / "vllm_offload_slow.mmap"
+    assert health(port) == 503 and not path.exists()
+    seen: list[tuple[int, int]] = []
+
+    def healthy() -> bool:
+        code = health(port)
+        seen.append((code, len(mapping_pids(path)) if path.exists() else 0))
+        return code == 200
+
+    wait_until(healthy, timeout=10, what="health 200")
+    # Every 200 came after both workers mapped the file; 503 was answered while they loaded.
+    assert (503, 0) in seen and seen[-1] == (200, 2)
+
+
+@pytest.mark.root
+def test_never_healthy_stays_503_and_still_cleans_up(tmpfs_dir: Path, run_fake: Callable[..., HostRun]) -> None:
+    run = run_fake(*offload_args(tmpfs_dir, "never"), env={"FAKE_VLLM_MODE": "never-healthy"})
+    port = run.port()
+    wait_until(lambda: "never becoming healthy" in run.log(), timeout=10, what="the never-healthy line")
+    assert len(mapping_pids(tmpfs_dir / "vllm_offload_never.mmap")) == 2
+    assert [health(port) for _ in range(5)] == [503] * 5
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.wait() == 0 and list(tmpfs_dir.iterdir()) == []
+
+
+@pytest.mark.root
+def test_fail_start_exits_1_with_a_clear_line_and_no_file(tmpfs_dir: Path, run_fake: Callable[..., HostRun]) -> None:
+    run = run_fake(*offload_args(tmpfs_dir, "fail"), env={"FAKE_VLLM_MODE": "fail-start"})
+    assert run.wait() == 1
+    assert "ERROR" in run.log() and "fake failure at start (FAKE_VLLM_MODE=fail-start)" in run.log()
+    assert list(tmpfs_dir.iterdir()) == []
+
+
+@pytest.mark.root
+def test_without_offload_it_only_serves_health(tmpfs_dir: Path, run_fake: Callable[..., HostRun]) -> None:
+    run = run_fake("serve", "fake/small", "--shm-dir", str(tmpfs_dir))
+    port = run.port()
+    wait_until(lambda: health(port) == 200, timeout=10, what="health 200")
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as resp:
+        assert json.load(resp)["data"][0]["id"] == "fake/small"
+    assert list(tmpfs_dir.iterdir()) == []
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.wait() == 0
+
+
+# --- the image in the real engine -------------------------------------------------------------------------------
+
+
+def docker(*args: str, check: bool = True) -> str:
+    proc = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=60)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+@pytest.fixture
+def image(docker_api: object) -> str:
+    subprocess.run([str(FAKE_DIR / "build.sh")], check=True, capture_output=True, timeout=120)
+    return IMAGE
+
+
+@pytest.mark.docker
+@pytest.mark.root
+def test_image_runs_tp2_on_host_usr_and_stop_or_crash_decide_the_file(image: str, tmpfs_dir: Path) -> None:
+    names: list[str] = []
+
+    def start(name_part: str, *extra: str) -> str:
+        name = f"fake-vllm-test-{name_part}-{uuid.uuid4().hex[:8]}"
+        names.append(name)
+        docker("run", "-d", "--name", name, "--init", "-v", "/usr:/usr:ro", "--ipc=host", "--network=host",
+               "-v", f"{tmpfs_dir}:/offload", *extra, image,
+               "vllm", "serve", "fake/tp2", "--tensor-parallel-size", "2", "--kv-offloading-size", OFFLOAD_GIB,
+               "--shm-dir", "/offload", "--engine-id", name_part, "--port", "0")
+        return name
+
+    try:
+        name = start("stop")
+        found = wait_until(lambda: re.search(r"Uvicorn running on http://[\d.]+:(\d+)", docker("logs", name)),
+                           timeout=20, what="the container's listening line")
+        assert isinstance(found, re.Match)
+        port = int(found.group(1))
+        wait_until(lambda: health(port) == 200, timeout=20, what="the container's health 200")
+        path = tmpfs_dir / "vllm_offload_stop.mmap"
+        # Host pids of the container's processes (docker-init, the API process, two workers).
+        pids = {int(p) for p in docker("top", name, "-eo", "pid").split()[1:]}
+        mappers = mapping_pids(path)
+        assert len(mappers) == 2 and mappers <= pids
+        docker("stop", name)
+        assert docker("inspect", "-f", "{{.State.ExitCode}}", name) == "0"
+        assert list(tmpfs_dir.iterdir()) == []
+
+        crashed = start("crash", "-e", "FAKE_VLLM_MODE=crash-after=0.3")
+        wait_until(lambda: docker("inspect", "-f", "{{.State.Status}}", crashed) == "exited", timeout=20,
+                   what="the crashing container to exit")
+        assert docker("inspect", "-f", "{{.State.ExitCode}}", crashed) == "137"
+        orphan = tmpfs_dir / "vllm_offload_crash.mmap"
+        assert orphan.stat().st_blocks * 512 == OFFLOAD_BYTES and not mapping_pids(orphan)
+    finally:
+        for n in names:
+            docker("rm", "-f", n, check=False)
