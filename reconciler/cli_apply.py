@@ -58,9 +58,33 @@ def cmd_apply(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from reconciler.backoff import Backoff
+    from reconciler.loop import Log, Loop
+
+    loop = Loop(
+        args.root,
+        metrics_addr=args.metrics_addr or None,
+        resync_s=args.resync,
+        debounce_s=args.debounce,
+        log=Log(args.log_format),
+        backoff=Backoff(base_s=args.backoff_base, max_s=args.backoff_max),
+    )
+    return loop.run()
+
+
 def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "apply", parents=parents, help="one converge pass (0 converged, 3 blocked, 1 failed)"
     )
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation on a terminal")
     p.set_defaults(func=cmd_apply)
+
+    p = sub.add_parser("run", parents=parents, help="the loop: watch and converge, serve /metrics and /healthz")
+    p.add_argument("--metrics-addr", default="127.0.0.1:9464", help="HOST:PORT for /metrics and /healthz ('' = off)")
+    p.add_argument("--resync", type=float, default=60.0, metavar="SECONDS", help="look again at least this often")
+    p.add_argument("--debounce", type=float, default=0.1, metavar="SECONDS", help="quiet time after a file event")
+    p.add_argument("--log-format", choices=("text", "json"), default="text", help="one line per event")
+    p.add_argument("--backoff-base", type=float, default=10.0, metavar="SECONDS", help="first delay after a failed enter")
+    p.add_argument("--backoff-max", type=float, default=600.0, metavar="SECONDS", help="longest delay between enters")
+    p.set_defaults(func=cmd_run)

@@ -1,0 +1,76 @@
+"""Per-assignment exponential backoff after failed enters, so a recipe that crashes on start is not restarted in
+a hot loop. Pure state with an injected clock; the loop owns one and feeds its ``holds()`` to the planner.
+
+An edit of the recipe (its content hash) or of its assignment (the key recipe@slots) resets the backoff: the
+operator changed something, so the next try is immediate.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class Entry:
+    recipe: str
+    recipe_hash: str
+    failures: int
+    until: float
+    last_error: str
+
+
+class Backoff:
+    def __init__(
+        self,
+        *,
+        base_s: float = 10.0,
+        factor: float = 2.0,
+        max_s: float = 600.0,
+        stable_s: float = 300.0,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.base_s = base_s
+        self.stable_s = stable_s  # running this long past its backoff clears an assignment's failure count
+        self.factor = factor
+        self.max_s = max_s
+        self.clock = clock
+        self.entries: dict[str, Entry] = {}
+
+    def failed(self, key: str, *, recipe: str, recipe_hash: str, error: str) -> Entry:
+        prev = self.entries.get(key)
+        failures = prev.failures + 1 if prev and prev.recipe_hash == recipe_hash else 1
+        delay = min(self.max_s, self.base_s * self.factor ** (failures - 1))
+        entry = Entry(recipe, recipe_hash, failures, self.clock() + delay, error[:500])
+        self.entries[key] = entry
+        return entry
+
+    def succeeded(self, key: str) -> bool:
+        return self.entries.pop(key, None) is not None
+
+    def forget_changed(self, current: dict[str, str]) -> list[str]:
+        """Drop entries whose assignment is gone or whose recipe hash changed; ``current`` maps key -> hash."""
+        gone = [k for k, e in self.entries.items() if current.get(k) != e.recipe_hash]
+        for k in gone:
+            del self.entries[k]
+        return gone
+
+    def holds(self) -> dict[str, str]:
+        """Assignment keys whose enter must wait, with the reason the plan shows."""
+        now = self.clock()
+        out = {}
+        for key, e in self.entries.items():
+            if e.until > now:
+                out[key] = (
+                    f"in backoff after {e.failures} failed enter(s); next try in {e.until - now:.0f} s "
+                    f"(last error: {e.last_error})"
+                )
+        return out
+
+    def to_json(self) -> dict[str, dict]:
+        return {k: asdict(e) for k, e in self.entries.items()}
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json())

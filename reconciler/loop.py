@@ -1,0 +1,370 @@
+"""``reconciler run``: the level-triggered loop.
+
+Triggers only say "look again": a change under manifests/ or configs/ (watchdog, debounced so an editor's
+save-rename-save is one trigger), a Docker event of a container (start, die, destroy), SIGHUP, a backoff that
+expires, and the resync timer. Every cycle re-reads everything and runs the same plan/apply as ``reconciler apply``.
+An invalid edit never tears anything down: the loop keeps the last valid desired state and exports the error.
+Serves ``/metrics`` and ``/healthz``. Holds the host lock for its whole life. Called by ``reconciler.cli_apply``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, TextIO
+
+from reconciler import __version__
+from reconciler.apply import Applier, Outcome, PassResult
+from reconciler.backoff import Backoff
+from reconciler.errors import ConfigError
+from reconciler.loader import load_desired
+from reconciler.lock import HostLock, lock_dir
+from reconciler.model import DesiredState, container_name
+from reconciler.observe.docker_obs import DockerObserver
+from reconciler.planner import ActionKind, Plan
+
+# How an apply pass maps to the pass results exported as metrics.
+_PASS_RESULT = {"converged": "converged", "held": "blocked", "blocked": "blocked", "failed": "failed"}
+
+
+class Log:
+    """One line per event: ``ts event key=value`` or, with json, one JSON object per line."""
+
+    def __init__(self, fmt: str = "text", stream: TextIO | None = None):
+        self.fmt = fmt
+        self.stream = stream or sys.stderr
+        self._lock = threading.Lock()
+
+    def __call__(self, event: str, **fields: Any) -> None:
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z"
+        if self.fmt == "json":
+            line = json.dumps({"ts": ts, "event": event, **fields}, default=str)
+        else:
+            parts = " ".join(f"{k}={_text(v)}" for k, v in fields.items())
+            line = f"{ts} {event} {parts}".rstrip()
+        with self._lock:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+
+
+def _text(v: Any) -> str:
+    s = str(v)
+    return json.dumps(s) if (" " in s or "=" in s or not s) else s
+
+
+def state_path(host: str) -> Path:
+    return lock_dir() / f"reconciler-{host}.state.json"
+
+
+def read_loop_state(host: str) -> dict[str, Any] | None:
+    """What a running loop last wrote (backoff, last pass), or None when no live loop wrote it."""
+    try:
+        data = json.loads(state_path(host).read_text())
+        os.kill(int(data["pid"]), 0)
+    except (OSError, ValueError, KeyError):
+        return None
+    return data
+
+
+@dataclass
+class Triggers:
+    """Why the loop should look again. Thread-safe; any trigger wakes the loop."""
+
+    wake: threading.Event = field(default_factory=threading.Event)
+    reasons: set[str] = field(default_factory=set)
+    fs_at: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def fire(self, reason: str) -> None:
+        with self.lock:
+            self.reasons.add(reason)
+            if reason == "file":
+                self.fs_at = time.monotonic()
+        self.wake.set()
+
+    def take(self) -> tuple[set[str], float]:
+        with self.lock:
+            reasons, self.reasons = self.reasons, set()
+            self.wake.clear()
+            return reasons, self.fs_at
+
+
+class Loop:
+    def __init__(
+        self,
+        root: str,
+        *,
+        metrics_addr: str | None = "127.0.0.1:9464",
+        resync_s: float = 60.0,
+        debounce_s: float = 0.1,
+        log: Log | None = None,
+        backoff: Backoff | None = None,
+    ):
+        from reconciler.metrics import Metrics
+
+        self.root = root
+        self.metrics_addr = metrics_addr
+        self.resync_s = resync_s
+        self.debounce_s = debounce_s
+        self.log = log or Log()
+        self.backoff = backoff or Backoff()
+        self.metrics = Metrics()
+        self.triggers = Triggers()
+        self.stop = threading.Event()
+        self.cancel = threading.Event()
+        self.desired: DesiredState | None = None
+        self.observer: DockerObserver | None = None
+        self.last_pass_at = 0.0
+        self.last_pass: dict[str, Any] = {}
+        self.passes = 0
+        self._http: ThreadingHTTPServer | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def run(self) -> int:
+        desired = self._load()
+        if desired is None:
+            self.log("exit", reason="no valid desired state to start from; fix the files above")
+            return 1
+        with HostLock(desired.host.name, command="run"):
+            self._install_signals()
+            self._start_http()
+            watcher = self._start_watch()
+            threading.Thread(target=self._docker_events, name="docker-events", daemon=True).start()
+            self.log("start", host=desired.host.name, root=self.root, resync_s=self.resync_s, version=__version__)
+            self.triggers.fire("start")
+            try:
+                while not self.stop.is_set():
+                    self._wait()
+                    if self.stop.is_set():
+                        break
+                    reasons, _ = self.triggers.take()
+                    self.cycle(reasons or {"resync"})
+            finally:
+                watcher.stop()
+                if self._http:
+                    self._http.shutdown()
+                try:
+                    state_path(desired.host.name).unlink()
+                except OSError:
+                    pass
+                self.log("exit", reason="signal", passes=self.passes)
+        return 0
+
+    def _install_signals(self) -> None:
+        def stop(signum: int, _f: Any) -> None:
+            self.log("signal", signal=signal.Signals(signum).name, action="finish or abandon the current action safely")
+            self.stop.set()
+            self.cancel.set()
+            self.triggers.wake.set()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGHUP, lambda *_: self.triggers.fire("sighup"))
+
+    def _wait(self) -> None:
+        """Sleep until a trigger, the resync timer or the next backoff expiry; debounce file events."""
+        timeout = self.resync_s
+        nxt = min((e.until for e in self.backoff.entries.values() if e.until > time.time()), default=None)
+        if nxt is not None:
+            timeout = min(timeout, max(0.05, nxt - time.time() + 0.05))
+        if not self.triggers.wake.wait(timeout):
+            self.triggers.fire("resync" if nxt is None else "backoff")
+        while not self.stop.is_set():
+            with self.triggers.lock:
+                quiet = time.monotonic() - self.triggers.fs_at
+            if "file" not in self.triggers.reasons or quiet >= self.debounce_s:
+                return
+            time.sleep(self.debounce_s - quiet)
+
+    # ------------------------------------------------------------ one cycle
+
+    def _load(self) -> DesiredState | None:
+        try:
+            desired = load_desired(self.root)
+        except ConfigError as exc:
+            for p in exc.problems:
+                self.log("config-invalid", path=p.path, line=p.line, error=p.message)
+            self.metrics.set_manifest_valid(False, str(exc.problems[0]) if exc.problems else "invalid")
+            if self.desired is not None:
+                self.log("config-kept", reason="keeping the last valid desired state; nothing is torn down")
+            return self.desired
+        if self.desired is None or desired != self.desired:
+            self.log("config-loaded", host=desired.host.name, manifest=desired.manifest_path,
+                     assignments=",".join(a.key for a in desired.assignments) or "none")
+        self.metrics.set_manifest_valid(True)
+        self.metrics.configure(host=desired.host, recipes=desired.recipes)
+        if self.observer is None or self.observer.url != desired.host.docker.url:
+            self.observer = DockerObserver(desired.host.docker.url)
+        self.desired = desired
+        return desired
+
+    def cycle(self, reasons: set[str]) -> PassResult | None:
+        t0 = time.monotonic()
+        desired = self._load()
+        if desired is None:
+            self.metrics.record_pass("error", time.monotonic() - t0)
+            return None
+        for key in self.backoff.forget_changed({a.key: a.recipe_hash for a in desired.assignments}):
+            self.log("backoff-reset", assignment=key, reason="recipe or assignment edited")
+            self.metrics.set_backoff(key.split("@")[0], None)
+        applier = Applier(desired, observer=self.observer, cancel=self.cancel, hold=self.backoff.holds(),
+                          on_outcome=self._on_outcome)
+        try:
+            observed, plan = applier.plan_now()
+        except Exception as exc:  # noqa: BLE001 - the loop must survive anything one pass throws
+            self.log("pass-error", error=f"{type(exc).__name__}: {exc}")
+            self.metrics.record_pass("error", time.monotonic() - t0)
+            return None
+        self.metrics.observe_state(observed, plan)
+        self._settle(desired, plan)
+        if plan.actions and not plan.blocked and not plan.unavailable:
+            self.log("pass-start", trigger=",".join(sorted(reasons)), actions=len(plan.actions))
+            for a in plan.actions:
+                self.log("action-planned", kind=a.kind.value, target=a.key, reason=a.reason)
+            result = applier.converge(start=(observed, plan))
+            after, final = applier.plan_now()
+            self.metrics.observe_state(after, final)
+        else:
+            result = applier.converge(start=(observed, plan))  # no actions: classifies only, changes nothing
+        kind = "error" if result.result in ("error", "interrupted") else _PASS_RESULT[result.result]
+        if kind == "converged" and result.outcomes:
+            kind = "changed"
+        seconds = time.monotonic() - t0
+        self.metrics.record_pass(kind, seconds)
+        if result.outcomes or kind != "converged" or "start" in reasons:
+            self.log("pass", result=result.result, trigger=",".join(sorted(reasons)), seconds=round(seconds, 3),
+                     message=result.message or "-")
+        self.passes += 1
+        self.last_pass_at = time.time()
+        self.last_pass = {"result": result.result, "message": result.message, "at": self.last_pass_at}
+        self._write_state(desired)
+        return result
+
+    def _on_outcome(self, o: Outcome) -> None:
+        a = o.action
+        self.log("action", kind=a.kind.value, target=a.key, result=o.result, seconds=round(o.seconds, 3),
+                 reason=a.reason, detail=o.detail)
+        self.metrics.record_action(a.kind, "failed" if o.result == "interrupted" else o.result, o.seconds)
+        if o.reclaimed_bytes:
+            self.metrics.record_reclaim(o.reclaimed_bytes)
+        if a.kind is ActionKind.ENTER and a.recipe and o.result == "failed":
+            e = self.backoff.failed(a.key, recipe=a.recipe, recipe_hash=a.recipe_hash or "", error=o.detail)
+            self.metrics.set_backoff(a.recipe, e.until, failures=e.failures)
+            self.log("backoff", assignment=a.key, failures=e.failures, until=round(e.until, 1))
+        elif a.kind is ActionKind.LEAVE and a.recipe and o.result == "ok" and "exited with code" in a.reason \
+                and " code 0" not in a.reason:
+            # It crashed after it was up: count it, so a container that keeps dying is brought back ever slower.
+            key = f"{a.recipe}@{'+'.join(a.gpus)}"
+            if self.desired and any(d.key == key for d in self.desired.assignments):
+                e = self.backoff.failed(key, recipe=a.recipe, recipe_hash=a.recipe_hash or "", error=a.reason)
+                self.metrics.set_backoff(a.recipe, e.until, failures=e.failures)
+                self.log("backoff", assignment=key, failures=e.failures, until=round(e.until, 1))
+
+    def _settle(self, desired: DesiredState, plan: Plan) -> None:
+        """An assignment that has run since its backoff expired long enough leaves backoff for good."""
+        running = {a.key for a in desired.assignments if container_name(a.recipe, a.slots) in plan.satisfied}
+        for key in list(self.backoff.entries):
+            e = self.backoff.entries[key]
+            if key in running and time.time() - e.until > self.backoff.stable_s:
+                self.backoff.succeeded(key)
+                self.metrics.set_backoff(e.recipe, None)
+                self.log("backoff-cleared", assignment=key)
+
+    def _write_state(self, desired: DesiredState) -> None:
+        data = {"pid": os.getpid(), "host": desired.host.name, "backoff": self.backoff.to_json(),
+                "last_pass": self.last_pass, "passes": self.passes}
+        path = state_path(desired.host.name)
+        tmp = path.with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps(data))
+            tmp.replace(path)
+        except OSError as exc:
+            self.log("state-write-failed", path=str(path), error=str(exc))
+
+    # ------------------------------------------------------------ triggers
+
+    def _start_watch(self) -> Any:
+        from watchdog.events import FileSystemEvent, FileSystemEventHandler
+        from watchdog.observers import Observer
+
+        triggers = self.triggers
+
+        class Handler(FileSystemEventHandler):
+            def on_any_event(self, event: FileSystemEvent) -> None:
+                if event.event_type in ("opened", "closed_no_write"):
+                    return
+                triggers.fire("file")
+
+        obs = Observer()
+        for sub in ("manifests", "configs"):
+            path = Path(self.root) / sub
+            if path.is_dir():
+                obs.schedule(Handler(), str(path), recursive=True)
+        obs.daemon = True
+        obs.start()
+        return obs
+
+    def _docker_events(self) -> None:
+        delay = 0.5
+        while not self.stop.is_set():
+            observer = self.observer
+            if observer is None:
+                time.sleep(delay)
+                continue
+            try:
+                stream = observer.api.events(decode=True, filters={"type": "container", "event": ["start", "die", "destroy"]})
+                delay = 0.5
+                for ev in stream:
+                    if self.stop.is_set():
+                        return
+                    self.triggers.fire(f"docker-{ev.get('status') or ev.get('Action')}")
+            except Exception as exc:  # noqa: BLE001 - the engine went away: retry, and the resync timer still runs
+                if not self.stop.is_set():
+                    self.log("docker-events-lost", error=str(exc)[:200], retry_in_s=delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 30)
+
+    # ------------------------------------------------------------ HTTP
+
+    def _start_http(self) -> None:
+        if not self.metrics_addr:
+            return
+        host, _, port = self.metrics_addr.rpartition(":")
+        loop = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                if self.path.split("?")[0] == "/metrics":
+                    from reconciler.metrics import CONTENT_TYPE
+
+                    body, ctype, code = loop.metrics.render(), CONTENT_TYPE, 200
+                elif self.path.split("?")[0] == "/healthz":
+                    age = time.time() - loop.last_pass_at if loop.last_pass_at else None
+                    fresh = age is not None and age < max(3 * loop.resync_s, 300)
+                    code = 200 if fresh else 503
+                    body = json.dumps({"ok": fresh, "passes": loop.passes, "last_pass_age_s": age,
+                                       "last_pass": loop.last_pass}).encode()
+                    ctype = "application/json"
+                else:
+                    body, ctype, code = b"not found: try /metrics or /healthz\n", "text/plain", 404
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                return None
+
+        self._http = ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
+        self._http.daemon_threads = True
+        threading.Thread(target=self._http.serve_forever, name="metrics-http", daemon=True).start()
+        self.log("metrics", addr=f"http://{host or '127.0.0.1'}:{self._http.server_address[1]}/metrics")
