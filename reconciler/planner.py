@@ -178,8 +178,12 @@ def plan(desired: DesiredState, observed: Observed, *, hold: Mapping[str, str] |
     satisfied: list[ContainerView] = []
     claimed: set[str] = set()
 
+    by_assignment: dict[tuple[str | None, tuple[str, ...]], list[ContainerView]] = {}
+    for c in ours:
+        if not c.preserved:
+            by_assignment.setdefault((c.recipe, c.slots), []).append(c)
     for d in desired.assignments:
-        mine = [c for c in ours if c.recipe == d.recipe and c.slots == d.slots and not c.preserved]
+        mine = by_assignment.get((d.recipe, d.slots), [])
         claimed.update(c.id for c in mine)
         good = [c for c in mine if c.active and c.recipe_hash == d.recipe_hash]
         keep = good[0] if good else None
@@ -224,24 +228,28 @@ def plan(desired: DesiredState, observed: Observed, *, hold: Mapping[str, str] |
             paths=tuple(f.path for f in orphans),
             bytes=reclaim_bytes,
         )
+    # Owners are named by container name (or id); these are the names of everything planned to leave.
+    gone = {n for c in observed.containers if c.id in leaving for n in (c.name, c.id, c.id[:12])}
     freed_by_leaves = sum(
-        f.allocated_bytes
-        for f in shm.files
-        if f.owners and all(_owner_leaving(o.container, observed, leaving) for o in f.owners)
+        f.allocated_bytes for f in shm.files if f.owners and all(o.container in gone for o in f.owners)
     )
     blocked_orphans = shm.by_state("blocked")
-    if blocked_orphans and shm.blocking_containers and all(
-        _name_leaving(n, observed, leaving) for n in shm.blocking_containers
-    ):
+    if blocked_orphans and shm.blocking_containers and all(n in gone for n in shm.blocking_containers):
         freed_by_leaves += sum(f.allocated_bytes for f in blocked_orphans)
     room = shm.tmpfs.free_bytes + (reclaim.bytes if reclaim else 0) + freed_by_leaves
 
+    holders: dict[str, list[ContainerView]] = {}
+    for c in observed.containers:
+        if c.active and c.id not in leaving:
+            for slot in claimed_slots(c, ids, all_slots):
+                holders.setdefault(slot, []).append(c)
+    by_id = {c.id: c for c in observed.containers}
     blockers: list[Blocker] = []
     held: list[Held] = []
     enter_actions: list[Action] = []
     for d in enters:
         recipe = desired.recipes[d.recipe]
-        problems = _slot_problems(d, observed, ids, all_slots, leaving, kept_ids, desired)
+        problems = _slot_problems(d, observed, holders, by_id, leaving, kept_ids, desired)
         if d.offload_bytes:
             if not proc_ok:
                 problems.append(("offload files cannot be inspected: " + _sources(shm), ""))
@@ -264,7 +272,7 @@ def plan(desired: DesiredState, observed: Observed, *, hold: Mapping[str, str] |
         enter_actions.append(
             Action(
                 kind=ActionKind.ENTER,
-                reason=_enter_reason(d, observed, ours),
+                reason=_enter_reason(d, by_assignment.get((d.recipe, d.slots), [])),
                 recipe=d.recipe,
                 gpus=d.slots,
                 container=container_name(d.recipe, d.slots),
@@ -291,8 +299,8 @@ def plan(desired: DesiredState, observed: Observed, *, hold: Mapping[str, str] |
 def _slot_problems(
     d: DesiredAssignment,
     observed: Observed,
-    ids: Mapping[str, str],
-    all_slots: tuple[str, ...],
+    holders: Mapping[str, list[ContainerView]],
+    by_id: Mapping[str, ContainerView],
     leaving: set[str | None],
     kept: set[str],
     desired: DesiredState,
@@ -302,15 +310,17 @@ def _slot_problems(
     gpus = observed.gpus
     if not gpus.source.ok:
         problems.append((f"GPU telemetry ({gpus.telemetry}) unavailable: {gpus.source.detail}", ""))
-    for c in observed.containers:
-        if not c.active or c.id in leaving:
-            continue
-        held = [s for s in claimed_slots(c, ids, all_slots) if s in d.slots]
-        if not held:
-            continue
+    seen: dict[str, list[str]] = {}
+    order: list[ContainerView] = []
+    for slot in d.slots:
+        for c in holders.get(slot, ()):
+            if c.id not in seen:
+                seen[c.id] = []
+                order.append(c)
+            seen[c.id].append(slot)
+    for c in order:
         who = "managed by this tool for another assignment" if _ours(c, desired.host.name) else "not managed by this tool"
-        problems.append((f"{_describe(c)} holds GPU slot {','.join(held)} and is {who}", c.name))
-    by_id = {c.id: c for c in observed.containers}
+        problems.append((f"{_describe(c)} holds GPU slot {','.join(seen[c.id])} and is {who}", c.name))
     for slot in d.slots:
         view = gpus.slots.get(slot)
         if view is None:
@@ -351,19 +361,11 @@ def _stopped_reason(c: ContainerView) -> str:
     return f"{c.name} is {c.state}{code}"
 
 
-def _enter_reason(d: DesiredAssignment, observed: Observed, ours: list[ContainerView]) -> str:
-    prior = [c for c in ours if c.recipe == d.recipe and c.slots == d.slots and c.active]
+def _enter_reason(d: DesiredAssignment, mine: list[ContainerView]) -> str:
+    prior = [c for c in mine if c.active]
     if prior and prior[0].recipe_hash != d.recipe_hash:
         return f"recipe {d.recipe} changed: recreate on {','.join(d.slots)}"
     return f"manifest gives {','.join(d.slots)} to {d.recipe}; no container of it is running"
-
-
-def _owner_leaving(name: str | None, observed: Observed, leaving: set[str | None]) -> bool:
-    return name is not None and _name_leaving(name, observed, leaving)
-
-
-def _name_leaving(name: str, observed: Observed, leaving: set[str | None]) -> bool:
-    return any(c.id in leaving and (c.name == name or c.id.startswith(name)) for c in observed.containers)
 
 
 def _sources(shm) -> str:  # type: ignore[no-untyped-def]
