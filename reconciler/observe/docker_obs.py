@@ -68,11 +68,13 @@ def offload_configured(inspect: Mapping[str, Any]) -> bool:
     if (config.get("Labels") or {}).get(LABEL_OFFLOAD) == "true":
         return True
     args = [*(config.get("Entrypoint") or []), *(config.get("Cmd") or []), *(inspect.get("Args") or [])]
-    for arg in args:
+    for i, arg in enumerate(args):
         if any(arg == f or arg.startswith(f + "=") for f in OFFLOAD_FLAGS):
             return True
-        if arg.startswith("--kv-transfer-config") and "Offloading" in arg:
-            return True
+        if arg.startswith("--kv-transfer-config"):
+            value = arg if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
+            if "Offloading" in value:
+                return True
     for item in config.get("Env") or []:
         key, _, value = item.partition("=")
         if key.startswith(OFFLOAD_ENV_PREFIX) and value:
