@@ -20,6 +20,21 @@ def lock_dir() -> Path:
     return Path(os.environ.get("RECONCILER_LOCK_DIR", "/run/lock"))
 
 
+def state_path(host: str) -> Path:
+    """Where a running loop publishes its backoff and last pass, for ``reconciler status``."""
+    return lock_dir() / f"reconciler-{host}.state.json"
+
+
+def read_loop_state(host: str) -> dict[str, object] | None:
+    """What a running loop last wrote, or None when no live loop wrote it."""
+    try:
+        data = json.loads(state_path(host).read_text())
+        os.kill(int(data["pid"]), 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return data
+
+
 class LockHeld(ReconcilerError):
     def __init__(self, path: Path, holder: dict[str, object]):
         self.path = path

@@ -25,7 +25,7 @@ from reconciler.apply import Applier, Outcome, PassResult
 from reconciler.backoff import Backoff
 from reconciler.errors import ConfigError
 from reconciler.loader import load_desired
-from reconciler.lock import HostLock, lock_dir
+from reconciler.lock import HostLock, state_path
 from reconciler.model import DesiredState, container_name
 from reconciler.observe.docker_obs import DockerObserver
 from reconciler.planner import ActionKind, Plan
@@ -57,20 +57,6 @@ class Log:
 def _text(v: Any) -> str:
     s = str(v)
     return json.dumps(s) if (" " in s or "=" in s or not s) else s
-
-
-def state_path(host: str) -> Path:
-    return lock_dir() / f"reconciler-{host}.state.json"
-
-
-def read_loop_state(host: str) -> dict[str, Any] | None:
-    """What a running loop last wrote (backoff, last pass), or None when no live loop wrote it."""
-    try:
-        data = json.loads(state_path(host).read_text())
-        os.kill(int(data["pid"]), 0)
-    except (OSError, ValueError, KeyError):
-        return None
-    return data
 
 
 @dataclass

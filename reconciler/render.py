@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Any, TextIO
 
+from reconciler.lock import read_loop_state
 from reconciler.model import DesiredState
 from reconciler.observed import Observed
 from reconciler.planner import Action, ActionKind, Plan, claimed_slots, device_index
@@ -191,7 +192,14 @@ def status_data(desired: DesiredState, observed: Observed, plan: Plan) -> dict[s
             "blocking_containers": list(shm.blocking_containers),
         },
         "plan": plan.to_json(),
+        "loop": read_loop_state(desired.host.name),
     }
+
+
+def _clock(ts: float) -> str:
+    import time
+
+    return time.strftime("%H:%M:%S", time.localtime(ts))
 
 
 def render_status(data: dict[str, Any], s: Style) -> str:
@@ -239,6 +247,16 @@ def render_status(data: dict[str, Any], s: Style) -> str:
         out.append(s.bold("kept failed containers") + " (logs: docker logs NAME)")
         for c in preserved:
             out.append(f"  {c['name']} {c['recipe']} exit {c['exit_code']}")
+    loop = data.get("loop")
+    if loop:
+        out.append("")
+        last = loop.get("last_pass") or {}
+        out.append(s.bold("loop") + f"  pid {loop['pid']}, {loop.get('passes', 0)} passes, last: {last.get('result', '-')}")
+        for key, e in (loop.get("backoff") or {}).items():
+            out.append(
+                s.yellow(f"  backoff {key}: {e['failures']} failed enter(s), next try at "
+                         f"{_clock(e['until'])}; last error: {e['last_error'][:160]}")
+            )
     out.append("")
     plan = data["plan"]
     if data["converged"]:
