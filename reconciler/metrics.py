@@ -1,0 +1,571 @@
+"""Prometheus metrics of the reconciler: what the loop exposes on ``/metrics``.
+
+Called by the loop (``reconciler run``) and the apply layer: the loop builds one ``Metrics`` at start, calls
+``configure`` after every valid load, ``observe_state`` after every observe+plan, ``record_pass`` at the end of
+each pass and ``set_manifest_valid`` / ``set_backoff`` as they change; the apply layer calls ``record_action``,
+``record_reclaim`` and ``record_refusal``. The HTTP handler serves ``render()`` with ``CONTENT_TYPE``.
+
+Everything lives on a dedicated ``CollectorRegistry`` (never the process-global one), so tests and the loop can
+hold several instances side by side. Every label combination that is known in advance (pass results, action
+kinds and results, refusal reasons, sources, offload states, configured recipes) is created at start with 0,
+so ``rate()`` and ``increase()`` see the first event and alerts can tell "zero" from "never exported".
+
+This is the only module that imports ``prometheus_client``; the model and the planner stay free of it.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+
+from reconciler import __version__
+from reconciler.model import HostConfig
+from reconciler.observed import LABEL_HOST, ContainerView, Observed
+from reconciler.planner import ActionKind, Plan, claimed_slots
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+PREFIX = "reconciler"
+
+# How a reconcile pass ended. converged: nothing to do; changed: actions ran and all succeeded; blocked: a
+# change is needed but cannot be made safely (or is held by backoff); failed: an action failed; error: the
+# pass itself could not run (load, observe or an unexpected exception).
+PASS_RESULTS: tuple[str, ...] = ("converged", "changed", "blocked", "failed", "error")
+# Passes that completed without a failure: they move the last-success timestamp.
+SUCCESS_RESULTS = frozenset({"converged", "changed", "blocked"})
+ACTION_KINDS: tuple[str, ...] = tuple(k.value for k in ActionKind)
+# ok: postcondition held; failed: the action ran and did not reach its postcondition; refused: a preflight
+# check said no (the reason goes to record_refusal).
+ACTION_RESULTS: tuple[str, ...] = ("ok", "failed", "refused")
+OWNER_KINDS: tuple[str, ...] = ("managed", "unmanaged", "process", "free")
+# owned/orphan/blocked: the states of ``shm status``; deleted: unlinked but still mapped by a live process.
+OFFLOAD_STATES: tuple[str, ...] = ("owned", "orphan", "blocked", "deleted")
+SOURCES: tuple[str, ...] = ("docker", "proc", "gpu")
+
+# Why the apply layer refused to act. A fixed set keeps the label bounded; each maps to a safety rule.
+REFUSAL_REASONS: Mapping[str, str] = {
+    "source_unavailable": "an ownership source (docker, proc, gpu) could not be read completely (Safety 3)",
+    "uninspectable_process": "a process whose maps or fds cannot be read and is not excused (Safety 3)",
+    "offload_container_running": "a running container has native offload configured (Safety 2)",
+    "inspections_disagree": "the two inspections before a delete did not see the same files (Safety 4)",
+    "file_owned": "a file gained an owner or changed inode before its unlink (Safety 4)",
+    "invalid_entry": "a pattern match that is a symlink, a directory or outside shm.dir (Safety 1)",
+    "gpu_held": "a GPU is held by a process or container this tool does not own (blocked)",
+    "tmpfs_room": "the tmpfs has no room for the recipe's offload file (Safety 6)",
+    "postcondition": "an earlier step's postcondition did not hold, so the next step was not taken",
+}
+
+# A converged pass is tens of milliseconds; a pass with an enter waits minutes for health.
+PASS_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600, 1200)
+# An enter waits for health up to the recipe's start timeout (the seed's TP=2 enter took 234 s).
+# A reclaim waits confirm_interval_s (2 s) between inspections; a leave up to the stop timeout (180 s).
+ACTION_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200)
+# A label value is a line of text, not a log: long loader errors are cut here.
+MAX_ERROR_LABEL = 300
+
+
+@dataclass(frozen=True)
+class SlotOwner:
+    """One holder of a GPU slot as exported by ``reconciler_gpu_owner_info``."""
+
+    owner: str  # one of OWNER_KINDS
+    recipe: str = ""
+    container: str = ""
+
+
+def gpu_owners(observed: Observed, host: HostConfig | None = None) -> dict[str, tuple[SlotOwner, ...]]:
+    """Who holds each GPU slot: containers (by our label or their device requests) and bare GPU processes.
+
+    Pure. Uses the planner's ``claimed_slots`` so metrics and plan agree on who holds what. A slot nobody
+    holds gets one ``free`` entry. With ``gpu_telemetry: none`` bare processes are invisible, so "free" then
+    means "no container claims it".
+    """
+    slots: list[str] = list(host.gpus) if host is not None else []
+    slots += [s for s in observed.gpus.slots if s not in slots]
+    ids: dict[str, str] = {}
+    if host is not None:
+        for slot, gpu in host.gpus.items():
+            for dev in gpu.device_ids():
+                ids[dev] = slot
+    for slot, view in observed.gpus.slots.items():
+        if view.missing:
+            continue
+        if view.uuid:
+            ids[view.uuid] = slot
+        if view.index is not None:
+            ids[str(view.index)] = slot
+
+    def describe(c: ContainerView) -> SlotOwner:
+        ours = c.managed and c.labels.get(LABEL_HOST, observed.host) == observed.host
+        if ours:
+            return SlotOwner("managed", c.recipe or "", c.name)
+        return SlotOwner("unmanaged", "", c.name)
+
+    found: dict[str, list[SlotOwner]] = {s: [] for s in slots}
+    all_slots = tuple(slots)
+    for c in observed.containers:
+        if not c.active:
+            continue
+        for slot in claimed_slots(c, ids, all_slots):
+            owner = describe(c)
+            if slot in found and owner not in found[slot]:
+                found[slot].append(owner)
+    by_id = {c.id: c for c in observed.containers}
+    for slot, view in observed.gpus.slots.items():
+        for p in view.processes:
+            ctr = by_id.get(p.container_id) if p.container_id else None
+            if ctr is not None:
+                owner = describe(ctr)
+            elif p.container_id:
+                # A container Docker did not list (created after the listing): name it by its short id.
+                owner = SlotOwner("unmanaged", "", p.container_id[:12])
+            else:
+                owner = SlotOwner("process")
+            if owner not in found[slot]:
+                found[slot].append(owner)
+    return {s: tuple(o) if o else (SlotOwner("free"),) for s, o in found.items()}
+
+
+class Metrics:
+    """The reconciler's metrics on their own registry. Thread-safe: the loop updates, the HTTP thread renders.
+
+    Derived state (GPU owners, offload files, pending actions) is replaced whole under a lock, so a scrape
+    never sees a half-updated picture.
+    """
+
+    def __init__(
+        self,
+        host: HostConfig | None = None,
+        *,
+        recipes: Iterable[str] = (),
+        clock: Callable[[], float] = time.time,
+        process_metrics: bool = True,
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._host: HostConfig | None = None
+        self._recipes: set[str] = set()
+        self._in_backoff: set[str] = set()
+        self._slots: set[str] = set()
+        self._owner_series: set[tuple[str, str, str, str]] = set()
+        self._error_label: str | None = None
+        r = self.registry
+        p = PREFIX
+
+        self.build_info = Info(f"{p}_build", "Version of the reconciler and of the Python running it.", registry=r)
+        self.host_info = Gauge(
+            f"{p}_host_info",
+            "Always 1; the host name from configs/host.yaml, its GPU telemetry and its offload shm dir.",
+            ["host", "gpu_telemetry", "shm_dir"],
+            registry=r,
+        )
+        self.start_time = Gauge(
+            f"{p}_start_time_seconds", "Unix time this reconciler process started its metrics.", registry=r
+        )
+
+        # ---- passes
+        self.passes = Counter(
+            f"{p}_reconcile_passes",
+            "Reconcile passes by how they ended (converged|changed|blocked|failed|error).",
+            ["result"],
+            registry=r,
+        )
+        self.pass_duration = Histogram(
+            f"{p}_reconcile_duration_seconds",
+            "Wall time of one reconcile pass (load, observe, plan, apply), by result.",
+            ["result"],
+            buckets=PASS_BUCKETS,
+            registry=r,
+        )
+        self.last_pass = Gauge(
+            f"{p}_last_pass_timestamp_seconds",
+            "Unix time the last reconcile pass ended, whatever its result; 0 before the first.",
+            registry=r,
+        )
+        self.last_success = Gauge(
+            f"{p}_last_success_timestamp_seconds",
+            "Unix time the last pass ended without failure (converged, changed or blocked); 0 before the first.",
+            registry=r,
+        )
+        self.last_converged = Gauge(
+            f"{p}_last_converged_timestamp_seconds",
+            "Unix time the host was last seen matching the desired state; 0 before the first time.",
+            registry=r,
+        )
+        self.consecutive_failures = Gauge(
+            f"{p}_reconcile_consecutive_failures",
+            "Passes in a row that ended failed or error; 0 after any success.",
+            registry=r,
+        )
+
+        # ---- plan
+        self.pending = Gauge(
+            f"{p}_pending_actions",
+            "Actions the latest plan wants to run, by kind (leave|reclaim|enter).",
+            ["kind"],
+            registry=r,
+        )
+        self.blocked = Gauge(
+            f"{p}_blocked_changes",
+            "Needed changes the latest plan cannot make safely (a GPU held by something not owned, no tmpfs room).",
+            registry=r,
+        )
+        self.held = Gauge(
+            f"{p}_held_assignments",
+            "Assignments whose enter the latest plan postponed (recipe in backoff).",
+            registry=r,
+        )
+        self.drift = Gauge(
+            f"{p}_drift",
+            "1 when the host is not known to match the desired state (actions, blockers, held enters or a source "
+            "down); 0 when converged.",
+            registry=r,
+        )
+
+        # ---- actions
+        self.actions = Counter(
+            f"{p}_actions",
+            "Actions run by the apply layer, by kind (leave|reclaim|enter) and result (ok|failed|refused).",
+            ["kind", "result"],
+            registry=r,
+        )
+        self.action_duration = Histogram(
+            f"{p}_action_duration_seconds",
+            "Wall time of one action from preflight to postcondition, by kind and result.",
+            ["kind", "result"],
+            buckets=ACTION_BUCKETS,
+            registry=r,
+        )
+        self.reclaimed = Counter(
+            f"{p}_reclaimed_bytes", "Bytes of orphan offload files deleted (allocated tmpfs bytes freed).", registry=r
+        )
+        self.refusals = Counter(
+            f"{p}_refusals",
+            "Times the apply layer refused to act, by reason (a fixed set, one per safety rule).",
+            ["reason"],
+            registry=r,
+        )
+
+        # ---- GPUs
+        self.gpu_owner = Gauge(
+            f"{p}_gpu_owner_info",
+            "Always 1; who holds each GPU slot: owner is managed (this tool's container), unmanaged (another "
+            "container), process (a GPU process in no container) or free.",
+            ["slot", "recipe", "container", "owner"],
+            registry=r,
+        )
+        self.gpu_mem_used = Gauge(
+            f"{p}_gpu_memory_used_bytes",
+            "GPU memory in use per slot (absent when telemetry is none or unavailable).",
+            ["slot"],
+            registry=r,
+        )
+        self.gpu_mem_total = Gauge(
+            f"{p}_gpu_memory_total_bytes",
+            "GPU memory per slot (absent when telemetry is none or unavailable).",
+            ["slot"],
+            registry=r,
+        )
+        self.gpu_processes = Gauge(
+            f"{p}_gpu_processes",
+            "Compute processes on each slot's GPU (absent when telemetry is none or unavailable).",
+            ["slot"],
+            registry=r,
+        )
+
+        # ---- offload shm
+        self.offload_files = Gauge(
+            f"{p}_offload_files",
+            "Offload files in shm.dir by state (owned|orphan|blocked; deleted: unlinked but still mapped).",
+            ["state"],
+            registry=r,
+        )
+        self.offload_bytes = Gauge(
+            f"{p}_offload_bytes",
+            "Allocated tmpfs bytes of offload files by state (owned|orphan|blocked|deleted).",
+            ["state"],
+            registry=r,
+        )
+        self.tmpfs_size = Gauge(f"{p}_tmpfs_size_bytes", "Size of the tmpfs holding shm.dir.", registry=r)
+        self.tmpfs_free = Gauge(f"{p}_tmpfs_free_bytes", "Free bytes on the tmpfs holding shm.dir.", registry=r)
+        self.uninspectable = Gauge(
+            f"{p}_uninspectable_processes",
+            "Processes whose maps or fds could not be read, by excused (true: in shm.ignore_uninspectable_pids).",
+            ["excused"],
+            registry=r,
+        )
+
+        # ---- sources and config
+        self.source_up = Gauge(
+            f"{p}_source_up",
+            "1 when an observation source (docker|proc|gpu) answered completely in the last pass.",
+            ["source"],
+            registry=r,
+        )
+        self.manifest_valid = Gauge(
+            f"{p}_manifest_valid",
+            "1 when configs/ and manifests/ loaded and validated; 0 while the loop keeps the last valid desired state.",
+            registry=r,
+        )
+        self.manifest_error = Gauge(
+            f"{p}_manifest_error_info",
+            "Always 1 while the configuration is invalid; error is the first loader message.",
+            ["error"],
+            registry=r,
+        )
+        self.manifest_last_error = Gauge(
+            f"{p}_manifest_last_error_timestamp_seconds",
+            "Unix time a load last failed validation; 0 if never.",
+            registry=r,
+        )
+
+        # ---- backoff
+        self.backoff = Gauge(
+            f"{p}_recipe_backoff",
+            "1 while a recipe is in backoff after a failed enter; 0 otherwise.",
+            ["recipe"],
+            registry=r,
+        )
+        self.backoff_until = Gauge(
+            f"{p}_recipe_backoff_until_timestamp_seconds",
+            "Unix time before which a recipe in backoff is not entered again; 0 when not in backoff.",
+            ["recipe"],
+            registry=r,
+        )
+        self.backoff_failures = Gauge(
+            f"{p}_recipe_enter_failures",
+            "Failed enters of a recipe in a row; 0 after a successful enter or a reset.",
+            ["recipe"],
+            registry=r,
+        )
+
+        if process_metrics:
+            # process_resident_memory_bytes and friends: the footprint goals of the loop are watched by these.
+            ProcessCollector(registry=r)
+            PlatformCollector(registry=r)
+
+        self.build_info.info({"version": __version__, "python": platform.python_version()})
+        self.start_time.set(self._clock())
+        for result in PASS_RESULTS:
+            self.passes.labels(result=result)
+            self.pass_duration.labels(result=result)
+        for kind in ACTION_KINDS:
+            self.pending.labels(kind=kind)
+            for result in ACTION_RESULTS:
+                self.actions.labels(kind=kind, result=result)
+                self.action_duration.labels(kind=kind, result=result)
+        for reason in REFUSAL_REASONS:
+            self.refusals.labels(reason=reason)
+        for state in OFFLOAD_STATES:
+            self.offload_files.labels(state=state)
+            self.offload_bytes.labels(state=state)
+        for excused in ("true", "false"):
+            self.uninspectable.labels(excused=excused)
+        # Sources start down and the manifest invalid: nothing is known until the first pass says otherwise.
+        for source in SOURCES:
+            self.source_up.labels(source=source).set(0)
+        self.manifest_valid.set(0)
+        self.configure(host=host, recipes=recipes)
+
+    # ------------------------------------------------------------ configuration
+
+    def configure(self, *, host: HostConfig | None, recipes: Iterable[str]) -> None:
+        """Create the children of every configured recipe and GPU slot; drop those no longer configured.
+
+        Call after every valid load (recipes and slots may change on an edit). A recipe still in backoff is
+        kept until ``set_backoff(recipe, None)``.
+        """
+        names = set(recipes)
+        with self._lock:
+            if host is not None:
+                self._host = host
+                self.host_info.clear()
+                self.host_info.labels(host=host.name, gpu_telemetry=host.gpu_telemetry, shm_dir=host.shm.dir).set(1)
+                gone_slots = self._slots - set(host.gpus)
+                for slot in gone_slots:
+                    self._remove_slot(slot)
+                self._slots = set(host.gpus)
+            # A recipe removed while in backoff stays visible until its backoff is cleared.
+            names |= self._in_backoff
+            for recipe in self._recipes - names:
+                for g in (self.backoff, self.backoff_until, self.backoff_failures):
+                    _discard(g, recipe)
+            for recipe in names - self._recipes:
+                self.backoff.labels(recipe=recipe)
+                self.backoff_until.labels(recipe=recipe)
+                self.backoff_failures.labels(recipe=recipe)
+            self._recipes = names
+
+    def _remove_slot(self, slot: str) -> None:
+        for g in (self.gpu_mem_used, self.gpu_mem_total, self.gpu_processes):
+            _discard(g, slot)
+        for key in [k for k in self._owner_series if k[0] == slot]:
+            self.gpu_owner.remove(*key)
+            self._owner_series.discard(key)
+
+    # ------------------------------------------------------------ state of one pass
+
+    def observe_state(self, observed: Observed, plan: Plan | None) -> None:
+        """Export what one observation saw and what the plan wants. ``plan`` is None when no valid desired
+        state was ever loaded: the plan gauges then keep their values (drift stays as it was)."""
+        owners = gpu_owners(observed, self._host)
+        shm = observed.shm
+        with self._lock:
+            self.host_info.clear()
+            self.host_info.labels(host=observed.host, gpu_telemetry=observed.gpus.telemetry, shm_dir=shm.dir).set(1)
+            for name, src in observed.sources.items():
+                self.source_up.labels(source=name).set(1 if src.ok else 0)
+
+            series = {(slot, o.recipe, o.container, o.owner) for slot, os_ in owners.items() for o in os_}
+            for key in self._owner_series - series:
+                self.gpu_owner.remove(*key)
+            for key in series - self._owner_series:
+                self.gpu_owner.labels(*key).set(1)
+            self._owner_series = series
+
+            telemetry_ok = observed.gpus.telemetry != "none" and observed.gpus.source.ok
+            for slot in set(owners) | set(observed.gpus.slots):
+                view = observed.gpus.slots.get(slot)
+                known = telemetry_ok and view is not None and not view.missing
+                _set_or_discard(self.gpu_mem_used, slot, view.memory_used_bytes if known and view else None)
+                _set_or_discard(self.gpu_mem_total, slot, view.memory_total_bytes if known and view else None)
+                _set_or_discard(self.gpu_processes, slot, len(view.processes) if known and view else None)
+
+            for state in ("owned", "orphan", "blocked"):
+                files = shm.by_state(state)
+                self.offload_files.labels(state=state).set(len(files))
+                self.offload_bytes.labels(state=state).set(sum(f.allocated_bytes for f in files))
+            self.offload_files.labels(state="deleted").set(len(shm.deleted_mapped))
+            self.offload_bytes.labels(state="deleted").set(shm.deleted_mapped_bytes)
+            self.tmpfs_size.set(shm.tmpfs.size_bytes)
+            self.tmpfs_free.set(shm.tmpfs.free_bytes)
+            excused = sum(1 for u in shm.uninspectable if u.excused)
+            self.uninspectable.labels(excused="true").set(excused)
+            self.uninspectable.labels(excused="false").set(len(shm.uninspectable) - excused)
+
+            if plan is not None:
+                for kind in ACTION_KINDS:
+                    self.pending.labels(kind=kind).set(sum(1 for a in plan.actions if a.kind.value == kind))
+                self.blocked.set(len(plan.blockers))
+                self.held.set(len(plan.held))
+                converged = plan.converged
+                self.drift.set(0 if converged else 1)
+                if converged:
+                    self.last_converged.set(self._clock())
+
+    def record_pass(self, result: str, seconds: float) -> None:
+        """Count one finished pass and its duration; moves the last-pass and last-success timestamps."""
+        _check(result, PASS_RESULTS, "pass result")
+        self.passes.labels(result=result).inc()
+        self.pass_duration.labels(result=result).observe(max(seconds, 0.0))
+        now = self._clock()
+        self.last_pass.set(now)
+        if result in SUCCESS_RESULTS:
+            self.last_success.set(now)
+            self.consecutive_failures.set(0)
+        else:
+            self.consecutive_failures.inc()
+
+    def record_action(self, kind: str | ActionKind, result: str, seconds: float) -> None:
+        """Count one action of the apply layer with its result (ok|failed|refused) and duration."""
+        k = kind.value if isinstance(kind, ActionKind) else kind
+        _check(k, ACTION_KINDS, "action kind")
+        _check(result, ACTION_RESULTS, "action result")
+        self.actions.labels(kind=k, result=result).inc()
+        self.action_duration.labels(kind=k, result=result).observe(max(seconds, 0.0))
+
+    def record_reclaim(self, nbytes: int) -> None:
+        """Add the bytes a verified reclaim freed (the allocated size of the deleted files)."""
+        if nbytes < 0:
+            raise ValueError(f"reclaimed bytes must be >= 0, got {nbytes}")
+        self.reclaimed.inc(nbytes)
+
+    def record_refusal(self, reason: str) -> None:
+        """Count one refusal; ``reason`` is a key of REFUSAL_REASONS."""
+        _check(reason, tuple(REFUSAL_REASONS), "refusal reason")
+        self.refusals.labels(reason=reason).inc()
+
+    def set_manifest_valid(self, ok: bool, error: str = "") -> None:
+        """Say whether the last load validated; on failure export the first line of ``error`` and its time."""
+        with self._lock:
+            self.manifest_valid.set(1 if ok else 0)
+            label = None if ok else _error_label(error)
+            if label != self._error_label:
+                if self._error_label is not None:
+                    self.manifest_error.remove(self._error_label)
+                if label is not None:
+                    self.manifest_error.labels(error=label).set(1)
+                self._error_label = label
+            if not ok:
+                self.manifest_last_error.set(self._clock())
+
+    def set_backoff(self, recipe: str, until_ts: float | None, *, failures: int | None = None) -> None:
+        """Put ``recipe`` in backoff until the Unix time ``until_ts``, or take it out with None.
+
+        ``failures`` is the count of failed enters in a row (None leaves it as it is; leaving backoff zeroes it).
+        """
+        with self._lock:
+            self._recipes.add(recipe)
+            if until_ts is None:
+                self._in_backoff.discard(recipe)
+                self.backoff.labels(recipe=recipe).set(0)
+                self.backoff_until.labels(recipe=recipe).set(0)
+                self.backoff_failures.labels(recipe=recipe).set(0)
+                return
+            self._in_backoff.add(recipe)
+            self.backoff.labels(recipe=recipe).set(1)
+            self.backoff_until.labels(recipe=recipe).set(until_ts)
+            if failures is not None:
+                self.backoff_failures.labels(recipe=recipe).set(failures)
+
+    # ------------------------------------------------------------ exposition
+
+    def render(self) -> bytes:
+        """The text exposition format (``CONTENT_TYPE``) of every metric, consistent under concurrent updates."""
+        with self._lock:
+            return generate_latest(self.registry)
+
+
+def _check(value: str, allowed: tuple[str, ...], what: str) -> None:
+    if value not in allowed:
+        raise ValueError(f"unknown {what} {value!r}; use one of: {', '.join(allowed)}")
+
+
+def _discard(g: Gauge, *labels: str) -> None:
+    g.remove(*labels)  # a no-op when the child was never created
+
+
+def _set_or_discard(g: Gauge, slot: str, value: float | None) -> None:
+    # Unknown is absent, never 0: a dashboard must not show "0 bytes used" for a GPU nobody could read.
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        _discard(g, slot)
+    else:
+        g.labels(slot=slot).set(value)
+
+
+def _error_label(error: str) -> str:
+    lines = [ln.strip() for ln in (error or "").splitlines() if ln.strip()]
+    if not lines:
+        return "invalid (no message)"
+    first = lines[0]
+    if len(lines) > 1:
+        first += f" (+{len(lines) - 1} more)"
+    if len(first) > MAX_ERROR_LABEL:
+        first = first[: MAX_ERROR_LABEL - 1] + "…"
+    return first
