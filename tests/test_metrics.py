@@ -693,13 +693,18 @@ def test_example_prometheus_config_is_valid_and_scrapes_the_loop() -> None:
     assert job["static_configs"][0]["targets"] == ["127.0.0.1:9464"]
 
 
-def test_systemd_unit_runs_the_loop_and_keeps_what_it_needs(tmp_path: Path) -> None:
+def test_systemd_unit_runs_the_loop_and_keeps_what_it_needs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from reconciler.lock import lock_dir
+
+    monkeypatch.delenv("RECONCILER_LOCK_DIR", raising=False)
     unit = (EXAMPLES / "reconciler.service").read_text()
     settings = [ln.split("=", 1) for ln in unit.splitlines() if "=" in ln and not ln.startswith("#")]
     conf = {k: v for k, v in settings}
     assert conf["ExecStart"] == "/usr/local/bin/reconciler run --root /etc/reconciler --metrics-addr 127.0.0.1:9464"
     assert conf["ExecReload"] == "/bin/kill -HUP $MAINPID"
     assert conf["ProtectSystem"] == "strict" and conf["NoNewPrivileges"] == "yes"
+    # Under ProtectSystem=strict only listed paths are writable: the host lock must be one of them.
+    assert str(lock_dir()) in conf["ReadWritePaths"].split()
     # /dev/shm, the NVIDIA device nodes and every process in /proc must stay visible.
     assert "PrivateDevices" not in conf and "ProtectProc" not in conf and "ProcSubset" not in conf
     assert "AF_UNIX" in conf["RestrictAddressFamilies"]  # the Docker socket
