@@ -198,7 +198,6 @@ class Applier:
 
     def _execute(self, action: Action, observed: Observed) -> Outcome:
         t0 = time.monotonic()
-        self.progress.phase(action, "start")
         try:
             if action.kind is ActionKind.ENTER:
                 detail, freed = self.enter(action, observed)
