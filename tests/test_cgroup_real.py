@@ -58,4 +58,3 @@ def test_a_container_pid_is_attributed_to_its_container(container: dict[str, Any
     assert text, f"/proc/{pid}/cgroup unreadable"
     assert container_of_pid(pid) == container["Id"], text
     assert parse_cgroup_container_id(text) == container["Id"]
-

@@ -137,7 +137,9 @@ def test_missing_index_is_missing_and_names_the_file_and_count() -> None:
     assert view.source.ok  # the rest of the host is still known; the planner blocks the one slot
     b = view.slots["dark-compute-b"]
     assert b.missing and b.index == 1
-    assert b.error == "configs/host.yaml gpus.dark-compute-b: no GPU with index 1; this host has 1 GPU(s) (indices 0..0)"
+    assert b.error == (
+        "configs/host.yaml gpus.dark-compute-b: no GPU with index 1; this host has 1 GPU(s) (indices 0..0)"
+    )
     assert not view.slots["dark-compute-a"].missing
 
 
@@ -150,14 +152,48 @@ def test_missing_uuid_lists_what_was_found() -> None:
 
 
 def test_one_pid_in_several_contexts_is_one_process_with_memory_summed() -> None:
-    dev = {**TWO_GPUS["devices"][0], "processes": [
-        {"pid": 7, "used_gpu_memory": 1 * GIB},
-        {"pid": 9, "used_gpu_memory": None},  # NVML_VALUE_NOT_AVAILABLE: memory unknown, pid still blocks
-        {"pid": 7, "used_gpu_memory": 2 * GIB},
-    ]}
+    dev = {
+        **TWO_GPUS["devices"][0],
+        "processes": [
+            {"pid": 7, "used_gpu_memory": 1 * GIB},
+            {"pid": 9, "used_gpu_memory": None},  # NVML_VALUE_NOT_AVAILABLE: memory unknown, pid still blocks
+            {"pid": 7, "used_gpu_memory": 2 * GIB},
+        ],
+    }
     view = parse_nvml(with_devices(dev), host({"a": {"index": 0}}), **procs({}))
     got = [(p.pid, p.used_bytes) for p in view.slots["a"].processes]
     assert got == [(7, 3 * GIB), (9, None)]
+
+
+# ---------------------------------------------------------------- answers captured on a real H200
+
+H200_UUID = "GPU-e80e409b-e725-65d5-3f7e-084f615acdf6"
+
+
+def _captured(name: str) -> dict[str, Any]:
+    return json.loads((DATA / "nvml" / name).read_text())
+
+
+def test_captured_h200_with_a_cuda_process() -> None:
+    cgroup = (DATA / "cgroup" / "host-process-h200-v2.txt").read_text()
+    for slot in ({"index": 0}, {"uuid": H200_UUID}, {"index": 0, "uuid": H200_UUID}):
+        view = parse_nvml(_captured("h200-busy.json"), host({"dark-compute-a": slot}), **procs({421: cgroup}))
+        assert view.source.ok and view.source.detail == "NVML driver 580.159.04, 1 GPU(s)"
+        s = view.slots["dark-compute-a"]
+        assert (s.index, s.uuid, s.name) == (0, H200_UUID, "NVIDIA H200")
+        assert (s.memory_total_bytes, s.memory_used_bytes) == (150754820096, 2367553536)
+        [p] = s.processes
+        # 1 GiB allocated by PyTorch; NVML counts its CUDA context too.
+        assert (p.pid, p.used_bytes, p.container_id) == (421, 1713373184, None)
+
+
+def test_captured_idle_h200_and_a_second_slot_it_does_not_have() -> None:
+    h = host({"dark-compute-a": {"index": 0}, "dark-compute-b": {"index": 1}})
+    view = parse_nvml(_captured("h200-idle.json"), h, **procs({}))
+    assert view.source.ok
+    assert view.slots["dark-compute-a"].processes == () and not view.slots["dark-compute-a"].missing
+    assert view.slots["dark-compute-b"].missing
+    assert "this host has 1 GPU(s)" in view.slots["dark-compute-b"].error
 
 
 # ---------------------------------------------------------------- fail closed
@@ -176,7 +212,8 @@ def test_an_nvml_error_is_an_unavailable_source(error: str) -> None:
     raw = {"error": error, "driver_version": "", "device_count": 0, "devices": [], "read_s": 0.0}
     view = parse_nvml(raw, SPLIT, **procs({}))
     assert not view.source.ok
-    assert view.source.detail == f"NVML: {error}; on a host without NVIDIA GPUs set 'gpu_telemetry: none' in configs/host.yaml"
+    fix = "on a host without NVIDIA GPUs set 'gpu_telemetry: none' in configs/host.yaml"
+    assert view.source.detail == f"NVML: {error}; {fix}"
     assert set(view.slots) == {"dark-compute-a", "dark-compute-b"}
     assert all(s.processes == () and s.error == view.source.detail for s in view.slots.values())
 
@@ -258,15 +295,31 @@ CGROUP_FORMS = [
     # The same, for a container that runs systemd or its own sub-cgroups inside.
     ("docker v2 systemd nested", f"0::/system.slice/docker-{A}.scope/init.scope\n", A),
     ("docker v2 cgroupfs", f"0::/docker/{A}\n", A),
-    ("docker v1 systemd", "".join(f"{n}:{c}:/system.slice/docker-{A}.scope\n" for n, c in
-                                  [(12, "pids"), (4, "memory"), (1, "name=systemd")]) + "0::/\n", A),
+    (
+        "docker v1 systemd",
+        "".join(
+            f"{n}:{c}:/system.slice/docker-{A}.scope\n" for n, c in [(12, "pids"), (4, "memory"), (1, "name=systemd")]
+        )
+        + "0::/\n",
+        A,
+    ),
     ("rootless docker", f"0::/user.slice/user-1000.slice/user@1000.service/user.slice/docker-{A}.scope\n", A),
-    ("containerd cri systemd v2",
-     "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0d6c7b2e_4f1a_4c3b_9e8d_7a6b5c4d3e2f.slice"
-     f"/cri-containerd-{A}.scope\n", A),
-    ("containerd cri systemd v1",
-     "11:devices:/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0d6c7b2e_4f1a.slice"
-     f"/cri-containerd-{A}.scope\n1:name=systemd:/kubepods.slice/x/cri-containerd-{A}.scope\n", A),
+    (
+        "containerd cri systemd v2",
+        (
+            "0::/kubepods.slice/kubepods-besteffort.slice/"
+            f"kubepods-besteffort-pod0d6c7b2e_4f1a_4c3b_9e8d_7a6b5c4d3e2f.slice/cri-containerd-{A}.scope\n"
+        ),
+        A,
+    ),
+    (
+        "containerd cri systemd v1",
+        (
+            "11:devices:/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0d6c7b2e_4f1a.slice"
+            f"/cri-containerd-{A}.scope\n1:name=systemd:/kubepods.slice/x/cri-containerd-{A}.scope\n"
+        ),
+        A,
+    ),
     ("kubepods cgroupfs v1", f"10:memory:/kubepods/burstable/pod0d6c7b2e-4f1a-4c3b-9e8d-7a6b5c4d3e2f/{A}\n", A),
     ("kubepods cgroupfs v2", f"0::/kubepods/besteffort/pod0d6c7b2e-4f1a-4c3b-9e8d-7a6b5c4d3e2f/{A}\n", A),
     ("nerdctl systemd", f"0::/system.slice/nerdctl-{A}.scope\n", A),
@@ -297,9 +350,10 @@ def test_cgroup_captured_from_a_real_docker_container() -> None:
     assert parse_cgroup_container_id(text) == want
 
 
-def test_cgroup_captured_from_a_sandboxed_host_process() -> None:
-    # A 32-hex sandbox cgroup (/process_api/<hex>) is not a container id.
-    assert parse_cgroup_container_id((DATA / "cgroup" / "host-process-sandbox.txt").read_text()) is None
+@pytest.mark.parametrize("name", ["host-process-sandbox.txt", "host-process-h200-v2.txt"])
+def test_cgroup_captured_from_a_sandboxed_host_process(name: str) -> None:
+    # A 32-hex sandbox cgroup (/process_api/<hex>, cgroup v1 and v2) is not a container id.
+    assert parse_cgroup_container_id((DATA / "cgroup" / name).read_text()) is None
 
 
 def test_container_of_pid_reads_a_proc_tree(tmp_path: Path) -> None:
@@ -320,8 +374,13 @@ def _recipe() -> Recipe:
 
 def _observed(gpus: GpuView) -> Observed:
     ok = Source("docker", True)
-    shm = ShmView(dir="/dev/shm", pattern="vllm_offload_*.mmap", tmpfs=Tmpfs(64 * GIB, 0, 64 * GIB),
-                  proc=Source("proc", True), docker=ok)
+    shm = ShmView(
+        dir="/dev/shm",
+        pattern="vllm_offload_*.mmap",
+        tmpfs=Tmpfs(64 * GIB, 0, 64 * GIB),
+        proc=Source("proc", True),
+        docker=ok,
+    )
     return Observed(host="workstation", containers=(), gpus=gpus, shm=shm, docker=ok)
 
 
@@ -330,8 +389,9 @@ def _desired() -> DesiredState:
     return DesiredState(
         host=SPLIT,
         recipes={"omni": r},
-        assignments=(DesiredAssignment(recipe="omni", slots=("dark-compute-b",), recipe_hash=r.content_hash(),
-                                       offload_bytes=0),),
+        assignments=(
+            DesiredAssignment(recipe="omni", slots=("dark-compute-b",), recipe_hash=r.content_hash(), offload_bytes=0),
+        ),
     )
 
 
@@ -365,4 +425,6 @@ def test_a_missing_gpu_blocks_only_its_slot() -> None:
     p = plan(_desired(), _observed(parse_nvml(raw, SPLIT, **procs({}))))
     assert p.unavailable == ()
     [b] = p.blockers
-    assert b.reason.startswith("GPU for slot dark-compute-b not found on this host (configs/host.yaml gpus.dark-compute-b")
+    assert b.reason.startswith(
+        "GPU for slot dark-compute-b not found on this host (configs/host.yaml gpus.dark-compute-b: no GPU with index 1"
+    )

@@ -63,13 +63,13 @@ def read_nvml(host: HostConfig) -> RawNvml:
     started = time.monotonic()
     raw: RawNvml = {"error": None, "driver_version": "", "device_count": 0, "devices": [], "read_s": 0.0}
     try:
-        import pynvml  # imported here: hosts with gpu_telemetry none never need the library
+        import pynvml  # type: ignore[import-untyped]  # here: hosts with gpu_telemetry none never need it
     except ImportError as exc:
         raw["error"] = f"the nvidia-ml-py package is not installed ({exc}); pip install nvidia-ml-py"
         return raw
     try:
         pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError_* subclasses, or OSError from the C loader on odd hosts
+    except Exception as exc:  # noqa: BLE001 - NVMLError_* subclasses, or OSError from the C loader
         raw["error"] = _err(exc)
         raw["read_s"] = time.monotonic() - started
         return raw
@@ -247,9 +247,7 @@ def _unavailable(host: HostConfig, detail: str) -> GpuView:
     return GpuView(
         telemetry="nvml",
         source=Source("gpu", False, detail),
-        slots={
-            slot: GpuSlotView(slot=slot, index=g.index, uuid=g.uuid, error=detail) for slot, g in host.gpus.items()
-        },
+        slots={slot: GpuSlotView(slot=slot, index=g.index, uuid=g.uuid, error=detail) for slot, g in host.gpus.items()},
     )
 
 
