@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# GPU proof: on a machine with a real NVIDIA GPU, a real CUDA process holds memory on GPU 0 and
+#   reconciler --root examples/gpu-proof/root status --json   must show it on slot dark-compute-a with its memory,
+#   reconciler --root examples/gpu-proof/root plan            must be blocked (exit 3), naming its pid,
+# the same must hold with the slot named by its UUID, and once the process ends the plan must want to enter.
+#
+# Needs: an NVIDIA driver, nvidia-ml-py, PyTorch with CUDA, and this package importable (installed, or run from
+# the repository: the script puts the repository on PYTHONPATH). Exits 0 only when every check holds.
+#
+# Docker: status and plan also ask a Docker engine. Where this proof ran (a GPU machine without Docker) there is
+# none, so the script starts stand_in_engine.py: NOT Docker, a stand-in answering only GET /_ping, /version and
+# /containers/json (an empty list) on the unix socket that root/configs/host.yaml names. On a host with a real
+# engine, point docker.url at it instead and skip the stand-in with STAND_IN_ENGINE=0.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+root=$here/root
+work=/tmp/reconciler-gpu-proof        # docker.url in root/configs/host.yaml points here
+hold_mib=${HOLD_MIB:-2048}
+py=${PYTHON:-python3}
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+
+if command -v reconciler >/dev/null 2>&1; then rec=(reconciler); else rec=("$py" -m reconciler); fi
+
+mkdir -p "$work"
+rm -f "$work/hold.in" "$work/hold.out"
+engine_pid=""
+holder_pid=""
+cleanup() {
+    exec 4>&- 2>/dev/null || true                      # closing the holder's stdin ends it
+    [[ -n "$holder_pid" ]] && wait "$holder_pid" 2>/dev/null || true
+    [[ -n "$engine_pid" ]] && kill "$engine_pid" 2>/dev/null || true
+}
+trap cleanup EXIT
+
+show() {  # print a command as typed, then run it; its exit code lands in $rc
+    echo
+    echo "\$ $*"
+    rc=0
+    "$@" || rc=$?
+    echo "[exit $rc]"
+}
+
+show_to() {  # like show, and keep its stdout in the file named first
+    local out=$1
+    shift
+    echo
+    echo "\$ $*"
+    rc=0
+    "$@" >"$out" || rc=$?
+    cat "$out"
+    echo "[exit $rc]"
+}
+
+echo "== the machine"
+show nvidia-smi --query-gpu=index,name,uuid,memory.used,memory.total --format=csv
+show "$py" -c 'import importlib.metadata as m, torch; print("nvidia-ml-py", m.version("nvidia-ml-py"), "| torch", torch.__version__, "| cuda", torch.cuda.is_available())'
+
+if [[ "${STAND_IN_ENGINE:-1}" == 1 ]]; then
+    echo
+    echo "== a stand-in for Docker (this machine has no Docker engine): answers /_ping, /version, /containers/json=[]"
+    "$py" "$here/stand_in_engine.py" "$work/engine.sock" 2>"$work/engine.log" &
+    engine_pid=$!
+    for _ in $(seq 50); do [[ -S "$work/engine.sock" ]] && break; sleep 0.1; done
+    [[ -S "$work/engine.sock" ]] || { echo "stand-in engine did not start: $(cat "$work/engine.log")"; exit 1; }
+    echo "stand-in engine pid $engine_pid on unix://$work/engine.sock"
+fi
+
+echo
+echo "== a real CUDA process takes ${hold_mib} MiB on GPU 0 (not started by the reconciler, not in a container)"
+mkfifo "$work/hold.in"
+"$py" "$here/hold_gpu.py" --index 0 --mib "$hold_mib" --seconds 600 <"$work/hold.in" >"$work/hold.out" &
+holder_pid=$!
+exec 4>"$work/hold.in"
+for _ in $(seq 600); do [[ -s "$work/hold.out" ]] && break; sleep 0.2; done
+cat "$work/hold.out"
+[[ -s "$work/hold.out" ]] || { echo "the CUDA holder did not take GPU memory"; exit 1; }
+for _ in $(seq 50); do  # NVML lists a new CUDA context a moment after it is made
+    nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -qw "$holder_pid" && break
+    sleep 0.2
+done
+show nvidia-smi --query-compute-apps=pid,process_name,used_memory,gpu_uuid --format=csv
+
+echo
+echo "== status and plan, slot dark-compute-a given by index 0 (root: examples/gpu-proof/root)"
+show_to "$work/status.json" "${rec[@]}" --root "$root" status --json
+show "${rec[@]}" --root "$root" status
+show "${rec[@]}" --root "$root" plan
+plan_rc=$rc
+show_to "$work/plan.json" "${rec[@]}" --root "$root" plan --json
+
+echo
+echo "== the same slot named by its UUID"
+uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0 | tr -d ' ')
+rm -rf "$work/root-uuid"
+cp -r "$root" "$work/root-uuid"
+sed -i "s|dark-compute-a: {index: 0}|dark-compute-a: {uuid: $uuid}|" "$work/root-uuid/configs/host.yaml"
+show grep -n "dark-compute-a" "$work/root-uuid/configs/host.yaml"
+show "${rec[@]}" --root "$work/root-uuid" plan
+uuid_plan_rc=$rc
+show_to "$work/status-uuid.json" "${rec[@]}" --root "$work/root-uuid" status --json
+
+echo
+echo "== checks"
+checks_rc=0
+"$py" - "$work" "$plan_rc" "$uuid_plan_rc" "$uuid" <<'PY' || checks_rc=$?
+import json, sys
+work, plan_rc, uuid_plan_rc, uuid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+hold = json.load(open(f"{work}/hold.out"))
+pid, held = hold["pid"], hold["bytes"]
+failed = []
+def check(ok, what):
+    print(("ok    " if ok else "FAIL  ") + what)
+    if not ok:
+        failed.append(what)
+for name in ("status.json", "status-uuid.json"):
+    st = json.load(open(f"{work}/{name}"))
+    slot = st["slots"]["dark-compute-a"]
+    procs = {p["pid"]: p for p in slot["processes"]}
+    check(st["sources"]["gpu"] == "ok", f"{name}: gpu source ok ({st['sources']['gpu']})")
+    check(slot["uuid"] == uuid and slot["index"] == 0, f"{name}: slot dark-compute-a is GPU 0 {slot['uuid']}")
+    check(pid in procs, f"{name}: pid {pid} listed on dark-compute-a")
+    p = procs.get(pid, {})
+    check((p.get("used_bytes") or 0) >= held,
+          f"{name}: pid {pid} uses {p.get('used_bytes')} bytes >= the {held} it allocated")
+    check(p.get("container") is None, f"{name}: pid {pid} attributed to no container ({p.get('container')})")
+    check(not slot["free"], f"{name}: slot not free")
+plan = json.load(open(f"{work}/plan.json"))
+check(plan_rc == 3 and uuid_plan_rc == 3, f"plan exit codes {plan_rc} (index) and {uuid_plan_rc} (uuid): 3 = blocked")
+check(plan["blocked"] and not plan["actions"], "plan --json: blocked, no action")
+check(any(b["holder"] == f"pid {pid}" for b in plan["blockers"]),
+      f"plan --json: a blocker names pid {pid}: {[b['reason'] for b in plan['blockers']]}")
+print("PROOF OK" if not failed else f"PROOF FAILED: {len(failed)} check(s)")
+sys.exit(1 if failed else 0)
+PY
+
+echo
+echo "== the CUDA process ends; the same plan now wants to enter"
+exec 4>&-
+wait "$holder_pid" || true
+holder_pid=""
+for _ in $(seq 50); do
+    "${rec[@]}" --root "$root" plan >/dev/null 2>&1 && break
+    [[ $? == 2 ]] && break
+    sleep 0.2
+done
+show "${rec[@]}" --root "$root" plan
+[[ $rc == 2 ]] || { echo "expected exit 2 (changes pending) once the GPU is free"; exit 1; }
+exit "$checks_rc"
