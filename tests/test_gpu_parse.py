@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from reconciler.model import DesiredAssignment, DesiredState, HostConfig, Recipe
-from reconciler.observe.gpu import observe_gpus, parse_nvml, read_nvml
+from reconciler.observe.gpu import observe_gpus, parse_nvml, read_nvml, slots_of_container
 from reconciler.observe.procfs import container_of_pid, parse_cgroup_container_id
 from reconciler.observed import GpuView, Observed, ShmView, Source, Tmpfs
 from reconciler.planner import plan
@@ -163,6 +163,23 @@ def test_one_pid_in_several_contexts_is_one_process_with_memory_summed() -> None
     view = parse_nvml(with_devices(dev), host({"a": {"index": 0}}), **procs({}))
     got = [(p.pid, p.used_bytes) for p in view.slots["a"].processes]
     assert got == [(7, 3 * GIB), (9, None)]
+
+
+def test_slots_of_a_container_for_the_enter_postcondition() -> None:
+    # A TP=2 container: one worker per GPU; a stray host process on GPU 0 as well.
+    other = "0" * 63 + "1"
+    raw = with_devices(
+        {
+            **TWO_GPUS["devices"][0],
+            "processes": [{"pid": 10, "used_gpu_memory": GIB}, {"pid": 99, "used_gpu_memory": GIB}],
+        },
+        {**TWO_GPUS["devices"][1], "processes": [{"pid": 11, "used_gpu_memory": GIB}]},
+    )
+    cg = {10: DOCKER_V2_SYSTEMD, 11: DOCKER_V2_SYSTEMD, 99: f"0::/docker/{other}\n"}
+    view = parse_nvml(raw, SPLIT, **procs(cg))
+    assert slots_of_container(view, CTR) == ("dark-compute-a", "dark-compute-b")
+    assert slots_of_container(view, other) == ("dark-compute-a",)
+    assert slots_of_container(view, "f" * 64) == ()
 
 
 # ---------------------------------------------------------------- answers captured on a real H200

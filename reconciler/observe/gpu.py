@@ -251,6 +251,14 @@ def _unavailable(host: HostConfig, detail: str) -> GpuView:
     )
 
 
+def slots_of_container(view: GpuView, container_id: str) -> tuple[str, ...]:
+    """The slots on whose GPU any process of ``container_id`` runs, in slot order.
+
+    For enter's postcondition: once healthy, a recipe's container must be on exactly its slots.
+    """
+    return tuple(slot for slot, s in view.slots.items() if any(p.container_id == container_id for p in s.processes))
+
+
 # ---------------------------------------------------------------- the observer
 
 
