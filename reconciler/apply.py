@@ -25,6 +25,7 @@ from reconciler.errors import ReconcilerError
 from reconciler.model import DesiredState, Recipe
 from reconciler.observe import observe
 from reconciler.observe.docker_obs import DockerObserver
+from reconciler.observe.gpu import slots_of_container
 from reconciler.observed import Observed
 from reconciler.planner import Action, ActionKind, Plan, claimed_slots, device_index, plan
 
@@ -318,19 +319,18 @@ class Applier:
         if mine is None or not mine.active:
             raise ActionFailed(f"{action.container} is not running after it became healthy")
         ids = device_index(self.desired, observed)
-        held = set(claimed_slots(mine, ids, tuple(self.desired.host.gpus)))
+        held = set(claimed_slots(mine, ids, tuple(self.desired.host.gpus), host=self.desired.host.name))
         if held != set(action.gpus):
             raise ActionFailed(f"{action.container} holds slots {sorted(held)}, expected {list(action.gpus)}")
         if observed.gpus.telemetry == "nvml":
             if not observed.gpus.source.ok:
                 raise ActionFailed(f"GPU telemetry unavailable after enter: {observed.gpus.source.detail}")
-            stray = [
-                slot
-                for slot, view in observed.gpus.slots.items()
-                if slot not in action.gpus and any(p.container_id == cid for p in view.processes)
-            ]
-            if stray:
-                raise ActionFailed(f"{action.container} runs processes on slots {stray} outside its assignment")
+            on = set(slots_of_container(observed.gpus, cid))
+            if on != set(action.gpus):
+                raise ActionFailed(
+                    f"{action.container} is healthy but NVML sees its processes on {sorted(on) or 'no GPU'}, "
+                    f"expected exactly {list(action.gpus)}"
+                )
 
     def _fail_enter(self, action: Action, cid: str, exc: ActionFailed) -> None:
         """Keep the failed container for its logs, reclaim its unmapped shm, free the GPUs; then raise."""
@@ -387,7 +387,8 @@ class Applier:
         holders = [
             x.name
             for x in after.containers
-            if x.active and set(claimed_slots(x, ids, tuple(self.desired.host.gpus))) & set(c.slots)
+            if x.active
+            and set(claimed_slots(x, ids, tuple(self.desired.host.gpus), host=self.desired.host.name)) & set(c.slots)
         ]
         if holders:
             raise ActionFailed(f"slots {','.join(c.slots)} still held by {', '.join(holders)} after leave")

@@ -126,7 +126,11 @@ def status_data(desired: DesiredState, observed: Observed, plan: Plan) -> dict[s
     by_id = {c.id: c for c in observed.containers}
     slots: dict[str, Any] = {}
     for slot, gpu in desired.host.gpus.items():
-        holders = [c for c in observed.containers if c.active and slot in claimed_slots(c, ids, all_slots)]
+        holders = [
+            c
+            for c in observed.containers
+            if c.active and slot in claimed_slots(c, ids, all_slots, host=desired.host.name)
+        ]
         view = observed.gpus.slots.get(slot)
         procs = []
         for p in view.processes if view else ():
@@ -146,6 +150,7 @@ def status_data(desired: DesiredState, observed: Observed, plan: Plan) -> dict[s
             "uuid": view.uuid if view and view.uuid else gpu.uuid,
             "name": view.name if view else "",
             "missing": bool(view and view.missing),
+            "error": view.error if view else "",
             "memory_total_bytes": view.memory_total_bytes if view else None,
             "memory_used_bytes": view.memory_used_bytes if view else None,
             "containers": [
@@ -161,6 +166,7 @@ def status_data(desired: DesiredState, observed: Observed, plan: Plan) -> dict[s
         "converged": plan.converged,
         "manifest": desired.manifest_path,
         "gpu_telemetry": observed.gpus.telemetry,
+        "gpu_source": observed.gpus.source.detail or observed.gpus.source.render(),
         "sources": {n: v.render() for n, v in observed.sources.items()},
         "slots": slots,
         "containers": [
@@ -203,7 +209,8 @@ def _clock(ts: float) -> str:
 
 
 def render_status(data: dict[str, Any], s: Style) -> str:
-    out = [s.bold(f"host {data['host']}") + f"  (telemetry {data['gpu_telemetry']}; manifest {data['manifest']})"]
+    out = [s.bold(f"host {data['host']}") + f"  (manifest {data['manifest']})"]
+    out.append(f"GPU telemetry: {data['gpu_source']}" if data['gpu_telemetry'] == 'none' else f"GPU telemetry {data['gpu_telemetry']}: {data['gpu_source']}")
     bad = {k: v for k, v in data["sources"].items() if v != "ok" and not v.startswith("ok")}
     if bad:
         out.append(s.red("sources: " + ", ".join(f"{k} {v}" for k, v in bad.items())))
@@ -216,7 +223,7 @@ def render_status(data: dict[str, Any], s: Style) -> str:
         if v["memory_total_bytes"]:
             gpu += f", {human_bytes(v['memory_used_bytes'])} / {human_bytes(v['memory_total_bytes'])}"
         if v["missing"]:
-            gpu += s.red(" MISSING")
+            gpu += s.red(f" MISSING: {v['error']}" if v["error"] else " MISSING")
         held = [
             f"{c['name']} ({'managed ' + (c['recipe'] or '') if c['managed'] else 'unmanaged'}, {c['state']})"
             for c in v["containers"]
