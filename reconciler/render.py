@@ -210,7 +210,7 @@ def _clock(ts: float) -> str:
 
 def render_status(data: dict[str, Any], s: Style) -> str:
     out = [s.bold(f"host {data['host']}") + f"  (manifest {data['manifest']})"]
-    out.append(f"GPU telemetry: {data['gpu_source']}" if data['gpu_telemetry'] == 'none' else f"GPU telemetry {data['gpu_telemetry']}: {data['gpu_source']}")
+    out.append(f"GPU telemetry {data['gpu_telemetry']}: {data['gpu_source']}")
     bad = {k: v for k, v in data["sources"].items() if v != "ok" and not v.startswith("ok")}
     if bad:
         out.append(s.red("sources: " + ", ".join(f"{k} {v}" for k, v in bad.items())))

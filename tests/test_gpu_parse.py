@@ -278,7 +278,7 @@ def test_telemetry_none_never_reads_nvml() -> None:
 
     view = observe_gpus(host({"a": {"index": 0}}, telemetry="none"), read=must_not_be_called)
     assert view.telemetry == "none" and view.source.ok
-    assert view.source.detail == "telemetry none: GPU occupancy from Docker alone"
+    assert view.source.detail == "GPU occupancy from Docker alone"
 
 
 def test_read_without_the_bindings_reports_the_package(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -273,7 +273,7 @@ def observe_gpus(
     if host.gpu_telemetry == "none":
         return GpuView(
             telemetry="none",
-            source=Source("gpu", True, "telemetry none: GPU occupancy from Docker alone"),
+            source=Source("gpu", True, "GPU occupancy from Docker alone"),
             slots={slot: GpuSlotView(slot=slot, index=g.index, uuid=g.uuid) for slot, g in host.gpus.items()},
         )
     try:
