@@ -6,8 +6,11 @@ Called by the shm observer (maps, fds) and the GPU observer (pid -> container th
 from __future__ import annotations
 
 import errno
+import marshal
 import os
 import re
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -269,20 +272,123 @@ def _scan_threads(base: str, pid: int, dev: int, token: bytes, scan: HolderScan)
         _scan_task(f"{base}/task/{tid}", pid, dev, token, scan)
 
 
-def scan_holders(dev: int, *, proc_root: str = "/proc") -> HolderScan:
+def _scan_names(names: list[str], dev: int, proc_root: str, scan: HolderScan) -> None:
+    token = dev_token(dev)
+    for name in names:
+        if _scan_task(f"{proc_root}/{name}", int(name), dev, token, scan):
+            scan.pids_scanned += 1
+
+
+# Below this many processes one process scans alone: starting a worker (~15 ms) would cost more than it saves.
+PARALLEL_MIN_PIDS = 600
+MAX_WORKERS = 4
+
+
+def default_workers(n_pids: int) -> int:
+    """How many processes share a scan: one per usable CPU, at most MAX_WORKERS, one per PARALLEL_MIN_PIDS pids."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_WORKERS, n_pids // PARALLEL_MIN_PIDS))
+
+
+def scan_holders(dev: int, *, proc_root: str = "/proc", workers: int | None = None) -> HolderScan:
     """Every live process's mappings and open descriptors on device ``dev``.
 
     A process that exits during the scan is simply gone. One whose maps or fd directory cannot be read for any
     other reason is recorded in ``unreadable``: the caller must treat the scan as incomplete for it.
     Raises OSError when ``proc_root`` itself cannot be listed.
+
+    Reading maps is kernel work (the kernel formats every mapping of every process), and Python threads do
+    not spread it over CPUs: each of the many short syscalls hands the GIL back and forth. So on a busy host
+    the pid list is split between this process and ``workers - 1`` child interpreters running this very file
+    as a script (stdlib only, started in ~15 ms, never forked from a possibly threaded caller). Each gets its
+    share of the pids from one listing, so no pid is missed between listings; a worker that fails to start
+    or answer has its share scanned here instead, so parallelism never changes the answer.
     """
     t0 = time.perf_counter()
+    names = [n for n in os.listdir(proc_root) if n.isdigit()]
+    n = default_workers(len(names)) if workers is None else max(1, min(workers, len(names) or 1))
+    shards = [names[i::n] for i in range(n)]
+    children = [_start_worker(dev, proc_root, shard) for shard in shards[1:]]
     scan = HolderScan(dev=dev)
-    token = dev_token(dev)
-    for name in os.listdir(proc_root):
-        if not name.isdigit():
-            continue
-        if _scan_task(f"{proc_root}/{name}", int(name), dev, token, scan):
-            scan.pids_scanned += 1
+    _scan_names(shards[0], dev, proc_root, scan)
+    for shard, child in zip(shards[1:], children):
+        if child is None or not _collect_worker(child, scan):
+            _scan_names(shard, dev, proc_root, scan)
     scan.elapsed_s = time.perf_counter() - t0
     return scan
+
+
+def _start_worker(dev: int, proc_root: str, names: list[str]) -> subprocess.Popen[bytes] | None:
+    if not sys.executable:
+        return None
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-I", "-S", os.path.abspath(__file__), _WORKER_FLAG, str(dev), proc_root],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            close_fds=True,
+        )
+        assert child.stdin is not None
+        # A few KiB of pid names: fits the pipe buffer, so this never waits for the child.
+        child.stdin.write(" ".join(names).encode())
+        child.stdin.close()
+        child.stdin = None  # closed: communicate() must not flush it
+        return child
+    except OSError:
+        return None
+
+
+def _collect_worker(child: subprocess.Popen[bytes], scan: HolderScan) -> bool:
+    """Merge a worker's answer into ``scan``; False (and nothing merged) when it did not answer in full."""
+    try:
+        out, _ = child.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
+        return False
+    if child.returncode != 0:
+        return False
+    try:
+        scanned, maps, fds, unreadable = marshal.loads(out)
+    except (EOFError, ValueError, TypeError):
+        return False
+    scan.pids_scanned += scanned
+    for pid, recs in maps:
+        scan.maps.setdefault(pid, []).extend(MapRecord(*r) for r in recs)
+    for pid, items in fds:
+        scan.fds.setdefault(pid, []).extend(FdTarget(*f) for f in items)
+    for pid, why in unreadable:
+        scan.unreadable.setdefault(pid, why)
+    return True
+
+
+_WORKER_FLAG = "--scan-holders-worker"
+
+
+def _worker_main(argv: list[str]) -> int:
+    """A scan worker: pid names on stdin, its part of a HolderScan on stdout (marshal; same interpreter)."""
+    dev, proc_root = int(argv[0]), argv[1]
+    names = sys.stdin.buffer.read().decode().split()
+    scan = HolderScan(dev=dev)
+    _scan_names(names, dev, proc_root, scan)
+    payload = (
+        scan.pids_scanned,
+        [
+            (pid, [(r.start, r.end, r.perms, r.offset, r.dev_major, r.dev_minor, r.inode, r.path, r.deleted) for r in recs])
+            for pid, recs in scan.maps.items()
+        ],
+        [(pid, [(f.fd, f.inode, f.size, f.allocated, f.nlink) for f in items]) for pid, items in scan.fds.items()],
+        list(scan.unreadable.items()),
+    )
+    sys.stdout.buffer.write(marshal.dumps(payload))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == _WORKER_FLAG:
+        raise SystemExit(_worker_main(sys.argv[2:]))
+    raise SystemExit(f"usage: {sys.argv[0]} {_WORKER_FLAG} DEV PROC_ROOT  (pid names on stdin)")

@@ -1,0 +1,252 @@
+"""``reconciler shm status`` and ``reconciler shm reclaim [--confirm]``: the shared-memory guard on the command line.
+
+``add_commands(sub, parents=...)`` is called by ``reconciler.cli.build_parser``; ``parents`` carry ``--root``
+and ``--json``. Exit codes (DESIGN.md): ``shm status`` 0, or 1 when an ownership source is unavailable;
+``shm reclaim`` 0 when done or nothing to do, 1 when refused or failed. Human output is a table in a terminal
+and plain aligned text when piped; ``--json`` prints DESIGN.md's shapes (keys are only ever added).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from reconciler.observed import ShmFile, ShmView
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+
+
+def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
+    """Add ``shm status`` and ``shm reclaim`` to the top-level subcommands."""
+    shm = sub.add_parser("shm", help="offload files in shm.dir: who holds them, guarded cleanup of orphans")
+    shm_sub = shm.add_subparsers(dest="shm_command", metavar="SHM_COMMAND")
+    shm_sub.required = True
+    p = shm_sub.add_parser(
+        "status",
+        parents=parents,
+        help="read-only: every offload file, its owners and state (0, or 1 if a source is unavailable)",
+    )
+    p.set_defaults(func=cmd_shm_status)
+    p = shm_sub.add_parser(
+        "reclaim",
+        parents=parents,
+        help="remove orphan offload files: a dry run unless --confirm (0 done or nothing to do, 1 refused/failed)",
+    )
+    p.add_argument(
+        "--confirm",
+        action="store_true",
+        help="really remove: two inspections shm.confirm_interval_s apart must agree on each file first",
+    )
+    p.set_defaults(func=cmd_shm_reclaim)
+
+
+# ---------------------------------------------------------------- handlers
+
+
+def cmd_shm_status(args: argparse.Namespace) -> int:
+    from reconciler.loader import load_host
+    from reconciler.observe.docker_obs import DockerObserver
+    from reconciler.observe.shm import inspect_shm
+
+    host = load_host(args.root)
+    containers, docker = DockerObserver(host.docker.url).observe()
+    view = inspect_shm(host.shm, containers=containers, docker=docker)
+    if getattr(args, "json", False):
+        _emit_json(status_json(view))
+    else:
+        sys.stdout.write(render_status(view, tty=sys.stdout.isatty()))
+    for s in (view.proc, view.docker):
+        if not s.ok:
+            print(f"error: {s.name} source unavailable: {s.detail}", file=sys.stderr)
+    return EXIT_OK if view.sources_ok else EXIT_FAILED
+
+
+def cmd_shm_reclaim(args: argparse.Namespace) -> int:
+    from reconciler.loader import load_host
+    from reconciler.observe.docker_obs import DockerObserver
+    from reconciler.shm_guard import reclaim
+
+    host = load_host(args.root)
+    observer = DockerObserver(host.docker.url)
+    if args.confirm and not getattr(args, "json", False) and sys.stderr.isatty():
+        print(f"inspecting twice, {host.shm.confirm_interval_s:g} s apart ...", file=sys.stderr)
+    result = reclaim(host.shm, observe_docker=observer.observe, confirm=args.confirm)
+    if getattr(args, "json", False):
+        _emit_json(result.to_json())
+    else:
+        sys.stdout.write(render_reclaim(result, tty=sys.stdout.isatty()))
+    if result.refused:
+        print(f"error: reclaim refused: {result.refused}", file=sys.stderr)
+    for e in result.errors:
+        print(f"error: {e}", file=sys.stderr)
+    return EXIT_OK if result.ok else EXIT_FAILED
+
+
+# ---------------------------------------------------------------- JSON
+
+
+def file_json(f: ShmFile) -> dict[str, Any]:
+    return {
+        "path": f.path,
+        "dev": f.dev,
+        "inode": f.inode,
+        "size_bytes": f.size_bytes,
+        "allocated_bytes": f.allocated_bytes,
+        "owners": [{"pid": o.pid, "container": o.container, "via": o.via, "command": o.command} for o in f.owners],
+        "state": f.state,
+        "reason": f.reason,
+    }
+
+
+def status_json(view: ShmView) -> dict[str, Any]:
+    """DESIGN.md's ``shm status --json`` shape, plus unlinked-but-held files, uninspectable pids, skipped entries."""
+    return {
+        "dir": view.dir,
+        "pattern": view.pattern,
+        "tmpfs": {
+            "size_bytes": view.tmpfs.size_bytes,
+            "used_bytes": view.tmpfs.used_bytes,
+            "free_bytes": view.tmpfs.free_bytes,
+        },
+        "sources": {"proc": view.proc.render(), "docker": view.docker.render()},
+        "blocking_containers": list(view.blocking_containers),
+        "files": [file_json(f) for f in view.files],
+        "deleted_mapped_bytes": view.deleted_mapped_bytes,
+        "deleted_mapped": [file_json(f) for f in view.deleted_mapped],
+        "uninspectable": [
+            {"pid": u.pid, "command": u.command, "reason": u.reason, "excused": u.excused} for u in view.uninspectable
+        ],
+        "skipped": [{"path": p, "reason": why} for p, why in view.skipped],
+    }
+
+
+def _emit_json(data: Any, out: TextIO | None = None) -> None:
+    out = out or sys.stdout
+    json.dump(data, out, indent=2)
+    out.write("\n")
+
+
+# ---------------------------------------------------------------- human output
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+def _path(p: str) -> str:
+    # A name with a newline or other control character would break the table: show it quoted.
+    return repr(p) if any(ord(c) < 32 for c in p) else p
+
+
+def _command(cmd: str, width: int = 60) -> str:
+    cmd = " ".join(cmd.split()) or "?"
+    return cmd if len(cmd) <= width else cmd[: width - 3] + "..."
+
+
+def _owners(f: ShmFile) -> str:
+    parts = []
+    for o in f.owners:
+        where = f" ({o.container})" if o.container else ""
+        parts.append(f"{o.pid} {o.via}{where}")
+    return ", ".join(parts) or "-"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, tty: bool) -> str:
+    if not rows:
+        return ""
+    if tty:
+        from io import StringIO
+
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(*headers, box=None, pad_edge=False, header_style="bold")
+        for r in rows:
+            t.add_row(*r)
+        buf = StringIO()
+        Console(file=buf, force_terminal=True, width=200).print(t)
+        return buf.getvalue()
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def render_status(view: ShmView, *, tty: bool = False) -> str:
+    t = view.tmpfs
+    out = [
+        (
+            f"{view.dir} ({view.pattern}): {_bytes(t.free_bytes)} free of {_bytes(t.size_bytes)}, "
+            f"{_bytes(t.used_bytes)} used"
+        ),
+        f"sources: proc {view.proc.render()}; docker {view.docker.render()}",
+    ]
+    if view.blocking_containers:
+        out.append(
+            "blocked: running native-offload container(s) "
+            + ", ".join(view.blocking_containers)
+            + " (nothing is reclaimed while one runs)"
+        )
+    counts = {s: len(view.by_state(s)) for s in ("owned", "orphan", "blocked")}
+    out.append(
+        f"{len(view.files)} offload file(s): "
+        + ", ".join(f"{n} {s} ({_bytes(sum(f.allocated_bytes for f in view.by_state(s)))})" for s, n in counts.items())
+    )
+    text = "\n".join(out) + "\n"
+    rows = [
+        [f.state, _bytes(f.size_bytes), _bytes(f.allocated_bytes), _owners(f), _path(f.path)] for f in view.files
+    ]
+    text += _table(["STATE", "SIZE", "ALLOCATED", "OWNERS (pid via)", "PATH"], rows, tty=tty)
+    extra = []
+    if view.deleted_mapped:
+        extra.append(
+            f"unlinked but still held: {len(view.deleted_mapped)} file(s), {_bytes(view.deleted_mapped_bytes)}"
+        )
+        extra += [f"  {_path(f.path)}: {_owners(f)}" for f in view.deleted_mapped]
+    for p, why in view.skipped:
+        extra.append(f"skipped {_path(p)}: {why}")
+    for u in view.uninspectable:
+        tag = "excused by shm.ignore_uninspectable_pids" if u.excused else "NOT excused: fails the scan closed"
+        extra.append(f"uninspectable pid {u.pid} ({_command(u.command)}): {u.reason} [{tag}]")
+    return text + ("\n".join(extra) + "\n" if extra else "")
+
+
+def render_reclaim(result: Any, *, tty: bool = False) -> str:
+    """Human text for a ``ReclaimResult``."""
+    out = []
+    if result.refused:
+        out.append(f"refused: {result.refused}")
+    elif not result.confirmed:
+        if result.candidates:
+            out.append(
+                f"dry run: would remove {len(result.candidates)} orphan file(s), {_bytes(result.candidate_bytes)}; "
+                "run with --confirm to remove them"
+            )
+        else:
+            out.append("dry run: no orphan offload file to remove")
+    elif result.reclaimed:
+        state = "verified absent" if result.verified else "NOT verified"
+        out.append(f"removed {len(result.reclaimed)} file(s), {_bytes(result.reclaimed_bytes)} freed ({state})")
+    else:
+        out.append("nothing removed")
+    text = "\n".join(out) + "\n"
+    listed = result.reclaimed if result.confirmed else result.candidates
+    text += _table(
+        ["SIZE", "ALLOCATED", "PATH"],
+        [[_bytes(f.size_bytes), _bytes(f.allocated_bytes), _path(f.path)] for f in listed],
+        tty=tty,
+    )
+    if result.kept:
+        text += "kept:\n" + "".join(f"  {_path(k.path)}: {k.reason}\n" for k in result.kept)
+    if result.tmpfs_before and result.tmpfs_after and result.confirmed:
+        text += (
+            f"tmpfs free: {_bytes(result.tmpfs_before.free_bytes)} -> {_bytes(result.tmpfs_after.free_bytes)}\n"
+        )
+    return text

@@ -1,0 +1,342 @@
+"""The offload files in ``shm.dir`` and who holds them: ``inspect_shm(cfg, containers=..., docker=...) -> ShmView``.
+
+Read-only. Called by ``reconciler.observe.observe`` (every pass), by ``reconciler shm status`` and, twice per
+reclaim, by ``reconciler.shm_guard.reclaim``. It applies DESIGN.md's safety rules 1-3:
+
+1. Only entries of ``shm.dir`` whose name matches ``shm.pattern`` exactly are looked at, each with ``lstat``
+   relative to the opened directory: a symlink, a directory, anything not a regular file, a mount on top of
+   an entry (another device) and a file with more than one hard link (another name elsewhere may be in use)
+   are listed as skipped, never as candidates.
+2. A file is owned when a live process maps it or holds it open, matched by device and inode
+   (``procfs.scan_holders``), never by path text. While a running container has native offload configured,
+   an unowned file is ``blocked``, not ``orphan``.
+3. Fail closed: when /proc cannot be read completely (an uninspectable process not excused by
+   ``shm.ignore_uninspectable_pids``) or Docker did not answer, no file is ``orphan``; the unowned ones are
+   ``blocked`` with the source named, and the view's source says why.
+
+The I/O (listing the directory, scanning /proc, statvfs) and the decision (``build_view``, pure) are split so
+the decision is testable on plain values.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import stat as st_mode
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from reconciler.observe.procfs import (
+    HolderScan,
+    container_of_pid,
+    read_comm,
+    scan_holders,
+)
+from reconciler.observed import (
+    ContainerView,
+    Owner,
+    ShmFile,
+    ShmView,
+    Source,
+    Tmpfs,
+    Uninspectable,
+)
+
+if TYPE_CHECKING:
+    from reconciler.model import ShmConfig
+
+HOST_FILE = "configs/host.yaml"
+
+
+class ShmSettings(Protocol):
+    """The fields of ``ShmConfig`` this module reads (so the bench can run it without pydantic)."""
+
+    dir: str
+    pattern: str
+    ignore_uninspectable_pids: list[int]
+
+
+@dataclass(frozen=True)
+class DirEntry:
+    """One name in ``shm.dir`` that matched the pattern, with its lstat."""
+
+    name: str
+    mode: int
+    dev: int
+    inode: int
+    size: int
+    allocated: int
+    nlink: int
+    link_target: str = ""  # for a symlink: where it points (shown, never followed)
+
+
+@dataclass(frozen=True)
+class DirListing:
+    dir_dev: int
+    dir_inode: int
+    entries: tuple[DirEntry, ...]
+    tmpfs: Tmpfs
+
+
+def list_dir(cfg: ShmSettings) -> DirListing:
+    """The pattern-matching entries of ``shm.dir`` (lstat'ed through the opened directory) and its statvfs.
+
+    Raises OSError when the directory cannot be opened or listed.
+    """
+    dfd = os.open(cfg.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        dst = os.fstat(dfd)
+        vfs = os.statvfs(dfd)
+        entries: list[DirEntry] = []
+        for name in os.listdir(dfd):
+            if not fnmatch.fnmatchcase(name, cfg.pattern):
+                continue
+            try:
+                s = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # removed since the listing
+            target = ""
+            if st_mode.S_ISLNK(s.st_mode):
+                try:
+                    target = os.readlink(name, dir_fd=dfd)
+                except OSError:
+                    target = "?"
+            entries.append(
+                DirEntry(name, s.st_mode, s.st_dev, s.st_ino, s.st_size, s.st_blocks * 512, s.st_nlink, target)
+            )
+    finally:
+        os.close(dfd)
+    tmpfs = Tmpfs(
+        size_bytes=vfs.f_blocks * vfs.f_frsize,
+        used_bytes=(vfs.f_blocks - vfs.f_bfree) * vfs.f_frsize,
+        free_bytes=vfs.f_bavail * vfs.f_frsize,
+    )
+    return DirListing(dst.st_dev, dst.st_ino, tuple(sorted(entries, key=lambda e: e.name)), tmpfs)
+
+
+def refusal(entry: DirEntry, dir_dev: int) -> str | None:
+    """Pure: why a pattern-matching entry is never a candidate, or None when it is a plain file of the dir."""
+    if st_mode.S_ISLNK(entry.mode):
+        return f"a symlink (to {entry.link_target!r}): never followed, never removed"
+    if st_mode.S_ISDIR(entry.mode):
+        return "a directory: only regular files are offload files"
+    if not st_mode.S_ISREG(entry.mode):
+        return "not a regular file"
+    if entry.dev != dir_dev:
+        return "on another filesystem than shm.dir (something is mounted on it)"
+    if entry.nlink != 1:
+        return f"has {entry.nlink} hard links: another name for it may be in use elsewhere"
+    return None
+
+
+@dataclass(frozen=True)
+class Holder:
+    pid: int
+    via: str  # "map" | "fd"
+    container: str | None
+    command: str
+
+
+def build_view(
+    cfg: ShmSettings,
+    *,
+    listing: DirListing,
+    holders: Mapping[int, Sequence[Holder]],
+    deleted: Sequence[ShmFile],
+    unreadable: Mapping[int, tuple[str, str]],
+    containers: Sequence[ContainerView],
+    docker: Source,
+    proc_error: str = "",
+) -> ShmView:
+    """Pure: decide owned / orphan / blocked for each entry. ``unreadable`` is pid -> (command, reason)."""
+    ignored = set(cfg.ignore_uninspectable_pids)
+    uninspectable = tuple(
+        Uninspectable(pid=pid, command=cmd, reason=why, excused=pid in ignored)
+        for pid, (cmd, why) in sorted(unreadable.items())
+    )
+    blocking_pids = [u for u in uninspectable if not u.excused]
+    if proc_error:
+        proc = Source("proc", False, proc_error)
+    elif blocking_pids:
+        first = blocking_pids[0]
+        more = f" and {len(blocking_pids) - 1} more" if len(blocking_pids) > 1 else ""
+        proc = Source(
+            "proc",
+            False,
+            f"pid {first.pid} ({first.command or '?'}) cannot be inspected: {first.reason}{more}; if that process "
+            f"can never hold an offload file, list its pid under shm.ignore_uninspectable_pids in {HOST_FILE}",
+        )
+    else:
+        proc = Source("proc", True)
+
+    blocking = tuple(sorted(c.name for c in containers if c.offload and c.active))
+    if not docker.ok:
+        unowned_state, unowned_reason = "blocked", f"docker {docker.render()}: a running offload container cannot be ruled out"
+    elif not proc.ok:
+        unowned_state, unowned_reason = "blocked", f"proc {proc.render()}"
+    elif blocking:
+        unowned_state = "blocked"
+        unowned_reason = (
+            f"running container(s) with native offload configured: {', '.join(blocking)}; "
+            "nothing is reclaimed while one runs"
+        )
+    else:
+        unowned_state, unowned_reason = "orphan", "no live process maps it or holds it open"
+
+    files: list[ShmFile] = []
+    skipped: list[tuple[str, str]] = []
+    for e in listing.entries:
+        path = os.path.join(cfg.dir, e.name)
+        why = refusal(e, listing.dir_dev)
+        if why is not None:
+            skipped.append((path, why))
+            continue
+        owners = tuple(Owner(pid=h.pid, via=h.via, container=h.container, command=h.command) for h in holders.get(e.inode, ()))
+        if owners:
+            state, reason = "owned", describe_owners(owners)
+        else:
+            state, reason = unowned_state, unowned_reason
+        files.append(ShmFile(path, e.dev, e.inode, e.size, e.allocated, owners, state, reason))
+
+    return ShmView(
+        dir=cfg.dir,
+        pattern=cfg.pattern,
+        tmpfs=listing.tmpfs,
+        proc=proc,
+        docker=docker,
+        files=tuple(files),
+        blocking_containers=blocking,
+        deleted_mapped_bytes=sum(d.allocated_bytes for d in deleted),
+        deleted_mapped=tuple(deleted),
+        uninspectable=uninspectable,
+        skipped=tuple(skipped),
+    )
+
+
+def describe_owners(owners: Sequence[Owner]) -> str:
+    parts = []
+    for o in owners:
+        where = f" in container {o.container}" if o.container else ""
+        verb = "mapped" if o.via == "map" else "held open"
+        parts.append(f"{verb} by pid {o.pid}{where}")
+    return "; ".join(parts)
+
+
+def inspect_shm(
+    cfg: ShmConfig | ShmSettings,
+    *,
+    containers: Sequence[ContainerView],
+    docker: Source,
+    proc_root: str = "/proc",
+    workers: int | None = None,
+) -> ShmView:
+    """One full inspection: the dir's entries, every process's mappings and descriptors, the verdict per file."""
+    try:
+        listing = list_dir(cfg)
+    except OSError as exc:
+        empty = DirListing(0, 0, (), Tmpfs(0, 0, 0))
+        why = f"shm.dir {cfg.dir}: {exc.strerror or exc} (set shm.dir in {HOST_FILE} to the tmpfs the containers use)"
+        return build_view(
+            cfg, listing=empty, holders={}, deleted=(), unreadable={}, containers=containers, docker=docker, proc_error=why
+        )
+    try:
+        scan = scan_holders(listing.dir_dev, proc_root=proc_root, workers=workers)
+    except OSError as exc:
+        return build_view(
+            cfg,
+            listing=listing,
+            holders={},
+            deleted=(),
+            unreadable={},
+            containers=containers,
+            docker=docker,
+            proc_error=f"{proc_root}: {exc.strerror or exc}",
+        )
+    names = {c.id: c.name for c in containers}
+    resolve = _Resolver(proc_root, names)
+    holders = {
+        ino: [Holder(pid, via, resolve.container(pid), resolve.command(pid)) for pid, via in pairs]
+        for ino, pairs in scan.holders().items()
+    }
+    live = {e.inode for e in listing.entries}
+    deleted = _deleted_files(scan, live, holders, proc_root)
+    unreadable = {pid: (resolve.command(pid), why) for pid, why in scan.unreadable.items()}
+    return build_view(
+        cfg,
+        listing=listing,
+        holders=holders,
+        deleted=deleted,
+        unreadable=unreadable,
+        containers=containers,
+        docker=docker,
+    )
+
+
+class _Resolver:
+    """pid -> container name and command, each read once per inspection (only for the few pids that matter)."""
+
+    def __init__(self, proc_root: str, names: Mapping[str, str]):
+        self.proc_root = proc_root
+        self.names = names
+        self._containers: dict[int, str | None] = {}
+        self._commands: dict[int, str] = {}
+
+    def container(self, pid: int) -> str | None:
+        if pid not in self._containers:
+            cid = container_of_pid(pid, self.proc_root)
+            # A container the engine did not list (or an engine that did not answer): its short id.
+            self._containers[pid] = None if cid is None else self.names.get(cid, cid[:12])
+        return self._containers[pid]
+
+    def command(self, pid: int) -> str:
+        if pid not in self._commands:
+            self._commands[pid] = read_comm(pid, self.proc_root)
+        return self._commands[pid]
+
+
+def _deleted_files(
+    scan: HolderScan, live: set[int], holders: Mapping[int, Sequence[Holder]], proc_root: str
+) -> list[ShmFile]:
+    """Files on the tmpfs that are unlinked but still mapped or open: owned bytes with no path.
+
+    Their size comes from the open descriptor when there is one, else from /proc/PID/map_files (root only),
+    else from the mapping's extent (allocation then unknown, counted as 0).
+    """
+    found: dict[int, dict[str, object]] = {}
+    for pid, recs in scan.maps.items():
+        for r in recs:
+            if r.deleted and r.inode not in live and r.inode not in found:
+                found[r.inode] = {"path": r.path + " (deleted)", "size": r.offset + r.length, "alloc": None}
+                try:
+                    s = os.stat(f"{proc_root}/{pid}/map_files/{r.start:x}-{r.end:x}")
+                    found[r.inode].update(size=s.st_size, alloc=s.st_blocks * 512)
+                except OSError:
+                    pass
+    for pid, fds in scan.fds.items():
+        for f in fds:
+            if f.nlink == 0 and f.inode not in live:
+                entry = found.setdefault(f.inode, {"path": "", "size": f.size, "alloc": None})
+                entry.update(size=f.size, alloc=f.allocated)
+                if not entry["path"]:
+                    try:
+                        entry["path"] = os.readlink(f"{proc_root}/{pid}/fd/{f.fd}")
+                    except OSError:
+                        entry["path"] = "(deleted)"
+    out = []
+    for ino, e in sorted(found.items()):
+        owners = tuple(Owner(h.pid, h.via, h.container, h.command) for h in holders.get(ino, ()))
+        alloc = e["alloc"]
+        out.append(
+            ShmFile(
+                path=str(e["path"]),
+                dev=scan.dev,
+                inode=ino,
+                size_bytes=int(e["size"]),  # type: ignore[call-overload]
+                allocated_bytes=int(alloc) if alloc is not None else 0,  # type: ignore[call-overload]
+                owners=owners,
+                state="owned",
+                reason="unlinked but still " + describe_owners(owners) + ": its bytes return when the last holder exits",
+            )
+        )
+    return out

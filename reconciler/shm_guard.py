@@ -1,0 +1,378 @@
+"""The one guarded removal of orphan offload files: ``reclaim(cfg, observe_docker=..., confirm=...)``.
+
+Every deletion of an offload file goes through here: ``reconciler shm reclaim``, and the apply layer's enter
+(room for the recipe's offload capacity) and leave (the recipe's files after its container stopped).
+DESIGN.md's safety rules 4 and 5, on top of the inspection's rules 1-3 (``reconciler.observe.shm``):
+
+- Without ``confirm``: one inspection, nothing removed; the result names what would go and what stays.
+- With ``confirm``: two full inspections ``confirm_interval_s`` apart, Docker observed afresh for each. A file
+  is removed only when both call it ``orphan`` with the same path, device, inode, size and allocation. Any
+  unavailable source, or a running native-offload container, refuses the whole reclaim.
+- Each removal opens ``shm.dir`` once (checked to be the directory inspected), ``lstat``s the name relative to
+  it just before ``unlink`` relative to it, and skips the name if it is no longer that same file.
+- Afterwards every removed name is checked to be absent, and the bytes freed are reported.
+"""
+
+from __future__ import annotations
+
+import os
+import stat as st_mode
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from reconciler.observe.shm import inspect_shm
+from reconciler.observed import ContainerView, ShmFile, ShmView, Source, Tmpfs
+
+if TYPE_CHECKING:
+    from reconciler.model import ShmConfig
+
+DockerObservation = Callable[[], tuple[tuple[ContainerView, ...], Source]]
+
+
+@dataclass(frozen=True)
+class RemovedFile:
+    path: str
+    size_bytes: int
+    allocated_bytes: int
+    dev: int
+    inode: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "size_bytes": self.size_bytes,
+            "allocated_bytes": self.allocated_bytes,
+            "dev": self.dev,
+            "inode": self.inode,
+        }
+
+
+@dataclass(frozen=True)
+class KeptFile:
+    path: str
+    reason: str
+    state: str = ""  # the file's state in the last inspection; "skipped" for refused entries
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "reason": self.reason, "state": self.state}
+
+
+@dataclass(frozen=True)
+class ReclaimResult:
+    """What a reclaim did (``confirmed``) or would do (a dry run), and why each other file stayed."""
+
+    confirmed: bool
+    dir: str
+    pattern: str
+    # Removed and verified gone (with confirm); empty in a dry run.
+    reclaimed: tuple[RemovedFile, ...] = ()
+    # What a dry run would remove (the orphans of its one inspection); with confirm, the first inspection's.
+    candidates: tuple[RemovedFile, ...] = ()
+    kept: tuple[KeptFile, ...] = ()
+    verified: bool = False
+    # Why nothing at all was removed: an unavailable source or a running native-offload container.
+    refused: str | None = None
+    sources: dict[str, str] = field(default_factory=dict)
+    blocking_containers: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+    tmpfs_before: Tmpfs | None = None
+    tmpfs_after: Tmpfs | None = None
+    inspections: int = 0
+    elapsed_s: float = 0.0
+
+    @property
+    def reclaimed_bytes(self) -> int:
+        return sum(f.allocated_bytes for f in self.reclaimed)
+
+    @property
+    def candidate_bytes(self) -> int:
+        return sum(f.allocated_bytes for f in self.candidates)
+
+    @property
+    def ok(self) -> bool:
+        """Exit 0: not refused, no error, and (with confirm) every removal verified."""
+        return self.refused is None and not self.errors and (self.verified or not self.confirmed)
+
+    def to_json(self) -> dict[str, Any]:
+        def tmpfs(t: Tmpfs | None) -> dict[str, int] | None:
+            if t is None:
+                return None
+            return {"size_bytes": t.size_bytes, "used_bytes": t.used_bytes, "free_bytes": t.free_bytes}
+
+        return {
+            "confirmed": self.confirmed,
+            "reclaimed": [f.to_json() for f in self.reclaimed],
+            "kept": [k.to_json() for k in self.kept],
+            "reclaimed_bytes": self.reclaimed_bytes,
+            "verified": self.verified,
+            "dir": self.dir,
+            "pattern": self.pattern,
+            "would_reclaim": [] if self.confirmed else [f.to_json() for f in self.candidates],
+            "would_reclaim_bytes": 0 if self.confirmed else self.candidate_bytes,
+            "refused": self.refused,
+            "sources": dict(self.sources),
+            "blocking_containers": list(self.blocking_containers),
+            "errors": list(self.errors),
+            "tmpfs_before": tmpfs(self.tmpfs_before),
+            "tmpfs_after": tmpfs(self.tmpfs_after),
+            "inspections": self.inspections,
+            "elapsed_s": round(self.elapsed_s, 3),
+        }
+
+
+def _removable(f: ShmFile) -> RemovedFile:
+    return RemovedFile(f.path, f.size_bytes, f.allocated_bytes, f.dev, f.inode)
+
+
+def refusal_of(view: ShmView) -> str | None:
+    """Why a view forbids every removal, or None. Names the source or the containers."""
+    if not view.docker.ok:
+        return f"docker {view.docker.render()}"
+    if not view.proc.ok:
+        return f"proc {view.proc.render()}"
+    if view.blocking_containers:
+        return (
+            "running container(s) with native offload configured: "
+            + ", ".join(view.blocking_containers)
+            + "; stop them (or let leave do it) before reclaiming"
+        )
+    return None
+
+
+def _kept_from(
+    view: ShmView, skip: Collection[str] = (), selected: Callable[[ShmFile], bool] = lambda f: True
+) -> list[KeptFile]:
+    kept = []
+    for f in view.files:
+        if f.path in skip:
+            continue
+        if f.state == "orphan" and not selected(f):
+            kept.append(KeptFile(f.path, "orphan, but not among the paths this reclaim was asked for", f.state))
+        else:
+            kept.append(KeptFile(f.path, f.reason, f.state))
+    kept += [KeptFile(path, why, "skipped") for path, why in view.skipped if path not in skip]
+    return kept
+
+
+def _sources(view: ShmView) -> dict[str, str]:
+    return {"proc": view.proc.render(), "docker": view.docker.render()}
+
+
+def _inspect(cfg: ShmConfig, observe_docker: DockerObservation, proc_root: str) -> ShmView:
+    containers, docker = observe_docker()
+    return inspect_shm(cfg, containers=containers, docker=docker, proc_root=proc_root)
+
+
+def reclaim(
+    cfg: ShmConfig,
+    *,
+    observe_docker: DockerObservation,
+    confirm: bool,
+    only_paths: Collection[str] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    proc_root: str = "/proc",
+) -> ReclaimResult:
+    """Remove the orphan offload files (all, or those in ``only_paths``), guarded as the module says.
+
+    Never raises for a source that fails: the result is ``refused`` with the source named. ``sleep`` is the
+    wait between the inspections (tests inject one that changes files meanwhile).
+    """
+    t0 = time.monotonic()
+    wanted = None if only_paths is None else set(only_paths)
+
+    def selected(f: ShmFile) -> bool:
+        return wanted is None or f.path in wanted
+
+    base: dict[str, Any] = {"dir": cfg.dir, "pattern": cfg.pattern, "confirmed": confirm}
+    try:
+        dir_id = _dir_identity(cfg.dir)
+    except OSError as exc:
+        return ReclaimResult(**base, refused=f"shm.dir {cfg.dir}: {exc.strerror or exc}", elapsed_s=time.monotonic() - t0)
+
+    first = _inspect(cfg, observe_docker, proc_root)
+    common: dict[str, Any] = dict(base, tmpfs_before=first.tmpfs, blocking_containers=first.blocking_containers)
+    candidates = [f for f in first.files if f.state == "orphan" and selected(f)]
+    refused = refusal_of(first)
+    if refused is not None:
+        # Refused only matters when something could have gone: with no unowned file there is nothing to do.
+        unowned = [f for f in first.files if f.state != "owned" and selected(f)]
+        return ReclaimResult(
+            **common,
+            kept=tuple(_kept_from(first)),
+            refused=refused if unowned or not first.sources_ok else None,
+            verified=confirm and not unowned and first.sources_ok,
+            sources=_sources(first),
+            inspections=1,
+            elapsed_s=time.monotonic() - t0,
+        )
+    if not confirm or not candidates:
+        candidate_paths = {f.path for f in candidates}
+        return ReclaimResult(
+            **common,
+            candidates=tuple(_removable(f) for f in candidates),
+            kept=tuple(_kept_from(first, skip=candidate_paths, selected=selected)),
+            verified=confirm,  # nothing to remove: trivially verified when confirmed
+            sources=_sources(first),
+            tmpfs_after=first.tmpfs if confirm else None,
+            inspections=1,
+            elapsed_s=time.monotonic() - t0,
+        )
+
+    sleep(cfg.confirm_interval_s)
+    second = _inspect(cfg, observe_docker, proc_root)
+    common["blocking_containers"] = tuple(sorted(set(first.blocking_containers) | set(second.blocking_containers)))
+    refused = refusal_of(second)
+    if refused is not None:
+        return ReclaimResult(
+            **common,
+            candidates=tuple(_removable(f) for f in candidates),
+            kept=tuple(_kept_from(second)),
+            refused=refused,
+            sources=_sources(second),
+            inspections=2,
+            elapsed_s=time.monotonic() - t0,
+        )
+
+    agreed, kept = compare_inspections(candidates, second, selected=selected)
+    removed, more_kept, errors = _unlink_agreed(cfg.dir, dir_id, agreed)
+    kept += more_kept
+    verified, verify_errors = _verify_absent(cfg.dir, removed)
+    errors += verify_errors
+    handled = {f.path for f in removed} | {k.path for k in kept}
+    kept += [k for k in _kept_from(second, selected=selected) if k.path not in handled]
+    try:
+        after = _tmpfs_of(cfg.dir)
+    except OSError:
+        after = None
+    return ReclaimResult(
+        **common,
+        reclaimed=tuple(removed),
+        candidates=tuple(_removable(f) for f in candidates),
+        kept=tuple(kept),
+        verified=verified and not errors,
+        sources=_sources(second),
+        errors=tuple(errors),
+        tmpfs_after=after,
+        inspections=2,
+        elapsed_s=time.monotonic() - t0,
+    )
+
+
+def compare_inspections(
+    candidates: Sequence[ShmFile], second: ShmView, *, selected: Callable[[ShmFile], bool] = lambda f: True
+) -> tuple[list[ShmFile], list[KeptFile]]:
+    """Pure: the first inspection's orphans that the second sees as the very same unowned file, and the rest."""
+    now = {f.path: f for f in second.files}
+    agreed: list[ShmFile] = []
+    kept: list[KeptFile] = []
+    for f in candidates:
+        g = now.get(f.path)
+        if g is None:
+            skipped = dict(second.skipped).get(f.path)
+            why = f"no longer a candidate: {skipped}" if skipped else "gone before the second inspection"
+            kept.append(KeptFile(f.path, why, "skipped" if skipped else "gone"))
+        elif (g.dev, g.inode) != (f.dev, f.inode):
+            kept.append(KeptFile(f.path, f"replaced between the inspections (inode {f.inode} -> {g.inode})", g.state))
+        elif g.size_bytes != f.size_bytes:
+            kept.append(KeptFile(f.path, f"size changed between the inspections ({f.size_bytes} -> {g.size_bytes} bytes)", g.state))
+        elif g.allocated_bytes != f.allocated_bytes:
+            kept.append(
+                KeptFile(
+                    f.path,
+                    f"allocation changed between the inspections ({f.allocated_bytes} -> {g.allocated_bytes} bytes)",
+                    g.state,
+                )
+            )
+        elif g.state != "orphan":
+            kept.append(KeptFile(f.path, f"{g.state} at the second inspection: {g.reason}", g.state))
+        else:
+            agreed.append(g)
+    first_paths = {f.path for f in candidates}
+    for g in second.files:
+        if g.state == "orphan" and g.path not in first_paths and selected(g):
+            kept.append(KeptFile(g.path, "appeared or became unowned after the first inspection", g.state))
+    return agreed, kept
+
+
+def _dir_identity(path: str) -> tuple[int, int]:
+    s = os.stat(path)
+    if not st_mode.S_ISDIR(s.st_mode):
+        raise NotADirectoryError(20, "not a directory", path)
+    return s.st_dev, s.st_ino
+
+
+def _tmpfs_of(path: str) -> Tmpfs:
+    v = os.statvfs(path)
+    return Tmpfs(v.f_blocks * v.f_frsize, (v.f_blocks - v.f_bfree) * v.f_frsize, v.f_bavail * v.f_frsize)
+
+
+def _unlink_agreed(
+    directory: str, dir_id: tuple[int, int], agreed: Sequence[ShmFile]
+) -> tuple[list[RemovedFile], list[KeptFile], list[str]]:
+    """Unlink each agreed file by name inside the opened dir, re-checking it is still that file first."""
+    removed: list[RemovedFile] = []
+    kept: list[KeptFile] = []
+    errors: list[str] = []
+    if not agreed:
+        return removed, kept, errors
+    try:
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        msg = f"{directory}: cannot open: {exc.strerror or exc}"
+        return removed, [KeptFile(f.path, msg, f.state) for f in agreed], [msg]
+    try:
+        d = os.fstat(dfd)
+        if (d.st_dev, d.st_ino) != dir_id:
+            msg = f"{directory} was replaced during the reclaim (device/inode changed); nothing removed"
+            return removed, [KeptFile(f.path, msg, f.state) for f in agreed], [msg]
+        for f in agreed:
+            name = os.path.basename(f.path)
+            try:
+                s = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                kept.append(KeptFile(f.path, "gone before removal (removed by someone else)", "gone"))
+                continue
+            except OSError as exc:
+                kept.append(KeptFile(f.path, f"cannot re-check before removal: {exc.strerror}", f.state))
+                errors.append(f"{f.path}: {exc.strerror}")
+                continue
+            if not st_mode.S_ISREG(s.st_mode) or s.st_nlink != 1 or (s.st_dev, s.st_ino, s.st_size) != (
+                f.dev,
+                f.inode,
+                f.size_bytes,
+            ):
+                kept.append(KeptFile(f.path, "changed just before removal (not the inspected file any more)", f.state))
+                continue
+            try:
+                os.unlink(name, dir_fd=dfd)
+            except FileNotFoundError:
+                kept.append(KeptFile(f.path, "gone before removal (removed by someone else)", "gone"))
+                continue
+            except OSError as exc:
+                kept.append(KeptFile(f.path, f"unlink failed: {exc.strerror}", f.state))
+                errors.append(f"{f.path}: unlink failed: {exc.strerror}")
+                continue
+            removed.append(RemovedFile(f.path, s.st_size, s.st_blocks * 512, s.st_dev, s.st_ino))
+    finally:
+        os.close(dfd)
+    return removed, kept, errors
+
+
+def _verify_absent(directory: str, removed: Sequence[RemovedFile]) -> tuple[bool, list[str]]:
+    """Every removed name must be absent now; a name present again (re-created meanwhile) is reported."""
+    errors = []
+    for f in removed:
+        try:
+            s = os.stat(f.path, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            errors.append(f"{f.path}: cannot verify removal: {exc.strerror}")
+            continue
+        if (s.st_dev, s.st_ino) == (f.dev, f.inode):
+            errors.append(f"{f.path}: still present after unlink")
+        else:
+            errors.append(f"{f.path}: removed, but a new file of that name appeared right after (inode {s.st_ino})")
+    return not errors, errors
