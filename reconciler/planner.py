@@ -136,9 +136,15 @@ def device_index(desired: DesiredState, observed: Observed) -> dict[str, str]:
     return ids
 
 
-def claimed_slots(c: ContainerView, ids: Mapping[str, str], all_slots: tuple[str, ...]) -> tuple[str, ...]:
-    """The slots a container holds: by our label, its DeviceRequests / visible-devices env, or 'all'."""
-    slots: list[str] = list(c.slots) if c.managed else []
+def claimed_slots(
+    c: ContainerView, ids: Mapping[str, str], all_slots: tuple[str, ...], *, host: str | None = None
+) -> tuple[str, ...]:
+    """The slots a container holds: by our label, its DeviceRequests / visible-devices env, or 'all'.
+
+    With ``host``, the slot label counts only on a container of that host: another host's slot names are names
+    in another host.yaml, and what that container really holds is read from its GPU ids like any other's.
+    """
+    slots: list[str] = list(c.slots) if (_ours(c, host) if host is not None else c.managed) else []
     for dev in c.gpu_devices:
         if dev == "all":
             return all_slots
@@ -241,7 +247,7 @@ def plan(desired: DesiredState, observed: Observed, *, hold: Mapping[str, str] |
     holders: dict[str, list[ContainerView]] = {}
     for c in observed.containers:
         if c.active and c.id not in leaving:
-            for slot in claimed_slots(c, ids, all_slots):
+            for slot in claimed_slots(c, ids, all_slots, host=host):
                 holders.setdefault(slot, []).append(c)
     by_id = {c.id: c for c in observed.containers}
     blockers: list[Blocker] = []
