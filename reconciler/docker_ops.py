@@ -29,6 +29,7 @@ from reconciler.observed import (
 
 T = TypeVar("T")
 ATTEMPTS = 4
+PRESERVE_NAME_TRIES = 10
 
 
 class DockerActionError(ReconcilerError):
@@ -172,9 +173,23 @@ class DockerOps:
 
     def preserve(self, cid: str, name: str) -> str:
         """Rename a failed container so its name is free and its logs stay readable."""
-        new = f"{name}{PRESERVED_SUFFIX}{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
-        _call(self.api.rename, cid, new)
-        return new
+        import docker.errors
+
+        now = time.time()
+        # A start that fails at once can fail again within the same second (two quick applies), and the stamp
+        # has one-second resolution: take the next free second rather than lose the failure to a name conflict.
+        for later in range(PRESERVE_NAME_TRIES):
+            new = f"{name}{PRESERVED_SUFFIX}{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now + later))}"
+            try:
+                _call(self.api.rename, cid, new)
+                return new
+            except docker.errors.APIError as exc:
+                if exc.status_code != 409:
+                    raise
+        raise DockerActionError(
+            f"cannot keep failed container {cid[:12]}: {PRESERVE_NAME_TRIES} names {name}{PRESERVED_SUFFIX}... "
+            "are taken; remove old kept containers (docker rm NAME)"
+        )
 
     def logs_tail(self, cid: str, lines: int = 40) -> str:
         try:
