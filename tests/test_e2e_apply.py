@@ -1,0 +1,693 @@
+"""End to end: the field report's lifecycle through the real command line, the real Docker engine, real fake-vllm
+containers and a real tmpfs (issue 4, scenarios 1-7).
+
+Each test builds its own root in ``tmp_path`` from the demo's configs (examples/demo/), adjusted so it cannot
+disturb anything else on the machine: a host name of its own, GPU slots on indexes no other test uses (with
+``gpu_telemetry: none`` a slot is only an id, so two tests never contend for one), a 64 MiB tmpfs of its own as
+``shm.dir`` (bind-mounted into the containers at the same path, since ``ipc = "host"`` only shares /dev/shm), free
+host ports, recipe names with a per-test tag (container names are engine-wide), a short ``confirm_interval_s``
+and small timeouts. Every command runs as ``python -m reconciler --root ROOT ...`` in a subprocess, with its lock
+dir under ``tmp_path``. A finalizer removes every container labelled with the test's host, kept failed ones
+included, and every unmanaged container the test started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import docker.errors
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = REPO / "examples" / "demo"
+BUILD = REPO / "examples" / "fake-vllm" / "build.sh"
+IMAGE = "reconciler/fake-vllm:latest"
+MIB = 1 << 20
+# Label on the containers a test starts by hand (not through the tool), so the finalizer finds them.
+TEST_LABEL = "io.reconciler-e2e.test"
+PRESERVED_RE = re.compile(r"-failed-\d{8}-\d{6}$")
+
+pytestmark = [pytest.mark.docker, pytest.mark.root]
+
+# GPU indexes per test: 2 slots each, drawn at random far from the demo's 0/1, so that neither the tests of
+# this file nor a second run of it at the same time share a GPU id (containers claim ids by NVIDIA_VISIBLE_DEVICES).
+_random = random.Random()
+
+
+# ---------------------------------------------------------------- small helpers
+
+
+def wait_until(predicate: Callable[[], Any], *, timeout: float, what: str, every: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(every)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (urllib.error.URLError, OSError):
+        return 0
+
+
+def docker_cli(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(["docker", *args], check=False, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc
+
+
+def docker_logs(name: str) -> str:
+    proc = docker_cli("logs", name)
+    return proc.stdout + proc.stderr
+
+
+def set_flag(cmd: list[str], flag: str, value: str) -> list[str]:
+    """``cmd`` with ``flag``'s value replaced, or the flag appended when it is absent."""
+    out = list(cmd)
+    if flag in out:
+        out[out.index(flag) + 1] = value
+    else:
+        out += [flag, value]
+    return out
+
+
+def drop_flag(cmd: list[str], flag: str) -> list[str]:
+    out = list(cmd)
+    if flag in out:
+        i = out.index(flag)
+        del out[i : i + 2]
+    return out
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string is a valid TOML basic string
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    raise TypeError(f"no TOML for {type(v).__name__}")
+
+
+def dump_recipe(data: dict[str, Any]) -> str:
+    """TOML for a recipe dict (top-level keys, then one table per section): the subset recipes use."""
+    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    for section, table in data.items():
+        if isinstance(table, dict):
+            lines.append(f"\n[{section}]")
+            lines += [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in table.items()]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class CliResult:
+    args: tuple[str, ...]
+    rc: int
+    stdout: str
+    stderr: str
+
+    @property
+    def data(self) -> Any:
+        try:
+            return json.loads(self.stdout)
+        except ValueError as exc:
+            raise AssertionError(f"{self} did not print JSON: {exc}") from None
+
+    def __str__(self) -> str:
+        return f"reconciler {' '.join(self.args)} -> {self.rc}\nstdout:\n{self.stdout}\nstderr:\n{self.stderr}"
+
+
+# ---------------------------------------------------------------- the per-test root
+
+
+@dataclass
+class Root:
+    """A reconciler root in tmp_path for one test, and what the test needs to drive and inspect it."""
+
+    path: Path
+    host: str
+    tag: str
+    shm: Path
+    api: Any
+    env: dict[str, str]
+    slot_index: dict[str, int]
+    recipes: dict[str, str] = field(default_factory=dict)  # demo name -> this test's recipe name
+
+    # -- configs
+
+    def recipe(
+        self,
+        base: str,
+        *,
+        port: int | None = None,
+        mode: str | None = None,
+        offload_mib: int | None = None,
+        start_timeout_s: float = 12,
+    ) -> str:
+        """Write the demo recipe ``base`` under a per-test name, adjusted for this root; return the name."""
+        data = tomllib.loads((DEMO / "configs" / "recipes" / f"{base}.toml").read_text())
+        name = self.recipes.get(base) or f"{base}-{self.tag}"
+        self.recipes[base] = name
+        port = port or free_port()
+        c = data["container"]
+        cmd = list(c["command"])
+        cmd[2] = f"e2e/{name}"  # vllm serve MODEL
+        cmd = set_flag(cmd, "--port", str(port))
+        cmd = set_flag(cmd, "--shm-dir", str(self.shm))
+        if offload_mib is not None:
+            cmd = set_flag(cmd, "--kv-offloading-size", repr(offload_mib / 1024))
+            data["offload"]["capacity_gib"] = offload_mib / 1024
+        c["command"] = cmd
+        # ipc=host shares /dev/shm only; the test's own tmpfs is mounted at the same path inside.
+        c["volumes"] = [*c.get("volumes", []), f"{self.shm}:{self.shm}"]
+        if mode:
+            c["env"] = {**c.get("env", {}), "FAKE_VLLM_MODE": mode}
+        data["health"].update(url=f"http://127.0.0.1:{port}/health", settle_s=0.2, start_timeout_s=start_timeout_s)
+        data["stop"]["timeout_s"] = 5
+        (self.path / "configs" / "recipes" / f"{name}.toml").write_text(dump_recipe(data))
+        return name
+
+    def recipe_data(self, name: str) -> dict[str, Any]:
+        return tomllib.loads((self.path / "configs" / "recipes" / f"{name}.toml").read_text())
+
+    def port_of(self, name: str) -> int:
+        cmd = self.recipe_data(name)["container"]["command"]
+        return int(cmd[cmd.index("--port") + 1])
+
+    def manifest(self, *assignments: tuple[str, Sequence[str]]) -> None:
+        doc = {"host": self.host, "assignments": [{"recipe": r, "gpus": list(g)} for r, g in assignments]}
+        (self.path / "manifests" / "demo.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    # -- the command line
+
+    def cli_args(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "reconciler", "--root", str(self.path), *args]
+
+    def cli(self, *args: str, timeout: float = 90) -> CliResult:
+        proc = subprocess.run(
+            self.cli_args(*args), check=False, capture_output=True, text=True, timeout=timeout, env=self.env
+        )
+        return CliResult(args, proc.returncode, proc.stdout, proc.stderr)
+
+    def apply(self) -> CliResult:
+        return self.cli("apply", "--yes", "--json")
+
+    def status(self) -> dict[str, Any]:
+        r = self.cli("status", "--json")
+        assert r.rc == 0, str(r)
+        return r.data
+
+    def shm_status(self) -> dict[str, Any]:
+        r = self.cli("shm", "status", "--json")
+        assert r.rc == 0, str(r)
+        return r.data
+
+    # -- the engine and the tmpfs
+
+    def containers(self) -> list[dict[str, Any]]:
+        """Every container of this test's host (managed by the tool), stopped and kept ones included."""
+        return self.api.containers(all=True, filters={"label": f"io.reconciler.host={self.host}"})
+
+    def snapshot(self) -> dict[str, tuple[str, str]]:
+        """id -> (name, state) of every container this test owns or started: to prove nothing was touched."""
+        found = self.containers() + self.api.containers(all=True, filters={"label": f"{TEST_LABEL}={self.host}"})
+        return {c["Id"]: (c["Names"][0].lstrip("/"), c["State"]) for c in found}
+
+    def running(self) -> dict[str, dict[str, Any]]:
+        return {c["Names"][0].lstrip("/"): c for c in self.containers() if c["State"] == "running"}
+
+    def shm_files(self) -> list[str]:
+        return sorted(p.name for p in self.shm.iterdir())
+
+    def cname(self, recipe: str, *slots: str) -> str:
+        return f"reconciler-{recipe}-{'-'.join(slots)}"
+
+    def run_unmanaged(self, name: str, *args: str) -> str:
+        """``docker run -d`` outside the tool, labelled for the finalizer only (no ownership label)."""
+        full = f"{name}-{self.tag}"
+        docker_cli("run", "-d", "--name", full, "--label", f"{TEST_LABEL}={self.host}", *args)
+        return full
+
+    def cleanup(self) -> None:
+        for label in (f"io.reconciler.host={self.host}", f"{TEST_LABEL}={self.host}"):
+            self._remove_all(label)
+
+    def _remove_all(self, label: str) -> None:
+        for c in self.api.containers(all=True, filters={"label": label}):
+            try:
+                self.api.remove_container(c["Id"], force=True, v=True)
+            except docker.errors.NotFound:
+                continue  # removed by the test itself meanwhile
+
+
+@pytest.fixture(scope="module")
+def image(docker_api: Any) -> str:
+    proc = subprocess.run(["sh", str(BUILD)], check=False, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"{BUILD} failed: {proc.stdout}{proc.stderr}"
+    return IMAGE
+
+
+def foreign_offload_containers(api: Any) -> list[str]:
+    """Running containers with vLLM offload flags or our offload label, of any host: while one runs, the shm guard
+    refuses every reclaim on this engine (DESIGN.md safety rule 2), so the reclaim scenarios cannot pass."""
+    found = []
+    for c in api.containers(filters={"status": "running"}):
+        labels = c.get("Labels") or {}
+        if labels.get("io.reconciler.offload") == "true" or "--kv-offloading" in (c.get("Command") or ""):
+            found.append(c["Names"][0].lstrip("/"))
+    return found
+
+
+@pytest.fixture
+def root(
+    tmp_path: Path, tmpfs_dir: Path, docker_api: Any, image: str, request: pytest.FixtureRequest
+) -> Iterator[Root]:
+    busy = foreign_offload_containers(docker_api)
+    if busy:
+        pytest.fail(
+            f"native-offload container(s) {', '.join(busy)} already run on this engine: the shm guard refuses every "
+            "reclaim while one runs. Stop them (e.g. the demo: reconciler apply with an empty manifest) and rerun"
+        )
+    tag = uuid.uuid4().hex[:6]
+    test = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:24]
+    host = f"e2e-{test}-{tag}"
+    path = tmp_path / "root"
+    shutil.copytree(DEMO, path)
+    for f in (path / "configs" / "recipes").glob("*.toml"):
+        f.unlink()  # each test writes the recipes it uses, under names of its own
+    base = _random.randrange(1000, 1_000_000, 2)
+    host_doc = yaml.safe_load((DEMO / "configs" / "host.yaml").read_text())
+    host_doc["name"] = host
+    host_doc["gpus"] = {"dark-compute-a": {"index": base}, "dark-compute-b": {"index": base + 1}}
+    host_doc["shm"].update(dir=str(tmpfs_dir), confirm_interval_s=0.2, reserve_gib=0.0078125)  # 8 MiB to spare
+    (path / "configs" / "host.yaml").write_text(yaml.safe_dump(host_doc, sort_keys=False))
+    env = {**os.environ, "RECONCILER_LOCK_DIR": str(tmp_path / "lock"), "NO_COLOR": "1"}
+    env.pop("RECONCILER_ROOT", None)
+    r = Root(
+        path=path,
+        host=host,
+        tag=tag,
+        shm=tmpfs_dir,
+        api=docker_api,
+        env=env,
+        slot_index={"dark-compute-a": base, "dark-compute-b": base + 1},
+    )
+    try:
+        yield r
+    finally:
+        r.cleanup()
+
+
+def outcomes(result: CliResult) -> list[tuple[str, str | None, str]]:
+    """(kind, recipe, result) of each action an apply ran."""
+    return [(a["kind"], a["recipe"], a["result"]) for a in result.data["actions"]]
+
+
+def slot_holders(status: dict[str, Any], slot: str) -> list[str]:
+    return [c["name"] for c in status["slots"][slot]["containers"]]
+
+
+def split(r: Root) -> str:
+    """Scenario 1's manifest: omni on dark-compute-b, dark-compute-a free. Returns omni's recipe name."""
+    omni = r.recipes.get("omni") or r.recipe("omni")
+    r.manifest((omni, ["dark-compute-b"]))
+    return omni
+
+
+def exclusive(r: Root, *, offload_mib: int = 16) -> str:
+    """The exclusive lane: the TP=2 offload recipe on both slots. Returns its recipe name."""
+    lane = r.recipes.get("deepseek-256k-offload") or r.recipe("deepseek-256k-offload", offload_mib=offload_mib)
+    r.manifest((lane, ["dark-compute-a", "dark-compute-b"]))
+    return lane
+
+
+def apply_ok(r: Root) -> CliResult:
+    res = r.apply()
+    assert res.rc == 0, str(res)
+    assert res.data["result"] == "converged", str(res)
+    return res
+
+
+# ---------------------------------------------------------------- 1-3: split -> exclusive -> split
+
+
+def test_1_split_topology_from_nothing(root: Root) -> None:
+    omni = split(root)
+    before = root.cli("plan", "--json")
+    assert before.rc == 2, str(before)
+    assert [(a["kind"], a["recipe"], a["gpus"]) for a in before.data["actions"]] == [
+        ("enter", omni, ["dark-compute-b"])
+    ]
+
+    res = apply_ok(root)
+    assert outcomes(res) == [("enter", omni, "ok")]
+    name = root.cname(omni, "dark-compute-b")
+    assert set(root.running()) == {name}
+    assert http_status(f"http://127.0.0.1:{root.port_of(omni)}/health") == 200
+    labels = root.running()[name]["Labels"]
+    assert labels["io.reconciler.managed"] == "true"
+    assert labels["io.reconciler.slots"] == "dark-compute-b"
+    assert labels["io.reconciler.recipe"] == omni
+
+    st = root.status()
+    assert st["converged"] is True
+    assert slot_holders(st, "dark-compute-b") == [name]
+    assert st["slots"]["dark-compute-a"]["free"] is True and slot_holders(st, "dark-compute-a") == []
+    assert root.cli("plan", "--json").rc == 0
+    assert root.shm_files() == []
+
+
+def _to_exclusive(root: Root) -> tuple[str, str, str]:
+    omni = split(root)
+    apply_ok(root)
+    omni_name = root.cname(omni, "dark-compute-b")
+    omni_id = root.running()[omni_name]["Id"]
+    lane = exclusive(root)
+    res = apply_ok(root)
+    assert outcomes(res) == [("leave", omni, "ok"), ("enter", lane, "ok")], str(res)
+    assert not [c for c in root.containers() if c["Id"] == omni_id], "omni left: its container is removed"
+    return omni, lane, root.cname(lane, "dark-compute-a", "dark-compute-b")
+
+
+def test_2_switch_to_the_exclusive_tp2_offload_lane(root: Root) -> None:
+    _omni, _lane, lane_name = _to_exclusive(root)
+    assert set(root.running()) == {lane_name}
+    st = root.status()
+    assert st["converged"] is True
+    for slot in ("dark-compute-a", "dark-compute-b"):
+        assert slot_holders(st, slot) == [lane_name]
+
+    # Its offload file is mapped by both TP workers, seen through /proc by device and inode.
+    shm = root.shm_status()
+    assert shm["sources"]["proc"] == "ok" and shm["sources"]["docker"] == "ok", shm["sources"]
+    assert len(shm["files"]) == 1, shm["files"]
+    f = shm["files"][0]
+    assert f["state"] == "owned" and re.fullmatch(r".*/vllm_offload_.+\.mmap", f["path"]), f
+    assert f["allocated_bytes"] >= 16 * MIB, "both workers prefaulted the whole buffer"
+    mappers = {o["pid"] for o in f["owners"] if o["via"] == "map"}
+    assert len(mappers) == 2, f["owners"]
+    lane_id = root.running()[lane_name]["Id"]
+    assert {o["container"] for o in f["owners"]} <= {lane_name, lane_id, lane_id[:12]}, f["owners"]
+    assert lane_name in shm["blocking_containers"]
+
+    # The guard will not touch it while the lane runs: nothing to do (exit 0), the file kept, still mapped.
+    rec = root.cli("shm", "reclaim", "--confirm", "--json")
+    assert rec.rc == 0, str(rec)
+    assert rec.data["confirmed"] is True
+    assert rec.data["reclaimed"] == [] and rec.data["reclaimed_bytes"] == 0, str(rec)
+    kept = {k["path"]: k["reason"] for k in rec.data["kept"]}
+    assert f["path"] in kept and kept[f["path"]], str(rec)
+    assert os.path.exists(f["path"])
+
+    # Even a file nobody maps is refused while a native-offload container runs (exit 1, the lane named).
+    stray = root.shm / "vllm_offload_stray.mmap"
+    stray.write_bytes(b"\0" * MIB)
+    rec = root.cli("shm", "reclaim", "--confirm", "--json")
+    assert rec.rc == 1, str(rec)
+    assert rec.data["reclaimed"] == [] and lane_name in (rec.data.get("refused") or ""), str(rec)
+    assert stray.exists() and os.path.exists(f["path"])
+    stray.unlink()
+    assert http_status(f"http://127.0.0.1:{root.port_of(root.recipes['deepseek-256k-offload'])}/health") == 200
+
+
+def test_3_back_to_split_leaves_nothing_behind(root: Root) -> None:
+    omni, lane, lane_name = _to_exclusive(root)
+    offload_file = root.shm_files()
+    assert len(offload_file) == 1
+    split(root)
+    res = apply_ok(root)
+    assert outcomes(res) == [("leave", lane, "ok"), ("enter", omni, "ok")], str(res)
+    assert not [c for c in root.containers() if c["Names"][0].lstrip("/").startswith(lane_name)], "lane removed"
+    assert root.shm_files() == [], "the lane's offload file is gone and nothing else is left"
+    st = root.status()
+    assert st["converged"] is True
+    assert slot_holders(st, "dark-compute-b") == [root.cname(omni, "dark-compute-b")]
+    assert st["slots"]["dark-compute-a"]["free"] is True
+    assert st["shm"]["files"]["orphan"]["count"] == 0 and st["shm"]["files"]["owned"]["count"] == 0
+    assert root.shm_status()["files"] == []
+
+
+# ---------------------------------------------------------------- 4: the report's failure
+
+
+def test_4_orphans_fill_the_tmpfs_errno_14_without_reclaim_and_apply_reclaims_then_enters(root: Root) -> None:
+    lane = root.recipe("deepseek-256k-offload", offload_mib=24)
+    root.manifest((lane, ["dark-compute-a", "dark-compute-b"]))
+    # Two crashed starts' worth of buffers nobody maps any more: 48 of the 64 MiB, every page allocated.
+    for i in range(2):
+        with open(root.shm / f"vllm_offload_crashed{i}.mmap", "wb") as fh:
+            fh.write(b"\0" * (24 * MIB))
+    orphans = set(root.shm_files())
+    shm = root.shm_status()
+    assert {f["state"] for f in shm["files"]} == {"orphan"} and len(shm["files"]) == 2
+    assert shm["tmpfs"]["free_bytes"] < 24 * MIB
+
+    # Without a reclaim, the very same start fails as in the report: Errno 14 at the prefault.
+    spec = root.recipe_data(lane)["container"]
+    vols = [a for v in spec["volumes"] for a in ("-v", v)]
+    direct = root.run_unmanaged(
+        "direct", "--init", "--ipc", "host", "--network", "host", *vols, spec["image"], *spec["command"]
+    )
+    code = docker_cli("wait", direct, timeout=30).stdout.strip()
+    logs = docker_logs(direct)
+    assert code == "1", logs
+    assert "OSError: [Errno 14] Bad address" in logs
+    docker_cli("rm", direct)
+    leftovers = set(root.shm_files()) - orphans
+    assert len(leftovers) == 1, "the failed start left its partly prefaulted buffer, as in the report"
+
+    plan = root.cli("plan", "--json")
+    assert plan.rc == 2, str(plan)
+    kinds = [a["kind"] for a in plan.data["actions"]]
+    assert kinds.index("reclaim") < kinds.index("enter"), kinds
+
+    res = apply_ok(root)
+    freed = sum(a["reclaimed_bytes"] for a in res.data["actions"] if a["result"] == "ok")
+    assert freed >= 48 * MIB, str(res)
+    assert [a for a in outcomes(res) if a[0] == "enter"] == [("enter", lane, "ok")], str(res)
+    files = root.shm_files()
+    assert len(files) == 1 and files[0] not in orphans | leftovers, files
+    shm = root.shm_status()
+    assert [f["state"] for f in shm["files"]] == ["owned"]
+    assert len({o["pid"] for o in shm["files"][0]["owners"] if o["via"] == "map"}) == 2
+    assert http_status(f"http://127.0.0.1:{root.port_of(lane)}/health") == 200
+
+
+# ---------------------------------------------------------------- 5: a recipe that crashes on start
+
+
+def test_5_crash_on_start_keeps_the_container_reclaims_its_shm_frees_the_slot(root: Root) -> None:
+    omni = root.recipe("omni")
+    crashy = root.recipe("deepseek-256k-offload", offload_mib=16, mode="crash-after=0")
+    # TP=2 recipe on one slot is refused by the loader; make the crashing lane single-slot.
+    data = root.recipe_data(crashy)
+    data["tensor_parallel_size"] = 1
+    data["container"]["command"] = set_flag(data["container"]["command"], "--tensor-parallel-size", "1")
+    (root.path / "configs" / "recipes" / f"{crashy}.toml").write_text(dump_recipe(data))
+    root.manifest((crashy, ["dark-compute-a"]), (omni, ["dark-compute-b"]))
+
+    res = root.apply()
+    assert res.rc == 1, str(res)
+    assert res.data["result"] == "failed"
+    assert sorted(outcomes(res)) == sorted([("enter", crashy, "failed"), ("enter", omni, "ok")]), str(res)
+    failed = next(a for a in res.data["actions"] if a["result"] == "failed")
+    # The cause is named from the container's own log, and where its logs are kept.
+    assert "fake crash" in res.data["message"] and "fake crash" in failed["detail"], str(res)
+    kept = [c for c in root.containers() if PRESERVED_RE.search(c["Names"][0])]
+    assert len(kept) == 1, root.containers()
+    kept_name = kept[0]["Names"][0].lstrip("/")
+    assert kept_name.startswith(root.cname(crashy, "dark-compute-a") + "-failed-")
+    assert kept_name in failed["detail"]
+    assert kept[0]["State"] == "exited"
+    assert "fake crash" in docker_logs(kept_name)
+    # Its offload file (left by the crash, as in the report) was reclaimed; nothing else is there.
+    assert "reclaimed" in failed["detail"]
+    assert root.shm_files() == []
+
+    st = root.status()
+    assert st["slots"]["dark-compute-a"]["free"] is True, st["slots"]
+    assert slot_holders(st, "dark-compute-b") == [root.cname(omni, "dark-compute-b")]
+    assert [c["name"] for c in st["containers"] if c["preserved"]] == [kept_name]
+    # No double booking: the kept container holds nothing; the next pass would simply try the enter again.
+    plan = root.cli("plan", "--json")
+    assert plan.rc == 2 and plan.data["blockers"] == [], str(plan)
+    assert [(a["kind"], a["recipe"], a["gpus"]) for a in plan.data["actions"]] == [
+        ("enter", crashy, ["dark-compute-a"])
+    ]
+
+
+def test_5b_failures_within_one_second_are_all_kept_under_distinct_names(root: Root, image: str) -> None:
+    """Two quick applies of a recipe that fails at once fail within the same second; each keeps its container."""
+    from reconciler.docker_ops import DockerOps
+
+    ops = DockerOps(root.api)
+    base = root.cname(f"quick-{root.tag}", "dark-compute-a")
+    ids = [
+        root.api.create_container(image, command=["true"], labels={"io.reconciler.host": root.host})["Id"]
+        for _ in range(3)
+    ]
+    t0 = time.monotonic()
+    names = [ops.preserve(cid, base) for cid in ids]
+    assert time.monotonic() - t0 < 1.0, "the three renames should fall within about one second"
+    assert len(set(names)) == 3, names
+    assert all(n.startswith(base + "-failed-") and PRESERVED_RE.search(n) for n in names), names
+    assert sorted(root.api.inspect_container(cid)["Name"].lstrip("/") for cid in ids) == sorted(names)
+
+
+# ---------------------------------------------------------------- 6: edited recipe; unmanaged holder
+
+
+def test_6a_recipe_edited_in_place_is_recreated(root: Root) -> None:
+    omni = split(root)
+    apply_ok(root)
+    name = root.cname(omni, "dark-compute-b")
+    old = root.running()[name]
+    old_hash = old["Labels"]["io.reconciler.recipe-hash"]
+
+    data = root.recipe_data(omni)
+    data["container"]["env"] = {**data["container"].get("env", {}), "OMNI_EDIT": "2"}
+    (root.path / "configs" / "recipes" / f"{omni}.toml").write_text(dump_recipe(data))
+    new_hash = root.cli("validate", "--json").data["assignments"][0]["recipe_hash"]
+    assert new_hash != old_hash
+
+    plan = root.cli("plan", "--json")
+    assert plan.rc == 2, str(plan)
+    assert [a["kind"] for a in plan.data["actions"]] == ["leave", "enter"]
+    assert "changed" in plan.data["actions"][0]["reason"]
+
+    res = apply_ok(root)
+    assert outcomes(res) == [("leave", omni, "ok"), ("enter", omni, "ok")]
+    new = root.running()[name]
+    assert new["Id"] != old["Id"]
+    assert new["Labels"]["io.reconciler.recipe-hash"] == new_hash
+    assert "OMNI_EDIT=2" in root.api.inspect_container(new["Id"])["Config"]["Env"]
+    assert [c["Id"] for c in root.containers()] == [new["Id"]], "the old container is removed, not kept"
+
+
+def test_6b_unmanaged_container_on_a_slot_blocks_and_nothing_is_touched(root: Root, image: str) -> None:
+    omni = split(root)
+    apply_ok(root)
+    a_index = root.slot_index["dark-compute-a"]
+    root.run_unmanaged(
+        "unmanaged", "-e", f"NVIDIA_VISIBLE_DEVICES={a_index}", "-v", "/usr:/usr:ro", image, "sleep", "300"
+    )
+    # The manifest now wants omni gone (a leave that could be done) and the lane on both slots (blocked).
+    lane = exclusive(root)
+    before = root.snapshot()
+    files_before = root.shm_files()
+
+    plan = root.cli("plan", "--json")
+    assert plan.rc == 3 and plan.data["blocked"] is True, str(plan)
+    res = root.apply()
+    assert res.rc == 3, str(res)
+    assert res.data["result"] == "blocked" and res.data["actions"] == []
+    assert f"unmanaged-{root.tag}" in res.data["message"] and "not managed" in res.data["message"], str(res)
+    assert root.snapshot() == before, "apply changed containers while blocked"
+    assert root.cname(omni, "dark-compute-b") in root.running()
+    assert root.shm_files() == files_before
+    assert not [c for c in root.containers() if lane in c["Labels"].get("io.reconciler.recipe", "")]
+
+
+# ---------------------------------------------------------------- 7: SIGKILL in the middle of an enter
+
+
+def test_7_apply_killed_mid_enter_then_run_again_converges_without_duplicates(root: Root) -> None:
+    lane = root.recipe("deepseek-256k-offload", offload_mib=16, mode="start-delay=3")
+    root.manifest((lane, ["dark-compute-a", "dark-compute-b"]))
+    name = root.cname(lane, "dark-compute-a", "dark-compute-b")
+    proc = subprocess.Popen(
+        root.cli_args("apply", "--yes", "--json"), env=root.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        # Kill it once its container is up and it is waiting for health (the workers are still "loading").
+        wait_until(lambda: name in root.running(), timeout=20, what=f"{name} running")
+        assert proc.poll() is None, "apply finished before it could be killed mid-enter"
+        assert root.shm_files() == [], "still loading: no offload file yet"
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()
+        proc.stderr.close()
+    # Everything it created carries the labels: the container is found as ours.
+    survivor = root.running()[name]
+    assert survivor["Labels"]["io.reconciler.host"] == root.host
+
+    res = apply_ok(root)  # the kernel dropped the dead process's lock; no second container is started
+    assert [a for a in outcomes(res) if a[0] == "enter"] == []
+    wait_until(lambda: http_status(f"http://127.0.0.1:{root.port_of(lane)}/health") == 200, timeout=15, what="health")
+    assert [c["Id"] for c in root.containers()] == [survivor["Id"]], "exactly one container, the first one"
+    shm = root.shm_status()
+    assert [f["state"] for f in shm["files"]] == ["owned"], shm["files"]
+    assert len({o["pid"] for o in shm["files"][0]["owners"] if o["via"] == "map"}) == 2
+    assert len(root.shm_files()) == 1
+    again = root.cli("plan", "--json")
+    assert again.rc == 0, str(again)
+
+
+def test_7b_killed_between_create_and_start_the_labelled_leftover_is_replaced(root: Root) -> None:
+    """The narrowest kill point: the container was created (with its labels, in the create call) but never started.
+
+    A SIGKILL cannot be timed into that gap reliably, so the state it leaves is made with the very calls an enter
+    makes (``create_spec`` + ``DockerOps.create``), and the real command line then has to clean it up.
+    """
+    from reconciler.docker_ops import DockerOps, create_spec
+    from reconciler.loader import load_desired
+
+    lane = root.recipe("deepseek-256k-offload", offload_mib=16)
+    root.manifest((lane, ["dark-compute-a", "dark-compute-b"]))
+    slots = ("dark-compute-a", "dark-compute-b")
+    leftover = DockerOps(root.api).create(create_spec(load_desired(root.path), lane, slots))
+    assert [(c["Id"], c["State"]) for c in root.containers()] == [(leftover, "created")]
+
+    plan = root.cli("plan", "--json")
+    assert [(a["kind"], a["container_id"]) for a in plan.data["actions"]] == [("leave", leftover), ("enter", None)]
+    assert "never started" in plan.data["actions"][0]["reason"]
+
+    res = apply_ok(root)
+    assert outcomes(res) == [("leave", lane, "ok"), ("enter", lane, "ok")], str(res)
+    (only,) = root.containers()
+    assert only["Id"] != leftover and only["State"] == "running"
+    assert only["Names"][0].lstrip("/") == root.cname(lane, *slots)
+    shm = root.shm_status()
+    assert [f["state"] for f in shm["files"]] == ["owned"] and len(root.shm_files()) == 1
