@@ -139,18 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", parents=[common], help="what is on each GPU slot, containers, shm, converged or not")
     p.set_defaults(func=cmd_status)
 
-    try:
-        from reconciler.cli_shm import add_commands as add_shm
-    except ImportError:  # pragma: no cover - only while the shm guard is not installed
-        add_shm = None
-    if add_shm is not None:
-        add_shm(sub, parents=[common])
-    try:
-        from reconciler.cli_apply import add_commands as add_apply
-    except ImportError:  # pragma: no cover
-        add_apply = None
-    if add_apply is not None:
-        add_apply(sub, parents=[common])
+    # Late imports: these modules import this one for its exit codes and JSON writer.
+    from reconciler.cli_apply import add_commands as add_apply
+    from reconciler.cli_shm import add_commands as add_shm
+
+    add_apply(sub, parents=[common])
+    add_shm(sub, parents=[common])
     return parser
 
 
