@@ -126,8 +126,7 @@ def status_json(view: ShmView) -> dict[str, Any]:
 
 def _emit_json(data: Any, out: TextIO | None = None) -> None:
     out = out or sys.stdout
-    json.dump(data, out, indent=2)
-    out.write("\n")
+    out.write(json.dumps(data, indent=2) + "\n")  # one write: json.dump writes piece by piece
 
 
 # ---------------------------------------------------------------- human output

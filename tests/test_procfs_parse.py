@@ -11,6 +11,7 @@ from reconciler.observe.procfs import (
     HolderScan,
     MapRecord,
     dev_token,
+    maps_on_dev,
     parse_maps,
     parse_maps_line,
 )
@@ -112,11 +113,28 @@ def test_minor_above_255_is_matched_exactly() -> None:
     assert parse_maps(CAPTURED, dev=os.makedev(0, 0x1A)) == []
 
 
+def test_hot_path_agrees_with_the_full_parse() -> None:
+    """maps_on_dev (what the scan runs) finds the same inodes, and the unlinked ones in full."""
+    for dev in (TMPFS, os.makedev(254, 0), os.makedev(0, 0x1A3), os.makedev(0, 1), os.makedev(0, 0), os.makedev(7, 7)):
+        full = parse_maps(CAPTURED, dev=dev)
+        inodes, unlinked = maps_on_dev(CAPTURED, dev)
+        assert inodes == {r.inode for r in full}, dev
+        assert unlinked == [r for r in full if r.deleted], dev
+    inodes, unlinked = maps_on_dev(CAPTURED, TMPFS)
+    assert inodes == {7, 8, 9, 10} and [r.path for r in unlinked] == ["/tmp/r1/shm/gone.mmap"]
+
+
+def test_hot_path_ignores_device_text_inside_paths() -> None:
+    text = (
+        b"7f7024336000-7f7024337000 r--p 00000000 fe:00 88     /data/odd 00:29 5 name.bin\n"
+        b"7f7024336000-7f7024337000 r--p 00000000 fe:00 89     /data/x 00:29 6 (deleted)\n"
+    )
+    assert maps_on_dev(text, TMPFS) == (set(), [])
+
+
 def test_holders_groups_by_inode_mappings_first() -> None:
     scan = HolderScan(dev=TMPFS)
-    rec = parse_maps_line(b"7f7024325000-7f7024327000 rw-s 00000000 00:29 7   /x/vllm_offload_x.mmap")
-    assert rec is not None
-    scan.maps = {100: [rec, rec], 200: [rec]}
+    scan.mapped = {100: {7}, 200: {7}}
     scan.fds = {100: [FdTarget(5, 7, 8192, 8192, 1), FdTarget(6, 7, 8192, 8192, 1)], 300: [FdTarget(3, 9, 0, 0, 1)]}
     assert scan.holders() == {7: [(100, "map"), (200, "map"), (100, "fd")], 9: [(300, "fd")]}
 

@@ -23,13 +23,14 @@ from __future__ import annotations
 import fnmatch
 import os
 import stat as st_mode
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from reconciler.observe.procfs import (
     HolderScan,
-    container_of_pid,
+    parse_cgroup_container_id,
     read_comm,
     scan_holders,
 )
@@ -130,26 +131,21 @@ def refusal(entry: DirEntry, dir_dev: int) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class Holder:
-    pid: int
-    via: str  # "map" | "fd"
-    container: str | None
-    command: str
-
-
 def build_view(
     cfg: ShmSettings,
     *,
     listing: DirListing,
-    holders: Mapping[int, Sequence[Holder]],
+    holders: Mapping[int, Sequence[Owner]],
     deleted: Sequence[ShmFile],
     unreadable: Mapping[int, tuple[str, str]],
     containers: Sequence[ContainerView],
     docker: Source,
     proc_error: str = "",
 ) -> ShmView:
-    """Pure: decide owned / orphan / blocked for each entry. ``unreadable`` is pid -> (command, reason)."""
+    """Pure: decide owned / orphan / blocked for each entry.
+
+    ``holders`` is inode -> the processes mapping or holding it; ``unreadable`` is pid -> (command, reason).
+    """
     ignored = set(cfg.ignore_uninspectable_pids)
     uninspectable = tuple(
         Uninspectable(pid=pid, command=cmd, reason=why, excused=pid in ignored)
@@ -192,7 +188,7 @@ def build_view(
         if why is not None:
             skipped.append((path, why))
             continue
-        owners = tuple(Owner(pid=h.pid, via=h.via, container=h.container, command=h.command) for h in holders.get(e.inode, ()))
+        owners = tuple(holders.get(e.inode, ()))
         if owners:
             state, reason = "owned", describe_owners(owners)
         else:
@@ -255,10 +251,7 @@ def inspect_shm(
         )
     names = {c.id: c.name for c in containers}
     resolve = _Resolver(proc_root, names)
-    holders = {
-        ino: [Holder(pid, via, resolve.container(pid), resolve.command(pid)) for pid, via in pairs]
-        for ino, pairs in scan.holders().items()
-    }
+    holders = {ino: [resolve.owner(pid, via) for pid, via in pairs] for ino, pairs in scan.holders().items()}
     live = {e.inode for e in listing.entries}
     deleted = _deleted_files(scan, live, holders, proc_root)
     unreadable = {pid: (resolve.command(pid), why) for pid, why in scan.unreadable.items()}
@@ -274,29 +267,59 @@ def inspect_shm(
 
 
 class _Resolver:
-    """pid -> container name and command, each read once per inspection (only for the few pids that matter)."""
+    """pid -> container name and command, read once per pid per inspection (only for pids that hold a file)."""
 
     def __init__(self, proc_root: str, names: Mapping[str, str]):
         self.proc_root = proc_root
         self.names = names
+        self._owners: dict[tuple[int, str], Owner] = {}
         self._containers: dict[int, str | None] = {}
         self._commands: dict[int, str] = {}
+        self._by_cgroup: dict[bytes | None, str | None] = {}
+
+    def owner(self, pid: int, via: str) -> Owner:
+        key = (pid, via)
+        o = self._owners.get(key)
+        if o is None:
+            o = self._owners[key] = Owner(pid=pid, via=via, container=self.container(pid), command=self.command(pid))
+        return o
 
     def container(self, pid: int) -> str | None:
         if pid not in self._containers:
-            cid = container_of_pid(pid, self.proc_root)
+            text = _read_small(f"{self.proc_root}/{pid}/cgroup")
+            if text not in self._by_cgroup:  # the processes of one container share their cgroup text
+                self._by_cgroup[text] = parse_cgroup_container_id(text.decode("utf-8", "replace")) if text else None
+            cid = self._by_cgroup[text]
             # A container the engine did not list (or an engine that did not answer): its short id.
             self._containers[pid] = None if cid is None else self.names.get(cid, cid[:12])
         return self._containers[pid]
 
     def command(self, pid: int) -> str:
         if pid not in self._commands:
-            self._commands[pid] = read_comm(pid, self.proc_root)
+            raw = _read_small(f"{self.proc_root}/{pid}/cmdline")
+            if raw:
+                self._commands[pid] = raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")[:200]
+            else:
+                self._commands[pid] = read_comm(pid, self.proc_root)  # a kernel thread or a zombie: [comm]
         return self._commands[pid]
 
 
+def _read_small(path: str) -> bytes | None:
+    # os-level calls: this runs once per holding pid, thousands of times on a busy host.
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 8192)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def _deleted_files(
-    scan: HolderScan, live: set[int], holders: Mapping[int, Sequence[Holder]], proc_root: str
+    scan: HolderScan, live: set[int], holders: Mapping[int, Sequence[Owner]], proc_root: str
 ) -> list[ShmFile]:
     """Files on the tmpfs that are unlinked but still mapped or open: owned bytes with no path.
 
@@ -304,9 +327,9 @@ def _deleted_files(
     else from the mapping's extent (allocation then unknown, counted as 0).
     """
     found: dict[int, dict[str, object]] = {}
-    for pid, recs in scan.maps.items():
+    for pid, recs in scan.unlinked_maps.items():
         for r in recs:
-            if r.deleted and r.inode not in live and r.inode not in found:
+            if r.inode not in live and r.inode not in found:
                 found[r.inode] = {"path": r.path + " (deleted)", "size": r.offset + r.length, "alloc": None}
                 try:
                     s = os.stat(f"{proc_root}/{pid}/map_files/{r.start:x}-{r.end:x}")
@@ -325,7 +348,7 @@ def _deleted_files(
                         entry["path"] = "(deleted)"
     out = []
     for ino, e in sorted(found.items()):
-        owners = tuple(Owner(h.pid, h.via, h.container, h.command) for h in holders.get(ino, ()))
+        owners = tuple(holders.get(ino, ()))
         alloc = e["alloc"]
         out.append(
             ShmFile(
@@ -340,3 +363,46 @@ def _deleted_files(
             )
         )
     return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m reconciler.observe.shm --dir D``: one inspection without a host file, as JSON.
+
+    For benchmarks and debugging on a host without configs: Docker is consulted only with ``--docker-url``
+    (otherwise its source reads "not consulted" and unowned files are ``blocked``). Exit 0 when both sources
+    answered, else 1, like ``reconciler shm status``.
+    """
+    import argparse
+    import json
+
+    from reconciler.observe.docker_obs import DockerObserver
+
+    ap = argparse.ArgumentParser(prog="python -m reconciler.observe.shm", description=main.__doc__)
+    ap.add_argument("--dir", required=True, help="the shm dir to inspect")
+    ap.add_argument("--pattern", default="vllm_offload_*.mmap")
+    ap.add_argument("--ignore-pid", type=int, action="append", default=[], help="excuse an uninspectable pid")
+    ap.add_argument("--docker-url", default=None)
+    ap.add_argument("--workers", type=int, default=None, help="processes sharing the /proc scan (default: by CPUs)")
+    args = ap.parse_args(argv)
+
+    @dataclass
+    class _Cfg:
+        dir: str
+        pattern: str
+        ignore_uninspectable_pids: list[int]
+
+    cfg = _Cfg(args.dir.rstrip("/") or "/", args.pattern, list(args.ignore_pid))
+    if args.docker_url:
+        containers, docker = DockerObserver(args.docker_url).observe()
+    else:
+        containers, docker = (), Source("docker", False, "not consulted (no --docker-url)")
+    view = inspect_shm(cfg, containers=containers, docker=docker, workers=args.workers)
+    from reconciler.cli_shm import status_json
+
+    # json.dumps without indent runs the C encoder in one go; json.dump would write piece by piece.
+    sys.stdout.write(json.dumps(status_json(view)) + "\n")
+    return 0 if view.sources_ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
