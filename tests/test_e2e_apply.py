@@ -284,9 +284,9 @@ def image(docker_api: Any) -> str:
     return IMAGE
 
 
-def foreign_offload_containers(api: Any) -> list[str]:
+def offload_containers(api: Any) -> list[str]:
     """Running containers with vLLM offload flags or our offload label, of any host: while one runs, the shm guard
-    refuses every reclaim on this engine (DESIGN.md safety rule 2), so the reclaim scenarios cannot pass."""
+    refuses every reclaim on this engine (DESIGN.md safety rule 2)."""
     found = []
     for c in api.containers(filters={"status": "running"}):
         labels = c.get("Labels") or {}
@@ -295,16 +295,23 @@ def foreign_offload_containers(api: Any) -> list[str]:
     return found
 
 
+def wait_for_no_offload_container(api: Any, *, timeout: float = 90) -> None:
+    """The scenarios that reclaim need an engine where no other offload container runs (another test's, the
+    demo's): wait for them to end, then fail saying which ones are in the way."""
+    deadline = time.monotonic() + timeout
+    while busy := offload_containers(api):
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"native-offload container(s) {', '.join(busy)} run on this engine, and the shm guard refuses every "
+                "reclaim while one runs. Stop them (the demo: reconciler apply with an empty manifest) and rerun"
+            )
+        time.sleep(0.5)
+
+
 @pytest.fixture
 def root(
     tmp_path: Path, tmpfs_dir: Path, docker_api: Any, image: str, request: pytest.FixtureRequest
 ) -> Iterator[Root]:
-    busy = foreign_offload_containers(docker_api)
-    if busy:
-        pytest.fail(
-            f"native-offload container(s) {', '.join(busy)} already run on this engine: the shm guard refuses every "
-            "reclaim while one runs. Stop them (e.g. the demo: reconciler apply with an empty manifest) and rerun"
-        )
     tag = uuid.uuid4().hex[:6]
     test = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:24]
     host = f"e2e-{test}-{tag}"
@@ -407,6 +414,7 @@ def _to_exclusive(root: Root) -> tuple[str, str, str]:
 
 
 def test_2_switch_to_the_exclusive_tp2_offload_lane(root: Root) -> None:
+    wait_for_no_offload_container(root.api)
     _omni, _lane, lane_name = _to_exclusive(root)
     assert set(root.running()) == {lane_name}
     st = root.status()
@@ -468,6 +476,7 @@ def test_3_back_to_split_leaves_nothing_behind(root: Root) -> None:
 
 
 def test_4_orphans_fill_the_tmpfs_errno_14_without_reclaim_and_apply_reclaims_then_enters(root: Root) -> None:
+    wait_for_no_offload_container(root.api)
     lane = root.recipe("deepseek-256k-offload", offload_mib=24)
     root.manifest((lane, ["dark-compute-a", "dark-compute-b"]))
     # Two crashed starts' worth of buffers nobody maps any more: 48 of the 64 MiB, every page allocated.
@@ -514,6 +523,7 @@ def test_4_orphans_fill_the_tmpfs_errno_14_without_reclaim_and_apply_reclaims_th
 
 
 def test_5_crash_on_start_keeps_the_container_reclaims_its_shm_frees_the_slot(root: Root) -> None:
+    wait_for_no_offload_container(root.api)
     omni = root.recipe("omni")
     crashy = root.recipe("deepseek-256k-offload", offload_mib=16, mode="crash-after=0")
     # TP=2 recipe on one slot is refused by the loader; make the crashing lane single-slot.
