@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -26,10 +27,13 @@ from reconciler.backoff import Backoff
 from reconciler.errors import ConfigError
 from reconciler.loader import load_desired
 from reconciler.lock import HostLock, state_path
-from reconciler.model import DesiredState, container_name
+from reconciler.model import DesiredState, assignment_key, container_name
 from reconciler.observe.docker_obs import DockerObserver
 from reconciler.planner import ActionKind, Plan
+from reconciler.planner import plan as make_plan
 
+# The planner's reason for the leave of a container that stopped by itself ("NAME is exited with code 137").
+_CRASHED = re.compile(r"\bexited with code (-?\d+)")
 # How an apply pass maps to the pass results exported as metrics.
 _PASS_RESULT = {"converged": "converged", "held": "blocked", "blocked": "blocked", "failed": "failed"}
 
@@ -43,7 +47,8 @@ class Log:
         self._lock = threading.Lock()
 
     def __call__(self, event: str, **fields: Any) -> None:
-        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z"
+        now = time.time()  # one reading: seconds and milliseconds of the same instant
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
         if self.fmt == "json":
             line = json.dumps({"ts": ts, "event": event, **fields}, default=str)
         else:
@@ -111,6 +116,8 @@ class Loop:
         self.last_pass: dict[str, Any] = {}
         self.passes = 0
         self._http: ThreadingHTTPServer | None = None
+        self._crashed: set[str] = set()  # ids of crashed containers already counted in the backoff
+        self._held: set[str] = set()  # assignments whose enter the last pass held: wake when their backoff ends
 
     # ------------------------------------------------------------ lifecycle
 
@@ -158,7 +165,12 @@ class Loop:
     def _wait(self) -> None:
         """Sleep until a trigger, the resync timer or the next backoff expiry; debounce file events."""
         timeout = self.resync_s
-        nxt = min((e.until for e in self.backoff.entries.values() if e.until > time.time()), default=None)
+        now = time.time()
+        pending = [e.until for e in self.backoff.entries.values() if e.until > now]
+        # An enter the last pass held whose backoff ran out while that pass was still running: try it now, not
+        # at the next resync.
+        pending += [now for k in self._held if (e := self.backoff.entries.get(k)) is not None and e.until <= now]
+        nxt = min(pending, default=None)
         if nxt is not None:
             timeout = min(timeout, max(0.05, nxt - time.time() + 0.05))
         if not self.triggers.wake.wait(timeout):
@@ -194,6 +206,7 @@ class Loop:
 
     def cycle(self, reasons: set[str]) -> PassResult | None:
         t0 = time.monotonic()
+        self._held = set()
         desired = self._load()
         if desired is None:
             self.metrics.record_pass("error", time.monotonic() - t0)
@@ -205,6 +218,10 @@ class Loop:
                           on_outcome=self._on_outcome)
         try:
             observed, plan = applier.plan_now()
+            if self._count_crashes(desired, plan):
+                # Counted before its leave runs, so the re-enter planned in this very pass waits for its backoff.
+                applier.hold = self.backoff.holds()
+                plan = make_plan(desired, observed, hold=applier.hold)
         except Exception as exc:  # noqa: BLE001 - the loop must survive anything one pass throws
             self.log("pass-error", error=f"{type(exc).__name__}: {exc}")
             self.metrics.record_pass("error", time.monotonic() - t0)
@@ -220,6 +237,7 @@ class Loop:
             self.metrics.observe_state(after, final)
         else:
             result = applier.converge(start=(observed, plan))  # no actions: classifies only, changes nothing
+        self._held = {assignment_key(h.recipe, h.gpus) for h in result.final.held}
         kind = "error" if result.result in ("error", "interrupted") else _PASS_RESULT[result.result]
         if kind == "converged" and result.outcomes:
             kind = "changed"
@@ -245,14 +263,30 @@ class Loop:
             e = self.backoff.failed(a.key, recipe=a.recipe, recipe_hash=a.recipe_hash or "", error=o.detail)
             self.metrics.set_backoff(a.recipe, e.until, failures=e.failures)
             self.log("backoff", assignment=a.key, failures=e.failures, until=round(e.until, 1))
-        elif a.kind is ActionKind.LEAVE and a.recipe and o.result == "ok" and "exited with code" in a.reason \
-                and " code 0" not in a.reason:
-            # It crashed after it was up: count it, so a container that keeps dying is brought back ever slower.
-            key = f"{a.recipe}@{'+'.join(a.gpus)}"
-            if self.desired and any(d.key == key for d in self.desired.assignments):
-                e = self.backoff.failed(key, recipe=a.recipe, recipe_hash=a.recipe_hash or "", error=a.reason)
-                self.metrics.set_backoff(a.recipe, e.until, failures=e.failures)
-                self.log("backoff", assignment=key, failures=e.failures, until=round(e.until, 1))
+
+    def _count_crashes(self, desired: DesiredState, plan: Plan) -> bool:
+        """A container of a desired assignment that exited non-zero after it was up counts as a failed enter,
+        so a container that keeps dying is brought back ever slower. Each container is counted once, however
+        many passes plan its leave. True when a new failure was counted."""
+        wanted = {d.key for d in desired.assignments}
+        planned: set[str] = set()
+        counted = False
+        for a in plan.actions:
+            m = _CRASHED.search(a.reason) if a.kind is ActionKind.LEAVE else None
+            if m is None or int(m.group(1)) == 0 or not a.recipe or not a.container_id:
+                continue
+            key = assignment_key(a.recipe, a.gpus)
+            if key not in wanted:
+                continue
+            planned.add(a.container_id)
+            if a.container_id in self._crashed:
+                continue
+            e = self.backoff.failed(key, recipe=a.recipe, recipe_hash=a.recipe_hash or "", error=a.reason)
+            self.metrics.set_backoff(a.recipe, e.until, failures=e.failures)
+            self.log("backoff", assignment=key, failures=e.failures, until=round(e.until, 1), reason=a.reason)
+            counted = True
+        self._crashed = planned  # only containers still waiting for their leave: bounded
+        return counted
 
     def _settle(self, desired: DesiredState, plan: Plan) -> None:
         """An assignment that has run since its backoff expired long enough leaves backoff for good."""
