@@ -118,6 +118,7 @@ class Applier:
         cancel: threading.Event | None = None,
         hold: Mapping[str, str] | None = None,
         on_outcome: Callable[[Outcome], None] | None = None,
+        on_reclaim: Callable[[Any], None] | None = None,
         poll_s: float = 0.2,
     ):
         self.desired = desired
@@ -127,6 +128,8 @@ class Applier:
         self.cancel = cancel or threading.Event()
         self.hold = dict(hold or {})
         self.on_outcome = on_outcome
+        # Sees every guarded reclaim's ReclaimResult (the loop counts the files it kept as refusals).
+        self.on_reclaim = on_reclaim
         self.poll_s = poll_s
 
     # ------------------------------------------------------------ observe + plan
@@ -224,7 +227,10 @@ class Applier:
     def _guarded_reclaim(self, *, only_paths: list[str] | None = None) -> Any:
         from reconciler.shm_guard import reclaim
 
-        return reclaim(self.desired.host.shm, observe_docker=self.observer.observe, confirm=True, only_paths=only_paths)
+        res = reclaim(self.desired.host.shm, observe_docker=self.observer.observe, confirm=True, only_paths=only_paths)
+        if self.on_reclaim:
+            self.on_reclaim(res)
+        return res
 
     def reclaim(self, action: Action) -> tuple[str, int]:
         self.progress.phase(action, "two inspections", timeout=self.desired.host.shm.confirm_interval_s)

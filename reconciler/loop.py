@@ -215,7 +215,7 @@ class Loop:
             self.log("backoff-reset", assignment=key, reason="recipe or assignment edited")
             self.metrics.set_backoff(key.split("@")[0], None)
         applier = Applier(desired, observer=self.observer, cancel=self.cancel, hold=self.backoff.holds(),
-                          on_outcome=self._on_outcome)
+                          on_outcome=self._on_outcome, on_reclaim=self._on_reclaim)
         try:
             observed, plan = applier.plan_now()
             if self._count_crashes(desired, plan):
@@ -238,6 +238,8 @@ class Loop:
         else:
             result = applier.converge(start=(observed, plan))  # no actions: classifies only, changes nothing
         self._held = {assignment_key(h.recipe, h.gpus) for h in result.final.held}
+        for reason in pass_refusals(result):
+            self.metrics.record_refusal(reason)
         kind = "error" if result.result in ("error", "interrupted") else _PASS_RESULT[result.result]
         if kind == "converged" and result.outcomes:
             kind = "changed"
@@ -287,6 +289,12 @@ class Loop:
             counted = True
         self._crashed = planned  # only containers still waiting for their leave: bounded
         return counted
+
+    def _on_reclaim(self, res: Any) -> None:
+        for reason in reclaim_refusals(res):
+            self.metrics.record_refusal(reason)
+            self.log("refusal", reason=reason, refused=res.refused or "-",
+                     kept=";".join(f"{k.path}: {k.reason}" for k in res.kept if k.state != "owned") or "-")
 
     def _settle(self, desired: DesiredState, plan: Plan) -> None:
         """An assignment that has run since its backoff expired long enough leaves backoff for good."""
@@ -388,3 +396,56 @@ class Loop:
         self._http.daemon_threads = True
         threading.Thread(target=self._http.serve_forever, name="metrics-http", daemon=True).start()
         self.log("metrics", addr=f"http://{host or '127.0.0.1'}:{self._http.server_address[1]}/metrics")
+
+
+# ---------------------------------------------------------------- refusals (reconciler_refusals_total)
+
+
+def pass_refusals(result: PassResult) -> list[str]:
+    """The refusal reasons of one pass, each counted once: a blocked plan or a source that was unavailable.
+
+    Pure. A blocker's ``holder`` says what stands in the way: ``tmpfs`` (no room for the offload file), a
+    container name or ``pid N`` (something not ours holds the GPU), or nothing (a source could not vouch for
+    the slot or the offload files: GPU telemetry down, a GPU not found, /proc unreadable).
+    """
+    if result.result == "error" and result.final.unavailable:
+        return ["source_unavailable"]
+    if result.result != "blocked":
+        return []
+    found = set()
+    for b in result.final.blockers:
+        found.add("tmpfs_room" if b.holder == "tmpfs" else "gpu_held" if b.holder else "source_unavailable")
+    return sorted(found)
+
+
+def reclaim_refusals(res: Any) -> list[str]:
+    """The refusal reasons of one guarded reclaim (a ``reconciler.shm_guard.ReclaimResult``), each counted once.
+
+    Pure. A whole reclaim refused names its cause in ``refused``; a file kept out of the reclaim is a refusal
+    when it was a candidate of the first inspection (it changed or gained an owner before its unlink), when it
+    turned orphan only at the second inspection, or when it is a pattern match that is no plain file. Files
+    owned all along, and orphans the reclaim was not asked for, are not refusals.
+    """
+    found = set()
+    refused = res.refused or ""
+    if refused.startswith("running container(s) with native offload"):
+        found.add("offload_container_running")
+    elif refused.startswith("proc ") and "cannot be inspected" in refused:
+        found.add("uninspectable_process")
+    elif refused:
+        found.add("source_unavailable")
+    candidates = {f.path for f in res.candidates}
+    removed = {f.path for f in res.reclaimed}
+    for k in res.kept:
+        if k.state == "skipped":
+            found.add("invalid_entry")
+        elif k.path in candidates and k.path not in removed and not refused:
+            if k.state == "gone":
+                continue  # removed by someone else meanwhile: nothing was refused
+            if k.state in ("owned", "blocked") or "just before removal" in k.reason:
+                found.add("file_owned")
+            else:
+                found.add("inspections_disagree")
+        elif k.state == "orphan" and k.reason.startswith("appeared or became unowned"):
+            found.add("inspections_disagree")
+    return sorted(found)
