@@ -157,6 +157,9 @@ def _owners(f: ShmFile) -> str:
     return ", ".join(parts) or "-"
 
 
+_STATE_STYLE = {"owned": "green", "orphan": "yellow", "blocked": "red"}
+
+
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, tty: bool) -> str:
     if not rows:
         return ""
@@ -165,10 +168,12 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, tty: bool) 
 
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
 
         t = Table(*headers, box=None, pad_edge=False, header_style="bold")
         for r in rows:
-            t.add_row(*r)
+            # Text, not str: a path like "vllm_offload_[1].mmap" must not be read as rich markup.
+            t.add_row(*(Text(c, style=_STATE_STYLE.get(c, "")) for c in r))
         buf = StringIO()
         Console(file=buf, force_terminal=True, width=200).print(t)
         return buf.getvalue()

@@ -626,9 +626,24 @@ def test_parallel_scan_gives_the_same_answer(shm: Path, holders: Holders) -> Non
     dev = os.stat(shm).st_dev
     one = scan_holders(dev, workers=1)
     three = scan_holders(dev, workers=3)
+    assert (three.workers, three.worker_failures) == (3, 0), "both child interpreters answered"
     assert one.holders() == three.holders() and len(one.holders()) == 2
     assert one.unreadable == three.unreadable
     assert abs(one.pids_scanned - three.pids_scanned) < 10  # other processes may come and go meanwhile
+
+
+def test_failed_scan_workers_change_nothing(shm: Path, holders: Holders, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that cannot start or dies has its share scanned in-process: same answer, failure counted."""
+    from reconciler.observe.procfs import scan_holders
+
+    make_file(shm / "vllm_offload_0.mmap", 64 * 1024)
+    p = holders.start("map", shm / "vllm_offload_0.mmap")
+    dev = os.stat(shm).st_dev
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # starts, answers nothing, exits 1
+    scan = scan_holders(dev, workers=3)
+    assert (scan.workers, scan.worker_failures) == (3, 2)
+    assert [(p.pid, "map")] == [h for hs in scan.holders().values() for h in hs if h[0] == p.pid]
+    assert scan.unreadable.keys() == {1}
 
 
 # ---------------------------------------------------------------- the field report's failure, reproduced

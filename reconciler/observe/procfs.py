@@ -248,6 +248,8 @@ class HolderScan:
     # pid -> why its maps or fds could not be read (not because it exited): the scan is incomplete for it.
     unreadable: dict[int, str] = field(default_factory=dict)
     elapsed_s: float = 0.0
+    workers: int = 1  # processes that shared the scan, this one included
+    worker_failures: int = 0  # workers whose share was scanned here instead (no answer, or a bad one)
 
     def holders(self) -> dict[int, list[tuple[int, str]]]:
         """inode -> [(pid, "map"|"fd")], each pid once per way, mappings first."""
@@ -354,10 +356,11 @@ def scan_holders(dev: int, *, proc_root: str = "/proc", workers: int | None = No
     n = default_workers(len(names)) if workers is None else max(1, min(workers, len(names) or 1))
     shards = [names[i::n] for i in range(n)]
     children = [_start_worker(dev, proc_root, shard) for shard in shards[1:]]
-    scan = HolderScan(dev=dev)
+    scan = HolderScan(dev=dev, workers=n)
     _scan_names(shards[0], dev, proc_root, scan)
     for shard, child in zip(shards[1:], children):
         if child is None or not _collect_worker(child, scan):
+            scan.worker_failures += 1
             _scan_names(shard, dev, proc_root, scan)
     scan.elapsed_s = time.perf_counter() - t0
     return scan
