@@ -321,20 +321,18 @@ MAX_WORKERS = 4
 
 
 def default_workers(n_pids: int) -> int:
-    """How many processes share a scan: one per idle CPU, at most MAX_WORKERS, one per PARALLEL_MIN_PIDS pids.
+    """How many processes share a scan: one per usable CPU, at most MAX_WORKERS, one per PARALLEL_MIN_PIDS pids.
 
-    Idle means usable CPUs minus the 1-minute load average: on a saturated machine more processes only
-    queue behind each other (measured: slower than one), on an idle one they split the kernel's work.
+    Measured on 2 CPUs with 2,000 busy processes: 0.36 s with two against 0.57 s with one when a CPU is
+    free, and about 10% slower than one when other work saturates both. The load average is no guide to
+    which case holds (it counts tasks waiting on I/O), so the CPU count decides; serving hosts have many,
+    mostly idle while the GPUs work.
     """
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
-    try:
-        idle = int(cpus - os.getloadavg()[0] + 0.5)
-    except OSError:
-        idle = 1
-    return max(1, min(idle, MAX_WORKERS, n_pids // PARALLEL_MIN_PIDS))
+    return max(1, min(cpus, MAX_WORKERS, n_pids // PARALLEL_MIN_PIDS))
 
 
 def scan_holders(dev: int, *, proc_root: str = "/proc", workers: int | None = None) -> HolderScan:
