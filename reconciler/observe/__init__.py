@@ -2,18 +2,25 @@
 
 Called by ``plan``, ``status``, ``apply`` (before and after each action) and the loop. Each source that fails
 is recorded as unavailable in the result instead of raising, so callers can fail closed and say which one.
+The submodules are imported inside ``observe`` so that importing one observer (``python -m
+reconciler.observe.shm``, say) does not pay for pydantic, the Docker SDK and NVML.
 """
 
 from __future__ import annotations
 
-from reconciler.model import HostConfig
-from reconciler.observe.docker_obs import DockerObserver
-from reconciler.observe.gpu import observe_gpus
-from reconciler.observed import Observed
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from reconciler.model import HostConfig
+    from reconciler.observe.docker_obs import DockerObserver
+    from reconciler.observed import Observed
 
 
 def observe(host: HostConfig, *, docker: DockerObserver | None = None, proc_root: str = "/proc") -> Observed:
+    from reconciler.observe.docker_obs import DockerObserver
+    from reconciler.observe.gpu import observe_gpus
     from reconciler.observe.shm import inspect_shm
+    from reconciler.observed import Observed
 
     docker = docker or DockerObserver(host.docker.url)
     containers, docker_source = docker.observe()
