@@ -88,7 +88,8 @@ def make_files(shm_dir: str) -> list[subprocess.Popen[bytes]]:
     holders = []
     code = (
         "import mmap,sys,time\n"
-        "ms=[mmap.mmap(open(p,'r+b').fileno(),0) for p in sys.argv[1:]]\n"
+        "fs=[open(p,'r+b') for p in sys.argv[1:]]\n"
+        "ms=[mmap.mmap(f.fileno(),0) for f in fs]\n"
         "print('ok',flush=True); time.sleep(3600)\n"
     )
     for i in range(10):
@@ -133,7 +134,7 @@ def main() -> int:
     args = ap.parse_args()
     os.chdir(REPO)
     shm_dir = tempfile.mkdtemp(prefix="reconciler-bench-shm-")
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", shm_dir], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512m", "tmpfs", shm_dir], check=True)
     holders: list[subprocess.Popen[bytes]] = []
     root = None
     try:
