@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import signal
 import sys
@@ -152,15 +153,26 @@ class Loop:
         return 0
 
     def _install_signals(self) -> None:
-        def stop(signum: int, _f: Any) -> None:
-            self.log("signal", signal=signal.Signals(signum).name, action="finish or abandon the current action safely")
-            self.stop.set()
-            self.cancel.set()
-            self.triggers.wake.set()
+        # A handler runs in the main thread between two bytecodes, possibly while that thread holds the log's or
+        # the triggers' lock: taking either lock in the handler would deadlock the loop. The handler only queues
+        # the signal (SimpleQueue.put is reentrant); a relay thread acts on it.
+        received: queue.SimpleQueue[int] = queue.SimpleQueue()
 
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
-        signal.signal(signal.SIGHUP, lambda *_: self.triggers.fire("sighup"))
+        def relay() -> None:
+            while True:
+                signum = received.get()
+                if signum == signal.SIGHUP:
+                    self.triggers.fire("sighup")
+                    continue
+                self.log("signal", signal=signal.Signals(signum).name,
+                         action="finish or abandon the current action safely")
+                self.stop.set()
+                self.cancel.set()
+                self.triggers.wake.set()
+
+        threading.Thread(target=relay, name="signals", daemon=True).start()
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, lambda n, _f: received.put(n))
 
     def _wait(self) -> None:
         """Sleep until a trigger, the resync timer or the next backoff expiry; debounce file events."""
