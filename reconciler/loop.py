@@ -35,6 +35,8 @@ from reconciler.planner import plan as make_plan
 
 # The planner's reason for the leave of a container that stopped by itself ("NAME is exited with code 137").
 _CRASHED = re.compile(r"\bexited with code (-?\d+)")
+# How long after a container's "die" event the loop looks again (the engine's list lags behind the event).
+_DIE_SETTLE_S = 1.0
 # How an apply pass maps to the pass results exported as metrics.
 _PASS_RESULT = {"converged": "converged", "held": "blocked", "blocked": "blocked", "failed": "failed"}
 
@@ -365,7 +367,15 @@ class Loop:
                 for ev in stream:
                     if self.stop.is_set():
                         return
-                    self.triggers.fire(f"docker-{ev.get('status') or ev.get('Action')}")
+                    action = ev.get("status") or ev.get("Action")
+                    self.triggers.fire(f"docker-{action}")
+                    if action == "die":
+                        # The engine sends "die" before its container list shows the container stopped (~50 ms
+                        # on docker 20.10), so the pass this wakes may still see it running, and then nothing
+                        # would look again until the resync. Look again once the engine has caught up.
+                        later = threading.Timer(_DIE_SETTLE_S, self.triggers.fire, args=("docker-die-settled",))
+                        later.daemon = True
+                        later.start()
             except Exception as exc:  # noqa: BLE001 - the engine went away: retry, and the resync timer still runs
                 if not self.stop.is_set():
                     self.log("docker-events-lost", error=str(exc)[:200], retry_in_s=delay)
