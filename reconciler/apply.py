@@ -235,13 +235,13 @@ class Applier:
     def reclaim(self, action: Action) -> tuple[str, int]:
         self.progress.phase(action, "two inspections", timeout=self.desired.host.shm.confirm_interval_s)
         res = self._guarded_reclaim(only_paths=list(action.paths))
-        data = res.to_json()
-        if not data.get("verified", False) and data.get("reclaimed"):
-            raise ActionFailed(f"reclaim could not verify the files are gone: {data}")
-        if not data.get("reclaimed") and data.get("kept"):
-            kept = "; ".join(f"{k['path']}: {k['reason']}" for k in data["kept"])
-            raise ActionFailed(f"reclaim refused: {kept}")
-        return f"reclaimed {len(data['reclaimed'])} file(s), {data['reclaimed_bytes']} bytes", int(data["reclaimed_bytes"])
+        if res.refused:
+            raise ActionFailed(f"reclaim refused: {res.refused}")
+        if res.reclaimed and not res.verified:
+            raise ActionFailed(f"reclaim could not verify that {len(res.reclaimed)} removed file(s) are gone")
+        if not res.reclaimed and res.kept:
+            raise ActionFailed("reclaim kept every file: " + "; ".join(f"{k.path}: {k.reason}" for k in res.kept))
+        return f"reclaimed {len(res.reclaimed)} file(s), {res.reclaimed_bytes} bytes", int(res.reclaimed_bytes)
 
     # ------------------------------------------------------------ enter
 
@@ -261,8 +261,7 @@ class Applier:
         if need and observed.shm.tmpfs.free_bytes < need:
             if observed.shm.by_state("orphan"):
                 self.progress.phase(action, "reclaiming orphan offload files")
-                res = self._guarded_reclaim()
-                freed = int(res.to_json().get("reclaimed_bytes", 0))
+                freed = int(self._guarded_reclaim().reclaimed_bytes)
                 observed = self.observe()
             if observed.shm.tmpfs.free_bytes < need:
                 raise ActionFailed(
@@ -346,9 +345,10 @@ class Applier:
         kept = self.ops.preserve(cid, action.container or cid[:12])
         freed_note = ""
         res = self._guarded_reclaim()
-        data = res.to_json()
-        if data.get("reclaimed_bytes"):
-            freed_note = f"; reclaimed {data['reclaimed_bytes']} bytes of its offload file"
+        if res.reclaimed_bytes:
+            freed_note = f"; reclaimed {res.reclaimed_bytes} bytes of its offload file"
+        elif res.refused:
+            freed_note = f"; its offload file was not reclaimed: {res.refused}"
         observed = self.observe()
         still = [c.name for c in observed.containers if c.id == cid and c.active]
         cause = _cause_from_logs(logs) or exc.cause
@@ -383,8 +383,7 @@ class Applier:
         freed = 0
         if action.offload or its_files or c.offload:
             self.progress.phase(action, "reclaiming its offload files")
-            data = self._guarded_reclaim().to_json()
-            freed = int(data.get("reclaimed_bytes", 0))
+            freed = int(self._guarded_reclaim().reclaimed_bytes)
         # Postcondition: not running, its slots free of every container, none of its offload files left.
         after = self.observe()
         if any(x.id == cid and x.active for x in after.containers):
