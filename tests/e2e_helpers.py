@@ -1,0 +1,301 @@
+"""Per-test reconciler roots for the end-to-end tests that drive the real command line against the real engine.
+
+Used by tests/test_loop.py (``reconciler run``) and the benchmark tests/bench/bench_loop.py; other end-to-end
+tests may take it too. ``make_root`` copies the demo's configs (examples/demo/) into a directory of the test's
+own and adjusts them so the test cannot disturb anything else on the machine, not even a second pytest run at
+the same time:
+
+- a host name of its own (every container the tool creates carries ``io.reconciler.host=<host>``, which is
+  what ``Root.cleanup`` removes);
+- GPU slot indexes drawn at random far from the demo's 0/1 (with ``gpu_telemetry: none`` a slot is only an id
+  that containers claim through ``NVIDIA_VISIBLE_DEVICES``, so two roots must never share one);
+- ``shm.dir`` on a tmpfs of its own, bind-mounted into the containers at the same path (``ipc = "host"``
+  only shares /dev/shm) and passed to fake-vllm as ``--shm-dir``;
+- free host ports for each recipe's health endpoint (``network = "host"``);
+- recipe names with a per-root tag, since container names are engine-wide;
+- a lock dir of its own through ``RECONCILER_LOCK_DIR`` in ``Root.env``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = REPO / "examples" / "demo"
+BUILD = REPO / "examples" / "fake-vllm" / "build.sh"
+IMAGE = "reconciler/fake-vllm:latest"
+LABEL_HOST = "io.reconciler.host"
+
+
+# ---------------------------------------------------------------- small helpers
+
+
+def wait_until(predicate: Callable[[], Any], *, timeout: float, what: str, every: float = 0.05) -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned) or ``timeout`` seconds pass (fails)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(every)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(url: str, *, timeout: float = 2.0) -> tuple[int, bytes]:
+    """(status, body); status 0 when nothing answered."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return int(resp.status), resp.read()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read()
+    except (urllib.error.URLError, OSError):
+        return 0, b""
+
+
+def set_flag(cmd: list[str], flag: str, value: str) -> list[str]:
+    """``cmd`` with ``flag``'s value replaced, or the flag appended when it is absent."""
+    out = list(cmd)
+    if flag in out:
+        out[out.index(flag) + 1] = value
+    else:
+        out += [flag, value]
+    return out
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string is a valid TOML basic string
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    raise TypeError(f"no TOML for {type(v).__name__}")
+
+
+def dump_recipe(data: dict[str, Any]) -> str:
+    """TOML for a recipe dict (top-level keys, then one table per section): the subset recipes use."""
+    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    for section, table in data.items():
+        if isinstance(table, dict):
+            lines.append(f"\n[{section}]")
+            lines += [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in table.items()]
+    return "\n".join(lines) + "\n"
+
+
+def build_image() -> str:
+    """Build fake-vllm's image if it is not up to date (a no-op in a second when it is); return its name."""
+    proc = subprocess.run(["sh", str(BUILD)], capture_output=True, text=True, timeout=180, check=False)
+    if proc.returncode != 0:
+        raise AssertionError(f"{BUILD} failed: {proc.stdout}{proc.stderr}")
+    return IMAGE
+
+
+@dataclass
+class CliResult:
+    args: tuple[str, ...]
+    rc: int
+    stdout: str
+    stderr: str
+
+    @property
+    def data(self) -> Any:
+        try:
+            return json.loads(self.stdout)
+        except ValueError as exc:
+            raise AssertionError(f"{self} did not print JSON: {exc}") from None
+
+    def __str__(self) -> str:
+        return f"reconciler {' '.join(self.args)} -> {self.rc}\nstdout:\n{self.stdout}\nstderr:\n{self.stderr}"
+
+
+# ---------------------------------------------------------------- the per-test root
+
+
+@dataclass
+class Root:
+    """A reconciler root of one test, and what the test needs to drive and inspect it."""
+
+    path: Path
+    host: str
+    tag: str
+    shm: Path
+    api: Any  # docker.APIClient
+    env: dict[str, str]
+    slot_index: dict[str, int]
+    recipes: dict[str, str] = field(default_factory=dict)  # demo recipe name -> this root's recipe name
+
+    @property
+    def lock_dir(self) -> Path:
+        return Path(self.env["RECONCILER_LOCK_DIR"])
+
+    # -- configs
+
+    def recipe(
+        self,
+        base: str,
+        *,
+        port: int | None = None,
+        mode: str | None = None,
+        offload_mib: int | None = None,
+        start_timeout_s: float = 12,
+        settle_s: float = 0.2,
+    ) -> str:
+        """Write the demo recipe ``base`` under this root's name for it, adjusted for this root; return the name.
+
+        ``mode`` sets fake-vllm's FAKE_VLLM_MODE switches (fail-start, crash-after=S, start-delay=S, ...).
+        Writing it again (same ``base``) replaces the file: the recipe's hash changes when its content does.
+        """
+        data = tomllib.loads((DEMO / "configs" / "recipes" / f"{base}.toml").read_text())
+        name = self.recipes.get(base) or f"{base}-{self.tag}"
+        self.recipes[base] = name
+        port = port or free_port()
+        c = data["container"]
+        cmd = list(c["command"])
+        cmd[2] = f"e2e/{name}"  # vllm serve MODEL
+        cmd = set_flag(cmd, "--port", str(port))
+        cmd = set_flag(cmd, "--shm-dir", str(self.shm))
+        if offload_mib is not None:
+            cmd = set_flag(cmd, "--kv-offloading-size", repr(offload_mib / 1024))
+            data["offload"]["capacity_gib"] = offload_mib / 1024
+        c["command"] = cmd
+        c["volumes"] = [*c.get("volumes", []), f"{self.shm}:{self.shm}"]
+        if mode:
+            c["env"] = {**c.get("env", {}), "FAKE_VLLM_MODE": mode}
+        data["health"].update(
+            url=f"http://127.0.0.1:{port}/health", settle_s=settle_s, start_timeout_s=start_timeout_s
+        )
+        data["stop"]["timeout_s"] = 5
+        self.write_recipe(name, data)
+        return name
+
+    def write_recipe(self, name: str, data: dict[str, Any]) -> None:
+        """Write a recipe file atomically (a rename), as an editor's save would, so a watcher never reads half."""
+        path = self.path / "configs" / "recipes" / f"{name}.toml"
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(dump_recipe(data))
+        tmp.replace(path)
+
+    def recipe_data(self, name: str) -> dict[str, Any]:
+        return tomllib.loads((self.path / "configs" / "recipes" / f"{name}.toml").read_text())
+
+    def port_of(self, name: str) -> int:
+        cmd = self.recipe_data(name)["container"]["command"]
+        return int(cmd[cmd.index("--port") + 1])
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.path / "manifests" / "demo.yaml"
+
+    def manifest(self, *assignments: tuple[str, Sequence[str]]) -> None:
+        """Write the manifest (atomically, by rename) with these (recipe, slots) assignments."""
+        doc = {"host": self.host, "assignments": [{"recipe": r, "gpus": list(g)} for r, g in assignments]}
+        self.write_manifest_text(yaml.safe_dump(doc, sort_keys=False))
+
+    def write_manifest_text(self, text: str) -> None:
+        tmp = self.manifest_path.with_name(".demo.yaml.tmp")
+        tmp.write_text(text)
+        tmp.replace(self.manifest_path)
+
+    # -- the command line
+
+    def cli_args(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "reconciler", "--root", str(self.path), *args]
+
+    def cli(self, *args: str, timeout: float = 90) -> CliResult:
+        proc = subprocess.run(
+            self.cli_args(*args), capture_output=True, text=True, timeout=timeout, env=self.env, check=False
+        )
+        return CliResult(args, proc.returncode, proc.stdout, proc.stderr)
+
+    def status(self) -> dict[str, Any]:
+        r = self.cli("status", "--json")
+        if r.rc != 0:
+            raise AssertionError(str(r))
+        return r.data
+
+    # -- the engine
+
+    def containers(self) -> list[dict[str, Any]]:
+        """Every container of this root's host (managed by the tool), stopped and kept ones included."""
+        return self.api.containers(all=True, filters={"label": f"{LABEL_HOST}={self.host}"})
+
+    def running(self) -> dict[str, dict[str, Any]]:
+        return {c["Names"][0].lstrip("/"): c for c in self.containers() if c["State"] == "running"}
+
+    def cname(self, recipe: str, *slots: str) -> str:
+        return f"reconciler-{recipe}-{'-'.join(slots)}"
+
+    def shm_files(self) -> list[str]:
+        return sorted(p.name for p in self.shm.iterdir())
+
+    def cleanup(self) -> None:
+        """Remove every container of this root's host, kept failed ones included."""
+        import docker.errors
+
+        for c in self.containers():
+            # Already gone (removed by the loop meanwhile) is fine; the next test must still get a clean engine.
+            with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                self.api.remove_container(c["Id"], force=True, v=True)
+
+
+def make_root(base_dir: Path, *, shm: Path, api: Any, name: str, confirm_interval_s: float = 0.2) -> Root:
+    """A root under ``base_dir`` (``base_dir/root``, lock dir ``base_dir/lock``) for the test called ``name``.
+
+    Recipes are not copied: the test writes the ones it uses with ``Root.recipe``.
+    """
+    tag = uuid.uuid4().hex[:6]
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:24]
+    host = f"e2e-{slug}-{tag}"
+    path = base_dir / "root"
+    shutil.copytree(DEMO, path)
+    for f in (path / "configs" / "recipes").glob("*.toml"):
+        f.unlink()
+    (path / "manifests" / "demo.yaml").write_text(yaml.safe_dump({"host": host, "assignments": []}))
+    # Even indexes in a wide range: another root (this run's or a parallel one's) is unlikely to draw the same.
+    base = 1000 + 2 * random.randrange(20000)
+    doc = yaml.safe_load((DEMO / "configs" / "host.yaml").read_text())
+    doc["name"] = host
+    doc["gpus"] = {"dark-compute-a": {"index": base}, "dark-compute-b": {"index": base + 1}}
+    doc["shm"].update(dir=str(shm), confirm_interval_s=confirm_interval_s, reserve_gib=0.0078125)  # 8 MiB
+    (path / "configs" / "host.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    env = {**os.environ, "RECONCILER_LOCK_DIR": str(base_dir / "lock"), "NO_COLOR": "1"}
+    env.pop("RECONCILER_ROOT", None)
+    return Root(
+        path=path,
+        host=host,
+        tag=tag,
+        shm=shm,
+        api=api,
+        env=env,
+        slot_index={"dark-compute-a": base, "dark-compute-b": base + 1},
+    )
