@@ -14,6 +14,9 @@ the same time:
 - free host ports for each recipe's health endpoint (``network = "host"``);
 - recipe names with a per-root tag, since container names are engine-wide;
 - a lock dir of its own through ``RECONCILER_LOCK_DIR`` in ``Root.env``.
+
+``LoopProcess`` runs ``reconciler run --log-format json`` on a root and reads its log line by line as it is
+written (each line stamped with the time it was read), and scrapes its ``/metrics`` and ``/healthz``.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ import os
 import random
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 import urllib.error
@@ -38,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "examples" / "demo"
@@ -299,3 +305,132 @@ def make_root(base_dir: Path, *, shm: Path, api: Any, name: str, confirm_interva
         env=env,
         slot_index={"dark-compute-a": base, "dark-compute-b": base + 1},
     )
+
+
+# ---------------------------------------------------------------- the loop as a process
+
+
+@dataclass(frozen=True)
+class Event:
+    at: float  # time.time() when the line was read: a bound on when the loop wrote it
+    data: dict[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+
+class LoopProcess:
+    """``reconciler run`` in a subprocess, its JSON log parsed line by line as it comes."""
+
+    def __init__(self, root: Root, *extra: str):
+        self.root = root
+        self.port = free_port()
+        self.addr = f"127.0.0.1:{self.port}"
+        self.args = root.cli_args(
+            "run", "--metrics-addr", self.addr, "--resync", "60", "--log-format", "json", *extra
+        )
+        self.events: list[Event] = []
+        self.other: list[str] = []  # lines that are not JSON (a traceback would land here)
+        self._cond = threading.Condition()
+        self.proc = subprocess.Popen(
+            self.args, env=root.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1
+        )
+        for stream in (self.proc.stdout, self.proc.stderr):
+            threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream: Any) -> None:
+        for line in stream:
+            at = time.time()
+            try:
+                data = json.loads(line)
+            except ValueError:
+                data = None
+            with self._cond:
+                if isinstance(data, dict) and "event" in data:
+                    self.events.append(Event(at, data))
+                else:
+                    self.other.append(line.rstrip("\n"))
+                self._cond.notify_all()
+
+    # -- the log
+
+    def mark(self) -> int:
+        """Index of the next event: pass it as ``after`` to wait for what happens from now on."""
+        with self._cond:
+            return len(self.events)
+
+    def find(self, event: str, *, after: int = 0, **match: Any) -> list[Event]:
+        with self._cond:
+            found = self.events[after:]
+        return [e for e in found if e["event"] == event and all(_matches(e.get(k), v) for k, v in match.items())]
+
+    def wait(self, event: str, *, timeout: float, after: int = 0, count: int = 1, **match: Any) -> list[Event]:
+        """The first ``count`` events named ``event`` at index >= ``after`` whose fields match (a value or a test)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.find(event, after=after, **match)
+            if len(found) >= count:
+                return found[:count]
+            if self.proc.poll() is not None:
+                time.sleep(0.1)  # let the readers drain the last lines
+                raise AssertionError(f"the loop exited ({self.proc.returncode}) before {event} {match}\n{self.log()}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"timed out after {timeout} s waiting for {count}x {event} {match}\n{self.log()}")
+            with self._cond:
+                self._cond.wait(min(left, 0.1))
+
+    def log(self) -> str:
+        with self._cond:
+            return "\n".join([json.dumps(e.data) for e in self.events[-60:]] + self.other[-40:])
+
+    def started(self, timeout: float = 20) -> LoopProcess:
+        """Wait for the first pass (the one the start triggers is always logged)."""
+        self.wait("pass", trigger=lambda t: "start" in t.split(","), timeout=timeout)
+        return self
+
+    # -- HTTP
+
+    def scrape(self) -> str:
+        status, body = http_get(f"http://{self.addr}/metrics")
+        assert status == 200, f"/metrics answered {status}"
+        return body.decode()
+
+    def samples(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        out: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+        for fam in text_string_to_metric_families(self.scrape()):
+            for s in fam.samples:
+                out[(s.name, frozenset(s.labels.items()))] = s.value
+        return out
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        return self.samples().get((name, frozenset(labels.items())))
+
+    def healthz(self) -> tuple[int, dict[str, Any]]:
+        status, body = http_get(f"http://{self.addr}/healthz")
+        return status, json.loads(body) if body else {}
+
+    # -- lifecycle
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 20) -> int:
+        """SIGTERM and wait; a loop that does not exit in time is killed and the test fails on it."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"the loop did not exit within {timeout} s of SIGTERM\n{self.log()}") from None
+
+
+def _matches(value: Any, want: Any) -> bool:
+    if callable(want):
+        return value is not None and bool(want(value))
+    return value == want

@@ -19,18 +19,24 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from e2e_helpers import Root, build_image, free_port, http_get, make_root, wait_until
-from prometheus_client.parser import text_string_to_metric_families
+from e2e_helpers import (
+    Event,
+    LoopProcess,
+    Root,
+    build_image,
+    free_port,
+    http_get,
+    make_root,
+    wait_until,
+)
 
 from reconciler.apply import PassResult
 from reconciler.backoff import Backoff
@@ -51,135 +57,6 @@ pytestmark = [pytest.mark.docker, pytest.mark.root]
 A, B = "dark-compute-a", "dark-compute-b"
 # Containers a test starts by hand (not through the tool) carry this label, so the finalizer finds them.
 TEST_LABEL = "io.reconciler-e2e.test"
-
-
-# ---------------------------------------------------------------- the loop as a process
-
-
-@dataclass(frozen=True)
-class Event:
-    at: float  # time.time() when the line was read: a bound on when the loop wrote it
-    data: dict[str, Any]
-
-    def __getitem__(self, key: str) -> Any:
-        return self.data[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.data.get(key, default)
-
-
-class LoopProcess:
-    """``reconciler run`` in a subprocess, its JSON log parsed line by line as it comes."""
-
-    def __init__(self, root: Root, *extra: str):
-        self.root = root
-        self.port = free_port()
-        self.addr = f"127.0.0.1:{self.port}"
-        self.args = root.cli_args(
-            "run", "--metrics-addr", self.addr, "--resync", "60", "--log-format", "json", *extra
-        )
-        self.events: list[Event] = []
-        self.other: list[str] = []  # lines that are not JSON (a traceback would land here)
-        self._cond = threading.Condition()
-        self.proc = subprocess.Popen(
-            self.args, env=root.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1
-        )
-        for stream in (self.proc.stdout, self.proc.stderr):
-            threading.Thread(target=self._read, args=(stream,), daemon=True).start()
-
-    def _read(self, stream: Any) -> None:
-        for line in stream:
-            at = time.time()
-            try:
-                data = json.loads(line)
-            except ValueError:
-                data = None
-            with self._cond:
-                if isinstance(data, dict) and "event" in data:
-                    self.events.append(Event(at, data))
-                else:
-                    self.other.append(line.rstrip("\n"))
-                self._cond.notify_all()
-
-    # -- the log
-
-    def mark(self) -> int:
-        """Index of the next event: pass it as ``after`` to wait for what happens from now on."""
-        with self._cond:
-            return len(self.events)
-
-    def find(self, event: str, *, after: int = 0, **match: Any) -> list[Event]:
-        with self._cond:
-            found = self.events[after:]
-        return [e for e in found if e["event"] == event and all(_matches(e.get(k), v) for k, v in match.items())]
-
-    def wait(self, event: str, *, timeout: float, after: int = 0, count: int = 1, **match: Any) -> list[Event]:
-        """The first ``count`` events named ``event`` at index >= ``after`` whose fields match (a value or a test)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            found = self.find(event, after=after, **match)
-            if len(found) >= count:
-                return found[:count]
-            if self.proc.poll() is not None:
-                time.sleep(0.1)  # let the readers drain the last lines
-                raise AssertionError(f"the loop exited ({self.proc.returncode}) before {event} {match}\n{self.log()}")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"timed out after {timeout} s waiting for {count}x {event} {match}\n{self.log()}")
-            with self._cond:
-                self._cond.wait(min(left, 0.1))
-
-    def log(self) -> str:
-        with self._cond:
-            return "\n".join([json.dumps(e.data) for e in self.events[-60:]] + self.other[-40:])
-
-    def started(self, timeout: float = 20) -> LoopProcess:
-        """Wait for the first pass (the one the start triggers is always logged)."""
-        self.wait("pass", trigger=lambda t: "start" in t.split(","), timeout=timeout)
-        return self
-
-    # -- HTTP
-
-    def scrape(self) -> str:
-        status, body = http_get(f"http://{self.addr}/metrics")
-        assert status == 200, f"/metrics answered {status}"
-        return body.decode()
-
-    def samples(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-        out: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
-        for fam in text_string_to_metric_families(self.scrape()):
-            for s in fam.samples:
-                out[(s.name, frozenset(s.labels.items()))] = s.value
-        return out
-
-    def metric(self, name: str, **labels: str) -> float | None:
-        return self.samples().get((name, frozenset(labels.items())))
-
-    def healthz(self) -> tuple[int, dict[str, Any]]:
-        status, body = http_get(f"http://{self.addr}/healthz")
-        return status, json.loads(body) if body else {}
-
-    # -- lifecycle
-
-    def signal(self, sig: int) -> None:
-        self.proc.send_signal(sig)
-
-    def stop(self, timeout: float = 20) -> int:
-        """SIGTERM and wait; a loop that does not exit in time is killed and the test fails on it."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError(f"the loop did not exit within {timeout} s of SIGTERM\n{self.log()}") from None
-
-
-def _matches(value: Any, want: Any) -> bool:
-    if callable(want):
-        return value is not None and bool(want(value))
-    return value == want
 
 
 # ---------------------------------------------------------------- fixtures
