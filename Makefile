@@ -11,4 +11,4 @@ test: setup
 	RECONCILER_REQUIRE_DOCKER=1 python3 -m pytest -q -p no:cacheprovider tests
 
 bench: setup
-	python3 tests/bench/bench_plan.py
+	status=0; for b in tests/bench/bench_*.py; do echo "== $$b"; python3 $$b || status=1; done; exit $$status

@@ -311,7 +311,12 @@ class Loop:
                      kept=";".join(f"{k.path}: {k.reason}" for k in res.kept if k.state != "owned") or "-")
 
     def _settle(self, desired: DesiredState, plan: Plan) -> None:
-        """An assignment that has run since its backoff expired long enough leaves backoff for good."""
+        """Backoff delays that ran out stop counting as held; an assignment that has run long enough since
+        leaves backoff for good."""
+        now = time.time()
+        waiting = {e.recipe for e in self.backoff.entries.values() if e.until > now}
+        for recipe in {e.recipe for e in self.backoff.entries.values()} - waiting:
+            self.metrics.end_backoff_wait(recipe)
         running = {a.key for a in desired.assignments if container_name(a.recipe, a.slots) in plan.satisfied}
         for key in list(self.backoff.entries):
             e = self.backoff.entries[key]

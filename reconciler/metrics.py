@@ -121,7 +121,7 @@ def gpu_owners(observed: Observed, host: HostConfig | None = None) -> dict[str, 
     for c in observed.containers:
         if not c.active:
             continue
-        for slot in claimed_slots(c, ids, all_slots):
+        for slot in claimed_slots(c, ids, all_slots, host=observed.host):
             owner = describe(c)
             if slot in found and owner not in found[slot]:
                 found[slot].append(owner)
@@ -533,6 +533,14 @@ class Metrics:
             self.backoff_until.labels(recipe=recipe).set(until_ts)
             if failures is not None:
                 self.backoff_failures.labels(recipe=recipe).set(failures)
+
+    def end_backoff_wait(self, recipe: str) -> None:
+        """The backoff delay of ``recipe`` ran out: it is no longer held (the alert clears), but its count of
+        failed enters in a row stays until it has run stably (``set_backoff(recipe, None)``)."""
+        with self._lock:
+            self._in_backoff.discard(recipe)
+            self.backoff.labels(recipe=recipe).set(0)
+            self.backoff_until.labels(recipe=recipe).set(0)
 
     # ------------------------------------------------------------ exposition
 

@@ -7,6 +7,8 @@ the rule unit tests; a real Prometheus server scrapes a live exposition and eval
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import re
 import shutil
@@ -401,8 +403,12 @@ def test_gpu_owners_follow_the_planners_claims() -> None:
     by_uuid = unmanaged("by-uuid", ("GPU-bbb",))
     owners = gpu_owners(make_observed(containers=(everything, stopped)), host)
     assert owners == {A: (SlotOwner("unmanaged", "", "bench"),), B: (SlotOwner("unmanaged", "", "bench"),)}
-    # Our label for another host is not ours; a stopped container holds nothing.
+    # Our label for another host is not ours and claims no slot by its name; a stopped container holds nothing.
     owners = gpu_owners(make_observed(containers=(foreign, stopped)), host)
+    assert owners == {A: (SlotOwner("free"),), B: (SlotOwner("free"),)}
+    # Judged by its GPU ids instead, it is an unmanaged owner of the GPU it was given.
+    foreign_on_b = dataclasses.replace(foreign, gpu_devices=("1",))
+    owners = gpu_owners(make_observed(containers=(foreign_on_b, stopped)), host)
     assert owners == {A: (SlotOwner("free"),), B: (SlotOwner("unmanaged", "", "reconciler-omni-dark-compute-b"),)}
     # A device request by UUID maps to its slot through what telemetry saw.
     slots = {A: GpuSlotView(slot=A, index=0, uuid="GPU-aaa"), B: GpuSlotView(slot=B, index=1, uuid="GPU-bbb")}
@@ -856,3 +862,14 @@ def test_a_real_prometheus_scrapes_the_exposition_and_evaluates_the_rules(metric
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def test_a_backoff_that_ran_out_is_no_longer_held_but_keeps_its_count() -> None:
+    m = Metrics(make_host(), recipes=["omni"])
+    m.set_backoff("omni", 2_000_000_000.0, failures=3)
+    text = m.render().decode()
+    assert 'reconciler_recipe_backoff{recipe="omni"} 1.0' in text
+    m.end_backoff_wait("omni")
+    text = m.render().decode()
+    assert 'reconciler_recipe_backoff{recipe="omni"} 0.0' in text
+    assert 'reconciler_recipe_enter_failures{recipe="omni"} 3.0' in text
