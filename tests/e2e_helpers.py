@@ -1,7 +1,8 @@
 """Per-test reconciler roots for the end-to-end tests that drive the real command line against the real engine.
 
-Used by tests/test_loop.py (``reconciler run``) and the benchmark tests/bench/bench_loop.py; other end-to-end
-tests may take it too. ``make_root`` copies the demo's configs (examples/demo/) into a directory of the test's
+Used by tests/test_e2e_apply.py (``reconciler apply`` and the other one-shot commands), tests/test_loop.py
+(``reconciler run``) and the benchmark tests/bench/bench_loop.py; tests/test_fake_vllm.py takes ``wait_until``.
+``make_root`` copies the demo's configs (examples/demo/) into a directory of the test's
 own and adjusts them so the test cannot disturb anything else on the machine, not even a second pytest run at
 the same time:
 
@@ -14,6 +15,9 @@ the same time:
 - free host ports for each recipe's health endpoint (``network = "host"``);
 - recipe names with a per-root tag, since container names are engine-wide;
 - a lock dir of its own through ``RECONCILER_LOCK_DIR`` in ``Root.env``.
+
+Containers a test starts by hand (``Root.run_unmanaged``, not through the tool) carry ``TEST_LABEL`` instead of
+the tool's labels, so that ``Root.cleanup`` removes them as well.
 
 ``LoopProcess`` runs ``reconciler run --log-format json`` on a root and reads its log line by line as it is
 written (each line stamped with the time it was read), and scrapes its ``/metrics`` and ``/healthz``.
@@ -50,6 +54,8 @@ DEMO = REPO / "examples" / "demo"
 BUILD = REPO / "examples" / "fake-vllm" / "build.sh"
 IMAGE = "reconciler/fake-vllm:latest"
 LABEL_HOST = "io.reconciler.host"
+# On the containers a test starts by hand (not through the tool), valued with the root's host, for the cleanup.
+TEST_LABEL = "io.reconciler-e2e.test"
 
 
 # ---------------------------------------------------------------- small helpers
@@ -82,6 +88,19 @@ def http_get(url: str, *, timeout: float = 2.0) -> tuple[int, bytes]:
         return int(exc.code), exc.read()
     except (urllib.error.URLError, OSError):
         return 0, b""
+
+
+def http_status(url: str, *, timeout: float = 1.0) -> int:
+    """The status ``url`` answers with; 0 when nothing answered."""
+    return http_get(url, timeout=timeout)[0]
+
+
+def docker_cli(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``docker ARGS`` through the real CLI; with ``check``, a non-zero exit fails naming the command and its stderr."""
+    proc = subprocess.run(["docker", *args], check=False, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc
 
 
 def set_flag(cmd: list[str], flag: str, value: str) -> list[str]:
@@ -243,8 +262,17 @@ class Root:
         )
         return CliResult(args, proc.returncode, proc.stdout, proc.stderr)
 
+    def apply(self) -> CliResult:
+        return self.cli("apply", "--yes", "--json")
+
     def status(self) -> dict[str, Any]:
         r = self.cli("status", "--json")
+        if r.rc != 0:
+            raise AssertionError(str(r))
+        return r.data
+
+    def shm_status(self) -> dict[str, Any]:
+        r = self.cli("shm", "status", "--json")
         if r.rc != 0:
             raise AssertionError(str(r))
         return r.data
@@ -255,6 +283,15 @@ class Root:
         """Every container of this root's host (managed by the tool), stopped and kept ones included."""
         return self.api.containers(all=True, filters={"label": f"{LABEL_HOST}={self.host}"})
 
+    def unmanaged(self) -> list[dict[str, Any]]:
+        """Every container the test started by hand (``run_unmanaged``), stopped ones included."""
+        return self.api.containers(all=True, filters={"label": f"{TEST_LABEL}={self.host}"})
+
+    def snapshot(self) -> dict[str, tuple[str, str]]:
+        """id -> (name, state) of every container this root's host owns or the test started: to prove nothing was
+        touched."""
+        return {c["Id"]: (c["Names"][0].lstrip("/"), c["State"]) for c in self.containers() + self.unmanaged()}
+
     def running(self) -> dict[str, dict[str, Any]]:
         return {c["Names"][0].lstrip("/"): c for c in self.containers() if c["State"] == "running"}
 
@@ -264,13 +301,23 @@ class Root:
     def shm_files(self) -> list[str]:
         return sorted(p.name for p in self.shm.iterdir())
 
+    def run_unmanaged(self, name: str, *args: str) -> str:
+        """``docker run -d ARGS`` outside the tool as ``NAME-<tag>``, labelled for the cleanup only (no ownership
+        label, so the tool sees it as unmanaged); return the container's name."""
+        full = f"{name}-{self.tag}"
+        docker_cli("run", "-d", "--name", full, "--label", f"{TEST_LABEL}={self.host}", *args)
+        return full
+
     def cleanup(self) -> None:
-        """Remove every container of this root's host, kept failed ones included."""
+        """Remove every container of this root's host, kept failed ones included, then every one the test started."""
         import docker.errors
 
         for c in self.containers():
             # Already gone (removed by the loop meanwhile) is fine; the next test must still get a clean engine.
             with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                self.api.remove_container(c["Id"], force=True, v=True)
+        for c in self.unmanaged():
+            with contextlib.suppress(docker.errors.NotFound):  # removed by the test itself meanwhile
                 self.api.remove_container(c["Id"], force=True, v=True)
 
 

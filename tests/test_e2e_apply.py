@@ -1,92 +1,44 @@
 """End to end: the field report's lifecycle through the real command line, the real Docker engine, real fake-vllm
 containers and a real tmpfs (issue 4, scenarios 1-7).
 
-Each test builds its own root in ``tmp_path`` from the demo's configs (examples/demo/), adjusted so it cannot
-disturb anything else on the machine: a host name of its own, GPU slots on indexes no other test uses (with
-``gpu_telemetry: none`` a slot is only an id, so two tests never contend for one), a 64 MiB tmpfs of its own as
-``shm.dir`` (bind-mounted into the containers at the same path, since ``ipc = "host"`` only shares /dev/shm), free
-host ports, recipe names with a per-test tag (container names are engine-wide), a short ``confirm_interval_s``
-and small timeouts. Every command runs as ``python -m reconciler --root ROOT ...`` in a subprocess, with its lock
-dir under ``tmp_path``. A finalizer removes every container labelled with the test's host, kept failed ones
-included, and every unmanaged container the test started.
+Each test builds its own root in ``tmp_path`` with tests/e2e_helpers.py's ``make_root``, from the demo's configs
+(examples/demo/), adjusted so it cannot disturb anything else on the machine: a host name of its own, GPU slots on
+indexes no other test uses (with ``gpu_telemetry: none`` a slot is only an id, so two tests never contend for one),
+a 64 MiB tmpfs of its own as ``shm.dir`` (bind-mounted into the containers at the same path, since ``ipc = "host"``
+only shares /dev/shm), free host ports, recipe names with a per-test tag (container names are engine-wide), a short
+``confirm_interval_s`` and small timeouts. Every command runs as ``python -m reconciler --root ROOT ...`` in a
+subprocess, with its lock dir under ``tmp_path``. A finalizer removes every container labelled with the test's
+host, kept failed ones included, and every unmanaged container the test started.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import random
 import re
-import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
-import tomllib
-import urllib.error
-import urllib.request
-import uuid
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import docker.errors
 import pytest
-import yaml
+from e2e_helpers import (
+    LABEL_HOST,
+    CliResult,
+    Root,
+    build_image,
+    docker_cli,
+    http_status,
+    make_root,
+    set_flag,
+    wait_until,
+)
 
-REPO = Path(__file__).resolve().parent.parent
-DEMO = REPO / "examples" / "demo"
-BUILD = REPO / "examples" / "fake-vllm" / "build.sh"
-IMAGE = "reconciler/fake-vllm:latest"
 MIB = 1 << 20
-# Label on the containers a test starts by hand (not through the tool), so the finalizer finds them.
-TEST_LABEL = "io.reconciler-e2e.test"
 PRESERVED_RE = re.compile(r"-failed-\d{8}-\d{6}$")
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
-
-# GPU indexes per test: 2 slots each, drawn at random far from the demo's 0/1, so that neither the tests of
-# this file nor a second run of it at the same time share a GPU id (containers claim ids by NVIDIA_VISIBLE_DEVICES).
-_random = random.Random()
-
-
-# ---------------------------------------------------------------- small helpers
-
-
-def wait_until(predicate: Callable[[], Any], *, timeout: float, what: str, every: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(every)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def http_status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=1.0) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
-    except (urllib.error.URLError, OSError):
-        return 0
-
-
-def docker_cli(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(["docker", *args], check=False, capture_output=True, text=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"docker {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
-    return proc
 
 
 def docker_logs(name: str) -> str:
@@ -94,194 +46,9 @@ def docker_logs(name: str) -> str:
     return proc.stdout + proc.stderr
 
 
-def set_flag(cmd: list[str], flag: str, value: str) -> list[str]:
-    """``cmd`` with ``flag``'s value replaced, or the flag appended when it is absent."""
-    out = list(cmd)
-    if flag in out:
-        out[out.index(flag) + 1] = value
-    else:
-        out += [flag, value]
-    return out
-
-
-def drop_flag(cmd: list[str], flag: str) -> list[str]:
-    out = list(cmd)
-    if flag in out:
-        i = out.index(flag)
-        del out[i : i + 2]
-    return out
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)  # a JSON string is a valid TOML basic string
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{json.dumps(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
-    raise TypeError(f"no TOML for {type(v).__name__}")
-
-
-def dump_recipe(data: dict[str, Any]) -> str:
-    """TOML for a recipe dict (top-level keys, then one table per section): the subset recipes use."""
-    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
-    for section, table in data.items():
-        if isinstance(table, dict):
-            lines.append(f"\n[{section}]")
-            lines += [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in table.items()]
-    return "\n".join(lines) + "\n"
-
-
-@dataclass
-class CliResult:
-    args: tuple[str, ...]
-    rc: int
-    stdout: str
-    stderr: str
-
-    @property
-    def data(self) -> Any:
-        try:
-            return json.loads(self.stdout)
-        except ValueError as exc:
-            raise AssertionError(f"{self} did not print JSON: {exc}") from None
-
-    def __str__(self) -> str:
-        return f"reconciler {' '.join(self.args)} -> {self.rc}\nstdout:\n{self.stdout}\nstderr:\n{self.stderr}"
-
-
-# ---------------------------------------------------------------- the per-test root
-
-
-@dataclass
-class Root:
-    """A reconciler root in tmp_path for one test, and what the test needs to drive and inspect it."""
-
-    path: Path
-    host: str
-    tag: str
-    shm: Path
-    api: Any
-    env: dict[str, str]
-    slot_index: dict[str, int]
-    recipes: dict[str, str] = field(default_factory=dict)  # demo name -> this test's recipe name
-
-    # -- configs
-
-    def recipe(
-        self,
-        base: str,
-        *,
-        port: int | None = None,
-        mode: str | None = None,
-        offload_mib: int | None = None,
-        start_timeout_s: float = 12,
-    ) -> str:
-        """Write the demo recipe ``base`` under a per-test name, adjusted for this root; return the name."""
-        data = tomllib.loads((DEMO / "configs" / "recipes" / f"{base}.toml").read_text())
-        name = self.recipes.get(base) or f"{base}-{self.tag}"
-        self.recipes[base] = name
-        port = port or free_port()
-        c = data["container"]
-        cmd = list(c["command"])
-        cmd[2] = f"e2e/{name}"  # vllm serve MODEL
-        cmd = set_flag(cmd, "--port", str(port))
-        cmd = set_flag(cmd, "--shm-dir", str(self.shm))
-        if offload_mib is not None:
-            cmd = set_flag(cmd, "--kv-offloading-size", repr(offload_mib / 1024))
-            data["offload"]["capacity_gib"] = offload_mib / 1024
-        c["command"] = cmd
-        # ipc=host shares /dev/shm only; the test's own tmpfs is mounted at the same path inside.
-        c["volumes"] = [*c.get("volumes", []), f"{self.shm}:{self.shm}"]
-        if mode:
-            c["env"] = {**c.get("env", {}), "FAKE_VLLM_MODE": mode}
-        data["health"].update(url=f"http://127.0.0.1:{port}/health", settle_s=0.2, start_timeout_s=start_timeout_s)
-        data["stop"]["timeout_s"] = 5
-        (self.path / "configs" / "recipes" / f"{name}.toml").write_text(dump_recipe(data))
-        return name
-
-    def recipe_data(self, name: str) -> dict[str, Any]:
-        return tomllib.loads((self.path / "configs" / "recipes" / f"{name}.toml").read_text())
-
-    def port_of(self, name: str) -> int:
-        cmd = self.recipe_data(name)["container"]["command"]
-        return int(cmd[cmd.index("--port") + 1])
-
-    def manifest(self, *assignments: tuple[str, Sequence[str]]) -> None:
-        doc = {"host": self.host, "assignments": [{"recipe": r, "gpus": list(g)} for r, g in assignments]}
-        (self.path / "manifests" / "demo.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-
-    # -- the command line
-
-    def cli_args(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "reconciler", "--root", str(self.path), *args]
-
-    def cli(self, *args: str, timeout: float = 90) -> CliResult:
-        proc = subprocess.run(
-            self.cli_args(*args), check=False, capture_output=True, text=True, timeout=timeout, env=self.env
-        )
-        return CliResult(args, proc.returncode, proc.stdout, proc.stderr)
-
-    def apply(self) -> CliResult:
-        return self.cli("apply", "--yes", "--json")
-
-    def status(self) -> dict[str, Any]:
-        r = self.cli("status", "--json")
-        assert r.rc == 0, str(r)
-        return r.data
-
-    def shm_status(self) -> dict[str, Any]:
-        r = self.cli("shm", "status", "--json")
-        assert r.rc == 0, str(r)
-        return r.data
-
-    # -- the engine and the tmpfs
-
-    def containers(self) -> list[dict[str, Any]]:
-        """Every container of this test's host (managed by the tool), stopped and kept ones included."""
-        return self.api.containers(all=True, filters={"label": f"io.reconciler.host={self.host}"})
-
-    def snapshot(self) -> dict[str, tuple[str, str]]:
-        """id -> (name, state) of every container this test owns or started: to prove nothing was touched."""
-        found = self.containers() + self.api.containers(all=True, filters={"label": f"{TEST_LABEL}={self.host}"})
-        return {c["Id"]: (c["Names"][0].lstrip("/"), c["State"]) for c in found}
-
-    def running(self) -> dict[str, dict[str, Any]]:
-        return {c["Names"][0].lstrip("/"): c for c in self.containers() if c["State"] == "running"}
-
-    def shm_files(self) -> list[str]:
-        return sorted(p.name for p in self.shm.iterdir())
-
-    def cname(self, recipe: str, *slots: str) -> str:
-        return f"reconciler-{recipe}-{'-'.join(slots)}"
-
-    def run_unmanaged(self, name: str, *args: str) -> str:
-        """``docker run -d`` outside the tool, labelled for the finalizer only (no ownership label)."""
-        full = f"{name}-{self.tag}"
-        docker_cli("run", "-d", "--name", full, "--label", f"{TEST_LABEL}={self.host}", *args)
-        return full
-
-    def cleanup(self) -> None:
-        for label in (f"io.reconciler.host={self.host}", f"{TEST_LABEL}={self.host}"):
-            self._remove_all(label)
-
-    def _remove_all(self, label: str) -> None:
-        for c in self.api.containers(all=True, filters={"label": label}):
-            try:
-                self.api.remove_container(c["Id"], force=True, v=True)
-            except docker.errors.NotFound:
-                continue  # removed by the test itself meanwhile
-
-
 @pytest.fixture(scope="module")
 def image(docker_api: Any) -> str:
-    proc = subprocess.run(["sh", str(BUILD)], check=False, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, f"{BUILD} failed: {proc.stdout}{proc.stderr}"
-    return IMAGE
+    return build_image()
 
 
 def offload_containers(api: Any) -> list[str]:
@@ -312,30 +79,7 @@ def wait_for_no_offload_container(api: Any, *, timeout: float = 90) -> None:
 def root(
     tmp_path: Path, tmpfs_dir: Path, docker_api: Any, image: str, request: pytest.FixtureRequest
 ) -> Iterator[Root]:
-    tag = uuid.uuid4().hex[:6]
-    test = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:24]
-    host = f"e2e-{test}-{tag}"
-    path = tmp_path / "root"
-    shutil.copytree(DEMO, path)
-    for f in (path / "configs" / "recipes").glob("*.toml"):
-        f.unlink()  # each test writes the recipes it uses, under names of its own
-    base = _random.randrange(1000, 1_000_000, 2)
-    host_doc = yaml.safe_load((DEMO / "configs" / "host.yaml").read_text())
-    host_doc["name"] = host
-    host_doc["gpus"] = {"dark-compute-a": {"index": base}, "dark-compute-b": {"index": base + 1}}
-    host_doc["shm"].update(dir=str(tmpfs_dir), confirm_interval_s=0.2, reserve_gib=0.0078125)  # 8 MiB to spare
-    (path / "configs" / "host.yaml").write_text(yaml.safe_dump(host_doc, sort_keys=False))
-    env = {**os.environ, "RECONCILER_LOCK_DIR": str(tmp_path / "lock"), "NO_COLOR": "1"}
-    env.pop("RECONCILER_ROOT", None)
-    r = Root(
-        path=path,
-        host=host,
-        tag=tag,
-        shm=tmpfs_dir,
-        api=docker_api,
-        env=env,
-        slot_index={"dark-compute-a": base, "dark-compute-b": base + 1},
-    )
+    r = make_root(tmp_path, shm=tmpfs_dir, api=docker_api, name=request.node.name)
     try:
         yield r
     finally:
@@ -530,7 +274,7 @@ def test_5_crash_on_start_keeps_the_container_reclaims_its_shm_frees_the_slot(ro
     data = root.recipe_data(crashy)
     data["tensor_parallel_size"] = 1
     data["container"]["command"] = set_flag(data["container"]["command"], "--tensor-parallel-size", "1")
-    (root.path / "configs" / "recipes" / f"{crashy}.toml").write_text(dump_recipe(data))
+    root.write_recipe(crashy, data)
     root.manifest((crashy, ["dark-compute-a"]), (omni, ["dark-compute-b"]))
 
     res = root.apply()
@@ -570,7 +314,7 @@ def test_5b_failures_within_one_second_are_all_kept_under_distinct_names(root: R
     ops = DockerOps(root.api)
     base = root.cname(f"quick-{root.tag}", "dark-compute-a")
     ids = [
-        root.api.create_container(image, command=["true"], labels={"io.reconciler.host": root.host})["Id"]
+        root.api.create_container(image, command=["true"], labels={LABEL_HOST: root.host})["Id"]
         for _ in range(3)
     ]
     t0 = time.monotonic()
@@ -593,7 +337,7 @@ def test_6a_recipe_edited_in_place_is_recreated(root: Root) -> None:
 
     data = root.recipe_data(omni)
     data["container"]["env"] = {**data["container"].get("env", {}), "OMNI_EDIT": "2"}
-    (root.path / "configs" / "recipes" / f"{omni}.toml").write_text(dump_recipe(data))
+    root.write_recipe(omni, data)
     new_hash = root.cli("validate", "--json").data["assignments"][0]["recipe_hash"]
     assert new_hash != old_hash
 

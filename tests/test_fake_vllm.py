@@ -8,6 +8,7 @@ Docker engine with the host's /usr mounted read-only.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -15,7 +16,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -24,6 +24,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from e2e_helpers import wait_until as e2e_wait_until
 
 FAKE_DIR = Path(__file__).resolve().parent.parent / "examples" / "fake-vllm"
 SCRIPT = FAKE_DIR / "fake_vllm.py"
@@ -43,15 +44,8 @@ def load_module() -> ModuleType:
     return module
 
 
-def wait_until(predicate: Callable[[], object], *, timeout: float, what: str) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
+# Polled more often than the end-to-end tests do: these wait on single host processes, in tens of milliseconds.
+wait_until = functools.partial(e2e_wait_until, every=0.02)
 
 
 def mapping_pids(path: Path) -> set[int]:

@@ -55,8 +55,6 @@ from reconciler.shm_guard import (
 pytestmark = [pytest.mark.docker, pytest.mark.root]
 
 A, B = "dark-compute-a", "dark-compute-b"
-# Containers a test starts by hand (not through the tool) carry this label, so the finalizer finds them.
-TEST_LABEL = "io.reconciler-e2e.test"
 
 
 # ---------------------------------------------------------------- fixtures
@@ -73,9 +71,7 @@ def root(tmp_path: Path, tmpfs_dir: Path, docker_api: Any, image: str, request: 
     try:
         yield r
     finally:
-        r.cleanup()
-        for c in docker_api.containers(all=True, filters={"label": f"{TEST_LABEL}={r.host}"}):
-            docker_api.remove_container(c["Id"], force=True, v=True)
+        r.cleanup()  # the tool's containers of this host, then the ones the test started by hand
 
 
 @pytest.fixture
@@ -375,11 +371,8 @@ def test_a_blocked_plan_counts_its_refusal_and_touches_nothing(
     # tmpfs next to a file that is no offload file (so nothing may reclaim it).
     omni = root.recipe("omni")
     lane = root.recipe("deepseek-256k-offload", offload_mib=16)
-    other = f"unmanaged-{root.tag}"
-    subprocess.run(
-        ["docker", "run", "-d", "--name", other, "--label", f"{TEST_LABEL}={root.host}", "-e",
-         f"NVIDIA_VISIBLE_DEVICES={root.slot_index[A]}", "-v", "/usr:/usr:ro", image, "sleep", "300"],
-        check=True, capture_output=True, timeout=60,
+    root.run_unmanaged(
+        "unmanaged", "-e", f"NVIDIA_VISIBLE_DEVICES={root.slot_index[A]}", "-v", "/usr:/usr:ro", image, "sleep", "300"
     )
     root.manifest((omni, [A]))
     lp = start_loop().started()
