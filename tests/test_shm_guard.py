@@ -29,7 +29,8 @@ from reconciler.shm_guard import ReclaimResult, reclaim
 PATTERN = "vllm_offload_*.mmap"
 MIB = 1 << 20
 REPO = Path(__file__).resolve().parents[1]
-IMAGE = "reconciler-test/skeleton:latest"
+# The fake vLLM image is a bare skeleton too: with the host's /usr mounted, /usr/bin/python3 runs inside.
+IMAGE = "reconciler/fake-vllm:latest"
 DOCKER_URL = os.environ.get("RECONCILER_TEST_DOCKER_URL", "unix:///var/run/docker.sock")
 
 pytestmark = pytest.mark.root
@@ -765,7 +766,7 @@ def test_cli_exit_codes_with_a_dead_docker_socket(shm: Path, tmp_path: Path) -> 
 
 @pytest.fixture(scope="module")
 def test_image(docker_api):  # type: ignore[no-untyped-def]
-    subprocess.run([str(REPO / "tests" / "images" / "build.sh")], check=True, capture_output=True)
+    subprocess.run([str(REPO / "examples" / "fake-vllm" / "build.sh")], check=True, capture_output=True)
     return IMAGE
 
 
