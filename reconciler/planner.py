@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from reconciler.model import DesiredAssignment, DesiredState, container_name
-from reconciler.observed import LABEL_HOST, ContainerView, Observed
+from reconciler.observed import LABEL_HOST, ContainerView, Observed, ShmView
 
 GIB = 1024**3
 
@@ -374,7 +374,7 @@ def _enter_reason(d: DesiredAssignment, mine: list[ContainerView]) -> str:
     return f"manifest gives {','.join(d.slots)} to {d.recipe}; no container of it is running"
 
 
-def _sources(shm) -> str:  # type: ignore[no-untyped-def]
+def _sources(shm: ShmView) -> str:
     return ", ".join(f"{s.name} {s.render()}" for s in (shm.proc, shm.docker) if not s.ok)
 
 
