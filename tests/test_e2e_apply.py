@@ -263,6 +263,35 @@ def test_4_orphans_fill_the_tmpfs_errno_14_without_reclaim_and_apply_reclaims_th
     assert http_status(f"http://127.0.0.1:{root.port_of(lane)}/health") == 200
 
 
+def test_4b_an_enter_reclaims_orphans_in_its_own_preflight(root: Root) -> None:
+    """Orphans that appear after the plan was made (a crash between plan and act) are reclaimed by the enter's
+    own preflight, through the same guard, before it creates anything."""
+    from reconciler.apply import Applier
+    from reconciler.loader import load_desired
+    from reconciler.planner import ActionKind
+
+    wait_for_no_offload_container(root.api)
+    lane = root.recipe("deepseek-256k-offload", offload_mib=24)
+    root.manifest((lane, ["dark-compute-a", "dark-compute-b"]))
+    applier = Applier(load_desired(root.path))
+    _, plan = applier.plan_now()
+    assert [a.kind for a in plan.actions] == [ActionKind.ENTER], plan
+    for i in range(2):
+        with open(root.shm / f"vllm_offload_late{i}.mmap", "wb") as fh:
+            fh.write(b"\0" * (24 * MIB))
+    orphans = set(root.shm_files())
+    observed = applier.observe()
+    assert observed.shm.tmpfs.free_bytes < 24 * MIB and len(observed.shm.by_state("orphan")) == 2
+
+    detail, freed = applier.enter(plan.actions[0], observed)
+    assert freed >= 48 * MIB and "reclaimed" in detail, detail
+    files = root.shm_files()
+    assert len(files) == 1 and files[0] not in orphans, files
+    shm = root.shm_status()
+    assert [f["state"] for f in shm["files"]] == ["owned"]
+    assert len({o["pid"] for o in shm["files"][0]["owners"] if o["via"] == "map"}) == 2
+
+
 # ---------------------------------------------------------------- 5: a recipe that crashes on start
 
 
