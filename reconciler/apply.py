@@ -42,6 +42,15 @@ class ActionFailed(ReconcilerError):
         super().__init__(cause)
 
 
+class ActionRefused(ActionFailed):
+    """A preflight said no (the guard refused a reclaim, no tmpfs room): nothing was attempted. ``reason`` is a
+    key of the metrics' refusal reasons."""
+
+    def __init__(self, cause: str, *, reason: str):
+        self.reason = reason
+        super().__init__(cause)
+
+
 class Cancelled(ReconcilerError):
     """A stop was requested (SIGINT/SIGTERM); the current action was abandoned at a safe point."""
 
@@ -63,10 +72,11 @@ class NoProgress:
 @dataclass(frozen=True)
 class Outcome:
     action: Action
-    result: str  # "ok" | "failed" | "interrupted"
+    result: str  # "ok" | "failed" | "refused" | "interrupted"
     seconds: float
     detail: str = ""
     reclaimed_bytes: int = 0
+    refusal: str = ""  # for "refused": why, as a key of the metrics' refusal reasons
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -182,12 +192,12 @@ class Applier:
                 self.on_outcome(outcome)
             if outcome.result == "interrupted":
                 return PassResult("interrupted", first, current, outcomes, outcome.detail)
-            if outcome.result == "failed":
+            if outcome.result in ("failed", "refused"):
                 failed[action.key] = f"{action.kind.value} failed in this pass: {outcome.detail}"
                 observed, current = self.plan_now(failed)
             if current.blocked or current.unavailable:
                 break
-        bad = [o for o in outcomes if o.result == "failed"]
+        bad = [o for o in outcomes if o.result in ("failed", "refused")]
         if bad:
             return PassResult("failed", first, current, outcomes, "; ".join(o.detail for o in bad))
         if current.unavailable:
@@ -212,6 +222,10 @@ class Applier:
             result = "ok"
         except Cancelled as exc:
             detail, freed, result = str(exc), 0, "interrupted"
+        except ActionRefused as exc:
+            seconds = time.monotonic() - t0
+            self.progress.done(action, "refused", seconds, exc.cause)
+            return Outcome(action, "refused", seconds, exc.cause, 0, exc.reason)
         except ActionFailed as exc:
             detail, freed, result = exc.cause, 0, "failed"
         except ReconcilerError as exc:
@@ -236,7 +250,8 @@ class Applier:
         self.progress.phase(action, "two inspections", timeout=self.desired.host.shm.confirm_interval_s)
         res = self._guarded_reclaim(only_paths=list(action.paths))
         if res.refused:
-            raise ActionFailed(f"reclaim refused: {res.refused}")
+            why = "offload_container_running" if res.blocking_containers else "source_unavailable"
+            raise ActionRefused(f"reclaim refused: {res.refused}", reason=why)
         if res.reclaimed and not res.verified:
             raise ActionFailed(f"reclaim could not verify that {len(res.reclaimed)} removed file(s) are gone")
         if not res.reclaimed and res.kept:
@@ -264,9 +279,10 @@ class Applier:
                 freed = int(self._guarded_reclaim().reclaimed_bytes)
                 observed = self.observe()
             if observed.shm.tmpfs.free_bytes < need:
-                raise ActionFailed(
+                raise ActionRefused(
                     f"tmpfs {observed.shm.dir} has {observed.shm.tmpfs.free_bytes} bytes free; recipe "
-                    f"{action.recipe} needs {need} for its offload file (see `reconciler shm status`)"
+                    f"{action.recipe} needs {need} for its offload file (see `reconciler shm status`)",
+                    reason="tmpfs_room",
                 )
         if self.cancel.is_set():
             raise Cancelled("stop requested before create; nothing created")

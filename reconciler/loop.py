@@ -273,9 +273,12 @@ class Loop:
         self.log("action", kind=a.kind.value, target=a.key, result=o.result, seconds=round(o.seconds, 3),
                  reason=a.reason, detail=o.detail)
         self.metrics.record_action(a.kind, "failed" if o.result == "interrupted" else o.result, o.seconds)
+        if o.result == "refused" and a.kind is ActionKind.ENTER:
+            # The enter's own tmpfs preflight; refusals of the guard are counted from its result (_on_reclaim).
+            self.metrics.record_refusal(o.refusal)
         if o.reclaimed_bytes:
             self.metrics.record_reclaim(o.reclaimed_bytes)
-        if a.kind is ActionKind.ENTER and a.recipe and o.result == "failed":
+        if a.kind is ActionKind.ENTER and a.recipe and o.result in ("failed", "refused"):
             e = self.backoff.failed(a.key, recipe=a.recipe, recipe_hash=a.recipe_hash or "", error=o.detail)
             self.metrics.set_backoff(a.recipe, e.until, failures=e.failures)
             self.log("backoff", assignment=a.key, failures=e.failures, until=round(e.until, 1))

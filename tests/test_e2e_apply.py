@@ -292,6 +292,26 @@ def test_4b_an_enter_reclaims_orphans_in_its_own_preflight(root: Root) -> None:
     assert len({o["pid"] for o in shm["files"][0]["owners"] if o["via"] == "map"}) == 2
 
 
+def test_4c_an_enter_without_tmpfs_room_is_refused_and_creates_nothing(root: Root) -> None:
+    """Room taken by a file a live process holds cannot be reclaimed: the enter is refused before any create."""
+    from reconciler.apply import Applier
+    from reconciler.loader import load_desired
+
+    wait_for_no_offload_container(root.api)
+    lane = root.recipe("deepseek-256k-offload", offload_mib=24)
+    root.manifest((lane, ["dark-compute-a", "dark-compute-b"]))
+    applier = Applier(load_desired(root.path))
+    _, plan = applier.plan_now()
+    (enter,) = plan.actions
+    with open(root.shm / "vllm_offload_held.mmap", "wb") as held:  # this test process holds it open: owned
+        held.write(b"\0" * (48 * MIB))
+        held.flush()
+        outcome = applier._execute(enter, applier.observe())
+        assert outcome.result == "refused" and outcome.refusal == "tmpfs_room", outcome
+        assert "needs 25165824 for its offload file" in outcome.detail
+        assert root.containers() == [] and root.shm_files() == ["vllm_offload_held.mmap"]
+
+
 # ---------------------------------------------------------------- 5: a recipe that crashes on start
 
 
