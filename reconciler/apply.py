@@ -359,6 +359,7 @@ class Applier:
         logs = self.ops.logs_tail(cid)
         self.ops.stop(cid, 5)
         kept = self.ops.preserve(cid, action.container or cid[:12])
+        self._prune_kept(action.container or cid[:12])
         freed_note = ""
         res = self._guarded_reclaim()
         if res.reclaimed_bytes:
@@ -372,6 +373,14 @@ class Applier:
         if still:
             msg += f"; WARNING: {still[0]} is still running"
         raise ActionFailed(msg, detail=logs)
+
+    def _prune_kept(self, name: str) -> None:
+        """A recipe that keeps failing must not pile up stopped containers: keep the newest ``keep_failed``."""
+        docker = self.desired.host.docker
+        try:
+            self.ops.prune_kept(name, host=self.desired.host.name, keep=docker.keep_failed)
+        except Exception:  # noqa: BLE001 - pruning old evidence must never fail the action that made new evidence
+            return
 
     # ------------------------------------------------------------ leave
 
@@ -395,6 +404,7 @@ class Applier:
             fate = "removed"
         else:
             kept = self.ops.preserve(cid, c.name)
+            self._prune_kept(c.name)
             fate = f"exited with code {code}: kept as {kept} for its logs"
         freed = 0
         if action.offload or its_files or c.offload:

@@ -191,6 +191,29 @@ class DockerOps:
             "are taken; remove old kept containers (docker rm NAME)"
         )
 
+    def prune_kept(self, name: str, *, host: str, keep: int) -> list[str]:
+        """Remove all but the newest ``keep`` stopped failed containers kept under ``name``; returns the removed.
+
+        Only containers this tool labelled for ``host``, stopped, and named ``name-failed-STAMP`` are touched."""
+        import re
+
+        pattern = re.compile(re.escape(name + PRESERVED_SUFFIX) + r"\d{8}-\d{6}$")
+        listed = _call(self.api.containers, all=True, filters={"label": [f"{LABEL_MANAGED}=true", f"{LABEL_HOST}={host}"]})
+        kept = sorted(
+            (
+                ((c.get("Names") or ["/"])[0].lstrip("/"), c["Id"])
+                for c in listed
+                if c.get("State") in ("exited", "dead", "created")
+                and pattern.match((c.get("Names") or ["/"])[0].lstrip("/"))
+            ),
+            reverse=True,  # the stamp sorts by time: newest first
+        )
+        removed = []
+        for cname, cid in kept[keep:]:
+            self.remove(cid)
+            removed.append(cname)
+        return removed
+
     def logs_tail(self, cid: str, lines: int = 40) -> str:
         try:
             raw = _call(self.api.logs, cid, stdout=True, stderr=True, tail=lines)

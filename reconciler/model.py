@@ -56,6 +56,8 @@ class GpuSlot(_Strict):
 class DockerConfig(_Strict):
     url: str = "unix:///var/run/docker.sock"
     gpu_requests: bool = True
+    # Failed containers kept (stopped, renamed NAME-failed-STAMP) for their logs, per assignment; older ones go.
+    keep_failed: int = Field(default=3, ge=1)
 
 
 class ShmConfig(_Strict):

@@ -374,6 +374,29 @@ def test_5b_failures_within_one_second_are_all_kept_under_distinct_names(root: R
     assert sorted(root.api.inspect_container(cid)["Name"].lstrip("/") for cid in ids) == sorted(names)
 
 
+def test_5c_only_the_newest_kept_failures_stay(root: Root, image: str) -> None:
+    """A recipe that keeps failing does not pile up stopped containers: the newest keep_failed stay, and nothing
+    running, unlabelled, of another host or under another name is touched."""
+    from reconciler.docker_ops import DockerOps
+    from reconciler.observed import LABEL_MANAGED
+
+    ops = DockerOps(root.api)
+    base = root.cname(f"flaky-{root.tag}", "dark-compute-a")
+    mine = {LABEL_HOST: root.host, LABEL_MANAGED: "true"}
+    ids = [root.api.create_container(image, command=["true"], labels=mine)["Id"] for _ in range(4)]
+    names = [ops.preserve(cid, base) for cid in ids]
+    other_host = root.api.create_container(image, command=["true"], labels={**mine, LABEL_HOST: "elsewhere"},
+                                           name=base + "-failed-19990101-000000")["Id"]
+    try:
+        removed = ops.prune_kept(base, host=root.host, keep=2)
+        assert sorted(removed) == sorted(names)[:2], (removed, names)
+        left = {c["Names"][0].lstrip("/") for c in root.api.containers(all=True)}
+        assert set(sorted(names)[2:]) <= left and not set(sorted(names)[:2]) & left
+        assert base + "-failed-19990101-000000" in left
+    finally:
+        root.api.remove_container(other_host, force=True)
+
+
 # ---------------------------------------------------------------- 6: edited recipe; unmanaged holder
 
 
