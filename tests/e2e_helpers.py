@@ -41,7 +41,7 @@ import tomllib
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,6 +77,40 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def running_prometheus(
+    target: str, workdir: Path, *, rule_files: Sequence[Path] = ()
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """Debian's Prometheus server scraping ``target`` (HOST:PORT) every second, storing under ``workdir``.
+
+    Yields its base URL and process; stops it afterwards."""
+    server = shutil.which("prometheus")
+    assert server, "prometheus not found: install Debian's prometheus package (.ci/setup-host does)"
+    port = free_port()
+    cfg = workdir / "prometheus.yml"
+    config: dict[str, Any] = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [{"job_name": "reconciler", "static_configs": [{"targets": [target]}]}],
+    }
+    if rule_files:
+        config["rule_files"] = [str(r) for r in rule_files]
+    cfg.write_text(yaml.safe_dump(config))
+    proc = subprocess.Popen(
+        [server, f"--config.file={cfg}", f"--storage.tsdb.path={workdir}/data",
+         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        yield f"http://127.0.0.1:{port}", proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def http_get(url: str, *, timeout: float = 2.0) -> tuple[int, bytes]:

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from e2e_helpers import (
     Event,
     LoopProcess,
@@ -35,6 +34,7 @@ from e2e_helpers import (
     free_port,
     http_get,
     make_root,
+    running_prometheus,
     wait_until,
 )
 
@@ -412,34 +412,16 @@ def test_promtool_finds_nothing_to_complain_about_in_a_live_scrape(root: Root, s
 
 
 def test_a_real_prometheus_scrapes_the_live_loop(root: Root, start_loop: Callable[..., LoopProcess], tmp_path: Path) -> None:
-    server = shutil.which("prometheus")
-    assert server, "prometheus not found: install Debian's prometheus package (.ci/setup-host does)"
     omni = root.recipe("omni")
     root.manifest((omni, [B]))
     lp = start_loop().started()
-    port = free_port()
-    cfg = tmp_path / "prometheus.yml"
-    cfg.write_text(
-        yaml.safe_dump(
-            {
-                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                "scrape_configs": [{"job_name": "reconciler", "static_configs": [{"targets": [lp.addr]}]}],
-            }
-        )
-    )
-    proc = subprocess.Popen(
-        [server, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path}/data",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-    base = f"http://127.0.0.1:{port}"
+    with running_prometheus(lp.addr, tmp_path) as (base, proc):
 
-    def query(q: str) -> list[dict[str, Any]]:
-        status, body = http_get(f"{base}/api/v1/query?{urllib.parse.urlencode({'query': q})}")
-        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-        return json.loads(body)["data"]["result"] if status == 200 else []
+        def query(q: str) -> list[dict[str, Any]]:
+            status, body = http_get(f"{base}/api/v1/query?{urllib.parse.urlencode({'query': q})}")
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            return json.loads(body)["data"]["result"] if status == 200 else []
 
-    try:
         up = wait_until(lambda: query('up{job="reconciler"} == 1'), timeout=30, what="up == 1", every=0.3)
         assert up[0]["metric"]["instance"] == lp.addr
         owner = wait_until(
@@ -453,13 +435,6 @@ def test_a_real_prometheus_scrapes_the_live_loop(root: Root, start_loop: Callabl
         _, body = http_get(f"{base}/api/v1/targets")
         (target,) = json.loads(body)["data"]["activeTargets"]
         assert target["health"] == "up" and target["lastError"] == "", target
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 # ---------------------------------------------------------------- which refusal reason (pure)

@@ -12,7 +12,6 @@ import dataclasses
 import json
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,8 @@ import pytest
 import yaml
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
+
+from e2e_helpers import running_prometheus
 
 from reconciler.metrics import (
     ACTION_KINDS,
@@ -761,12 +762,6 @@ def test_grafana_dashboard_is_valid() -> None:
 # ---------------------------------------------------------------- a real Prometheus server
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def metrics_server() -> Iterator[tuple[Metrics, str]]:
     m = Metrics(make_host())
@@ -800,68 +795,39 @@ def _api(base: str, path: str, **params: str) -> dict:
 
 
 def test_a_real_prometheus_scrapes_the_exposition_and_evaluates_the_rules(metrics_server: tuple[Metrics, str]) -> None:
-    server = need("prometheus", "prometheus")
+    need("prometheus", "prometheus")
     m, target = metrics_server
     m.observe_state(*busy_host())
     m.set_manifest_valid(False, "manifests/workstation.yaml:4: unknown recipe 'nope'")
-    port = _free_port()
-    with tempfile.TemporaryDirectory(prefix="reconciler-prom-") as tmp:
-        cfg = Path(tmp) / "prometheus.yml"
-        cfg.write_text(
-            yaml.safe_dump(
-                {
-                    "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                    "rule_files": [str(ALERTS)],
-                    "scrape_configs": [{"job_name": "reconciler", "static_configs": [{"targets": [target]}]}],
-                }
-            )
-        )
-        proc = subprocess.Popen(
-            [
-                server,
-                f"--config.file={cfg}",
-                f"--storage.tsdb.path={tmp}/data",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        base = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 30
-            alert = None
-            while time.monotonic() < deadline and alert is None:
-                time.sleep(0.5)
-                assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-                try:
-                    alerts = _api(base, "/api/v1/alerts")["data"]["alerts"]
-                except OSError:
-                    continue
-                alert = next((a for a in alerts if a["labels"]["alertname"] == "ReconcilerManifestInvalid"), None)
-            assert alert is not None, "ReconcilerManifestInvalid never became pending"
-            assert alert["state"] == "pending"  # for: 2m
-            # The annotation's template query ran against the scraped error series.
-            assert alert["annotations"]["description"].startswith("manifests/workstation.yaml:4: unknown recipe 'nope'")
-
-            (t,) = _api(base, "/api/v1/targets")["data"]["activeTargets"]
-            assert t["health"] == "up" and t["lastError"] == "", t
-            owners = _api(base, "/api/v1/query", query="reconciler_gpu_owner_info")["data"]["result"]
-            assert sorted(r["metric"]["owner"] for r in owners) == ["managed", "process", "unmanaged"]
-            orphan = _api(base, "/api/v1/query", query='reconciler_offload_bytes{state="orphan"}')["data"]["result"]
-            assert float(orphan[0]["value"][1]) == 768 * MiB
-            groups = _api(base, "/api/v1/rules")["data"]["groups"]
-            rules = [r for g in groups for r in g["rules"]]
-            assert len(rules) == 11 and all(r["health"] == "ok" for r in rules), [
-                (r["name"], r.get("lastError")) for r in rules
-            ]
-        finally:
-            proc.terminate()
+    with tempfile.TemporaryDirectory(prefix="reconciler-prom-") as tmp, running_prometheus(
+        target, Path(tmp), rule_files=[ALERTS]
+    ) as (base, proc):
+        deadline = time.monotonic() + 30
+        alert = None
+        while time.monotonic() < deadline and alert is None:
+            time.sleep(0.5)
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
             try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                alerts = _api(base, "/api/v1/alerts")["data"]["alerts"]
+            except OSError:
+                continue
+            alert = next((a for a in alerts if a["labels"]["alertname"] == "ReconcilerManifestInvalid"), None)
+        assert alert is not None, "ReconcilerManifestInvalid never became pending"
+        assert alert["state"] == "pending"  # for: 2m
+        # The annotation's template query ran against the scraped error series.
+        assert alert["annotations"]["description"].startswith("manifests/workstation.yaml:4: unknown recipe 'nope'")
+
+        (t,) = _api(base, "/api/v1/targets")["data"]["activeTargets"]
+        assert t["health"] == "up" and t["lastError"] == "", t
+        owners = _api(base, "/api/v1/query", query="reconciler_gpu_owner_info")["data"]["result"]
+        assert sorted(r["metric"]["owner"] for r in owners) == ["managed", "process", "unmanaged"]
+        orphan = _api(base, "/api/v1/query", query='reconciler_offload_bytes{state="orphan"}')["data"]["result"]
+        assert float(orphan[0]["value"][1]) == 768 * MiB
+        groups = _api(base, "/api/v1/rules")["data"]["groups"]
+        rules = [r for g in groups for r in g["rules"]]
+        assert len(rules) == 11 and all(r["health"] == "ok" for r in rules), [
+            (r["name"], r.get("lastError")) for r in rules
+        ]
 
 
 def test_a_backoff_that_ran_out_is_no_longer_held_but_keeps_its_count() -> None:
