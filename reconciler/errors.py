@@ -1,7 +1,7 @@
 """The error hierarchy. Every error the tool raises on purpose is a ReconcilerError.
 
-ConfigError carries the file, line and field so the CLI can print ``path:line: message``; SourceUnavailable
-names the observation source (docker, proc, gpu) that failed, so callers fail closed and say which one.
+ConfigError carries the file, line and field so the CLI can print ``path:line: message``. Observation sources
+that fail are not errors: they are recorded as unavailable ``Source`` values, so callers fail closed and say which.
 """
 
 from __future__ import annotations
@@ -32,12 +32,3 @@ class ConfigError(ReconcilerError, ValueError):
     def __init__(self, problems: list[ConfigProblem]):
         self.problems = list(problems)
         super().__init__("\n".join(str(p) for p in self.problems))
-
-
-class SourceUnavailable(ReconcilerError, RuntimeError):
-    """An observation source (docker, proc, gpu) could not be read completely: act on nothing that needs it."""
-
-    def __init__(self, source: str, detail: str):
-        self.source = source
-        self.detail = detail
-        super().__init__(f"{source} unavailable: {detail}")

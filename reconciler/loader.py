@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
@@ -394,7 +394,3 @@ def _cross_check(
                 )
             )
     return out
-
-
-def iter_problems(exc: ConfigError) -> Iterable[str]:
-    return (str(p) for p in exc.problems)

@@ -323,7 +323,7 @@ class Loop:
         running = {a.key for a in desired.assignments if container_name(a.recipe, a.slots) in plan.satisfied}
         for key in list(self.backoff.entries):
             e = self.backoff.entries[key]
-            if key in running and time.time() - e.until > self.backoff.stable_s:
+            if key in running and now - e.until > self.backoff.stable_s:
                 self.backoff.succeeded(key)
                 self.metrics.set_backoff(e.recipe, None)
                 self.log("backoff-cleared", assignment=key)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from enum import Enum
 
 # Labels this tool puts on every container it creates. Ownership is decided by these alone.
 LABEL_PREFIX = "io.reconciler."
@@ -27,11 +26,6 @@ _PRESERVED_RE = re.compile(r"-failed-\d{8}-\d{6}$")
 
 # Container states in which a container holds its GPUs and its offload files.
 ACTIVE_STATES = frozenset({"running", "restarting", "paused"})
-
-
-class SourceState(str, Enum):
-    OK = "ok"
-    UNAVAILABLE = "unavailable"
 
 
 @dataclass(frozen=True)
@@ -60,7 +54,6 @@ class ContainerView:
     gpu_devices: tuple[str, ...] = ()
     # vLLM native offload configured (our label, vLLM flags in its command, or offload env).
     offload: bool = False
-    pids: tuple[int, ...] = ()
 
     @property
     def active(self) -> bool:

@@ -17,7 +17,6 @@ Cleans up everything it made. Needs root (tmpfs mount) and a Docker engine; the 
 from __future__ import annotations
 
 import argparse
-import mmap
 import os
 import shutil
 import statistics
