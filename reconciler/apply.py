@@ -27,7 +27,7 @@ from reconciler.observe import observe
 from reconciler.observe.docker_obs import DockerObserver
 from reconciler.observe.gpu import slots_of_container
 from reconciler.observed import Observed
-from reconciler.planner import Action, ActionKind, Plan, claimed_slots, device_index, plan
+from reconciler.planner import Action, ActionKind, Plan, plan, slot_holders
 
 CLEAN_EXIT_CODES = (0, 143)  # exited by itself, or on the SIGTERM of `docker stop`
 DEFAULT_STOP_TIMEOUT_S = 180.0
@@ -111,9 +111,6 @@ class PassResult:
             "actions": [o.to_json() for o in self.outcomes],
             "final": self.final.to_json(),
         }
-
-
-ReclaimFn = Callable[..., Any]
 
 
 class Applier:
@@ -212,6 +209,7 @@ class Applier:
 
     def _execute(self, action: Action, observed: Observed) -> Outcome:
         t0 = time.monotonic()
+        refusal = ""
         try:
             if action.kind is ActionKind.ENTER:
                 detail, freed = self.enter(action, observed)
@@ -223,9 +221,7 @@ class Applier:
         except Cancelled as exc:
             detail, freed, result = str(exc), 0, "interrupted"
         except ActionRefused as exc:
-            seconds = time.monotonic() - t0
-            self.progress.done(action, "refused", seconds, exc.cause)
-            return Outcome(action, "refused", seconds, exc.cause, 0, exc.reason)
+            detail, freed, result, refusal = exc.cause, 0, "refused", exc.reason
         except ActionFailed as exc:
             detail, freed, result = exc.cause, 0, "failed"
         except ReconcilerError as exc:
@@ -234,7 +230,7 @@ class Applier:
             detail, freed, result = f"{type(exc).__name__}: {exc}", 0, "failed"
         seconds = time.monotonic() - t0
         self.progress.done(action, result, seconds, detail)
-        return Outcome(action, result, seconds, detail, freed)
+        return Outcome(action, result, seconds, detail, freed, refusal)
 
     # ------------------------------------------------------------ reclaim (through the one guard)
 
@@ -339,8 +335,7 @@ class Applier:
         mine = next((c for c in observed.containers if c.id == cid), None)
         if mine is None or not mine.active:
             raise ActionFailed(f"{action.container} is not running after it became healthy")
-        ids = device_index(self.desired, observed)
-        held = set(claimed_slots(mine, ids, tuple(self.desired.host.gpus), host=self.desired.host.name))
+        held = {slot for slot, cs in slot_holders(self.desired, observed).items() if mine in cs}
         if held != set(action.gpus):
             raise ActionFailed(f"{action.container} holds slots {sorted(held)}, expected {list(action.gpus)}")
         if observed.gpus.telemetry == "nvml":
@@ -414,13 +409,8 @@ class Applier:
         after = self.observe()
         if any(x.id == cid and x.active for x in after.containers):
             raise ActionFailed(f"{c.name} is still running after stop")
-        ids = device_index(self.desired, after)
-        holders = [
-            x.name
-            for x in after.containers
-            if x.active
-            and set(claimed_slots(x, ids, tuple(self.desired.host.gpus), host=self.desired.host.name)) & set(c.slots)
-        ]
+        held = slot_holders(self.desired, after)
+        holders = sorted({x.name for slot in c.slots for x in held.get(slot, ())})
         if holders:
             raise ActionFailed(f"slots {','.join(c.slots)} still held by {', '.join(holders)} after leave")
         left = [f.path for f in after.shm.files if f.path in its_files]

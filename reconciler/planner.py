@@ -8,14 +8,13 @@ same Plan object. Nothing here imports Docker, NVML or metrics (an import contra
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from reconciler.model import DesiredAssignment, DesiredState, container_name
+from reconciler.model import GIB, DesiredAssignment, DesiredState, container_name
 from reconciler.observed import LABEL_HOST, ContainerView, Observed, ShmView
 
-GIB = 1024**3
 
 
 class ActionKind(str, Enum):
@@ -154,6 +153,20 @@ def claimed_slots(
     return tuple(slots)
 
 
+def slot_holders(
+    desired: DesiredState, observed: Observed, *, skip: Collection[str | None] = ()
+) -> dict[str, list[ContainerView]]:
+    """Active containers by the GPU slots they hold (containers whose id is in ``skip`` left out)."""
+    ids = device_index(desired, observed)
+    all_slots = tuple(desired.host.gpus)
+    holders: dict[str, list[ContainerView]] = {}
+    for c in observed.containers:
+        if c.active and c.id not in skip:
+            for slot in claimed_slots(c, ids, all_slots, host=desired.host.name):
+                holders.setdefault(slot, []).append(c)
+    return holders
+
+
 def _ours(c: ContainerView, host: str) -> bool:
     """A container is ours when it carries our managed label for this host (or no host label at all)."""
     return c.managed and c.labels.get(LABEL_HOST, host) == host
@@ -175,8 +188,6 @@ def plan(desired: DesiredState, observed: Observed, *, hold: Mapping[str, str] |
         # Without Docker nothing about containers is known: no action can be justified.
         return Plan(host=host, unavailable=unavailable)
 
-    all_slots = tuple(desired.host.gpus)
-    ids = device_index(desired, observed)
     ours = [c for c in observed.containers if _ours(c, host) and not (c.preserved and not c.active)]
 
     leaves: list[Action] = []
@@ -244,11 +255,7 @@ def plan(desired: DesiredState, observed: Observed, *, hold: Mapping[str, str] |
         freed_by_leaves += sum(f.allocated_bytes for f in blocked_orphans)
     room = shm.tmpfs.free_bytes + (reclaim.bytes if reclaim else 0) + freed_by_leaves
 
-    holders: dict[str, list[ContainerView]] = {}
-    for c in observed.containers:
-        if c.active and c.id not in leaving:
-            for slot in claimed_slots(c, ids, all_slots, host=host):
-                holders.setdefault(slot, []).append(c)
+    holders = slot_holders(desired, observed, skip=leaving)
     by_id = {c.id: c for c in observed.containers}
     blockers: list[Blocker] = []
     held: list[Held] = []

@@ -10,11 +10,10 @@ import sys
 from typing import Any, TextIO
 
 from reconciler.lock import read_loop_state
-from reconciler.model import DesiredState
+from reconciler.model import GIB, DesiredState
 from reconciler.observed import Observed
-from reconciler.planner import Action, ActionKind, Plan, claimed_slots, device_index
+from reconciler.planner import Action, ActionKind, Plan, slot_holders
 
-GIB = 1024**3
 
 
 class Style:
@@ -120,17 +119,12 @@ def render_plan(plan: Plan, observed: Observed | None, s: Style) -> str:
 
 def status_data(desired: DesiredState, observed: Observed, plan: Plan) -> dict[str, Any]:
     """The JSON of ``reconciler status``: per slot what is desired and what holds it, containers, shm, sources."""
-    ids = device_index(desired, observed)
-    all_slots = tuple(desired.host.gpus)
+    held = slot_holders(desired, observed)
     want = desired.slot_owner()
     by_id = {c.id: c for c in observed.containers}
     slots: dict[str, Any] = {}
     for slot, gpu in desired.host.gpus.items():
-        holders = [
-            c
-            for c in observed.containers
-            if c.active and slot in claimed_slots(c, ids, all_slots, host=desired.host.name)
-        ]
+        holders = held.get(slot, [])
         view = observed.gpus.slots.get(slot)
         procs = []
         for p in view.processes if view else ():
