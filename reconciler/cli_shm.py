@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from reconciler.observed import ShmFile, ShmView
+from reconciler.units import human_bytes
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -132,13 +133,6 @@ def _emit_json(data: Any, out: TextIO | None = None) -> None:
 # ---------------------------------------------------------------- human output
 
 
-def _bytes(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} B"
-
-
 def _path(p: str) -> str:
     # A name with a newline or other control character would break the table: show it quoted.
     return repr(p) if any(ord(c) < 32 for c in p) else p
@@ -187,8 +181,8 @@ def render_status(view: ShmView, *, tty: bool = False) -> str:
     t = view.tmpfs
     out = [
         (
-            f"{view.dir} ({view.pattern}): {_bytes(t.free_bytes)} free of {_bytes(t.size_bytes)}, "
-            f"{_bytes(t.used_bytes)} used"
+            f"{view.dir} ({view.pattern}): {human_bytes(t.free_bytes)} free of {human_bytes(t.size_bytes)}, "
+            f"{human_bytes(t.used_bytes)} used"
         ),
         f"sources: proc {view.proc.render()}; docker {view.docker.render()}",
     ]
@@ -201,17 +195,17 @@ def render_status(view: ShmView, *, tty: bool = False) -> str:
     counts = {s: len(view.by_state(s)) for s in ("owned", "orphan", "blocked")}
     out.append(
         f"{len(view.files)} offload file(s): "
-        + ", ".join(f"{n} {s} ({_bytes(sum(f.allocated_bytes for f in view.by_state(s)))})" for s, n in counts.items())
+        + ", ".join(f"{n} {s} ({human_bytes(sum(f.allocated_bytes for f in view.by_state(s)))})" for s, n in counts.items())
     )
     text = "\n".join(out) + "\n"
     rows = [
-        [f.state, _bytes(f.size_bytes), _bytes(f.allocated_bytes), _owners(f), _path(f.path)] for f in view.files
+        [f.state, human_bytes(f.size_bytes), human_bytes(f.allocated_bytes), _owners(f), _path(f.path)] for f in view.files
     ]
     text += _table(["STATE", "SIZE", "ALLOCATED", "OWNERS (pid via)", "PATH"], rows, tty=tty)
     extra = []
     if view.deleted_mapped:
         extra.append(
-            f"unlinked but still held: {len(view.deleted_mapped)} file(s), {_bytes(view.deleted_mapped_bytes)}"
+            f"unlinked but still held: {len(view.deleted_mapped)} file(s), {human_bytes(view.deleted_mapped_bytes)}"
         )
         extra += [f"  {_path(f.path)}: {_owners(f)}" for f in view.deleted_mapped]
     for p, why in view.skipped:
@@ -230,27 +224,27 @@ def render_reclaim(result: Any, *, tty: bool = False) -> str:
     elif not result.confirmed:
         if result.candidates:
             out.append(
-                f"dry run: would remove {len(result.candidates)} orphan file(s), {_bytes(result.candidate_bytes)}; "
+                f"dry run: would remove {len(result.candidates)} orphan file(s), {human_bytes(result.candidate_bytes)}; "
                 "run with --confirm to remove them"
             )
         else:
             out.append("dry run: no orphan offload file to remove")
     elif result.reclaimed:
         state = "verified absent" if result.verified else "NOT verified"
-        out.append(f"removed {len(result.reclaimed)} file(s), {_bytes(result.reclaimed_bytes)} freed ({state})")
+        out.append(f"removed {len(result.reclaimed)} file(s), {human_bytes(result.reclaimed_bytes)} freed ({state})")
     else:
         out.append("nothing removed")
     text = "\n".join(out) + "\n"
     listed = result.reclaimed if result.confirmed else result.candidates
     text += _table(
         ["SIZE", "ALLOCATED", "PATH"],
-        [[_bytes(f.size_bytes), _bytes(f.allocated_bytes), _path(f.path)] for f in listed],
+        [[human_bytes(f.size_bytes), human_bytes(f.allocated_bytes), _path(f.path)] for f in listed],
         tty=tty,
     )
     if result.kept:
         text += "kept:\n" + "".join(f"  {_path(k.path)}: {k.reason}\n" for k in result.kept)
     if result.tmpfs_before and result.tmpfs_after and result.confirmed:
         text += (
-            f"tmpfs free: {_bytes(result.tmpfs_before.free_bytes)} -> {_bytes(result.tmpfs_after.free_bytes)}\n"
+            f"tmpfs free: {human_bytes(result.tmpfs_before.free_bytes)} -> {human_bytes(result.tmpfs_after.free_bytes)}\n"
         )
     return text

@@ -14,7 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-GIB = 1024**3
+from reconciler.units import GIB
+
 NAME_RE = r"^[a-z0-9][a-z0-9._-]*$"
 _VOLUME_RE = re.compile(r"^(?P<host>/[^:]*|[A-Za-z0-9][A-Za-z0-9_.-]*):(?P<ctr>/[^:]*)(?::(?P<mode>ro|rw))?$")
 

@@ -12,8 +12,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from reconciler.model import GIB, DesiredAssignment, DesiredState, container_name
+from reconciler.model import DesiredAssignment, DesiredState, container_name
 from reconciler.observed import LABEL_HOST, ContainerView, Observed, ShmView
+from reconciler.units import human_bytes
 
 
 
@@ -240,7 +241,7 @@ def plan(desired: DesiredState, observed: Observed, *, hold: Mapping[str, str] |
         reclaim_bytes = sum(f.allocated_bytes for f in orphans)
         reclaim = Action(
             kind=ActionKind.RECLAIM,
-            reason=f"{len(orphans)} orphan offload file(s) in {shm.dir} hold {_gib(reclaim_bytes)} "
+            reason=f"{len(orphans)} orphan offload file(s) in {shm.dir} hold {human_bytes(reclaim_bytes)} "
             "with no live mapping, open fd or running offload container",
             paths=tuple(f.path for f in orphans),
             bytes=reclaim_bytes,
@@ -269,8 +270,8 @@ def plan(desired: DesiredState, observed: Observed, *, hold: Mapping[str, str] |
             elif d.offload_bytes > room:
                 problems.append(
                     (
-                        f"tmpfs {shm.dir} would have {_gib(room)} free after planned leaves and reclaim; "
-                        f"recipe {d.recipe} needs {_gib(d.offload_bytes)} for its offload file",
+                        f"tmpfs {shm.dir} would have {human_bytes(room)} free after planned leaves and reclaim; "
+                        f"recipe {d.recipe} needs {human_bytes(d.offload_bytes)} for its offload file",
                         "tmpfs",
                     )
                 )
@@ -383,7 +384,3 @@ def _enter_reason(d: DesiredAssignment, mine: list[ContainerView]) -> str:
 
 def _sources(shm: ShmView) -> str:
     return ", ".join(f"{s.name} {s.render()}" for s in (shm.proc, shm.docker) if not s.ok)
-
-
-def _gib(n: int) -> str:
-    return f"{n / GIB:.2f} GiB" if n >= GIB / 10 else f"{n / 1024**2:.1f} MiB"

@@ -10,9 +10,10 @@ import sys
 from typing import Any, TextIO
 
 from reconciler.lock import read_loop_state
-from reconciler.model import GIB, DesiredState
+from reconciler.model import DesiredState
 from reconciler.observed import Observed
 from reconciler.planner import Action, ActionKind, Plan, slot_holders
+from reconciler.units import human_bytes
 
 
 
@@ -40,18 +41,6 @@ class Style:
 
     def dim(self, t: str) -> str:
         return self._c("2", t)
-
-
-def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "?"
-    if n >= GIB:
-        return f"{n / GIB:.2f} GiB"
-    if n >= 1024**2:
-        return f"{n / 1024**2:.1f} MiB"
-    if n >= 1024:
-        return f"{n / 1024:.1f} KiB"
-    return f"{n} B"
 
 
 _SIGN = {ActionKind.LEAVE: "-", ActionKind.RECLAIM: "~", ActionKind.ENTER: "+"}
