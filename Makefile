@@ -1,14 +1,22 @@
-# The two commands of the README. Both are idempotent on a fresh machine: `make demo`, `make test`.
-.PHONY: setup demo test bench
+# The two commands of the README. Both are idempotent on a fresh Debian machine, as root: `make demo`, `make test`.
+# `make setup` installs the Debian packages and creates .venv/ (the project's own virtual environment);
+# everything else runs its Python.
+.PHONY: setup demo test bench fresh
+
+PY := .venv/bin/python
 
 setup:
 	bash .ci/setup-host
 
 demo: setup
-	bash examples/demo/run.sh
+	PYTHON=$(PY) bash examples/demo/run.sh
 
 test: setup
-	RECONCILER_REQUIRE_DOCKER=1 python3 -m pytest -q -p no:cacheprovider tests
+	RECONCILER_REQUIRE_DOCKER=1 $(PY) -m pytest -q -p no:cacheprovider tests
 
 bench: setup
-	status=0; for b in tests/bench/bench_*.py; do echo "== $$b"; python3 $$b || status=1; done; exit $$status
+	status=0; for b in tests/bench/bench_*.py; do echo "== $$b"; $(PY) $$b || status=1; done; exit $$status
+
+# The README's two commands on a stock Debian container (Docker in Docker): see tests/fresh/run.sh.
+fresh: setup
+	bash tests/fresh/run.sh
