@@ -1,18 +1,46 @@
 #!/usr/bin/env bash
 # The demo: the field report's lifecycle on a GPU-less host, against the real Docker engine.
-#   split topology -> exclusive TP=2 offload lane -> back to split -> orphan offload files reclaimed.
+#   split topology -> a squatter blocks the switch -> exclusive TP=2 offload lane -> back to split
+#   -> orphan offload files reclaimed.
 # It edits a copy of examples/demo (so the repository stays as it is) and ends converged on the split topology,
-# so `reconciler --root examples/demo plan` exits 0 afterwards.
+# so `reconciler --root examples/demo plan` exits 0 afterwards. The offload files live on a small tmpfs of the
+# demo's own (mounted here at /run/reconciler-demo/shm); the host's /dev/shm is never read or touched.
+#
+#   bash examples/demo/run.sh              the demo (needs root and a running Docker engine; `make demo` sets up)
+#   bash examples/demo/run.sh --teardown   stops what the demo left running and unmounts its tmpfs
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+PYTHON=${PYTHON:-.venv/bin/python}
+[ -x "$PYTHON" ] || PYTHON=python3
+SHM=/run/reconciler-demo/shm        # must match shm.dir in examples/demo/configs/host.yaml
+SQUATTER=reconciler-demo-squatter
+
+if [ -t 1 ] && [ -z "${NO_COLOR:-}" ]; then BOLD=$'\033[1m' PLAIN=$'\033[0m'; else BOLD='' PLAIN=''; fi
 rc() { set +e; "$@"; local code=$?; set -e; echo "(exit $code)"; }
-step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
-r() { echo "\$ reconciler --root \$DEMO $*"; python3 -m reconciler --root "$DEMO" "$@"; }
+step() { printf '\n%s== %s%s\n' "$BOLD" "$*" "$PLAIN"; }
+r() { echo "\$ reconciler --root \$DEMO $*"; "$PYTHON" -m reconciler --root "$DEMO" "$@"; }
 
 DEMO=$(mktemp -d /tmp/reconciler-demo.XXXXXX)
-trap 'rm -rf "$DEMO"' EXIT
+trap 'rm -rf "$DEMO"; docker rm -f "$SQUATTER" >/dev/null 2>&1 || true' EXIT
 cp -r examples/demo/configs examples/demo/manifests "$DEMO/"
 SPLIT=$(cat "$DEMO/manifests/demo.yaml")
+
+if [ "${1:-}" = "--teardown" ]; then
+  printf 'host: demo\nassignments: []\n' >"$DEMO/manifests/demo.yaml"
+  if ! mountpoint -q "$SHM"; then mkdir -p "$SHM" && mount -t tmpfs -o size=256m,mode=1777 tmpfs "$SHM"; fi
+  r apply --yes
+  umount "$SHM" && rmdir "$SHM" && echo "unmounted the demo tmpfs $SHM"
+  exit 0
+fi
+
+step "0. the demo's own tmpfs for offload files (the host's /dev/shm is left alone)"
+if mountpoint -q "$SHM"; then
+  echo "$SHM is mounted already (an earlier demo run)"
+else
+  mkdir -p "$SHM"
+  mount -t tmpfs -o size=256m,mode=1777 tmpfs "$SHM"
+  echo "mounted a 256 MiB tmpfs on $SHM"
+fi
 
 step "1. validate the host, recipes and manifest"
 r validate
@@ -24,34 +52,55 @@ step "3. apply: converge to the split topology (omni on dark-compute-b, dark-com
 r apply --yes
 r status
 
-step "4. edit the manifest: the exclusive TP=2 native-offload lane on both slots"
+step "4. someone starts a container by hand on GPU 0 (dark-compute-a); the tool does not own it"
+echo "\$ docker run -d --name $SQUATTER -e NVIDIA_VISIBLE_DEVICES=0 reconciler/fake-vllm:latest ..."
+docker rm -f "$SQUATTER" >/dev/null 2>&1 || true
+docker run -d --name "$SQUATTER" -e NVIDIA_VISIBLE_DEVICES=0 -v /usr:/usr:ro \
+  reconciler/fake-vllm:latest python3 -c 'import time; time.sleep(3600)' | cut -c1-12
+
+step "5. edit the manifest: the exclusive TP=2 native-offload lane on both slots; the squatter blocks it (exit 3)"
 cat >"$DEMO/manifests/demo.yaml" <<'YAML'
 host: demo
 assignments:
   - recipe: deepseek-256k-offload
     gpus: [dark-compute-a, dark-compute-b]
 YAML
+cat "$DEMO/manifests/demo.yaml"
 rc r plan
+rc r apply --yes
+echo "(the manifest is as the operator wrote it, and omni still runs: nothing was stopped)"
+r status
+
+step "6. the operator removes the squatter; the same manifest now converges"
+echo "\$ docker rm -f $SQUATTER"
+docker rm -f "$SQUATTER" >/dev/null
 r apply --yes
 
-step "5. its offload file is mapped by both workers; the guard refuses to reclaim it while it runs"
+step "7. its offload file is mapped by both workers; the guard refuses to reclaim it while it runs"
 r shm status
 rc r shm reclaim --confirm
 
-step "6. edit back to the split topology: the TP=2 lane leaves, its offload file goes, omni returns"
+step "8. edit back to the split topology: the TP=2 lane leaves, its offload file goes, omni returns"
 printf '%s\n' "$SPLIT" >"$DEMO/manifests/demo.yaml"
 r apply --yes
 r shm status
 
-step "7. the report's failure: crashed workers leave orphan offload files behind"
+step "9. the report's failure: crashed workers leave orphan offload files behind"
 for n in 1 2; do
-  head -c $((32 * 1024 * 1024)) /dev/zero >"/dev/shm/vllm_offload_demo-orphan-$n.mmap"
+  head -c $((32 * 1024 * 1024)) /dev/zero >"$SHM/vllm_offload_demo-orphan-$n.mmap"
 done
 r shm status
 rc r plan
 echo "\$ reconciler --root \$DEMO shm reclaim            # dry run"
-python3 -m reconciler --root "$DEMO" shm reclaim
+"$PYTHON" -m reconciler --root "$DEMO" shm reclaim
 r apply --yes
 r status
 
-step "done: the demo host is converged; run \`reconciler --root examples/demo plan\` (exit 0) or \`status\`"
+step "done: the demo host is converged"
+cat <<EOF
+Left running: omni on dark-compute-b (container reconciler-omni-dark-compute-b), and the demo's tmpfs on $SHM.
+  reconciler --root examples/demo plan       # exit 0: nothing to do
+  reconciler --root examples/demo status
+To tear it all down (reconciler apply with an empty manifest, then unmount the tmpfs):
+  bash examples/demo/run.sh --teardown
+EOF
