@@ -108,6 +108,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         emit_json(data)
     else:
         print(render_status(data, Style()))
+    # Like `shm status`: a source the answer needs was down, so part of it is unknown.
+    if observed.unavailable():
+        for s in observed.unavailable():
+            print(f"error: {s.name} source unavailable: {s.detail}", file=sys.stderr)
+        return EXIT_ERROR
     return EXIT_OK
 
 

@@ -67,8 +67,24 @@ class Blocker:
     reason: str
     holder: str = ""
 
+    @property
+    def cause(self) -> str:
+        """What kind of problem this is, for the advice that goes with it: ``held`` (something not ours, or
+        another assignment of ours, holds a slot), ``tmpfs`` (no room for the offload file) or ``source`` (a
+        source could not vouch for the slots or the offload files: telemetry down, GPU not found, /proc
+        unreadable)."""
+        if self.holder == "tmpfs":
+            return "tmpfs"
+        return "held" if self.holder else "source"
+
     def to_json(self) -> dict:
-        return {"recipe": self.recipe, "gpus": list(self.gpus), "reason": self.reason, "holder": self.holder}
+        return {
+            "recipe": self.recipe,
+            "gpus": list(self.gpus),
+            "reason": self.reason,
+            "holder": self.holder,
+            "cause": self.cause,
+        }
 
 
 @dataclass(frozen=True)

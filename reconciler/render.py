@@ -85,12 +85,8 @@ def render_plan(plan: Plan, observed: Observed | None, s: Style) -> str:
         out.append(s.yellow(f"  … held {h.recipe} on {','.join(h.gpus)}: {h.reason}"))
     counts = {k: sum(1 for a in plan.actions if a.kind is k) for k in ActionKind}
     if plan.blocked:
-        out.append(
-            s.red(
-                f"Blocked: {len(plan.blockers)} problem(s); apply would change nothing. The reconciler never stops "
-                "what it does not own: free the slot or change the manifest."
-            )
-        )
+        out.append(s.red(f"Blocked: {len(plan.blockers)} problem(s); apply would change nothing."))
+        out.extend("  " + line for line in blocked_advice(plan))
     elif plan.actions:
         out.append(
             s.bold(
@@ -103,6 +99,21 @@ def render_plan(plan: Plan, observed: Observed | None, s: Style) -> str:
     return "\n".join(out)
 
 
+_ADVICE = {
+    "held": "The reconciler never stops what it does not own: free the slot or change the manifest.",
+    "tmpfs": "Make room on the offload tmpfs (`reconciler shm status` shows what holds it) or pick a smaller "
+    "offload lane.",
+    "source": "A source could not vouch for the slots or the offload files, so nothing that needs it is changed: "
+    "fix the source named above.",
+}
+
+
+def blocked_advice(plan: Plan) -> list[str]:
+    """One line of advice per kind of blocker in the plan, in a fixed order: what the operator can do."""
+    causes = {b.cause for b in plan.blockers}
+    return [_ADVICE[c] for c in ("source", "held", "tmpfs") if c in causes]
+
+
 # ---------------------------------------------------------------- status
 
 
@@ -111,6 +122,9 @@ def status_data(desired: DesiredState, observed: Observed, plan: Plan) -> dict[s
     held = slot_holders(desired, observed)
     want = desired.slot_owner()
     by_id = {c.id: c for c in observed.containers}
+    # What could not be observed is unknown, never "free": without Docker no container is known, and without GPU
+    # telemetry (where the host has it) a process outside any container may hold a slot.
+    blind = [s.name for s in (observed.docker, observed.gpus.source) if not s.ok]
     slots: dict[str, Any] = {}
     for slot, gpu in desired.host.gpus.items():
         holders = held.get(slot, [])
@@ -141,7 +155,8 @@ def status_data(desired: DesiredState, observed: Observed, plan: Plan) -> dict[s
                 for c in holders
             ],
             "processes": procs,
-            "free": not holders and not procs,
+            "free": False if holders or procs else (None if blind else True),
+            "unknown": blind,
         }
     shm = observed.shm
     return {
@@ -217,7 +232,12 @@ def render_status(data: dict[str, Any], s: Style) -> str:
             + ")"
             for p in v["processes"]
         ]
-        now = "; ".join(held) if held else s.dim("free")
+        if held:
+            now = "; ".join(held) + (s.yellow(f" (and unknown: {', '.join(v['unknown'])} unavailable)") if v["unknown"] else "")
+        elif v["free"] is None:
+            now = s.yellow(f"unknown ({', '.join(v['unknown'])} unavailable)")
+        else:
+            now = s.dim("free")
         want = v["desired"] or "free"
         out.append(f"  {slot:<16} want {want:<24} has {now}  [{gpu}]")
     out.append("")
@@ -231,6 +251,8 @@ def render_status(data: dict[str, Any], s: Style) -> str:
         f"blocked {f['blocked']['count']} ({human_bytes(f['blocked']['bytes'])}), "
         f"deleted but mapped {human_bytes(shm['deleted_mapped_bytes'])}"
     )
+    if not data["sources"].get("proc", "ok").startswith("ok"):
+        out.append(s.yellow("  owners unknown: proc unavailable, so no file counts as orphan and none is reclaimed"))
     preserved = [c for c in data["containers"] if c["preserved"]]
     if preserved:
         out.append("")
@@ -251,6 +273,9 @@ def render_status(data: dict[str, Any], s: Style) -> str:
     plan = data["plan"]
     if data["converged"]:
         out.append(s.green("converged: the host matches the manifest"))
+    elif plan["unavailable"]:
+        out.append(s.red(f"unknown: {', '.join(plan['unavailable'])} unavailable, so whether the host matches "
+                         "the manifest cannot be told (exit 1)"))
     else:
         n = len(plan["actions"])
         state = "blocked" if plan["blocked"] else f"{n} action(s) pending"
