@@ -17,7 +17,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from reconciler.docker_ops import DockerOps, create_spec
@@ -90,7 +90,7 @@ class Outcome:
 
 @dataclass
 class PassResult:
-    result: str  # "converged" | "blocked" | "failed" | "error" | "held" | "interrupted"
+    result: str  # "converged" | "blocked" | "failed" | "error" | "held" | "interrupted" | "changed"
     plan: Plan
     final: Plan
     outcomes: list[Outcome] = field(default_factory=list)
@@ -151,16 +151,27 @@ class Applier:
     # ------------------------------------------------------------ the pass
 
     def converge(
-        self, *, start: tuple[Observed, Plan] | None = None, max_steps: int | None = None
+        self,
+        *,
+        start: tuple[Observed, Plan] | None = None,
+        max_steps: int | None = None,
+        approved: Plan | None = None,
     ) -> PassResult:
-        """One pass. ``start`` is an observation and its plan already shown to the operator, to act on as shown."""
+        """One pass. ``start`` is an observation and its plan already shown to the operator, to act on as shown.
+
+        With ``approved`` (the plan the operator saw and approved), only its actions run: after each action the
+        host is planned again, and a next step that the approved plan does not hold ends the pass as
+        ``changed`` instead of being done unseen. Without it (the loop) every step of the new plan runs.
+        """
         t0 = time.monotonic()
         observed, first = start or self.plan_now()
-        result = self._converge_from(observed, first, max_steps=max_steps)
+        result = self._converge_from(observed, first, max_steps=max_steps, approved=approved)
         result.seconds = time.monotonic() - t0
         return result
 
-    def _converge_from(self, observed: Observed, first: Plan, *, max_steps: int | None) -> PassResult:
+    def _converge_from(
+        self, observed: Observed, first: Plan, *, max_steps: int | None, approved: Plan | None = None
+    ) -> PassResult:
         if first.unavailable:
             srcs = ", ".join(f"{s.name} ({s.detail})" for s in observed.unavailable())
             return PassResult("error", first, first, message=f"source unavailable: {srcs}; nothing changed")
@@ -174,6 +185,19 @@ class Applier:
             if self.cancel.is_set():
                 return PassResult("interrupted", first, current, outcomes, "stop requested; nothing left half-owned")
             action = current.actions[0]
+            if approved is not None:
+                shown = within(approved, action)
+                if shown is None:
+                    return PassResult(
+                        "changed",
+                        first,
+                        current,
+                        outcomes,
+                        f"the host changed after the plan was shown: the next step ({action.kind.value} "
+                        f"{action.key}: {action.reason}) was not in it, so it was not done. "
+                        "Run `reconciler plan` to see the new plan",
+                    )
+                action = shown
             outcome = self._execute(action, observed)
             observed, current = self.plan_now(failed)
             if outcome.result == "ok" and _still_wanted(action, current):
@@ -447,6 +471,26 @@ def _cause_from_logs(logs: str) -> str:
         if "error" in low or "exception" in low or "fatal" in low:
             return ln
     return ""
+
+
+def within(approved: Plan, action: Action) -> Action | None:
+    """Pure: ``action`` as far as the approved plan holds it, or None when it holds no such step.
+
+    A leave must name the same container, an enter the same assignment and recipe hash; a reclaim keeps only
+    the paths the approved plan listed (the operator saw those, and no others).
+    """
+    for a in approved.actions:
+        if a.kind is not action.kind:
+            continue
+        if action.kind is ActionKind.LEAVE and a.container_id == action.container_id:
+            return action
+        if action.kind is ActionKind.ENTER and a.key == action.key and a.recipe_hash == action.recipe_hash:
+            return action
+        if action.kind is ActionKind.RECLAIM:
+            paths = tuple(p for p in action.paths if p in set(a.paths))
+            if paths:
+                return replace(action, paths=paths) if paths != action.paths else action
+    return None
 
 
 def _still_wanted(action: Action, current: Plan) -> bool:

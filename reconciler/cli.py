@@ -85,7 +85,13 @@ def plan_exit_code(p: Any) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from reconciler.render import Style, render_plan
 
+    if args.out:
+        from reconciler.fingerprint import file_digests
+
+        files_before = file_digests(args.root)  # before loading: an edit in between makes the saved plan stale
     desired, observed, p = _observe_and_plan(args.root)
+    if args.out:
+        _save_plan(args.out, p, observed, files_before)
     if args.json:
         data = p.to_json()
         data["sources"] = {n: v.render() for n, v in observed.sources.items()}
@@ -97,6 +103,32 @@ def cmd_plan(args: argparse.Namespace) -> int:
         for s in observed.unavailable():
             print(f"error: {s.name} source unavailable: {s.detail}", file=sys.stderr)
     return code
+
+
+def _save_plan(path: str, p: Any, observed: Any, files: dict[str, str]) -> None:
+    """Write a plan with the fingerprint of what it was made from, for `reconciler apply FILE` (mode 0600)."""
+    import os
+    import time
+
+    from reconciler.fingerprint import PLAN_FORMAT, Fingerprint, observed_parts
+
+    data = {
+        "format": PLAN_FORMAT,
+        "host": p.host,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "fingerprint": Fingerprint(files, observed_parts(observed)).to_json(),
+        "plan": p.to_json(),
+    }
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ReconcilerError(f"cannot write the plan to {path}: {exc.strerror or exc}") from None
+    print(f"plan saved to {path}; apply exactly it with `reconciler apply {path}`", file=sys.stderr)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -140,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "plan", parents=[common], help="dry run: what would change and why (0 none, 2 pending, 3 blocked, 1 error)"
     )
+    p.add_argument("--out", metavar="FILE", help="also save the plan, with a fingerprint of what it was made from, "
+                   "for `reconciler apply FILE`")
     p.set_defaults(func=cmd_plan)
     p = sub.add_parser("status", parents=[common], help="what is on each GPU slot, containers, shm, converged or not")
     p.set_defaults(func=cmd_status)

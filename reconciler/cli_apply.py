@@ -7,13 +7,59 @@ safe point (everything created already carries its labels) and exit non-zero.
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reconciler.cli import EXIT_ERROR, emit_json
+from reconciler.errors import ReconcilerError
+from reconciler.fingerprint import PLAN_FORMAT, Fingerprint, file_digests, observed_parts
 from reconciler.loader import load_desired
+
+if TYPE_CHECKING:
+    from reconciler.planner import Plan
+
+
+APPROVAL_HELP = (
+    "apply changes the host only when approved: answer its prompt on a terminal, pass --yes, or save a plan with "
+    "`reconciler plan --out FILE` and run `reconciler apply FILE`"
+)
+
+
+def _read_plan_file(path: str) -> tuple[dict[str, Any], Fingerprint]:
+    """A saved plan (``reconciler plan --out``) and its fingerprint; ReconcilerError when it is not one."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        raise ReconcilerError(f"{path}: no such plan file (write one with `reconciler plan --out {path}`)") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ReconcilerError(f"{path}: not a saved plan ({exc}); write one with `reconciler plan --out FILE`") from None
+    if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
+        raise ReconcilerError(f"{path}: not a saved plan of this tool (format {PLAN_FORMAT!r} expected)")
+    try:
+        return data, Fingerprint.from_json(data.get("fingerprint") or {})
+    except ValueError as exc:
+        raise ReconcilerError(f"{path}: {exc}") from None
+
+
+def _stale(changes: list[str], what: str, new: Plan, observed: Any, args: argparse.Namespace) -> int:
+    """Refuse a plan whose inputs changed: say what changed and show the plan as it would be now. Exit 1."""
+    from reconciler.render import Style, render_plan
+
+    if args.json:
+        emit_json({"host": new.host, "result": "stale", "message": what, "changes": changes, "plan": new.to_json()})
+    else:
+        print(f"{what}; nothing was changed. What changed:", file=sys.stderr)
+        for line in changes[:40]:
+            print(f"  {line}", file=sys.stderr)
+        if len(changes) > 40:
+            print(f"  ... and {len(changes) - 40} more", file=sys.stderr)
+        print("The plan now:", file=sys.stderr)
+        print(render_plan(new, observed, Style(sys.stderr)), file=sys.stderr)
+    return EXIT_ERROR
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
@@ -22,7 +68,15 @@ def cmd_apply(args: argparse.Namespace) -> int:
     from reconciler.progress import TerminalProgress
     from reconciler.render import Style, render_plan
 
+    # The files' digests are taken before they are loaded: an edit in between makes the plan look stale
+    # (refused, shown again), never fresh.
+    files_before = file_digests(args.root)
     desired = load_desired(args.root)
+    saved = _read_plan_file(args.plan_file) if args.plan_file else None
+    if saved is not None and saved[0].get("host") != desired.host.name:
+        raise ReconcilerError(
+            f"{args.plan_file}: a plan for host {saved[0].get('host')!r}, but {args.root} is host {desired.host.name!r}"
+        )
     cancel = threading.Event()
 
     def stop(signum: int, _frame: Any) -> None:
@@ -34,14 +88,32 @@ def cmd_apply(args: argparse.Namespace) -> int:
         with HostLock(desired.host.name, command="apply"):
             applier = Applier(desired, progress=TerminalProgress(quiet=args.json), cancel=cancel)
             observed, first = applier.plan_now()
-            if not args.json:
+            shown = Fingerprint(files_before, observed_parts(observed))
+            if saved is not None:
+                changes = shown.changes_since(saved[1])
+                if changes:
+                    return _stale(changes, f"the saved plan {args.plan_file} is stale", first, observed, args)
+            elif not args.json:
                 print(render_plan(first, observed, Style()))
-            if first.actions and not first.blocked and not first.unavailable and not args.yes and sys.stdin.isatty():
+                sys.stdout.flush()  # the plan comes before the progress lines (stderr), also when piped
+            acts = bool(first.actions) and not first.blocked and not first.unavailable
+            if acts and saved is None and not args.yes:
+                if args.json or not sys.stdin.isatty():
+                    why = "--json never prompts" if args.json else "no terminal to ask on"
+                    print(f"error: {why}; nothing was changed. {APPROVAL_HELP}", file=sys.stderr)
+                    return EXIT_ERROR
                 answer = input(f"Apply {len(first.actions)} action(s)? [y/N] ").strip().lower()
                 if answer not in ("y", "yes"):
                     print("nothing changed", file=sys.stderr)
                     return EXIT_ERROR
-            result = applier.converge(start=(observed, first))
+                # What runs is what was shown: a change while the prompt waited means another plan.
+                observed, now = applier.plan_now()
+                changes = Fingerprint(file_digests(args.root), observed_parts(observed)).changes_since(shown)
+                if changes:
+                    return _stale(changes, "the host or its files changed while the plan waited for approval",
+                                  now, observed, args)
+                first = now
+            result = applier.converge(start=(observed, first), approved=first)
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
@@ -77,7 +149,11 @@ def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "apply", parents=parents, help="one converge pass (0 converged, 3 blocked, 1 failed)"
     )
-    p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation on a terminal")
+    p.add_argument(
+        "plan_file", nargs="?", metavar="FILE",
+        help="a plan saved by `reconciler plan --out FILE`: apply exactly it, refused when the host or files changed",
+    )
+    p.add_argument("--yes", "-y", action="store_true", help="approve the plan shown without asking (needed without a terminal)")
     p.set_defaults(func=cmd_apply)
 
     p = sub.add_parser("run", parents=parents, help="the loop: watch and converge, serve /metrics and /healthz")

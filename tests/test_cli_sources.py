@@ -10,7 +10,7 @@ import yaml
 
 from reconciler.planner import Blocker, Plan
 from reconciler.render import Style, render_plan
-from tests.e2e_helpers import make_root
+from e2e_helpers import make_root
 
 
 def _dead_docker_root(tmp_path: Path, shm: Path):  # type: ignore[no-untyped-def]

@@ -1,0 +1,135 @@
+"""Approvals like terraform's, through the real command line and the real engine: `apply` without a terminal
+needs --yes or a saved plan; --json never prompts; `plan --out FILE` + `apply FILE` runs exactly the plan that was
+saved, and a stale one is refused with what changed; after approval only the shown plan's steps run."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_helpers import Root, build_image, make_root
+
+from reconciler.apply import within
+from reconciler.planner import Action, ActionKind, Plan
+
+pytestmark = [pytest.mark.docker, pytest.mark.root]
+
+
+@pytest.fixture(scope="module")
+def image(docker_api: Any) -> str:
+    return build_image()
+
+
+@pytest.fixture
+def root(tmp_path: Path, tmpfs_dir: Path, docker_api: Any, image: str, request: pytest.FixtureRequest) -> Iterator[Root]:
+    r = make_root(tmp_path, shm=tmpfs_dir, api=docker_api, name=request.node.name)
+    try:
+        yield r
+    finally:
+        r.cleanup()
+
+
+def test_apply_without_a_terminal_or_yes_refuses_and_changes_nothing(root: Root) -> None:
+    omni = root.recipe("omni")
+    root.manifest((omni, ["dark-compute-b"]))
+    r = root.cli("apply")  # stdin is not a terminal here (subprocess.run without input: /dev/null-like)
+    assert r.rc == 1, r
+    assert "nothing was changed" in r.stderr and "--yes" in r.stderr and "plan --out" in r.stderr
+    assert "+ enter" in r.stdout  # the plan is still shown
+    assert root.running() == {}
+    j = root.cli("apply", "--json")
+    assert j.rc == 1 and "--json never prompts" in j.stderr and j.stdout == "", j
+    assert root.running() == {}
+
+
+def test_json_on_a_terminal_never_prompts(root: Root) -> None:
+    omni = root.recipe("omni")
+    root.manifest((omni, ["dark-compute-b"]))
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: stdin/stdout on a real terminal
+        os.execvpe(root.cli_args("apply", "--json")[0], root.cli_args("apply", "--json"), root.env)
+    out = b""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    _, status = os.waitpid(pid, 0)
+    text = out.decode(errors="replace")
+    assert os.waitstatus_to_exitcode(status) == 1, text
+    assert "[y/N]" not in text and "--json never prompts" in text
+    assert root.running() == {}
+
+
+def test_saved_plan_applies_exactly_and_a_stale_one_is_refused(root: Root, tmp_path: Path) -> None:
+    omni = root.recipe("omni")
+    root.manifest((omni, ["dark-compute-b"]))
+    saved = tmp_path / "plan.json"
+    p = root.cli("plan", "--out", str(saved))
+    assert p.rc == 2, p
+    doc = json.loads(saved.read_text())
+    assert doc["format"] == "reconciler-plan/1" and doc["host"] == root.host
+    assert [a["kind"] for a in doc["plan"]["actions"]] == ["enter"]
+    assert oct(saved.stat().st_mode & 0o777) == "0o600"
+    # Nothing is running, and that is a fact of the fingerprint too: a container started since makes it stale.
+    squatter = root.run_unmanaged(
+        "squatter", "-v", "/usr:/usr:ro", "reconciler/fake-vllm:latest", "python3", "-c", "import time; time.sleep(300)"
+    )
+    r = root.cli("apply", str(saved))
+    assert r.rc == 1, r
+    assert "stale" in r.stderr and "containers: now " + squatter in r.stderr, r.stderr
+    assert root.running() == {}
+    root.api.remove_container(squatter, force=True)
+
+    # An edited file makes it stale as well, and says which file.
+    saved2 = tmp_path / "plan2.json"
+    assert root.cli("plan", "--out", str(saved2)).rc == 2
+    root.write_manifest_text(root.manifest_path.read_text() + "# edited\n")
+    r = root.cli("apply", str(saved2), "--json")
+    assert r.rc == 1 and r.data["result"] == "stale", r
+    assert "manifests/demo.yaml edited" in r.data["changes"]
+
+    # A fresh saved plan runs without --yes and without a terminal: it was approved by being saved.
+    saved3 = tmp_path / "plan3.json"
+    assert root.cli("plan", "--out", str(saved3)).rc == 2
+    r = root.cli("apply", str(saved3), "--json")
+    assert r.rc == 0 and r.data["result"] == "converged", r
+    assert set(root.running()) == {root.cname(omni, "dark-compute-b")}
+
+
+def test_a_plan_file_of_another_host_or_garbage_is_a_clear_error(root: Root, tmp_path: Path) -> None:
+    bad = tmp_path / "junk.json"
+    bad.write_text("{not json")
+    r = root.cli("apply", str(bad))
+    assert r.rc == 1 and "not a saved plan" in r.stderr and "Traceback" not in r.stderr, r
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"format": "reconciler-plan/1", "host": "elsewhere", "fingerprint": {"files": {}, "parts": {}}}))
+    r = root.cli("apply", str(other))
+    assert r.rc == 1 and "a plan for host 'elsewhere'" in r.stderr, r
+    r = root.cli("apply", str(tmp_path / "missing.json"))
+    assert r.rc == 1 and "no such plan file" in r.stderr, r
+
+
+def test_only_the_approved_steps_run() -> None:
+    leave = Action(ActionKind.LEAVE, "not in the manifest", recipe="a", gpus=("x",), container="c", container_id="id1")
+    enter = Action(ActionKind.ENTER, "wanted", recipe="b", gpus=("x",), recipe_hash="h1")
+    reclaim = Action(ActionKind.RECLAIM, "orphans", paths=("/s/vllm_offload_1.mmap", "/s/vllm_offload_2.mmap"))
+    approved = Plan(host="h", actions=(leave, reclaim, enter))
+    assert within(approved, leave) is leave and within(approved, enter) is enter
+    # Another container, another recipe hash, or a file the operator never saw: not approved.
+    assert within(approved, Action(ActionKind.LEAVE, "x", container_id="id2")) is None
+    assert within(approved, Action(ActionKind.ENTER, "x", recipe="b", gpus=("x",), recipe_hash="h2")) is None
+    later = Action(ActionKind.RECLAIM, "orphans", paths=("/s/vllm_offload_2.mmap", "/s/vllm_offload_3.mmap"))
+    assert within(approved, later).paths == ("/s/vllm_offload_2.mmap",)
+    assert within(approved, Action(ActionKind.RECLAIM, "o", paths=("/s/vllm_offload_9.mmap",))) is None
