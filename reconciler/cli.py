@@ -23,8 +23,10 @@ EXIT_BLOCKED = 3
 
 
 def emit_json(data: Any) -> None:
-    json.dump(data, sys.stdout, indent=2, sort_keys=False, default=str)
-    sys.stdout.write("\n")
+    from reconciler.redact import redact_data
+
+    # A last pass over every string on its way out: a command line missed at its source is masked here.
+    sys.stdout.write(json.dumps(redact_data(data), indent=2, sort_keys=False, default=str) + "\n")
 
 
 def report_config_error(exc: ConfigError, args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from reconciler.observed import ShmFile, ShmView
+from reconciler.redact import redact_cmdline, redact_data
 from reconciler.units import human_bytes
 
 EXIT_OK = 0
@@ -59,10 +60,10 @@ def cmd_shm_status(args: argparse.Namespace) -> int:
     if getattr(args, "json", False):
         _emit_json(status_json(view))
     else:
-        sys.stdout.write(render_status(view, tty=sys.stdout.isatty()))
+        sys.stdout.write(redact_cmdline(render_status(view, tty=sys.stdout.isatty())))
     for s in (view.proc, view.docker):
         if not s.ok:
-            print(f"error: {s.name} source unavailable: {s.detail}", file=sys.stderr)
+            print(redact_cmdline(f"error: {s.name} source unavailable: {s.detail}"), file=sys.stderr)
     return EXIT_OK if view.sources_ok else EXIT_FAILED
 
 
@@ -79,11 +80,11 @@ def cmd_shm_reclaim(args: argparse.Namespace) -> int:
     if getattr(args, "json", False):
         _emit_json(result.to_json())
     else:
-        sys.stdout.write(render_reclaim(result, tty=sys.stdout.isatty()))
+        sys.stdout.write(redact_cmdline(render_reclaim(result, tty=sys.stdout.isatty())))
     if result.refused:
-        print(f"error: reclaim refused: {result.refused}", file=sys.stderr)
+        print(redact_cmdline(f"error: reclaim refused: {result.refused}"), file=sys.stderr)
     for e in result.errors:
-        print(f"error: {e}", file=sys.stderr)
+        print(redact_cmdline(f"error: {e}"), file=sys.stderr)
     return EXIT_OK if result.ok else EXIT_FAILED
 
 
@@ -97,7 +98,9 @@ def file_json(f: ShmFile) -> dict[str, Any]:
         "inode": f.inode,
         "size_bytes": f.size_bytes,
         "allocated_bytes": f.allocated_bytes,
-        "owners": [{"pid": o.pid, "container": o.container, "via": o.via, "command": o.command} for o in f.owners],
+        "owners": [
+            {"pid": o.pid, "container": o.container, "via": o.via, "command": redact_cmdline(o.command)} for o in f.owners
+        ],
         "state": f.state,
         "reason": f.reason,
     }
@@ -113,13 +116,14 @@ def status_json(view: ShmView) -> dict[str, Any]:
             "used_bytes": view.tmpfs.used_bytes,
             "free_bytes": view.tmpfs.free_bytes,
         },
-        "sources": {"proc": view.proc.render(), "docker": view.docker.render()},
+        "sources": {"proc": redact_cmdline(view.proc.render()), "docker": redact_cmdline(view.docker.render())},
         "blocking_containers": list(view.blocking_containers),
         "files": [file_json(f) for f in view.files],
         "deleted_mapped_bytes": view.deleted_mapped_bytes,
         "deleted_mapped": [file_json(f) for f in view.deleted_mapped],
         "uninspectable": [
-            {"pid": u.pid, "command": u.command, "reason": u.reason, "excused": u.excused} for u in view.uninspectable
+            {"pid": u.pid, "command": redact_cmdline(u.command), "reason": u.reason, "excused": u.excused}
+            for u in view.uninspectable
         ],
         "skipped": [{"path": p, "reason": why} for p, why in view.skipped],
     }
@@ -127,7 +131,8 @@ def status_json(view: ShmView) -> dict[str, Any]:
 
 def _emit_json(data: Any, out: TextIO | None = None) -> None:
     out = out or sys.stdout
-    out.write(json.dumps(data, indent=2) + "\n")  # one write: json.dump writes piece by piece
+    # One write (json.dump writes piece by piece), after a last redaction pass over every string.
+    out.write(json.dumps(redact_data(data), indent=2) + "\n")
 
 
 # ---------------------------------------------------------------- human output
@@ -139,7 +144,7 @@ def _path(p: str) -> str:
 
 
 def _command(cmd: str, width: int = 60) -> str:
-    cmd = " ".join(cmd.split()) or "?"
+    cmd = " ".join(redact_cmdline(cmd).split()) or "?"  # masked before it is cut
     return cmd if len(cmd) <= width else cmd[: width - 3] + "..."
 
 

@@ -50,6 +50,9 @@ class Log:
         self._lock = threading.Lock()
 
     def __call__(self, event: str, **fields: Any) -> None:
+        from reconciler.redact import redact_fields
+
+        fields = redact_fields(fields)  # secrets never reach a log line (DESIGN.md, safety rule 10)
         now = time.time()  # one reading: seconds and milliseconds of the same instant
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
         if self.fmt == "json":

@@ -59,12 +59,15 @@ def container_of_pid(pid: int, proc_root: str = "/proc") -> str | None:
 
 
 def read_comm(pid: int, proc_root: str = "/proc") -> str:
-    """A short human name for a pid: its cmdline, else its comm; '' when gone."""
+    """A short human name for a pid: its cmdline (secret values masked), else its comm; '' when gone."""
+    from reconciler.redact import redact_argv
+
     try:
         with open(f"{proc_root}/{pid}/cmdline", "rb") as fh:
             raw = fh.read(4096)
         if raw:
-            return raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")[:200]
+            # Masked before it is cut to 200 characters, so a cut never splits a flag from its secret value.
+            return " ".join(redact_argv(raw.rstrip(b"\0").decode("utf-8", "replace").split("\0")))[:200]
         with open(f"{proc_root}/{pid}/comm", encoding="utf-8", errors="replace") as fh:
             return f"[{fh.read().strip()}]"
     except OSError:

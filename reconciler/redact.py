@@ -1,0 +1,201 @@
+"""Secrets never leave the process (DESIGN.md, safety rule 10): redaction of command lines, env and free text.
+
+Pure, standard library only. Applied where a command line is read (``procfs.read_comm``, the shm inspection's
+owners, the GPU observer's processes) and once more at the boundaries (the loop's log lines, the JSON writers),
+so a value missed at a source is still caught on its way out.
+
+What is replaced by ``***`` (the name or flag itself stays, so an operator still sees *that* a secret was given):
+
+- the value of a flag whose name is secret-bearing: ``--api-key``, ``--hf-token``, ``--token``, ``--password``,
+  ``--secret``, and any flag whose name contains token, key, secret, password, passwd or credential, in both
+  ``--flag value`` and ``--flag=value`` forms. Counts and tokenizer paths (``--max-num-batched-tokens``,
+  ``--tokenizer``) are not secrets and stay readable;
+- the value of an env-style assignment ``NAME=value`` whose NAME ends in ``_TOKEN``, ``_KEY``, ``_SECRET``,
+  ``PASSWORD``, ``PASSWD``, ``_PASS``, ``_CREDENTIAL(S)`` (case-insensitive), as an argument or in text;
+- the token after ``Bearer`` / ``Basic``, the password of a URL's ``user:password@`` (or a bare token used as
+  the URL's user), a quoted value under a secret-bearing key (``'api_key': 'sk-…'``, as vLLM logs its args),
+  and well-known token shapes (``hf_…``, ``sk-…``, ``ghp_…``, ``github_pat_…``, ``xox?-…``, ``glpat-…``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+MASK = "***"
+
+_SECRET_WORDS = ("token", "key", "secret", "password", "passwd", "credential")
+# Words that contain a secret word but name no secret: counts of tokens, the tokenizer.
+_BENIGN = re.compile(r"tokenizer|tokens")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Names that are a secret on their own (a mapping's key, a log field): ``token=…``, ``{"secret": …}``.
+_BARE_NAMES = frozenset({"token", "key", "secret", "password", "passwd", "credentials", "apikey", "api_key"})
+_ENV_SUFFIXES = ("_token", "_key", "_secret", "password", "passwd", "_pass", "_credentials", "_credential")
+
+# Inline rules over free text (and over each argument).
+_URL_USERINFO = re.compile(r"(?P<pre>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^\s/@:]*)(?::(?P<pw>[^\s/]*))?@")
+_BEARER = re.compile(r"(?P<pre>\b(?i:bearer)\s+|\bBasic\s+)(?P<tok>[A-Za-z0-9._~+/=-]{8,})")
+_QUOTED_KV = re.compile(
+    r"(?i)(?P<pre>(?P<key>[\"']?[\w.-]*(?:token|key|secret|password|passwd|credential)[\w.-]*[\"']?)\s*[:=]\s*)"
+    r"(?P<q>[\"'])(?P<val>[^\"']*)(?P=q)"
+)
+_ENV_IN_TEXT = re.compile(
+    r"(?i)(?<![\w-])(?P<name>[A-Za-z0-9_]*(?:_token|_key|_secret|password|passwd|_pass|_credentials?))"
+    r"=(?P<val>[^\s\"',;)\]}]+)"
+)
+_KNOWN_TOKENS = re.compile(
+    r"\b(?:hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_-]{16,}|gh[pousr]_[A-Za-z0-9]{16,}|github_pat_[A-Za-z0-9_]{16,}"
+    r"|xox[abprs]-[A-Za-z0-9-]{10,}|glpat-[A-Za-z0-9_-]{16,})"
+)
+# The cheap test of the boundary pass: a string without any of these is returned as it is.
+_MAYBE = re.compile(
+    r"(?i)token|key|secret|passw|credential|bearer|basic\s|://[^\s/]*@|sk-|hf_|gh[pousr]_|github_pat_|xox|glpat-"
+)
+# Closing characters a free-text value may be followed by (kept after the mask: "(… --api-key ***)").
+_CLOSERS = ")]}>,;\"'"
+
+
+def secret_flag(arg: str) -> bool:
+    """Whether ``arg`` is a flag (``-x``/``--name``, before any ``=``) whose value is a secret."""
+    if not arg.startswith("-") or arg in ("-", "--"):
+        return False
+    name = arg.lstrip("-").split("=", 1)[0].lower()
+    if not name or not name[0].isalpha():
+        return False  # a negative number, not a flag
+    name = _BENIGN.sub("", name)
+    return any(w in name for w in _SECRET_WORDS)
+
+
+def secret_env_name(name: str) -> bool:
+    """Whether an env-style NAME carries a secret (``HF_TOKEN``, ``AWS_SECRET_ACCESS_KEY``, ``DB_PASSWORD``)."""
+    return bool(_ENV_NAME.match(name)) and name.lower().endswith(_ENV_SUFFIXES)
+
+
+def redact_text(text: str) -> str:
+    """The inline rules (URL passwords, bearer tokens, quoted secret values, ``NAME=value``, token shapes)."""
+    text = _URL_USERINFO.sub(_url_sub, text)
+    text = _BEARER.sub(lambda m: m.group("pre") + MASK, text)
+    text = _QUOTED_KV.sub(_quoted_sub, text)
+    text = _ENV_IN_TEXT.sub(lambda m: m.group("name") + "=" + MASK, text)
+    return _KNOWN_TOKENS.sub(MASK, text)
+
+
+def _quoted_sub(m: re.Match[str]) -> str:
+    if not m.group("val") or m.group("val") == MASK or not secret_flag("--" + m.group("key").strip("\"'")):
+        return m.group(0)
+    return m.group("pre") + m.group("q") + MASK + m.group("q")
+
+
+def _url_sub(m: re.Match[str]) -> str:
+    user, pw = m.group("user"), m.group("pw")
+    if pw is not None:
+        return f"{m.group('pre')}{user}:{MASK}@"
+    # A bare userinfo: a token used as the user name (https://TOKEN@host) unless it reads like a login name.
+    if len(user) >= 16:
+        return f"{m.group('pre')}{MASK}@"
+    return m.group(0)
+
+
+def _redact_flag_or_env(arg: str) -> str:
+    """``--flag=value`` or ``NAME=value`` with a secret-bearing name, masked; else the argument unchanged."""
+    if arg.startswith("-") and "=" in arg and secret_flag(arg):
+        return arg.split("=", 1)[0] + "=" + MASK
+    name, eq, _ = arg.partition("=")
+    if eq and secret_env_name(name):
+        return name + "=" + MASK
+    return arg
+
+
+def _redact_arg(arg: str) -> str:
+    """One argument on its own: ``--flag=value``, ``NAME=value``, then the inline rules. An argument with
+    whitespace (``sh -c "…"``, a process that rewrote its title) is read as a command line of its own."""
+    if any(c.isspace() for c in arg):
+        return redact_cmdline(arg)
+    out = _redact_flag_or_env(arg)
+    return redact_text(out) if out is arg and _MAYBE.search(arg) else out
+
+
+def _takes_value(arg: str, following: str | None) -> bool:
+    # "--api-key VALUE": the next argument is the value, unless it is itself a long flag (a switch then).
+    return "=" not in arg and secret_flag(arg) and following is not None and not following.startswith("--")
+
+
+def redact_argv(argv: Iterable[str]) -> list[str]:
+    """A command's arguments with every secret value replaced by ``***`` (same length, same order)."""
+    args = list(argv)
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        if i and _takes_value(args[i - 1], arg):
+            out.append(MASK)
+        else:
+            out.append(_redact_arg(arg))
+    return out
+
+
+def redact_cmdline(cmdline: str) -> str:
+    """A command line as one string (``/proc/PID/cmdline`` joined by spaces, or text quoting one).
+
+    Split on whitespace (kept as it was); a secret flag's value is masked, with any closing punctuation that
+    follows it in text kept ("(vllm --api-key ***)").
+    """
+    if not cmdline or not _MAYBE.search(cmdline):
+        return cmdline
+    parts = re.split(r"(\s+)", cmdline)
+    words = parts[0::2]
+    out = list(parts)
+    prev: str | None = None
+    for i, word in enumerate(words):
+        if prev is not None and word and _takes_value(prev, word):
+            body = word.rstrip(_CLOSERS)
+            if body and body != MASK:
+                out[2 * i] = MASK + word[len(body) :]
+        elif word:
+            out[2 * i] = _redact_flag_or_env(word)
+        prev = word.lstrip("\"'(") if word else prev
+    return redact_text("".join(out))
+
+
+def redact_env(env: Mapping[str, Any]) -> dict[str, Any]:
+    """An environment (or any name -> value mapping): secret-named values masked, the others' text redacted."""
+    out: dict[str, Any] = {}
+    for k, v in env.items():
+        if secret_env_name(str(k)) or str(k).lower() in _BARE_NAMES:
+            out[k] = MASK
+        elif isinstance(v, str):
+            out[k] = redact_cmdline(v)
+        else:
+            out[k] = v
+    return out
+
+
+def redact_env_list(items: Iterable[str]) -> list[str]:
+    """Docker's ``Config.Env`` form: ``["NAME=value", ...]``."""
+    out = []
+    for item in items:
+        name, eq, value = item.partition("=")
+        out.append(f"{name}={redact_env({name: value})[name]}" if eq else item)
+    return out
+
+
+def redact_data(data: Any) -> Any:
+    """A JSON-like value (dicts, lists, tuples, scalars) rebuilt with every string passed through
+    ``redact_cmdline``. Cheap: a string is only looked at further when it contains one of a few markers.
+    """
+    if isinstance(data, str):
+        return redact_cmdline(data) if _MAYBE.search(data) else data
+    if isinstance(data, Mapping):
+        return {k: redact_data(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [redact_data(v) for v in data]
+    if data is None or isinstance(data, (bool, int, float)):
+        return data
+    return redact_data(str(data))  # what json's default=str would print, redacted
+
+
+def redact_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """Named values (a log line's fields): a secret-named one masked whole, the others through ``redact_data``."""
+    return {
+        k: MASK if secret_env_name(k) or k.lower() in _BARE_NAMES else redact_data(v)
+        for k, v in fields.items()
+    }
