@@ -7,8 +7,11 @@ whole desired state is valid.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import re
+import stat
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,7 +21,17 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from reconciler.errors import ConfigError, ConfigProblem
-from reconciler.model import GIB, DesiredAssignment, DesiredState, HostConfig, Manifest, Recipe
+from reconciler.model import (
+    GIB,
+    DesiredAssignment,
+    DesiredState,
+    HostConfig,
+    Manifest,
+    Recipe,
+    check_name,
+    offload_lands_in,
+)
+from reconciler.units import human_bytes
 
 HOST_FILE = "configs/host.yaml"
 RECIPES_DIR = "configs/recipes"
@@ -53,27 +66,57 @@ def _yaml_lines(node: yaml.Node | None, loc: Sequence[Any]) -> int | None:
     return line
 
 
-_TOML_HEADER = re.compile(r"^\s*\[+\s*([^\]]+?)\s*\]+\s*(#.*)?$")
-_TOML_KEY = re.compile(r"^\s*([A-Za-z0-9_\-\"']+)\s*=")
+_TOML_KEY_PART = r"""(?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*')"""
+_TOML_DOTTED = rf"{_TOML_KEY_PART}(?:\s*\.\s*{_TOML_KEY_PART})*"
+_TOML_HEADER = re.compile(rf"^\s*\[\[?\s*({_TOML_DOTTED})\s*\]\]?\s*(#.*)?$")
+_TOML_KEY = re.compile(rf"^\s*({_TOML_DOTTED})\s*=")
+
+
+def _toml_parts(dotted: str) -> tuple[str, ...]:
+    return tuple(p.strip().strip("\"'") for p in re.findall(_TOML_KEY_PART, dotted))
+
+
+def _toml_keys(text: str) -> list[tuple[int, tuple[str, ...], bool]]:
+    """(line, full key path, is a table header) for each key or table header line of TOML text (best effort)."""
+    table: tuple[str, ...] = ()
+    out: list[tuple[int, tuple[str, ...], bool]] = []
+    for n, raw in enumerate(text.splitlines(), start=1):
+        m = _TOML_HEADER.match(raw)
+        if m:
+            table = _toml_parts(m.group(1))
+            out.append((n, table, True))
+            continue
+        k = _TOML_KEY.match(raw)
+        if k:
+            out.append((n, (*table, *_toml_parts(k.group(1))), False))
+    return out
 
 
 def _toml_line(text: str, loc: Sequence[Any]) -> int | None:
     """The line of a key in TOML text: ``loc`` like ('container', 'image'); tables by their header."""
-    table: tuple[str, ...] = ()
     where: dict[tuple[str, ...], int] = {}
-    for n, raw in enumerate(text.splitlines(), start=1):
-        m = _TOML_HEADER.match(raw)
-        if m:
-            table = tuple(p.strip().strip("\"'") for p in m.group(1).split("."))
-            where.setdefault(table, n)
-            continue
-        k = _TOML_KEY.match(raw)
-        if k:
-            where.setdefault((*table, k.group(1).strip("\"'")), n)
+    for n, path, _ in _toml_keys(text):
+        where.setdefault(path, n)
     parts = tuple(str(p) for p in loc if not isinstance(p, int))
     for i in range(len(parts), 0, -1):
         if parts[:i] in where:
             return where[parts[:i]]
+    return None
+
+
+def _toml_first_line_of(text: str, line: int) -> int | None:
+    """For a key or table given twice: the earlier line that first gave the one at ``line``."""
+    keys = _toml_keys(text)
+    at = [path for n, path, _ in keys if n == line]
+    if not at:
+        return None
+    for n, path, _ in keys:
+        if n < line and (path == at[0] or at[0][: len(path)] == path):
+            if path == at[0]:
+                return n
+    for n, path, _ in keys:  # a key that a later table header (or dotted key) tries to redefine as a table
+        if n < line and path[: len(at[0])] == at[0]:
+            return n
     return None
 
 
@@ -128,19 +171,22 @@ def _problems_from(
         if kind == "extra_forbidden":
             allowed = _allowed_keys(model, loc[:-1])
             hint = f"; allowed keys here: {', '.join(allowed)}" if allowed else ""
-            msg = f"{field}: unknown key {loc[-1]!r} in {what}{hint}. Remove it or fix its spelling"
+            msg = f"{field}: unknown key {_short(loc[-1])} in {what}{hint}. Remove it or fix its spelling"
         elif kind == "missing":
             msg = f"{field}: required key is missing in {what}. Add it"
         else:
             text = err["msg"].removeprefix("Value error, ")
             got = err.get("input")
-            shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
-            msg = f"{field}: {text}{shown}"
+            shown = "" if isinstance(got, (dict, list)) or got is None or repr(got) in text else f" (got {_short(got)})"
+            msg = f"{text}{shown}" if text.startswith(field + " ") else f"{field}: {text}{shown}"
         problems.append(ConfigProblem(path, line_of(loc), msg))
     return problems
 
 
 # ---------------------------------------------------------------- files
+
+MAX_FILE_BYTES = 1 << 20  # an operator's file is a few KiB; anything near this is not one
+MAX_YAML_NODES = 20000  # with aliases expanded: a few aliases must not make validation run for hours
 
 
 def _rel(root: Path, p: Path) -> str:
@@ -150,17 +196,132 @@ def _rel(root: Path, p: Path) -> str:
         return str(p)
 
 
-def _read_yaml(root: Path, path: Path) -> tuple[Any, yaml.Node | None]:
+def _line_col(data: bytes, offset: int) -> tuple[int, int]:
+    line = data.count(b"\n", 0, offset) + 1
+    return line, offset - (data.rfind(b"\n", 0, offset) + 1) + 1
+
+
+def _read_text(root: Path, path: Path, what: str) -> str:
+    """The file's text: a regular file of UTF-8 text, at most MAX_FILE_BYTES; else a ConfigError naming it.
+
+    Opened without blocking and checked with fstat before reading, so a FIFO, a device (a symlink to /dev/zero)
+    or a directory is refused instead of hanging or filling memory."""
     rel = _rel(root, path)
     try:
-        text = path.read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise ConfigError([ConfigProblem(rel, None, "file not found")]) from None
     except OSError as exc:
-        raise ConfigError([ConfigProblem(rel, None, f"cannot read: {exc.strerror}")]) from None
+        raise ConfigError([ConfigProblem(rel, None, f"cannot read {what}: {exc.strerror or exc}")]) from None
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise ConfigError([ConfigProblem(rel, None, f"{what} is {kind}; it must be a regular file of text")])
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_FILE_BYTES:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise ConfigError([ConfigProblem(rel, None, f"cannot read {what}: {exc.strerror or exc}")]) from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(
+            [ConfigProblem(rel, None, f"{what} is larger than {human_bytes(MAX_FILE_BYTES)}; is this the right file?")]
+        )
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        line, col = _line_col(data, nul)
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    rel,
+                    line,
+                    f"a NUL byte at column {col}: this is a binary file, not {what} in UTF-8 text. "
+                    "Restore the text (was it saved as UTF-16, or overwritten?)",
+                )
+            ]
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line, col = _line_col(data, exc.start)
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    rel,
+                    line,
+                    f"not UTF-8 text: byte 0x{data[exc.start]:02x} at column {col} ({exc.reason}). Save {what} as UTF-8",
+                )
+            ]
+        ) from None
+    return text.removeprefix("\ufeff")
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, but a key given twice in one mapping is recorded (PyYAML keeps the last silently)."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self.duplicates: list[tuple[Any, int, int]] = []  # (key, first line, second line)
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, yaml.Node] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # '<<: *base' merges; keys written next to it override on purpose
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:
+                    continue  # unhashable: the base class reports it
+                if first is not None:
+                    self.duplicates.append((key, first.start_mark.line + 1, key_node.start_mark.line + 1))
+                else:
+                    seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
+
+
+def _expanded_size(node: yaml.Node | None) -> int:
+    """Nodes in the document with every alias expanded, counted up to just past MAX_YAML_NODES."""
+    count = 0
+    stack = [node] if node is not None else []
+    while stack and count <= MAX_YAML_NODES:
+        n = stack.pop()
+        count += 1
+        if isinstance(n, yaml.SequenceNode):
+            stack.extend(n.value)
+        elif isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                stack.extend((k, v))
+    return count
+
+
+def _read_yaml(root: Path, path: Path, what: str = "a YAML file") -> tuple[Any, yaml.Node | None]:
+    rel = _rel(root, path)
+    text = _read_text(root, path, what)
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if _expanded_size(node) > MAX_YAML_NODES:
+            raise ConfigError(
+                [
+                    ConfigProblem(
+                        rel,
+                        None,
+                        f"the document is too large with its aliases (*name) expanded (over {MAX_YAML_NODES} values); "
+                        "write the values out instead of nesting aliases",
+                    )
+                ]
+            )
+        data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
@@ -169,71 +330,138 @@ def _read_yaml(root: Path, path: Path) -> tuple[Any, yaml.Node | None]:
             ctx = exc.context_mark
             msg += f" ({exc.context}" + (f" started at line {ctx.line + 1})" if ctx else ")")
         raise ConfigError([ConfigProblem(rel, line, msg)]) from None
+    except yaml.reader.ReaderError as exc:
+        line, col = _line_col(text.encode("utf-8", "replace"), exc.position) if exc.position is not None else (None, 0)
+        raise ConfigError(
+            [ConfigProblem(rel, line, f"YAML cannot hold the character {exc.character!r} (column {col}); remove it")]
+        ) from None
     except yaml.YAMLError as exc:
         raise ConfigError([ConfigProblem(rel, None, f"YAML error: {exc}")]) from None
+    except RecursionError:
+        raise ConfigError([ConfigProblem(rel, None, "YAML nested too deeply to read; flatten it")]) from None
+    finally:
+        loader.dispose()
+    if loader.duplicates:
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    rel,
+                    second,
+                    f"duplicate key {_short(key)}: given at line {first} and again at line {second}; "
+                    "YAML would silently keep only the last one. Remove one of them",
+                )
+                for key, first, second in loader.duplicates
+            ]
+        )
     return data, node
 
 
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _validate_yaml(root: Path, path: Path, model: type[BaseModel], what: str) -> tuple[Any, yaml.Node | None]:
-    data, node = _read_yaml(root, path)
+    data, node = _read_yaml(root, path, what)
     rel = _rel(root, path)
     if not isinstance(data, dict):
-        raise ConfigError([ConfigProblem(rel, 1, f"expected a mapping for {what}, got {type(data).__name__}")])
+        got = "an empty file" if data is None else f"a {type(data).__name__}"
+        raise ConfigError(
+            [ConfigProblem(rel, 1, f"expected a mapping (key: value lines) for {what}, got {got}")]
+        )
     try:
         return model.model_validate(data), node
     except ValidationError as exc:
         raise ConfigError(
             _problems_from(exc, path=rel, model=model, line_of=lambda loc: _yaml_lines(node, loc), what=what)
         ) from None
+    except RecursionError:
+        raise ConfigError([ConfigProblem(rel, None, f"{what} is nested too deeply; flatten it")]) from None
 
 
-def load_host(root: str | os.PathLike[str]) -> HostConfig:
-    r = Path(root)
-    path = r / HOST_FILE
-    if not path.exists():
-        raise ConfigError(
-            [ConfigProblem(_rel(r, path), None, f"file not found: is --root {r} the directory holding configs/?")]
-        )
-    host, _ = _validate_yaml(r, path, HostConfig, "the host file")
-    return host
+# ---------------------------------------------------------------- shm.dir: an existing tmpfs mount point
+
+TMPFS_MAGIC = 0x01021994
+MOUNTINFO = "/proc/self/mountinfo"
 
 
-def load_recipe(root: Path, path: Path) -> Recipe:
-    rel = _rel(root, path)
-    text = path.read_text(encoding="utf-8")
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        m = re.search(r"at line (\d+)", str(exc))
-        raise ConfigError([ConfigProblem(rel, int(m.group(1)) if m else None, f"TOML syntax error: {exc}")]) from None
-    try:
-        return Recipe.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(
-            _problems_from(exc, path=rel, model=Recipe, line_of=lambda loc: _toml_line(text, loc), what="a recipe")
-        ) from None
+def _unescape_mount(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
-def load_recipes(root: Path) -> dict[str, Recipe]:
-    rdir = root / RECIPES_DIR
-    recipes: dict[str, Recipe] = {}
-    problems: list[ConfigProblem] = []
-    if not rdir.is_dir():
-        raise ConfigError([ConfigProblem(RECIPES_DIR, None, "directory not found: add one NAME.toml per recipe")])
-    for path in sorted(rdir.glob("*.toml")):
-        name = path.stem
-        if not re.match(r"^[a-z0-9][a-z0-9._-]*$", name):
-            problems.append(
-                ConfigProblem(_rel(root, path), None, f"recipe name {name!r} (the file stem) must match [a-z0-9][a-z0-9._-]*")
-            )
-            continue
+def _mount_of(path: str, mountinfo: str) -> tuple[str, str]:
+    """(mount point, fs type) of the mount holding ``path`` (a real path), per the text of /proc/self/mountinfo."""
+    best = ("/", "?")
+    for raw in mountinfo.splitlines():
+        fields = raw.split(" ")
         try:
-            recipes[name] = load_recipe(root, path)
-        except ConfigError as exc:
-            problems.extend(exc.problems)
-    if problems:
-        raise ConfigError(problems)
-    return recipes
+            sep = fields.index("-")
+            mnt, fstype = _unescape_mount(fields[4]), fields[sep + 1]
+        except (ValueError, IndexError):
+            continue
+        inside = path == mnt or path.startswith(mnt.rstrip("/") + "/")
+        # A later line mounted on the same or a deeper point shadows an earlier one.
+        if inside and len(mnt) >= len(best[0]):
+            best = (mnt, fstype)
+    return best
+
+
+def _statfs_type(path: str) -> int | None:
+    """statfs(2)'s f_type (the first field of struct statfs on Linux), or None when it cannot be had."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        buf = ctypes.create_string_buffer(512)
+        if libc.statfs(os.fsencode(path), buf) != 0:
+            return None
+        return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
+    except (OSError, AttributeError, TypeError):
+        return None
+
+
+def shm_dir_mount_problem(directory: str, *, mountinfo: str | None = None) -> str | None:
+    """None when ``directory`` is an existing tmpfs mount point; else what is wrong, which source said so, and the fix.
+
+    Reads /proc/self/mountinfo (or ``mountinfo``, for tests); where that cannot be read, statfs(2)'s f_type and
+    os.path.ismount. The shm guard may call this again before it deletes anything."""
+    fix = f"mount one there (mount -t tmpfs -o size=32g tmpfs {directory}) or point shm.dir at one, like /dev/shm"
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        return f"shm.dir {directory} does not exist; {fix}"
+    except OSError as exc:
+        return f"shm.dir {directory} cannot be examined ({exc.strerror or exc}); {fix}"
+    real = os.path.realpath(directory)
+    if stat.S_ISLNK(st.st_mode) or real != directory:
+        return (
+            f"shm.dir {directory} is reached through a symlink (its real path is {real}); offload files are checked "
+            f"to lie inside shm.dir by their real path, so write dir: {real}"
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        return f"shm.dir {directory} is not a directory; {fix}"
+    if mountinfo is None:
+        try:
+            with open(MOUNTINFO, encoding="utf-8", errors="replace") as f:
+                mountinfo = f.read()
+        except OSError:
+            mountinfo = None
+    if mountinfo is not None:
+        mnt, fstype = _mount_of(real, mountinfo)
+        if fstype != "tmpfs":
+            return f"shm.dir {directory} is not a tmpfs: {MOUNTINFO} shows it on {fstype} mounted at {mnt}; {fix}"
+        if mnt != real:
+            return (
+                f"shm.dir {directory} is inside the tmpfs mounted at {mnt} ({MOUNTINFO}) but is not its mount point; "
+                f"the tmpfs's size and free room are those of {mnt}: write dir: {mnt}, or {fix}"
+            )
+        return None
+    ftype = _statfs_type(real)
+    if ftype is None:
+        return f"shm.dir {directory}: cannot tell whether it is a tmpfs ({MOUNTINFO} and statfs both unavailable)"
+    if ftype != TMPFS_MAGIC:
+        return f"shm.dir {directory} is not a tmpfs: statfs gives f_type 0x{ftype:08x}, not TMPFS_MAGIC 0x{TMPFS_MAGIC:08x}; {fix}"
+    if not os.path.ismount(real):
+        return f"shm.dir {directory} is on a tmpfs (statfs) but is not its mount point; {fix}"
+    return None
 
 
 def tmpfs_size(directory: str) -> int | None:
@@ -245,14 +473,118 @@ def tmpfs_size(directory: str) -> int | None:
     return st.f_frsize * st.f_blocks
 
 
-def load_desired(root: str | os.PathLike[str], *, shm_size: int | None = None) -> DesiredState:
-    """Load host, recipes and the host's manifest, and cross-check them. Raises ConfigError with every problem."""
+def tmpfs_free(directory: str) -> int | None:
+    """Bytes free now on the filesystem holding ``directory``; None when it does not exist."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None
+    return st.f_frsize * st.f_bavail
+
+
+# ---------------------------------------------------------------- the three kinds of file
+
+
+def _load_host(r: Path) -> tuple[HostConfig, yaml.Node | None]:
+    path = r / HOST_FILE
+    if not path.exists() and not path.is_symlink():
+        raise ConfigError(
+            [ConfigProblem(_rel(r, path), None, f"file not found: is --root {r} the directory holding configs/?")]
+        )
+    host, node = _validate_yaml(r, path, HostConfig, "the host file")
+    problem = shm_dir_mount_problem(host.shm.dir)
+    if problem:
+        raise ConfigError([ConfigProblem(HOST_FILE, _yaml_lines(node, ("shm", "dir")), f"shm.dir: {problem}")])
+    return host, node
+
+
+def load_host(root: str | os.PathLike[str]) -> HostConfig:
+    """The host file, validated, with shm.dir checked to be an existing tmpfs mount point."""
+    return _load_host(Path(root))[0]
+
+
+def _toml_problem(rel: str, text: str, exc: tomllib.TOMLDecodeError) -> ConfigProblem:
+    msg = str(exc)
+    m = re.search(r"\s*\(at line (\d+), column (\d+)\)$", msg) or re.search(r"\s*\(at line (\d+)\)$", msg)
+    line = int(m.group(1)) if m else None
+    if m is None:
+        m2 = re.search(r"\(at end of document\)$", msg)
+        line = len(text.splitlines()) or 1 if m2 else None
+    detail = msg[: m.start()] if m else msg
+    if m and m.lastindex == 2:
+        detail += f" (column {m.group(2)})"
+    if line and ("Cannot overwrite" in msg or "Cannot declare" in msg or "Cannot mutate" in msg):
+        first = _toml_first_line_of(text, line)
+        where = f"; it was first given at line {first}" if first else ""
+        return ConfigProblem(
+            rel, line, f"duplicate key: {detail}{where}. A key may be given once per table: remove one of them"
+        )
+    return ConfigProblem(rel, line, f"TOML syntax error: {detail}")
+
+
+def load_recipe(root: Path, path: Path) -> Recipe:
+    rel = _rel(root, path)
+    text = _read_text(root, path, "a recipe")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([_toml_problem(rel, text, exc)]) from None
+    except RecursionError:
+        raise ConfigError([ConfigProblem(rel, None, "TOML nested too deeply to read; flatten it")]) from None
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(
+            _problems_from(exc, path=rel, model=Recipe, line_of=lambda loc: _toml_line(text, loc), what="a recipe")
+        ) from None
+    except RecursionError:
+        raise ConfigError([ConfigProblem(rel, None, "the recipe is nested too deeply; flatten it")]) from None
+
+
+def load_recipes(root: Path) -> dict[str, Recipe]:
+    rdir = root / RECIPES_DIR
+    recipes: dict[str, Recipe] = {}
+    problems: list[ConfigProblem] = []
+    if not rdir.is_dir():
+        raise ConfigError([ConfigProblem(RECIPES_DIR, None, "directory not found: add one NAME.toml per recipe")])
+    for path in sorted(rdir.glob("*.toml")):
+        name = path.stem
+        if check_name(name, "recipe name"):
+            problems.append(
+                ConfigProblem(
+                    _rel(root, path),
+                    None,
+                    f"recipe name {name!r} (the file stem) must match [a-z0-9][a-z0-9._-]* (lowercase, at most 63 "
+                    "characters): it becomes part of container names. Rename the file",
+                )
+            )
+            continue
+        try:
+            recipes[name] = load_recipe(root, path)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise ConfigError(problems)
+    return recipes
+
+
+def recipe_file(name: str) -> str:
+    return f"{RECIPES_DIR}/{name}.toml"
+
+
+def load_desired(
+    root: str | os.PathLike[str], *, shm_size: int | None = None, shm_free: int | None = None
+) -> DesiredState:
+    """Load host, recipes and the host's manifest, and cross-check them. Raises ConfigError with every problem.
+
+    ``shm_size`` and ``shm_free`` stand in for the tmpfs's real figures (tests)."""
     r = Path(root)
     problems: list[ConfigProblem] = []
     host: HostConfig | None = None
+    host_node: yaml.Node | None = None
     recipes: dict[str, Recipe] = {}
     try:
-        host = load_host(r)
+        host, host_node = _load_host(r)
     except ConfigError as exc:
         problems.extend(exc.problems)
     try:
@@ -278,6 +610,23 @@ def load_desired(root: str | os.PathLike[str], *, shm_size: int | None = None) -
             manifests.append((_rel(r, path), m, node))
         except ConfigError as exc:
             problems.extend(exc.problems)
+    if host is not None:
+        for name, recipe in sorted(recipes.items()):
+            if recipe.offload.enabled and not offload_lands_in(recipe.container, host.shm.dir):
+                problems.append(
+                    ConfigProblem(
+                        recipe_file(name),
+                        _toml_line_of_file(r, name, ("container", "volumes")),
+                        f"recipe {name!r} has offload enabled, but its offload files would not land in shm.dir "
+                        f"{host.shm.dir} ({HOST_FILE}), where they are counted and guarded: "
+                        + (
+                            'set ipc = "host" (the container then shares the host\'s /dev/shm)'
+                            if host.shm.dir == "/dev/shm"
+                            else f'add "{host.shm.dir}:{host.shm.dir}" to container.volumes and point the server\'s '
+                            "offload directory at it"
+                        ),
+                    )
+                )
     if host is None or problems:
         raise ConfigError(problems)
 
@@ -288,7 +637,7 @@ def load_desired(root: str | os.PathLike[str], *, shm_size: int | None = None) -
                 ConfigProblem(
                     p,
                     _yaml_lines(n, ("host",)),
-                    f"host: manifest is for host {m.host!r} but {HOST_FILE} names this host {host.name!r}. "
+                    f"host: manifest is for host {_short(m.host)} but {HOST_FILE} names this host {host.name!r}. "
                     "Fix the name, or keep other hosts' manifests out of this root",
                 )
             )
@@ -303,10 +652,19 @@ def load_desired(root: str | os.PathLike[str], *, shm_size: int | None = None) -
     if problems:
         raise ConfigError(problems)
     path, manifest, node = mine[0]
-    assignments = _cross_check(path, manifest, node, host, recipes, problems, shm_size=shm_size)
+    assignments = _cross_check(
+        path, manifest, node, host, recipes, problems, shm_size=shm_size, shm_free=shm_free, host_node=host_node
+    )
     if problems:
         raise ConfigError(problems)
     return DesiredState(host=host, recipes=recipes, assignments=tuple(assignments), manifest_path=path)
+
+
+def _toml_line_of_file(root: Path, name: str, loc: Sequence[Any]) -> int | None:
+    try:
+        return _toml_line((root / RECIPES_DIR / f"{name}.toml").read_text(encoding="utf-8"), loc)
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def _cross_check(
@@ -318,6 +676,8 @@ def _cross_check(
     problems: list[ConfigProblem],
     *,
     shm_size: int | None,
+    shm_free: int | None = None,
+    host_node: yaml.Node | None = None,
 ) -> list[DesiredAssignment]:
     out: list[DesiredAssignment] = []
     given: dict[str, int] = {}
@@ -330,7 +690,7 @@ def _cross_check(
                 ConfigProblem(
                     path,
                     _yaml_lines(node, ("assignments", i, "recipe")),
-                    f"assignments[{i}].recipe: unknown recipe {a.recipe!r}; known recipes: {known} "
+                    f"assignments[{i}].recipe: unknown recipe {_short(a.recipe)}; known recipes: {known} "
                     f"(each is a file in {RECIPES_DIR}/NAME.toml)",
                 )
             )
@@ -340,7 +700,7 @@ def _cross_check(
                     ConfigProblem(
                         path,
                         _yaml_lines(node, ("assignments", i, "gpus")),
-                        f"assignments[{i}].gpus: unknown GPU slot {slot!r}; slots of host {host.name!r}: "
+                        f"assignments[{i}].gpus: unknown GPU slot {_short(slot)}; slots of host {host.name!r}: "
                         f"{', '.join(host.gpus)} (defined under gpus: in {HOST_FILE})",
                     )
                 )
@@ -362,7 +722,7 @@ def _cross_check(
                 ConfigProblem(
                     path,
                     _yaml_lines(node, ("assignments", i, "gpus")),
-                    f"assignments[{i}].gpus: recipe {a.recipe!r} has tensor_parallel_size = "
+                    f"assignments[{i}].gpus: recipe {a.recipe!r} ({recipe_file(a.recipe)}) has tensor_parallel_size = "
                     f"{recipe.tensor_parallel_size} and needs exactly that many GPU slots, got {len(a.gpus)}",
                 )
             )
@@ -378,19 +738,30 @@ def _cross_check(
     need = sum(a.offload_bytes for a in out)
     if need:
         size = shm_size if shm_size is not None else tmpfs_size(host.shm.dir)
+        free = shm_free if shm_free is not None else (None if shm_size is not None else tmpfs_free(host.shm.dir))
         reserve = int(host.shm.reserve_gib * GIB)
         if size is None:
             problems.append(
-                ConfigProblem(HOST_FILE, None, f"shm.dir: {host.shm.dir} does not exist; offload recipes need it")
+                ConfigProblem(
+                    HOST_FILE,
+                    _yaml_lines(host_node, ("shm", "dir")),
+                    f"shm.dir: {host.shm.dir} does not exist; offload recipes need it",
+                )
             )
         elif need + reserve > size:
+            lanes = [a for a in out if a.offload_bytes]
+            each = ", ".join(f"{a.recipe} ({human_bytes(a.offload_bytes)})" for a in lanes)
+            free_now = f", {human_bytes(free)} of it free now" if free is not None else ""
             problems.append(
                 ConfigProblem(
                     path,
                     _yaml_lines(node, ("assignments",)),
-                    f"assignments: offload capacities add up to {need / GIB:.2f} GiB, and with shm.reserve_gib "
-                    f"{host.shm.reserve_gib} GiB to spare they do not fit the {size / GIB:.2f} GiB tmpfs at "
-                    f"{host.shm.dir}. Pick smaller offload lanes or give the tmpfs more room",
+                    f"assignments: the offload lanes need more room than the tmpfs at {host.shm.dir} has: "
+                    f"their capacities ({each}) add up to {human_bytes(need)}, and with shm.reserve_gib "
+                    f"({human_bytes(reserve)}, kept free in {HOST_FILE}) that is {human_bytes(need + reserve)}, "
+                    f"but the tmpfs is {human_bytes(size)}{free_now}. Assign fewer or smaller offload lanes "
+                    f"(offload.capacity_gib in {', '.join(recipe_file(a.recipe) for a in lanes)}), lower "
+                    "shm.reserve_gib, or give the tmpfs more room",
                 )
             )
     return out

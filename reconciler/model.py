@@ -8,32 +8,327 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from reconciler.units import GIB
 
+_T = TypeVar("_T")
+
 NAME_RE = r"^[a-z0-9][a-z0-9._-]*$"
-_VOLUME_RE = re.compile(r"^(?P<host>/[^:]*|[A-Za-z0-9][A-Za-z0-9_.-]*):(?P<ctr>/[^:]*)(?::(?P<mode>ro|rw))?$")
+_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}", re.ASCII)
+
+
+def check_name(name: str, what: str) -> str | None:
+    """A host, GPU slot or recipe name: it becomes part of container names and labels."""
+    if _NAME.fullmatch(name):
+        return None
+    return f"{what} {name!r} must match [a-z0-9][a-z0-9._-]* (lowercase, at most 128 characters)"
+
+
+# ---------------------------------------------------------------- rules, as small pure functions
+#
+# Each ``check_*`` returns None when the value is acceptable, else one sentence saying what is wrong and how to fix
+# it. The model's validators call them; the shm guard calls the shm ones again before it deletes anything.
+
+SHM_PATTERN_DEFAULT = "vllm_offload_*.mmap"
+_GLOB_CHARS = set("?[]{}\\")
+_PATTERN_PART = re.compile(r"[A-Za-z0-9_.+-]+", re.ASCII)
+
+
+def check_shm_pattern(pattern: str) -> str | None:
+    """``shm.pattern``: a literal, non-empty file-name prefix and suffix around exactly one ``*``."""
+    fix = f"write a literal file-name prefix and suffix around one '*', like {SHM_PATTERN_DEFAULT!r}"
+    if not isinstance(pattern, str) or not pattern:
+        return f"shm.pattern is empty; {fix}"
+    if "\x00" in pattern or "/" in pattern:
+        return f"shm.pattern {pattern!r} must be a file name, not a path (no '/'); {fix}"
+    bad = sorted(set(pattern) & _GLOB_CHARS)
+    if bad:
+        return f"shm.pattern {pattern!r} has the wildcard or escape character(s) {' '.join(bad)}; only one '*' is allowed; {fix}"
+    if pattern.count("*") != 1:
+        return f"shm.pattern {pattern!r} must hold exactly one '*' (it has {pattern.count('*')}); {fix}"
+    prefix, suffix = pattern.split("*")
+    if not prefix or not suffix:
+        return f"shm.pattern {pattern!r} needs a non-empty prefix and suffix around its '*'; {fix}"
+    if prefix.startswith("."):
+        return f"shm.pattern {pattern!r} would match hidden files (its prefix starts with '.'); {fix}"
+    if set(prefix) == {"."} or set(suffix) == {"."}:
+        return f"shm.pattern {pattern!r} has a prefix or suffix of dots only; {fix}"
+    if not _PATTERN_PART.fullmatch(prefix) or not _PATTERN_PART.fullmatch(suffix):
+        return f"shm.pattern {pattern!r} may hold only letters, digits and '_.+-' around its '*'; {fix}"
+    return None
+
+
+def check_shm_dir(directory: str) -> str | None:
+    """``shm.dir``: absolute, normalised (no '.', '..', '//'), and not '/'. Whether it is a tmpfs is the loader's."""
+    if not isinstance(directory, str) or not directory:
+        return "shm.dir is empty; give the tmpfs mount point, like /dev/shm"
+    if "\x00" in directory or any(ord(c) < 32 for c in directory):
+        return f"shm.dir {directory!r} holds control characters; give the tmpfs mount point, like /dev/shm"
+    if not directory.startswith("/"):
+        return f"shm.dir must be an absolute path, got {directory!r}; give the tmpfs mount point, like /dev/shm"
+    d = directory.rstrip("/") or "/"
+    norm = "/" + posixpath.normpath(d).lstrip("/")
+    if norm == "/":
+        return (
+            f"shm.dir {directory!r} is the root directory: offload files are scanned and deleted there; "
+            "give the tmpfs mount point, like /dev/shm"
+        )
+    if norm != d:
+        return f"shm.dir {directory!r} is not normalised ('.', '..' or '//' in it); write it as {norm!r}"
+    return None
+
+
+_NAME_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])(?::[0-9]{{1,5}})?"
+_IMAGE_RE = re.compile(
+    rf"(?:(?P<domain>{_DOMAIN})/)?(?P<path>{_NAME_COMPONENT}(?:/{_NAME_COMPONENT})*)"
+    r"(?::(?P<tag>[\w][\w.-]{0,127}))?"
+    r"(?:@(?P<digest>[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}))?",
+    re.ASCII,
+)
+
+
+def check_image_ref(image: str) -> str | None:
+    """``container.image``: Docker's reference syntax, [REGISTRY/]NAME[:TAG][@ALGO:DIGEST]."""
+    fix = "write [REGISTRY[:PORT]/]NAME[:TAG][@sha256:DIGEST], the name in lowercase, like anvil-vllm@sha256:<64 hex digits>"
+    if not image:
+        return f"container.image is empty; {fix}"
+    m = _IMAGE_RE.fullmatch(image)
+    if m is None or len(m.group("path")) + len(m.group("domain") or "") > 255:
+        return f"container.image {image!r} is not a valid image reference; {fix}"
+    digest = m.group("digest")
+    if digest and digest.startswith("sha256:") and not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+        return f"container.image {image!r}: a sha256 digest is 64 lowercase hex digits; {fix}"
+    return None
+
+
+_CONTAINER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*", re.ASCII)
+_NETWORK_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}", re.ASCII)
+IPC_MODES = ("host", "private", "shareable", "none")
+NETWORK_MODES = ("host", "bridge", "none")
+
+
+def _container_ref(value: str) -> bool:
+    return value.startswith("container:") and bool(_CONTAINER_NAME.fullmatch(value.removeprefix("container:")))
+
+
+def check_ipc_mode(mode: str) -> str | None:
+    """``container.ipc``: host, private, shareable, none or container:NAME."""
+    if mode in IPC_MODES or _container_ref(mode):
+        return None
+    return f"container.ipc {mode!r} is not an IPC mode; use one of {', '.join(IPC_MODES)} or container:NAME"
+
+
+def check_network_mode(mode: str) -> str | None:
+    """``container.network``: host, bridge, none, container:NAME or the name of a Docker network."""
+    if mode in NETWORK_MODES or _container_ref(mode):
+        return None
+    if not mode.startswith("container:") and ":" not in mode and _NETWORK_NAME.fullmatch(mode):
+        return None
+    return (
+        f"container.network {mode!r} is not a network mode; use one of {', '.join(NETWORK_MODES)}, container:NAME "
+        "or a network's name (letters, digits, '_.-')"
+    )
+
+
+def check_pid_mode(mode: str) -> str | None:
+    """A pid mode: host, private or container:NAME (for a recipe key that may come)."""
+    if mode in ("host", "private") or _container_ref(mode):
+        return None
+    return f"pid mode {mode!r} is not one of host, private, container:NAME"
+
+
+_USER_NAME = r"[A-Za-z_][A-Za-z0-9_.-]{0,31}"
+_USER_RE = re.compile(rf"(?:{_USER_NAME}|[0-9]{{1,10}})(?::(?:{_USER_NAME}|[0-9]{{1,10}}))?", re.ASCII)
+
+
+def check_user(user: str) -> str | None:
+    """``container.user``: name, uid, uid:gid or name:group."""
+    if _USER_RE.fullmatch(user):
+        ids = [int(p) for p in user.split(":") if p.isdigit()]
+        if all(i < 2**32 - 1 for i in ids):
+            return None
+    return f"container.user {user!r} must be NAME, UID, UID:GID or NAME:GROUP (like 1000:1000 or vllm)"
+
+
+_LOOPBACK_HOSTS = ("localhost", "::1")
+
+
+def check_health_url(url: str) -> str | None:
+    """``health.url``: http or https, with a loopback host (the check runs on this host), no credentials."""
+    fix = "like http://127.0.0.1:8000/health"
+    try:
+        u = urlsplit(url)
+        port = u.port
+    except ValueError as exc:
+        return f"health.url {url!r} is not a valid URL ({exc}); {fix}"
+    if u.scheme not in ("http", "https"):
+        return f"health.url {url!r} must be http:// or https://; {fix}"
+    if not u.hostname:
+        return f"health.url {url!r} has no host; {fix}"
+    if u.username is not None or u.password is not None:
+        return f"health.url {url!r} must not carry credentials (they would show in plan and logs); {fix}"
+    if any(c.isspace() or ord(c) < 32 for c in url):
+        return f"health.url {url!r} holds spaces or control characters; {fix}"
+    host = u.hostname
+    if not (host in _LOOPBACK_HOSTS or re.fullmatch(r"127\.\d{1,3}\.\d{1,3}\.\d{1,3}", host)):
+        return (
+            f"health.url {url!r}: host {host!r} is not loopback; the check is made from this host to the container's "
+            f"port on it, so use 127.0.0.1, ::1 or localhost; {fix}"
+        )
+    if port == 0:
+        return f"health.url {url!r}: port 0 is not a port; {fix}"
+    return None
+
+
+_SHM_SIZE_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)([bkmgBKMG]|[kmgKMG][bB])?", re.ASCII)
+
+
+def check_shm_size(size: str) -> str | None:
+    """``container.shm_size``: a positive size in bytes, or with a unit b, k, m or g (like 64m or 2g)."""
+    m = _SHM_SIZE_RE.fullmatch(size)
+    if m is None or float(m.group(1)) <= 0:
+        return f"container.shm_size {size!r} must be a positive size like 64m, 2g or 1073741824 (units b, k, m, g)"
+    return None
+
+
+_VOLUME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*", re.ASCII)
+
+
+def _path_problem(path: str, what: str) -> str | None:
+    if not path.startswith("/"):
+        return f"the {what} path {path!r} must be absolute"
+    if any(ord(c) < 32 for c in path):
+        return f"the {what} path {path!r} holds control characters"
+    parts = path.split("/")
+    if ".." in parts or "." in parts or "//" in path or (len(path) > 1 and path.endswith("/")):
+        return f"the {what} path {path!r} is not normalised ('.', '..', '//' or a trailing '/'); write {posixpath.normpath(path)!r}"
+    return None
+
+
+def check_volume(volume: str) -> str | None:
+    """One ``container.volumes`` entry: HOST:CONTAINER[:ro|:rw], both absolute and normalised (or a named volume)."""
+    fix = "write HOST:CONTAINER or HOST:CONTAINER:ro with absolute paths, like /models:/models:ro"
+    parts = volume.split(":")
+    if len(parts) not in (2, 3):
+        return f"volume {volume!r} must have 2 or 3 ':'-separated parts; {fix}"
+    host, ctr = parts[0], parts[1]
+    if len(parts) == 3 and parts[2] not in ("ro", "rw"):
+        return f"volume {volume!r}: mode {parts[2]!r} must be ro or rw; {fix}"
+    if not host.startswith("/") and not _VOLUME_NAME.fullmatch(host):
+        return f"volume {volume!r}: the host side must be an absolute path (or a named volume); {fix}"
+    if host.startswith("/"):
+        problem = _path_problem(host, "host")
+        if problem:
+            return f"volume {volume!r}: {problem}; {fix}"
+        if host == "/":
+            return f"volume {volume!r} would mount the host's whole filesystem; mount only the directory it needs"
+    problem = _path_problem(ctr, "container")
+    if problem:
+        return f"volume {volume!r}: {problem}; {fix}"
+    if ctr == "/":
+        return f"volume {volume!r} cannot mount over the container's '/'; {fix}"
+    return None
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+
+
+def check_env_name(name: str) -> str | None:
+    if _ENV_NAME.fullmatch(name):
+        return None
+    return f"container.env: variable name {name!r} must match [A-Za-z_][A-Za-z0-9_]*"
+
+
+DOCKER_URL_SCHEMES = ("unix", "tcp", "ssh", "http", "https")
+
+
+def check_docker_url(url: str) -> str | None:
+    """``docker.url``: unix:///ABSOLUTE/PATH, or tcp/ssh/http/https://HOST[:PORT]."""
+    fix = "like unix:///var/run/docker.sock or tcp://127.0.0.1:2375"
+    if any(c.isspace() or ord(c) < 32 for c in url):
+        return f"docker.url {url!r} holds spaces or control characters; {fix}"
+    try:
+        u = urlsplit(url)
+        u.port  # noqa: B018 - raises on a bad port
+    except ValueError as exc:
+        return f"docker.url {url!r} is not a valid URL ({exc}); {fix}"
+    if u.scheme not in DOCKER_URL_SCHEMES:
+        return f"docker.url {url!r}: the scheme must be one of {', '.join(DOCKER_URL_SCHEMES)}; {fix}"
+    if u.scheme == "unix":
+        path = (u.netloc + u.path) if u.netloc else u.path
+        if u.netloc or not path.startswith("/") or path == "/":
+            return f"docker.url {url!r}: a unix URL needs an absolute socket path (three slashes); {fix}"
+        return None
+    if not u.hostname:
+        return f"docker.url {url!r} has no host; {fix}"
+    return None
+
+
+_GPU_UUID = re.compile(r"(?:GPU|MIG)-[A-Za-z0-9][A-Za-z0-9/-]*", re.ASCII)
+
+
+def check_gpu_uuid(uuid: str) -> str | None:
+    """A GPU slot's ``uuid``: NVML's form (GPU-… or MIG-…); no ',' that would name a second device."""
+    if _GPU_UUID.fullmatch(uuid):
+        return None
+    return f"GPU uuid {uuid!r} must look like GPU-5d3e8f0a-8c1e-4a57-9a8e-0c7d1f1a2b30 (nvidia-smi -L shows it)"
+
+
+def check_text(value: str, what: str) -> str | None:
+    """Free text that reaches Docker (labels, arguments, env values): no NUL."""
+    if "\x00" in value:
+        return f"{what}: a NUL character cannot be passed to Docker; remove it"
+    return None
+
+
+def offload_lands_in(container: ContainerSpec, shm_dir: str) -> bool:
+    """Whether a recipe's offload files land in ``shm_dir`` on the host: the container shares the host's /dev/shm
+    (ipc host) and shm.dir is /dev/shm, or shm.dir is bind-mounted into it."""
+    if container.ipc == "host" and shm_dir == "/dev/shm":
+        return True
+    return any(v.split(":")[0] == shm_dir for v in container.volumes)
+
+
+
+
+def _ok(problem: str | None, value: _T) -> _T:
+    """A validator's answer: the value, or the rule's problem as the ValueError pydantic reports."""
+    if problem:
+        raise ValueError(problem)
+    return value
 
 
 class _Strict(BaseModel):
-    """Unknown keys are errors: a typo must not silently fall back to a default."""
+    """Unknown keys are errors: a typo must not silently fall back to a default. No inf or nan anywhere."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # ---------------------------------------------------------------- configs/host.yaml
+
+PID_MAX = 4194304  # Linux's PID_MAX_LIMIT
+DAY_S = 86400.0
 
 
 class GpuSlot(_Strict):
     """A named GPU slot and the physical GPU behind it (UUID preferred when given)."""
 
-    index: int | None = Field(default=None, ge=0)
+    index: int | None = Field(default=None, ge=0, le=1023)
     uuid: str | None = None
+
+    @field_validator("uuid")
+    @classmethod
+    def _uuid(cls, v: str | None) -> str | None:
+        return v if v is None else _ok(check_gpu_uuid(v), v)
 
     @model_validator(mode="after")
     def _one_id(self) -> GpuSlot:
@@ -58,38 +353,52 @@ class DockerConfig(_Strict):
     url: str = "unix:///var/run/docker.sock"
     gpu_requests: bool = True
     # Failed containers kept (stopped, renamed NAME-failed-STAMP) for their logs, per assignment; older ones go.
-    keep_failed: int = Field(default=3, ge=1)
+    keep_failed: int = Field(default=3, ge=1, le=1000)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        return _ok(check_docker_url(v), v)
 
 
 class ShmConfig(_Strict):
     dir: str = "/dev/shm"
-    pattern: str = "vllm_offload_*.mmap"
-    confirm_interval_s: float = Field(default=2.0, ge=0)
+    pattern: str = SHM_PATTERN_DEFAULT
+    confirm_interval_s: float = Field(default=2.0, ge=0, le=3600)
     ignore_uninspectable_pids: list[int] = Field(default_factory=list)
     # Room kept free on the tmpfs beyond the sum of all offload capacities (the "room to spare").
-    reserve_gib: float = Field(default=1.0, ge=0)
+    reserve_gib: float = Field(default=1.0, ge=0, le=1 << 20)
 
     @field_validator("dir")
     @classmethod
-    def _absolute(cls, v: str) -> str:
-        if not v.startswith("/"):
-            raise ValueError(f"shm.dir must be an absolute path, got {v!r}")
-        return v.rstrip("/") or "/"
+    def _dir(cls, v: str) -> str:
+        return _ok(check_shm_dir(v), v.rstrip("/") or "/")
 
     @field_validator("pattern")
     @classmethod
     def _pattern(cls, v: str) -> str:
-        if "/" in v or not v or "*" not in v:
-            raise ValueError(f"shm.pattern must be a file name glob with '*' and no '/', got {v!r}")
+        return _ok(check_shm_pattern(v), v)
+
+    @field_validator("ignore_uninspectable_pids")
+    @classmethod
+    def _pids(cls, v: list[int]) -> list[int]:
+        for pid in v:
+            if not 1 <= pid <= PID_MAX:
+                raise ValueError(f"shm.ignore_uninspectable_pids: {pid} is not a process id (1..{PID_MAX})")
         return v
 
 
 class HostConfig(_Strict):
-    name: str = Field(pattern=NAME_RE)
+    name: str
     gpus: dict[str, GpuSlot]
     gpu_telemetry: Literal["nvml", "none"] = "nvml"
     docker: DockerConfig = Field(default_factory=DockerConfig)
     shm: ShmConfig = Field(default_factory=ShmConfig)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return _ok(check_name(v, "the host name"), v)
 
     @field_validator("gpus")
     @classmethod
@@ -98,8 +407,8 @@ class HostConfig(_Strict):
             raise ValueError("a host needs at least one GPU slot under 'gpus'")
         seen: dict[str, str] = {}
         for slot, gpu in v.items():
-            if not re.match(NAME_RE, slot):
-                raise ValueError(f"GPU slot name {slot!r} must match {NAME_RE}")
+            if check_name(slot, "GPU slot name"):
+                raise ValueError(f"GPU slot name {slot!r} must match {NAME_RE} (lowercase, at most 128 characters)")
             for dev in gpu.device_ids():
                 if dev in seen:
                     raise ValueError(f"GPU slots {seen[dev]!r} and {slot!r} both point at GPU {dev}")
@@ -114,6 +423,14 @@ class ModelRef(_Strict):
     id: str = Field(min_length=1)
     revision: str | None = None
 
+    @field_validator("id", "revision")
+    @classmethod
+    def _label(cls, v: str | None) -> str | None:
+        # Both go on the container as labels.
+        if v is not None and any(ord(c) < 32 for c in v):
+            raise ValueError(f"{v!r} holds control characters (it becomes a container label); remove them")
+        return v
+
 
 class ContainerSpec(_Strict):
     image: str = Field(min_length=1)
@@ -127,18 +444,73 @@ class ContainerSpec(_Strict):
     shm_size: str | None = None
     user: str | None = None
 
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        return _ok(check_image_ref(v), v)
+
+    @field_validator("command", "entrypoint")
+    @classmethod
+    def _argv(cls, v: list[str] | None) -> list[str] | None:
+        for i, arg in enumerate(v or ()):
+            _ok(check_text(arg, f"argument {i}"), arg)
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, value in v.items():
+            _ok(check_env_name(name) or check_text(value, f"container.env.{name}"), value)
+        return v
+
     @field_validator("volumes")
     @classmethod
     def _volumes(cls, v: list[str]) -> list[str]:
+        targets: dict[str, str] = {}
         for vol in v:
-            if not _VOLUME_RE.match(vol):
-                raise ValueError(f"volume {vol!r} must be 'host:container' or 'host:container:ro' with absolute paths")
+            _ok(check_volume(vol), vol)
+            ctr = vol.split(":")[1]
+            if ctr in targets:
+                raise ValueError(f"volumes {targets[ctr]!r} and {vol!r} both mount at {ctr} in the container; keep one")
+            targets[ctr] = vol
         return v
+
+    @field_validator("ipc")
+    @classmethod
+    def _ipc(cls, v: str | None) -> str | None:
+        return v if v is None else _ok(check_ipc_mode(v), v)
+
+    @field_validator("network")
+    @classmethod
+    def _network(cls, v: str | None) -> str | None:
+        return v if v is None else _ok(check_network_mode(v), v)
+
+    @field_validator("shm_size")
+    @classmethod
+    def _shm_size(cls, v: str | None) -> str | None:
+        return v if v is None else _ok(check_shm_size(v), v)
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str | None) -> str | None:
+        return v if v is None else _ok(check_user(v), v)
+
+    @model_validator(mode="after")
+    def _something_to_run(self) -> ContainerSpec:
+        argv = [*(self.entrypoint or ()), *self.command]
+        if not argv:
+            raise ValueError(
+                "container.command is empty and there is no container.entrypoint: say what to run, "
+                'like command = ["vllm", "serve", "MODEL"]'
+            )
+        if not argv[0].strip():
+            raise ValueError("the program to run (the first word of entrypoint, or of command) is empty; name it")
+        return self
 
 
 class OffloadSpec(_Strict):
     enabled: bool = False
-    capacity_gib: float = Field(default=0, ge=0)
+    capacity_gib: float = Field(default=0, ge=0, le=1 << 20)
 
     @model_validator(mode="after")
     def _capacity(self) -> OffloadSpec:
@@ -153,17 +525,22 @@ class OffloadSpec(_Strict):
 
 class HealthSpec(_Strict):
     url: str | None = None
-    settle_s: float = Field(default=5, ge=0)
-    start_timeout_s: float = Field(default=600, gt=0)
+    settle_s: float = Field(default=5, ge=0, le=DAY_S)
+    start_timeout_s: float = Field(default=600, gt=0, le=DAY_S)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        return v if v is None else _ok(check_health_url(v), v)
 
 
 class StopSpec(_Strict):
-    timeout_s: float = Field(default=180, gt=0)
+    timeout_s: float = Field(default=180, gt=0, le=DAY_S)
 
 
 class Recipe(_Strict):
     description: str = ""
-    tensor_parallel_size: int = Field(ge=1)
+    tensor_parallel_size: int = Field(ge=1, le=1024)
     model: ModelRef
     container: ContainerSpec
     offload: OffloadSpec = Field(default_factory=OffloadSpec)

@@ -49,3 +49,23 @@ def tmpfs_dir() -> Iterator[Path]:
     finally:
         subprocess.run(["umount", "-l", str(d)], check=False)
         d.rmdir()
+
+
+@pytest.fixture(scope="session")
+def shared_tmpfs() -> Iterator[Path]:
+    """One tmpfs for a whole session's roots that are only validated, never applied (shm.dir must be a tmpfs
+    mount point): a fresh 1 GiB one as root (nothing is written to it), else /dev/shm where that is a tmpfs."""
+    from reconciler.loader import shm_dir_mount_problem
+
+    if os.geteuid() != 0:
+        if shm_dir_mount_problem("/dev/shm") is None:
+            yield Path("/dev/shm")
+            return
+        pytest.skip("needs root (mount -t tmpfs) or a tmpfs on /dev/shm")
+    d = Path(tempfile.mkdtemp(prefix="reconciler-validate-tmpfs-"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1g", "tmpfs", str(d)], check=True)
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", "-l", str(d)], check=False)
+        d.rmdir()

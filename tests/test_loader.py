@@ -5,26 +5,45 @@ Each test writes a small root (configs/ + manifests/) and runs the real CLI entr
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
 import textwrap
+import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
 from reconciler.cli import main
 from reconciler.errors import ConfigError
-from reconciler.loader import load_desired
+from reconciler.loader import load_desired, shm_dir_mount_problem, tmpfs_free, tmpfs_size
+from reconciler.units import human_bytes
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "examples" / "demo"
 
 
+def point_shm_at(root: Path, shm: Path) -> None:
+    """Make ``root`` (a copy of the demo's) use the tmpfs ``shm`` as its shm.dir, bind-mounted into the offload
+    recipes so their files land there (the demo's own tmpfs is mounted only while the demo runs)."""
+    host = root / "configs/host.yaml"
+    doc = yaml.safe_load(host.read_text())
+    doc["shm"]["dir"] = str(shm)
+    host.write_text(yaml.safe_dump(doc, sort_keys=False))
+    for recipe in (root / "configs/recipes").glob("*.toml"):
+        if tomllib.loads(recipe.read_text()).get("offload", {}).get("enabled"):
+            text = recipe.read_text()
+            assert "volumes = [" in text
+            recipe.write_text(text.replace("volumes = [", f'volumes = ["{shm}:{shm}", ', 1))
+
+
 @pytest.fixture
-def root(tmp_path: Path) -> Path:
+def root(tmp_path: Path, shared_tmpfs: Path) -> Path:
     shutil.copytree(DEMO / "configs", tmp_path / "configs")
     shutil.copytree(DEMO / "manifests", tmp_path / "manifests")
+    point_shm_at(tmp_path, shared_tmpfs)
     return tmp_path
 
 
@@ -37,11 +56,25 @@ def errors_of(root: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]
     return code, capsys.readouterr().err
 
 
-def test_demo_and_shipped_roots_are_valid(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--root", str(DEMO), "validate"]) == 0
+def test_demo_and_shipped_roots_are_valid(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The demo's root (with its shm.dir on a tmpfs, as its script mounts one) and this repository's root."""
+    assert main(["--root", str(root), "validate"]) == 0
+    if shm_dir_mount_problem("/dev/shm") is not None:
+        pytest.skip("/dev/shm is not a tmpfs here: the shipped root's shm.dir cannot be validated")
     assert main(["--root", str(REPO), "validate"]) == 0
     out = capsys.readouterr().out
     assert "valid: host demo" in out and "valid: host workstation" in out
+
+
+def test_the_demo_as_shipped_needs_its_tmpfs(capsys: pytest.CaptureFixture[str]) -> None:
+    """The demo's shm.dir is a tmpfs its script mounts: without it, validate says so (and with it, passes)."""
+    shm = yaml.safe_load((DEMO / "configs/host.yaml").read_text())["shm"]["dir"]
+    code, err = errors_of(DEMO, capsys)
+    if shm_dir_mount_problem(shm) is None:
+        assert code == 0
+    else:
+        assert code == 1 and f"configs/host.yaml:" in err and f"shm.dir: shm.dir {shm}" in err
+        assert "mount -t tmpfs" in err
 
 
 def test_shipped_recipes_pin_the_field_report() -> None:
@@ -112,14 +145,45 @@ def test_tp_mismatch(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "tensor_parallel_size = 2 and needs exactly that many GPU slots, got 1" in err
 
 
-def test_offload_over_tmpfs(root: Path) -> None:
+def test_offload_over_tmpfs(root: Path, shared_tmpfs: Path) -> None:
     write_manifest(root, "host: demo\nassignments:\n  - recipe: deepseek-256k-offload\n    gpus: [dark-compute-a, dark-compute-b]\n")
-    load_desired(root, shm_size=1024**3)  # fits: 64 MiB + 0.25 GiB reserve in 1 GiB
+    host = root / "configs/host.yaml"
+    host.write_text(re.sub(r"reserve_gib: .*", "reserve_gib: 0.25", host.read_text()))
+    load_desired(root, shm_size=1024**3)  # fits: 64 MiB + 256 MiB reserve in 1 GiB
     with pytest.raises(ConfigError) as exc:
-        load_desired(root, shm_size=256 * 1024**2)
+        load_desired(root, shm_size=256 * 1024**2, shm_free=200 * 1024**2)
+    (msg,) = (str(p) for p in exc.value.problems)
+    assert msg == (
+        f"manifests/demo.yaml:2: assignments: the offload lanes need more room than the tmpfs at {shared_tmpfs} has: "
+        "their capacities (deepseek-256k-offload (64.00 MiB)) add up to 64.00 MiB, and with shm.reserve_gib "
+        "(256.00 MiB, kept free in configs/host.yaml) that is 320.00 MiB, but the tmpfs is 256.00 MiB, "
+        "200.00 MiB of it free now. Assign fewer or smaller offload lanes (offload.capacity_gib in "
+        "configs/recipes/deepseek-256k-offload.toml), lower shm.reserve_gib, or give the tmpfs more room"
+    )
+
+
+def test_offload_over_tmpfs_names_every_lane_and_reads_the_real_tmpfs(root: Path, shared_tmpfs: Path) -> None:
+    """Two offload lanes in GiB against the real tmpfs: the sizes are the real ones, each in its own unit."""
+    lane = (root / "configs/recipes/deepseek-256k-offload.toml").read_text()
+    (root / "configs/recipes/big.toml").write_text(
+        re.sub(r"capacity_gib = .*", "capacity_gib = 1.5", lane).replace("tensor_parallel_size = 2", "tensor_parallel_size = 1")
+    )
+    (root / "configs/recipes/small.toml").write_text(
+        re.sub(r"capacity_gib = .*", "capacity_gib = 0.5", lane).replace("tensor_parallel_size = 2", "tensor_parallel_size = 1")
+    )
+    write_manifest(
+        root,
+        "host: demo\nassignments:\n  - recipe: big\n    gpus: [dark-compute-a]\n  - recipe: small\n    gpus: [dark-compute-b]\n",
+    )
+    size, free = tmpfs_size(str(shared_tmpfs)), tmpfs_free(str(shared_tmpfs))
+    if size is None or size >= 2 * 1024**3:
+        pytest.skip(f"the tmpfs at {shared_tmpfs} holds both lanes")
+    with pytest.raises(ConfigError) as exc:
+        load_desired(root)
     msg = str(exc.value)
-    assert "manifests/demo.yaml:2: assignments: offload capacities add up to 0.06 GiB" in msg
-    assert "do not fit the 0.25 GiB tmpfs at /dev/shm" in msg
+    assert "their capacities (big (1.50 GiB), small (512.00 MiB)) add up to 2.00 GiB" in msg
+    assert f"but the tmpfs is {human_bytes(size)}, {human_bytes(free)} of it free now" in msg
+    assert "configs/recipes/big.toml, configs/recipes/small.toml" in msg
 
 
 def test_unknown_keys_everywhere(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
