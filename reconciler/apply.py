@@ -130,7 +130,14 @@ class Applier:
     ):
         self.desired = desired
         self.observer = observer or DockerObserver(desired.host.docker.url)
-        self.ops = DockerOps(self.observer.api)
+        connect: bool = True,
+        observer_ = self.observer
+        self.ops = DockerOps(connect=lambda: observer_.api, url=observer_.url)
+        if connect:
+            _ = self.ops.api
+        """``connect``: reach the engine now and raise ``DockerUnavailable`` ("docker source unavailable at URL:
+        ...") when it does not answer (``reconciler apply``). The loop passes False: its passes observe the engine
+        as a source like any other, report it down and wait for it."""
         self.progress = progress or NoProgress()
         self.cancel = cancel or threading.Event()
         self.hold = dict(hold or {})

@@ -132,6 +132,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from reconciler.backoff import Backoff
+    from reconciler.errors import ReconcilerError
     from reconciler.loop import Log, Loop
 
     loop = Loop(
@@ -142,7 +143,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         log=Log(args.log_format),
         backoff=Backoff(base_s=args.backoff_base, max_s=args.backoff_max),
     )
-    return loop.run()
+    try:
+        return loop.run()
+    except ReconcilerError as exc:
+        # Before the loop could start (the host lock, the metrics address): one log line in the loop's own
+        # format, so a supervisor reading JSON sees why, and exit 1 (never a traceback).
+        loop.log("exit", reason="cannot start", error=str(exc))
+        return EXIT_ERROR
 
 
 def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:

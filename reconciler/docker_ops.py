@@ -36,6 +36,19 @@ class DockerActionError(ReconcilerError):
     """A Docker call failed for good (permanent error, or the last of the retries)."""
 
 
+class DockerUnavailable(ReconcilerError):
+    """No engine answers at ``docker.url`` (not running, wrong URL, socket not reachable): nothing was attempted."""
+
+    def __init__(self, url: str, cause: BaseException | str):
+        self.url = url
+        text = str(cause).strip()
+        detail = (text.splitlines()[0] if text else type(cause).__name__)[:300]
+        super().__init__(
+            f"docker source unavailable at {url}: {detail}; nothing changed. Start the Docker engine, or fix "
+            "docker.url in configs/host.yaml"
+        )
+
+
 def _transient(exc: BaseException) -> bool:
     import docker.errors
     import requests
@@ -120,10 +133,26 @@ def create_spec(desired: DesiredState, recipe_name: str, slots: tuple[str, ...])
 
 
 class DockerOps:
-    """The writes. ``api`` is a docker.APIClient."""
+    """The writes. ``api`` is a docker.APIClient, or ``connect`` makes one when it is first needed (a client with
+    ``version="auto"`` asks the engine for its version as it is made, and fails when no engine answers): the
+    failure is then a ``DockerUnavailable`` naming ``url``, never the client library's own exception."""
 
-    def __init__(self, api: Any):
-        self.api = api
+    def __init__(self, api: Any = None, *, connect: Callable[[], Any] | None = None, url: str = ""):
+        if api is None and connect is None:
+            raise TypeError("DockerOps needs an api client or a connect function")
+        self._api = api
+        self._connect = connect
+        self.url = url
+
+    @property
+    def api(self) -> Any:
+        if self._api is None:
+            assert self._connect is not None
+            try:
+                self._api = self._connect()
+            except Exception as exc:  # noqa: BLE001 - docker.errors.DockerException, requests' errors, OSError
+                raise DockerUnavailable(self.url or "docker.url", exc) from exc
+        return self._api
 
     def image_present(self, image: str) -> bool:
         import docker.errors

@@ -43,6 +43,20 @@ class LockHeld(ReconcilerError):
         super().__init__(f"another reconciler holds {path} ({who}); one reconciler per host at a time")
 
 
+class LockDirUnusable(ReconcilerError):
+    """The lock file cannot be created or opened: its directory is missing and cannot be made, read-only, or not
+    a directory."""
+
+    def __init__(self, path: Path, exc: OSError):
+        self.path = path
+        why = exc.strerror or str(exc)
+        super().__init__(
+            f"cannot take the host lock: {path} cannot be created or opened ({why}"
+            f"{': ' + str(exc.filename) if exc.filename and str(exc.filename) != str(path) else ''}); "
+            f"make the lock directory {path.parent} writable, or point RECONCILER_LOCK_DIR at a writable directory"
+        )
+
+
 class HostLock:
     def __init__(self, host: str, *, command: str):
         self.path = lock_dir() / f"reconciler-{host}.lock"
@@ -50,8 +64,11 @@ class HostLock:
         self._fd: int | None = None
 
     def acquire(self) -> HostLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise LockDirUnusable(self.path, exc) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -9,6 +9,7 @@ Serves ``/metrics`` and ``/healthz``. Holds the host lock for its whole life. Ca
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import queue
@@ -25,7 +26,7 @@ from typing import Any, TextIO
 from reconciler import __version__
 from reconciler.apply import Applier, Outcome, PassResult
 from reconciler.backoff import Backoff
-from reconciler.errors import ConfigError
+from reconciler.errors import ConfigError, ReconcilerError
 from reconciler.loader import load_desired
 from reconciler.lock import HostLock, state_path
 from reconciler.model import DesiredState, assignment_key, container_name
@@ -37,8 +38,15 @@ from reconciler.planner import plan as make_plan
 _CRASHED = re.compile(r"\bexited with code (-?\d+)")
 # How long after a container's "die" event the loop looks again (the engine's list lags behind the event).
 _DIE_SETTLE_S = 1.0
+# The longest wait between two attempts to reach the engine's event stream while it does not answer: once it
+# answers again, the loop looks again within this time (not only at the next resync).
+_EVENTS_RETRY_MAX_S = 5.0
 # How an apply pass maps to the pass results exported as metrics.
 _PASS_RESULT = {"converged": "converged", "held": "blocked", "blocked": "blocked", "failed": "failed"}
+
+
+class MetricsAddrUnusable(ReconcilerError):
+    """``--metrics-addr`` cannot be listened on (in use, not a local address, not HOST:PORT)."""
 
 
 class Log:
@@ -124,6 +132,7 @@ class Loop:
         self._http: ThreadingHTTPServer | None = None
         self._crashed: set[str] = set()  # ids of crashed containers already counted in the backoff
         self._held: set[str] = set()  # assignments whose enter the last pass held: wake when their backoff ends
+        self._down: dict[str, str] = {}  # sources the last pass could not read, with why: logged when this changes
 
     # ------------------------------------------------------------ lifecycle
 
@@ -145,7 +154,11 @@ class Loop:
                     if self.stop.is_set():
                         break
                     reasons, _ = self.triggers.take()
-                    self.cycle(reasons or {"resync"})
+                    try:
+                        self.cycle(reasons or {"resync"})
+                    except Exception as exc:  # noqa: BLE001 - one bad pass must not end the loop: log it, go on
+                        self.log("pass-error", error=f"{type(exc).__name__}: {exc}"[:500])
+                        self.metrics.record_pass("error", 0.0)
             finally:
                 watcher.stop()
                 if self._http:
@@ -231,10 +244,13 @@ class Loop:
         for key in self.backoff.forget_changed({a.key: a.recipe_hash for a in desired.assignments}):
             self.log("backoff-reset", assignment=key, reason="recipe or assignment edited")
             self.metrics.set_backoff(key.split("@")[0], None)
-        applier = Applier(desired, observer=self.observer, cancel=self.cancel, hold=self.backoff.holds(),
-                          on_outcome=self._on_outcome, on_reclaim=self._on_reclaim)
         try:
+            # connect=False: an engine that does not answer is a source down in this pass's observation (logged,
+            # exported, /healthz 503), and the loop waits for it; it never ends the loop.
+            applier = Applier(desired, observer=self.observer, cancel=self.cancel, hold=self.backoff.holds(),
+                              on_outcome=self._on_outcome, on_reclaim=self._on_reclaim, connect=False)
             observed, plan = applier.plan_now()
+            self._sources_changed(observed)
             if self._count_crashes(desired, plan):
                 # Counted before its leave runs, so the re-enter planned in this very pass waits for its backoff.
                 applier.hold = self.backoff.holds()
@@ -267,9 +283,21 @@ class Loop:
                      message=result.message or "-")
         self.passes += 1
         self.last_pass_at = time.time()
-        self.last_pass = {"result": result.result, "message": result.message, "at": self.last_pass_at}
+        self.last_pass = {"result": result.result, "message": result.message, "at": self.last_pass_at,
+                          "unavailable": dict(self._down)}
         self._write_state(desired)
         return result
+
+    def _sources_changed(self, observed: Any) -> None:
+        """Log each source that went down or came back since the last pass (once, not every pass)."""
+        down = {name: src.detail or "unavailable" for name, src in observed.sources.items() if not src.ok}
+        for name, detail in sorted(down.items()):
+            if name not in self._down:
+                self.log("source-down", source=name, detail=detail,
+                         action="nothing that needs it is changed; looking again when it answers")
+        for name in sorted(set(self._down) - set(down)):
+            self.log("source-up", source=name)
+        self._down = down
 
     def _on_outcome(self, o: Outcome) -> None:
         a = o.action
@@ -367,6 +395,7 @@ class Loop:
 
     def _docker_events(self) -> None:
         delay = 0.5
+        lost = False
         while not self.stop.is_set():
             observer = self.observer
             if observer is None:
@@ -375,6 +404,12 @@ class Loop:
             try:
                 stream = observer.api.events(decode=True, filters={"type": "container", "event": ["start", "die", "destroy"]})
                 delay = 0.5
+                if lost:
+                    # The engine answers again (it was down, or restarted): whatever changed meanwhile sent no
+                    # event this loop saw, so look again now rather than at the next resync.
+                    lost = False
+                    self.log("docker-events-resumed", url=observer.url)
+                    self.triggers.fire("docker-reconnected")
                 for ev in stream:
                     if self.stop.is_set():
                         return
@@ -388,10 +423,13 @@ class Loop:
                         later.daemon = True
                         later.start()
             except Exception as exc:  # noqa: BLE001 - the engine went away: retry, and the resync timer still runs
-                if not self.stop.is_set():
-                    self.log("docker-events-lost", error=str(exc)[:200], retry_in_s=delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 30)
+                if not self.stop.is_set() and not lost:
+                    self.log("docker-events-lost", error=str(exc)[:200],
+                             retry="every few seconds until the engine answers")
+                    self.triggers.fire("docker-events-lost")  # look again: the pass reports the engine down
+                lost = True
+                self.stop.wait(delay)
+                delay = min(delay * 2, _EVENTS_RETRY_MAX_S)
 
     # ------------------------------------------------------------ HTTP
 
@@ -408,11 +446,15 @@ class Loop:
 
                     body, ctype, code = loop.metrics.render(), CONTENT_TYPE, 200
                 elif self.path.split("?")[0] == "/healthz":
+                    # Healthy: a recent pass that could read every source. A loop waiting for an engine that
+                    # does not answer is alive but cannot act: 503, with the source and why in "unavailable".
                     age = time.time() - loop.last_pass_at if loop.last_pass_at else None
                     fresh = age is not None and age < max(3 * loop.resync_s, 300)
-                    code = 200 if fresh else 503
-                    body = json.dumps({"ok": fresh, "passes": loop.passes, "last_pass_age_s": age,
-                                       "last_pass": loop.last_pass}).encode()
+                    down = dict(loop._down)
+                    ok = fresh and not down
+                    code = 200 if ok else 503
+                    body = json.dumps({"ok": ok, "passes": loop.passes, "last_pass_age_s": age,
+                                       "unavailable": down, "last_pass": loop.last_pass}).encode()
                     ctype = "application/json"
                 else:
                     body, ctype, code = b"not found: try /metrics or /healthz\n", "text/plain", 404
@@ -425,7 +467,14 @@ class Loop:
             def log_message(self, *args: Any) -> None:
                 return None
 
-        self._http = ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
+        try:
+            self._http = ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
+        except (OSError, ValueError, OverflowError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            hint = ("something else listens there (another `reconciler run`?): stop it or choose another "
+                    "--metrics-addr" if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE
+                    else "give --metrics-addr as HOST:PORT on this machine, or '' to serve nothing")
+            raise MetricsAddrUnusable(f"cannot serve /metrics on {self.metrics_addr}: {why}; {hint}") from None
         self._http.daemon_threads = True
         threading.Thread(target=self._http.serve_forever, name="metrics-http", daemon=True).start()
         self.log("metrics", addr=f"http://{host or '127.0.0.1'}:{self._http.server_address[1]}/metrics")
