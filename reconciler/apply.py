@@ -12,9 +12,12 @@ interrupted pass never leaves an unowned container behind.
 
 from __future__ import annotations
 
+import http.client
+import socket
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -127,17 +130,17 @@ class Applier:
         on_outcome: Callable[[Outcome], None] | None = None,
         on_reclaim: Callable[[Any], None] | None = None,
         poll_s: float = 0.2,
+        connect: bool = True,
     ):
+        """``connect``: reach the engine now and raise ``DockerUnavailable`` ("docker source unavailable at URL:
+        ...") when it does not answer (``reconciler apply``). The loop passes False: its passes observe the engine
+        as a source like any other, report it down and wait for it."""
         self.desired = desired
         self.observer = observer or DockerObserver(desired.host.docker.url)
-        connect: bool = True,
         observer_ = self.observer
         self.ops = DockerOps(connect=lambda: observer_.api, url=observer_.url)
         if connect:
             _ = self.ops.api
-        """``connect``: reach the engine now and raise ``DockerUnavailable`` ("docker source unavailable at URL:
-        ...") when it does not answer (``reconciler apply``). The loop passes False: its passes observe the engine
-        as a source like any other, report it down and wait for it."""
         self.progress = progress or NoProgress()
         self.cancel = cancel or threading.Event()
         self.hold = dict(hold or {})
@@ -299,6 +302,7 @@ class Applier:
                 f"image {recipe.container.image} is not present on this host: pull or build it "
                 f"(recipe {action.recipe}, container.image)"
             )
+        self._check_health_url_free(action, recipe)
         need = recipe.offload.capacity_bytes
         if need and observed.shm.tmpfs.free_bytes < need:
             if observed.shm.by_state("orphan"):
@@ -348,6 +352,7 @@ class Applier:
                 restarts = count
                 if h.url:
                     if _http_ok(h.url):
+                        self._settle_after_health(action, cid, recipe, restarts)
                         return
                 elif time.monotonic() - running_since >= h.settle_s:
                     return
@@ -359,6 +364,46 @@ class Applier:
                 )
             self.progress.phase(action, "waiting for health", elapsed=elapsed, timeout=h.start_timeout_s)
             time.sleep(self.poll_s)
+
+    def _check_health_url_free(self, action: Action, recipe: Recipe) -> None:
+        """Preflight: nothing may answer the health URL before the container starts. If something does (a stale
+        server on the port, another lane with host networking), a health check would pass for it and report a
+        container healthy that dies moments later on "Address already in use"."""
+        url = recipe.health.url
+        if not url:
+            return
+        what = _http_answer(url)
+        if what is not None:
+            raise ActionFailed(
+                f"health URL {url} of recipe {action.recipe} already answers ({what}) before {action.container} "
+                "is started: something else serves on its port (a stale server, another lane with host "
+                "networking), so its health check cannot tell the new engine from it. Stop what listens there, "
+                "or give the recipe another port and health.url; nothing was created"
+            )
+
+    def _settle_after_health(self, action: Action, cid: str, recipe: Recipe, restarts: int | None) -> None:
+        """After the health URL answered: the container must still be running then, and still after settle_s."""
+        h = recipe.health
+
+        def check(when: str) -> None:
+            st = self.ops.inspect(cid).get("State") or {}
+            status = st.get("Status")
+            if status != "running":
+                how = f"exited with code {st.get('ExitCode')}" if status in ("exited", "dead") else f"is {status}"
+                raise ActionFailed(
+                    f"{action.container} {how} {when}: what answered {h.url} was not (only) this container"
+                )
+            if restarts is not None and int(st.get("RestartCount") or 0) != restarts:
+                raise ActionFailed(f"{action.container} restarted {when}")
+
+        check("right after its health URL answered")
+        t0 = time.monotonic()
+        while (elapsed := time.monotonic() - t0) < h.settle_s:
+            if self.cancel.is_set():
+                raise Cancelled(f"stop requested while {action.container} settles; it keeps its labels")
+            self.progress.phase(action, "healthy, settling", elapsed=elapsed, timeout=h.settle_s)
+            time.sleep(min(self.poll_s, max(0.0, h.settle_s - elapsed)))
+            check(f"within health.settle_s ({h.settle_s:g} s) after its health URL answered")
 
     def _check_enter(self, action: Action, cid: str) -> None:
         """Postcondition: running and holding exactly its slots (by Docker, and by NVML where it is on)."""
@@ -459,12 +504,41 @@ class Applier:
 # ---------------------------------------------------------------- helpers
 
 
+# Health probes go straight to the URL, never through a proxy named by http_proxy/HTTP_PROXY in the environment
+# (a proxy would answer, or fail, for a server it is not).
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def _http_ok(url: str) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=1.0) as resp:  # noqa: S310 - operator-configured health URL
+        with _DIRECT.open(url, timeout=1.0) as resp:  # noqa: S310 - operator-configured health URL
             return 200 <= resp.status < 300
-    except (urllib.error.URLError, OSError, ValueError):
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
         return False
+
+
+def _http_answer(url: str, *, timeout: float = 1.0) -> str | None:
+    """What answers ``url`` now, in words ("HTTP 200", "HTTP 404", a connection that says nothing), or None when
+    nothing listens there (the connection is refused, the host is unknown or unreachable). Never via a proxy."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return None
+    if not parts.hostname:
+        return None
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout).close()
+    except OSError:
+        return None  # refused, unreachable, unknown host, or no answer to the connect: nothing listens
+    try:
+        with _DIRECT.open(url, timeout=timeout) as resp:  # noqa: S310 - operator-configured health URL
+            return f"HTTP {resp.status}"
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}"
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
+        reason = getattr(exc, "reason", exc)
+        return f"a listener on port {port} that accepts connections ({type(reason).__name__})"
 
 
 def _cause_from_logs(logs: str) -> str:
