@@ -1,0 +1,227 @@
+#!/usr/bin/env bash
+# Proves the README's two commands on a stock Debian machine: a clean clone of this repository's committed HEAD
+# is copied into a container of a freshly debootstrapped Debian (minbase + make, git, python3, ca-certificates;
+# nothing else), which runs its own Docker engine (Docker in Docker), and there, as root, `make demo` then
+# `make test` must both pass. No registry is used: the Debian root is built here from the mirror apt uses here
+# and `docker import`ed.
+#
+#   bash tests/fresh/run.sh [--target bookworm|trixie|all] [--out DIR] [--rebuild] [--keep]
+#   make fresh               (the same, bookworm)
+#
+#   --target   which Debian: bookworm (12, the default), trixie (13, the current stable), or all (both, in turn)
+#   --out DIR  where the logs go, one folder per target (default /tmp/reconciler-fresh): setup.log (the
+#              container's preparation), demo.log, test.log, dockerd.log (the inner engine's log), summary.txt
+#   --rebuild  rebuild the Debian image even when the cached one is current
+#   --keep     leave the container running afterwards (to look around: docker exec -it NAME bash)
+#
+# The image is cached as reconciler-fresh/debian:SUITE, labelled with a hash of tests/fresh/rootfs.sh (which
+# holds the package list), the suite and the mirrors: it is rebuilt only when one of them changes.
+# Environment: FRESH_MIRROR / FRESH_SECURITY_MIRROR override the mirrors read from /etc/apt/sources*,
+# FRESH_TIMEOUT (seconds, default 2400) bounds each of the two commands.
+#
+# Exit: 0 when both commands pass on every target, 1 when one fails, 2 on a usage or set-up error here.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+targets=bookworm out=/tmp/reconciler-fresh rebuild=no keep=no
+usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+    case $1 in
+        --target) targets=${2:?--target needs bookworm, trixie or all}; shift 2 ;;
+        --target=*) targets=${1#*=}; shift ;;
+        --out) out=${2:?--out needs a folder}; shift 2 ;;
+        --out=*) out=${1#*=}; shift ;;
+        --rebuild) rebuild=yes; shift ;;
+        --keep) keep=yes; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "$0: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+    esac
+done
+case $targets in
+    bookworm|trixie) ;;
+    all) targets="bookworm trixie" ;;
+    *) echo "$0: --target is bookworm, trixie or all, not '$targets'" >&2; exit 2 ;;
+esac
+timeout_s=${FRESH_TIMEOUT:-2400}
+
+die() { echo "fresh: $*" >&2; exit 2; }
+[ "$(id -u)" = 0 ] || die "run as root (debootstrap and the privileged container need it)"
+for tool in debootstrap git docker tar sha256sum flock; do
+    command -v "$tool" >/dev/null || die "'$tool' is missing here; \`make setup\` installs what this needs"
+done
+docker version --format '{{.Server.Version}}' >/dev/null 2>&1 || die "the Docker engine does not answer; \`make setup\` starts it"
+
+# --- the mirrors apt uses here ------------------------------------------------------------------------------------
+# The first Debian archive and security URIs of /etc/apt/sources.list{,.d/*} (deb822 and one-line formats alike);
+# other vendors' sources (anything not ending in /debian or /debian-security) are ignored.
+apt_uris() {
+    { cat /etc/apt/sources.list 2>/dev/null; cat /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources 2>/dev/null; } |
+        sed -e 's/#.*//' |
+        awk '/^[[:space:]]*URIs:/ { for (i = 2; i <= NF; i++) print $i }
+             /^[[:space:]]*deb[[:space:]]/ { for (i = 2; i <= NF; i++) if ($i !~ /^\[/ && $i !~ /\]$/) { print $i; break } }' |
+        sed -e 's:/*$::'
+}
+mirror=${FRESH_MIRROR:-$(apt_uris | grep -E '/debian$' | head -1 || true)}
+security=${FRESH_SECURITY_MIRROR:-$(apt_uris | grep -E '/debian-security$' | head -1 || true)}
+mirror=${mirror:-http://deb.debian.org/debian}
+security=${security:-${mirror%/debian}/debian-security}
+
+# --- the image: a stock Debian root, built here ----------------------------------------------------------------
+ensure_image() {  # SUITE -> prints the image tag
+    local suite=$1 tag=reconciler-fresh/debian:$1 label=reconciler-fresh.sha256 hash current root
+    hash=$( { cat "$here/rootfs.sh"; echo "$suite $mirror $security"; } | sha256sum | cut -d' ' -f1)
+    mkdir -p "$out"
+    exec 9>"$out/.image-$suite.lock"
+    flock 9  # two runs at once build it once
+    current=$(docker image inspect --format "{{ index .Config.Labels \"$label\" }}" "$tag" 2>/dev/null || true)
+    if [ "$rebuild" = no ] && [ "$current" = "$hash" ]; then
+        echo "fresh: image $tag is current ($label=${hash:0:12})" >&2
+    else
+        echo "fresh: building $tag with debootstrap from $mirror (about a minute; log: $out/$suite/debootstrap.log)" >&2
+        root=$(mktemp -d /var/tmp/reconciler-fresh-root.XXXXXX)
+        mkdir -p "$out/$suite"
+        if ! bash "$here/rootfs.sh" "$suite" "$root/fs" "$mirror" "$security" >"$out/$suite/debootstrap.log" 2>&1; then
+            tail -20 "$out/$suite/debootstrap.log" >&2
+            rm -rf "$root"
+            die "debootstrap of $suite failed (log: $out/$suite/debootstrap.log)"
+        fi
+        tar -C "$root/fs" --numeric-owner -cf - . | docker import \
+            --change 'CMD ["/bin/bash"]' \
+            --change 'ENV LANG=C.UTF-8' \
+            --change "LABEL $label=$hash" \
+            --message "stock Debian $suite (debootstrap minbase + make git python3 ca-certificates) for tests/fresh" \
+            - "$tag" >/dev/null
+        rm -rf "$root"
+        echo "fresh: built $tag ($label=${hash:0:12})" >&2
+    fi
+    flock -u 9
+    exec 9>&-
+    echo "$tag"
+}
+
+# --- the container: a machine of its own, with its own Docker engine ---------------------------------------------
+# `--privileged` cannot start on every machine: it asks for every capability, and where the engine's bounding set
+# lacks one (a microVM without CAP_SYS_RESOURCE, for one) runc fails with 'unable to apply caps'. So: every
+# capability this engine can hand out, and the rest of what --privileged means, one by one.
+cap_names=(CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP LINUX_IMMUTABLE
+    NET_BIND_SERVICE NET_BROADCAST NET_ADMIN NET_RAW IPC_LOCK IPC_OWNER SYS_MODULE SYS_RAWIO SYS_CHROOT SYS_PTRACE
+    SYS_PACCT SYS_ADMIN SYS_BOOT SYS_NICE SYS_RESOURCE SYS_TIME SYS_TTY_CONFIG MKNOD LEASE AUDIT_WRITE AUDIT_CONTROL
+    SETFCAP MAC_OVERRIDE MAC_ADMIN SYSLOG WAKE_ALARM BLOCK_SUSPEND AUDIT_READ)
+cap_flags() {
+    local pid bnd i flags=(--cap-add ALL)
+    pid=$(pidof dockerd 2>/dev/null | awk '{print $1}' || true)
+    bnd=$(awk '/^CapBnd:/ {print $2}' "/proc/${pid:-self}/status")
+    for i in "${!cap_names[@]}"; do
+        (( (16#$bnd >> i) & 1 )) || flags+=(--cap-drop "${cap_names[$i]}")
+    done
+    echo "${flags[@]}"
+}
+
+container=
+remove_container() {
+    if [ -n "$container" ]; then
+        if [ "$keep" = yes ]; then
+            echo "fresh: left running: $container (docker exec -it $container bash; docker rm -f -v $container)" >&2
+        else
+            docker rm -f -v "$container" >/dev/null 2>&1 || true
+        fi
+    fi
+    container=
+}
+cleanup() {
+    remove_container
+    [ -z "${clone:-}" ] || rm -rf "$clone"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+clone=$(mktemp -d /tmp/reconciler-fresh-clone.XXXXXX)
+git clone --quiet --no-hardlinks "$repo" "$clone/reconciler"
+commit=$(git -C "$clone/reconciler" log -1 --format='%h %s' | cut -c1-100)
+dirty=$(git -C "$repo" status --porcelain --untracked-files=no | wc -l)
+
+now() { date +%s.%N; }
+secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f", b - a }'; }
+
+run_target() {  # SUITE; adds it to failed when either command fails
+    local suite=$1 image dir name caps t0 t1 demo_rc test_rc demo_s test_s line os
+    image=$(ensure_image "$suite")
+    dir=$out/$suite
+    mkdir -p "$dir"
+    rm -f "$dir/setup.log" "$dir/demo.log" "$dir/test.log" "$dir/dockerd.log" "$dir/summary.txt"
+    name=reconciler-fresh-$suite-$$
+    caps=$(cap_flags)
+    {
+        echo "# container $name from $image"
+        echo "# capabilities: $caps"
+    } >>"$dir/setup.log"
+    # --init: a real init as pid 1 that reaps orphans (dockerd is started detached by .ci/setup-host).
+    # --cgroupns private + the remount below: the container sees its own cgroup tree as the root, writable, as a
+    #   booted machine does, so the inner engine's containers sit under /docker/ID as they would on one.
+    # /var/lib/docker on a volume: the inner engine's overlay2 sits on ext4, not on the container's overlay.
+    # /dev/shm stays Docker's default 64 MiB: a small /dev/shm is part of what the demo and tests must live with.
+    # shellcheck disable=SC2086
+    docker run -d --name "$name" --hostname "fresh-$suite" --init \
+        $caps \
+        --security-opt seccomp=unconfined --security-opt apparmor=unconfined --security-opt systempaths=unconfined \
+        --device-cgroup-rule 'a *:* rwm' --cgroupns private \
+        -v /var/lib/docker \
+        --label io.reconciler.fresh="$suite" \
+        "$image" sleep infinity >>"$dir/setup.log" 2>&1 || { tail -5 "$dir/setup.log" >&2; die "the container did not start (log: $dir/setup.log)"; }
+    container=$name
+
+    # What a booted machine has and a non-privileged container lacks: writable /sys and cgroup mounts.
+    docker exec "$name" sh -ec '
+        mount -o remount,rw /sys
+        for m in /sys/fs/cgroup/*/; do mount -o remount,bind,rw "$m"; done
+    ' >>"$dir/setup.log" 2>&1 || die "preparing the container failed (log: $dir/setup.log)"
+    # This machine's own certificate authorities (a TLS-inspecting egress, say): without them pip cannot reach
+    # PyPI from inside. A stock Debian behind the same network would need them just as well.
+    if compgen -G '/usr/local/share/ca-certificates/*.crt' >/dev/null; then
+        tar -C /usr/local/share/ca-certificates -cf - . |
+            docker exec -i "$name" sh -ec 'tar -C /usr/local/share/ca-certificates -xf - && update-ca-certificates' \
+            >>"$dir/setup.log" 2>&1 || die "installing this machine's CA certificates failed (log: $dir/setup.log)"
+    fi
+    tar -C "$clone" -cf - reconciler | docker exec -i "$name" tar -C /root -xf - >>"$dir/setup.log" 2>&1 ||
+        die "copying the clone in failed (log: $dir/setup.log)"
+    os=$(docker exec "$name" sh -c '. /etc/os-release; echo "$PRETTY_NAME, Debian $(cat /etc/debian_version)"')
+
+    echo "fresh: $suite: make demo  (log: $dir/demo.log)" >&2
+    t0=$(now)
+    set +e
+    timeout "$timeout_s" docker exec -w /root/reconciler "$name" make demo >"$dir/demo.log" 2>&1
+    demo_rc=$?
+    t1=$(now); demo_s=$(secs "$t0" "$t1")
+    echo "fresh: $suite: make test  (log: $dir/test.log)" >&2
+    t0=$(now)
+    timeout "$timeout_s" docker exec -w /root/reconciler "$name" make test >"$dir/test.log" 2>&1
+    test_rc=$?
+    t1=$(now); test_s=$(secs "$t0" "$t1")
+    set -e
+    docker exec "$name" cat /tmp/reconciler-dockerd.log >"$dir/dockerd.log" 2>/dev/null || true
+
+    # pytest -q closes with e.g. '3 failed, 238 passed, 5 skipped in 78.19s (0:01:18)'.
+    line=$(grep -E '^(=+ )?[0-9]+ (passed|failed|error|errors|skipped|deselected).* in [0-9.]+s' "$dir/test.log" | tail -1 | sed -e 's/^=* *//' -e 's/ *=*$//' || true)
+    {
+        echo "fresh $suite: $os; repository HEAD $commit"
+        printf '  make demo  exit %-3s %5ss\n' "$demo_rc" "$demo_s"
+        printf '  make test  exit %-3s %5ss   pytest: %s\n' "$test_rc" "$test_s" "${line:-no closing line (pytest did not run or was cut off)}"
+        grep -E '^(FAILED|ERROR) ' "$dir/test.log" | sed 's/^/    /' || true
+        [ "$demo_rc" = 0 ] || { echo "  make demo's last lines:"; tail -5 "$dir/demo.log" | sed 's/^/    /'; }
+        if [ "$demo_rc" = 124 ] || [ "$test_rc" = 124 ]; then echo "  (exit 124: stopped after FRESH_TIMEOUT=${timeout_s}s)"; fi
+        echo "  logs: $dir/{setup,demo,test,dockerd}.log"
+    } >"$dir/summary.txt"
+    remove_container
+    if [ "$demo_rc" != 0 ] || [ "$test_rc" != 0 ]; then failed+=("$suite"); fi
+}
+
+# Called plainly (not in an `if` or `||`), so that `set -e` holds inside it.
+failed=()
+for suite in $targets; do
+    run_target "$suite"
+done
+echo
+[ "$dirty" = 0 ] || echo "note: $dirty uncommitted change(s) in $repo are not part of this check (it uses the committed HEAD)"
+for suite in $targets; do cat "$out/$suite/summary.txt"; done
+[ ${#failed[@]} = 0 ]
