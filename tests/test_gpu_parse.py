@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from reconciler.model import DesiredAssignment, DesiredState, HostConfig, Recipe
-from reconciler.observe.gpu import observe_gpus, parse_nvml, read_nvml, slots_of_container
-from reconciler.observe.procfs import container_of_pid, parse_cgroup_container_id
+from reconciler.observe.gpu import engine_container_of, observe_gpus, parse_nvml, read_nvml, slots_of_container
+from reconciler.observe.procfs import container_of_pid, innermost_known, parse_cgroup_container_ids
 from reconciler.observed import GpuView, Observed, ShmView, Source, Tmpfs
 from reconciler.planner import plan
 
@@ -63,11 +63,14 @@ def host(gpus: Mapping[str, Mapping[str, Any]], telemetry: str = "nvml") -> Host
 SPLIT = host({"dark-compute-a": {"index": 0}, "dark-compute-b": {"index": 1}})
 
 
-def procs(cgroups: Mapping[int, str], commands: Mapping[int, str] | None = None) -> dict[str, Any]:
-    """container_of / command_of over captured /proc text: the real cgroup parse, no /proc needed."""
+def procs(
+    cgroups: Mapping[int, str], commands: Mapping[int, str] | None = None, known: frozenset[str] = frozenset({CTR})
+) -> dict[str, Any]:
+    """container_of / command_of over captured /proc text: the real cgroup parse and resolution against the ids
+    an engine lists (``known``), no /proc needed."""
     commands = commands or {}
     return {
-        "container_of": lambda pid: parse_cgroup_container_id(cgroups[pid]) if pid in cgroups else None,
+        "container_of": lambda pid: innermost_known(parse_cgroup_container_ids(cgroups.get(pid, "")), known),
         "command_of": lambda pid: commands.get(pid, ""),
     }
 
@@ -176,7 +179,7 @@ def test_slots_of_a_container_for_the_enter_postcondition() -> None:
         {**TWO_GPUS["devices"][1], "processes": [{"pid": 11, "used_gpu_memory": GIB}]},
     )
     cg = {10: DOCKER_V2_SYSTEMD, 11: DOCKER_V2_SYSTEMD, 99: f"0::/docker/{other}\n"}
-    view = parse_nvml(raw, SPLIT, **procs(cg))
+    view = parse_nvml(raw, SPLIT, **procs(cg, known=frozenset({CTR, other})))
     assert slots_of_container(view, CTR) == ("dark-compute-a", "dark-compute-b")
     assert slots_of_container(view, other) == ("dark-compute-a",)
     assert slots_of_container(view, "f" * 64) == ()
@@ -343,8 +346,9 @@ CGROUP_FORMS = [
     ("containerd default namespace", f"0::/default/{A}\n", A),
     ("podman", f"0::/machine.slice/libpod-{A}.scope/container\n", A),
     ("cri-o", f"0::/kubepods.slice/kubepods-pod1.slice/crio-{A}.scope\n", A),
-    # Docker in Docker seen from the host: the host's engine knows the outer container.
-    ("docker in docker", f"1:name=systemd:/docker/{A}/docker/{B}\n0::/docker/{A}/docker/{B}\n", A),
+    # Docker in Docker seen from the host: both ids, the inner one first (which one is the container depends on
+    # the engine asked; tests/test_procfs_parse.py resolves them on real files).
+    ("docker in docker", f"1:name=systemd:/docker/{A}/docker/{B}\n0::/docker/{A}/docker/{B}\n", (B, A)),
     # Host processes: never a container.
     ("host v2 session", "0::/user.slice/user-0.slice/session-3.scope\n", None),
     ("host v1 root", "12:pids:/\n4:memory:/\n1:name=systemd:/\n0::/\n", None),
@@ -356,28 +360,59 @@ CGROUP_FORMS = [
 
 
 @pytest.mark.parametrize(("form", "text", "want"), CGROUP_FORMS, ids=[f[0] for f in CGROUP_FORMS])
-def test_cgroup_forms(form: str, text: str, want: str | None) -> None:
-    assert parse_cgroup_container_id(text) == want
+def test_cgroup_forms(form: str, text: str, want: str | tuple[str, ...] | None) -> None:
+    expected = want if isinstance(want, tuple) else (want,) if want else ()
+    assert parse_cgroup_container_ids(text) == expected
 
 
 def test_cgroup_captured_from_a_real_docker_container() -> None:
     # /proc/PID/cgroup of a busybox container under Docker 20.10 (cgroupfs driver, cgroup v1), read on the host.
     text = (DATA / "cgroup" / "docker-v1-cgroupfs.txt").read_text()
-    want = (DATA / "cgroup" / "docker-v1-cgroupfs.id").read_text().strip()
-    assert parse_cgroup_container_id(text) == want
+    want = (DATA / "cgroup" / "docker-v1-cgroupfs.ids").read_text().strip()
+    assert parse_cgroup_container_ids(text) == (want,)
 
 
 @pytest.mark.parametrize("name", ["host-process-sandbox.txt", "host-process-h200-v2.txt"])
 def test_cgroup_captured_from_a_sandboxed_host_process(name: str) -> None:
     # A 32-hex sandbox cgroup (/process_api/<hex>, cgroup v1 and v2) is not a container id.
-    assert parse_cgroup_container_id((DATA / "cgroup" / name).read_text()) is None
+    assert parse_cgroup_container_ids((DATA / "cgroup" / name).read_text()) == ()
 
 
 def test_container_of_pid_reads_a_proc_tree(tmp_path: Path) -> None:
     (tmp_path / "4242").mkdir()
     (tmp_path / "4242" / "cgroup").write_text(DOCKER_V2_SYSTEMD)
-    assert container_of_pid(4242, proc_root=str(tmp_path)) == CTR
-    assert container_of_pid(4343, proc_root=str(tmp_path)) is None  # gone: no container, never an error
+    assert container_of_pid(4242, {CTR}, proc_root=str(tmp_path)) == CTR
+    assert container_of_pid(4242, {A}, proc_root=str(tmp_path)) is None  # not a container of this engine
+    assert container_of_pid(4343, {CTR}, proc_root=str(tmp_path)) is None  # gone: no container, never an error
+
+
+def test_gpu_processes_are_attributed_to_containers_the_engine_lists() -> None:
+    """Docker in Docker on the GPU host: the engine asked knows one of the two ids on the path, never both."""
+    nested = {4242: f"0::/docker/{A}/docker/{CTR}\n", 4343: f"0::/docker/{A}\n", 11: "0::/user.slice\n"}
+    candidates = lambda pid: parse_cgroup_container_ids(nested.get(pid, ""))  # noqa: E731
+    inner_engine = engine_container_of(SPLIT, {CTR}, candidates_of=candidates)
+    assert [inner_engine(p) for p in (4242, 4343, 11)] == [CTR, None, None]
+    outer_engine = engine_container_of(SPLIT, {A}, candidates_of=candidates)
+    assert [outer_engine(p) for p in (4242, 4343, 11)] == [A, A, None]
+    raw = with_devices({**TWO_GPUS["devices"][1], "processes": [{"pid": 4242, "used_gpu_memory": GIB}]})
+    view = observe_gpus(SPLIT, read=lambda h: raw, known_containers={CTR}, command_of=lambda pid: "")
+    [p] = view.slots["dark-compute-b"].processes
+    assert p.container_id is None  # no /proc/4242 here: no cgroup, no container, and the process still counts
+
+
+def test_without_a_given_list_the_engine_is_asked_once_and_an_unanswering_one_confirms_nothing() -> None:
+    dead = HostConfig.model_validate(
+        {"name": "w", "gpus": {"a": {"index": 0}}, "docker": {"url": "unix:///nonexistent/docker.sock"}}
+    )
+    calls: list[int] = []
+
+    def candidates(pid: int) -> tuple[str, ...]:
+        calls.append(pid)
+        return (CTR,) if pid != 11 else ()
+
+    container_of = engine_container_of(dead, candidates_of=candidates)
+    assert [container_of(p) for p in (4242, 11, 4343)] == [None, None, None]
+    assert calls == [4242, 11, 4343]
 
 
 # ---------------------------------------------------------------- the planner reads it
@@ -385,7 +420,11 @@ def test_container_of_pid_reads_a_proc_tree(tmp_path: Path) -> None:
 
 def _recipe() -> Recipe:
     return Recipe.model_validate(
-        {"tensor_parallel_size": 1, "model": {"id": "omni"}, "container": {"image": "omni:test"}}
+        {
+            "tensor_parallel_size": 1,
+            "model": {"id": "omni"},
+            "container": {"image": "omni:test", "command": ["vllm", "serve", "omni"]},
+        }
     )
 
 

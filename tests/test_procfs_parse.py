@@ -1,8 +1,9 @@
-"""The pure half of /proc reading: maps text (captured from real processes) in, records out."""
+"""The pure half of /proc reading: maps and cgroup texts (captured from real processes) in, records out."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -11,10 +12,14 @@ from reconciler.observe.procfs import (
     HolderScan,
     MapRecord,
     dev_token,
+    innermost_known,
     maps_on_dev,
+    parse_cgroup_container_ids,
     parse_maps,
     parse_maps_line,
 )
+from reconciler.observe.shm import describe_owners, owner_container
+from reconciler.observed import Owner
 
 TMPFS = os.makedev(0, 41)  # printed "00:29"
 
@@ -150,3 +155,91 @@ def test_holders_groups_by_inode_mappings_first() -> None:
 )
 def test_malformed_fields_are_rejected(line: bytes) -> None:
     assert parse_maps_line(line) is None
+
+
+# ---------------------------------------------------------------- /proc/PID/cgroup: which container a pid is in
+
+CGROUP_DATA = Path(__file__).parent / "data" / "cgroup"
+CGROUP_FILES = sorted(p.stem for p in CGROUP_DATA.glob("*.txt"))
+
+
+def cgroup_text(name: str) -> str:
+    """A data file's cgroup text without its '#' comment lines (a real file never has them)."""
+    lines = (CGROUP_DATA / f"{name}.txt").read_text().splitlines(keepends=True)
+    return "".join(line for line in lines if not line.startswith("#"))
+
+
+def cgroup_ids(name: str) -> tuple[str, ...]:
+    return tuple((CGROUP_DATA / f"{name}.ids").read_text().split())
+
+
+@pytest.mark.parametrize("name", CGROUP_FILES)
+def test_cgroup_file_candidates_innermost_first(name: str) -> None:
+    """Captured and documented cgroup files (tests/data/cgroup/README.md): every candidate, innermost first."""
+    assert parse_cgroup_container_ids(cgroup_text(name)) == cgroup_ids(name)
+
+
+def test_the_cgroup_data_covers_the_layouts() -> None:
+    names = set(CGROUP_FILES)
+    assert {"docker-v1-cgroupfs", "dind-v1-cgroupfs-inner", "dind-v2-systemd-inner", "kind-node-containerd"} <= names
+    assert all((CGROUP_DATA / f"{n}.ids").exists() for n in names)
+
+
+# Real Docker in Docker (tests/data/cgroup/README.md): OUTER is a container of the host's engine running a
+# dockerd; INNER a container of that inner engine.
+OUTER = cgroup_ids("dind-v1-cgroupfs-outer")[0]
+INNER = cgroup_ids("dind-v1-cgroupfs-inner-seen-from-outer")[0]
+OTHER = "9" * 64  # some other container the engine lists
+
+
+def test_nested_real_file_the_host_engine_owns_the_outer_container() -> None:
+    # The reconciler on the host asks the host's engine, which knows the outer container only: a process of the
+    # nested engine's container belongs to that outer container, the one this engine can stop.
+    text = cgroup_text("dind-v1-cgroupfs-inner")
+    assert innermost_known(parse_cgroup_container_ids(text), {OUTER, OTHER}) == OUTER
+
+
+def test_nested_real_file_the_outer_id_known_only_to_an_outer_engine() -> None:
+    # The reconciler runs inside the outer container and talks to the inner engine, which never heard of OUTER:
+    # the innermost id it knows is the process's container, and OUTER is never presented as one.
+    text = cgroup_text("dind-v1-cgroupfs-inner")
+    candidates = parse_cgroup_container_ids(text)
+    assert candidates == (INNER, OUTER)
+    assert innermost_known(candidates, {INNER, OTHER}) == INNER
+    # The inner dockerd itself runs in OUTER: a container of no engine this one knows.
+    assert innermost_known(parse_cgroup_container_ids(cgroup_text("dind-v1-cgroupfs-outer")), {INNER}) is None
+    # Seen from inside the outer container's own cgroup namespace, only the inner id is on the path.
+    assert innermost_known(parse_cgroup_container_ids(cgroup_text("dind-v1-cgroupfs-inner-seen-from-outer")), {INNER}) == INNER
+
+
+def test_nothing_known_is_no_container() -> None:
+    for name in CGROUP_FILES:
+        assert innermost_known(parse_cgroup_container_ids(cgroup_text(name)), set()) is None, name
+    assert innermost_known((), {OUTER}) is None
+
+
+def test_kind_node_is_the_host_engines_container() -> None:
+    pod_ctr, node = cgroup_ids("kind-node-containerd")
+    assert innermost_known(parse_cgroup_container_ids(cgroup_text("kind-node-containerd")), {node}) == node
+
+
+def test_an_id_at_any_depth_of_any_v1_line_counts_once_at_its_deepest() -> None:
+    a, b, c = "a" * 64, "b" * 64, "c" * 64
+    text = f"4:memory:/docker/{a}/docker/{b}/docker/{c}\n1:name=systemd:/docker/{a}/docker/{b}\n0::/docker/{a}\n"
+    assert parse_cgroup_container_ids(text) == (c, b, a)
+    assert parse_cgroup_container_ids(f"0::/docker/{a}\n1:cpu:/docker/{a}\n") == (a,)
+
+
+def test_owner_shown_for_a_holder_never_names_an_unknown_id_as_a_container() -> None:
+    candidates = parse_cgroup_container_ids(cgroup_text("dind-v1-cgroupfs-inner"))
+    assert owner_container(candidates, {OUTER: "dind"}, engine_ok=True) == "dind"
+    assert owner_container(candidates, {INNER: "inner"}, engine_ok=True) == "inner"
+    assert owner_container(candidates, {OTHER: "x"}, engine_ok=True) == f"a container unknown to this engine: {INNER[:12]}"
+    assert owner_container(candidates, {}, engine_ok=False) == (
+        f"a container not confirmed (docker did not answer): {INNER[:12]}"
+    )
+    assert owner_container((), {OTHER: "x"}, engine_ok=True) is None
+    owners = (Owner(7, "map", owner_container(candidates, {}, engine_ok=True), "x"), Owner(8, "fd", "dind", "y"))
+    assert describe_owners(owners) == (
+        f"mapped by pid 7 in a container unknown to this engine: {INNER[:12]}; held open by pid 8 in container dind"
+    )

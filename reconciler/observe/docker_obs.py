@@ -150,6 +150,13 @@ class DockerObserver:
                     del self._cache[cid]
             return [(s, self._cache[s["Id"]]) for s in summaries if s["Id"] in self._cache]
 
+    def container_ids(self) -> frozenset[str]:
+        """The full ids of every container the engine lists, running or not (one list call; raises on failure).
+
+        The set a pid's cgroup is confirmed against (``procfs.innermost_known``): only these are its containers.
+        """
+        return frozenset(s["Id"] for s in self.api.containers(all=True, quiet=True))
+
     def observe(self) -> tuple[tuple[ContainerView, ...], Source]:
         """All containers, or an empty tuple and an unavailable source when the engine does not answer."""
         try:

@@ -23,11 +23,11 @@ Called by ``reconciler.observe.observe`` (every observation pass) and the apply 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from reconciler.model import HostConfig
-from reconciler.observe.procfs import container_of_pid, read_comm
+from reconciler.observe.procfs import container_candidates_of_pid, innermost_known, read_comm
 from reconciler.observed import GpuProcess, GpuSlotView, GpuView, Source
 
 HOST_FILE = "configs/host.yaml"
@@ -146,7 +146,8 @@ def parse_nvml(
 ) -> GpuView:
     """Turn one ``read_nvml`` answer into the slots the planner reads.
 
-    ``container_of(pid)`` gives the full container id a host pid runs in (None: no container);
+    ``container_of(pid)`` gives the full id of the engine's container a host pid runs in (None: in none of the
+    engine's containers; see ``engine_container_of``);
     ``command_of(pid)`` a short command line for humans ('' when the pid is gone).
     """
     if raw.get("error"):
@@ -262,20 +263,58 @@ def slots_of_container(view: GpuView, container_id: str) -> tuple[str, ...]:
 # ---------------------------------------------------------------- the observer
 
 
+def engine_container_of(
+    host: HostConfig,
+    known: Collection[str] | None = None,
+    *,
+    candidates_of: Callable[[int], tuple[str, ...]] = container_candidates_of_pid,
+) -> Callable[[int], str | None]:
+    """pid -> the innermost container on its cgroup path that the engine of ``host.docker.url`` lists.
+
+    ``known``: the engine's container ids when the caller already listed them; otherwise they are listed once,
+    on the first pid whose cgroup names a container at all. An id the engine does not list (the outer container
+    of an engine that runs in one, another runtime's container) is no container: None, and the process still
+    occupies its GPU. When the engine does not answer nothing can be confirmed: None too (the Docker source is
+    then unavailable and blocks every enter anyway).
+    """
+    ids: list[Collection[str]] = [] if known is None else [known]
+
+    def container_of(pid: int) -> str | None:
+        candidates = candidates_of(pid)
+        if not candidates:
+            return None
+        if not ids:
+            from reconciler.observe.docker_obs import DockerObserver
+
+            try:
+                ids.append(DockerObserver(host.docker.url).container_ids())
+            except Exception:  # noqa: BLE001 - an engine that does not answer confirms nothing
+                ids.append(frozenset())
+        return innermost_known(candidates, ids[0])
+
+    return container_of
+
+
 def observe_gpus(
     host: HostConfig,
     *,
     read: Callable[[HostConfig], Mapping[str, Any]] = read_nvml,
-    container_of: Callable[[int], str | None] = container_of_pid,
+    container_of: Callable[[int], str | None] | None = None,
     command_of: Callable[[int], str] = read_comm,
+    known_containers: Collection[str] | None = None,
 ) -> GpuView:
-    """The GPU view for one observation pass; never raises (a failure is an unavailable source)."""
+    """The GPU view for one observation pass; never raises (a failure is an unavailable source).
+
+    ``known_containers``: the ids the engine listed in this pass, if the caller has them (saves a list call).
+    """
     if host.gpu_telemetry == "none":
         return GpuView(
             telemetry="none",
             source=Source("gpu", True, "GPU occupancy from Docker alone"),
             slots={slot: GpuSlotView(slot=slot, index=g.index, uuid=g.uuid) for slot, g in host.gpus.items()},
         )
+    if container_of is None:
+        container_of = engine_container_of(host, known_containers)
     try:
         return parse_nvml(read(host), host, container_of=container_of, command_of=command_of)
     except Exception as exc:  # noqa: BLE001 - fail closed: a malformed answer blocks GPU work, never a whole pass

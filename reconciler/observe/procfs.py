@@ -12,35 +12,64 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 
-# A 64-hex container id inside a cgroup path, in every form Docker and containerd write (tests hold examples):
-#   Docker, cgroup v2, systemd driver:   0::/system.slice/docker-<id>.scope  (and .../docker-<id>.scope/init.scope)
-#   Docker, cgroup v2, cgroupfs driver:  0::/docker/<id>
-#   Docker, cgroup v1, either driver:    12:memory:/docker/<id>   or  4:memory:/system.slice/docker-<id>.scope
-#   rootless Docker:                     0::/user.slice/user-1000.slice/user@1000.service/user.slice/docker-<id>.scope
-#   containerd CRI, systemd driver:      0::/kubepods.slice/.../kubepods-besteffort-pod<uid>.slice/
-#                                          cri-containerd-<id>.scope
-#   containerd / kubelet, cgroupfs:      0::/kubepods/burstable/pod<uid>/<id>
-#   nerdctl (containerd without CRI):    0::/default/<id>  or  0::/system.slice/nerdctl-<id>.scope
+# Container ids on a cgroup path, in every form Docker, containerd, CRI-O and Podman write (tests/data/cgroup holds
+# captured and documented examples). One path segment names one container:
+#   Docker, cgroupfs driver (v1 or v2):  /docker/<id>
+#   Docker, systemd driver:              /system.slice/docker-<id>.scope  (rootless: .../user@1000.service/
+#                                          user.slice/docker-<id>.scope; Docker in Docker on v2: .../<id>/init)
+#   containerd CRI, systemd driver:      /kubepods.slice/.../kubepods-besteffort-pod<uid>.slice/cri-containerd-<id>.scope
+#   containerd / kubelet, cgroupfs:      /kubepods/burstable/pod<uid>/<id>
+#   kubelet systemd driver over a cgroupfs runtime: .../kubepods-burstable-pod<uid>.slice:cri-containerd:<id>
+#   nerdctl (containerd without CRI):    /default/<id>  or  /system.slice/nerdctl-<id>.scope
 #   CRI-O, Podman:                       crio-<id>.scope,  libpod-<id>.scope/container
-# A pod uid (dashes or underscores), a systemd session or a sandbox's 32-hex cgroup never matches.
-_CGROUP_ID = re.compile(r"(?:^|[/-])(?:docker-|cri-containerd-|crio-|libpod-)?([0-9a-f]{64})(?:\.scope)?(?:/|$)")
+# A container's monitor (crio-conmon-<id>.scope, libpod-conmon-<id>.scope) is not the container; a pod uid, a
+# systemd session or a sandbox's 32-hex cgroup never matches. A nested engine puts its containers below the
+# container it runs in (Docker in Docker: /docker/<outer>/docker/<inner>; kind: /system.slice/docker-<node>.scope/
+# kubelet.slice/.../cri-containerd-<id>.scope), so one path can name several ids, outermost first.
+_HEX64 = r"([0-9a-f]{64})"
+_CGROUP_SEGMENT = re.compile(
+    rf"{_HEX64}|(?:docker|cri-containerd|crio|libpod|nerdctl)-{_HEX64}\.scope|[^:]+:(?:cri-containerd|crio|docker):{_HEX64}"
+)
 
 
-def parse_cgroup_container_id(text: str) -> str | None:
-    """The container id a process runs in, from the text of /proc/PID/cgroup; None for a host process.
+def parse_cgroup_container_ids(text: str) -> tuple[str, ...]:
+    """Pure: every container id candidate on the cgroup paths of a /proc/PID/cgroup text, innermost first.
 
-    The first (outermost) id on the path wins: the reconciler runs on the host and asks the host's engine,
-    which knows the outer container of a nested one (Docker in Docker: /docker/<outer>/docker/<inner>).
+    No candidate: a host process. Which candidate is the process's container depends on the engine asked:
+    ``innermost_known`` picks the innermost one the engine lists. Across the lines of cgroup v1 (one per
+    hierarchy) an id counts at its deepest position, so an inner engine that created cgroups in only some
+    hierarchies still comes first.
     """
+    depth: dict[str, int] = {}
     for line in text.splitlines():
         parts = line.split(":", 2)
         if len(parts) != 3:
             continue
-        m = _CGROUP_ID.search(parts[2])
-        if m:
-            return m.group(1)
+        found = 0
+        for segment in parts[2].split("/"):
+            m = _CGROUP_SEGMENT.fullmatch(segment)
+            if m is None:
+                continue
+            cid = m.group(1) or m.group(2) or m.group(3)
+            depth[cid] = max(depth.get(cid, found), found)
+            found += 1
+    # Deepest first; equal depths keep the order they were met in.
+    return tuple(sorted(depth, key=lambda cid: -depth[cid]))
+
+
+def innermost_known(candidates: Sequence[str], known: Container[str]) -> str | None:
+    """Pure: the innermost candidate the engine knows (its container list), or None.
+
+    An id the engine does not list is no container of it: the outer container of an engine that itself runs in
+    a container, a container of another runtime, or a nested engine's container inside one of ours (then the
+    one of ours, further out, is the answer).
+    """
+    for cid in candidates:
+        if cid in known:
+            return cid
     return None
 
 
@@ -53,9 +82,15 @@ def read_cgroup(pid: int, proc_root: str = "/proc") -> str | None:
         return None
 
 
-def container_of_pid(pid: int, proc_root: str = "/proc") -> str | None:
+def container_candidates_of_pid(pid: int, proc_root: str = "/proc") -> tuple[str, ...]:
+    """The container id candidates of a pid, innermost first; () for a host process, or one gone or unreadable."""
     text = read_cgroup(pid, proc_root)
-    return parse_cgroup_container_id(text) if text else None
+    return parse_cgroup_container_ids(text) if text else ()
+
+
+def container_of_pid(pid: int, known: Container[str], proc_root: str = "/proc") -> str | None:
+    """The id of the innermost container on a pid's cgroup path that ``known`` (the engine's list) holds."""
+    return innermost_known(container_candidates_of_pid(pid, proc_root), known)
 
 
 def read_comm(pid: int, proc_root: str = "/proc") -> str:

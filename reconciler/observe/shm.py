@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from reconciler.observe.procfs import (
     HolderScan,
-    parse_cgroup_container_id,
+    innermost_known,
+    parse_cgroup_container_ids,
     read_comm,
     scan_holders,
 )
@@ -210,10 +211,35 @@ def build_view(
     )
 
 
+# What ``Owner.container`` holds for a process whose cgroup path names containers, none of them one the engine
+# lists (a container name never holds a blank, so these never read as one): the innermost id, shortened.
+UNKNOWN_CONTAINER = "a container unknown to this engine: "
+UNCONFIRMED_CONTAINER = "a container not confirmed (docker did not answer): "
+
+
+def owner_container(candidates: Sequence[str], names: Mapping[str, str], *, engine_ok: bool) -> str | None:
+    """Pure: what a holder's container is called, from its cgroup's id candidates (innermost first).
+
+    The innermost container the engine lists, by name; an id the engine does not list is never shown as one of
+    its containers. Ownership does not depend on this: a process holding a file owns it whatever its container.
+    """
+    if not candidates:
+        return None
+    cid = innermost_known(candidates, names)
+    if cid is not None:
+        return names[cid]
+    return (UNKNOWN_CONTAINER if engine_ok else UNCONFIRMED_CONTAINER) + candidates[0][:12]
+
+
 def describe_owners(owners: Sequence[Owner]) -> str:
     parts = []
     for o in owners:
-        where = f" in container {o.container}" if o.container else ""
+        if not o.container:
+            where = ""
+        elif o.container.startswith((UNKNOWN_CONTAINER, UNCONFIRMED_CONTAINER)):
+            where = f" in {o.container}"
+        else:
+            where = f" in container {o.container}"
         verb = "mapped" if o.via == "map" else "held open"
         parts.append(f"{verb} by pid {o.pid}{where}")
     return "; ".join(parts)
@@ -250,7 +276,7 @@ def inspect_shm(
             proc_error=f"{proc_root}: {exc.strerror or exc}",
         )
     names = {c.id: c.name for c in containers}
-    resolve = _Resolver(proc_root, names)
+    resolve = _Resolver(proc_root, names, engine_ok=docker.ok)
     holders = {ino: [resolve.owner(pid, via) for pid, via in pairs] for ino, pairs in scan.holders().items()}
     live = {e.inode for e in listing.entries}
     deleted = _deleted_files(scan, live, holders, proc_root)
@@ -269,9 +295,10 @@ def inspect_shm(
 class _Resolver:
     """pid -> container name and command, read once per pid per inspection (only for pids that hold a file)."""
 
-    def __init__(self, proc_root: str, names: Mapping[str, str]):
+    def __init__(self, proc_root: str, names: Mapping[str, str], *, engine_ok: bool):
         self.proc_root = proc_root
-        self.names = names
+        self.names = names  # the engine's containers, id -> name: the only ids shown as containers
+        self.engine_ok = engine_ok
         self._owners: dict[tuple[int, str], Owner] = {}
         self._containers: dict[int, str | None] = {}
         self._commands: dict[int, str] = {}
@@ -288,10 +315,9 @@ class _Resolver:
         if pid not in self._containers:
             text = _read_small(f"{self.proc_root}/{pid}/cgroup")
             if text not in self._by_cgroup:  # the processes of one container share their cgroup text
-                self._by_cgroup[text] = parse_cgroup_container_id(text.decode("utf-8", "replace")) if text else None
-            cid = self._by_cgroup[text]
-            # A container the engine did not list (or an engine that did not answer): its short id.
-            self._containers[pid] = None if cid is None else self.names.get(cid, cid[:12])
+                candidates = parse_cgroup_container_ids(text.decode("utf-8", "replace")) if text else ()
+                self._by_cgroup[text] = owner_container(candidates, self.names, engine_ok=self.engine_ok)
+            self._containers[pid] = self._by_cgroup[text]
         return self._containers[pid]
 
     def command(self, pid: int) -> str:
