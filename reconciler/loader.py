@@ -178,7 +178,7 @@ def _problems_from(
             text = err["msg"].removeprefix("Value error, ")
             got = err.get("input")
             shown = "" if isinstance(got, (dict, list)) or got is None or repr(got) in text else f" (got {_short(got)})"
-            msg = f"{text}{shown}" if text.startswith(field + " ") else f"{field}: {text}{shown}"
+            msg = f"{text}{shown}" if text.startswith(field) else f"{field}: {text}{shown}"
         problems.append(ConfigProblem(path, line_of(loc), msg))
     return problems
 
@@ -257,7 +257,8 @@ def _read_text(root: Path, path: Path, what: str) -> str:
                 ConfigProblem(
                     rel,
                     line,
-                    f"not UTF-8 text: byte 0x{data[exc.start]:02x} at column {col} ({exc.reason}). Save {what} as UTF-8",
+                    f"not UTF-8 text: byte 0x{data[exc.start]:02x} at column {col} ({exc.reason}). Save it as UTF-8 "
+                    "(was it written in Latin-1 or a Windows code page?)",
                 )
             ]
         ) from None
@@ -307,8 +308,9 @@ def _expanded_size(node: yaml.Node | None) -> int:
 def _read_yaml(root: Path, path: Path, what: str = "a YAML file") -> tuple[Any, yaml.Node | None]:
     rel = _rel(root, path)
     text = _read_text(root, path, what)
-    loader = _Loader(text)
+    loader: _Loader | None = None
     try:
+        loader = _Loader(text)
         node = loader.get_single_node()
         if _expanded_size(node) > MAX_YAML_NODES:
             raise ConfigError(
@@ -329,6 +331,10 @@ def _read_yaml(root: Path, path: Path, what: str = "a YAML file") -> tuple[Any, 
         if exc.context:
             ctx = exc.context_mark
             msg += f" ({exc.context}" + (f" started at line {ctx.line + 1})" if ctx else ")")
+        if isinstance(exc, yaml.constructor.ConstructorError) and "tag" in (exc.problem or ""):
+            msg += "; YAML tags (!!python/..., !name) are not read here: write a plain value"
+        elif "'\\t'" in (exc.problem or ""):
+            msg += "; YAML indents with spaces, not tabs"
         raise ConfigError([ConfigProblem(rel, line, msg)]) from None
     except yaml.reader.ReaderError as exc:
         line, col = _line_col(text.encode("utf-8", "replace"), exc.position) if exc.position is not None else (None, 0)
@@ -340,7 +346,8 @@ def _read_yaml(root: Path, path: Path, what: str = "a YAML file") -> tuple[Any, 
     except RecursionError:
         raise ConfigError([ConfigProblem(rel, None, "YAML nested too deeply to read; flatten it")]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if loader.duplicates:
         raise ConfigError(
             [
@@ -494,7 +501,7 @@ def _load_host(r: Path) -> tuple[HostConfig, yaml.Node | None]:
     host, node = _validate_yaml(r, path, HostConfig, "the host file")
     problem = shm_dir_mount_problem(host.shm.dir)
     if problem:
-        raise ConfigError([ConfigProblem(HOST_FILE, _yaml_lines(node, ("shm", "dir")), f"shm.dir: {problem}")])
+        raise ConfigError([ConfigProblem(HOST_FILE, _yaml_lines(node, ("shm", "dir")), problem)])
     return host, node
 
 
@@ -513,7 +520,7 @@ def _toml_problem(rel: str, text: str, exc: tomllib.TOMLDecodeError) -> ConfigPr
     detail = msg[: m.start()] if m else msg
     if m and m.lastindex == 2:
         detail += f" (column {m.group(2)})"
-    if line and ("Cannot overwrite" in msg or "Cannot declare" in msg or "Cannot mutate" in msg):
+    if line and any(w in msg for w in ("Cannot overwrite", "Cannot declare", "Cannot mutate", "Duplicate")):
         first = _toml_first_line_of(text, line)
         where = f"; it was first given at line {first}" if first else ""
         return ConfigProblem(
@@ -554,7 +561,7 @@ def load_recipes(root: Path) -> dict[str, Recipe]:
                 ConfigProblem(
                     _rel(root, path),
                     None,
-                    f"recipe name {name!r} (the file stem) must match [a-z0-9][a-z0-9._-]* (lowercase, at most 63 "
+                    f"recipe name {name!r} (the file stem) must match [a-z0-9][a-z0-9._-]* (lowercase, at most 128 "
                     "characters): it becomes part of container names. Rename the file",
                 )
             )

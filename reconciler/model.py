@@ -210,7 +210,10 @@ def _path_problem(path: str, what: str) -> str | None:
         return f"the {what} path {path!r} holds control characters"
     parts = path.split("/")
     if ".." in parts or "." in parts or "//" in path or (len(path) > 1 and path.endswith("/")):
-        return f"the {what} path {path!r} is not normalised ('.', '..', '//' or a trailing '/'); write {posixpath.normpath(path)!r}"
+        return (
+            f"the {what} path {path!r} is not normalised ('.', '..', '//' or a trailing '/'): "
+            f"write the path it stands for, {'/' + posixpath.normpath(path).lstrip('/')!r}"
+        )
     return None
 
 
@@ -228,12 +231,12 @@ def check_volume(volume: str) -> str | None:
     if host.startswith("/"):
         problem = _path_problem(host, "host")
         if problem:
-            return f"volume {volume!r}: {problem}; {fix}"
+            return f"volume {volume!r}: {problem}"
         if host == "/":
             return f"volume {volume!r} would mount the host's whole filesystem; mount only the directory it needs"
     problem = _path_problem(ctr, "container")
     if problem:
-        return f"volume {volume!r}: {problem}; {fix}"
+        return f"volume {volume!r}: {problem}" + (f"; {fix}" if "absolute" in problem else "")
     if ctr == "/":
         return f"volume {volume!r} cannot mount over the container's '/'; {fix}"
     return None

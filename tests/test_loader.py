@@ -5,6 +5,7 @@ Each test writes a small root (configs/ + manifests/) and runs the real CLI entr
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -253,3 +254,115 @@ def test_recipe_hash_ignores_description_only(root: Path) -> None:
     assert load_desired(root).recipes["omni"].content_hash() == before
     p.write_text(p.read_text().replace('"--port", "8001"', '"--port", "8002"'))
     assert load_desired(root).recipes["omni"].content_hash() != before
+
+
+# ---------------------------------------------------------------- files that are not text, and the tmpfs check
+
+
+def test_a_recipe_that_is_a_fifo_or_a_device_is_refused_without_reading_it(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A FIFO would block the read forever and /dev/zero would fill memory: both are refused by fstat first."""
+    os.mkfifo(root / "configs/recipes/pipe.toml")
+    (root / "configs/recipes/zero.toml").symlink_to("/dev/zero")
+    code, err = errors_of(root, capsys)
+    assert code == 1
+    assert "configs/recipes/pipe.toml: a recipe is not a regular file" in err
+    assert "configs/recipes/zero.toml: a recipe is not a regular file" in err
+
+
+def test_an_unreadable_recipe_is_a_problem_not_a_traceback(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (root / "configs/recipes/gone.toml").symlink_to(root / "nowhere")  # a dangling link: open fails
+    code, err = errors_of(root, capsys)
+    assert code == 1 and "configs/recipes/gone.toml: file not found" in err and "Traceback" not in err
+
+
+def test_an_oversized_file_is_refused(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (root / "manifests/demo.yaml").write_text("host: demo\n" + "# padding\n" * 200_000)
+    code, err = errors_of(root, capsys)
+    assert code == 1 and "manifests/demo.yaml: a manifest is larger than 1.00 MiB" in err
+
+
+def test_a_bom_is_not_an_error(root: Path) -> None:
+    p = root / "configs/recipes/omni.toml"
+    p.write_bytes(b"\xef\xbb\xbf" + p.read_bytes())
+    assert "omni" in load_desired(root).recipes
+
+
+def test_the_assignments_given_twice_is_refused_not_read_as_empty(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """PyYAML alone keeps the last 'assignments:' (empty), so validate passed with 0 assignments and the loop
+    would then stop every lane."""
+    write_manifest(root, "host: demo\nassignments:\n  - recipe: omni\n    gpus: [dark-compute-b]\nassignments:\n")
+    code, err = errors_of(root, capsys)
+    assert code == 1
+    assert (
+        "manifests/demo.yaml:5: duplicate key 'assignments': given at line 2 and again at line 5; "
+        "YAML would silently keep only the last one. Remove one of them"
+    ) in err
+
+
+def test_a_yaml_merge_key_may_be_overridden(root: Path) -> None:
+    """'<<: *base' followed by a key of the merged mapping is an override on purpose, not a duplicate."""
+    write_manifest(
+        root,
+        "host: demo\nx-base: &b {recipe: omni, gpus: [dark-compute-a]}\nassignments:\n  - <<: *b\n    gpus: [dark-compute-b]\n",
+    )
+    with pytest.raises(ConfigError) as exc:  # x-base is an unknown key, but no duplicate is reported
+        load_desired(root)
+    assert "duplicate" not in str(exc.value) and "x-base: unknown key" in str(exc.value)
+
+
+def test_toml_duplicate_names_both_lines(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = root / "configs/recipes/omni.toml"
+    lines = p.read_text().splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("init = "))
+    lines.insert(at + 1, "init = false")
+    p.write_text("\n".join(lines) + "\n")
+    code, err = errors_of(root, capsys)
+    assert code == 1
+    assert f"configs/recipes/omni.toml:{at + 2}: duplicate key: Cannot overwrite a value" in err
+    assert f"it was first given at line {at + 1}" in err
+
+
+def test_shm_dir_inside_a_tmpfs_but_not_its_mount_point(shared_tmpfs: Path) -> None:
+    sub = shared_tmpfs / "reconciler-test-sub"
+    sub.mkdir(exist_ok=True)
+    try:
+        problem = shm_dir_mount_problem(str(sub))
+        assert problem is not None
+        assert f"is inside the tmpfs mounted at {shared_tmpfs} (/proc/self/mountinfo) but is not its mount point" in problem
+    finally:
+        sub.rmdir()
+    assert shm_dir_mount_problem(str(shared_tmpfs)) is None
+
+
+def test_shm_dir_through_a_symlink_names_the_real_path(tmp_path: Path, shared_tmpfs: Path) -> None:
+    link = tmp_path / "shm"
+    link.symlink_to(shared_tmpfs)
+    problem = shm_dir_mount_problem(str(link))
+    assert problem is not None and f"write dir: {shared_tmpfs}" in problem
+
+
+def test_shm_dir_mount_check_reads_mountinfo_and_says_so(tmp_path: Path) -> None:
+    d = tmp_path / "shm"
+    d.mkdir()
+    info = (
+        "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"
+        f"90 27 0:50 / {str(d).replace(' ', chr(92) + '040')} rw,relatime - tmpfs tmpfs rw,size=65536k\n"
+    )
+    assert shm_dir_mount_problem(str(d), mountinfo=info) is None
+    shadowed = info + f"91 90 0:51 / {d} rw - ext4 /dev/vdb rw\n"  # a later mount on the same point wins
+    problem = shm_dir_mount_problem(str(d), mountinfo=shadowed)
+    assert problem is not None and f"/proc/self/mountinfo shows it on ext4 mounted at {d}" in problem
+
+
+def test_shm_dir_mount_check_falls_back_to_statfs(
+    tmp_path: Path, shared_tmpfs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without /proc/self/mountinfo, statfs's f_type (TMPFS_MAGIC) and ismount decide, and the message says so."""
+    import reconciler.loader as loader
+
+    monkeypatch.setattr(loader, "MOUNTINFO", str(tmp_path / "no-mountinfo"))
+    assert shm_dir_mount_problem(str(shared_tmpfs)) is None
+    problem = shm_dir_mount_problem(str(tmp_path))
+    assert problem is not None and "statfs gives f_type 0x" in problem and "not TMPFS_MAGIC 0x01021994" in problem
