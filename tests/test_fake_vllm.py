@@ -58,7 +58,7 @@ def mapping_pids(path: Path) -> set[int]:
         try:
             text = Path("/proc", entry, "maps").read_text()
         except (PermissionError, FileNotFoundError, ProcessLookupError):
-            continue  # pid 1 is unreadable on these machines; others may vanish mid-scan
+            continue  # unreadable (pid 1 in a microVM, say) or gone mid-scan: neither maps the test's file
         for line in text.splitlines():
             fields = line.split(maxsplit=5)
             if len(fields) < 5 or fields[4] != str(st.st_ino):
