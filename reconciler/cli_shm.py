@@ -43,6 +43,14 @@ def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="really remove: two inspections shm.confirm_interval_s apart must agree on each file first",
     )
+    p.add_argument(
+        "--path",
+        action="append",
+        dest="paths",
+        metavar="PATH",
+        default=None,
+        help="remove only this path (repeatable): the files a dry run listed; anything else is kept",
+    )
     p.set_defaults(func=cmd_shm_reclaim)
 
 
@@ -76,7 +84,7 @@ def cmd_shm_reclaim(args: argparse.Namespace) -> int:
     observer = DockerObserver(host.docker.url)
     if args.confirm and not getattr(args, "json", False) and sys.stderr.isatty():
         print(f"inspecting twice, {host.shm.confirm_interval_s:g} s apart ...", file=sys.stderr)
-    result = reclaim(host.shm, observe_docker=observer.observe, confirm=args.confirm)
+    result = reclaim(host.shm, observe_docker=observer.observe, confirm=args.confirm, only_paths=args.paths)
     if getattr(args, "json", False):
         _emit_json(result.to_json())
     else:

@@ -11,17 +11,31 @@ DESIGN.md's safety rules 4 and 5, on top of the inspection's rules 1-3 (``reconc
 - Each removal opens ``shm.dir`` once (checked to be the directory inspected), ``lstat``s the name relative to
   it just before ``unlink`` relative to it, and skips the name if it is no longer that same file.
 - Afterwards every removed name is checked to be absent, and the bytes freed are reported.
+
+Scope (DESIGN.md, safety rule 1, enforced here again whatever the loader let through): the whole reclaim is
+refused, with the reason, when ``shm.pattern`` is not a literal prefix and suffix around one ``*``, when
+``shm.dir`` is not an absolute, normalised path other than ``/``, or when at reclaim time it is not a tmpfs
+(statfs f_type ``TMPFS_MAGIC``) mounted right there (a mount point of type tmpfs in /proc/self/mountinfo).
+Every path an inspection returns is checked again before it can become a candidate: directly inside
+``shm.dir`` by its real path, an exact ``fnmatch`` of the pattern on its name, a regular file and not a symlink.
+With ``only_paths`` (the reclaim action's ``paths``, or the paths of the dry run the operator saw) nothing
+outside that exact set is ever unlinked, even a matching unowned file that appeared since.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import fnmatch
 import os
+import re
 import stat as st_mode
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from reconciler.model import check_shm_dir, check_shm_pattern
 from reconciler.observe.shm import inspect_shm
 from reconciler.observed import ContainerView, ShmFile, ShmView, Source, Tmpfs
 
@@ -29,6 +43,9 @@ if TYPE_CHECKING:
     from reconciler.model import ShmConfig
 
 DockerObservation = Callable[[], tuple[tuple[ContainerView, ...], Source]]
+
+TMPFS_MAGIC = 0x01021994
+MOUNTINFO = "/proc/self/mountinfo"
 
 
 @dataclass(frozen=True)
@@ -186,12 +203,18 @@ def reclaim(
         return wanted is None or f.path in wanted
 
     base: dict[str, Any] = {"dir": cfg.dir, "pattern": cfg.pattern, "confirmed": confirm}
+    refused_scope = scope_refusal(cfg.dir, cfg.pattern)
+    if refused_scope is not None:
+        return ReclaimResult(**base, refused=refused_scope, elapsed_s=time.monotonic() - t0)
     try:
         dir_id = _dir_identity(cfg.dir)
     except OSError as exc:
         return ReclaimResult(**base, refused=f"shm.dir {cfg.dir}: {exc.strerror or exc}", elapsed_s=time.monotonic() - t0)
+    refused_mount = tmpfs_mount_refusal(cfg.dir)
+    if refused_mount is not None:
+        return ReclaimResult(**base, refused=refused_mount, elapsed_s=time.monotonic() - t0)
 
-    first = _inspect(cfg, observe_docker, proc_root)
+    first = _in_scope(cfg, _inspect(cfg, observe_docker, proc_root))
     common: dict[str, Any] = dict(base, tmpfs_before=first.tmpfs, blocking_containers=first.blocking_containers)
     candidates = [f for f in first.files if f.state == "orphan" and selected(f)]
     refused = refusal_of(first)
@@ -221,7 +244,7 @@ def reclaim(
         )
 
     sleep(cfg.confirm_interval_s)
-    second = _inspect(cfg, observe_docker, proc_root)
+    second = _in_scope(cfg, _inspect(cfg, observe_docker, proc_root))
     common["blocking_containers"] = tuple(sorted(set(first.blocking_containers) | set(second.blocking_containers)))
     refused = refusal_of(second)
     if refused is not None:
@@ -236,7 +259,9 @@ def reclaim(
         )
 
     agreed, kept = compare_inspections(candidates, second, selected=selected)
-    removed, more_kept, errors = _unlink_agreed(cfg.dir, dir_id, agreed)
+    # Never outside the exact set asked for, whatever the inspections said (the last gate before any unlink).
+    agreed = [f for f in agreed if selected(f)]
+    removed, more_kept, errors = _unlink_agreed(cfg.dir, dir_id, agreed, pattern=cfg.pattern)
     kept += more_kept
     verified, verify_errors = _verify_absent(cfg.dir, removed)
     errors += verify_errors
@@ -296,6 +321,124 @@ def compare_inspections(
     return agreed, kept
 
 
+# ---------------------------------------------------------------- scope: which dir, which names, which paths
+
+
+def scope_refusal(directory: str, pattern: str) -> str | None:
+    """Pure: why ``shm.dir``/``shm.pattern`` may not be reclaimed from at all (the model's rules, checked again:
+    a config built around the loader, or a later edit of the rules there, must not widen what is deleted)."""
+    problem = check_shm_pattern(pattern) or check_shm_dir(directory)
+    return None if problem is None else f"refusing to reclaim: {problem}"
+
+
+_MOUNT_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+def _unescape_mount(field: str) -> str:
+    return _MOUNT_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mount_type_at(path: str, mountinfo: str) -> str | None:
+    """Pure: the fs type of the mount whose mount point is exactly ``path`` (the last one: it shadows the others),
+    or None when nothing is mounted right there."""
+    found = None
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        try:
+            sep = fields.index("-", 6)
+            if _unescape_mount(fields[4]) == path:
+                found = fields[sep + 1]
+        except (ValueError, IndexError):
+            continue
+    return found
+
+
+def _fstatfs_type(fd: int) -> int | None:
+    """statfs(2)'s f_type of an open descriptor (the first field of struct statfs on Linux), or None."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        buf = ctypes.create_string_buffer(512)
+        if libc.fstatfs(fd, buf) != 0:
+            return None
+        return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
+    except (OSError, AttributeError, TypeError):
+        return None
+
+
+def tmpfs_mount_refusal(directory: str, *, mountinfo_path: str = MOUNTINFO) -> str | None:
+    """Why ``directory`` is not, right now, a tmpfs mounted exactly there; None when it is.
+
+    Both must agree: statfs(2) on the directory gives TMPFS_MAGIC, and /proc/self/mountinfo has a tmpfs mounted on
+    its real path (which must be the path itself: no symlink on the way). What cannot be read refuses.
+    """
+    fix = "shm.dir must be the mount point of a tmpfs (like /dev/shm); nothing was removed"
+    real = os.path.realpath(directory)
+    if real != directory:
+        return f"refusing to reclaim: shm.dir {directory} is reached through a symlink (real path {real}); {fix}"
+    try:
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        return f"refusing to reclaim: shm.dir {directory}: {exc.strerror or exc}; {fix}"
+    try:
+        ftype = _fstatfs_type(dfd)
+    finally:
+        os.close(dfd)
+    if ftype is None:
+        return f"refusing to reclaim: statfs of shm.dir {directory} failed, cannot tell whether it is a tmpfs; {fix}"
+    if ftype != TMPFS_MAGIC:
+        return (
+            f"refusing to reclaim: shm.dir {directory} is not a tmpfs (statfs f_type 0x{ftype:08x}, not "
+            f"0x{TMPFS_MAGIC:08x}); {fix}"
+        )
+    try:
+        with open(mountinfo_path, encoding="utf-8", errors="replace") as fh:
+            mountinfo = fh.read()
+    except OSError as exc:
+        return f"refusing to reclaim: {mountinfo_path} cannot be read ({exc.strerror or exc}); {fix}"
+    fstype = mount_type_at(real, mountinfo)
+    if fstype is None:
+        return f"refusing to reclaim: shm.dir {directory} is inside a tmpfs but not its mount point ({mountinfo_path}); {fix}"
+    if fstype != "tmpfs":
+        return f"refusing to reclaim: shm.dir {directory} is mounted as {fstype}, not tmpfs ({mountinfo_path}); {fix}"
+    return None
+
+
+def path_refusal(directory: str, pattern: str, path: str) -> str | None:
+    """Why a path an inspection returned may never be a candidate; None when it is a plain file of the dir whose
+    name matches the pattern exactly. Reads the file's lstat and real path (never follows a symlink for a verdict)."""
+    parent, name = os.path.split(path)
+    if parent != directory or not name or name in (".", ".."):
+        return f"not directly inside shm.dir {directory}"
+    if not fnmatch.fnmatchcase(name, pattern):
+        return f"name does not match shm.pattern {pattern!r}"
+    try:
+        s = os.lstat(path)
+    except OSError as exc:
+        return f"cannot be examined: {exc.strerror or exc}"
+    if st_mode.S_ISLNK(s.st_mode):
+        return "a symlink: never followed, never removed"
+    if not st_mode.S_ISREG(s.st_mode):
+        return "not a regular file"
+    if os.path.dirname(os.path.realpath(path)) != os.path.realpath(directory):
+        return f"its real path lies outside shm.dir {directory}"
+    return None
+
+
+def _in_scope(cfg: ShmConfig, view: ShmView) -> ShmView:
+    """The view with every file that fails ``path_refusal`` moved to ``skipped``: never a candidate."""
+    keep: list[ShmFile] = []
+    skipped = list(view.skipped)
+    for f in view.files:
+        why = path_refusal(cfg.dir, cfg.pattern, f.path)
+        if why is None:
+            keep.append(f)
+        else:
+            skipped.append((f.path, why))
+    if len(keep) == len(view.files):
+        return view
+    return replace(view, files=tuple(keep), skipped=tuple(skipped))
+
+
 def _dir_identity(path: str) -> tuple[int, int]:
     s = os.stat(path)
     if not st_mode.S_ISDIR(s.st_mode):
@@ -309,9 +452,10 @@ def _tmpfs_of(path: str) -> Tmpfs:
 
 
 def _unlink_agreed(
-    directory: str, dir_id: tuple[int, int], agreed: Sequence[ShmFile]
+    directory: str, dir_id: tuple[int, int], agreed: Sequence[ShmFile], *, pattern: str | None = None
 ) -> tuple[list[RemovedFile], list[KeptFile], list[str]]:
-    """Unlink each agreed file by name inside the opened dir, re-checking it is still that file first."""
+    """Unlink each agreed file by name inside the opened dir, re-checking it is still that file first (and, with
+    ``pattern``, that it is a name of the dir matching it exactly)."""
     removed: list[RemovedFile] = []
     kept: list[KeptFile] = []
     errors: list[str] = []
@@ -328,7 +472,10 @@ def _unlink_agreed(
             msg = f"{directory} was replaced during the reclaim (device/inode changed); nothing removed"
             return removed, [KeptFile(f.path, msg, f.state) for f in agreed], [msg]
         for f in agreed:
-            name = os.path.basename(f.path)
+            parent, name = os.path.split(f.path)
+            if parent != directory or not name or (pattern is not None and not fnmatch.fnmatchcase(name, pattern)):
+                kept.append(KeptFile(f.path, "not a name of shm.dir matching shm.pattern: never removed", "skipped"))
+                continue
             try:
                 s = os.stat(name, dir_fd=dfd, follow_symlinks=False)
             except FileNotFoundError:
