@@ -23,10 +23,10 @@ EXIT_BLOCKED = 3
 
 
 def emit_json(data: Any) -> None:
-    from reconciler.redact import redact_data
+    from reconciler.redact import redact_json
 
     # A last pass over every string on its way out: a command line missed at its source is masked here.
-    sys.stdout.write(json.dumps(redact_data(data), indent=2, sort_keys=False, default=str) + "\n")
+    sys.stdout.write(redact_json(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
 def report_config_error(exc: ConfigError, args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from reconciler.observed import ShmFile, ShmView
-from reconciler.redact import redact_cmdline, redact_data
+from reconciler.redact import redact_cmdline, redact_json
 from reconciler.units import human_bytes
 
 EXIT_OK = 0
@@ -140,7 +140,7 @@ def status_json(view: ShmView) -> dict[str, Any]:
 def _emit_json(data: Any, out: TextIO | None = None) -> None:
     out = out or sys.stdout
     # One write (json.dump writes piece by piece), after a last redaction pass over every string.
-    out.write(json.dumps(redact_data(data), indent=2) + "\n")
+    out.write(redact_json(data, indent=2) + "\n")
 
 
 # ---------------------------------------------------------------- human output

@@ -48,10 +48,21 @@ _KNOWN_TOKENS = re.compile(
     r"\b(?:hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_-]{16,}|gh[pousr]_[A-Za-z0-9]{16,}|github_pat_[A-Za-z0-9_]{16,}"
     r"|xox[abprs]-[A-Za-z0-9-]{10,}|glpat-[A-Za-z0-9_-]{16,})"
 )
-# The cheap test of the boundary pass: a string without any of these is returned as it is.
-_MAYBE = re.compile(
-    r"(?i)token|key|secret|passw|credential|bearer|basic\s|://[^\s/]*@|sk-|hf_|gh[pousr]_|github_pat_|xox|glpat-"
-)
+# The cheap test of the boundary pass: a string without any of these (lowercased) is returned as it is.
+_MARKERS = ("token", "key", "secret", "passw", "credential", "bearer", "basic", "sk-", "hf_", "ghp_", "gho_", "ghu_",
+            "ghs_", "ghr_", "github_pat_", "xox", "glpat-")
+
+
+class _Maybe:
+    """``search(text)``: whether ``text`` may hold something to redact (substring tests: fast on long text)."""
+
+    @staticmethod
+    def search(text: str) -> bool:
+        low = text.lower()
+        return any(m in low for m in _MARKERS) or ("://" in low and "@" in low)
+
+
+_MAYBE = _Maybe()
 # Closing characters a free-text value may be followed by (kept after the mask: "(… --api-key ***)").
 _CLOSERS = ")]}>,;\"'"
 
@@ -199,3 +210,12 @@ def redact_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
         k: MASK if secret_env_name(k) or k.lower() in _BARE_NAMES else redact_data(v)
         for k, v in fields.items()
     }
+
+
+def redact_json(data: Any, **dumps: Any) -> str:
+    """``json.dumps(data, **dumps)`` with every string redacted. The common case costs one scan of the text: only
+    when a marker appears anywhere is the value walked and written again."""
+    import json
+
+    text = json.dumps(data, **dumps)
+    return json.dumps(redact_data(data), **dumps) if _MAYBE.search(text) else text
