@@ -9,7 +9,6 @@ and plain aligned text when piped; ``--json`` prints DESIGN.md's shapes (keys ar
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
