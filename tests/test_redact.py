@@ -72,6 +72,9 @@ def test_env_style_assignments_are_masked(name: str) -> None:
     assert redact_text(f"started with {name}={KEY}, then") == f"started with {name}={MASK}, then"
     assert redact_env({name: KEY, "PATH": "/usr/bin"}) == {name: MASK, "PATH": "/usr/bin"}
     assert redact_env_list([f"{name}={KEY}", "NVIDIA_VISIBLE_DEVICES=0"]) == [f"{name}={MASK}", "NVIDIA_VISIBLE_DEVICES=0"]
+    # A value with nothing secret-looking about it: the name alone decides.
+    assert redact_cmdline(f"env {name}=plainvalue vllm") == f"env {name}={MASK} vllm"
+    assert redact_data({"detail": f"started with {name}=plainvalue"}) == {"detail": f"started with {name}={MASK}"}
 
 
 def test_env_that_is_not_secret_stays() -> None:
