@@ -49,8 +49,8 @@ _KNOWN_TOKENS = re.compile(
     r"|xox[abprs]-[A-Za-z0-9-]{10,}|glpat-[A-Za-z0-9_-]{16,})"
 )
 # The cheap test of the boundary pass: a string without any of these (lowercased) is returned as it is.
-_MARKERS = ("token", "key", "secret", "passw", "_pass", "credential", "bearer", "basic", "sk-", "hf_", "ghp_", "gho_", "ghu_",
-            "ghs_", "ghr_", "github_pat_", "xox", "glpat-")
+_MARKERS = ("token", "key", "secret", "passw", "_pass", "credential", "bearer", "basic", "sk-", "hf_",
+            "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox", "glpat-")
 
 
 class _Maybe:
