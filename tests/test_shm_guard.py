@@ -909,3 +909,220 @@ def test_running_offload_container_blocks_every_reclaim(shm: Path, test_image: s
     result = run_reclaim(shm, observe_docker=observer.observe)
     assert not result.ok and result.refused and name in result.refused
     assert result.reclaimed == () and os.stat(path).st_ino == st.st_ino
+
+
+# ---------------------------------------------------------------- scope, enforced again in the guard (safety rule 1)
+#
+# The loader refuses these configs; the guard must refuse them too (a config built around the loader, a later
+# edit of its rules). ``ShmConfig.model_construct`` builds one without the model's validation.
+
+
+def raw_config(d: Path | str, pattern: str) -> ShmConfig:
+    return ShmConfig.model_construct(
+        dir=str(d), pattern=pattern, confirm_interval_s=0.0, ignore_uninspectable_pids=[1], reserve_gib=0.0
+    )
+
+
+def _secrets_in(d: Path) -> dict[str, int]:
+    (d / "id_rsa").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    (d / "app.conf").write_text("listen 8080\n")
+    return {n: os.stat(d / n).st_ino for n in ("id_rsa", "app.conf")}
+
+
+def test_star_pattern_in_a_scratch_dir_deletes_nothing_and_says_why(tmp_path: Path) -> None:
+    scratch = tmp_path / "scratch"  # on the test machine's disk, not a tmpfs
+    scratch.mkdir()
+    inodes = _secrets_in(scratch)
+    for confirm in (False, True):
+        result = reclaim(raw_config(scratch, "*"), observe_docker=engine_without_containers, confirm=confirm,
+                         sleep=lambda s: None)
+        assert not result.ok and result.reclaimed == () and result.candidates == ()
+        assert result.refused and result.refused.startswith("refusing to reclaim: shm.pattern '*'"), result.refused
+        assert {n: os.stat(scratch / n).st_ino for n in inodes} == inodes
+
+
+def test_star_pattern_is_refused_even_on_a_real_tmpfs(shm: Path) -> None:
+    inodes = _secrets_in(shm)
+    for pattern in ("*", "*.conf", "id_*", "vllm_offload_?.mmap", "vllm_offload_[0-9]*.mmap", "a*b*c"):
+        result = reclaim(raw_config(shm, pattern), observe_docker=engine_without_containers, confirm=True,
+                         sleep=lambda s: None)
+        assert result.reclaimed == () and result.refused and "shm.pattern" in result.refused, (pattern, result)
+        assert {n: os.stat(shm / n).st_ino for n in inodes} == inodes, pattern
+
+
+def test_a_dir_that_is_not_a_tmpfs_is_refused_at_reclaim_time(tmp_path: Path) -> None:
+    scratch = tmp_path / "disk"
+    scratch.mkdir()
+    inodes = _secrets_in(scratch)
+    st = make_file(scratch / "vllm_offload_a.mmap", 64 * 1024)
+    result = reclaim(raw_config(scratch, PATTERN), observe_docker=engine_without_containers, confirm=True,
+                     sleep=lambda s: None)
+    assert result.reclaimed == () and result.refused and "is not a tmpfs (statfs f_type" in result.refused
+    assert os.stat(scratch / "vllm_offload_a.mmap").st_ino == st.st_ino
+    assert {n: os.stat(scratch / n).st_ino for n in inodes} == inodes
+
+
+def test_a_dir_inside_a_tmpfs_that_is_not_its_mount_point_is_refused(shm: Path) -> None:
+    """statfs alone says tmpfs here; /proc/self/mountinfo says nothing is mounted on the subdirectory."""
+    sub = shm / "sub"
+    sub.mkdir()
+    st = make_file(sub / "vllm_offload_a.mmap", 64 * 1024)
+    result = reclaim(raw_config(sub, PATTERN), observe_docker=engine_without_containers, confirm=True,
+                     sleep=lambda s: None)
+    assert result.reclaimed == () and result.refused and "not its mount point" in result.refused, result.refused
+    assert os.stat(sub / "vllm_offload_a.mmap").st_ino == st.st_ino
+
+
+def test_the_root_directory_is_refused_before_anything_is_read() -> None:
+    def never() -> Observation:
+        raise AssertionError("the scope is refused before any inspection")
+
+    result = reclaim(raw_config("/", PATTERN), observe_docker=never, confirm=True, sleep=lambda s: None)
+    assert result.refused and "root directory" in result.refused and result.inspections == 0
+
+
+def kept_reasons(result: ReclaimResult, path: Path | str) -> list[str]:
+    return [k.reason for k in result.kept if k.path == str(path)]
+
+
+def _inspection_adding(monkeypatch: pytest.MonkeyPatch, extra: Callable[[ShmView], tuple]) -> None:  # type: ignore[type-arg]
+    """Make the guard's inspection return extra "orphan" files: what a faulty (or future) scan could hand over."""
+    import dataclasses
+
+    import reconciler.shm_guard as guard
+
+    real = guard.inspect_shm
+
+    def inspect(*a: object, **kw: object) -> ShmView:
+        view = real(*a, **kw)  # type: ignore[arg-type]
+        return dataclasses.replace(view, files=view.files + extra(view))
+
+    monkeypatch.setattr(guard, "inspect_shm", inspect)
+
+
+def test_a_symlink_handed_over_as_a_file_is_never_followed_or_deleted(
+    shm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from reconciler.observed import ShmFile
+
+    precious = shm / "precious.bin"  # on the same tmpfs: a scan that followed the link would see a plain file
+    ps = make_file(precious, MIB)
+    link = shm / "vllm_offload_link.mmap"
+    link.symlink_to(precious)
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"keep")
+    link_out = shm / "vllm_offload_out.mmap"
+    link_out.symlink_to(outside)
+
+    def followed(view: ShmView) -> tuple[ShmFile, ...]:
+        st = os.stat(precious)  # the target's identity, as a scan that follows symlinks would report it
+        return tuple(
+            ShmFile(str(p), st.st_dev, st.st_ino, st.st_size, st.st_blocks * 512, (), "orphan", "no owner")
+            for p in (link, link_out)
+        )
+
+    _inspection_adding(monkeypatch, followed)
+    result = run_reclaim(shm, sleep=lambda s: None)
+    assert result.reclaimed == () and result.candidates == ()
+    # The guard's own check (the inspection skips symlinks as well, in its own words).
+    assert "a symlink: never followed, never removed" in kept_reasons(result, link)
+    assert "a symlink: never followed, never removed" in kept_reasons(result, link_out)
+    assert link.is_symlink() and link_out.is_symlink() and outside.read_bytes() == b"keep"
+    assert os.stat(precious).st_ino == ps.st_ino
+
+
+def test_paths_outside_the_dir_or_the_pattern_handed_over_are_never_candidates(
+    shm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from reconciler.observed import ShmFile
+
+    inodes = _secrets_in(shm)
+    nested_dir = shm / "vllm_offload_d.mmap"
+    nested_dir.mkdir()
+    nested = make_file(nested_dir / "vllm_offload_n.mmap", MIB)
+    dotted = f"{shm}/./vllm_offload_x.mmap"  # the real candidate's file under another spelling of the dir
+    paths = [str(shm / "id_rsa"), str(shm / "app.conf"), str(nested_dir / "vllm_offload_n.mmap"), dotted]
+    make_file(shm / "vllm_offload_x.mmap", MIB)
+
+    def extra(view: ShmView) -> tuple[ShmFile, ...]:
+        out = []
+        for p in paths:
+            st = os.lstat(p)
+            out.append(ShmFile(str(p), st.st_dev, st.st_ino, st.st_size, st.st_blocks * 512, (), "orphan", "no owner"))
+        return tuple(out)
+
+    _inspection_adding(monkeypatch, extra)
+    result = run_reclaim(shm, sleep=lambda s: None)
+    assert [r.path for r in result.reclaimed] == [str(shm / "vllm_offload_x.mmap")], "only the real candidate"
+    assert "does not match shm.pattern" in kept_reason(result, shm / "id_rsa")
+    assert "does not match shm.pattern" in kept_reason(result, shm / "app.conf")
+    assert "not directly inside shm.dir" in kept_reason(result, nested_dir / "vllm_offload_n.mmap")
+    assert "not directly inside shm.dir" in kept_reason(result, dotted)
+    assert {n: os.stat(shm / n).st_ino for n in inodes} == inodes
+    assert os.stat(nested_dir / "vllm_offload_n.mmap").st_ino == nested.st_ino
+
+
+def test_the_unlink_step_refuses_a_name_outside_the_pattern(shm: Path) -> None:
+    """The last gate, on its own: even handed an agreed file, a name the pattern does not match stays."""
+    from reconciler.observed import ShmFile
+    from reconciler.shm_guard import _dir_identity, _unlink_agreed
+
+    inodes = _secrets_in(shm)
+    agreed = []
+    for n in inodes:
+        st = os.stat(shm / n)
+        agreed.append(ShmFile(str(shm / n), st.st_dev, st.st_ino, st.st_size, st.st_blocks * 512))
+    removed, kept, errors = _unlink_agreed(str(shm), _dir_identity(str(shm)), agreed, pattern=PATTERN)
+    assert removed == [] and errors == [] and all("never removed" in k.reason for k in kept)
+    assert {n: os.stat(shm / n).st_ino for n in inodes} == inodes
+
+
+def test_a_file_created_after_the_plan_is_not_deleted_when_only_paths_excludes_it(shm: Path) -> None:
+    planned = shm / "vllm_offload_planned.mmap"
+    make_file(planned, MIB)
+    # The plan (or the dry run the operator saw): one inspection, its orphans.
+    seen = [f.path for f in view_of(shm).by_state("orphan")]
+    assert seen == [str(planned)]
+    # Between the plan and the reclaim: a new matching file that nobody maps (a crashed start, or anybody's).
+    late = shm / "vllm_offload_late.mmap"
+    st = make_file(late, MIB)
+    assert file_in(view_of(shm), late).state == "orphan", "unowned and matching: only only_paths keeps it"
+
+    result = reclaim(config(shm), observe_docker=engine_without_containers, confirm=True, only_paths=seen,
+                     sleep=lambda s: None)
+    assert [r.path for r in result.reclaimed] == [str(planned)] and result.verified
+    assert os.stat(late).st_ino == st.st_ino
+    assert "not among the paths" in kept_reason(result, late)
+    # An empty set removes nothing at all.
+    nothing = reclaim(config(shm), observe_docker=engine_without_containers, confirm=True, only_paths=[],
+                      sleep=lambda s: None)
+    assert nothing.reclaimed == () and os.stat(late).st_ino == st.st_ino
+
+
+def _reclaim_cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``shm reclaim --json ARGS``; while a native-offload container of another test runs on this engine (every
+    reclaim is refused then), wait for it to end and ask again."""
+    deadline = time.monotonic() + 120
+    while (r := _cli("--root", str(root), "shm", "reclaim", "--json", *args)).returncode != 0:
+        assert "native offload" in r.stderr and time.monotonic() < deadline, r.stderr
+        time.sleep(1)
+    return r
+
+
+@pytest.mark.docker
+def test_cli_reclaim_removes_only_the_paths_the_dry_run_listed(shm: Path, tmp_path: Path, docker_api) -> None:  # type: ignore[no-untyped-def]
+    planned = shm / "vllm_offload_planned.mmap"
+    make_file(planned, MIB)
+    root = tmp_path / "root"
+    _write_root(root, shm, DOCKER_URL)  # the dry run needs Docker to answer to call anything an orphan
+    dry = _reclaim_cli(root)
+    listed = [f["path"] for f in json.loads(dry.stdout)["would_reclaim"]]
+    assert listed == [str(planned)]
+    late = shm / "vllm_offload_late.mmap"
+    st = make_file(late, MIB)
+
+    args = [a for p in listed for a in ("--path", p)]
+    done = _reclaim_cli(root, "--confirm", *args)
+    out = json.loads(done.stdout)
+    assert [r["path"] for r in out["reclaimed"]] == [str(planned)] and out["verified"] is True
+    assert os.stat(late).st_ino == st.st_ino and not planned.exists()
