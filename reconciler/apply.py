@@ -31,6 +31,8 @@ from reconciler.observe.docker_obs import DockerObserver
 from reconciler.observe.gpu import slots_of_container
 from reconciler.observed import Observed
 from reconciler.planner import Action, ActionKind, Plan, plan, slot_holders
+from reconciler.state import ensure_install_id, mark_healthy
+from reconciler.units import human_bytes
 
 CLEAN_EXIT_CODES = (0, 143)  # exited by itself, or on the SIGTERM of `docker stop`
 DEFAULT_STOP_TIMEOUT_S = 180.0
@@ -286,7 +288,7 @@ class Applier:
             raise ActionFailed(f"reclaim could not verify that {len(res.reclaimed)} removed file(s) are gone")
         if not res.reclaimed and res.kept:
             raise ActionFailed("reclaim kept every file: " + "; ".join(f"{k.path}: {k.reason}" for k in res.kept))
-        return f"reclaimed {len(res.reclaimed)} file(s), {res.reclaimed_bytes} bytes", int(res.reclaimed_bytes)
+        return f"reclaimed {len(res.reclaimed)} file(s), {human_bytes(res.reclaimed_bytes)}", int(res.reclaimed_bytes)
 
     # ------------------------------------------------------------ enter
 
@@ -311,15 +313,16 @@ class Applier:
                 observed = self.observe()
             if observed.shm.tmpfs.free_bytes < need:
                 raise ActionRefused(
-                    f"tmpfs {observed.shm.dir} has {observed.shm.tmpfs.free_bytes} bytes free; recipe "
-                    f"{action.recipe} needs {need} for its offload file (see `reconciler shm status`)",
+                    f"tmpfs {observed.shm.dir} has {human_bytes(observed.shm.tmpfs.free_bytes)} free; recipe "
+                    f"{action.recipe} needs {human_bytes(need)} for its offload file (see `reconciler shm status`)",
                     reason="tmpfs_room",
                 )
         if self.cancel.is_set():
             raise Cancelled("stop requested before create; nothing created")
         # Act: create (labelled in the same call, so an interrupt never leaves it unowned), start, wait for health.
         self.progress.phase(action, "create")
-        cid = self.ops.create(create_spec(self.desired, action.recipe, slots))
+        install_id = ensure_install_id(self.desired.host.name)
+        cid = self.ops.create(create_spec(self.desired, action.recipe, slots, install_id=install_id))
         try:
             self.progress.phase(action, "start")
             self.ops.start(cid)
@@ -327,9 +330,12 @@ class Applier:
             self._check_enter(action, cid)
         except ActionFailed as exc:
             self._fail_enter(action, cid, exc)
+        # Only now does it count as satisfied: one left behind by an interrupt while it waited is replaced.
+        containers, docker_ok = self.observer.observe()
+        mark_healthy(self.desired.host.name, cid, existing=[c.id for c in containers] if docker_ok.ok else None)
         detail = f"{action.container} healthy on {','.join(slots)}"
         if freed:
-            detail += f" (reclaimed {freed} bytes of orphan offload files first)"
+            detail += f" (reclaimed {human_bytes(freed)} of orphan offload files first)"
         return detail, freed
 
     def _wait_healthy(self, action: Action, cid: str, recipe: Recipe) -> None:
@@ -497,7 +503,7 @@ class Applier:
             )
         detail = f"{c.name} {fate}"
         if freed:
-            detail += f"; reclaimed {freed} bytes"
+            detail += f"; reclaimed {human_bytes(freed)}"
         return detail, freed
 
 

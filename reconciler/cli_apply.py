@@ -130,6 +130,49 @@ def cmd_apply(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def cmd_adopt(args: argparse.Namespace) -> int:
+    """Make containers that carry this host's labels but no install id (made by an earlier version of this tool)
+    this install's, by name or id. Explicit and logged: nothing is ever adopted silently."""
+    from reconciler import state
+    from reconciler.lock import HostLock
+    from reconciler.observe.docker_obs import DockerObserver
+    from reconciler.planner import owner_kind
+
+    desired = load_desired(args.root)
+    host = desired.host.name
+    with HostLock(host, command="adopt"):
+        containers, source = DockerObserver(desired.host.docker.url).observe()
+        if not source.ok:
+            raise ReconcilerError(f"docker source unavailable: {source.detail}; nothing adopted")
+        own = state.read_ownership(host)
+        picked = []
+        for want in args.containers:
+            found = [c for c in containers if want in (c.name, c.id) or (len(want) >= 12 and c.id.startswith(want))]
+            if len(found) != 1:
+                raise ReconcilerError(f"{want}: {'no' if not found else 'more than one'} container of that name or id; nothing adopted")
+            c = found[0]
+            kind = owner_kind(c, host, own)
+            if kind == "ours":
+                print(f"{c.name} ({c.id[:12]}) is this install's already", file=sys.stderr)
+            elif kind == "foreign":
+                raise ReconcilerError(
+                    f"{c.name} ({c.id[:12]}) is not a container this tool made for host {host!r} (it lacks this "
+                    "host's labels of its own, or carries another install's id); it cannot be adopted. Nothing adopted"
+                )
+            else:
+                picked.append(c)
+        if picked:
+            install_id = state.ensure_install_id(host)
+            state.adopt(host, [c.id for c in picked], existing=[c.id for c in containers])
+            for c in picked:
+                state.record(host, {"event": "adopt", "container": c.name, "id": c.id, "install_id": install_id,
+                                    "recipe": c.recipe, "slots": list(c.slots)})
+                print(f"adopted {c.name} ({c.id[:12]}, {c.recipe or 'no recipe'} on {','.join(c.slots) or 'no slot'})")
+    if args.json:
+        emit_json({"host": host, "adopted": [{"name": c.name, "id": c.id} for c in picked]})
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from reconciler.backoff import Backoff
     from reconciler.errors import ReconcilerError
@@ -162,6 +205,13 @@ def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--yes", "-y", action="store_true", help="approve the plan shown without asking (needed without a terminal)")
     p.set_defaults(func=cmd_apply)
+
+    p = sub.add_parser(
+        "adopt", parents=parents,
+        help="make containers with this host's labels but no install id (an earlier version's) this install's",
+    )
+    p.add_argument("containers", nargs="+", metavar="CONTAINER", help="name or id")
+    p.set_defaults(func=cmd_adopt)
 
     p = sub.add_parser("run", parents=parents, help="the loop: watch and converge, serve /metrics and /healthz")
     p.add_argument("--metrics-addr", default="127.0.0.1:9464", help="HOST:PORT for /metrics and /healthz ('' = off)")

@@ -14,16 +14,20 @@ from typing import Any, TypeVar
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from reconciler.errors import ReconcilerError
-from reconciler.model import DesiredState, Recipe, container_name
+from reconciler import spec
+from reconciler.model import DesiredState, container_name
 from reconciler.observed import (
     LABEL_GPUS,
     LABEL_HOST,
+    LABEL_INSTALL,
     LABEL_MANAGED,
     LABEL_OFFLOAD,
     LABEL_PREFIX,
     LABEL_RECIPE,
     LABEL_RECIPE_HASH,
     LABEL_SLOTS,
+    LABEL_SPEC_HASH,
+    LABEL_SPEC_PARTS,
     PRESERVED_SUFFIX,
 )
 
@@ -80,14 +84,18 @@ def _call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def labels_for(desired: DesiredState, recipe_name: str, slots: tuple[str, ...]) -> dict[str, str]:
+def labels_for(desired: DesiredState, recipe_name: str, slots: tuple[str, ...], *, install_id: str) -> dict[str, str]:
     recipe = desired.recipes[recipe_name]
     gpus = [desired.host.gpus[s].preferred_id() for s in slots]
+    parts = spec.part_hashes(desired.host, recipe, slots)
     labels = {
         LABEL_MANAGED: "true",
         LABEL_HOST: desired.host.name,
+        LABEL_INSTALL: install_id,
         LABEL_RECIPE: recipe_name,
         LABEL_RECIPE_HASH: recipe.content_hash(),
+        LABEL_SPEC_HASH: spec.spec_hash(parts),
+        LABEL_SPEC_PARTS: spec.encode_parts(parts),
         LABEL_SLOTS: ",".join(slots),
         LABEL_GPUS: ",".join(gpus),
         LABEL_OFFLOAD: "true" if recipe.offload.enabled else "false",
@@ -98,37 +106,13 @@ def labels_for(desired: DesiredState, recipe_name: str, slots: tuple[str, ...]) 
     return labels
 
 
-def create_spec(desired: DesiredState, recipe_name: str, slots: tuple[str, ...]) -> dict[str, Any]:
-    """Pure: the create_container arguments for a recipe on its slots (GPU binding by DeviceRequest and env)."""
-    recipe: Recipe = desired.recipes[recipe_name]
-    spec = recipe.container
-    gpus = [desired.host.gpus[s].preferred_id() for s in slots]
-    env = dict(spec.env)
-    # The visible-devices env is set in every case, so the binding is readable even without a GPU runtime.
-    env["NVIDIA_VISIBLE_DEVICES"] = ",".join(gpus)
-    binds = []
-    for vol in spec.volumes:
-        parts = vol.split(":")
-        binds.append(vol if len(parts) == 3 else f"{vol}:rw")
-    host_config: dict[str, Any] = {
-        "binds": binds,
-        "ipc_mode": spec.ipc,
-        "network_mode": spec.network,
-        "init": spec.init or None,
-        "shm_size": spec.shm_size,
-        "restart_policy": {"Name": "no"},  # restarts are this tool's decision (with backoff), not the engine's
-    }
-    if desired.host.docker.gpu_requests:
-        host_config["device_requests"] = [{"Driver": "nvidia", "DeviceIDs": gpus, "Capabilities": [["gpu"]]}]
+def create_spec(desired: DesiredState, recipe_name: str, slots: tuple[str, ...], *, install_id: str) -> dict[str, Any]:
+    """Pure: the create_container arguments for a recipe on its slots (``reconciler.spec.render``), with its name
+    and the labels that make it ours: this host's name, this install's id, and the hashes of what it is made of."""
     return {
-        "image": spec.image,
-        "command": list(spec.command) or None,
-        "entrypoint": spec.entrypoint,
-        "environment": env,
-        "labels": labels_for(desired, recipe_name, slots),
+        **spec.render(desired.host, desired.recipes[recipe_name], slots),
+        "labels": labels_for(desired, recipe_name, slots, install_id=install_id),
         "name": container_name(recipe_name, slots),
-        "user": spec.user,
-        "host_config": {k: v for k, v in host_config.items() if v is not None},
     }
 
 

@@ -19,6 +19,11 @@ LABEL_SLOTS = LABEL_PREFIX + "slots"
 LABEL_GPUS = LABEL_PREFIX + "gpus"
 LABEL_OFFLOAD = LABEL_PREFIX + "offload"
 LABEL_PRESERVED = LABEL_PREFIX + "preserved"
+# This install's id (reconciler.state): with the host's name, the proof that a container is ours.
+LABEL_INSTALL = LABEL_PREFIX + "install"
+# The hash of the whole rendered container (reconciler.spec), and the hash of each of its parts.
+LABEL_SPEC_HASH = LABEL_PREFIX + "spec-hash"
+LABEL_SPEC_PARTS = LABEL_PREFIX + "spec-parts"
 
 # Docker cannot relabel a container, so a failed one kept for its logs is marked by this name suffix.
 PRESERVED_SUFFIX = "-failed-"
@@ -54,6 +59,8 @@ class ContainerView:
     gpu_devices: tuple[str, ...] = ()
     # vLLM native offload configured (our label, vLLM flags in its command, or offload env).
     offload: bool = False
+    # Label keys whose value the container inherited from its image's labels: never proof of anything.
+    inherited: frozenset[str] = frozenset()
 
     @property
     def active(self) -> bool:
@@ -75,6 +82,14 @@ class ContainerView:
     @property
     def recipe_hash(self) -> str | None:
         return self.labels.get(LABEL_RECIPE_HASH)
+
+    @property
+    def spec_hash(self) -> str | None:
+        return self.labels.get(LABEL_SPEC_HASH)
+
+    def label(self, key: str) -> str | None:
+        """A label's value, unless the container only inherited it from its image."""
+        return None if key in self.inherited else self.labels.get(key)
 
     @property
     def slots(self) -> tuple[str, ...]:
@@ -177,6 +192,16 @@ class ShmView:
 
 
 @dataclass(frozen=True)
+class Ownership:
+    """What this install keeps about the host (``reconciler.state``): its id, and the containers an operator
+    adopted and those that passed their health check."""
+
+    install_id: str | None = None
+    adopted: frozenset[str] = frozenset()
+    healthy: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
 class Observed:
     """Everything one observation pass saw. Sources that failed are recorded, never papered over."""
 
@@ -185,6 +210,7 @@ class Observed:
     gpus: GpuView
     shm: ShmView
     docker: Source
+    ownership: Ownership = Ownership()
 
     @property
     def sources(self) -> dict[str, Source]:

@@ -12,8 +12,18 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
+from reconciler import spec
 from reconciler.model import DesiredAssignment, DesiredState, container_name
-from reconciler.observed import LABEL_HOST, ContainerView, Observed, ShmView
+from reconciler.observed import (
+    LABEL_HOST,
+    LABEL_INSTALL,
+    LABEL_MANAGED,
+    LABEL_SPEC_PARTS,
+    ContainerView,
+    Observed,
+    Ownership,
+    ShmView,
+)
 from reconciler.units import human_bytes
 
 
@@ -66,13 +76,16 @@ class Blocker:
     gpus: tuple[str, ...]
     reason: str
     holder: str = ""
+    kind: str = ""  # set where the holder alone does not tell the cause ("adopt")
 
     @property
     def cause(self) -> str:
         """What kind of problem this is, for the advice that goes with it: ``held`` (something not ours, or
-        another assignment of ours, holds a slot), ``tmpfs`` (no room for the offload file) or ``source`` (a
-        source could not vouch for the slots or the offload files: telemetry down, GPU not found, /proc
-        unreadable)."""
+        another assignment of ours, holds a slot), ``adopt`` (a container carries this host's labels but not this
+        install's id), ``tmpfs`` (no room for the offload file) or ``source`` (a source could not vouch for the
+        slots or the offload files: telemetry down, GPU not found, /proc unreadable)."""
+        if self.kind:
+            return self.kind
         if self.holder == "tmpfs":
             return "tmpfs"
         return "held" if self.holder else "source"
@@ -160,7 +173,7 @@ def claimed_slots(
     With ``host``, the slot label counts only on a container of that host: another host's slot names are names
     in another host.yaml, and what that container really holds is read from its GPU ids like any other's.
     """
-    slots: list[str] = list(c.slots) if (_ours(c, host) if host is not None else c.managed) else []
+    slots: list[str] = list(c.slots) if (_claims_host(c, host) if host is not None else c.managed) else []
     for dev in c.gpu_devices:
         if dev == "all":
             return all_slots
@@ -184,9 +197,40 @@ def slot_holders(
     return holders
 
 
-def _ours(c: ContainerView, host: str) -> bool:
-    """A container is ours when it carries our managed label for this host (or no host label at all)."""
-    return c.managed and c.labels.get(LABEL_HOST, host) == host
+def _claims_host(c: ContainerView, host: str) -> bool:
+    """The container says it is this host's (its own labels, not its image's). Enough to count the slots it
+    claims as held, never enough to act on it: see ``owner_kind``."""
+    return c.label(LABEL_MANAGED) == "true" and c.label(LABEL_HOST) == host
+
+
+def owner_kind(c: ContainerView, host: str, own: Ownership) -> str:
+    """Whose a container is: ``ours`` (this host's name and this install's id, or adopted by the operator),
+    ``legacy`` (this host's name but no install id: made before install ids, or labelled by hand; adopted only
+    by ``reconciler adopt``), or ``foreign`` (anything else, however it is labelled). Labels a container inherited
+    from its image prove nothing: every container made from that image carries them."""
+    if not _claims_host(c, host):
+        return "foreign"
+    if c.id in own.adopted:
+        return "ours"
+    install = c.label(LABEL_INSTALL)
+    if install is None:
+        return "foreign" if LABEL_INSTALL in c.labels else "legacy"
+    return "ours" if own.install_id is not None and install == own.install_id else "foreign"
+
+
+def _ours(c: ContainerView, host: str, own: Ownership) -> bool:
+    return owner_kind(c, host, own) == "ours"
+
+
+def _matches(c: ContainerView, d: DesiredAssignment, parts: dict[str, str], desired: DesiredState) -> list[str]:
+    """Pure: the parts in which a running container of ours differs from what the files make of ``d`` (empty:
+    it matches). An adopted container from before spec hashes is judged by its recipe hash and GPU ids."""
+    label = c.label(LABEL_SPEC_PARTS)
+    if label is None:
+        diff = [] if c.recipe_hash == d.recipe_hash else ["recipe"]
+        want = {desired.host.gpus[s].preferred_id() for s in d.slots}
+        return diff + ([] if set(c.gpu_devices) == want else ["gpus"])
+    return spec.changed_parts(label, parts)
 
 
 def _describe(c: ContainerView) -> str:
@@ -205,7 +249,8 @@ def plan(desired: DesiredState, observed: Observed, *, hold: Mapping[str, str] |
         # Without Docker nothing about containers is known: no action can be justified.
         return Plan(host=host, unavailable=unavailable)
 
-    ours = [c for c in observed.containers if _ours(c, host) and not (c.preserved and not c.active)]
+    own = observed.ownership
+    ours = [c for c in observed.containers if _ours(c, host, own) and not (c.preserved and not c.active)]
 
     leaves: list[Action] = []
     enters: list[DesiredAssignment] = []
@@ -219,7 +264,10 @@ def plan(desired: DesiredState, observed: Observed, *, hold: Mapping[str, str] |
     for d in desired.assignments:
         mine = by_assignment.get((d.recipe, d.slots), [])
         claimed.update(c.id for c in mine)
-        good = [c for c in mine if c.active and c.recipe_hash == d.recipe_hash]
+        parts = spec.part_hashes(desired.host, desired.recipes[d.recipe], d.slots)
+        diffs = {c.id: _matches(c, d, parts, desired) for c in mine}
+        # Satisfied only once it has passed its health check: one left waiting by an interrupted apply never did.
+        good = [c for c in mine if c.active and not diffs[c.id] and c.id in own.healthy]
         keep = good[0] if good else None
         if keep is not None:
             satisfied.append(keep)
@@ -230,8 +278,14 @@ def plan(desired: DesiredState, observed: Observed, *, hold: Mapping[str, str] |
                 continue
             if c in good:
                 why = f"duplicate of {keep.name} for {d.key}"
+            elif c.active and diffs[c.id]:
+                why = (
+                    f"{c.name} differs from what the files now make of {d.recipe} on {','.join(d.slots)}: "
+                    f"{_changed_text(diffs[c.id])} changed (hash {c.spec_hash or c.recipe_hash} -> "
+                    f"{spec.spec_hash(parts)}): recreate"
+                )
             elif c.active:
-                why = f"recipe {d.recipe} changed (hash {c.recipe_hash} -> {d.recipe_hash}): recreate"
+                why = f"{c.name} never passed its health check (an apply stopped while waiting for it?): replace"
             else:
                 why = _stopped_reason(c)
             leaves.append(_leave(c, why, desired))
@@ -292,8 +346,8 @@ def plan(desired: DesiredState, observed: Observed, *, hold: Mapping[str, str] |
                     )
                 )
         if problems:
-            for why, holder in problems:
-                blockers.append(Blocker(recipe=d.recipe, gpus=d.slots, reason=why, holder=holder))
+            for why, holder, *kind in problems:
+                blockers.append(Blocker(recipe=d.recipe, gpus=d.slots, reason=why, holder=holder, kind="".join(kind)))
             continue
         if d.key in hold:
             held.append(Held(recipe=d.recipe, gpus=d.slots, reason=hold[d.key]))
@@ -334,9 +388,9 @@ def _slot_problems(
     leaving: set[str | None],
     kept: set[str],
     desired: DesiredState,
-) -> list[tuple[str, str]]:
+) -> list[tuple[str, ...]]:
     """Why the slots of ``d`` are not free once the planned leaves are done (empty: free)."""
-    problems: list[tuple[str, str]] = []
+    problems: list[tuple[str, ...]] = []
     gpus = observed.gpus
     if not gpus.source.ok:
         problems.append((f"GPU telemetry ({gpus.telemetry}) unavailable: {gpus.source.detail}", ""))
@@ -349,8 +403,21 @@ def _slot_problems(
                 order.append(c)
             seen[c.id].append(slot)
     for c in order:
-        who = "managed by this tool for another assignment" if _ours(c, desired.host.name) else "not managed by this tool"
-        problems.append((f"{_describe(c)} holds GPU slot {','.join(seen[c.id])} and is {who}", c.name))
+        kind = owner_kind(c, desired.host.name, observed.ownership)
+        held = f"{_describe(c)} holds GPU slot {','.join(seen[c.id])}"
+        if kind == "legacy":
+            problems.append(
+                (
+                    f"{held} and carries this host's labels but not this install's id (made by an earlier version "
+                    f"of this tool, or labelled by hand): if it is this host's lane, adopt it with "
+                    f"`reconciler adopt {c.name}`; otherwise remove it",
+                    c.name,
+                    "adopt",
+                )
+            )
+            continue
+        who = "managed by this tool for another assignment" if kind == "ours" else "not managed by this tool"
+        problems.append((f"{held} and is {who}", c.name))
     for slot in d.slots:
         view = gpus.slots.get(slot)
         if view is None:
@@ -384,6 +451,16 @@ def _leave(c: ContainerView, why: str, desired: DesiredState) -> Action:
     )
 
 
+_PART_TEXT = {
+    "gpus": "its GPU ids (gpus: or docker.gpu_requests in configs/host.yaml)",
+    "recipe": "the recipe's settings",
+}
+
+
+def _changed_text(parts: list[str]) -> str:
+    return ", ".join(_PART_TEXT.get(p, f"the {p}") for p in parts)
+
+
 def _stopped_reason(c: ContainerView) -> str:
     if c.state == "created":
         return f"{c.name} was created but never started"
@@ -392,9 +469,8 @@ def _stopped_reason(c: ContainerView) -> str:
 
 
 def _enter_reason(d: DesiredAssignment, mine: list[ContainerView]) -> str:
-    prior = [c for c in mine if c.active]
-    if prior and prior[0].recipe_hash != d.recipe_hash:
-        return f"recipe {d.recipe} changed: recreate on {','.join(d.slots)}"
+    if any(c.active for c in mine):
+        return f"recreate {d.recipe} on {','.join(d.slots)} once the container it replaces has left"
     return f"manifest gives {','.join(d.slots)} to {d.recipe}; no container of it is running"
 
 

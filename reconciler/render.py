@@ -12,7 +12,7 @@ from typing import Any, TextIO
 from reconciler.lock import read_loop_state
 from reconciler.model import DesiredState
 from reconciler.observed import Observed
-from reconciler.planner import Action, ActionKind, Plan, slot_holders
+from reconciler.planner import Action, ActionKind, Plan, owner_kind, slot_holders
 from reconciler.units import human_bytes
 
 
@@ -103,6 +103,8 @@ _ADVICE = {
     "held": "The reconciler never stops what it does not own: free the slot or change the manifest.",
     "tmpfs": "Make room on the offload tmpfs (`reconciler shm status` shows what holds it) or pick a smaller "
     "offload lane.",
+    "adopt": "A container with this host's labels but without this install's id is never stopped unasked: "
+    "adopt it (`reconciler adopt NAME`, logged) if it is this host's lane, or remove it.",
     "source": "A source could not vouch for the slots or the offload files, so nothing that needs it is changed: "
     "fix the source named above.",
 }
@@ -111,7 +113,7 @@ _ADVICE = {
 def blocked_advice(plan: Plan) -> list[str]:
     """One line of advice per kind of blocker in the plan, in a fixed order: what the operator can do."""
     causes = {b.cause for b in plan.blockers}
-    return [_ADVICE[c] for c in ("source", "held", "tmpfs") if c in causes]
+    return [_ADVICE[c] for c in ("source", "adopt", "held", "tmpfs") if c in causes]
 
 
 # ---------------------------------------------------------------- status
@@ -121,6 +123,8 @@ def status_data(desired: DesiredState, observed: Observed, plan: Plan) -> dict[s
     """The JSON of ``reconciler status``: per slot what is desired and what holds it, containers, shm, sources."""
     held = slot_holders(desired, observed)
     want = desired.slot_owner()
+    own = observed.ownership
+    whose = {c.id: owner_kind(c, desired.host.name, own) for c in observed.containers}
     by_id = {c.id: c for c in observed.containers}
     # What could not be observed is unknown, never "free": without Docker no container is known, and without GPU
     # telemetry (where the host has it) a process outside any container may hold a slot.
@@ -151,7 +155,15 @@ def status_data(desired: DesiredState, observed: Observed, plan: Plan) -> dict[s
             "memory_total_bytes": view.memory_total_bytes if view else None,
             "memory_used_bytes": view.memory_used_bytes if view else None,
             "containers": [
-                {"name": c.name, "id": c.id[:12], "managed": c.managed, "recipe": c.recipe, "state": c.state}
+                {
+                    "name": c.name,
+                    "id": c.id[:12],
+                    "managed": whose[c.id] == "ours",
+                    "owner": whose[c.id],
+                    "recipe": c.recipe,
+                    "state": c.state,
+                    "healthy": c.id in own.healthy,
+                }
                 for c in holders
             ],
             "processes": procs,
@@ -177,10 +189,13 @@ def status_data(desired: DesiredState, observed: Observed, plan: Plan) -> dict[s
                 "recipe_hash": c.recipe_hash,
                 "preserved": c.preserved,
                 "exit_code": c.exit_code,
+                "owner": whose[c.id],
+                "healthy": c.id in own.healthy,
             }
             for c in observed.containers
-            if c.managed
+            if whose[c.id] != "foreign"
         ],
+        "install_id": own.install_id,
         "shm": {
             "dir": shm.dir,
             "tmpfs": {
@@ -206,8 +221,20 @@ def _clock(ts: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(ts))
 
 
+def _whose(c: dict[str, Any]) -> str:
+    if c["owner"] == "ours":
+        return f"managed {c['recipe'] or ''}" + ("" if c.get("healthy", True) else ", never healthy")
+    if c["owner"] == "legacy":
+        return f"not adopted: {c['recipe'] or 'no recipe'}; `reconciler adopt {c['name']}`"
+    return "unmanaged"
+
+
 def render_status(data: dict[str, Any], s: Style) -> str:
-    out = [s.bold(f"host {data['host']}") + f"  (manifest {data['manifest']})"]
+    install = data.get("install_id")
+    out = [
+        s.bold(f"host {data['host']}")
+        + f"  (manifest {data['manifest']}; install id {install[:12] + '…' if install else 'none yet: the first apply makes one'})"
+    ]
     out.append(f"GPU telemetry {data['gpu_telemetry']}: {data['gpu_source']}")
     bad = {k: v for k, v in data["sources"].items() if v != "ok" and not v.startswith("ok")}
     if bad:
@@ -222,10 +249,7 @@ def render_status(data: dict[str, Any], s: Style) -> str:
             gpu += f", {human_bytes(v['memory_used_bytes'])} / {human_bytes(v['memory_total_bytes'])}"
         if v["missing"]:
             gpu += s.red(f" MISSING: {v['error']}" if v["error"] else " MISSING")
-        held = [
-            f"{c['name']} ({'managed ' + (c['recipe'] or '') if c['managed'] else 'unmanaged'}, {c['state']})"
-            for c in v["containers"]
-        ]
+        held = [f"{c['name']} ({_whose(c)}, {c['state']})" for c in v["containers"]]
         held += [
             f"pid {p['pid']} {p['command'][:60]} ({human_bytes(p['used_bytes'])}"
             + (f", in {p['container']}" if p["container"] else ", no container")

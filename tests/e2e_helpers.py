@@ -335,6 +335,20 @@ class Root:
     def shm_files(self) -> list[str]:
         return sorted(p.name for p in self.shm.iterdir())
 
+    def install_id(self) -> str:
+        """This root's install id (made now if the root has none yet), as its commands read it."""
+        from reconciler import state
+
+        before = os.environ.get("RECONCILER_STATE_DIR")
+        os.environ["RECONCILER_STATE_DIR"] = self.env["RECONCILER_STATE_DIR"]
+        try:
+            return state.ensure_install_id(self.host)
+        finally:
+            if before is None:
+                del os.environ["RECONCILER_STATE_DIR"]
+            else:
+                os.environ["RECONCILER_STATE_DIR"] = before
+
     def run_unmanaged(self, name: str, *args: str) -> str:
         """``docker run -d ARGS`` outside the tool as ``NAME-<tag>``, labelled for the cleanup only (no ownership
         label, so the tool sees it as unmanaged); return the container's name."""
@@ -375,7 +389,12 @@ def make_root(base_dir: Path, *, shm: Path, api: Any, name: str, confirm_interva
     doc["gpus"] = {"dark-compute-a": {"index": base}, "dark-compute-b": {"index": base + 1}}
     doc["shm"].update(dir=str(shm), confirm_interval_s=confirm_interval_s, reserve_gib=0.0078125)  # 8 MiB
     (path / "configs" / "host.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    env = {**os.environ, "RECONCILER_LOCK_DIR": str(base_dir / "lock"), "NO_COLOR": "1"}
+    env = {
+        **os.environ,
+        "RECONCILER_LOCK_DIR": str(base_dir / "lock"),
+        "RECONCILER_STATE_DIR": str(base_dir / "state"),
+        "NO_COLOR": "1",
+    }
     env.pop("RECONCILER_ROOT", None)
     return Root(
         path=path,

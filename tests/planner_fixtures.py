@@ -4,20 +4,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from reconciler import spec
 from reconciler.model import DesiredAssignment, DesiredState, GIB, HostConfig, Recipe
 from reconciler.observed import (
     LABEL_HOST,
+    LABEL_INSTALL,
     LABEL_MANAGED,
     LABEL_PRESERVED,
     LABEL_RECIPE,
     LABEL_RECIPE_HASH,
     LABEL_SLOTS,
+    LABEL_SPEC_HASH,
+    LABEL_SPEC_PARTS,
     ContainerView,
     GpuProcess,
     GpuSlotView,
     GpuView,
     Observed,
     Owner,
+    Ownership,
     ShmFile,
     ShmView,
     Source,
@@ -25,6 +30,7 @@ from reconciler.observed import (
 )
 
 SLOTS = {"dark-compute-a": 0, "dark-compute-b": 1}
+INSTALL_ID = "1" * 32  # this install's id in every case; a container's `install:` overrides it (`none`: no label)
 
 
 def make_recipe(tp: int = 1, offload_gib: float = 0, image: str = "img") -> Recipe:
@@ -64,14 +70,29 @@ def make_observed(case: dict[str, Any], desired: DesiredState) -> Observed:
         labels: dict[str, str] = {}
         if c.get("managed"):
             recipe = c["recipe"]
+            slots = tuple(c.get("slots") or [])
             h = desired.recipes[recipe].content_hash() if recipe in desired.recipes else "gone"
+            parts = (
+                spec.part_hashes(desired.host, desired.recipes[recipe], slots)
+                if recipe in desired.recipes and all(s in desired.host.gpus for s in slots)
+                else {"recipe": "gone"}
+            )
+            if c.get("hash") == "stale":
+                parts = {**parts, "recipe": "stale000"}
+            for part in c.get("changed") or ():  # which parts differ from what the files make now
+                parts = {**parts, part: "0ld0ld00"}
             labels = {
                 LABEL_MANAGED: "true",
                 LABEL_HOST: c.get("host", "h"),
                 LABEL_RECIPE: recipe,
                 LABEL_RECIPE_HASH: "stale0000" if c.get("hash") == "stale" else h,
-                LABEL_SLOTS: ",".join(c.get("slots") or []),
+                LABEL_SPEC_HASH: spec.spec_hash(parts),
+                LABEL_SPEC_PARTS: spec.encode_parts(parts),
+                LABEL_SLOTS: ",".join(slots),
             }
+            install = c.get("install", INSTALL_ID)
+            if install != "none":
+                labels[LABEL_INSTALL] = install
             if c.get("preserved"):
                 labels[LABEL_PRESERVED] = "true"
         containers.append(
@@ -84,8 +105,15 @@ def make_observed(case: dict[str, Any], desired: DesiredState) -> Observed:
                 exit_code=c.get("exit_code"),
                 gpu_devices=tuple(str(g) for g in c.get("gpus") or ()),
                 offload=bool(c.get("offload")),
+                inherited=frozenset(c.get("inherited") or ()),
             )
         )
+    healthy = frozenset(
+        containers[n].id
+        for n, c in enumerate(obs.get("containers") or [])
+        if c.get("managed") and c.get("healthy", True)
+    )
+    adopted = frozenset(by.id for by in containers if by.name in set(obs.get("adopted") or ()))
     by_name = {c.name: c for c in containers}
     procs = obs.get("gpu_processes") or {}
     missing = set(obs.get("missing_gpus") or [])
@@ -130,4 +158,5 @@ def make_observed(case: dict[str, Any], desired: DesiredState) -> Observed:
         files=tuple(files),
         blocking_containers=tuple(shm_spec.get("blocking") or ()),
     )
-    return Observed(host="h", containers=tuple(containers), gpus=gpus, shm=shm, docker=docker)
+    ownership = Ownership(install_id=obs.get("install_id", INSTALL_ID), adopted=adopted, healthy=healthy | adopted)
+    return Observed(host="h", containers=tuple(containers), gpus=gpus, shm=shm, docker=docker, ownership=ownership)

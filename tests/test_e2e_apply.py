@@ -308,7 +308,7 @@ def test_4c_an_enter_without_tmpfs_room_is_refused_and_creates_nothing(root: Roo
         held.flush()
         outcome = applier._execute(enter, applier.observe())
         assert outcome.result == "refused" and outcome.refusal == "tmpfs_room", outcome
-        assert "needs 25165824 for its offload file" in outcome.detail
+        assert "needs 24.00 MiB for its offload file" in outcome.detail
         assert root.containers() == [] and root.shm_files() == ["vllm_offload_held.mmap"]
 
 
@@ -454,7 +454,7 @@ def test_6b_unmanaged_container_on_a_slot_blocks_and_nothing_is_touched(root: Ro
 # ---------------------------------------------------------------- 7: SIGKILL in the middle of an enter
 
 
-def test_7_apply_killed_mid_enter_then_run_again_converges_without_duplicates(root: Root) -> None:
+def test_7_apply_killed_mid_enter_then_run_again_replaces_the_never_healthy_container(root: Root) -> None:
     lane = root.recipe("deepseek-256k-offload", offload_mib=16, mode="start-delay=3")
     root.manifest((lane, ["dark-compute-a", "dark-compute-b"]))
     name = root.cname(lane, "dark-compute-a", "dark-compute-b")
@@ -479,10 +479,16 @@ def test_7_apply_killed_mid_enter_then_run_again_converges_without_duplicates(ro
     survivor = root.running()[name]
     assert survivor["Labels"]["io.reconciler.host"] == root.host
 
-    res = apply_ok(root)  # the kernel dropped the dead process's lock; no second container is started
-    assert [a for a in outcomes(res) if a[0] == "enter"] == []
-    wait_until(lambda: http_status(f"http://127.0.0.1:{root.port_of(lane)}/health") == 200, timeout=15, what="health")
-    assert [c["Id"] for c in root.containers()] == [survivor["Id"]], "exactly one container, the first one"
+    # It never passed its health check, so it does not count as satisfied: the next pass replaces it (the kernel
+    # dropped the dead process's lock) and ends with exactly one container, a healthy one.
+    plan = root.cli("plan", "--json")
+    assert [(a["kind"], a["container_id"]) for a in plan.data["actions"]] == [("leave", survivor["Id"]), ("enter", None)]
+    assert "never passed its health check" in plan.data["actions"][0]["reason"]
+    res = apply_ok(root)
+    assert outcomes(res) == [("leave", lane, "ok"), ("enter", lane, "ok")], str(res)
+    assert http_status(f"http://127.0.0.1:{root.port_of(lane)}/health") == 200
+    (only,) = root.containers()
+    assert only["Id"] != survivor["Id"] and only["State"] == "running", "exactly one container, a new one"
     shm = root.shm_status()
     assert [f["state"] for f in shm["files"]] == ["owned"], shm["files"]
     assert len({o["pid"] for o in shm["files"][0]["owners"] if o["via"] == "map"}) == 2
@@ -503,7 +509,7 @@ def test_7b_killed_between_create_and_start_the_labelled_leftover_is_replaced(ro
     lane = root.recipe("deepseek-256k-offload", offload_mib=16)
     root.manifest((lane, ["dark-compute-a", "dark-compute-b"]))
     slots = ("dark-compute-a", "dark-compute-b")
-    leftover = DockerOps(root.api).create(create_spec(load_desired(root.path), lane, slots))
+    leftover = DockerOps(root.api).create(create_spec(load_desired(root.path), lane, slots, install_id=root.install_id()))
     assert [(c["Id"], c["State"]) for c in root.containers()] == [(leftover, "created")]
 
     plan = root.cli("plan", "--json")

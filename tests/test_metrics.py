@@ -712,6 +712,11 @@ def test_systemd_unit_runs_the_loop_and_keeps_what_it_needs(tmp_path: Path, monk
     assert conf["ProtectSystem"] == "strict" and conf["NoNewPrivileges"] == "yes"
     # Under ProtectSystem=strict only listed paths are writable: the host lock must be one of them.
     assert str(lock_dir()) in conf["ReadWritePaths"].split()
+    # ...and the state directory, where the install id lives (StateDirectory= makes /var/lib/NAME writable).
+    monkeypatch.delenv("RECONCILER_STATE_DIR", raising=False)
+    from reconciler.state import state_dir
+
+    assert str(state_dir()) == f"/var/lib/{conf['StateDirectory']}"
     # /dev/shm, the NVIDIA device nodes and every process in /proc must stay visible.
     assert "PrivateDevices" not in conf and "ProtectProc" not in conf and "ProcSubset" not in conf
     assert "AF_UNIX" in conf["RestrictAddressFamilies"]  # the Docker socket

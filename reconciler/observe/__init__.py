@@ -21,9 +21,17 @@ def observe(host: HostConfig, *, docker: DockerObserver | None = None, proc_root
     from reconciler.observe.gpu import observe_gpus
     from reconciler.observe.shm import inspect_shm
     from reconciler.observed import Observed
+    from reconciler.state import read_ownership
 
     docker = docker or DockerObserver(host.docker.url)
     containers, docker_source = docker.observe()
     gpus = observe_gpus(host)
     shm = inspect_shm(host.shm, containers=containers, docker=docker_source, proc_root=proc_root)
-    return Observed(host=host.name, containers=containers, gpus=gpus, shm=shm, docker=docker_source)
+    return Observed(
+        host=host.name,
+        containers=containers,
+        gpus=gpus,
+        shm=shm,
+        docker=docker_source,
+        ownership=read_ownership(host.name),
+    )

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from reconciler.observed import LABEL_OFFLOAD, ContainerView, Source
+from reconciler.observed import LABEL_OFFLOAD, LABEL_PREFIX, ContainerView, Source
 
 # vLLM's native KV offload switches; any of them in a running container's config forbids reclaiming.
 OFFLOAD_FLAGS = ("--kv-offloading-size", "--kv-offloading-backend")
@@ -96,7 +96,13 @@ def parse_container(summary: Mapping[str, Any], inspect: Mapping[str, Any]) -> C
         exit_code=_status_exit_code(summary.get("Status") or ""),
         gpu_devices=gpu_devices_of(inspect),
         offload=offload_configured(inspect),
+        inherited=inherited_labels((inspect.get("Config") or {}).get("Labels") or {}, inspect.get("ImageLabels") or {}),
     )
+
+
+def inherited_labels(labels: Mapping[str, str], image_labels: Mapping[str, str]) -> frozenset[str]:
+    """Pure: this tool's label keys whose value the container has from its image (the same key and value)."""
+    return frozenset(k for k, v in labels.items() if k.startswith(LABEL_PREFIX) and image_labels.get(k) == v)
 
 
 class DockerObserver:
@@ -107,6 +113,7 @@ class DockerObserver:
         self.timeout = timeout
         self._api: Any = None
         self._cache: dict[str, dict[str, Any]] = {}
+        self._images: dict[str, dict[str, str]] = {}  # image id -> its labels (an image id's labels never change)
         self._lock = threading.Lock()
 
     @property
@@ -130,9 +137,27 @@ class DockerObserver:
             "Config": {k: (full.get("Config") or {}).get(k) for k in ("Env", "Cmd", "Entrypoint", "Labels", "Image")},
             "HostConfig": {"DeviceRequests": (full.get("HostConfig") or {}).get("DeviceRequests")},
         }
+        labels = (full.get("Config") or {}).get("Labels") or {}
+        if any(k.startswith(LABEL_PREFIX) for k in labels) and full.get("Image"):
+            # A container inherits its image's labels: ours on an image prove nothing about its containers.
+            keep["ImageLabels"] = self._image_labels(full["Image"])
         with self._lock:
             self._cache[cid] = keep
         return keep
+
+    def _image_labels(self, image_id: str) -> dict[str, str]:
+        import docker.errors
+
+        with self._lock:
+            if image_id in self._images:
+                return self._images[image_id]
+        try:
+            labels = dict((self.api.inspect_image(image_id).get("Config") or {}).get("Labels") or {})
+        except docker.errors.NotFound:
+            labels = {}
+        with self._lock:
+            self._images[image_id] = labels
+        return labels
 
     def read(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """(summary, inspect) pairs for every container, running or not."""

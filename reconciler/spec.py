@@ -1,0 +1,95 @@
+"""The container a recipe becomes on its GPU slots, rendered as plain values, and its hash by part.
+
+Pure. ``reconciler.docker_ops.create_spec`` adds the name and labels and hands it to the engine; the planner
+hashes the same rendering to decide whether a running container still matches: anything that would make a
+different container (image, command, env, binds, GPU ids, device requests, host-level settings such as
+``docker.gpu_requests``, or the recipe itself) changes the hash, and the part names say what changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from reconciler.model import HostConfig, Recipe
+
+# The parts of a rendered container, in the order a "what changed" message lists them.
+PARTS = ("image", "command", "env", "volumes", "gpus", "runtime", "recipe")
+
+
+def render(host: HostConfig, recipe: Recipe, slots: tuple[str, ...]) -> dict[str, Any]:
+    """The create_container arguments for ``recipe`` on ``slots`` (no name, no labels)."""
+    spec = recipe.container
+    gpus = [host.gpus[s].preferred_id() for s in slots]
+    env = dict(spec.env)
+    # The visible-devices env is set in every case, so the binding is readable even without a GPU runtime.
+    env["NVIDIA_VISIBLE_DEVICES"] = ",".join(gpus)
+    binds = []
+    for vol in spec.volumes:
+        parts = vol.split(":")
+        binds.append(vol if len(parts) == 3 else f"{vol}:rw")
+    host_config: dict[str, Any] = {
+        "binds": binds,
+        "ipc_mode": spec.ipc,
+        "network_mode": spec.network,
+        "init": spec.init or None,
+        "shm_size": spec.shm_size,
+        "restart_policy": {"Name": "no"},  # restarts are this tool's decision (with backoff), not the engine's
+    }
+    if host.docker.gpu_requests:
+        host_config["device_requests"] = [{"Driver": "nvidia", "DeviceIDs": gpus, "Capabilities": [["gpu"]]}]
+    return {
+        "image": spec.image,
+        "command": list(spec.command) or None,
+        "entrypoint": spec.entrypoint,
+        "environment": env,
+        "user": spec.user,
+        "host_config": {k: v for k, v in host_config.items() if v is not None},
+    }
+
+
+def _digest(value: Any, n: int) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:n]
+
+
+def part_hashes(host: HostConfig, recipe: Recipe, slots: tuple[str, ...]) -> dict[str, str]:
+    """A short hash per part of the rendered container (see ``PARTS``)."""
+    r = render(host, recipe, slots)
+    hc = r["host_config"]
+    env = {k: v for k, v in r["environment"].items() if k != "NVIDIA_VISIBLE_DEVICES"}
+    return {
+        "image": _digest(r["image"], 8),
+        "command": _digest([r["entrypoint"], r["command"]], 8),
+        "env": _digest(env, 8),
+        "volumes": _digest(hc.get("binds"), 8),
+        "gpus": _digest([r["environment"]["NVIDIA_VISIBLE_DEVICES"], hc.get("device_requests")], 8),
+        "runtime": _digest({k: v for k, v in hc.items() if k not in ("binds", "device_requests")} | {"user": r["user"]}, 8),
+        # What the recipe says beyond the container (model, offload, health, stop): editing it recreates too.
+        "recipe": recipe.content_hash()[:8],
+    }
+
+
+def encode_parts(parts: dict[str, str]) -> str:
+    """The label value: ``image=ab12cd34,command=...`` in PARTS order."""
+    return ",".join(f"{k}={parts[k]}" for k in PARTS if k in parts)
+
+
+def decode_parts(label: str) -> dict[str, str]:
+    out = {}
+    for item in label.split(","):
+        k, sep, v = item.partition("=")
+        if sep:
+            out[k] = v
+    return out
+
+
+def spec_hash(parts: dict[str, str]) -> str:
+    """The one hash of a rendered container, from its part hashes (16 hex digits)."""
+    return _digest(encode_parts(parts), 16)
+
+
+def changed_parts(old_label: str, new: dict[str, str]) -> list[str]:
+    """Pure: the names of the parts that differ between a container's parts label and the wanted parts."""
+    old = decode_parts(old_label)
+    return [k for k in PARTS if old.get(k) != new.get(k)]
