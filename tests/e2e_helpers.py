@@ -382,8 +382,8 @@ def make_root(base_dir: Path, *, shm: Path, api: Any, name: str, confirm_interva
     for f in (path / "configs" / "recipes").glob("*.toml"):
         f.unlink()
     (path / "manifests" / "demo.yaml").write_text(yaml.safe_dump({"host": host, "assignments": []}))
-    # Even indexes in a wide range: another root (this run's or a parallel one's) is unlikely to draw the same.
-    base = 1000 + 2 * random.randrange(20000)
+    # Even indexes drawn at random: another root (this run's or a parallel one's) is unlikely to draw the same.
+    base = 64 + 2 * random.randrange(480)  # within the host file's bound on a GPU index (0..1023)
     doc = yaml.safe_load((DEMO / "configs" / "host.yaml").read_text())
     doc["name"] = host
     doc["gpus"] = {"dark-compute-a": {"index": base}, "dark-compute-b": {"index": base + 1}}

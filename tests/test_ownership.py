@@ -137,7 +137,8 @@ def test_moving_a_slot_to_another_gpu_recreates_the_container_and_says_why(root:
     before = root.running()[root.cname(omni, "dark-compute-b")]["Id"]
     host_file = root.path / "configs" / "host.yaml"
     doc = yaml.safe_load(host_file.read_text())
-    doc["gpus"]["dark-compute-b"]["index"] = root.slot_index["dark-compute-b"] + 40000
+    moved = 1 + root.slot_index["dark-compute-a"] % 62  # below 64: no root's slots are drawn there
+    doc["gpus"]["dark-compute-b"]["index"] = moved
     host_file.write_text(yaml.safe_dump(doc, sort_keys=False))
     p = root.cli("plan", "--json")
     assert p.rc == 2, p
@@ -147,7 +148,7 @@ def test_moving_a_slot_to_another_gpu_recreates_the_container_and_says_why(root:
     after = root.running()[root.cname(omni, "dark-compute-b")]
     assert after["Id"] != before
     env = root.api.inspect_container(after["Id"])["Config"]["Env"]
-    assert f"NVIDIA_VISIBLE_DEVICES={root.slot_index['dark-compute-b'] + 40000}" in env
+    assert f"NVIDIA_VISIBLE_DEVICES={moved}" in env
     assert root.cli("plan").rc == 0
 
 
