@@ -121,6 +121,9 @@ def _save_plan(path: str, p: Any, observed: Any, files: dict[str, str]) -> None:
         "fingerprint": Fingerprint(files, observed_parts(observed)).to_json(),
         "plan": p.to_json(),
     }
+    from reconciler.redact import redact_data
+
+    data = redact_data(data)  # reasons quote command lines
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -29,6 +29,7 @@ from reconciler.backoff import Backoff
 from reconciler.errors import ConfigError, ReconcilerError
 from reconciler.loader import load_desired
 from reconciler.lock import HostLock, state_path
+from reconciler.redact import redact_data
 from reconciler.model import DesiredState, assignment_key, container_name
 from reconciler.observe.docker_obs import DockerObserver
 from reconciler.planner import ActionKind, Plan
@@ -365,7 +366,7 @@ class Loop:
         path = state_path(desired.host.name)
         tmp = path.with_suffix(".tmp")
         try:
-            tmp.write_text(json.dumps(data))
+            tmp.write_text(json.dumps(redact_data(data)))  # failed-enter details quote container logs
             tmp.replace(path)
         except OSError as exc:
             self.log("state-write-failed", path=str(path), error=str(exc))
@@ -453,8 +454,8 @@ class Loop:
                     down = dict(loop._down)
                     ok = fresh and not down
                     code = 200 if ok else 503
-                    body = json.dumps({"ok": ok, "passes": loop.passes, "last_pass_age_s": age,
-                                       "unavailable": down, "last_pass": loop.last_pass}).encode()
+                    body = json.dumps(redact_data({"ok": ok, "passes": loop.passes, "last_pass_age_s": age,
+                                                   "unavailable": down, "last_pass": loop.last_pass})).encode()
                     ctype = "application/json"
                 else:
                     body, ctype, code = b"not found: try /metrics or /healthz\n", "text/plain", 404

@@ -25,7 +25,8 @@ def observe(host: HostConfig, *, docker: DockerObserver | None = None, proc_root
 
     docker = docker or DockerObserver(host.docker.url)
     containers, docker_source = docker.observe()
-    gpus = observe_gpus(host)
+    known = {c.id for c in containers} if docker_source.ok else None
+    gpus = observe_gpus(host, known_containers=known)
     shm = inspect_shm(host.shm, containers=containers, docker=docker_source, proc_root=proc_root)
     return Observed(
         host=host.name,

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from reconciler.redact import redact_cmdline
 from reconciler.observe.procfs import (
     HolderScan,
     innermost_known,
@@ -324,7 +325,9 @@ class _Resolver:
         if pid not in self._commands:
             raw = _read_small(f"{self.proc_root}/{pid}/cmdline")
             if raw:
-                self._commands[pid] = raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")[:200]
+                # Masked before it is cut, like read_comm: a command line carries API keys (`--api-key ...`).
+                text = raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
+                self._commands[pid] = redact_cmdline(text)[:200]
             else:
                 self._commands[pid] = read_comm(pid, self.proc_root)  # a kernel thread or a zombie: [comm]
         return self._commands[pid]
