@@ -23,7 +23,15 @@ class ConfigProblem:
 
     def __str__(self) -> str:
         where = f"{self.path}:{self.line}" if self.line else self.path
-        return f"{where}: {self.message}"
+        return one_line(f"{where}: {self.message}")
+
+
+def one_line(text: str) -> str:
+    """``text`` with every character that is not printable (newlines, carriage returns, NUL, escapes, Unicode line
+    separators) written as its escape, so one problem is always one line of output, whatever a file held."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 class ConfigError(ReconcilerError, ValueError):

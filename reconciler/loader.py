@@ -153,10 +153,17 @@ def _unwrap(annotation: Any) -> Any:
     return annotation
 
 
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+", re.ASCII)
+
+
 def _field_name(loc: Sequence[Any]) -> str:
     out = ""
     for p in loc:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+        if isinstance(p, int):
+            out += f"[{p}]"
+            continue
+        part = str(p) if _PLAIN_KEY.fullmatch(str(p)) else repr(str(p))  # a key as odd as '\n' or '' stays visible
+        out += f".{part}" if out else part
     return out or "(top level)"
 
 
