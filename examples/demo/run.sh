@@ -42,6 +42,15 @@ else
   echo "mounted a 256 MiB tmpfs on $SHM"
 fi
 
+# Containers of the demo host from an earlier version of this tool carry no install id: adopt them, explicitly.
+legacy=$(docker ps -a --filter label=io.reconciler.host=demo --format '{{.Names}} {{.Label "io.reconciler.install"}}' \
+  | awk 'NF == 1 { print $1 }')
+if [ -n "$legacy" ]; then
+  step "0b. containers of an earlier demo run, made before install ids: adopted, explicitly"
+  # shellcheck disable=SC2086
+  r adopt $legacy
+fi
+
 step "1. validate the host, recipes and manifest"
 r validate
 
