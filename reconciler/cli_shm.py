@@ -156,11 +156,17 @@ def _command(cmd: str, width: int = 60) -> str:
 
 
 def _owners(f: ShmFile) -> str:
-    parts = []
+    """Owners grouped by container, each pid once with how it holds the file: "7566 map+fd, 7567 map (NAME)"."""
+    groups: dict[str | None, dict[int, list[str]]] = {}
     for o in f.owners:
-        where = f" ({o.container})" if o.container else ""
-        parts.append(f"{o.pid} {o.via}{where}")
-    return ", ".join(parts) or "-"
+        vias = groups.setdefault(o.container, {}).setdefault(o.pid, [])
+        if o.via not in vias:
+            vias.append(o.via)
+    parts = []
+    for container, pids in groups.items():
+        held = ", ".join(f"{pid} {'+'.join(vias)}" for pid, vias in pids.items())
+        parts.append(f"{held} ({container})" if container else held)
+    return "; ".join(parts) or "-"
 
 
 _STATE_STYLE = {"owned": "green", "orphan": "yellow", "blocked": "red"}

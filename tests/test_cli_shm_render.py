@@ -83,3 +83,14 @@ def test_reclaim_texts() -> None:
     assert done.ok and done.to_json()["reclaimed_bytes"] == 8 * GIB
     refused = ReclaimResult(confirmed=True, dir="/dev/shm", pattern="p", refused="docker unavailable: x")
     assert render_reclaim(refused).startswith("refused: docker unavailable: x") and not refused.ok
+
+
+def test_owners_are_grouped_by_container_each_pid_once() -> None:
+    from reconciler.cli_shm import _owners
+
+    owners = (
+        Owner(7566, "map", "lane"), Owner(7567, "map", "lane"), Owner(7566, "fd", "lane"), Owner(7567, "fd", "lane"),
+        Owner(42, "fd"),
+    )
+    f = ShmFile("/dev/shm/vllm_offload_a.mmap", 41, 7, GIB, GIB, owners, "owned", "mapped")
+    assert _owners(f) == "7566 map+fd, 7567 map+fd (lane); 42 fd"
