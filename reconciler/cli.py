@@ -8,7 +8,6 @@ command name). Exit codes are part of the contract (DESIGN.md): plan 0 nothing t
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
@@ -16,17 +15,9 @@ from reconciler import __version__
 from reconciler.errors import ConfigError, ReconcilerError
 from reconciler.loader import default_root
 
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_CHANGES = 2
-EXIT_BLOCKED = 3
+from reconciler.cli_common import EXIT_BLOCKED, EXIT_CHANGES, EXIT_ERROR, EXIT_OK, emit_json, service
 
-
-def emit_json(data: Any) -> None:
-    from reconciler.redact import redact_json
-
-    # A last pass over every string on its way out: a command line missed at its source is masked here.
-    sys.stdout.write(redact_json(data, indent=2, sort_keys=False, default=str) + "\n")
+__all__ = ["EXIT_BLOCKED", "EXIT_CHANGES", "EXIT_ERROR", "EXIT_OK", "emit_json", "main"]
 
 
 def report_config_error(exc: ConfigError, args: argparse.Namespace) -> int:
@@ -64,93 +55,76 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _observe_and_plan(root: str):  # type: ignore[no-untyped-def]
-    from reconciler.loader import load_desired
-    from reconciler.observe import observe
-    from reconciler.planner import plan
-
-    desired = load_desired(root)
-    observed = observe(desired.host)
-    return desired, observed, plan(desired, observed)
-
-
-def plan_exit_code(p: Any) -> int:
-    if p.unavailable:
-        return EXIT_ERROR
-    if p.blocked:
-        return EXIT_BLOCKED
-    if p.actions:
-        return EXIT_CHANGES
-    return EXIT_OK
-
-
 def cmd_plan(args: argparse.Namespace) -> int:
     from reconciler.render import Style, render_plan
 
+    res = service(args).plan(out=args.out)
     if args.out:
-        from reconciler.fingerprint import file_digests
-
-        files_before = file_digests(args.root)  # before loading: an edit in between makes the saved plan stale
-    desired, observed, p = _observe_and_plan(args.root)
-    if args.out:
-        _save_plan(args.out, p, observed, files_before)
+        print(f"plan saved to {args.out}; apply exactly it with `reconciler apply {args.out}`", file=sys.stderr)
     if args.json:
-        data = p.to_json()
-        data["sources"] = {n: v.render() for n, v in observed.sources.items()}
-        emit_json(data)
+        emit_json(res.to_json())
     else:
-        print(render_plan(p, observed, Style()))
-    code = plan_exit_code(p)
-    if code == EXIT_ERROR:
-        for s in observed.unavailable():
+        print(render_plan(res.plan, res.observed, Style()))
+    if res.exit_code == EXIT_ERROR:
+        for s in res.observed.unavailable():
             print(f"error: {s.name} source unavailable: {s.detail}", file=sys.stderr)
-    return code
-
-
-def _save_plan(path: str, p: Any, observed: Any, files: dict[str, str]) -> None:
-    """Write a plan with the fingerprint of what it was made from, for `reconciler apply FILE` (mode 0600)."""
-    import os
-    import time
-
-    from reconciler.fingerprint import PLAN_FORMAT, Fingerprint, observed_parts
-
-    data = {
-        "format": PLAN_FORMAT,
-        "host": p.host,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "fingerprint": Fingerprint(files, observed_parts(observed)).to_json(),
-        "plan": p.to_json(),
-    }
-    from reconciler.redact import redact_data
-
-    data = redact_data(data)  # reasons quote command lines
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise ReconcilerError(f"cannot write the plan to {path}: {exc.strerror or exc}") from None
-    print(f"plan saved to {path}; apply exactly it with `reconciler apply {path}`", file=sys.stderr)
+    return res.exit_code
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from reconciler.render import Style, render_status, status_data
+    from reconciler.render import Style, render_status
 
-    desired, observed, p = _observe_and_plan(args.root)
-    data = status_data(desired, observed, p)
+    res = service(args).status()
     if args.json:
-        emit_json(data)
+        emit_json(res.to_json())
     else:
-        print(render_status(data, Style()))
-    # Like `shm status`: a source the answer needs was down, so part of it is unknown.
-    if observed.unavailable():
-        for s in observed.unavailable():
-            print(f"error: {s.name} source unavailable: {s.detail}", file=sys.stderr)
-        return EXIT_ERROR
-    return EXIT_OK
+        print(render_status(res.data, Style()))
+    for s in res.observed.unavailable():
+        print(f"error: {s.name} source unavailable: {s.detail}", file=sys.stderr)
+    return res.exit_code
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    res = service(args).audit(since=_since(args.since))
+    if args.json:
+        emit_json(res.to_json())
+        return res.exit_code
+    import time
+
+    for r in res.records:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(r.get("time", 0))))
+        who = r.get("front", "?") + (f" ({r['who']})" if r.get("who") else "")
+        freed = r.get("bytes_freed")
+        from reconciler.units import human_bytes
+
+        extra = f", freed {human_bytes(freed)}" if freed else ""
+        secs = f" in {r['seconds']:.1f}s" if isinstance(r.get("seconds"), (int, float)) else ""
+        print(f"{when}  {who:<10} {r.get('action', '?'):<14} {r.get('outcome', '?')}{secs}{extra}: {r.get('reason', '')}")
+    if not res.records:
+        print("no audit records" + (f" since {args.since}" if args.since else ""), file=sys.stderr)
+    return res.exit_code
+
+
+def _since(text: str | None) -> float | None:
+    """``--since``: seconds since the epoch, an ISO date/time, or an age like 90s, 15m, 2h, 7d."""
+    import time
+    from datetime import datetime
+
+    if not text:
+        return None
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if text[-1:] in units and text[:-1].replace(".", "", 1).isdigit():
+        return time.time() - float(text[:-1]) * units[text[-1]]
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise ReconcilerError(
+            f"--since {text!r}: give an age (90s, 15m, 2h, 7d), an ISO time (2026-11-30T18:00) or epoch seconds"
+        ) from None
 
 
 # ---------------------------------------------------------------- parser
@@ -182,8 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plan)
     p = sub.add_parser("status", parents=[common], help="what is on each GPU slot, containers, shm, converged or not")
     p.set_defaults(func=cmd_status)
+    p = sub.add_parser("audit", parents=[common], help="the audit trail: every action by every front-end and the loop")
+    p.add_argument("--since", metavar="WHEN", help="only records since: an age (15m, 2h, 7d), an ISO time or epoch seconds")
+    p.set_defaults(func=cmd_audit)
 
-    # Late imports: these modules import this one for its exit codes and JSON writer.
+    # Late imports: the parser pays for these modules only when it is built.
     from reconciler.cli_apply import add_commands as add_apply
     from reconciler.cli_shm import add_commands as add_shm
 

@@ -13,8 +13,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from reconciler.cli_common import service
 from reconciler.observed import ShmFile, ShmView
 from reconciler.redact import redact_cmdline, redact_json
+from reconciler.shapes import file_json, status_json  # noqa: F401 - re-exported for existing callers
 from reconciler.units import human_bytes
 
 EXIT_OK = 0
@@ -57,83 +59,37 @@ def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def cmd_shm_status(args: argparse.Namespace) -> int:
-    from reconciler.loader import load_host
-    from reconciler.observe.docker_obs import DockerObserver
-    from reconciler.observe.shm import inspect_shm
-
-    host = load_host(args.root)
-    containers, docker = DockerObserver(host.docker.url).observe()
-    view = inspect_shm(host.shm, containers=containers, docker=docker)
+    res = service(args).shm_status()
+    view = res.view
     if getattr(args, "json", False):
-        _emit_json(status_json(view))
+        _emit_json(res.to_json())
     else:
         sys.stdout.write(redact_cmdline(render_status(view, tty=sys.stdout.isatty())))
     for s in (view.proc, view.docker):
         if not s.ok:
             print(redact_cmdline(f"error: {s.name} source unavailable: {s.detail}"), file=sys.stderr)
-    return EXIT_OK if view.sources_ok else EXIT_FAILED
+    return res.exit_code
 
 
 def cmd_shm_reclaim(args: argparse.Namespace) -> int:
-    from reconciler.loader import load_host
-    from reconciler.observe.docker_obs import DockerObserver
-    from reconciler.shm_guard import reclaim
-
-    host = load_host(args.root)
-    observer = DockerObserver(host.docker.url)
+    svc = service(args)
     if args.confirm and not getattr(args, "json", False) and sys.stderr.isatty():
+        host = svc.host()
         print(f"inspecting twice, {host.shm.confirm_interval_s:g} s apart ...", file=sys.stderr)
-    result = reclaim(host.shm, observe_docker=observer.observe, confirm=args.confirm, only_paths=args.paths)
+    res = svc.shm_reclaim(confirm=args.confirm, paths=args.paths)
+    result = res.result
     if getattr(args, "json", False):
-        _emit_json(result.to_json())
+        _emit_json(res.to_json())
     else:
         sys.stdout.write(redact_cmdline(render_reclaim(result, tty=sys.stdout.isatty())))
     if result.refused:
         print(redact_cmdline(f"error: reclaim refused: {result.refused}"), file=sys.stderr)
     for e in result.errors:
         print(redact_cmdline(f"error: {e}"), file=sys.stderr)
-    return EXIT_OK if result.ok else EXIT_FAILED
+    return res.exit_code
 
 
 # ---------------------------------------------------------------- JSON
-
-
-def file_json(f: ShmFile) -> dict[str, Any]:
-    return {
-        "path": f.path,
-        "dev": f.dev,
-        "inode": f.inode,
-        "size_bytes": f.size_bytes,
-        "allocated_bytes": f.allocated_bytes,
-        "owners": [
-            {"pid": o.pid, "container": o.container, "via": o.via, "command": redact_cmdline(o.command)} for o in f.owners
-        ],
-        "state": f.state,
-        "reason": f.reason,
-    }
-
-
-def status_json(view: ShmView) -> dict[str, Any]:
-    """DESIGN.md's ``shm status --json`` shape, plus unlinked-but-held files, uninspectable pids, skipped entries."""
-    return {
-        "dir": view.dir,
-        "pattern": view.pattern,
-        "tmpfs": {
-            "size_bytes": view.tmpfs.size_bytes,
-            "used_bytes": view.tmpfs.used_bytes,
-            "free_bytes": view.tmpfs.free_bytes,
-        },
-        "sources": {"proc": redact_cmdline(view.proc.render()), "docker": redact_cmdline(view.docker.render())},
-        "blocking_containers": list(view.blocking_containers),
-        "files": [file_json(f) for f in view.files],
-        "deleted_mapped_bytes": view.deleted_mapped_bytes,
-        "deleted_mapped": [file_json(f) for f in view.deleted_mapped],
-        "uninspectable": [
-            {"pid": u.pid, "command": redact_cmdline(u.command), "reason": u.reason, "excused": u.excused}
-            for u in view.uninspectable
-        ],
-        "skipped": [{"path": p, "reason": why} for p, why in view.skipped],
-    }
 
 
 def _emit_json(data: Any, out: TextIO | None = None) -> None:

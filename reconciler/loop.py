@@ -310,6 +310,18 @@ class Loop:
             self.metrics.record_refusal(o.refusal)
         if o.reclaimed_bytes:
             self.metrics.record_reclaim(o.reclaimed_bytes)
+        if self.desired is not None:
+            # The loop's own actions go to the audit trail too, beside those of the front-ends.
+            from reconciler.audit import audit_log
+
+            try:
+                audit_log(self.desired.host.name).append(
+                    {"front": "loop", "who": "", "action": a.kind.value, "target": a.key, "outcome": o.result,
+                     "reason": a.reason, "detail": o.detail, "bytes_freed": o.reclaimed_bytes,
+                     "seconds": round(o.seconds, 3)}
+                )
+            except ReconcilerError as exc:
+                self.log("audit-error", error=str(exc))
         if a.kind is ActionKind.ENTER and a.recipe and o.result in ("failed", "refused"):
             e = self.backoff.failed(a.key, recipe=a.recipe, recipe_hash=a.recipe_hash or "", error=o.detail)
             self.metrics.set_backoff(a.recipe, e.until, failures=e.failures)

@@ -426,7 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         containers, docker = (), Source("docker", False, "not consulted (no --docker-url)")
     view = inspect_shm(cfg, containers=containers, docker=docker, workers=args.workers)
-    from reconciler.cli_shm import status_json
+    from reconciler.shapes import status_json
 
     # json.dumps without indent runs the C encoder in one go; json.dump would write piece by piece.
     sys.stdout.write(json.dumps(status_json(view)) + "\n")

@@ -1,0 +1,505 @@
+"""The service layer: what every front-end can do to a host, as typed calls returning typed results.
+
+The command line (``reconciler.cli*``), the HTTP API (``reconciler.api``) and the MCP server
+(``reconciler.mcp_server``) are thin front-ends over this module and never over each other: none of them observes,
+plans or acts on its own. Each result's ``to_json()`` is exactly what ``--json`` prints, and its ``exit_code`` is
+the command line's. Destructive calls (a confirmed reclaim, an apply) are serialised with the loop (its pass lock
+when the loop serves the call in-process, else the host lock file, refused while a loop holds it) and leave a
+record in the audit trail (``reconciler.audit``) naming the caller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from reconciler.errors import ReconcilerError
+from reconciler.fingerprint import PLAN_FORMAT, Fingerprint, file_digests, observed_parts
+
+if TYPE_CHECKING:
+    from reconciler.apply import Applier, PassResult, Progress
+    from reconciler.model import DesiredState, HostConfig
+    from reconciler.observed import Observed, ShmView
+    from reconciler.planner import Plan
+    from reconciler.shm_guard import ReclaimResult
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_CHANGES = 2
+EXIT_BLOCKED = 3
+
+_PLAN_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who asks: the front-end (``cli``, ``api``, ``mcp``, ``loop``) and, over the API, the token's name."""
+
+    front: str
+    who: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        return {"front": self.front, "who": self.who}
+
+
+def plan_exit_code(p: Plan) -> int:
+    if p.unavailable:
+        return EXIT_ERROR
+    if p.blocked:
+        return EXIT_BLOCKED
+    if p.actions:
+        return EXIT_CHANGES
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclass
+class PlanResult:
+    desired: DesiredState
+    observed: Observed
+    plan: Plan
+    plan_id: str | None = None
+    fingerprint: Fingerprint | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data = self.plan.to_json()
+        data["sources"] = {n: v.render() for n, v in self.observed.sources.items()}
+        if self.plan_id:
+            data["plan_id"] = self.plan_id
+        return data
+
+    @property
+    def exit_code(self) -> int:
+        return plan_exit_code(self.plan)
+
+
+@dataclass
+class StatusResult:
+    data: dict[str, Any]
+    observed: Observed
+
+    def to_json(self) -> dict[str, Any]:
+        return self.data
+
+    @property
+    def exit_code(self) -> int:
+        # Like `shm status`: a source the answer needs was down, so part of it is unknown.
+        return EXIT_ERROR if self.observed.unavailable() else EXIT_OK
+
+
+@dataclass
+class ShmStatusResult:
+    view: ShmView
+
+    def to_json(self) -> dict[str, Any]:
+        from reconciler.shapes import status_json
+
+        return status_json(self.view)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK if self.view.sources_ok else EXIT_ERROR
+
+
+@dataclass
+class ReclaimOutcome:
+    result: ReclaimResult
+
+    def to_json(self) -> dict[str, Any]:
+        return self.result.to_json()
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK if self.result.ok else EXIT_ERROR
+
+
+@dataclass
+class ApplyResult:
+    """A pass that ran (``passed``), or a plan refused as stale (``changes``) with the plan as it is now."""
+
+    host: str
+    passed: PassResult | None = None
+    changes: list[str] = field(default_factory=list)
+    message: str = ""
+    now: Plan | None = None
+    observed: Observed | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        if self.passed is not None:
+            return self.passed.to_json()
+        return {
+            "host": self.host,
+            "result": "stale",
+            "message": self.message,
+            "changes": self.changes,
+            "plan": self.now.to_json() if self.now else None,
+        }
+
+    @property
+    def exit_code(self) -> int:
+        return self.passed.exit_code if self.passed is not None else EXIT_ERROR
+
+
+@dataclass
+class AuditResult:
+    host: str
+    records: list[dict[str, Any]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "records": self.records}
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK
+
+
+# ---------------------------------------------------------------- saved plans
+
+
+def plan_document(p: Plan, fingerprint: Fingerprint, *, plan_id: str | None = None) -> dict[str, Any]:
+    """A saved plan: the plan and the fingerprint of what it was made from (redacted: reasons quote commands)."""
+    from reconciler.redact import redact_data
+
+    doc = {
+        "format": PLAN_FORMAT,
+        "host": p.host,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "fingerprint": fingerprint.to_json(),
+        "plan": p.to_json(),
+    }
+    if plan_id:
+        doc["plan_id"] = plan_id
+    return redact_data(doc)
+
+
+def write_private(path: str, data: dict[str, Any]) -> None:
+    """Write JSON atomically with mode 0600."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ReconcilerError(f"cannot write the plan to {path}: {exc.strerror or exc}") from None
+
+
+def read_plan_document(path: str) -> tuple[dict[str, Any], Fingerprint]:
+    """A saved plan and its fingerprint; ReconcilerError when the file is not one."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        raise ReconcilerError(f"{path}: no such plan file (write one with `reconciler plan --out {path}`)") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ReconcilerError(f"{path}: not a saved plan ({exc}); write one with `reconciler plan --out FILE`") from None
+    if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
+        raise ReconcilerError(f"{path}: not a saved plan of this tool (format {PLAN_FORMAT!r} expected)")
+    try:
+        return data, Fingerprint.from_json(data.get("fingerprint") or {})
+    except ValueError as exc:
+        raise ReconcilerError(f"{path}: {exc}") from None
+
+
+# ---------------------------------------------------------------- an apply in progress
+
+
+class ApplySession:
+    """One apply under the host's lock: the plan to show, a way to see whether anything changed since it was
+    shown, and ``run()`` to carry out exactly that plan. Made by ``HostService.apply_session``."""
+
+    def __init__(self, service: HostService, applier: Applier, files: dict[str, str]):
+        self.service = service
+        self.applier = applier
+        self.observed, self.plan = applier.plan_now()
+        self.shown = Fingerprint(files, observed_parts(self.observed))
+        self.started = time.monotonic()
+
+    def changes_since(self, before: Fingerprint) -> list[str]:
+        return self.shown.changes_since(before)
+
+    def refresh(self) -> list[str]:
+        """Observe and plan again; what changed since the plan was shown (then the new plan is the one to show)."""
+        self.observed, self.plan = self.applier.plan_now()
+        now = Fingerprint(file_digests(self.service.root), observed_parts(self.observed))
+        changes = now.changes_since(self.shown)
+        self.shown = now
+        return changes
+
+    def run(self, *, source: str = "") -> PassResult:
+        result = self.applier.converge(start=(self.observed, self.plan), approved=self.plan)
+        self.service.record(
+            "apply",
+            outcome=result.result,
+            reason=result.message or _summary(self.plan),
+            seconds=time.monotonic() - self.started,
+            bytes_freed=sum(o.reclaimed_bytes for o in result.outcomes),
+            plan=source,
+            actions=[
+                {
+                    "kind": o.action.kind.value,
+                    "recipe": o.action.recipe,
+                    "gpus": list(o.action.gpus),
+                    "result": o.result,
+                    "seconds": round(o.seconds, 3),
+                    "detail": o.detail,
+                }
+                for o in result.outcomes
+            ],
+        )
+        return result
+
+
+def _summary(p: Plan) -> str:
+    return "; ".join(f"{a.kind.value} {a.key}" for a in p.actions) or "nothing to do"
+
+
+# ---------------------------------------------------------------- the service
+
+
+class HostService:
+    """The calls every front-end makes, for the host described under ``root``.
+
+    ``pass_lock``: the running loop's lock around each pass, when the loop itself serves this call (the HTTP API and
+    MCP on its listener); destructive calls then wait for the pass to end. Without it (the command line, MCP over
+    stdio) they take the host lock file, and are refused while another process, such as a loop, holds it.
+    """
+
+    def __init__(self, root: str, *, caller: Caller, pass_lock: threading.Lock | None = None):
+        self.root = root
+        self.caller = caller
+        self.pass_lock = pass_lock
+
+    # ------------------------------------------------------------ helpers
+
+    def desired(self) -> DesiredState:
+        from reconciler.loader import load_desired
+
+        return load_desired(self.root)
+
+    def host(self) -> HostConfig:
+        from reconciler.loader import load_host
+
+        return load_host(self.root)
+
+    @contextlib.contextmanager
+    def exclusive(self, host: str, command: str) -> Iterator[None]:
+        """Serialised with the loop: its pass lock in-process, or the host lock file."""
+        if self.pass_lock is not None:
+            with self.pass_lock:
+                yield
+            return
+        from reconciler.lock import HostLock
+
+        with HostLock(host, command=command):
+            yield
+
+    def record(self, action: str, **fields: Any) -> None:
+        """One audit record of an action by this caller (for the host under ``root``)."""
+        from reconciler.audit import audit_log
+
+        host = self._host_name or self.host().name
+        audit_log(host).append({**self.caller.to_json(), "action": action, **fields})
+
+    _host_name: str | None = None
+
+    # ------------------------------------------------------------ read-only
+
+    def plan(self, *, save: bool = False, out: str | None = None) -> PlanResult:
+        """A dry run. ``save`` keeps it under the state dir and gives it a ``plan_id`` (for ``apply_saved``);
+        ``out`` writes it to a file (``reconciler plan --out``). Either way with the fingerprint of its inputs."""
+        from reconciler.observe import observe
+        from reconciler.planner import plan
+
+        files = file_digests(self.root)  # before loading: an edit in between makes the saved plan stale
+        desired = self.desired()
+        self._host_name = desired.host.name
+        observed = observe(desired.host)
+        p = plan(desired, observed)
+        result = PlanResult(desired, observed, p, fingerprint=Fingerprint(files, observed_parts(observed)))
+        if save:
+            from reconciler.state import host_dir
+
+            plan_id = uuid.uuid4().hex
+            d = host_dir(desired.host.name) / "plans"
+            try:
+                d.mkdir(parents=True, exist_ok=True, mode=0o700)
+            except OSError as exc:
+                raise ReconcilerError(f"cannot keep the plan under {d}: {exc.strerror or exc}") from None
+            _prune_plans(d)
+            write_private(str(d / f"{plan_id}.json"), plan_document(p, result.fingerprint, plan_id=plan_id))
+            result.plan_id = plan_id
+        if out:
+            write_private(out, plan_document(p, result.fingerprint))
+        return result
+
+    def status(self) -> StatusResult:
+        from reconciler.observe import observe
+        from reconciler.planner import plan
+        from reconciler.render import status_data
+
+        desired = self.desired()
+        observed = observe(desired.host)
+        return StatusResult(status_data(desired, observed, plan(desired, observed)), observed)
+
+    def shm_status(self) -> ShmStatusResult:
+        from reconciler.observe.docker_obs import DockerObserver
+        from reconciler.observe.shm import inspect_shm
+
+        host = self.host()
+        containers, docker = DockerObserver(host.docker.url).observe()
+        return ShmStatusResult(inspect_shm(host.shm, containers=containers, docker=docker))
+
+    def audit(self, *, since: float | None = None) -> AuditResult:
+        from reconciler.audit import audit_log
+
+        host = self.host().name
+        return AuditResult(host, audit_log(host).read(since=since))
+
+    # ------------------------------------------------------------ destructive
+
+    def shm_reclaim(self, *, confirm: bool, paths: list[str] | None = None) -> ReclaimOutcome:
+        """The guarded cleanup: a dry run unless ``confirm``; with ``paths``, nothing outside them is removed."""
+        from reconciler.observe.docker_obs import DockerObserver
+        from reconciler.shm_guard import reclaim
+
+        host = self.host()
+        self._host_name = host.name
+        observer = DockerObserver(host.docker.url)
+        if not confirm:
+            return ReclaimOutcome(reclaim(host.shm, observe_docker=observer.observe, confirm=False, only_paths=paths))
+        t0 = time.monotonic()
+        with self.exclusive(host.name, "shm reclaim"):
+            result = reclaim(host.shm, observe_docker=observer.observe, confirm=True, only_paths=paths)
+        self.record(
+            "shm-reclaim",
+            outcome="refused" if result.refused else ("ok" if result.ok else "failed"),
+            reason=result.refused or f"{len(result.reclaimed)} orphan offload file(s)",
+            bytes_freed=int(result.reclaimed_bytes),
+            paths=[r.path for r in result.reclaimed],
+            seconds=round(time.monotonic() - t0, 3),
+        )
+        return ReclaimOutcome(result)
+
+    @contextlib.contextmanager
+    def apply_session(
+        self, *, progress: Progress | None = None, cancel: threading.Event | None = None
+    ) -> Iterator[ApplySession]:
+        """Hold the host for one apply: observe and plan under the lock, then let the caller show, approve, run."""
+        from reconciler.apply import Applier
+
+        files = file_digests(self.root)  # before loading: an edit in between makes the plan look stale, not fresh
+        desired = self.desired()
+        self._host_name = desired.host.name
+        with self.exclusive(desired.host.name, "apply"):
+            applier = Applier(desired, progress=progress, cancel=cancel)
+            yield ApplySession(self, applier, files)
+
+    def adopt(self, names: list[str]) -> AdoptResult:
+        """Record containers that carry this host's labels but no install id as this install's (logged)."""
+        return _adopt(self, names)
+
+    def saved_plan(self, source: str) -> tuple[str, dict[str, Any], Fingerprint]:
+        """A saved plan by its ``plan_id`` (from ``plan(save=True)``) or by file path."""
+        if _PLAN_ID.match(source):
+            from reconciler.state import host_dir
+
+            path = str(host_dir(self.host().name) / "plans" / f"{source}.json")
+            if not os.path.exists(path):
+                raise ReconcilerError(f"no saved plan {source} on this host (plans are kept for a day; make a new one)")
+        else:
+            path = source
+        doc, fp = read_plan_document(path)
+        return path, doc, fp
+
+    def apply_saved(
+        self, source: str, *, progress: Progress | None = None, cancel: threading.Event | None = None
+    ) -> ApplyResult:
+        """Apply exactly a saved plan, refused (``stale``, with what changed) when anything changed since."""
+        path, doc, fp = self.saved_plan(source)
+        host = self.host().name
+        if doc.get("host") != host:
+            raise ReconcilerError(f"{path}: a plan for host {doc.get('host')!r}, but {self.root} is host {host!r}")
+        with self.apply_session(progress=progress, cancel=cancel) as s:
+            changes = s.changes_since(fp)
+            if changes:
+                message = f"the saved plan {source} is stale"
+                self.record("apply", outcome="stale", reason=message, plan=source, changes=changes[:40])
+                return ApplyResult(host, changes=changes, message=message, now=s.plan, observed=s.observed)
+            return ApplyResult(host, passed=s.run(source=source))
+
+
+@dataclass
+class AdoptResult:
+    host: str
+    adopted: list[dict[str, Any]]
+    notes: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "adopted": self.adopted, "notes": self.notes}
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK
+
+
+def _adopt(service: HostService, names: list[str]) -> AdoptResult:
+    from reconciler import state
+    from reconciler.observe.docker_obs import DockerObserver
+    from reconciler.planner import owner_kind
+
+    desired = service.desired()
+    host = desired.host.name
+    service._host_name = host
+    with service.exclusive(host, "adopt"):
+        containers, source = DockerObserver(desired.host.docker.url).observe()
+        if not source.ok:
+            raise ReconcilerError(f"docker source unavailable: {source.detail}; nothing adopted")
+        own = state.read_ownership(host)
+        picked, notes = [], []
+        for want in names:
+            found = [c for c in containers if want in (c.name, c.id) or (len(want) >= 12 and c.id.startswith(want))]
+            if len(found) != 1:
+                raise ReconcilerError(
+                    f"{want}: {'no' if not found else 'more than one'} container of that name or id; nothing adopted"
+                )
+            c = found[0]
+            kind = owner_kind(c, host, own)
+            if kind == "ours":
+                notes.append(f"{c.name} ({c.id[:12]}) is this install's already")
+            elif kind == "foreign":
+                raise ReconcilerError(
+                    f"{c.name} ({c.id[:12]}) is not a container this tool made for host {host!r} (it lacks this "
+                    "host's labels of its own, or carries another install's id); it cannot be adopted. Nothing adopted"
+                )
+            else:
+                picked.append(c)
+        adopted = [{"name": c.name, "id": c.id, "recipe": c.recipe, "slots": list(c.slots)} for c in picked]
+        if picked:
+            install_id = state.ensure_install_id(host)
+            state.adopt(host, [c.id for c in picked], existing=[c.id for c in containers])
+            for c in adopted:
+                state.record(host, {"event": "adopt", "container": c["name"], "id": c["id"], "install_id": install_id,
+                                    "recipe": c["recipe"], "slots": c["slots"]})
+                service.record("adopt", outcome="ok", reason=f"adopted {c['name']}", container=c["name"], id=c["id"])
+    return AdoptResult(host, adopted, notes)
+
+
+def _prune_plans(d: Any, *, max_age_s: float = 86400) -> None:
+    """Saved plans older than a day go: a plan that old is stale anyway."""
+    cutoff = time.time() - max_age_s
+    for p in d.glob("*.json"):
+        with contextlib.suppress(OSError):
+            if p.stat().st_mtime < cutoff:
+                p.unlink()
