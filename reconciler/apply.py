@@ -31,6 +31,8 @@ from reconciler.observe.docker_obs import DockerObserver
 from reconciler.observe.gpu import slots_of_container
 from reconciler.observed import Observed
 from reconciler.planner import Action, ActionKind, Plan, plan, slot_holders
+from reconciler.secrets import SecretError
+from reconciler.secrets import resolve as resolve_secrets
 from reconciler.state import ensure_install_id, mark_healthy
 from reconciler.units import human_bytes
 
@@ -322,7 +324,12 @@ class Applier:
         # Act: create (labelled in the same call, so an interrupt never leaves it unowned), start, wait for health.
         self.progress.phase(action, "create")
         install_id = ensure_install_id(self.desired.host.name)
-        cid = self.ops.create(create_spec(self.desired, action.recipe, slots, install_id=install_id))
+        refs = recipe.container.env_refs().values()
+        try:
+            values = resolve_secrets(self.desired.host.secrets.env_file, refs) if refs else None
+        except SecretError as exc:
+            raise ActionFailed(f"recipe {action.recipe}: secret env value {exc}") from None
+        cid = self.ops.create(create_spec(self.desired, action.recipe, slots, install_id=install_id, secrets=values))
         try:
             self.progress.phase(action, "start")
             self.ops.start(cid)

@@ -8,7 +8,7 @@ The message of the last attempt says it was the last.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
@@ -87,7 +87,7 @@ def _call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 def labels_for(desired: DesiredState, recipe_name: str, slots: tuple[str, ...], *, install_id: str) -> dict[str, str]:
     recipe = desired.recipes[recipe_name]
     gpus = [desired.host.gpus[s].preferred_id() for s in slots]
-    parts = spec.part_hashes(desired.host, recipe, slots)
+    parts = spec.part_hashes(desired.host, recipe, slots, secret_digests=desired.secret_digests)
     labels = {
         LABEL_MANAGED: "true",
         LABEL_HOST: desired.host.name,
@@ -106,11 +106,19 @@ def labels_for(desired: DesiredState, recipe_name: str, slots: tuple[str, ...], 
     return labels
 
 
-def create_spec(desired: DesiredState, recipe_name: str, slots: tuple[str, ...], *, install_id: str) -> dict[str, Any]:
+def create_spec(
+    desired: DesiredState,
+    recipe_name: str,
+    slots: tuple[str, ...],
+    *,
+    install_id: str,
+    secrets: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """Pure: the create_container arguments for a recipe on its slots (``reconciler.spec.render``), with its name
-    and the labels that make it ours: this host's name, this install's id, and the hashes of what it is made of."""
+    and the labels that make it ours: this host's name, this install's id, and the hashes of what it is made of.
+    ``secrets``: the values of the recipe's ``"${NAME}"`` env references (they go to the engine, nowhere else)."""
     return {
-        **spec.render(desired.host, desired.recipes[recipe_name], slots),
+        **spec.render(desired.host, desired.recipes[recipe_name], slots, secrets=secrets),
         "labels": labels_for(desired, recipe_name, slots, install_id=install_id),
         "name": container_name(recipe_name, slots),
     }

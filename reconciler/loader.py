@@ -185,6 +185,8 @@ def _problems_from(
             text = err["msg"].removeprefix("Value error, ")
             got = err.get("input")
             shown = "" if isinstance(got, (dict, list)) or got is None or repr(got) in text else f" (got {_short(got)})"
+            if "env" in loc:
+                shown = ""  # an env value may be a secret: the message names the key, never the value
             msg = f"{text}{shown}" if text.startswith(field) else f"{field}: {text}{shown}"
         problems.append(ConfigProblem(path, line_of(loc), msg))
     return problems
@@ -669,9 +671,53 @@ def load_desired(
     assignments = _cross_check(
         path, manifest, node, host, recipes, problems, shm_size=shm_size, shm_free=shm_free, host_node=host_node
     )
+    secret_digests = _secret_digests(r, host, recipes, problems)
     if problems:
         raise ConfigError(problems)
-    return DesiredState(host=host, recipes=recipes, assignments=tuple(assignments), manifest_path=path)
+    return DesiredState(
+        host=host, recipes=recipes, assignments=tuple(assignments), manifest_path=path, secret_digests=secret_digests
+    )
+
+
+def _secret_digests(root: Path, host: HostConfig, recipes: dict[str, Recipe], problems: list[ConfigProblem]) -> dict[str, str]:
+    """The digest of every ``"${NAME}"`` env value the recipes take; a problem (never the value) for each that
+    cannot be resolved, at the recipe line that asks for it."""
+    from reconciler.secrets import SecretError, read_env_file, resolve
+
+    wanted: dict[str, list[tuple[str, str]]] = {}
+    for name, recipe in recipes.items():
+        for key, var in recipe.container.env_refs().items():
+            wanted.setdefault(var, []).append((name, key))
+    if not wanted:
+        return {}
+    env_file = host.secrets.env_file
+    if env_file:
+        try:
+            read_env_file(env_file)
+        except SecretError as exc:
+            problems.append(ConfigProblem(HOST_FILE, None, f"{exc}"))
+            return {}
+    from reconciler.secrets import digest
+
+    out: dict[str, str] = {}
+    for var, users in wanted.items():
+        try:
+            out[var] = digest(resolve(env_file, [var])[var])
+        except SecretError as exc:
+            for recipe_name, key in users:
+                path = root / RECIPES_DIR / f"{recipe_name}.toml"
+                try:
+                    line = _toml_line(path.read_text(encoding="utf-8"), ("container", "env", key))
+                except (OSError, UnicodeDecodeError):
+                    line = None
+                problems.append(
+                    ConfigProblem(
+                        _rel(root, path),
+                        line,
+                        f"container.env.{key}: ${{{var}}} is {exc}. Set it there (the value is never printed)",
+                    )
+                )
+    return out
 
 
 def _toml_line_of_file(root: Path, name: str, loc: Sequence[Any]) -> int | None:

@@ -10,7 +10,8 @@ import hashlib
 import json
 import posixpath
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 from urllib.parse import urlsplit
 
@@ -286,6 +287,19 @@ def check_gpu_uuid(uuid: str) -> str | None:
     return f"GPU uuid {uuid!r} must look like GPU-5d3e8f0a-8c1e-4a57-9a8e-0c7d1f1a2b30 (nvidia-smi -L shows it)"
 
 
+# A whole env value "${NAME}": the value comes from secrets.env_file or the reconciler's environment (reconciler.secrets).
+ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def check_env_ref(name: str, value: str) -> str | None:
+    if "${" in value and not ENV_REF.fullmatch(value):
+        return (
+            f"container.env.{name}: a reference must be the whole value, \"${{NAME}}\" (the value then comes from "
+            "secrets.env_file in configs/host.yaml or the reconciler's environment)"
+        )
+    return None
+
+
 def check_text(value: str, what: str) -> str | None:
     """Free text that reaches Docker (labels, arguments, env values): no NUL."""
     if "\x00" in value:
@@ -391,12 +405,26 @@ class ShmConfig(_Strict):
         return v
 
 
+class SecretsConfig(_Strict):
+    """Where recipes' ``"${NAME}"`` env values come from, besides the reconciler's environment."""
+
+    env_file: str | None = None
+
+    @field_validator("env_file")
+    @classmethod
+    def _env_file(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError(f"secrets.env_file must be an absolute path (outside the recipes), got {v!r}")
+        return v
+
+
 class HostConfig(_Strict):
     name: str
     gpus: dict[str, GpuSlot]
     gpu_telemetry: Literal["nvml", "none"] = "nvml"
     docker: DockerConfig = Field(default_factory=DockerConfig)
     shm: ShmConfig = Field(default_factory=ShmConfig)
+    secrets: SecretsConfig = Field(default_factory=SecretsConfig)
 
     @field_validator("name")
     @classmethod
@@ -463,8 +491,12 @@ class ContainerSpec(_Strict):
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
         for name, value in v.items():
-            _ok(check_env_name(name) or check_text(value, f"container.env.{name}"), value)
+            _ok(check_env_name(name) or check_text(value, f"container.env.{name}") or check_env_ref(name, value), value)
         return v
+
+    def env_refs(self) -> dict[str, str]:
+        """env key -> the variable it takes its value from (``"${VAR}"``: a secret kept out of the recipe)."""
+        return {k: m.group(1) for k, v in self.env.items() if (m := ENV_REF.fullmatch(v))}
 
     @field_validator("volumes")
     @classmethod
@@ -604,6 +636,8 @@ class DesiredState:
     recipes: dict[str, Recipe]
     assignments: tuple[DesiredAssignment, ...]
     manifest_path: str | None = None
+    # sha256 of each "${NAME}" value the recipes take (never the value): it goes into the spec hash.
+    secret_digests: Mapping[str, str] = field(default_factory=dict)
 
     def slot_owner(self) -> dict[str, DesiredAssignment]:
         return {slot: a for a in self.assignments for slot in a.slots}

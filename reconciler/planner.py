@@ -264,7 +264,7 @@ def plan(desired: DesiredState, observed: Observed, *, hold: Mapping[str, str] |
     for d in desired.assignments:
         mine = by_assignment.get((d.recipe, d.slots), [])
         claimed.update(c.id for c in mine)
-        parts = spec.part_hashes(desired.host, desired.recipes[d.recipe], d.slots)
+        parts = spec.part_hashes(desired.host, desired.recipes[d.recipe], d.slots, secret_digests=desired.secret_digests)
         diffs = {c.id: _matches(c, d, parts, desired) for c in mine}
         # Satisfied only once it has passed its health check: one left waiting by an interrupted apply never did.
         good = [c for c in mine if c.active and not diffs[c.id] and c.id in own.healthy]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from reconciler.model import HostConfig, Recipe
@@ -18,11 +19,17 @@ from reconciler.model import HostConfig, Recipe
 PARTS = ("image", "command", "env", "volumes", "gpus", "runtime", "recipe")
 
 
-def render(host: HostConfig, recipe: Recipe, slots: tuple[str, ...]) -> dict[str, Any]:
-    """The create_container arguments for ``recipe`` on ``slots`` (no name, no labels)."""
+def render(
+    host: HostConfig, recipe: Recipe, slots: tuple[str, ...], *, secrets: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The create_container arguments for ``recipe`` on ``slots`` (no name, no labels). An env value ``"${NAME}"``
+    becomes ``secrets[NAME]`` when given, and stays the reference otherwise."""
     spec = recipe.container
     gpus = [host.gpus[s].preferred_id() for s in slots]
     env = dict(spec.env)
+    if secrets is not None:
+        for key, var in spec.env_refs().items():
+            env[key] = secrets[var]
     # The visible-devices env is set in every case, so the binding is readable even without a GPU runtime.
     env["NVIDIA_VISIBLE_DEVICES"] = ",".join(gpus)
     binds = []
@@ -53,9 +60,13 @@ def _digest(value: Any, n: int) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:n]
 
 
-def part_hashes(host: HostConfig, recipe: Recipe, slots: tuple[str, ...]) -> dict[str, str]:
-    """A short hash per part of the rendered container (see ``PARTS``)."""
-    r = render(host, recipe, slots)
+def part_hashes(
+    host: HostConfig, recipe: Recipe, slots: tuple[str, ...], *, secret_digests: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """A short hash per part of the rendered container (see ``PARTS``). A secret env value counts by its digest
+    (``secret_digests``, made by the loader): rotating it recreates the container, and no value is hashed here."""
+    digests = secret_digests or {}
+    r = render(host, recipe, slots, secrets={var: f"sha256:{digests.get(var, '?')}" for var in recipe.container.env_refs().values()})
     hc = r["host_config"]
     env = {k: v for k, v in r["environment"].items() if k != "NVIDIA_VISIBLE_DEVICES"}
     return {

@@ -1,0 +1,84 @@
+"""Secret env values of recipes, kept out of the recipes: ``env = {HF_TOKEN = "${HF_TOKEN}"}`` takes the value from
+``secrets.env_file`` (configs/host.yaml; ``NAME=value`` lines, readable by its owner only) or, failing that, from
+the reconciler's own environment. Values are read here and nowhere else, never printed, never logged.
+
+The loader calls ``digests`` (each referenced value's sha256, so that a rotated secret recreates its container
+through the spec hash without the value appearing anywhere); the apply layer calls ``resolve`` at create time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Iterable, Mapping
+
+from reconciler.errors import ReconcilerError
+
+
+class SecretError(ReconcilerError):
+    pass
+
+
+def read_env_file(path: str) -> dict[str, str]:
+    """``NAME=value`` lines (``#`` comments, blank lines, an optional ``export`` and quotes around the value)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SecretError(f"secrets.env_file {path}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise SecretError(f"secrets.env_file {path}: not a regular file")
+        if st.st_mode & 0o077:
+            raise SecretError(
+                f"secrets.env_file {path}: readable by others (mode {stat.S_IMODE(st.st_mode):04o}); "
+                f"it holds secrets: chmod 600 {path}"
+            )
+        raw = fh.read(1 << 20)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SecretError(f"secrets.env_file {path}: not UTF-8 text") from None
+    out: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, value = line.removeprefix("export ").partition("=")
+        name = name.strip()
+        if not sep or not name.replace("_", "a").isalnum() or name[0].isdigit():
+            # Name the line, never its content: it may be a secret pasted in the wrong place.
+            raise SecretError(f"secrets.env_file {path}:{n}: expected NAME=value")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+        out[name] = value
+    return out
+
+
+def resolve(env_file: str | None, names: Iterable[str], *, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The value of each name: from the env file first, then the environment. SecretError names what is missing."""
+    environ = os.environ if environ is None else environ
+    from_file = read_env_file(env_file) if env_file else {}
+    out: dict[str, str] = {}
+    missing = []
+    for name in names:
+        if name in from_file:
+            out[name] = from_file[name]
+        elif name in environ:
+            out[name] = environ[name]
+        else:
+            missing.append(name)
+    if missing:
+        where = f"{env_file} or the reconciler's environment" if env_file else "the reconciler's environment"
+        raise SecretError(f"not set in {where}: {', '.join(sorted(missing))}")
+    return out
+
+
+def digest(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()
+
+
+def digests(env_file: str | None, names: Iterable[str]) -> dict[str, str]:
+    return {name: digest(value) for name, value in resolve(env_file, names).items()}

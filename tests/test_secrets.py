@@ -1,0 +1,118 @@
+"""Secret env values live outside the recipes: ``env = {HF_TOKEN = "${HF_TOKEN}"}`` takes its value from
+``secrets.env_file`` or the reconciler's environment, reaches the engine and nothing else, and a rotated value
+recreates the container (through its digest in the spec hash). Real command line, real engine."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from e2e_helpers import Root, build_image, make_root
+
+from reconciler.secrets import SecretError, read_env_file, resolve
+
+SECRET = "hf_live_SECRETVALUE_0123456789"
+
+
+def test_env_file_parsing_and_its_mode(tmp_path: Path) -> None:
+    f = tmp_path / "secrets.env"
+    f.write_text("# tokens\nexport HF_TOKEN='abc def'\n\nAPI_KEY=xyz\n")
+    f.chmod(0o600)
+    assert read_env_file(str(f)) == {"HF_TOKEN": "abc def", "API_KEY": "xyz"}
+    assert resolve(str(f), ["API_KEY", "HOME_ONLY"], environ={"HOME_ONLY": "h", "API_KEY": "env"}) == {
+        "API_KEY": "xyz",  # the file wins over the environment
+        "HOME_ONLY": "h",
+    }
+    with pytest.raises(SecretError, match="not set in .*: MISSING"):
+        resolve(str(f), ["MISSING"], environ={})
+    f.chmod(0o644)
+    with pytest.raises(SecretError, match="readable by others .*chmod 600"):
+        read_env_file(str(f))
+    bad = tmp_path / "bad.env"
+    bad.write_text("sk-pasted-secret-without-a-name\n")
+    bad.chmod(0o600)
+    with pytest.raises(SecretError) as exc:
+        read_env_file(str(bad))
+    assert ":1: expected NAME=value" in str(exc.value) and "sk-pasted" not in str(exc.value)
+
+
+@pytest.fixture(scope="module")
+def image(docker_api: Any) -> str:
+    return build_image()
+
+
+@pytest.fixture
+def root(tmp_path: Path, tmpfs_dir: Path, docker_api: Any, image: str, request: pytest.FixtureRequest) -> Iterator[Root]:
+    r = make_root(tmp_path, shm=tmpfs_dir, api=docker_api, name=request.node.name)
+    try:
+        yield r
+    finally:
+        r.cleanup()
+
+
+def _with_secret(root: Root, env_file: Path) -> str:
+    omni = root.recipe("omni")
+    data = root.recipe_data(omni)
+    data["container"]["env"] = {**data["container"].get("env", {}), "HF_TOKEN": "${HF_TOKEN}"}
+    root.write_recipe(omni, data)
+    host_file = root.path / "configs" / "host.yaml"
+    doc = yaml.safe_load(host_file.read_text())
+    doc["secrets"] = {"env_file": str(env_file)}
+    host_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+    root.manifest((omni, ["dark-compute-b"]))
+    return omni
+
+
+@pytest.mark.docker
+@pytest.mark.root
+def test_a_secret_reaches_the_container_and_nothing_else(root: Root, tmp_path: Path) -> None:
+    env_file = tmp_path / "secrets.env"
+    omni = _with_secret(root, env_file)
+    v = root.cli("validate")
+    assert v.rc == 1 and f"secrets.env_file {env_file}: No such file" in v.stderr, v
+    env_file.write_text("# nothing yet\n")
+    env_file.chmod(0o600)
+    # Not set anywhere: validate names the recipe and the variable, exit 1.
+    v = root.cli("validate")
+    assert v.rc == 1 and f"configs/recipes/{omni}.toml" in v.stderr and "${HF_TOKEN} is not set" in v.stderr, v
+    env_file.write_text(f"HF_TOKEN={SECRET}\n")
+    env_file.chmod(0o644)
+    v = root.cli("validate")
+    assert v.rc == 1 and "chmod 600" in v.stderr, v
+    env_file.chmod(0o600)
+    assert root.cli("validate").rc == 0
+
+    outputs = [root.cli("plan", "--json"), root.cli("plan"), root.cli("apply", "--yes", "--json")]
+    assert outputs[-1].rc == 0, outputs[-1]
+    outputs += [root.cli("status", "--json"), root.cli("status"), root.cli("audit", "--json")]
+    name = root.cname(omni, "dark-compute-b")
+    inspect = root.api.inspect_container(name)
+    assert f"HF_TOKEN={SECRET}" in inspect["Config"]["Env"]  # the engine has it: the model server needs it
+    labels = inspect["Config"]["Labels"]
+    for out in outputs:
+        assert SECRET not in out.stdout + out.stderr, out
+    assert not any(SECRET in v for v in labels.values())
+    assert root.cli("plan").rc == 0
+
+    # Rotated: the container is recreated, and the plan says the env changed, still without the value.
+    env_file.write_text("HF_TOKEN=hf_live_ROTATED_9876543210\n")
+    p = root.cli("plan", "--json")
+    assert p.rc == 2 and "the env changed" in p.data["actions"][0]["reason"], p
+    assert "ROTATED" not in p.stdout
+    assert root.cli("apply", "--yes").rc == 0
+    env = root.api.inspect_container(name)["Config"]["Env"]
+    assert "HF_TOKEN=hf_live_ROTATED_9876543210" in env and os.path.exists(env_file)
+
+
+def test_a_reference_must_be_the_whole_value(tmp_path: Path, tmpfs_dir: Path) -> None:
+    root = make_root(tmp_path, shm=tmpfs_dir, api=None, name="ref-whole")
+    omni = root.recipe("omni")
+    data = root.recipe_data(omni)
+    data["container"]["env"] = {"AUTH": "Bearer ${TOKEN}"}
+    root.write_recipe(omni, data)
+    v = root.cli("validate")
+    assert v.rc == 1 and "a reference must be the whole value" in v.stderr, v
