@@ -210,6 +210,12 @@ def render_reclaim(result: Any, *, tty: bool = False) -> str:
         out.append("nothing removed")
     text = "\n".join(out) + "\n"
     listed = result.reclaimed if result.confirmed else result.candidates
+    if not result.confirmed and not result.refused and result.candidates:
+        import shlex
+
+        # The exact command that removes these files and no other (a file orphaned since is left for the next look).
+        paths = " ".join(f"--path {shlex.quote(f.path)}" for f in result.candidates)
+        text += f"to remove exactly these: reconciler shm reclaim --confirm {paths}\n"
     text += _table(
         ["SIZE", "ALLOCATED", "PATH"],
         [[human_bytes(f.size_bytes), human_bytes(f.allocated_bytes), _path(f.path)] for f in listed],

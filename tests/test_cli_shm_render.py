@@ -68,6 +68,7 @@ def test_reclaim_texts() -> None:
     removed = RemovedFile("/dev/shm/vllm_offload_b.mmap", 8 * GIB, 8 * GIB, 41, 8)
     dry = ReclaimResult(confirmed=False, dir="/dev/shm", pattern="p", candidates=(removed,))
     assert render_reclaim(dry).startswith("dry run: would remove 1 orphan file(s), 8.00 GiB; run with --confirm")
+    assert "to remove exactly these: reconciler shm reclaim --confirm --path " in render_reclaim(dry)
     assert dry.to_json()["reclaimed"] == [] and dry.to_json()["would_reclaim_bytes"] == 8 * GIB
     done = ReclaimResult(
         confirmed=True,
