@@ -69,3 +69,24 @@ def shared_tmpfs() -> Iterator[Path]:
     finally:
         subprocess.run(["umount", "-l", str(d)], check=False)
         d.rmdir()
+
+
+@pytest.fixture(scope="session")
+def image(docker_api):  # type: ignore[no-untyped-def]
+    """The locally built fake vLLM image (built once, rebuilt only when its sources change)."""
+    from e2e_helpers import build_image
+
+    return build_image()
+
+
+@pytest.fixture
+def root(tmp_path: Path, tmpfs_dir: Path, docker_api, image: str, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """A root of this test's own (tests/e2e_helpers.py make_root) on a fresh tmpfs; every container of its host and
+    every unmanaged one it started are removed afterwards."""
+    from e2e_helpers import make_root
+
+    r = make_root(tmp_path, shm=tmpfs_dir, api=docker_api, name=request.node.name)
+    try:
+        yield r
+    finally:
+        r.cleanup()

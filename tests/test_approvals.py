@@ -7,14 +7,11 @@ from __future__ import annotations
 import json
 import os
 import pty
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from e2e_helpers import Root, build_image, make_root
+from e2e_helpers import Root
 
 from reconciler.apply import within
 from reconciler.planner import Action, ActionKind, Plan
@@ -22,18 +19,6 @@ from reconciler.planner import Action, ActionKind, Plan
 pytestmark = [pytest.mark.docker, pytest.mark.root]
 
 
-@pytest.fixture(scope="module")
-def image(docker_api: Any) -> str:
-    return build_image()
-
-
-@pytest.fixture
-def root(tmp_path: Path, tmpfs_dir: Path, docker_api: Any, image: str, request: pytest.FixtureRequest) -> Iterator[Root]:
-    r = make_root(tmp_path, shm=tmpfs_dir, api=docker_api, name=request.node.name)
-    try:
-        yield r
-    finally:
-        r.cleanup()
 
 
 def test_apply_without_a_terminal_or_yes_refuses_and_changes_nothing(root: Root) -> None:

@@ -18,12 +18,11 @@ import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 from conftest import DOCKER_URL
-from e2e_helpers import LoopProcess, Root, build_image, free_port, make_root, wait_until
+from e2e_helpers import LoopProcess, Root, free_port, wait_until
 
 from reconciler.lock import HostLock
 
@@ -121,18 +120,6 @@ def no_traceback(text: str) -> None:
 # ---------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="module")
-def image(docker_api: Any) -> str:
-    return build_image()
-
-
-@pytest.fixture
-def root(tmp_path: Path, tmpfs_dir: Path, docker_api: Any, image: str, request: pytest.FixtureRequest) -> Iterator[Root]:
-    r = make_root(tmp_path, shm=tmpfs_dir, api=docker_api, name=request.node.name)
-    try:
-        yield r
-    finally:
-        r.cleanup()
 
 
 @pytest.fixture

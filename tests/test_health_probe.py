@@ -20,11 +20,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import Root, build_image, free_port, make_root
+from e2e_helpers import Root, free_port
 
 from reconciler.apply import _http_answer, _http_ok
 
@@ -106,18 +105,6 @@ def test_what_answers_a_health_url() -> None:
 # ---------------------------------------------------------------- the enter, against the real engine
 
 
-@pytest.fixture(scope="module")
-def image(docker_api: Any) -> str:
-    return build_image()
-
-
-@pytest.fixture
-def root(tmp_path: Path, tmpfs_dir: Path, docker_api: Any, image: str, request: pytest.FixtureRequest) -> Iterator[Root]:
-    r = make_root(tmp_path, shm=tmpfs_dir, api=docker_api, name=request.node.name)
-    try:
-        yield r
-    finally:
-        r.cleanup()
 
 
 @pytest.mark.docker

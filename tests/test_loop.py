@@ -30,7 +30,6 @@ from e2e_helpers import (
     Event,
     LoopProcess,
     Root,
-    build_image,
     free_port,
     http_get,
     make_root,
@@ -59,10 +58,6 @@ A, B = "dark-compute-a", "dark-compute-b"
 
 # ---------------------------------------------------------------- fixtures
 
-
-@pytest.fixture(scope="module")
-def image(docker_api: Any) -> str:
-    return build_image()
 
 
 @pytest.fixture

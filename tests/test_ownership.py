@@ -6,31 +6,17 @@ so moving a slot to another GPU recreates it and says why."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
-from e2e_helpers import Root, build_image, docker_cli, make_root
+from e2e_helpers import Root, docker_cli
 
 from reconciler.observe.docker_obs import inherited_labels
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
 
 
-@pytest.fixture(scope="module")
-def image(docker_api: Any) -> str:
-    return build_image()
-
-
-@pytest.fixture
-def root(tmp_path: Path, tmpfs_dir: Path, docker_api: Any, image: str, request: pytest.FixtureRequest) -> Iterator[Root]:
-    r = make_root(tmp_path, shm=tmpfs_dir, api=docker_api, name=request.node.name)
-    try:
-        yield r
-    finally:
-        r.cleanup()
 
 
 def _labels(root: Root, recipe: str, slot: str, **extra: str) -> list[str]:

@@ -5,13 +5,11 @@ recreates the container (through its digest in the spec hash). Real command line
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
-from e2e_helpers import Root, build_image, make_root
+from e2e_helpers import Root, make_root
 
 from reconciler.secrets import SecretError, read_env_file, resolve
 
@@ -40,18 +38,6 @@ def test_env_file_parsing_and_its_mode(tmp_path: Path) -> None:
     assert ":1: expected NAME=value" in str(exc.value) and "sk-pasted" not in str(exc.value)
 
 
-@pytest.fixture(scope="module")
-def image(docker_api: Any) -> str:
-    return build_image()
-
-
-@pytest.fixture
-def root(tmp_path: Path, tmpfs_dir: Path, docker_api: Any, image: str, request: pytest.FixtureRequest) -> Iterator[Root]:
-    r = make_root(tmp_path, shm=tmpfs_dir, api=docker_api, name=request.node.name)
-    try:
-        yield r
-    finally:
-        r.cleanup()
 
 
 def _with_secret(root: Root, env_file: Path) -> str:
