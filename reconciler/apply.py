@@ -142,9 +142,9 @@ class Applier:
         self.desired = desired
         self.observer = observer or DockerObserver(desired.host.docker.url)
         observer_ = self.observer
-        self.ops = DockerOps(connect=lambda: observer_.api, url=observer_.url)
+        self.ops = DockerOps(connect=lambda: observer_.api, url=observer_.url, ping=observer_.ping)
         if connect:
-            _ = self.ops.api
+            self.ops.check()
         self.progress = progress or NoProgress()
         self.cancel = cancel or threading.Event()
         self.hold = dict(hold or {})

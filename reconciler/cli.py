@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reconciler import __version__
-from reconciler.errors import ConfigError, ReconcilerError
-from reconciler.loader import default_root
 
 from reconciler.cli_common import EXIT_BLOCKED, EXIT_CHANGES, EXIT_ERROR, EXIT_OK, emit_json, service
 
+if TYPE_CHECKING:
+    from reconciler.errors import ConfigError
+
+# Nothing heavy is imported at module level: `reconciler --help` and a mistyped command pay for argparse only,
+# and each command imports what it needs (pydantic, the engine client, NVML, rich) when it runs.
 __all__ = ["EXIT_BLOCKED", "EXIT_CHANGES", "EXIT_ERROR", "EXIT_OK", "emit_json", "main"]
 
 
@@ -56,14 +59,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from reconciler.render import Style, render_plan
-
     res = service(args).plan(out=args.out)
     if args.out:
         print(f"plan saved to {args.out}; apply exactly it with `reconciler apply {args.out}`", file=sys.stderr)
     if args.json:
         emit_json(res.to_json())
     else:
+        from reconciler.render import Style, render_plan
+
         print(render_plan(res.plan, res.observed, Style()))
     if res.exit_code == EXIT_ERROR:
         for s in res.observed.unavailable():
@@ -122,6 +125,8 @@ def _since(text: str | None) -> float | None:
     try:
         return datetime.fromisoformat(text).timestamp()
     except ValueError:
+        from reconciler.errors import ReconcilerError
+
         raise ReconcilerError(
             f"--since {text!r}: give an age (90s, 15m, 2h, 7d), an ISO time (2026-11-30T18:00) or epoch seconds"
         ) from None
@@ -172,7 +177,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from reconciler.errors import ConfigError, ReconcilerError
+
     if args.root is None:
+        from reconciler.loader import default_root
+
         args.root = default_root()
     try:
         return int(args.func(args))

@@ -11,13 +11,24 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from reconciler.cli_common import service
-from reconciler.observed import ShmFile, ShmView
 from reconciler.redact import redact_cmdline, redact_json
-from reconciler.shapes import file_json, status_json  # noqa: F401 - re-exported for existing callers
 from reconciler.units import human_bytes
+
+if TYPE_CHECKING:
+    from reconciler.observed import ShmFile, ShmView
+
+
+def __getattr__(name: str) -> Any:
+    # status_json and file_json, re-exported for existing callers, are imported when first asked for: building
+    # the parser (every command, `--help` too) must not pay for them.
+    if name in ("status_json", "file_json"):
+        from reconciler import shapes
+
+        return getattr(shapes, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 EXIT_OK = 0
 EXIT_FAILED = 1

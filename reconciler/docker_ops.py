@@ -11,8 +11,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
-
 from reconciler.errors import ReconcilerError
 from reconciler import spec
 from reconciler.model import DesiredState, container_name
@@ -67,6 +65,8 @@ def _transient(exc: BaseException) -> bool:
 
 def _call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run one engine call with the retry policy; permanent errors surface unchanged at once."""
+    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential  # the writes only
+
     name = getattr(fn, "__name__", "call")
     try:
         for attempt in Retrying(
@@ -129,12 +129,31 @@ class DockerOps:
     ``version="auto"`` asks the engine for its version as it is made, and fails when no engine answers): the
     failure is then a ``DockerUnavailable`` naming ``url``, never the client library's own exception."""
 
-    def __init__(self, api: Any = None, *, connect: Callable[[], Any] | None = None, url: str = ""):
+    def __init__(
+        self,
+        api: Any = None,
+        *,
+        connect: Callable[[], Any] | None = None,
+        url: str = "",
+        ping: Callable[[], None] | None = None,
+    ):
         if api is None and connect is None:
             raise TypeError("DockerOps needs an api client or a connect function")
         self._api = api
         self._connect = connect
+        self._ping = ping
         self.url = url
+
+    def check(self) -> None:
+        """Raise ``DockerUnavailable`` when no engine answers at ``url``. With ``ping`` (the observer's small
+        client) this costs one request and no SDK: a pass with nothing to write never imports it."""
+        if self._ping is None or self._api is not None:
+            _ = self.api
+            return
+        try:
+            self._ping()
+        except Exception as exc:  # noqa: BLE001 - OSError, the engine client's error: the engine is not there
+            raise DockerUnavailable(self.url or "docker.url", exc) from exc
 
     @property
     def api(self) -> Any:

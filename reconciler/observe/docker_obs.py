@@ -8,6 +8,7 @@ Called by ``reconciler.observe.observe`` and the apply layer's re-observation.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -112,25 +113,43 @@ class DockerObserver:
         self.url = url
         self.timeout = timeout
         self._api: Any = None
+        self._reader: Any = None
         self._cache: dict[str, dict[str, Any]] = {}
         self._images: dict[str, dict[str, str]] = {}  # image id -> its labels (an image id's labels never change)
         self._lock = threading.Lock()
 
     @property
     def api(self) -> Any:
+        """The Docker SDK's client: for the writes (``reconciler.docker_ops``) and URLs ``reader`` cannot speak."""
         if self._api is None:
             import docker  # imported here so pure modules and `validate` never pay for it
 
             self._api = docker.APIClient(base_url=self.url, version="auto", timeout=self.timeout)
         return self._api
 
-    def _inspect(self, cid: str) -> dict[str, Any] | None:
-        import docker.errors
+    @property
+    def reader(self) -> Any:
+        """What the reads go through: the small standard-library client (``reconciler.observe.engine``) where it
+        speaks the URL's scheme, else the SDK. Both answer ``containers``, ``inspect_container``, ``inspect_image``."""
+        if self._reader is None:
+            from reconciler.observe.engine import EngineClient
 
+            self._reader = EngineClient.for_url(self.url, timeout=self.timeout) or self.api
+        return self._reader
+
+    def ping(self) -> None:
+        """Raise when no engine answers at ``url`` (OSError, the engine client's or the SDK's own error)."""
+        reader = self.reader
+        if hasattr(reader, "ping"):
+            reader.ping()
+
+    def _inspect(self, cid: str) -> dict[str, Any] | None:
         try:
-            full = self.api.inspect_container(cid)
-        except docker.errors.NotFound:
-            return None  # removed between list and inspect: simply gone
+            full = self.reader.inspect_container(cid)
+        except Exception as exc:
+            if _not_found(exc):
+                return None  # removed between list and inspect: simply gone
+            raise
         keep = {
             "Name": full.get("Name"),
             "Args": full.get("Args"),
@@ -146,14 +165,14 @@ class DockerObserver:
         return keep
 
     def _image_labels(self, image_id: str) -> dict[str, str]:
-        import docker.errors
-
         with self._lock:
             if image_id in self._images:
                 return self._images[image_id]
         try:
-            labels = dict((self.api.inspect_image(image_id).get("Config") or {}).get("Labels") or {})
-        except docker.errors.NotFound:
+            labels = dict((self.reader.inspect_image(image_id).get("Config") or {}).get("Labels") or {})
+        except Exception as exc:
+            if not _not_found(exc):
+                raise
             labels = {}
         with self._lock:
             self._images[image_id] = labels
@@ -161,7 +180,7 @@ class DockerObserver:
 
     def read(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """(summary, inspect) pairs for every container, running or not."""
-        summaries = self.api.containers(all=True)
+        summaries = self.reader.containers(all=True)
         missing = [s["Id"] for s in summaries if s["Id"] not in self._cache]
         if len(missing) > 1:
             with ThreadPoolExecutor(max_workers=min(8, len(missing))) as pool:
@@ -180,7 +199,7 @@ class DockerObserver:
 
         The set a pid's cgroup is confirmed against (``procfs.innermost_known``): only these are its containers.
         """
-        return frozenset(s["Id"] for s in self.api.containers(all=True, quiet=True))
+        return frozenset(s["Id"] for s in self.reader.containers(all=True, quiet=True))
 
     def observe(self) -> tuple[tuple[ContainerView, ...], Source]:
         """All containers, or an empty tuple and an unavailable source when the engine does not answer."""
@@ -193,6 +212,16 @@ class DockerObserver:
 
 def parse_all(pairs: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> tuple[ContainerView, ...]:
     return tuple(parse_container(s, i) for s, i in pairs)
+
+
+def _not_found(exc: BaseException) -> bool:
+    """A 404 of the engine, from either client: no such container or image."""
+    from reconciler.observe.engine import NotFound
+
+    if isinstance(exc, NotFound):
+        return True
+    errors = sys.modules.get("docker.errors")  # the SDK's, when the reads went through it
+    return errors is not None and isinstance(exc, errors.NotFound)
 
 
 def _short(exc: BaseException) -> str:
