@@ -25,16 +25,18 @@ from typing import Any, Protocol
 
 from reconciler.docker_ops import DockerOps, create_spec
 from reconciler.errors import ReconcilerError
+from reconciler import pagecache
 from reconciler.model import DesiredState, Recipe
 from reconciler.observe import observe
 from reconciler.observe.docker_obs import DockerObserver
-from reconciler.observe.gpu import slots_of_container
+from reconciler.observe.gpu import slots_of_container, unattributable_slots
 from reconciler.observed import Observed
 from reconciler.planner import Action, ActionKind, Plan, plan, slot_holders
 from reconciler.secrets import SecretError
 from reconciler.secrets import resolve as resolve_secrets
 from reconciler.state import ensure_install_id, mark_healthy
 from reconciler.units import human_bytes
+from reconciler.vram import ReserveVerdict, enter_reserve_verdict
 
 CLEAN_EXIT_CODES = (0, 143)  # exited by itself, or on the SIGTERM of `docker stop`
 DEFAULT_STOP_TIMEOUT_S = 180.0
@@ -47,6 +49,14 @@ class ActionFailed(ReconcilerError):
         self.cause = cause
         self.detail = detail
         super().__init__(cause)
+
+
+class BelowReserve(ActionFailed):
+    """A lane healthy and settled whose cards report less free VRAM than their reserve, under ``enforce``."""
+
+
+class ProbeFailed(ActionFailed):
+    """A lane healthy by its health URL that failed one of its recipe's functional probes."""
 
 
 class ActionRefused(ActionFailed):
@@ -84,6 +94,9 @@ class Outcome:
     detail: str = ""
     reclaimed_bytes: int = 0
     refusal: str = ""  # for "refused": why, as a key of the metrics' refusal reasons
+    # Figures an action measured: an enter's "gpu_reserve" (free VRAM per slot once settled), a leave's
+    # "page_cache" (Cached before and after the drop).
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -92,6 +105,7 @@ class Outcome:
             "seconds": round(self.seconds, 3),
             "detail": self.detail,
             "reclaimed_bytes": self.reclaimed_bytes,
+            **self.extra,
         }
 
 
@@ -221,6 +235,7 @@ class Applier:
                     outcome.seconds,
                     f"postcondition: after the {action.kind.value}, the plan still wants it ({_brief(current)})",
                     outcome.reclaimed_bytes,
+                    extra=outcome.extra,
                 )
             outcomes.append(outcome)
             if self.on_outcome:
@@ -248,6 +263,7 @@ class Applier:
     def _execute(self, action: Action, observed: Observed) -> Outcome:
         t0 = time.monotonic()
         refusal = ""
+        self._extra: dict[str, Any] = {}
         try:
             if action.kind is ActionKind.ENTER:
                 detail, freed = self.enter(action, observed)
@@ -268,7 +284,7 @@ class Applier:
             detail, freed, result = f"{type(exc).__name__}: {exc}", 0, "failed"
         seconds = time.monotonic() - t0
         self.progress.done(action, result, seconds, detail)
-        return Outcome(action, result, seconds, detail, freed, refusal)
+        return Outcome(action, result, seconds, detail, freed, refusal, extra=dict(getattr(self, "_extra", {})))
 
     # ------------------------------------------------------------ reclaim (through the one guard)
 
@@ -331,10 +347,13 @@ class Applier:
             raise ActionFailed(f"recipe {action.recipe}: secret env value {exc}") from None
         cid = self.ops.create(create_spec(self.desired, action.recipe, slots, install_id=install_id, secrets=values))
         try:
-            self.progress.phase(action, "start")
-            self.ops.start(cid)
-            self._wait_healthy(action, cid, recipe)
-            self._check_enter(action, cid)
+            # From create to settled the engine loads its model through the page cache: no drop meanwhile.
+            with pagecache.entering():
+                self.progress.phase(action, "start")
+                self.ops.start(cid)
+                self._wait_healthy(action, cid, recipe)
+                after = self._check_enter(action, cid)
+            verdict = self.check_reserve(action, after)
         except ActionFailed as exc:
             self._fail_enter(action, cid, exc)
         # Only now does it count as satisfied: one left behind by an interrupt while it waited is replaced.
@@ -343,7 +362,24 @@ class Applier:
         detail = f"{action.container} healthy on {','.join(slots)}"
         if freed:
             detail += f" (reclaimed {human_bytes(freed)} of orphan offload files first)"
+        if verdict.checked:
+            detail += f"; free VRAM {verdict.message()}"
+            if verdict.below:
+                detail += " (gpu_reserve policy report: the lane stays)"
         return detail, freed
+
+    def check_reserve(self, action: Action, observed: Observed) -> ReserveVerdict:
+        """The free VRAM of the enter's slots, sampled once its lane is healthy and settled, against their
+        reserve. Under ``enforce`` a slot below it (or with no figure) raises ``BelowReserve``: the enter failed.
+        Under ``report`` the verdict goes into the outcome and the lane stays."""
+        verdict = enter_reserve_verdict(self.desired, action.recipe, observed.gpus, action.gpus)
+        self._extra = {**getattr(self, "_extra", {}), "gpu_reserve": verdict.to_json()}
+        if verdict.failed:
+            how = "end below the free-VRAM reserve" if verdict.below else "report no free-VRAM figure to check"
+            raise BelowReserve(
+                f"{action.container} is healthy but its GPUs {how} (gpu_reserve policy enforce): {verdict.message()}"
+            )
+        return verdict
 
     def _wait_healthy(self, action: Action, cid: str, recipe: Recipe) -> None:
         h = recipe.health
@@ -418,8 +454,9 @@ class Applier:
             time.sleep(min(self.poll_s, max(0.0, h.settle_s - elapsed)))
             check(f"within health.settle_s ({h.settle_s:g} s) after its health URL answered")
 
-    def _check_enter(self, action: Action, cid: str) -> None:
-        """Postcondition: running and holding exactly its slots (by Docker, and by NVML where it is on)."""
+    def _check_enter(self, action: Action, cid: str) -> Observed:
+        """Postcondition: running and holding exactly its slots (by Docker, and by NVML where it is on).
+        Returns that observation (its GPU figures are the enter's free-VRAM sample)."""
         observed = self.observe()
         mine = next((c for c in observed.containers if c.id == cid), None)
         if mine is None or not mine.active:
@@ -431,11 +468,15 @@ class Applier:
             if not observed.gpus.source.ok:
                 raise ActionFailed(f"GPU telemetry unavailable after enter: {observed.gpus.source.detail}")
             on = set(slots_of_container(observed.gpus, cid))
-            if on != set(action.gpus):
+            # A slot where NVML cannot attribute processes (WSL2) is not held against the container; a process of
+            # it on a slot outside its own always is.
+            blind = set(unattributable_slots(observed.gpus, set(action.gpus) - on))
+            if on - set(action.gpus) or set(action.gpus) - on - blind:
                 raise ActionFailed(
                     f"{action.container} is healthy but NVML sees its processes on {sorted(on) or 'no GPU'}, "
                     f"expected exactly {list(action.gpus)}"
                 )
+        return observed
 
     def _fail_enter(self, action: Action, cid: str, exc: ActionFailed) -> None:
         """Keep the failed container for its logs, reclaim its unmapped shm, free the GPUs; then raise."""
@@ -452,7 +493,7 @@ class Applier:
             freed_note = f"; its offload file was not reclaimed: {res.refused}"
         observed = self.observe()
         still = [c.name for c in observed.containers if c.id == cid and c.active]
-        cause = _cause_from_logs(logs) or exc.cause
+        cause = exc.cause if isinstance(exc, BelowReserve) else (_cause_from_logs(logs) or exc.cause)
         msg = f"enter {action.recipe} on {','.join(action.gpus)} failed: {cause}. Kept as {kept} (docker logs {kept}){freed_note}"
         if still:
             msg += f"; WARNING: {still[0]} is still running"
@@ -511,6 +552,13 @@ class Applier:
         detail = f"{c.name} {fate}"
         if freed:
             detail += f"; reclaimed {human_bytes(freed)}"
+        if self.desired.host.page_cache.drop_after_leave:
+            # After the leave's postcondition, so nothing of it waits on the drop; pagecache refuses while an
+            # enter waits for health.
+            self.progress.phase(action, "dropping clean page cache")
+            drop = pagecache.drop_page_cache()
+            self._extra = {**getattr(self, "_extra", {}), "page_cache": drop.to_json()}
+            detail += f"; {drop.describe()}"
         return detail, freed
 
 

@@ -134,6 +134,7 @@ class Loop:
         self._crashed: set[str] = set()  # ids of crashed containers already counted in the backoff
         self._held: set[str] = set()  # assignments whose enter the last pass held: wake when their backoff ends
         self._down: dict[str, str] = {}  # sources the last pass could not read, with why: logged when this changes
+        self._below: set[str] = set()  # slots below their free-VRAM reserve in the last pass: logged when this changes
 
     # ------------------------------------------------------------ lifecycle
 
@@ -260,7 +261,8 @@ class Loop:
             self.log("pass-error", error=f"{type(exc).__name__}: {exc}")
             self.metrics.record_pass("error", time.monotonic() - t0)
             return None
-        self.metrics.observe_state(observed, plan)
+        self.metrics.observe_state(observed, plan)  # free VRAM per slot against its reserve, every pass
+        self._reserve_changed(desired, observed)
         self._settle(desired, plan)
         if plan.actions and not plan.blocked and not plan.unavailable:
             self.log("pass-start", trigger=",".join(sorted(reasons)), actions=len(plan.actions))
@@ -289,6 +291,22 @@ class Loop:
         self._write_state(desired)
         return result
 
+    def _reserve_changed(self, desired: DesiredState, observed: Any) -> None:
+        """Log each slot that went below its free-VRAM reserve or came back above it (once, not every pass)."""
+        from reconciler.vram import vram_by_slot
+
+        figures = vram_by_slot(desired.host, observed.gpus) if observed.gpus.source.ok else {}
+        below = {slot for slot, v in figures.items() if v.below_reserve}
+        owner = desired.slot_owner()
+        for slot in sorted(below - self._below):
+            lane = owner.get(slot)
+            self.log("gpu-below-reserve", slot=slot, detail=figures[slot].describe(),
+                     policy=desired.reserve_policy(lane.recipe if lane else None))
+        for slot in sorted(self._below - below):
+            if slot in figures:
+                self.log("gpu-reserve-ok", slot=slot, detail=figures[slot].describe())
+        self._below = below if observed.gpus.source.ok else self._below
+
     def _sources_changed(self, observed: Any) -> None:
         """Log each source that went down or came back since the last pass (once, not every pass)."""
         down = {name: src.detail or "unavailable" for name, src in observed.sources.items() if not src.ok}
@@ -310,6 +328,8 @@ class Loop:
             self.metrics.record_refusal(o.refusal)
         if o.reclaimed_bytes:
             self.metrics.record_reclaim(o.reclaimed_bytes)
+        if "page_cache" in o.extra:
+            self.metrics.record_page_cache(o.extra["page_cache"])
         if self.desired is not None:
             # The loop's own actions go to the audit trail too, beside those of the front-ends.
             from reconciler.audit import audit_log
@@ -318,7 +338,7 @@ class Loop:
                 audit_log(self.desired.host.name).append(
                     {"front": "loop", "who": "", "action": a.kind.value, "target": a.key, "outcome": o.result,
                      "reason": a.reason, "detail": o.detail, "bytes_freed": o.reclaimed_bytes,
-                     "seconds": round(o.seconds, 3)}
+                     "seconds": round(o.seconds, 3), **o.extra}
                 )
             except ReconcilerError as exc:
                 self.log("audit-error", error=str(exc))

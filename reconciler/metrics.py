@@ -38,6 +38,7 @@ from reconciler import __version__
 from reconciler.model import HostConfig
 from reconciler.observed import LABEL_HOST, ContainerView, Observed
 from reconciler.planner import ActionKind, Plan, claimed_slots
+from reconciler.vram import slot_vram, unlisted_used_bytes
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 PREFIX = "reconciler"
@@ -52,7 +53,8 @@ ACTION_KINDS: tuple[str, ...] = tuple(k.value for k in ActionKind)
 # ok: postcondition held; failed: the action ran and did not reach its postcondition; refused: a preflight
 # check said no (the reason goes to record_refusal).
 ACTION_RESULTS: tuple[str, ...] = ("ok", "failed", "refused")
-OWNER_KINDS: tuple[str, ...] = ("managed", "unmanaged", "process", "free")
+OWNER_KINDS: tuple[str, ...] = ("managed", "unmanaged", "process", "free", "unlisted")
+PAGE_CACHE_RESULTS: tuple[str, ...] = ("dropped", "refused", "skipped")
 # owned/orphan/blocked: the states of ``shm status``; deleted: unlinked but still mapped by a live process.
 OFFLOAD_STATES: tuple[str, ...] = ("owned", "orphan", "blocked", "deleted")
 SOURCES: tuple[str, ...] = ("docker", "proc", "gpu")
@@ -138,6 +140,11 @@ def gpu_owners(observed: Observed, host: HostConfig | None = None) -> dict[str, 
                 owner = SlotOwner("process")
             if owner not in found[slot]:
                 found[slot].append(owner)
+    if host is not None and observed.gpus.telemetry == "nvml" and observed.gpus.source.ok:
+        for slot, owners in found.items():
+            # VRAM in use, no process listed, no container: held by something NVML does not show (WSL2).
+            if not owners and unlisted_used_bytes(host, observed.gpus.slots.get(slot)) is not None:
+                owners.append(SlotOwner("unlisted"))
     return {s: tuple(o) if o else (SlotOwner("free"),) for s, o in found.items()}
 
 
@@ -266,7 +273,7 @@ class Metrics:
         self.gpu_owner = Gauge(
             f"{p}_gpu_owner_info",
             "Always 1; who holds each GPU slot: owner is managed (this tool's container), unmanaged (another "
-            "container), process (a GPU process in no container) or free.",
+            "container), process (a GPU process in no container), unlisted (VRAM in use and no process listed) or free.",
             ["slot", "recipe", "container", "owner"],
             registry=r,
         )
@@ -280,6 +287,46 @@ class Metrics:
             f"{p}_gpu_memory_total_bytes",
             "GPU memory per slot (absent when telemetry is none or unavailable).",
             ["slot"],
+            registry=r,
+        )
+        self.gpu_mem_free = Gauge(
+            f"{p}_gpu_memory_free_bytes",
+            "Free GPU memory per slot as the card reports it, sampled every pass (absent when telemetry is none or "
+            "unavailable).",
+            ["slot"],
+            registry=r,
+        )
+        self.gpu_mem_reserve = Gauge(
+            f"{p}_gpu_memory_reserve_bytes",
+            "Free GPU memory each slot's card must keep once a lane is loaded (gpu_reserve.free_gib, or the slot's "
+            "free_gib); absent where the free figure is not known.",
+            ["slot"],
+            registry=r,
+        )
+        self.gpu_below_reserve = Gauge(
+            f"{p}_gpu_memory_below_reserve",
+            "1 when a slot's free GPU memory is below its reserve, 0 when not; absent when not known.",
+            ["slot"],
+            registry=r,
+        )
+        self.gpu_mem_unlisted = Gauge(
+            f"{p}_gpu_memory_unlisted_bytes",
+            "GPU memory in use on a slot whose card lists no process, beyond its idle baseline (something NVML "
+            "does not show holds it; 0 otherwise); absent when not known.",
+            ["slot"],
+            registry=r,
+        )
+        self.page_cache = Gauge(
+            f"{p}_page_cache_bytes",
+            "Cached bytes of /proc/meminfo around the last page-cache drop after a leave, when=before|after.",
+            ["when"],
+            registry=r,
+        )
+        self.page_cache_drops = Counter(
+            f"{p}_page_cache_drops",
+            "Page-cache drops after a leave by result (dropped|refused: the kernel said no|skipped: an enter "
+            "was waiting for health).",
+            ["result"],
             registry=r,
         )
         self.gpu_processes = Gauge(
@@ -377,6 +424,8 @@ class Metrics:
             self.offload_bytes.labels(state=state)
         for excused in ("true", "false"):
             self.uninspectable.labels(excused=excused)
+        for drop in PAGE_CACHE_RESULTS:
+            self.page_cache_drops.labels(result=drop)
         # Sources start down and the manifest invalid: nothing is known until the first pass says otherwise.
         for source in SOURCES:
             self.source_up.labels(source=source).set(0)
@@ -413,7 +462,8 @@ class Metrics:
             self._recipes = names
 
     def _remove_slot(self, slot: str) -> None:
-        for g in (self.gpu_mem_used, self.gpu_mem_total, self.gpu_processes):
+        for g in (self.gpu_mem_used, self.gpu_mem_total, self.gpu_processes, self.gpu_mem_free,
+                  self.gpu_mem_reserve, self.gpu_below_reserve, self.gpu_mem_unlisted):
             _discard(g, slot)
         for key in [k for k in self._owner_series if k[0] == slot]:
             self.gpu_owner.remove(*key)
@@ -446,6 +496,12 @@ class Metrics:
                 _set_or_discard(self.gpu_mem_used, slot, view.memory_used_bytes if known and view else None)
                 _set_or_discard(self.gpu_mem_total, slot, view.memory_total_bytes if known and view else None)
                 _set_or_discard(self.gpu_processes, slot, len(view.processes) if known and view else None)
+                fig = slot_vram(self._host, view) if known and self._host is not None else None
+                _set_or_discard(self.gpu_mem_free, slot, fig.free_bytes if fig else None)
+                _set_or_discard(self.gpu_mem_reserve, slot, fig.reserve_bytes if fig else None)
+                _set_or_discard(self.gpu_below_reserve, slot, (1 if fig.below_reserve else 0) if fig else None)
+                unlisted = unlisted_used_bytes(self._host, view) if fig and self._host is not None else None
+                _set_or_discard(self.gpu_mem_unlisted, slot, (unlisted or 0) if fig else None)
 
             for state in ("owned", "orphan", "blocked"):
                 files = shm.by_state(state)
@@ -489,6 +545,17 @@ class Metrics:
         _check(result, ACTION_RESULTS, "action result")
         self.actions.labels(kind=k, result=result).inc()
         self.action_duration.labels(kind=k, result=result).observe(max(seconds, 0.0))
+
+    def record_page_cache(self, drop: Mapping[str, object]) -> None:
+        """A leave's page-cache drop (``PageCacheDrop.to_json()``): its result and Cached before and after."""
+        result = str(drop.get("result"))
+        _check(result, PAGE_CACHE_RESULTS, "page cache result")
+        self.page_cache_drops.labels(result=result).inc()
+        with self._lock:
+            for when in ("before", "after"):
+                value = drop.get(f"{when}_bytes")
+                if isinstance(value, int):
+                    self.page_cache.labels(when=when).set(value)
 
     def record_reclaim(self, nbytes: int) -> None:
         """Add the bytes a verified reclaim freed (the allocated size of the deleted files)."""

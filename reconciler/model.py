@@ -341,6 +341,9 @@ class GpuSlot(_Strict):
 
     index: int | None = Field(default=None, ge=0, le=1023)
     uuid: str | None = None
+    # Per-slot overrides of gpu_reserve: the free VRAM this card must keep, and the VRAM it uses when idle.
+    free_gib: float | None = Field(default=None, ge=0, le=1 << 20)
+    idle_used_gib: float | None = Field(default=None, ge=0, le=1 << 20)
 
     @field_validator("uuid")
     @classmethod
@@ -418,6 +421,29 @@ class SecretsConfig(_Strict):
         return v
 
 
+RESERVE_POLICIES = ("report", "enforce")
+
+
+class GpuReserveConfig(_Strict):
+    """The free VRAM each card must still report once a lane is loaded (the field report's 3 GiB reserve).
+
+    ``report``: a lane below it stays, and status, metrics and an alert say so; ``enforce``: an enter whose cards
+    end below it once healthy and settled is a failed enter. ``idle_used_gib``: the VRAM an idle card reports in
+    use; more than that with no process listed means something NVML does not show holds the card (WSL2).
+    """
+
+    free_gib: float = Field(default=3.0, ge=0, le=1 << 20)
+    policy: Literal["report", "enforce"] = "report"
+    idle_used_gib: float = Field(default=1.0, ge=0, le=1 << 20)
+
+
+class PageCacheConfig(_Strict):
+    """``drop_after_leave``: after a leave, sync and drop clean page cache (WSL2: the VM's cache holds memory
+    Windows cannot take back). Off by default."""
+
+    drop_after_leave: bool = False
+
+
 class HostConfig(_Strict):
     name: str
     gpus: dict[str, GpuSlot]
@@ -425,6 +451,20 @@ class HostConfig(_Strict):
     docker: DockerConfig = Field(default_factory=DockerConfig)
     shm: ShmConfig = Field(default_factory=ShmConfig)
     secrets: SecretsConfig = Field(default_factory=SecretsConfig)
+    gpu_reserve: GpuReserveConfig = Field(default_factory=GpuReserveConfig)
+    page_cache: PageCacheConfig = Field(default_factory=PageCacheConfig)
+
+    def reserve_bytes(self, slot: str) -> int:
+        """The free VRAM ``slot``'s card must keep: its ``free_gib``, else ``gpu_reserve.free_gib``."""
+        gpu = self.gpus.get(slot)
+        gib = gpu.free_gib if gpu is not None and gpu.free_gib is not None else self.gpu_reserve.free_gib
+        return int(gib * GIB)
+
+    def idle_used_bytes(self, slot: str) -> int:
+        """The VRAM ``slot``'s card reports in use when nothing runs on it."""
+        gpu = self.gpus.get(slot)
+        gib = gpu.idle_used_gib if gpu is not None and gpu.idle_used_gib is not None else self.gpu_reserve.idle_used_gib
+        return int(gib * GIB)
 
     @field_validator("name")
     @classmethod
@@ -573,6 +613,12 @@ class StopSpec(_Strict):
     timeout_s: float = Field(default=180, gt=0, le=DAY_S)
 
 
+class RecipeReserve(_Strict):
+    """A recipe's own reserve policy, over the host's ``gpu_reserve.policy``."""
+
+    policy: Literal["report", "enforce"] | None = None
+
+
 class Recipe(_Strict):
     description: str = ""
     tensor_parallel_size: int = Field(ge=1, le=1024)
@@ -581,13 +627,16 @@ class Recipe(_Strict):
     offload: OffloadSpec = Field(default_factory=OffloadSpec)
     health: HealthSpec = Field(default_factory=HealthSpec)
     stop: StopSpec = Field(default_factory=StopSpec)
+    gpu_reserve: RecipeReserve = Field(default_factory=RecipeReserve)
 
     def content_hash(self) -> str:
         """Stable hash of everything that defines the container: a changed recipe means recreate.
 
-        The free-text description is left out: rewording it must not restart a model that took minutes to load.
+        The free-text description is left out: rewording it must not restart a model that took minutes to load;
+        so is the reserve policy, a judgement of the lane, not part of it.
         """
-        canon = json.dumps(self.model_dump(mode="json", exclude={"description"}), sort_keys=True, separators=(",", ":"))
+        dump = self.model_dump(mode="json", exclude={"description", "gpu_reserve"})
+        canon = json.dumps(dump, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canon.encode()).hexdigest()[:16]
 
 
@@ -641,3 +690,10 @@ class DesiredState:
 
     def slot_owner(self) -> dict[str, DesiredAssignment]:
         return {slot: a for a in self.assignments for slot in a.slots}
+
+    def reserve_policy(self, recipe: str | None) -> str:
+        """``report`` or ``enforce``: the recipe's own ``gpu_reserve.policy``, else the host's."""
+        r = self.recipes.get(recipe or "")
+        if r is not None and r.gpu_reserve.policy is not None:
+            return r.gpu_reserve.policy
+        return self.host.gpu_reserve.policy

@@ -103,6 +103,8 @@ class GpuProcess:
     used_bytes: int | None
     container_id: str | None = None  # full id when the pid runs in a Docker container
     command: str = ""
+    # False when the pid is not found in this /proc (another pid namespace, as container pids on WSL2, or gone).
+    resolved: bool = True
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,17 @@ class GpuSlotView:
     processes: tuple[GpuProcess, ...] = ()
     missing: bool = False  # configured, but no such GPU on the host
     error: str = ""
+    # NVML's own free figure (total - used where it is not given); None where memory is not known.
+    memory_free_bytes: int | None = None
+    utilization_percent: int | None = None  # None: not reported by this driver (WSL2: N/A), or not read
+
+    @property
+    def free_bytes(self) -> int | None:
+        if self.memory_free_bytes is not None:
+            return self.memory_free_bytes
+        if self.memory_total_bytes is None or self.memory_used_bytes is None:
+            return None
+        return max(0, self.memory_total_bytes - self.memory_used_bytes)
 
 
 @dataclass(frozen=True)
@@ -127,6 +140,10 @@ class GpuView:
     telemetry: str  # "nvml" | "none"
     source: Source
     slots: dict[str, GpuSlotView] = field(default_factory=dict)
+    # What the driver answers, learnt from its answers: "reported", "not reported" (NVML's N/A: WSL2), or
+    # "unknown" (nothing to judge by: no process listed, telemetry none or down).
+    process_memory: str = "unknown"
+    utilization: str = "unknown"
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from reconciler.observed import (
     ShmView,
 )
 from reconciler.units import human_bytes
+from reconciler.vram import unlisted_used_bytes
 
 
 
@@ -82,8 +83,9 @@ class Blocker:
     def cause(self) -> str:
         """What kind of problem this is, for the advice that goes with it: ``held`` (something not ours, or
         another assignment of ours, holds a slot), ``adopt`` (a container carries this host's labels but not this
-        install's id), ``tmpfs`` (no room for the offload file) or ``source`` (a source could not vouch for the
-        slots or the offload files: telemetry down, GPU not found, /proc unreadable)."""
+        install's id), ``memory`` (the card has VRAM in use and lists no process), ``tmpfs`` (no room for the
+        offload file) or ``source`` (a source could not vouch for the slots or the offload files: telemetry down,
+        GPU not found, /proc unreadable)."""
         if self.kind:
             return self.kind
         if self.holder == "tmpfs":
@@ -434,6 +436,48 @@ def _slot_problems(
             where = f"container {owner.name}" if owner else ("a container" if p.container_id else "no container")
             cmd = f" ({p.command})" if p.command else ""
             problems.append((f"pid {p.pid}{cmd} in {where} uses GPU slot {slot}", f"pid {p.pid}"))
+    problems.extend(_memory_problems(d, observed, holders, leaving, desired))
+    return problems
+
+
+def _memory_problems(
+    d: DesiredAssignment,
+    observed: Observed,
+    holders: Mapping[str, list[ContainerView]],
+    leaving: set[str | None],
+    desired: DesiredState,
+) -> list[tuple[str, ...]]:
+    """Occupancy by memory: a slot no container holds and whose card lists no process, yet reports more VRAM in
+    use than its idle baseline, is held by something NVML does not show (on WSL2: a Windows program, a process of
+    another pid namespace). "I see no process" is not "free". A slot a leaving container claims is judged again
+    after its leave (the apply layer re-plans after every action)."""
+    gpus = observed.gpus
+    if gpus.telemetry != "nvml" or not gpus.source.ok:
+        return []
+    ids = device_index(desired, observed)
+    all_slots = tuple(desired.host.gpus)
+    going = {
+        slot
+        for c in observed.containers
+        if c.id in leaving and c.active
+        for slot in claimed_slots(c, ids, all_slots, host=desired.host.name)
+    }
+    problems: list[tuple[str, ...]] = []
+    for slot in d.slots:
+        if slot in going or holders.get(slot):
+            continue
+        used = unlisted_used_bytes(desired.host, gpus.slots.get(slot))
+        if used is None:
+            continue
+        idle = desired.host.idle_used_bytes(slot)
+        problems.append(
+            (
+                f"{human_bytes(used)} in use on {slot} and no visible process (more than its idle "
+                f"{human_bytes(idle)}, gpu_reserve.idle_used_gib): something NVML does not list holds the card",
+                f"{human_bytes(used)} unlisted",
+                "memory",
+            )
+        )
     return problems
 
 

@@ -14,6 +14,7 @@ from reconciler.model import DesiredState
 from reconciler.observed import Observed
 from reconciler.planner import Action, ActionKind, Plan, owner_kind, slot_holders
 from reconciler.units import human_bytes
+from reconciler.vram import slot_vram, unlisted_used_bytes
 
 
 
@@ -103,6 +104,9 @@ _ADVICE = {
     "held": "The reconciler never stops what it does not own: free the slot or change the manifest.",
     "tmpfs": "Make room on the offload tmpfs (`reconciler shm status` shows what holds it) or pick a smaller "
     "offload lane.",
+    "memory": "A card reports VRAM in use but NVML lists no process for it (on WSL2: Windows programs, or "
+    "processes of another pid namespace): close what holds it, or raise gpu_reserve.idle_used_gib (or the slot's "
+    "idle_used_gib) in configs/host.yaml if that is the card's idle use.",
     "adopt": "A container with this host's labels but without this install's id is never stopped unasked: "
     "adopt it (`reconciler adopt NAME`, logged) if it is this host's lane, or remove it.",
     "source": "A source could not vouch for the slots or the offload files, so nothing that needs it is changed: "
@@ -113,7 +117,7 @@ _ADVICE = {
 def blocked_advice(plan: Plan) -> list[str]:
     """One line of advice per kind of blocker in the plan, in a fixed order: what the operator can do."""
     causes = {b.cause for b in plan.blockers}
-    return [_ADVICE[c] for c in ("source", "adopt", "held", "tmpfs") if c in causes]
+    return [_ADVICE[c] for c in ("source", "adopt", "held", "memory", "tmpfs") if c in causes]
 
 
 # ---------------------------------------------------------------- status
@@ -142,9 +146,13 @@ def status_data(desired: DesiredState, observed: Observed, plan: Plan) -> dict[s
                     "used_bytes": p.used_bytes,
                     "container": owner.name if owner else p.container_id,
                     "command": p.command,
+                    "resolved": p.resolved,
                 }
             )
         d = want.get(slot)
+        nvml_ok = observed.gpus.telemetry == "nvml" and observed.gpus.source.ok
+        fig = slot_vram(desired.host, view) if nvml_ok else None
+        unlisted = unlisted_used_bytes(desired.host, view) if nvml_ok and not holders else None
         slots[slot] = {
             "desired": d.recipe if d else None,
             "index": view.index if view and view.index is not None else gpu.index,
@@ -167,8 +175,14 @@ def status_data(desired: DesiredState, observed: Observed, plan: Plan) -> dict[s
                 for c in holders
             ],
             "processes": procs,
-            "free": False if holders or procs else (None if blind else True),
+            "free": False if holders or procs or unlisted else (None if blind else True),
             "unknown": blind,
+            "memory_free_bytes": fig.free_bytes if fig else None,
+            "reserve_bytes": fig.reserve_bytes if fig else None,
+            "below_reserve": fig.below_reserve if fig else None,
+            "reserve_policy": desired.reserve_policy(d.recipe if d else None),
+            "unlisted_used_bytes": unlisted,
+            "utilization_percent": view.utilization_percent if view else None,
         }
     shm = observed.shm
     return {
@@ -177,6 +191,8 @@ def status_data(desired: DesiredState, observed: Observed, plan: Plan) -> dict[s
         "manifest": desired.manifest_path,
         "gpu_telemetry": observed.gpus.telemetry,
         "gpu_source": observed.gpus.source.detail or observed.gpus.source.render(),
+        # What the driver answers (learnt from its answers): "reported", "not reported" (WSL2), "unknown".
+        "gpu_driver_reports": {"process_memory": observed.gpus.process_memory, "utilization": observed.gpus.utilization},
         "sources": {n: v.render() for n, v in observed.sources.items()},
         "slots": slots,
         "containers": [
@@ -236,6 +252,12 @@ def render_status(data: dict[str, Any], s: Style) -> str:
         + f"  (manifest {data['manifest']}; install id {install[:12] + '…' if install else 'none yet: the first apply makes one'})"
     ]
     out.append(f"GPU telemetry {data['gpu_telemetry']}: {data['gpu_source']}")
+    reports = data.get("gpu_driver_reports") or {}
+    if data["gpu_telemetry"] == "nvml":
+        missing = [what for key, what in (("process_memory", "per-process memory"), ("utilization", "utilisation"))
+                   if reports.get(key) == "not reported"]
+        if missing:
+            out.append(s.yellow(f"  {' and '.join(missing)}: not reported by this driver"))
     bad = {k: v for k, v in data["sources"].items() if v != "ok" and not v.startswith("ok")}
     if bad:
         out.append(s.red("sources: " + ", ".join(f"{k} {v}" for k, v in bad.items())))
@@ -247,15 +269,25 @@ def render_status(data: dict[str, Any], s: Style) -> str:
             gpu += f" {v['uuid']}"
         if v["memory_total_bytes"]:
             gpu += f", {human_bytes(v['memory_used_bytes'])} / {human_bytes(v['memory_total_bytes'])}"
+        if v.get("memory_free_bytes") is not None:
+            gpu += f", {human_bytes(v['memory_free_bytes'])} free"
+            if v.get("below_reserve"):
+                gpu += s.red(f", BELOW RESERVE {human_bytes(v['reserve_bytes'])} ({v.get('reserve_policy')})")
+            else:
+                gpu += f", reserve {human_bytes(v['reserve_bytes'])}"
         if v["missing"]:
             gpu += s.red(f" MISSING: {v['error']}" if v["error"] else " MISSING")
         held = [f"{c['name']} ({_whose(c)}, {c['state']})" for c in v["containers"]]
         held += [
-            f"pid {p['pid']} {p['command'][:60]} ({human_bytes(p['used_bytes'])}"
+            f"pid {p['pid']} "
+            + (p["command"][:60] if p["command"] else "(not found in this /proc: another pid namespace, or gone)")
+            + f" ({'memory n/a' if p['used_bytes'] is None else human_bytes(p['used_bytes'])}"
             + (f", in {p['container']}" if p["container"] else ", no container")
             + ")"
             for p in v["processes"]
         ]
+        if v.get("unlisted_used_bytes"):
+            held.append(f"{human_bytes(v['unlisted_used_bytes'])} in use and no visible process")
         if held:
             now = "; ".join(held) + (s.yellow(f" (and unknown: {', '.join(v['unknown'])} unavailable)") if v["unknown"] else "")
         elif v["free"] is None:

@@ -254,6 +254,7 @@ class ApplySession:
                     "result": o.result,
                     "seconds": round(o.seconds, 3),
                     "detail": o.detail,
+                    **o.extra,
                 }
                 for o in result.outcomes
             ],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from reconciler import spec
@@ -29,7 +31,10 @@ from reconciler.observed import (
     Tmpfs,
 )
 
+from reconciler.observe.gpu import parse_nvml
+
 SLOTS = {"dark-compute-a": 0, "dark-compute-b": 1}
+NVML_DATA = Path(__file__).parent / "data" / "nvml"
 INSTALL_ID = "1" * 32  # this install's id in every case; a container's `install:` overrides it (`none`: no label)
 
 
@@ -46,7 +51,12 @@ def make_recipe(tp: int = 1, offload_gib: float = 0, image: str = "img") -> Reci
 
 def make_desired(case: dict[str, Any]) -> DesiredState:
     host = HostConfig.model_validate(
-        {"name": "h", "gpus": {s: {"index": i} for s, i in SLOTS.items()}, "gpu_telemetry": case.get("telemetry", "none")}
+        {
+            "name": "h",
+            "gpus": {s: {"index": i, **(case.get("slots") or {}).get(s, {})} for s, i in SLOTS.items()},
+            "gpu_telemetry": case.get("telemetry", "none"),
+            **(case.get("host") or {}),  # more host.yaml keys (gpu_reserve, page_cache)
+        }
     )
     recipes = {name: make_recipe(**(spec or {})) for name, spec in case["recipes"].items()}
     assignments = []
@@ -130,6 +140,20 @@ def make_observed(case: dict[str, Any], desired: DesiredState) -> Observed:
         )
         slots[slot] = GpuSlotView(slot=slot, index=idx, uuid=None, processes=plist, missing=slot in missing)
     gpus = GpuView(telemetry=desired.host.gpu_telemetry, source=_source("gpu", obs.get("gpu")), slots=slots)
+    if case.get("nvml"):
+        # An NVML answer from tests/data/nvml/ (captured, or built where marked so), through the real parse. `pids`
+        # says which pid runs in which container, with what command; a pid not named there does not resolve.
+        pids = {int(k): v for k, v in (case.get("pids") or {}).items()}
+
+        def container_of(pid: int) -> str | None:
+            name = (pids.get(pid) or {}).get("container")
+            return by_name[name].id if name in by_name else name
+
+        def command_of(pid: int) -> str:
+            return (pids.get(pid) or {}).get("command", "")
+
+        raw = json.loads((NVML_DATA / case["nvml"]).read_text())
+        gpus = parse_nvml(raw, desired.host, container_of=container_of, command_of=command_of)
     shm_spec = obs.get("shm") or {}
     files = []
     for n, f in enumerate(shm_spec.get("files") or []):

@@ -462,10 +462,20 @@ def test_a_stray_process_on_the_slot_blocks_the_enter_naming_the_pid() -> None:
 
 
 def test_the_same_manifest_enters_when_the_slot_is_free() -> None:
-    idle = with_devices(TWO_GPUS["devices"][0], {**TWO_GPUS["devices"][1], "processes": []})
+    idle = with_devices(TWO_GPUS["devices"][0], {**TWO_GPUS["devices"][1], "processes": [], "memory_used": 564330496})
     p = plan(_desired(), _observed(parse_nvml(idle, SPLIT, **procs({}))))
     assert not p.blocked
     assert [(a.kind.value, a.recipe, a.gpus) for a in p.actions] == [("enter", "omni", ("dark-compute-b",))]
+
+
+def test_no_listed_process_but_memory_in_use_is_not_free() -> None:
+    """The card still reports 84 GiB in use, but NVML lists no process (WSL2 hides Windows programs): blocked,
+    naming the figure, never taken as free."""
+    hidden = with_devices(TWO_GPUS["devices"][0], {**TWO_GPUS["devices"][1], "processes": []})
+    p = plan(_desired(), _observed(parse_nvml(hidden, SPLIT, **procs({}))))
+    [b] = p.blockers
+    assert b.reason.startswith("84.00 GiB in use on dark-compute-b and no visible process")
+    assert b.cause == "memory" and b.holder == "84.00 GiB unlisted"
 
 
 def test_unavailable_telemetry_blocks_and_says_why() -> None:

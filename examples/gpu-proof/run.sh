@@ -3,6 +3,11 @@
 #   reconciler --root examples/gpu-proof/root status --json   must show it on slot dark-compute-a with its memory,
 #   reconciler --root examples/gpu-proof/root plan            must be blocked (exit 3), naming its pid,
 # the same must hold with the slot named by its UUID, and once the process ends the plan must want to enter.
+# Then the free-VRAM reserve: a real CUDA process takes all of GPU 0's memory but LEAVE_FREE_MIB (1024), so the card
+# is below the 3 GiB reserve of root/configs/host.yaml; `status` (text and JSON) must say so, and the check an enter
+# makes once its lane is healthy (Applier.check_reserve, via reserve_check.py: no Docker here, so no real enter)
+# must fail it under policy enforce and let it stay under report. Each NVML answer read is kept (nvml-*.json, and
+# copied to $OUT when that is set) as test data.
 #
 # Needs: an NVIDIA driver, nvidia-ml-py, PyTorch with CUDA, and this package importable (installed, or run from
 # the repository: the script puts the repository on PYTHONPATH). Exits 0 only when every check holds.
@@ -67,6 +72,17 @@ if [[ "${STAND_IN_ENGINE:-1}" == 1 ]]; then
     echo "stand-in engine pid $engine_pid on unix://$work/engine.sock"
 fi
 
+capture() {  # read_nvml's answer, as the parse gets it, into $work/$1
+    "$py" - "$root" >"$work/$1" <<'PY'
+import json, sys
+from reconciler.loader import load_host
+from reconciler.observe.gpu import read_nvml
+print(json.dumps(read_nvml(load_host(sys.argv[1])), indent=1))
+PY
+    echo "NVML answer kept in $work/$1"
+}
+capture nvml-idle.json
+
 echo
 echo "== a real CUDA process takes ${hold_mib} MiB on GPU 0 (not started by the reconciler, not in a container)"
 mkfifo "$work/hold.in"
@@ -81,6 +97,7 @@ for _ in $(seq 50); do  # NVML lists a new CUDA context a moment after it is mad
     sleep 0.2
 done
 show nvidia-smi --query-compute-apps=pid,process_name,used_memory,gpu_uuid --format=csv
+capture nvml-busy.json
 
 echo
 echo "== status and plan, slot dark-compute-a given by index 0 (root: examples/gpu-proof/root)"
@@ -147,4 +164,68 @@ for _ in $(seq 50); do
 done
 show "${rec[@]}" --root "$root" plan
 [[ $rc == 2 ]] || { echo "expected exit 2 (changes pending) once the GPU is free"; exit 1; }
+
+leave_mib=${LEAVE_FREE_MIB:-1024}
+echo
+echo "== below the reserve: a real CUDA process takes all of GPU 0's free memory but ${leave_mib} MiB"
+show grep -n "gpu_reserve" "$root/configs/host.yaml"
+rm -f "$work/hold.in" "$work/hold.out"
+mkfifo "$work/hold.in"
+"$py" "$here/hold_gpu.py" --index 0 --leave-free-mib "$leave_mib" --seconds 600 <"$work/hold.in" >"$work/hold.out" &
+holder_pid=$!
+exec 4>"$work/hold.in"
+for _ in $(seq 600); do [[ -s "$work/hold.out" ]] && break; sleep 0.2; done
+cat "$work/hold.out"
+[[ -s "$work/hold.out" ]] || { echo "the CUDA holder did not take GPU memory"; exit 1; }
+for _ in $(seq 50); do
+    nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -qw "$holder_pid" && break
+    sleep 0.2
+done
+show nvidia-smi --query-gpu=index,memory.used,memory.free,memory.total --format=csv
+capture nvml-below-reserve.json
+show_to "$work/status-below.json" "${rec[@]}" --root "$root" status --json
+show_to "$work/status-below.txt" "${rec[@]}" --root "$root" status
+echo
+echo "-- the enter's reserve check (Applier.check_reserve) on this NVML answer, policy enforce (root/configs/host.yaml)"
+show "$py" "$here/reserve_check.py" "$root" failed
+enforce_rc=$rc
+rm -rf "$work/root-report"
+cp -r "$root" "$work/root-report"
+sed -i "s|policy: enforce|policy: report|" "$work/root-report/configs/host.yaml"
+echo
+echo "-- the same check with policy report"
+show grep -n "gpu_reserve" "$work/root-report/configs/host.yaml"
+show "$py" "$here/reserve_check.py" "$work/root-report" stays
+report_rc=$rc
+
+echo
+echo "== reserve checks"
+"$py" - "$work" "$enforce_rc" "$report_rc" <<'PY' || checks_rc=1
+import json, sys
+work, enforce_rc, report_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+failed = []
+def check(ok, what):
+    print(("ok    " if ok else "FAIL  ") + what)
+    if not ok:
+        failed.append(what)
+st = json.load(open(f"{work}/status-below.json"))
+slot = st["slots"]["dark-compute-a"]
+free, reserve = slot["memory_free_bytes"], slot["reserve_bytes"]
+check(st["sources"]["gpu"] == "ok", f"gpu source ok ({st['sources']['gpu']})")
+check(reserve == 3 * 1024**3, f"reserve of dark-compute-a is 3 GiB ({reserve})")
+check(free is not None and free < reserve, f"free {free} < reserve {reserve}")
+check(slot["below_reserve"] is True, f"status --json: below_reserve {slot['below_reserve']}")
+text = open(f"{work}/status-below.txt").read()
+check("BELOW RESERVE" in text, "status (text) says BELOW RESERVE")
+check(enforce_rc == 0, f"enforce: the enter's check fails the enter (reserve_check.py exit {enforce_rc})")
+check(report_rc == 0, f"report: the lane stays (reserve_check.py exit {report_rc})")
+print("RESERVE PROOF OK" if not failed else f"RESERVE PROOF FAILED: {len(failed)} check(s)")
+sys.exit(1 if failed else 0)
+PY
+exec 4>&-
+wait "$holder_pid" || true
+holder_pid=""
+if [[ -n "${OUT:-}" ]]; then
+    cp "$work"/nvml-idle.json "$work"/nvml-busy.json "$work"/nvml-below-reserve.json "$work"/status-below.json "$OUT"/
+fi
 exit "$checks_rc"

@@ -57,8 +57,12 @@ def read_nvml(host: HostConfig) -> RawNvml:
     processes only for devices a configured slot points at, by index or UUID. Shape::
 
         {"error": None | "NVMLError_...: text", "driver_version": str, "device_count": int, "read_s": float,
-         "devices": [{"index", "name", "uuid", "memory_total", "memory_used",
+         "devices": [{"index", "name", "uuid", "memory_total", "memory_used", "memory_free",
+                      "utilization_gpu" | "utilization_error",
                       "processes": [{"pid", "used_gpu_memory"}], "errors": {call: "NVMLError_...: text"}}]}
+
+    ``used_gpu_memory`` is None where the driver does not report a process's memory (the binding turns NVML's
+    NVML_VALUE_NOT_AVAILABLE into None: WSL2 and Windows WDDM drivers).
     """
     started = time.monotonic()
     raw: RawNvml = {"error": None, "driver_version": "", "device_count": 0, "devices": [], "read_s": 0.0}
@@ -114,8 +118,14 @@ def _read_devices(pynvml: Any, host: HostConfig, raw: RawNvml) -> None:
             mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
             dev["memory_total"] = int(mem.total)
             dev["memory_used"] = int(mem.used)
+            dev["memory_free"] = int(mem.free)
         except pynvml.NVMLError as exc:
             dev["errors"]["memory"] = _err(exc)
+        try:
+            dev["utilization_gpu"] = int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        except pynvml.NVMLError as exc:
+            # Not a failure of the source: WSL2's driver answers N/A (Not Supported) here, and nothing needs it.
+            dev["utilization_error"] = _err(exc)
         try:
             procs = _compute_processes(pynvml, handle)
             dev["processes"] = [
@@ -197,11 +207,31 @@ def parse_nvml(
         problems.extend(f"{where} (GPU {dev['index']}): {e}" for e in errors)
         slots[slot] = view
 
+    answers = _driver_answers(slots.values())
     if problems:
-        return GpuView(telemetry="nvml", source=Source("gpu", False, "NVML: " + "; ".join(problems)), slots=slots)
+        source = Source("gpu", False, "NVML: " + "; ".join(problems))
+        return GpuView(telemetry="nvml", source=source, slots=slots, **answers)
     driver = raw.get("driver_version") or "unknown"
     detail = f"NVML driver {driver}, {raw.get('device_count', len(devices))} GPU(s)"
-    return GpuView(telemetry="nvml", source=Source("gpu", True, detail), slots=slots)
+    return GpuView(telemetry="nvml", source=Source("gpu", True, detail), slots=slots, **answers)
+
+
+def _driver_answers(views: Collection[GpuSlotView]) -> dict[str, str]:
+    """What this driver answers, judged by what it answered: per-process memory (None for every listed process:
+    not reported, as on WSL2) and utilisation."""
+    procs = [p for v in views for p in v.processes]
+    if not procs:
+        memory = "unknown"
+    elif all(p.used_bytes is None for p in procs):
+        memory = "not reported"
+    else:
+        memory = "reported"
+    read = [v for v in views if not v.missing and not v.error]
+    if any(v.utilization_percent is not None for v in read):
+        util = "reported"
+    else:
+        util = "not reported" if read else "unknown"
+    return {"process_memory": memory, "utilization": util}
 
 
 def _slot_view(
@@ -223,10 +253,15 @@ def _slot_view(
             used[pid] = None
         else:
             used[pid] = None if mem is None else int(mem)
-    processes = tuple(
-        GpuProcess(pid=pid, used_bytes=used[pid], container_id=container_of(pid), command=command_of(pid))
-        for pid in sorted(used)
-    )
+    processes = []
+    for pid in sorted(used):
+        command = command_of(pid)
+        # A pid with no /proc entry here: in another pid namespace (WSL2 lists container pids so), or just gone.
+        processes.append(
+            GpuProcess(pid=pid, used_bytes=used[pid], container_id=container_of(pid), command=command,
+                       resolved=bool(command))
+        )
+    util = dev.get("utilization_gpu")
     view = GpuSlotView(
         slot=slot,
         index=int(dev["index"]),
@@ -234,8 +269,10 @@ def _slot_view(
         name=str(dev.get("name") or ""),
         memory_total_bytes=dev.get("memory_total"),
         memory_used_bytes=dev.get("memory_used"),
-        processes=processes,
+        processes=tuple(processes),
         error="; ".join(errors),
+        memory_free_bytes=dev.get("memory_free"),
+        utilization_percent=None if util is None else int(util),
     )
     return view, errors
 
@@ -258,6 +295,20 @@ def slots_of_container(view: GpuView, container_id: str) -> tuple[str, ...]:
     For enter's postcondition: once healthy, a recipe's container must be on exactly its slots.
     """
     return tuple(slot for slot, s in view.slots.items() if any(p.container_id == container_id for p in s.processes))
+
+
+def unattributable_slots(view: GpuView, slots: Collection[str]) -> tuple[str, ...]:
+    """Of ``slots``, those on which NVML cannot show whose processes run: a listed pid that does not resolve
+    here (another pid namespace: container pids on WSL2), or no process listed while the card reports memory in
+    use beyond what nothing would (WSL2 lists none at all). Enter's postcondition then rests on Docker alone."""
+    found = []
+    for slot in slots:
+        s = view.slots.get(slot)
+        if s is None or s.missing:
+            continue
+        if any(not p.resolved for p in s.processes) or (not s.processes and (s.memory_used_bytes or 0) > 0):
+            found.append(slot)
+    return tuple(found)
 
 
 # ---------------------------------------------------------------- the observer

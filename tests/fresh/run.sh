@@ -207,7 +207,8 @@ run_target() {  # SUITE; adds it to failed when either command fails
         echo "fresh $suite: $os; repository HEAD $commit"
         printf '  make demo  exit %-3s %5ss\n' "$demo_rc" "$demo_s"
         printf '  make test  exit %-3s %5ss   pytest: %s\n' "$test_rc" "$test_s" "${line:-no closing line (pytest did not run or was cut off)}"
-        grep -E '^(FAILED|ERROR) ' "$dir/test.log" | sed 's/^/    /' || true
+        grep -E '^(FAILED|ERROR) ' "$dir/test.log" | cut -c1-150 | awk '
+            NR <= 25 { print "    " $0 } END { if (NR > 25) print "    ... and " NR - 25 " more (test.log, short test summary)" }' || true
         [ "$demo_rc" = 0 ] || { echo "  make demo's last lines:"; tail -5 "$dir/demo.log" | sed 's/^/    /'; }
         if [ "$demo_rc" = 124 ] || [ "$test_rc" = 124 ]; then echo "  (exit 124: stopped after FRESH_TIMEOUT=${timeout_s}s)"; fi
         echo "  logs: $dir/{setup,demo,test,dockerd}.log"
