@@ -6,10 +6,15 @@ stand-alone inspector ``python -m reconciler.observe.shm``; it imports no front-
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from reconciler.observed import ShmFile, ShmView
 from reconciler.redact import redact_cmdline
+
+
+# The owners of one file are often thousands of processes of a few command lines: each line is redacted once.
+_redact_command = functools.lru_cache(maxsize=4096)(redact_cmdline)
 
 
 def file_json(f: ShmFile) -> dict[str, Any]:
@@ -20,7 +25,7 @@ def file_json(f: ShmFile) -> dict[str, Any]:
         "size_bytes": f.size_bytes,
         "allocated_bytes": f.allocated_bytes,
         "owners": [
-            {"pid": o.pid, "container": o.container, "via": o.via, "command": redact_cmdline(o.command)} for o in f.owners
+            {"pid": o.pid, "container": o.container, "via": o.via, "command": _redact_command(o.command)} for o in f.owners
         ],
         "state": f.state,
         "reason": f.reason,
