@@ -67,6 +67,8 @@ class Bench:
         self.root = workdir / "root"
         self.shm = workdir / "shm"
         self.shm.mkdir()
+        # shm.dir must be a tmpfs mount point (the loader refuses a plain directory): one of its own, as bench_plan.
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(self.shm)], check=True)
         shutil.copytree(DEMO, self.root)
         for f in (self.root / "configs" / "recipes").glob("*.toml"):
             f.unlink()
@@ -151,6 +153,7 @@ timeout_s = {STOP_TIMEOUT_S}
             found.update(out.split())
         for cid in sorted(found):
             subprocess.run(["docker", "rm", "-f", cid], check=False, capture_output=True)
+        subprocess.run(["umount", "-l", str(self.shm)], check=False)
 
 
 def row(name: str, xs: list[float], goal: str, ok: bool | None) -> str:
