@@ -166,6 +166,9 @@ class Applier:
         # Sees every guarded reclaim's ReclaimResult (the loop counts the files it kept as refusals).
         self.on_reclaim = on_reclaim
         self.poll_s = poll_s
+        # The loop's view for the fallback: () -> (last converged topology, seconds to each held lane's next attempt).
+        # None (``reconciler apply``): no fallback; a failed enter leaves its slots as they are.
+        self.fallback_view: Callable[[], tuple[Any, Mapping[str, float]]] | None = None
 
     # ------------------------------------------------------------ observe + plan
 
@@ -174,7 +177,13 @@ class Applier:
 
     def plan_now(self, extra_hold: Mapping[str, str] | None = None) -> tuple[Observed, Plan]:
         observed = self.observe()
-        return observed, plan(self.desired, observed, hold={**self.hold, **(extra_hold or {})})
+        return observed, self.plan_of(observed, extra_hold)
+
+    def plan_of(self, observed: Observed, extra_hold: Mapping[str, str] | None = None) -> Plan:
+        """The plan for an observation, with this applier's holds and (in the loop) its fallback view."""
+        last_good, next_attempt = self.fallback_view() if self.fallback_view else ((), {})
+        return plan(self.desired, observed, hold={**self.hold, **(extra_hold or {})}, last_good=last_good,
+                    next_attempt=next_attempt)
 
     # ------------------------------------------------------------ the pass
 
@@ -258,11 +267,15 @@ class Applier:
             return PassResult("failed", first, current, outcomes, f"did not converge after {len(outcomes)} actions")
         if current.held:
             return PassResult("held", first, current, outcomes, "; ".join(h.reason for h in current.held))
+        from reconciler.history import record_topology
+
+        record_topology(self.desired.host.name, [(a.recipe, a.slots) for a in self.desired.assignments])
         return PassResult("converged", first, current, outcomes)
 
     def _execute(self, action: Action, observed: Observed) -> Outcome:
         t0 = time.monotonic()
         refusal = ""
+        self._announce(action)
         self._extra: dict[str, Any] = {}
         try:
             if action.kind is ActionKind.ENTER:
@@ -283,6 +296,10 @@ class Applier:
         except Exception as exc:  # noqa: BLE001 - a Docker API error etc.: the action failed, say why
             detail, freed, result = f"{type(exc).__name__}: {exc}", 0, "failed"
         seconds = time.monotonic() - t0
+        if result == "ok" and action.recipe and action.kind is not ActionKind.RECLAIM:
+            from reconciler.history import record_duration
+
+            record_duration(self.desired.host.name, action.recipe, action.kind.value, seconds)
         self.progress.done(action, result, seconds, detail)
         return Outcome(action, result, seconds, detail, freed, refusal, extra=dict(getattr(self, "_extra", {})))
 
@@ -338,7 +355,7 @@ class Applier:
         if self.cancel.is_set():
             raise Cancelled("stop requested before create; nothing created")
         # Act: create (labelled in the same call, so an interrupt never leaves it unowned), start, wait for health.
-        self.progress.phase(action, "create")
+        self.progress.phase(action, "starting: create")
         install_id = ensure_install_id(self.desired.host.name)
         refs = recipe.container.env_refs().values()
         try:
@@ -349,7 +366,7 @@ class Applier:
         try:
             # From create to settled the engine loads its model through the page cache: no drop meanwhile.
             with pagecache.entering():
-                self.progress.phase(action, "start")
+                self.progress.phase(action, "starting")
                 self.ops.start(cid)
                 self._wait_healthy(action, cid, recipe)
                 after = self._check_enter(action, cid)
@@ -402,8 +419,10 @@ class Applier:
                 if h.url:
                     if _http_ok(h.url):
                         self._settle_after_health(action, cid, recipe, restarts)
+                        self._run_probes(action, recipe)
                         return
                 elif time.monotonic() - running_since >= h.settle_s:
+                    self._run_probes(action, recipe)
                     return
             if elapsed >= h.start_timeout_s:
                 raise ActionFailed(
@@ -411,8 +430,87 @@ class Applier:
                     f"({'GET ' + h.url if h.url else 'running for settle_s'}); raise health.start_timeout_s "
                     "in the recipe if it needs longer"
                 )
-            self.progress.phase(action, "waiting for health", elapsed=elapsed, timeout=h.start_timeout_s)
+            self.progress.phase(action, "loading: waiting for its health URL", elapsed=elapsed, timeout=h.start_timeout_s)
             time.sleep(self.poll_s)
+
+    def _run_probes(self, action: Action, recipe: Recipe) -> None:
+        """The recipe's functional preflight, once its health URL answered: each probe in order, the first that
+        fails fails the enter (``ProbeFailed``: the reason names the probe and what came back)."""
+        from reconciler.probes import run_probe
+
+        results = []
+        for i, probe in enumerate(recipe.probes):
+            if self.cancel.is_set():
+                raise Cancelled(f"stop requested while probing {action.container}; it keeps its labels")
+            self.progress.phase(action, f"probes: {probe.name} ({i + 1}/{len(recipe.probes)})", timeout=probe.timeout_s)
+            res = run_probe(probe, recipe)
+            results.append(res.to_json())
+            self._extra = {**getattr(self, "_extra", {}), "probes": results}
+            if not res.ok:
+                raise ProbeFailed(res.reason())
+
+    def _drain(self, action: Action, c: Any, recipe: Recipe | None, observed: Observed) -> str:
+        """Before a lane leaves: wait until it runs and queues no request (vLLM's ``vllm:num_requests_running`` and
+        ``vllm:num_requests_waiting`` on its /metrics), at most ``drain.timeout_s``; then it is stopped anyway. A lane
+        that is not running, never passed its health check or does not answer it now is failing: not drained.
+        Returns the note for the outcome's detail; the figures go into the outcome as ``drain``."""
+        from reconciler.probes import read_gauges
+
+        def note(record: dict[str, Any], text: str) -> str:
+            self._extra = {**getattr(self, "_extra", {}), "drain": {**record, "note": text}}
+            return text
+
+        skipped = {"drained": False, "timed_out": False, "seconds": 0.0}
+        if recipe is None:
+            return note(skipped, "not drained: its recipe is gone, so its metrics URL is unknown")
+        if not recipe.drain.enabled:
+            return note(skipped, "not drained: drain.enabled = false in its recipe")
+        url = recipe.drain_metrics_url()
+        if not c.active or c.id not in observed.ownership.healthy:
+            return note(skipped, "not drained: it is not a healthy lane")
+        if url is None:
+            return note(skipped, "not drained: its recipe has no health.url or drain.metrics_url")
+        if recipe.health.url and not _http_ok(recipe.health.url):
+            return note(skipped, f"not drained: its health URL {recipe.health.url} does not answer (a failing lane)")
+        gauges = read_gauges(url)
+        if isinstance(gauges, str):
+            return note(skipped, f"not drained: {gauges}")
+        timeout = recipe.drain.timeout_s
+        t0 = time.monotonic()
+        first = int(gauges[0] + gauges[1])
+        while True:
+            running, waiting = gauges
+            elapsed = time.monotonic() - t0
+            record = {"drained": False, "timed_out": False, "seconds": round(elapsed, 3), "requests_at_start": first,
+                      "running": int(running), "waiting": int(waiting), "timeout_s": timeout, "url": url}
+            if running + waiting <= 0:
+                record["drained"] = True
+                if not first:
+                    return note(record, "drained: no request in flight")
+                return note(record, f"drained {first} request(s) in {elapsed:.1f} s")
+            if elapsed >= timeout:
+                record["timed_out"] = True
+                return note(record, f"drain timed out after {timeout:g} s with {int(running)} running and "
+                                    f"{int(waiting)} waiting: stopped anyway")
+            if self.cancel.is_set():
+                raise Cancelled(f"stop requested while draining {c.name}; it still runs")
+            self.progress.phase(action, f"draining: {int(running)} running, {int(waiting)} waiting",
+                                elapsed=elapsed, timeout=timeout)
+            time.sleep(min(self.poll_s, max(0.01, timeout - elapsed)))
+            gauges = read_gauges(url)
+            if isinstance(gauges, str):
+                record["seconds"] = round(time.monotonic() - t0, 3)
+                return note(record, f"drain ended: {gauges}")
+
+    def _announce(self, action: Action) -> None:
+        """Tell the progress how long this recipe's earlier enters or leaves took (none for a reclaim)."""
+        expect = getattr(self.progress, "expect", None)
+        if expect is None or action.kind is ActionKind.RECLAIM or not action.recipe:
+            return
+        from reconciler.history import expected
+
+        past = expected(self.desired.host.name, action.recipe, action.kind.value)
+        expect(action, past[0] if past else None, past[1] if past else 0)
 
     def _check_health_url_free(self, action: Action, recipe: Recipe) -> None:
         """Preflight: nothing may answer the health URL before the container starts. If something does (a stale
@@ -450,7 +548,7 @@ class Applier:
         while (elapsed := time.monotonic() - t0) < h.settle_s:
             if self.cancel.is_set():
                 raise Cancelled(f"stop requested while {action.container} settles; it keeps its labels")
-            self.progress.phase(action, "healthy, settling", elapsed=elapsed, timeout=h.settle_s)
+            self.progress.phase(action, "health: answered, settling", elapsed=elapsed, timeout=h.settle_s)
             time.sleep(min(self.poll_s, max(0.0, h.settle_s - elapsed)))
             check(f"within health.settle_s ({h.settle_s:g} s) after its health URL answered")
 
@@ -493,7 +591,7 @@ class Applier:
             freed_note = f"; its offload file was not reclaimed: {res.refused}"
         observed = self.observe()
         still = [c.name for c in observed.containers if c.id == cid and c.active]
-        cause = exc.cause if isinstance(exc, BelowReserve) else (_cause_from_logs(logs) or exc.cause)
+        cause = exc.cause if isinstance(exc, (BelowReserve, ProbeFailed)) else (_cause_from_logs(logs) or exc.cause)
         msg = f"enter {action.recipe} on {','.join(action.gpus)} failed: {cause}. Kept as {kept} (docker logs {kept}){freed_note}"
         if still:
             msg += f"; WARNING: {still[0]} is still running"
@@ -518,6 +616,7 @@ class Applier:
         recipe = self.desired.recipes.get(c.recipe or "")
         timeout = recipe.stop.timeout_s if recipe else DEFAULT_STOP_TIMEOUT_S
         its_files = [f.path for f in observed.shm.files if any(o.container in (c.name, c.id) for o in f.owners)]
+        drained = self._drain(action, c, recipe, observed)
         if c.active:
             self.progress.phase(action, "stopping", timeout=timeout)
             self.ops.stop(cid, timeout)
@@ -549,7 +648,7 @@ class Applier:
                 f"offload file(s) of {c.name} still present after leave: {', '.join(left)} "
                 f"({'; '.join(f.reason or f.state for f in after.shm.files if f.path in left)})"
             )
-        detail = f"{c.name} {fate}"
+        detail = f"{drained}; {c.name} {fate}"
         if freed:
             detail += f"; reclaimed {human_bytes(freed)}"
         if self.desired.host.page_cache.drop_after_leave:

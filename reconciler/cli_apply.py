@@ -115,6 +115,22 @@ def cmd_adopt(args: argparse.Namespace) -> int:
     return res.exit_code
 
 
+def cmd_probe(args: argparse.Namespace) -> int:
+    """Run a recipe's functional probes against its running lane now. Exit 0 all passed, 1 any failed."""
+    res = service(args).probe(args.recipe)
+    if args.json:
+        emit_json(res.to_json())
+        return res.exit_code
+    where = ", ".join(res.containers) or "no running container of it (the probes ask its URL anyway)"
+    print(f"recipe {res.recipe} on host {res.host}: {where}")
+    if not res.results:
+        print("  no probes: add [[probes]] to the recipe")
+    for r in res.results:
+        print(f"  {'ok  ' if r.ok else 'FAIL'} {r.name:<16} {r.kind:<10} {r.seconds:6.2f}s  {r.detail}")
+    print(f"{sum(r.ok for r in res.results)}/{len(res.results)} probe(s) passed")
+    return res.exit_code
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from reconciler.backoff import Backoff
     from reconciler.errors import ReconcilerError
@@ -154,6 +170,11 @@ def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("containers", nargs="+", metavar="CONTAINER", help="name or id")
     p.set_defaults(func=cmd_adopt)
+
+    p = sub.add_parser("probe", parents=parents, help="run a recipe's functional probes against its running lane "
+                       "(0 all passed, 1 any failed)")
+    p.add_argument("recipe", metavar="RECIPE", help="the recipe's name (its file stem under configs/recipes/)")
+    p.set_defaults(func=cmd_probe)
 
     p = sub.add_parser("run", parents=parents, help="the loop: watch and converge, serve /metrics and /healthz")
     p.add_argument("--metrics-addr", default="127.0.0.1:9464", help="HOST:PORT for /metrics and /healthz ('' = off)")

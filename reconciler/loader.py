@@ -675,7 +675,8 @@ def load_desired(
     if problems:
         raise ConfigError(problems)
     return DesiredState(
-        host=host, recipes=recipes, assignments=tuple(assignments), manifest_path=path, secret_digests=secret_digests
+        host=host, recipes=recipes, assignments=tuple(assignments), manifest_path=path, secret_digests=secret_digests,
+        fallback=manifest.fallback,
     )
 
 

@@ -33,7 +33,7 @@ from reconciler.redact import redact_data
 from reconciler.model import DesiredState, assignment_key, container_name
 from reconciler.observe.docker_obs import DockerObserver
 from reconciler.planner import ActionKind, Plan
-from reconciler.planner import plan as make_plan
+from reconciler.progress import LogProgress
 
 # The planner's reason for the leave of a container that stopped by itself ("NAME is exited with code 137").
 _CRASHED = re.compile(r"\bexited with code (-?\d+)")
@@ -134,6 +134,8 @@ class Loop:
         self._crashed: set[str] = set()  # ids of crashed containers already counted in the backoff
         self._held: set[str] = set()  # assignments whose enter the last pass held: wake when their backoff ends
         self._down: dict[str, str] = {}  # sources the last pass could not read, with why: logged when this changes
+        self._fallbacks: set[str] = set()  # fallback lanes in force after the last pass: logged when this changes
+        self._fallback_json: list[dict[str, Any]] = []
         self._below: set[str] = set()  # slots below their free-VRAM reserve in the last pass: logged when this changes
 
     # ------------------------------------------------------------ lifecycle
@@ -250,13 +252,15 @@ class Loop:
             # connect=False: an engine that does not answer is a source down in this pass's observation (logged,
             # exported, /healthz 503), and the loop waits for it; it never ends the loop.
             applier = Applier(desired, observer=self.observer, cancel=self.cancel, hold=self.backoff.holds(),
-                              on_outcome=self._on_outcome, on_reclaim=self._on_reclaim, connect=False)
+                              on_outcome=self._on_outcome, on_reclaim=self._on_reclaim, connect=False,
+                              progress=LogProgress(self.log))
+            applier.fallback_view = lambda: self._fallback_view(desired)
             observed, plan = applier.plan_now()
             self._sources_changed(observed)
             if self._count_crashes(desired, plan):
                 # Counted before its leave runs, so the re-enter planned in this very pass waits for its backoff.
                 applier.hold = self.backoff.holds()
-                plan = make_plan(desired, observed, hold=applier.hold)
+                plan = applier.plan_of(observed)
         except Exception as exc:  # noqa: BLE001 - the loop must survive anything one pass throws
             self.log("pass-error", error=f"{type(exc).__name__}: {exc}")
             self.metrics.record_pass("error", time.monotonic() - t0)
@@ -274,6 +278,7 @@ class Loop:
         else:
             result = applier.converge(start=(observed, plan))  # no actions: classifies only, changes nothing
         self._held = {assignment_key(h.recipe, h.gpus) for h in result.final.held}
+        self._fallbacks_changed(result.final)
         for reason in pass_refusals(result):
             self.metrics.record_refusal(reason)
         kind = "error" if result.result in ("error", "interrupted") else _PASS_RESULT[result.result]
@@ -306,6 +311,24 @@ class Loop:
             if slot in figures:
                 self.log("gpu-reserve-ok", slot=slot, detail=figures[slot].describe())
         self._below = below if observed.gpus.source.ok else self._below
+
+    def _fallback_view(self, desired: DesiredState) -> tuple[Any, dict[str, float]]:
+        """For the planner: the last converged topology, and the seconds to each held assignment's next attempt."""
+        from reconciler.history import last_topology
+
+        now = time.time()
+        return last_topology(desired.host.name), {k: max(0.0, e.until - now) for k, e in self.backoff.entries.items()}
+
+    def _fallbacks_changed(self, final: Plan) -> None:
+        """Export the fallbacks in force after a pass; log each one that starts or ends (once)."""
+        now = {f"{f.recipe}@{'+'.join(f.gpus)}": f for f in final.fallbacks}
+        for key in sorted(set(now) - self._fallbacks):
+            self.log("fallback", assignment=key, detail=now[key].text)
+        for key in sorted(self._fallbacks - set(now)):
+            self.log("fallback-ended", assignment=key)
+        self._fallbacks = set(now)
+        self._fallback_json = [f.to_json() for f in final.fallbacks]
+        self.metrics.set_fallbacks(final.fallbacks)
 
     def _sources_changed(self, observed: Any) -> None:
         """Log each source that went down or came back since the last pass (once, not every pass)."""
@@ -394,6 +417,7 @@ class Loop:
 
     def _write_state(self, desired: DesiredState) -> None:
         data = {"pid": os.getpid(), "host": desired.host.name, "backoff": self.backoff.to_json(),
+                "fallbacks": self._fallback_json,
                 "last_pass": self.last_pass, "passes": self.passes}
         path = state_path(desired.host.name)
         tmp = path.with_suffix(".tmp")

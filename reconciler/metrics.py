@@ -37,7 +37,7 @@ from prometheus_client import (
 from reconciler import __version__
 from reconciler.model import HostConfig
 from reconciler.observed import LABEL_HOST, ContainerView, Observed
-from reconciler.planner import ActionKind, Plan, claimed_slots
+from reconciler.planner import ActionKind, Fallback, Plan, claimed_slots
 from reconciler.vram import slot_vram, unlisted_used_bytes
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -238,6 +238,20 @@ class Metrics:
             "Assignments whose enter the latest plan postponed (recipe in backoff).",
             registry=r,
         )
+        self.fallback = Gauge(
+            f"{p}_fallback_active",
+            "1 for each lane of the last converged topology brought back on the slots of a held lane (in backoff) "
+            "until that lane's next attempt.",
+            ["recipe", "slots", "instead_of"],
+            registry=r,
+        )
+        self.fallback_next_attempt = Gauge(
+            f"{p}_fallback_next_attempt_seconds",
+            "Seconds until the held lane a fallback stands in for is tried again (as of the latest pass).",
+            ["recipe", "slots", "instead_of"],
+            registry=r,
+        )
+        self._fallback_labels: set[tuple[str, str, str]] = set()
         self.drift = Gauge(
             f"{p}_drift",
             "1 when the host is not known to match the desired state (actions, blockers, held enters or a source "
@@ -581,6 +595,20 @@ class Metrics:
                 self._error_label = label
             if not ok:
                 self.manifest_last_error.set(self._clock())
+
+    def set_fallbacks(self, fallbacks: Iterable[Fallback]) -> None:
+        """The fallbacks (``planner.Fallback``) in force after a pass; those no longer in force are removed."""
+        with self._lock:
+            now = {}
+            for f in fallbacks:
+                now[(f.recipe, ",".join(f.gpus), f.instead_of)] = f.next_attempt_s
+            for labels in self._fallback_labels - set(now):
+                _discard(self.fallback, *labels)
+                _discard(self.fallback_next_attempt, *labels)
+            for labels, seconds in now.items():
+                self.fallback.labels(*labels).set(1)
+                self.fallback_next_attempt.labels(*labels).set(seconds if seconds is not None else float("nan"))
+            self._fallback_labels = set(now)
 
     def set_backoff(self, recipe: str, until_ts: float | None, *, failures: int | None = None) -> None:
         """Put ``recipe`` in backoff until the Unix time ``until_ts``, or take it out with None.

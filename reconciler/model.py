@@ -613,6 +613,96 @@ class StopSpec(_Strict):
     timeout_s: float = Field(default=180, gt=0, le=DAY_S)
 
 
+def check_probe_url(url: str, what: str) -> str | None:
+    """A probe's or the drain's URL: the same rules as the health URL (http(s), loopback, no credentials)."""
+    problem = check_health_url(url)
+    return problem.replace("health.url", what) if problem else None
+
+
+PROBE_KINDS = ("models", "chat", "completion")
+
+
+class ProbeSpec(_Strict):
+    """One functional check of a lane, run after its health URL answers and before its enter counts as done
+    (``[[probes]]`` in a recipe), and on demand by ``reconciler probe RECIPE``. OpenAI-compatible requests at
+    ``base_url`` (default: the origin of ``health.url``): ``models`` (GET /v1/models lists ``model``), ``chat``
+    (POST /v1/chat/completions) or ``completion`` (POST /v1/completions) with ``prompt``."""
+
+    name: str = Field(min_length=1, max_length=64)
+    kind: Literal["models", "chat", "completion"] = "chat"
+    prompt: str | None = None
+    model: str | None = None  # the served model name; default: the recipe's model.id
+    base_url: str | None = None
+    max_tokens: int = Field(default=64, ge=1, le=1 << 20)
+    stream: bool = False
+    status: int = Field(default=200, ge=100, le=599)
+    contains: str | None = None
+    matches: str | None = None
+    json_schema: dict[str, object] | None = None
+    max_latency_s: float | None = Field(default=None, gt=0, le=DAY_S)
+    timeout_s: float = Field(default=60, gt=0, le=DAY_S)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return _ok(None if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", v) else (
+            f"probe name {v!r} must be letters, digits and '_.-' (it names the probe in reasons and logs)"), v)
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url(cls, v: str | None) -> str | None:
+        return v if v is None else _ok(check_probe_url(v, "probes.base_url"), v.rstrip("/"))
+
+    @field_validator("matches")
+    @classmethod
+    def _matches(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"probes.matches {v!r} is not a valid regular expression ({exc})") from None
+        return v
+
+    @field_validator("json_schema")
+    @classmethod
+    def _schema(cls, v: dict[str, object] | None) -> dict[str, object] | None:
+        from reconciler.schema_check import schema_problem
+
+        return v if v is None else _ok(schema_problem(v, "probes.json_schema"), v)
+
+    @model_validator(mode="after")
+    def _fits_kind(self) -> ProbeSpec:
+        if self.kind == "models":
+            used = [k for k in ("prompt", "contains", "matches", "json_schema") if getattr(self, k) is not None]
+            if used or self.stream:
+                raise ValueError(
+                    f"probe {self.name!r} of kind 'models' only lists the served models; "
+                    f"{', '.join(used or ['stream'])} belong(s) to a chat or completion probe"
+                )
+        elif not self.prompt:
+            raise ValueError(f"probe {self.name!r} of kind {self.kind!r} needs a prompt")
+        if self.json_schema is not None and self.kind != "chat":
+            raise ValueError(
+                f"probe {self.name!r}: json_schema asks the server for structured output through the chat API; "
+                "use kind = \"chat\""
+            )
+        return self
+
+
+class DrainSpec(_Strict):
+    """Before a healthy lane leaves: wait until it runs and queues no request (vLLM's own gauges on its
+    ``/metrics``), at most ``timeout_s``, then stop it anyway."""
+
+    enabled: bool = True
+    timeout_s: float = Field(default=60, ge=0, le=DAY_S)
+    metrics_url: str | None = None  # default: the origin of health.url + /metrics
+
+    @field_validator("metrics_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        return v if v is None else _ok(check_probe_url(v, "drain.metrics_url"), v)
+
+
 class RecipeReserve(_Strict):
     """A recipe's own reserve policy, over the host's ``gpu_reserve.policy``."""
 
@@ -627,15 +717,47 @@ class Recipe(_Strict):
     offload: OffloadSpec = Field(default_factory=OffloadSpec)
     health: HealthSpec = Field(default_factory=HealthSpec)
     stop: StopSpec = Field(default_factory=StopSpec)
+    probes: list[ProbeSpec] = Field(default_factory=list, max_length=64)
+    drain: DrainSpec = Field(default_factory=DrainSpec)
+
+    @field_validator("probes")
+    @classmethod
+    def _probe_names(cls, v: list[ProbeSpec]) -> list[ProbeSpec]:
+        seen: set[str] = set()
+        for p in v:
+            if p.name in seen:
+                raise ValueError(f"two probes are named {p.name!r}; give each its own name")
+            seen.add(p.name)
+        return v
+
+    @model_validator(mode="after")
+    def _urls_for_probes(self) -> Recipe:
+        if self.health.url is None and any(p.base_url is None for p in self.probes):
+            raise ValueError(
+                "probes need a server to ask: set health.url (probes go to its origin) or each probe's base_url"
+            )
+        return self
+
+    def api_origin(self) -> str | None:
+        """scheme://host:port of the health URL: where the OpenAI API and /metrics are by default."""
+        if not self.health.url:
+            return None
+        u = urlsplit(self.health.url)
+        return f"{u.scheme}://{u.netloc}"
+
+    def drain_metrics_url(self) -> str | None:
+        origin = self.api_origin()
+        return self.drain.metrics_url or (f"{origin}/metrics" if origin else None)
     gpu_reserve: RecipeReserve = Field(default_factory=RecipeReserve)
 
     def content_hash(self) -> str:
         """Stable hash of everything that defines the container: a changed recipe means recreate.
 
         The free-text description is left out: rewording it must not restart a model that took minutes to load;
-        so is the reserve policy, a judgement of the lane, not part of it.
+        so is the reserve policy, a judgement of the lane, not part of it. So are the probes and the drain settings:
+        they say how the reconciler checks and stops the lane, not what runs in it.
         """
-        dump = self.model_dump(mode="json", exclude={"description", "gpu_reserve"})
+        dump = self.model_dump(mode="json", exclude={"description", "gpu_reserve", "probes", "drain"})
         canon = json.dumps(dump, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canon.encode()).hexdigest()[:16]
 
@@ -651,6 +773,9 @@ class AssignmentSpec(_Strict):
 class Manifest(_Strict):
     host: str
     assignments: list[AssignmentSpec] = Field(default_factory=list)
+    # While a wanted lane's enter failed and waits in backoff, bring back the last converged topology on the slots
+    # it needed (false: leave them empty until the next attempt).
+    fallback: bool = True
 
 
 # ---------------------------------------------------------------- the desired state the planner consumes
@@ -687,6 +812,8 @@ class DesiredState:
     manifest_path: str | None = None
     # sha256 of each "${NAME}" value the recipes take (never the value): it goes into the spec hash.
     secret_digests: Mapping[str, str] = field(default_factory=dict)
+    # The manifest's ``fallback``: whether a held lane's slots serve the last converged topology meanwhile.
+    fallback: bool = True
 
     def slot_owner(self) -> dict[str, DesiredAssignment]:
         return {slot: a for a in self.assignments for slot in a.slots}

@@ -8,12 +8,12 @@ same Plan object. Nothing here imports Docker, NVML or metrics (an import contra
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
 from reconciler import spec
-from reconciler.model import DesiredAssignment, DesiredState, container_name
+from reconciler.model import DesiredAssignment, DesiredState, assignment_key, container_name
 from reconciler.observed import (
     LABEL_HOST,
     LABEL_INSTALL,
@@ -115,6 +115,29 @@ class Held:
 
 
 @dataclass(frozen=True)
+class Fallback:
+    """A slot set that serves the last converged topology's lane while the wanted one waits in backoff."""
+
+    recipe: str
+    gpus: tuple[str, ...]
+    instead_of: str  # the held assignment's recipe
+    instead_gpus: tuple[str, ...]
+    next_attempt_s: float | None = None
+
+    @property
+    def text(self) -> str:
+        when = f"next attempt in {self.next_attempt_s:.0f} s" if self.next_attempt_s is not None else "next attempt after its backoff"
+        return (
+            f"fallback: {self.recipe} on {','.join(self.gpus)} while {self.instead_of} on "
+            f"{','.join(self.instead_gpus)} is held ({when})"
+        )
+
+    def to_json(self) -> dict:
+        return {"recipe": self.recipe, "gpus": list(self.gpus), "instead_of": self.instead_of,
+                "instead_gpus": list(self.instead_gpus), "next_attempt_s": self.next_attempt_s, "text": self.text}
+
+
+@dataclass(frozen=True)
 class Plan:
     host: str
     actions: tuple[Action, ...] = ()
@@ -123,6 +146,7 @@ class Plan:
     # Observation sources that failed: the plan is then incomplete and nothing that needs them may run.
     unavailable: tuple[str, ...] = ()
     satisfied: tuple[str, ...] = field(default=())  # container names already matching their assignment
+    fallbacks: tuple[Fallback, ...] = ()  # lanes of the last converged topology serving a held lane's slots
 
     @property
     def blocked(self) -> bool:
@@ -146,6 +170,7 @@ class Plan:
             "held": [h.to_json() for h in self.held],
             "unavailable": list(self.unavailable),
             "satisfied": list(self.satisfied),
+            "fallbacks": [f.to_json() for f in self.fallbacks],
         }
 
 
@@ -242,9 +267,25 @@ def _describe(c: ContainerView) -> str:
 # ---------------------------------------------------------------- the planner
 
 
-def plan(desired: DesiredState, observed: Observed, *, hold: Mapping[str, str] | None = None) -> Plan:
-    """Decide what to do. ``hold`` maps assignment keys (recipe@slots) to a reason to postpone their enter."""
+def plan(
+    desired: DesiredState,
+    observed: Observed,
+    *,
+    hold: Mapping[str, str] | None = None,
+    last_good: Sequence[tuple[str, tuple[str, ...]]] = (),
+    next_attempt: Mapping[str, float] | None = None,
+) -> Plan:
+    """Decide what to do. ``hold`` maps assignment keys (recipe@slots) to a reason to postpone their enter.
+
+    ``last_good`` is the last converged topology as (recipe, slots) pairs, and ``next_attempt`` the seconds until
+    each held assignment's next attempt: while an assignment is held, the lanes of ``last_good`` that fit within
+    its slots (and nobody else's) serve them meanwhile, unless the manifest says ``fallback: false``.
+    """
     hold = hold or {}
+    fallbacks = _fallbacks(desired, hold, last_good, next_attempt or {}) if desired.fallback else ()
+    covered = {assignment_key(f.instead_of, f.instead_gpus) for f in fallbacks}
+    by_fallback = {assignment_key(f.recipe, f.gpus): f for f in fallbacks}
+    wanted = (*desired.assignments, *(_as_assignment(desired, f) for f in fallbacks))
     host = desired.host.name
     unavailable = tuple(s.name for s in observed.unavailable())
     if not observed.docker.ok:
@@ -263,7 +304,7 @@ def plan(desired: DesiredState, observed: Observed, *, hold: Mapping[str, str] |
     for c in ours:
         if not c.preserved:
             by_assignment.setdefault((c.recipe, c.slots), []).append(c)
-    for d in desired.assignments:
+    for d in wanted:
         mine = by_assignment.get((d.recipe, d.slots), [])
         claimed.update(c.id for c in mine)
         parts = spec.part_hashes(desired.host, desired.recipes[d.recipe], d.slots, secret_digests=desired.secret_digests)
@@ -335,6 +376,10 @@ def plan(desired: DesiredState, observed: Observed, *, hold: Mapping[str, str] |
     enter_actions: list[Action] = []
     for d in enters:
         recipe = desired.recipes[d.recipe]
+        if d.key in covered and d.key in hold:
+            # Its slots serve the fallback meanwhile: held, not blocked by it.
+            held.append(Held(recipe=d.recipe, gpus=d.slots, reason=hold[d.key]))
+            continue
         problems = _slot_problems(d, observed, holders, by_id, leaving, kept_ids, desired)
         if d.offload_bytes:
             if not proc_ok:
@@ -358,7 +403,8 @@ def plan(desired: DesiredState, observed: Observed, *, hold: Mapping[str, str] |
         enter_actions.append(
             Action(
                 kind=ActionKind.ENTER,
-                reason=_enter_reason(d, by_assignment.get((d.recipe, d.slots), [])),
+                reason=by_fallback[d.key].text if d.key in by_fallback
+                else _enter_reason(d, by_assignment.get((d.recipe, d.slots), [])),
                 recipe=d.recipe,
                 gpus=d.slots,
                 container=container_name(d.recipe, d.slots),
@@ -379,7 +425,42 @@ def plan(desired: DesiredState, observed: Observed, *, hold: Mapping[str, str] |
         held=tuple(held),
         unavailable=unavailable,
         satisfied=tuple(c.name for c in satisfied),
+        fallbacks=tuple(fallbacks),
     )
+
+
+def _fallbacks(
+    desired: DesiredState,
+    hold: Mapping[str, str],
+    last_good: Sequence[tuple[str, tuple[str, ...]]],
+    next_attempt: Mapping[str, float],
+) -> tuple[Fallback, ...]:
+    """The lanes of the last converged topology that serve held assignments' slots meanwhile: each one whose slots
+    all lie within held assignments' slots, on no slot another (not held) assignment wants, whose recipe still
+    exists, and that is not itself wanted by the manifest."""
+    held = [d for d in desired.assignments if d.key in hold]
+    if not held or not last_good:
+        return ()
+    wanted = {d.key for d in desired.assignments}
+    busy = {s for d in desired.assignments if d.key not in hold for s in d.slots}
+    held_on = {s: d for d in held for s in d.slots}
+    out: list[Fallback] = []
+    taken: set[str] = set()
+    for recipe, slots in last_good:
+        r = desired.recipes.get(recipe)
+        if r is None or not slots or assignment_key(recipe, slots) in wanted or r.tensor_parallel_size != len(slots):
+            continue
+        if any(s not in held_on or s not in desired.host.gpus for s in slots) or set(slots) & (busy | taken):
+            continue
+        instead = held_on[slots[0]]
+        taken.update(slots)
+        out.append(Fallback(recipe, tuple(slots), instead.recipe, instead.slots, next_attempt.get(instead.key)))
+    return tuple(out)
+
+
+def _as_assignment(desired: DesiredState, f: Fallback) -> DesiredAssignment:
+    r = desired.recipes[f.recipe]
+    return DesiredAssignment(f.recipe, f.gpus, r.content_hash(), r.offload.capacity_bytes)
 
 
 def _slot_problems(

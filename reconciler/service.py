@@ -151,6 +151,53 @@ class ApplyResult:
 
 
 @dataclass
+class ProbeReport:
+    """``reconciler probe RECIPE``: each of the recipe's probes against its running lane."""
+
+    host: str
+    recipe: str
+    containers: list[str]
+    results: list[Any]  # reconciler.probes.ProbeResult
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "recipe": self.recipe, "containers": self.containers, "ok": self.ok,
+                "probes": [r.to_json() for r in self.results]}
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK if self.ok else EXIT_ERROR
+
+
+def loop_view(host: str) -> dict[str, Any]:
+    """What a running loop holds, as the planner's keyword arguments (``hold``, ``last_good``, ``next_attempt``):
+    ``plan`` and ``status`` then show what the loop does meanwhile (a held lane, its fallback). Empty without a
+    live loop or with nothing held."""
+    from reconciler.history import last_topology
+    from reconciler.lock import read_loop_state
+
+    state = read_loop_state(host) or {}
+    now = time.time()
+    hold: dict[str, str] = {}
+    next_attempt: dict[str, float] = {}
+    for key, e in (state.get("backoff") or {}).items():  # type: ignore[union-attr]
+        try:
+            until = float(e["until"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if until > now:
+            hold[key] = (f"in backoff after {e.get('failures', '?')} failed enter(s) (the running loop's); next try "
+                         f"in {until - now:.0f} s (last error: {str(e.get('last_error', ''))[:300]})")
+            next_attempt[key] = until - now
+    if not hold:
+        return {}
+    return {"hold": hold, "last_good": last_topology(host), "next_attempt": next_attempt}
+
+
+@dataclass
 class AuditResult:
     host: str
     records: list[dict[str, Any]]
@@ -327,7 +374,7 @@ class HostService:
         desired = self.desired()
         self._host_name = desired.host.name
         observed = observe(desired.host)
-        p = plan(desired, observed)
+        p = plan(desired, observed, **loop_view(desired.host.name))
         result = PlanResult(desired, observed, p, fingerprint=Fingerprint(files, observed_parts(observed)))
         if save:
             from reconciler.state import host_dir
@@ -352,7 +399,24 @@ class HostService:
 
         desired = self.desired()
         observed = observe(desired.host)
-        return StatusResult(status_data(desired, observed, plan(desired, observed)), observed)
+        return StatusResult(status_data(desired, observed, plan(desired, observed, **loop_view(desired.host.name))),
+                            observed)
+
+    def probe(self, recipe: str) -> ProbeReport:
+        """Run a recipe's probes against its running lane, now (read-only: nothing is started or stopped)."""
+        from reconciler.observe.docker_obs import DockerObserver
+        from reconciler.probes import run_probe
+
+        desired = self.desired()
+        r = desired.recipes.get(recipe)
+        if r is None:
+            raise ReconcilerError(f"no recipe {recipe!r} in configs/recipes/ (known: {', '.join(sorted(desired.recipes))})")
+        containers, source = DockerObserver(desired.host.docker.url).observe()
+        from reconciler.observed import LABEL_HOST
+
+        running = [c.name for c in containers if c.recipe == recipe and c.active and not c.preserved
+                   and c.label(LABEL_HOST) == desired.host.name] if source.ok else []
+        return ProbeReport(desired.host.name, recipe, running, [run_probe(p, r) for p in r.probes])
 
     def shm_status(self) -> ShmStatusResult:
         from reconciler.observe.docker_obs import DockerObserver

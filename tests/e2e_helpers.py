@@ -228,10 +228,15 @@ class Root:
         offload_mib: int | None = None,
         start_timeout_s: float = 12,
         settle_s: float = 0.2,
+        drain_timeout_s: float | None = None,
+        env: dict[str, str] | None = None,
+        args: Sequence[str] = (),
     ) -> str:
         """Write the demo recipe ``base`` under this root's name for it, adjusted for this root; return the name.
 
-        ``mode`` sets fake-vllm's FAKE_VLLM_MODE switches (fail-start, crash-after=S, start-delay=S, ...).
+        ``mode`` sets fake-vllm's FAKE_VLLM_MODE switches (fail-start, crash-after=S, start-delay=S, ...); ``env``
+        more environment, ``args`` more fake-vllm options (``--max-num-seqs 1``), ``drain_timeout_s`` the recipe's
+        drain.timeout_s. The model id is set to the served name, so the demo recipe's probes ask for it.
         Writing it again (same ``base``) replaces the file: the recipe's hash changes when its content does.
         """
         data = tomllib.loads((DEMO / "configs" / "recipes" / f"{base}.toml").read_text())
@@ -241,6 +246,7 @@ class Root:
         c = data["container"]
         cmd = list(c["command"])
         cmd[2] = f"e2e/{name}"  # vllm serve MODEL
+        data["model"]["id"] = cmd[2]  # the served model's name: what the recipe's probes ask for
         cmd = set_flag(cmd, "--port", str(port))
         cmd = set_flag(cmd, "--shm-dir", str(self.shm))
         if offload_mib is not None:
@@ -248,8 +254,15 @@ class Root:
             data["offload"]["capacity_gib"] = offload_mib / 1024
         c["command"] = cmd
         c["volumes"] = [*c.get("volumes", []), f"{self.shm}:{self.shm}"]
+        cmd += list(args)
+        c["command"] = cmd
+        c.get("env", {}).pop("FAKE_VLLM_MODE_FILE", None)  # the demo's forced-failure switch is the demo's only
         if mode:
             c["env"] = {**c.get("env", {}), "FAKE_VLLM_MODE": mode}
+        if env:
+            c["env"] = {**c.get("env", {}), **env}
+        if drain_timeout_s is not None:
+            data.setdefault("drain", {})["timeout_s"] = drain_timeout_s
         data["health"].update(
             url=f"http://127.0.0.1:{port}/health", settle_s=settle_s, start_timeout_s=start_timeout_s
         )

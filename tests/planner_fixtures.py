@@ -64,7 +64,7 @@ def make_desired(case: dict[str, Any]) -> DesiredState:
         ((name, slots),) = entry.items()
         r = recipes[name]
         assignments.append(DesiredAssignment(name, tuple(slots), r.content_hash(), r.offload.capacity_bytes))
-    return DesiredState(host=host, recipes=recipes, assignments=tuple(assignments))
+    return DesiredState(host=host, recipes=recipes, assignments=tuple(assignments), fallback=case.get("fallback", True))
 
 
 def _source(name: str, spec: Any) -> Source:

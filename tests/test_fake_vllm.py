@@ -279,6 +279,128 @@ def test_without_offload_it_only_serves_health(tmpfs_dir: Path, run_fake: Callab
     assert run.wait() == 0
 
 
+# --- the OpenAI API, the request gauges and the probe-failing switches -----------------------------------------
+
+
+def post(port: int, path: str, body: dict[str, object], *, timeout: float = 10) -> tuple[int, bytes, str]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(), method="POST")
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read(), resp.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), ""
+
+
+def gauges(port: int) -> tuple[float, float]:
+    from reconciler.probes import parse_gauges
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+        found = parse_gauges(resp.read().decode())
+    assert found is not None
+    return found
+
+
+def test_chat_is_deterministic_structured_and_streams_as_sse(tmpfs_dir: Path, run_fake: Callable[..., HostRun]) -> None:
+    run = run_fake("serve", "fake/chat", "--shm-dir", str(tmpfs_dir))
+    port = run.port()
+    wait_until(lambda: health(port) == 200, timeout=10, what="health 200")
+    ask = {"model": "fake/chat", "messages": [{"role": "user", "content": "Reply with the single word: ready"}]}
+    answers = [json.loads(post(port, "/v1/chat/completions", ask)[1]) for _ in range(2)]
+    assert answers[0]["choices"] == answers[1]["choices"], "the same prompt, the same answer"
+    assert answers[0]["choices"][0]["message"]["content"] == "Fake answer from fake/chat: Reply with the single word: ready"
+    schema = {"type": "object", "properties": {"answer": {"type": "integer", "minimum": 4}}, "required": ["answer"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+    structured = json.loads(post(port, "/v1/chat/completions", {**ask, "response_format": fmt})[1])
+    assert json.loads(structured["choices"][0]["message"]["content"]) == {"answer": 4}
+    status, body, ctype = post(port, "/v1/chat/completions", {**ask, "stream": True})
+    assert status == 200 and ctype.startswith("text/event-stream")
+    events = [ln[len("data: "):] for ln in body.decode().split("\n\n") if ln.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == (
+        "Fake answer from fake/chat: Reply with the single word: ready"
+    )
+    status, body, _ = post(port, "/v1/completions", {"model": "fake/chat", "prompt": "abc"})
+    assert status == 200 and json.loads(body)["choices"][0]["text"] == "Fake answer from fake/chat: abc"
+    assert post(port, "/v1/chat/completions", {**ask, "model": "other"})[0] == 404
+
+
+def test_held_requests_show_as_running_and_waiting_until_released(
+    tmpfs_dir: Path, run_fake: Callable[..., HostRun]
+) -> None:
+    import threading
+
+    run = run_fake("serve", "fake/held", "--max-num-seqs", "1", "--shm-dir", str(tmpfs_dir))
+    port = run.port()
+    wait_until(lambda: health(port) == 200, timeout=10, what="health 200")
+    assert gauges(port) == (0.0, 0.0)
+    got: dict[int, tuple[int, bytes, str]] = {}
+
+    def ask(i: int) -> None:
+        got[i] = post(port, "/v1/chat/completions", {"model": "fake/held", "fake_hold_s": 30,
+                                                     "messages": [{"role": "user", "content": f"request {i}"}]},
+                      timeout=40)
+
+    threads = [threading.Thread(target=ask, args=(i,), daemon=True) for i in (1, 2)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: gauges(port) == (1.0, 1.0), timeout=5, what="one running (max-num-seqs 1), one waiting")
+
+    def release() -> bool:
+        urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/fake/release", data=b"", method="POST"),
+                               timeout=2).close()
+        return not any(t.is_alive() for t in threads)
+
+    wait_until(release, timeout=10, what="both requests released", every=0.2)
+    assert {i: json.loads(b)["choices"][0]["message"]["content"] for i, (_, b, _) in got.items()} == {
+        1: "Fake answer from fake/held: request 1", 2: "Fake answer from fake/held: request 2"}
+    assert gauges(port) == (0.0, 0.0)
+
+
+# Each switch breaks exactly what one probe checks; the other probes still pass against the same server.
+PROBES = {
+    "models": {"name": "models", "kind": "models"},
+    "smoke": {"name": "smoke", "prompt": "Reply with the single word: ready", "matches": "(?i)ready"},
+    "json": {"name": "json", "prompt": "2 + 2 as JSON", "json_schema": {
+        "type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}},
+    "stream": {"name": "stream", "prompt": "Reply with the single word: ready", "stream": True},
+    "latency": {"name": "latency", "prompt": "hi", "max_latency_s": 0.5},
+}
+
+
+@pytest.mark.parametrize(
+    ("mode", "fails", "says"),
+    [
+        ("models-missing", {"models"}, "/v1/models lists no model, not 'fake/probed'"),
+        ("chat-error", {"smoke", "json", "stream", "latency"}, "HTTP 500, expected 200"),
+        ("bad-json", {"json"}, "the answer is not JSON"),
+        ("wrong-text", {"smoke"}, "does not match /(?i)ready/: 'I cannot help with that.'"),
+        ("broken-stream", {"stream"}, "the stream ended without 'data: [DONE]'"),
+        ("slow-chat=0.8", {"latency"}, "over the limit of 0.5 s"),
+    ],
+)
+def test_each_switch_fails_its_probe(
+    mode: str, fails: set[str], says: str, tmpfs_dir: Path, run_fake: Callable[..., HostRun]
+) -> None:
+    from reconciler.model import Recipe
+    from reconciler.probes import run_probe
+
+    run = run_fake("serve", "fake/probed", "--shm-dir", str(tmpfs_dir), env={"FAKE_VLLM_MODE": mode})
+    port = run.port()
+    wait_until(lambda: health(port) == 200, timeout=10, what="health 200")
+    recipe = Recipe.model_validate({
+        "tensor_parallel_size": 1, "model": {"id": "fake/probed"},
+        "container": {"image": "reconciler/fake-vllm:latest", "command": ["vllm"]},
+        "health": {"url": f"http://127.0.0.1:{port}/health"}, "probes": list(PROBES.values()),
+    })
+    results = {p.name: run_probe(p, recipe) for p in recipe.probes}
+    assert {n for n, r in results.items() if not r.ok} == fails, {n: r.detail for n, r in results.items()}
+    assert all(says in results[n].detail for n in fails), {n: results[n].detail for n in fails}
+
+
 # --- the image in the real engine -------------------------------------------------------------------------------
 
 

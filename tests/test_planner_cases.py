@@ -22,7 +22,8 @@ def test_plan_case(path: Path) -> None:
     assert case.get("why"), f"{path.name}: every case says why"
     desired = make_desired(case)
     observed = make_observed(case, desired)
-    p = plan(desired, observed, hold=case.get("hold"))
+    last_good = tuple((r, tuple(s)) for entry in case.get("last_good") or [] for r, s in entry.items())
+    p = plan(desired, observed, hold=case.get("hold"), last_good=last_good, next_attempt=case.get("next_attempt"))
     exp = case["expect"]
 
     got = [[a.kind.value, a.recipe, list(a.gpus)] for a in p.actions]
@@ -40,6 +41,8 @@ def test_plan_case(path: Path) -> None:
         assert p.converged is exp["converged"]
     if "held" in exp:
         assert len(p.held) == exp["held"]
+    if "fallbacks" in exp:
+        assert [f.text for f in p.fallbacks] == exp["fallbacks"], f"{path.name}: {case['why']}"
     if "reclaim_paths" in exp:
         (r,) = [a for a in p.actions if a.kind is ActionKind.RECLAIM]
         assert len(r.paths) == exp["reclaim_paths"]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The demo: the field report's lifecycle on a GPU-less host, against the real Docker engine.
 #   split topology -> a squatter blocks the switch -> exclusive TP=2 offload lane -> back to split
-#   -> orphan offload files reclaimed.
+#   -> orphan offload files reclaimed -> functional probes on demand -> a switch that drains requests in flight
+#   -> (with the loop) a forced failure of the TP=2 lane, omni as fallback, the fix, the lane, back to split.
 # It edits a copy of examples/demo (so the repository stays as it is) and ends converged on the split topology,
 # so `reconciler --root examples/demo plan` exits 0 afterwards. The offload files live on a small tmpfs of the
 # demo's own (mounted here at /run/reconciler-demo/shm); the host's /dev/shm is never read or touched.
@@ -104,6 +105,69 @@ echo "\$ reconciler --root \$DEMO shm reclaim            # dry run"
 "$PYTHON" -m reconciler --root "$DEMO" shm reclaim
 r apply --yes
 r status
+
+step "10. functional preflight on demand: the probes every enter runs after /health answers"
+r probe omni
+
+step "11. drain before leave: two requests in flight to omni; the switch waits for them, and they get their answers"
+OMNI=http://127.0.0.1:8001
+for n in 1 2; do
+  curl -s --max-time 120 "$OMNI/v1/chat/completions" -H 'Content-Type: application/json' \
+    -d "{\"model\": \"demo/omni\", \"fake_hold_s\": 60, \"messages\": [{\"role\": \"user\", \"content\": \"request $n\"}]}" \
+    >"$DEMO/answer-$n.json" &
+done
+sleep 1
+echo "\$ curl -s $OMNI/metrics | grep '^vllm:'"
+curl -s "$OMNI/metrics" | grep '^vllm:'
+cat >"$DEMO/manifests/demo.yaml" <<'YAML'
+host: demo
+assignments:
+  - recipe: deepseek-256k-offload
+    gpus: [dark-compute-a, dark-compute-b]
+YAML
+# The requests finish 3 s into the drain (the fake's POST /fake/release lets held requests go on).
+( sleep 3; curl -s -X POST "$OMNI/fake/release" >/dev/null ) &
+r apply --yes
+wait
+for n in 1 2; do echo "answer $n: $(grep -o '"content": "[^"]*"' "$DEMO/answer-$n.json")"; done
+printf '%s\n' "$SPLIT" >"$DEMO/manifests/demo.yaml"
+r apply --yes
+
+step "12. a forced failure with fallback: the TP=2 lane fails to start, omni comes back until its next attempt"
+echo "(reconciler run, the loop, in the background; the lane fails at start while $SHM/lane-fault exists)"
+"$PYTHON" -m reconciler --root "$DEMO" run --metrics-addr 127.0.0.1:19464 --backoff-base 8 >"$DEMO/loop.log" 2>&1 &
+LOOP=$!
+trap 'kill "$LOOP" 2>/dev/null || true; wait "$LOOP" 2>/dev/null || true; rm -rf "$DEMO" "$SHM/lane-fault"; docker rm -f "$SQUATTER" >/dev/null 2>&1 || true' EXIT
+echo fail-start >"$SHM/lane-fault"
+cat >"$DEMO/manifests/demo.yaml" <<'YAML'
+host: demo
+assignments:
+  - recipe: deepseek-256k-offload
+    gpus: [dark-compute-a, dark-compute-b]
+YAML
+until_json() {  # poll `status --json` until the Python expression over it (d) is true, at most $2 seconds
+  local deadline=$((SECONDS + $2))
+  until "$PYTHON" -m reconciler --root "$DEMO" status --json 2>/dev/null | "$PYTHON" -c "import json,sys; d=json.load(sys.stdin); sys.exit(0 if ($1) else 1)"; do
+    [ $SECONDS -lt $deadline ] || { echo "timed out waiting for: $1"; tail -20 "$DEMO/loop.log"; return 1; }
+    sleep 0.5
+  done
+}
+until_json 'd["plan"]["fallbacks"] and any(c["recipe"] == "omni" and c["state"] == "running" for c in d["containers"])' 60
+grep -E ' (action|fallback|backoff) ' "$DEMO/loop.log" | cut -c1-240
+r status
+rc r plan
+echo "\$ curl -s 127.0.0.1:19464/metrics | grep fallback_active"
+curl -s 127.0.0.1:19464/metrics | grep '^reconciler_fallback_active'
+echo "\$ rm $SHM/lane-fault          # the fix; the recipe is unchanged, so the next attempt waits for its backoff"
+rm -f "$SHM/lane-fault"
+until_json 'd["converged"] and any(c["recipe"] == "deepseek-256k-offload" and c["state"] == "running" for c in d["containers"])' 90
+grep -E ' (action|fallback-ended) ' "$DEMO/loop.log" | tail -3 | cut -c1-240
+echo "(and back to the split topology, by the loop: the lane drains, leaves, omni enters)"
+printf '%s\n' "$SPLIT" >"$DEMO/manifests/demo.yaml"
+until_json 'd["converged"] and [c["recipe"] for c in d["containers"] if c["state"] == "running"] == ["omni"]' 60
+kill "$LOOP"; wait "$LOOP" 2>/dev/null || true
+echo "(the loop stopped)"
+r audit --since 5m | tail -8
 
 step "done: the demo host is converged"
 cat <<EOF

@@ -6,7 +6,11 @@ worker processes share one ``vllm_offload_<engine id>.mmap`` file in the shm dir
 the others wait for it and map it, every worker prefaults it with ``madvise(MADV_POPULATE_WRITE)``), a health
 endpoint answers 200 only once every worker has mapped the file, and SIGTERM unmaps and unlinks it. A full
 tmpfs makes the prefault fail with the report's ``OSError: [Errno 14] Bad address``; switches make it crash
-without cleanup, fail at start, or never become healthy.
+without cleanup, fail at start, or never become healthy. Once healthy it answers what the reconciler's functional
+probes and drains ask of vLLM: ``/v1/models``, deterministic ``/v1/chat/completions`` and ``/v1/completions`` (also
+streamed as server-sent events, and JSON built from a ``response_format`` schema), and ``/metrics`` with
+``vllm:num_requests_running`` / ``vllm:num_requests_waiting``; a request can be held in flight until
+``POST /fake/release``, and switches break each probe (see the README).
 
 Who runs it: ``examples/fake-vllm/build.sh`` packs it into the image ``reconciler/fake-vllm:latest`` (the host's
 ``/usr`` is bind-mounted read-only to supply Python), which the demo's recipes and the end-to-end tests start
@@ -47,9 +51,16 @@ POLL_S = 0.05
 WORKER_STOP_GRACE_S = 5.0
 CRASH_EXIT_CODE = 137  # what Docker reports for a SIGKILLed container
 MODE_ENV = "FAKE_VLLM_MODE"
+MODE_FILE_ENV = "FAKE_VLLM_MODE_FILE"
 MODE_HELP = (
-    "comma-separated switches: fail-start | never-healthy | crash-after=SECONDS | start-delay=SECONDS "
+    "comma-separated switches: fail-start | never-healthy | crash-after=SECONDS | start-delay=SECONDS | "
+    "models-missing | chat-error | bad-json | wrong-text | broken-stream | slow-chat=SECONDS | hold-requests "
     f"(default from ${MODE_ENV}; empty = a normal server)"
+)
+# Switches that take no value, each breaking what one kind of functional probe checks (see the README).
+_FLAG_SWITCHES = (
+    "fail-start", "never-healthy", "models-missing", "chat-error", "bad-json", "wrong-text", "broken-stream",
+    "hold-requests",
 )
 
 _log_prefix = ""
@@ -74,34 +85,47 @@ class Mode:
     crash_after_s: float | None = None
     # Seconds each worker "loads weights" before mapping; /health answers 503 meanwhile.
     start_delay_s: float = 0.0
+    # The OpenAI API's failures, one per probe kind: /v1/models without the served model, completions answering
+    # 500, structured output that is not the asked-for JSON, text that ignores the prompt, a stream cut short.
+    models_missing: bool = False
+    chat_error: bool = False
+    bad_json: bool = False
+    wrong_text: bool = False
+    broken_stream: bool = False
+    # Seconds every completion takes (a latency limit's failure).
+    slow_chat_s: float = 0.0
+    # Every completion waits until POST /fake/release (as if the engine were busy with it).
+    hold_requests: bool = False
 
     def __str__(self) -> str:
-        words = [w for w, on in (("fail-start", self.fail_start), ("never-healthy", self.never_healthy)) if on]
+        words = [w for w in _FLAG_SWITCHES if getattr(self, w.replace("-", "_"))]
         if self.crash_after_s is not None:
             words.append(f"crash-after={self.crash_after_s:g}")
         if self.start_delay_s:
             words.append(f"start-delay={self.start_delay_s:g}")
+        if self.slow_chat_s:
+            words.append(f"slow-chat={self.slow_chat_s:g}")
         return ",".join(words) or "normal"
 
 
 def parse_mode(text: str) -> Mode:
-    """Parse ``fail-start,never-healthy,crash-after=S,start-delay=S`` (any subset, any order)."""
+    """Parse ``fail-start,never-healthy,crash-after=S,start-delay=S,...`` (any subset, any order)."""
     fields: dict[str, object] = {}
     for raw in text.split(","):
         item = raw.strip()
         if not item or item == "normal":
             continue
         name, _, value = item.partition("=")
-        if name in ("fail-start", "never-healthy") and not value:
+        if name in _FLAG_SWITCHES and not value:
             fields[name.replace("-", "_")] = True
-        elif name in ("crash-after", "start-delay") and value:
+        elif name in ("crash-after", "start-delay", "slow-chat") and value:
             try:
                 seconds = float(value)
             except ValueError:
                 seconds = -1.0
             if seconds < 0:
                 raise ValueError(f"{MODE_ENV}/--fake-mode: {item!r} needs a number of seconds >= 0, e.g. {name}=5")
-            fields["crash_after_s" if name == "crash-after" else "start_delay_s"] = seconds
+            fields[{"crash-after": "crash_after_s", "start-delay": "start_delay_s"}.get(name, "slow_chat_s")] = seconds
         else:
             raise ValueError(f"{MODE_ENV}/--fake-mode: unknown switch {item!r}; use {MODE_HELP}")
     return Mode(**fields)  # type: ignore[arg-type]
@@ -121,6 +145,7 @@ class Settings:
     mode: Mode
     file_wait_s: float
     ignored_args: tuple[str, ...]
+    max_num_seqs: int = 256  # requests served at once; more wait in the queue (vllm:num_requests_waiting)
 
     @property
     def offload_path(self) -> str:
@@ -165,6 +190,15 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=8000, help="HTTP port for /health (default 8000; 0 = any free)")
     parser.add_argument("--fake-mode", default=environ.get(MODE_ENV, ""), help=MODE_HELP)
     parser.add_argument(
+        "--fake-mode-file", default=environ.get(MODE_FILE_ENV, ""),
+        help="more switches, read from this file at start when it exists: a fault that is fixed on the host, "
+        f"without editing the recipe, by removing the file (default ${MODE_FILE_ENV})",
+    )
+    parser.add_argument(
+        "--max-num-seqs", type=int, default=256,
+        help="requests run at once; the rest wait (vLLM's scheduler limit; default 256)",
+    )
+    parser.add_argument(
         "--fake-file-wait", type=float, default=60.0,
         help="seconds workers 1..N-1 wait for worker 0 to create the file (default 60)",
     )
@@ -184,10 +218,19 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
     ns, unknown = parser.parse_known_args(args)
     if ns.tensor_parallel_size < 1:
         parser.error(f"--tensor-parallel-size must be >= 1, got {ns.tensor_parallel_size}")
+    if ns.max_num_seqs < 1:
+        parser.error(f"--max-num-seqs must be >= 1, got {ns.max_num_seqs}")
     if ns.kv_offloading_size < 0:
         parser.error(f"--kv-offloading-size is in GiB and must be >= 0, got {ns.kv_offloading_size}")
+    mode_text = ns.fake_mode
+    if ns.fake_mode_file:
+        try:
+            with open(ns.fake_mode_file, encoding="utf-8") as fh:
+                mode_text = ",".join(w for w in (mode_text, fh.read().strip()) if w)
+        except FileNotFoundError:
+            pass
     try:
-        mode = parse_mode(ns.fake_mode)
+        mode = parse_mode(mode_text)
     except ValueError as exc:
         parser.error(str(exc))
     page = mmap.PAGESIZE
@@ -204,6 +247,7 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         mode=mode,
         file_wait_s=ns.fake_file_wait,
         ignored_args=tuple(unknown),
+        max_num_seqs=ns.max_num_seqs,
     )
 
 
@@ -296,17 +340,214 @@ class Health:
     model: str = ""
 
 
-def make_server(*, host: str, port: int, health: Health) -> http.server.ThreadingHTTPServer:
+class Engine:
+    """The requests in flight, as vLLM's scheduler counts them: at most ``max_num_seqs`` running, the rest waiting.
+
+    A request asked to hold (``"fake_hold_s": S`` in its body, or the ``hold-requests`` switch) keeps its place
+    until ``POST /fake/release`` (or S seconds); that is how a test keeps requests in flight across a drain."""
+
+    def __init__(self, max_num_seqs: int):
+        self.max_num_seqs = max_num_seqs
+        self.cond = threading.Condition()
+        self.running = 0
+        self.waiting = 0
+        self.holding = 0
+        self.release_gen = 0
+
+    def admit(self) -> None:
+        with self.cond:
+            self.waiting += 1
+            self.cond.wait_for(lambda: self.running < self.max_num_seqs)
+            self.waiting -= 1
+            self.running += 1
+
+    def finish(self) -> None:
+        with self.cond:
+            self.running -= 1
+            self.cond.notify_all()
+
+    def hold(self, seconds: float) -> None:
+        with self.cond:
+            gen = self.release_gen
+            self.holding += 1
+            try:
+                self.cond.wait_for(lambda: self.release_gen != gen, timeout=seconds)
+            finally:
+                self.holding -= 1
+
+    def release(self) -> int:
+        """Let every request that holds now go on; the number of them."""
+        with self.cond:
+            held = self.holding
+            self.release_gen += 1
+            self.cond.notify_all()
+            return held
+
+
+def _example(schema: object) -> object:
+    """A deterministic value that matches a (simple) JSON Schema: what guided decoding would make of it."""
+    if not isinstance(schema, dict):
+        return "fake"
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object" or (kind is None and "properties" in schema):
+        props = schema.get("properties") or {}
+        return {k: _example(v) for k, v in props.items()}
+    if kind == "array":
+        return [_example(schema.get("items") or {})] * max(1, int(schema.get("minItems") or 1))
+    if kind == "integer":
+        return int(schema.get("minimum", 4))
+    if kind == "number":
+        return float(schema.get("minimum", 4))
+    if kind == "boolean":
+        return True
+    if kind == "null":
+        return None
+    return "fake"
+
+
+def _prompt_text(body: dict[str, object]) -> str:
+    if "messages" in body:
+        messages = body.get("messages") or []
+        users = [m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+        text = users[-1] if users else ""
+        return text if isinstance(text, str) else json.dumps(text)
+    prompt = body.get("prompt", "")
+    return prompt if isinstance(prompt, str) else json.dumps(prompt)
+
+
+def answer_text(body: dict[str, object], *, model: str, mode: Mode) -> str:
+    """The completion, deterministic: the asked-for JSON (``response_format``), else the prompt echoed back."""
+    fmt = body.get("response_format") if isinstance(body.get("response_format"), dict) else {}
+    structured = fmt.get("type") in ("json_schema", "json_object") if isinstance(fmt, dict) else False
+    if structured and mode.bad_json:
+        return '{"answer": "truncated'  # not JSON at all: the structured-output check must catch it
+    if structured:
+        js = fmt.get("json_schema") if isinstance(fmt.get("json_schema"), dict) else {}
+        schema = js.get("schema") if isinstance(js, dict) else None
+        value = _example(schema) if schema else {"answer": "fake"}
+        return json.dumps(value, separators=(", ", ": "))
+    if mode.wrong_text:
+        return "I cannot help with that."
+    return f"Fake answer from {model}: {_prompt_text(body)}"
+
+
+def make_server(
+    *, host: str, port: int, health: Health, mode: Mode | None = None, engine: Engine | None = None
+) -> http.server.ThreadingHTTPServer:
+    mode = mode or Mode()
+    engine = engine or Engine(256)
+    counter = iter(range(1, 1 << 62))
+
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - the http.server API
             if self.path == "/health":
                 self._answer(200 if health.ready else 503, {} if health.ready else {"status": "starting"})
             elif self.path == "/v1/models" and health.ready:
-                self._answer(200, {"object": "list", "data": [{"id": health.model, "object": "model"}]})
+                served = [] if mode.models_missing else [{"id": health.model, "object": "model", "owned_by": "vllm",
+                                                          "root": health.model, "max_model_len": 262144}]
+                self._answer(200, {"object": "list", "data": served})
             elif self.path == "/v1/models":
                 self._answer(503, {"status": "starting"})
+            elif self.path == "/metrics":
+                self._metrics()
             else:
                 self._answer(404, {"detail": "Not Found"})
+
+        def do_POST(self) -> None:  # noqa: N802 - the http.server API
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            if self.path == "/fake/release":
+                self._answer(200, {"released": engine.release()})
+                return
+            if self.path not in ("/v1/chat/completions", "/v1/completions"):
+                self._answer(404, {"detail": "Not Found"})
+                return
+            if not health.ready:
+                self._answer(503, {"status": "starting"})
+                return
+            try:
+                body = json.loads(raw or b"{}")
+                assert isinstance(body, dict)
+            except (ValueError, AssertionError):
+                self._answer(400, _error("the request body is not a JSON object", 400))
+                return
+            if body.get("model") != health.model:
+                self._answer(404, _error(f"The model `{body.get('model')}` does not exist.", 404, "NotFoundError"))
+                return
+            if mode.chat_error:
+                self._answer(500, _error(f"fake engine error ({MODE_ENV}=chat-error)", 500, "InternalServerError"))
+                return
+            engine.admit()
+            try:
+                hold = body.get("fake_hold_s")
+                if isinstance(hold, (int, float)) and hold > 0:
+                    engine.hold(float(hold))
+                elif mode.hold_requests:
+                    engine.hold(3600.0)
+                if mode.slow_chat_s:
+                    time.sleep(mode.slow_chat_s)
+                text = answer_text(body, model=health.model, mode=mode)
+                chat = self.path == "/v1/chat/completions"
+                rid = f"{'chatcmpl' if chat else 'cmpl'}-fake{next(counter)}"
+                if body.get("stream"):
+                    self._stream(rid, text, chat=chat)
+                else:
+                    self._answer(200, _completion(rid, text, body, model=health.model, chat=chat))
+            finally:
+                engine.finish()
+
+        def _metrics(self) -> None:
+            label = f'engine="0",model_name="{health.model}"'
+            with engine.cond:
+                running, waiting = engine.running, engine.waiting
+            text = (
+                "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+                "# TYPE vllm:num_requests_running gauge\n"
+                f"vllm:num_requests_running{{{label}}} {float(running)}\n"
+                "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+                "# TYPE vllm:num_requests_waiting gauge\n"
+                f"vllm:num_requests_waiting{{{label}}} {float(waiting)}\n"
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text)
+
+        def _stream(self, rid: str, text: str, *, chat: bool) -> None:
+            """Server-sent events as vLLM sends them: a role chunk, content chunks, a finish chunk, [DONE]."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+            self.send_header("Cache-Control", "no-cache")
+            self.end_headers()
+            words = [w + " " for w in text.split(" ")]
+            words[-1] = words[-1][:-1]
+            pieces: list[tuple[dict[str, object], object]] = []
+            if chat:
+                pieces.append(({"role": "assistant", "content": ""}, None))
+            pieces += [({"content": w}, None) for w in words]
+            pieces.append(({}, "stop"))
+            if mode.broken_stream:
+                pieces = pieces[:2]  # the connection ends mid-answer, without a finish chunk or [DONE]
+            for delta, finish in pieces:
+                if chat:
+                    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                else:
+                    choice = {"index": 0, "text": delta.get("content", ""), "logprobs": None, "finish_reason": finish}
+                chunk = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                         "created": int(time.time()), "model": health.model, "choices": [choice]}
+                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                self.wfile.flush()
+            if not mode.broken_stream:
+                self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+            self.close_connection = True
 
         def _answer(self, status: int, body: dict[str, object]) -> None:
             data = json.dumps(body).encode() if body else b""
@@ -322,6 +563,23 @@ def make_server(*, host: str, port: int, health: Health) -> http.server.Threadin
     server = http.server.ThreadingHTTPServer((host, port), Handler)
     server.daemon_threads = True
     return server
+
+
+def _error(message: str, code: int, kind: str = "BadRequestError") -> dict[str, object]:
+    return {"object": "error", "message": message, "type": kind, "param": None, "code": code}
+
+
+def _completion(rid: str, text: str, body: dict[str, object], *, model: str, chat: bool) -> dict[str, object]:
+    prompt_tokens = len(_prompt_text(body).split())
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(text.split()),
+             "total_tokens": prompt_tokens + len(text.split())}
+    if chat:
+        choice: dict[str, object] = {"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
+                                     "logprobs": None, "finish_reason": "stop"}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "stop"}
+    return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+            "model": model, "choices": [choice], "usage": usage}
 
 
 @dataclasses.dataclass
@@ -406,7 +664,8 @@ def serve(settings: Settings) -> int:
 
     health = Health(model=settings.model)
     try:
-        server = make_server(host=settings.host, port=settings.port, health=health)
+        server = make_server(host=settings.host, port=settings.port, health=health, mode=settings.mode,
+                             engine=Engine(settings.max_num_seqs))
     except OSError as exc:
         log("ERROR", f"cannot listen on {settings.host}:{settings.port}: {exc}; pick another --port")
         return 1
