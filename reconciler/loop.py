@@ -31,7 +31,7 @@ from reconciler.loader import load_desired
 from reconciler.lock import HostLock, state_path
 from reconciler.redact import redact_data
 from reconciler.model import DesiredState, assignment_key, container_name
-from reconciler.observe.docker_obs import DockerObserver
+from reconciler.observe.docker_obs import DockerObserver, EventFilter
 from reconciler.planner import ActionKind, Plan
 from reconciler.progress import LogProgress
 
@@ -450,6 +450,16 @@ class Loop:
         obs.start()
         return obs
 
+    def _event_scope(self) -> tuple[str, frozenset[str] | None] | None:
+        """For the event filter: this host's name and its slots' GPU indexes (None: a slot known by UUID only)."""
+        desired = self.desired
+        if desired is None:
+            return None
+        gpus = desired.host.gpus.values()
+        if any(g.index is None for g in gpus):
+            return desired.host.name, None
+        return desired.host.name, frozenset(str(g.index) for g in gpus)
+
     def _docker_events(self) -> None:
         delay = 0.5
         lost = False
@@ -458,6 +468,9 @@ class Loop:
             if observer is None:
                 time.sleep(delay)
                 continue
+            # Only containers a plan reads wake the loop (ours, and any claiming a GPU or offload): on a shared
+            # engine the events of everything else would otherwise cost a pass each.
+            relevant = EventFilter(observer, self._event_scope)
             try:
                 stream = observer.api.events(decode=True, filters={"type": "container", "event": ["start", "die", "destroy"]})
                 delay = 0.5
@@ -471,6 +484,8 @@ class Loop:
                     if self.stop.is_set():
                         return
                     action = ev.get("status") or ev.get("Action")
+                    if not relevant.matters(ev):
+                        continue
                     self.triggers.fire(f"docker-{action}")
                     if action == "die":
                         # The engine sends "die" before its container list shows the container stopped (~50 ms

@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from reconciler.observed import LABEL_OFFLOAD, LABEL_PREFIX, ContainerView, Source
+from reconciler.observed import (
+    LABEL_HOST,
+    LABEL_OFFLOAD,
+    LABEL_PREFIX,
+    ContainerView,
+    Source,
+)
 
 # vLLM's native KV offload switches; any of them in a running container's config forbids reclaiming.
 OFFLOAD_FLAGS = ("--kv-offloading-size", "--kv-offloading-backend")
@@ -227,3 +233,68 @@ def _not_found(exc: BaseException) -> bool:
 def _short(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return text[:300]
+
+
+
+class EventFilter:
+    """Which engine events the loop looks again for: those of containers it cares about.
+
+    A container matters when it carries this host's label (ours, or made by an earlier version of this tool), or
+    when its config claims one of this host's GPUs (DeviceRequests, NVIDIA_VISIBLE_DEVICES: "all", an index of a
+    slot, any UUID) or native offload: those are the ones a plan reads. Its config is the observer's cached inspect
+    (every pass fills it), or one inspect on its first event, which the next pass then reuses. Unknown is
+    "matters": an event whose container cannot be looked at (removed already, the engine not answering) wakes
+    the loop, as every event did before this filter.
+
+    ``scope()`` gives this host's name and the GPU indexes of its slots as text (None: a slot is known by UUID
+    only, so an index cannot be ruled out), or None before a desired state is loaded (then every event matters).
+    """
+
+    def __init__(self, observer: DockerObserver, scope: Callable[[], tuple[str, frozenset[str] | None] | None]):
+        self.observer = observer
+        self.scope = scope
+        self._verdicts: dict[str, bool] = {}
+
+    def matters(self, event: Mapping[str, Any]) -> bool:
+        actor = event.get("Actor") or {}
+        cid = event.get("id") or actor.get("ID") or ""
+        action = event.get("status") or event.get("Action") or ""
+        scope = self.scope()
+        if not cid or scope is None:
+            return True
+        host, indexes = scope
+        if (actor.get("Attributes") or {}).get(LABEL_HOST) == host:
+            return True
+        verdict = self._verdicts.get(cid)
+        if verdict is None:
+            inspect = self._config(cid, action)
+            verdict = None if inspect is None else container_matters(inspect, host=host, indexes=indexes)
+        if action == "destroy":
+            self._verdicts.pop(cid, None)
+        elif verdict is not None:
+            if len(self._verdicts) > 10_000:
+                self._verdicts.clear()  # ids of containers removed while no destroy event was seen: forget them
+            self._verdicts[cid] = verdict
+        return True if verdict is None else verdict
+
+    def _config(self, cid: str, action: str) -> Mapping[str, Any] | None:
+        with self.observer._lock:
+            inspect = self.observer._cache.get(cid)
+        if inspect is None and action != "destroy":
+            try:
+                inspect = self.observer._inspect(cid)
+            except Exception:  # noqa: BLE001 - the engine did not answer: unknown
+                return None
+        return inspect
+
+
+def container_matters(inspect: Mapping[str, Any], *, host: str, indexes: frozenset[str] | None) -> bool:
+    """Pure: whether a container's (cached) inspect makes it one a plan reads: this host's label, a claim on one
+    of its GPUs (``indexes`` None: on any GPU), or native offload configured."""
+    labels = (inspect.get("Config") or {}).get("Labels") or {}
+    if labels.get(LABEL_HOST) == host or offload_configured(inspect):
+        return True
+    devices = gpu_devices_of(inspect)
+    if indexes is None:
+        return bool(devices)
+    return any(d == "all" or not d.isdigit() or d in indexes for d in devices)

@@ -152,7 +152,6 @@ def main() -> int:
             raise SystemExit(f"{tool} is missing (apt-get install docker.io psmisc)")
 
     import docker
-
     from bench_shm_inspect import parse_fuser
     from e2e_helpers import build_image, free_port, make_root
 
@@ -186,8 +185,8 @@ def main() -> int:
                 "reconciler apply --yes (converged)": lambda: timed([*cli, "apply", "--yes"], env)[0],
             }
             times = rounds(idle, args.rounds)
-            out += [f"idle host ({n_procs} processes, {n_containers} containers, one of them ours and converged), "
-                    f"medians of {args.rounds} interleaved rounds", head]
+            out += [(f"idle host ({n_procs} processes, {n_containers} containers, one of them ours and converged), "
+                     f"medians of {args.rounds} interleaved rounds"), head]
             out += table(times, {"docker ps -a": statistics.median(times["docker ps -a"])})
 
         if args.only in (None, "busy"):
@@ -226,8 +225,8 @@ def main() -> int:
             times = rounds(busy, args.rounds)
             same = verdicts["ours"] == verdicts["fuser"]
             pairs = sum(len(p) for p in verdicts["fuser"].values())  # type: ignore[attr-defined]
-            out += ["", f"busy host ({n_procs} processes; {args.children} children each hold {8} offload files open "
-                    f"and map 4; {N_FILES} files, {pairs} (file, pid) pairs), medians of {args.rounds} rounds", head]
+            out += ["", (f"busy host ({n_procs} processes; {args.children} children each hold 8 offload files open "
+                         f"and map 4; {N_FILES} files, {pairs} (file, pid) pairs), medians of {args.rounds} rounds"), head]
             out += table(times, {"fuser -v FILES": statistics.median(times["fuser -v FILES"])},
                          floor=statistics.median(times["floor: cat /proc/[0-9]*/maps"]))
             states = verdicts["states"]
