@@ -108,6 +108,13 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return res.exit_code
 
 
+def cmd_mcp(args: argparse.Namespace) -> int:
+    """The MCP server over stdin/stdout, for the client that starts it (no token: that client owns the process)."""
+    from reconciler.mcp_server import serve_stdio
+
+    return serve_stdio(args.root)
+
+
 def _since(text: str | None) -> float | None:
     """``--since``: seconds since the epoch, an ISO date/time, or an age like 90s, 15m, 2h, 7d."""
     import time
@@ -164,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("audit", parents=[common], help="the audit trail: every action by every front-end and the loop")
     p.add_argument("--since", metavar="WHEN", help="only records since: an age (15m, 2h, 7d), an ISO time or epoch seconds")
     p.set_defaults(func=cmd_audit)
+    p = sub.add_parser("mcp", parents=[common], help="MCP server over stdio (host_status, host_plan, "
+                       "host_shared_memory, host_manage) until its client closes it")
+    p.set_defaults(func=cmd_mcp)
 
     # Late imports: the parser pays for these modules only when it is built.
     from reconciler.cli_apply import add_commands as add_apply

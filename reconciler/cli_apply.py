@@ -143,6 +143,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         debounce_s=args.debounce,
         log=Log(args.log_format),
         backoff=Backoff(base_s=args.backoff_base, max_s=args.backoff_max),
+        api_token_file=args.api_token_file,
+        api_allow_remote=args.api_allow_remote,
     )
     try:
         return loop.run()
@@ -176,8 +178,15 @@ def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("recipe", metavar="RECIPE", help="the recipe's name (its file stem under configs/recipes/)")
     p.set_defaults(func=cmd_probe)
 
-    p = sub.add_parser("run", parents=parents, help="the loop: watch and converge, serve /metrics and /healthz")
-    p.add_argument("--metrics-addr", default="127.0.0.1:9464", help="HOST:PORT for /metrics and /healthz ('' = off)")
+    p = sub.add_parser("run", parents=parents, help="the loop: watch and converge; serve /metrics, /healthz, the "
+                       "HTTP API (/v1) and MCP (/mcp)")
+    p.add_argument("--metrics-addr", default="127.0.0.1:9464",
+                   help="HOST:PORT for /metrics, /healthz, /v1 and /mcp ('' = off); loopback unless --api-allow-remote")
+    p.add_argument("--api-token-file", metavar="FILE",
+                   help="the bearer token of /v1 and /mcp (a 0600 file; default $RECONCILER_API_TOKEN, else one "
+                   "generated into $RECONCILER_STATE_DIR/HOST/api-token)")
+    p.add_argument("--api-allow-remote", action="store_true",
+                   help="allow a non-loopback --metrics-addr (needs --api-token-file or $RECONCILER_API_TOKEN)")
     p.add_argument("--resync", type=float, default=60.0, metavar="SECONDS", help="look again at least this often")
     p.add_argument("--debounce", type=float, default=0.1, metavar="SECONDS", help="quiet time after a file event")
     p.add_argument("--log-format", choices=("text", "json"), default="text", help="one line per event")

@@ -4,7 +4,9 @@ Triggers only say "look again": a change under manifests/ or configs/ (watchdog,
 save-rename-save is one trigger), a Docker event of a container (start, die, destroy), SIGHUP, a backoff that
 expires, and the resync timer. Every cycle re-reads everything and runs the same plan/apply as ``reconciler apply``.
 An invalid edit never tears anything down: the loop keeps the last valid desired state and exports the error.
-Serves ``/metrics`` and ``/healthz``. Holds the host lock for its whole life. Called by ``reconciler.cli_apply``.
+Serves ``/metrics``, ``/healthz``, the HTTP API (``/v1``) and MCP (``/mcp``) on one listener (``reconciler.api``); a
+destructive call from those takes the pass lock, so it never runs during a pass. Holds the host lock for its whole
+life. Called by ``reconciler.cli_apply``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -112,6 +113,8 @@ class Loop:
         debounce_s: float = 0.1,
         log: Log | None = None,
         backoff: Backoff | None = None,
+        api_token_file: str | None = None,
+        api_allow_remote: bool = False,
     ):
         from reconciler.metrics import Metrics
 
@@ -130,7 +133,14 @@ class Loop:
         self.last_pass_at = 0.0
         self.last_pass: dict[str, Any] = {}
         self.passes = 0
-        self._http: ThreadingHTTPServer | None = None
+        self._http: Any = None  # reconciler.api.Listener
+        self.api_token_file = api_token_file
+        self.api_allow_remote = api_allow_remote
+        # Held for each pass; a destructive call of the API or MCP takes it too, so the two never interleave (first
+        # come, first served: a call that waits for a pass runs before the next one).
+        from reconciler.api import FairLock
+
+        self.pass_lock = FairLock()
         self._crashed: set[str] = set()  # ids of crashed containers already counted in the backoff
         self._held: set[str] = set()  # assignments whose enter the last pass held: wake when their backoff ends
         self._down: dict[str, str] = {}  # sources the last pass could not read, with why: logged when this changes
@@ -159,7 +169,8 @@ class Loop:
                         break
                     reasons, _ = self.triggers.take()
                     try:
-                        self.cycle(reasons or {"resync"})
+                        with self.pass_lock:
+                            self.cycle(reasons or {"resync"})
                     except Exception as exc:  # noqa: BLE001 - one bad pass must not end the loop: log it, go on
                         self.log("pass-error", error=f"{type(exc).__name__}: {exc}"[:500])
                         self.metrics.record_pass("error", 0.0)
@@ -506,50 +517,42 @@ class Loop:
     # ------------------------------------------------------------ HTTP
 
     def _start_http(self) -> None:
-        if not self.metrics_addr:
+        """One listener on ``--metrics-addr`` for /metrics, /healthz, the API (/v1) and MCP (/mcp)."""
+        if not self.metrics_addr or self.desired is None:
             return
-        host, _, port = self.metrics_addr.rpartition(":")
-        loop = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-                if self.path.split("?")[0] == "/metrics":
-                    from reconciler.metrics import CONTENT_TYPE
-
-                    body, ctype, code = loop.metrics.render(), CONTENT_TYPE, 200
-                elif self.path.split("?")[0] == "/healthz":
-                    # Healthy: a recent pass that could read every source. A loop waiting for an engine that
-                    # does not answer is alive but cannot act: 503, with the source and why in "unavailable".
-                    age = time.time() - loop.last_pass_at if loop.last_pass_at else None
-                    fresh = age is not None and age < max(3 * loop.resync_s, 300)
-                    down = dict(loop._down)
-                    ok = fresh and not down
-                    code = 200 if ok else 503
-                    body = json.dumps(redact_data({"ok": ok, "passes": loop.passes, "last_pass_age_s": age,
-                                                   "unavailable": down, "last_pass": loop.last_pass})).encode()
-                    ctype = "application/json"
-                else:
-                    body, ctype, code = b"not found: try /metrics or /healthz\n", "text/plain", 404
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                return None
+        from reconciler import api
 
         try:
-            self._http = ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
+            host, port = api.split_addr(self.metrics_addr)
+            sock = api.bind(host, port)
         except (OSError, ValueError, OverflowError) as exc:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             hint = ("something else listens there (another `reconciler run`?): stop it or choose another "
                     "--metrics-addr" if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE
                     else "give --metrics-addr as HOST:PORT on this machine, or '' to serve nothing")
             raise MetricsAddrUnusable(f"cannot serve /metrics on {self.metrics_addr}: {why}; {hint}") from None
-        self._http.daemon_threads = True
-        threading.Thread(target=self._http.serve_forever, name="metrics-http", daemon=True).start()
-        self.log("metrics", addr=f"http://{host or '127.0.0.1'}:{self._http.server_address[1]}/metrics")
+        try:
+            token = api.resolve_token(self.desired.host.name, token_file=self.api_token_file)
+            api.check_exposure(host, allow_remote=self.api_allow_remote, token=token)
+            app = api.build_app(self.root, token=token, pass_lock=self.pass_lock, bind_host=host, log=self.log,
+                                metrics=self.metrics.render, health=self.health, cancel=self.cancel)
+        except BaseException:
+            sock.close()
+            raise
+        self._http = api.Listener(app, sock).start()
+        base = f"http://{'[' + host + ']' if ':' in host else host}:{self._http.port}"
+        self.log("metrics", addr=f"{base}/metrics")
+        self.log("api", addr=f"{base}/v1", mcp=f"{base}/mcp", token_from=token.describe(), caller=token.name)
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        """``/healthz``: a recent pass that could read every source. A loop waiting for an engine that does not
+        answer is alive but cannot act: 503, with the source and why in "unavailable"."""
+        age = time.time() - self.last_pass_at if self.last_pass_at else None
+        fresh = age is not None and age < max(3 * self.resync_s, 300)
+        down = dict(self._down)
+        ok = fresh and not down
+        return (200 if ok else 503), redact_data({"ok": ok, "passes": self.passes, "last_pass_age_s": age,
+                                                   "unavailable": down, "last_pass": self.last_pass})
 
 
 # ---------------------------------------------------------------- refusals (reconciler_refusals_total)
