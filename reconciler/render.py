@@ -86,6 +86,8 @@ def render_plan(plan: Plan, observed: Observed | None, s: Style) -> str:
         out.append(s.yellow(f"  … held {h.recipe} on {','.join(h.gpus)}: {h.reason}"))
     for f in plan.fallbacks:
         out.append(s.yellow(f"  ↺ {f.text}"))
+    for f in plan.fallbacks:
+        out.append(s.yellow(f"  ↺ {f.text}"))
     counts = {k: sum(1 for a in plan.actions if a.kind is k) for k in ActionKind}
     if plan.blocked:
         out.append(s.red(f"Blocked: {len(plan.blockers)} problem(s); apply would change nothing."))
@@ -329,6 +331,8 @@ def render_status(data: dict[str, Any], s: Style) -> str:
             )
     for f in data["plan"].get("fallbacks") or ():
         out.append(s.yellow(f"  ↺ {f['text']}"))
+    for f in data["plan"].get("fallbacks") or ():
+        out.append(s.yellow(f"  ↺ {f['text']}"))
     out.append("")
     plan = data["plan"]
     if data["converged"]:
@@ -339,5 +343,8 @@ def render_status(data: dict[str, Any], s: Style) -> str:
     else:
         n = len(plan["actions"])
         state = "blocked" if plan["blocked"] else f"{n} action(s) pending"
+        if not n and not plan["blocked"] and plan.get("held"):
+            held = ", ".join(f"{h['recipe']} on {','.join(h['gpus'])}" for h in plan["held"])
+            state = f"{held} held in backoff" + (", a fallback serves meanwhile" if plan.get("fallbacks") else "")
         out.append(s.yellow(f"not converged: {state} (run `reconciler plan` for details)"))
     return "\n".join(out)
