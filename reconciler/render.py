@@ -86,8 +86,6 @@ def render_plan(plan: Plan, observed: Observed | None, s: Style) -> str:
         out.append(s.yellow(f"  … held {h.recipe} on {','.join(h.gpus)}: {h.reason}"))
     for f in plan.fallbacks:
         out.append(s.yellow(f"  ↺ {f.text}"))
-    for f in plan.fallbacks:
-        out.append(s.yellow(f"  ↺ {f.text}"))
     counts = {k: sum(1 for a in plan.actions if a.kind is k) for k in ActionKind}
     if plan.blocked:
         out.append(s.red(f"Blocked: {len(plan.blockers)} problem(s); apply would change nothing."))
@@ -329,8 +327,6 @@ def render_status(data: dict[str, Any], s: Style) -> str:
                 s.yellow(f"  backoff {key}: {e['failures']} failed enter(s), next try at "
                          f"{_clock(e['until'])}; last error: {e['last_error'][:160]}")
             )
-    for f in data["plan"].get("fallbacks") or ():
-        out.append(s.yellow(f"  ↺ {f['text']}"))
     for f in data["plan"].get("fallbacks") or ():
         out.append(s.yellow(f"  ↺ {f['text']}"))
     out.append("")
