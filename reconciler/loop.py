@@ -497,6 +497,8 @@ class Loop:
                     action = ev.get("status") or ev.get("Action")
                     if not relevant.matters(ev):
                         continue
+                    name = ((ev.get("Actor") or {}).get("Attributes") or {}).get("name", "")
+                    self.log("docker-event", action=action, container=name or (ev.get("id") or "?")[:12])
                     self.triggers.fire(f"docker-{action}")
                     if action == "die":
                         # The engine sends "die" before its container list shows the container stopped (~50 ms

@@ -11,7 +11,6 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from reconciler.observed import (
@@ -189,6 +188,8 @@ class DockerObserver:
         summaries = self.reader.containers(all=True)
         missing = [s["Id"] for s in summaries if s["Id"] not in self._cache]
         if len(missing) > 1:
+            from concurrent.futures import ThreadPoolExecutor  # first sight of several containers only
+
             with ThreadPoolExecutor(max_workers=min(8, len(missing))) as pool:
                 list(pool.map(self._inspect, missing))
         elif missing:
