@@ -192,6 +192,36 @@ def test_a_drain_that_times_out_stops_the_lane_anyway_and_says_so(root: Root) ->
     assert all(status != 200 for status, _ in clients.answers.values()), "cut off by the stop"
 
 
+def test_a_lane_with_drain_disabled_or_not_answering_is_stopped_without_a_drain(root: Root) -> None:
+    omni = root.recipe("omni")
+    data = root.recipe_data(omni)
+    data["drain"] = {"enabled": False}
+    root.write_recipe(omni, data)
+    root.manifest((omni, [B]))
+    assert root.apply().rc == 0
+    clients = Clients(root.port_of(omni), f"e2e/{omni}", 1, hold_s=300)
+    wait_until(lambda: gauges(root.port_of(omni)) == (1.0, 0.0), timeout=10, what="a request running")
+    root.manifest()
+    r = root.apply()
+    assert r.rc == 0, r
+    (leave,) = r.data["actions"]
+    assert leave["detail"].startswith("not drained: drain.enabled = false in its recipe; "), leave["detail"]
+    assert leave["seconds"] < 10
+    clients.threads[0].join(timeout=10)
+
+    # A lane whose metrics do not answer (here: the URL points at a closed port) is stopped at once, not waited on.
+    lane = root.recipe("omni")
+    data = root.recipe_data(lane)
+    data["drain"] = {"metrics_url": "http://127.0.0.1:9/metrics"}
+    root.write_recipe(lane, data)
+    root.manifest((lane, [B]))
+    assert root.apply().rc == 0
+    root.manifest()
+    r = root.apply()
+    (leave,) = r.data["actions"]
+    assert leave["result"] == "ok" and leave["detail"].startswith("not drained: http://127.0.0.1:9/metrics did not answer"), leave
+
+
 # ---------------------------------------------------------------- fallback
 
 
@@ -227,6 +257,7 @@ def test_a_failed_tp2_enter_brings_omni_back_in_the_same_pass_and_the_next_attem
     # (The loop writes its state file, which status and plan read, at the end of each pass.)
     text = f"fallback: {omni} on {B} while {lane} on {A},{B} is held (next attempt in"
     wait_until(lambda: text in root.cli("status").stdout, timeout=10, what="status showing the fallback", every=0.3)
+    assert f"not converged: {lane} on {A},{B} held in backoff, a fallback serves meanwhile" in root.cli("status").stdout
     plan = root.cli("plan", "--json")
     assert [f["recipe"] for f in plan.data["fallbacks"]] == [omni], plan
     assert plan.data["held"] and plan.data["actions"] == [], plan.data
