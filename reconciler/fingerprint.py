@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reconciler.observed import Observed
+from reconciler.observed import LABEL_PREFIX, Observed
 
 PLAN_FORMAT = "reconciler-plan/1"
 
@@ -36,11 +36,14 @@ def file_digests(root: str | Path) -> dict[str, str]:
 def observed_parts(observed: Observed) -> dict[str, list[str]]:
     """Pure: the facts of an observation that a plan depends on, as sorted lines per part. Every part is present
     also when it is empty, so "nothing was running" is a fact that a later start changes."""
+    # Only containers a plan can depend on: any with GPUs or native offload (they hold slots or forbid reclaims)
+    # and any carrying this tool's labels. A busy engine's unrelated containers do not make a saved plan stale.
     containers = sorted(
         f"{c.name} {c.id[:12]} {c.state} {c.image} "
         + hashlib.sha256(json.dumps(c.labels, sort_keys=True).encode()).hexdigest()[:12]
         + f" gpus={','.join(c.gpu_devices)} offload={c.offload}"
         for c in observed.containers
+        if c.gpu_devices or c.offload or any(k.startswith(LABEL_PREFIX) for k in c.labels)
     )
     gpus = sorted(
         f"{slot} {'missing' if v.missing else 'present'} "

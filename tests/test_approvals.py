@@ -68,8 +68,20 @@ def test_saved_plan_applies_exactly_and_a_stale_one_is_refused(root: Root, tmp_p
     assert [a["kind"] for a in doc["plan"]["actions"]] == ["enter"]
     assert oct(saved.stat().st_mode & 0o777) == "0o600"
     # Nothing is running, and that is a fact of the fingerprint too: a container started since makes it stale.
+    # A container with no GPU, no offload and none of our labels cannot change the plan: it is not in the
+    # fingerprint, so a busy engine does not make every saved plan stale.
+    bystander = root.run_unmanaged(
+        "bystander", "-v", "/usr:/usr:ro", "reconciler/fake-vllm:latest", "python3", "-c", "import time; time.sleep(300)"
+    )
+    assert root.cli("plan", "--out", str(tmp_path / "still.json")).rc == 2
+    again = json.loads((tmp_path / "still.json").read_text())
+    assert again["fingerprint"]["parts"]["containers"] == doc["fingerprint"]["parts"]["containers"]
+    assert not any(bystander in line for line in again["fingerprint"]["parts"]["containers"])
+    root.api.remove_container(bystander, force=True)
+    gpu = f"NVIDIA_VISIBLE_DEVICES={root.slot_index['dark-compute-a']}"
     squatter = root.run_unmanaged(
-        "squatter", "-v", "/usr:/usr:ro", "reconciler/fake-vllm:latest", "python3", "-c", "import time; time.sleep(300)"
+        "squatter", "-v", "/usr:/usr:ro", "-e", gpu, "reconciler/fake-vllm:latest",
+        "python3", "-c", "import time; time.sleep(300)",
     )
     r = root.cli("apply", str(saved))
     assert r.rc == 1, r
