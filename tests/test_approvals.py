@@ -75,7 +75,6 @@ def test_saved_plan_applies_exactly_and_a_stale_one_is_refused(root: Root, tmp_p
     )
     assert root.cli("plan", "--out", str(tmp_path / "still.json")).rc == 2
     again = json.loads((tmp_path / "still.json").read_text())
-    assert again["fingerprint"]["parts"]["containers"] == doc["fingerprint"]["parts"]["containers"]
     assert not any(bystander in line for line in again["fingerprint"]["parts"]["containers"])
     root.api.remove_container(bystander, force=True)
     gpu = f"NVIDIA_VISIBLE_DEVICES={root.slot_index['dark-compute-a']}"

@@ -74,7 +74,7 @@ def test_the_demo_as_shipped_needs_its_tmpfs(capsys: pytest.CaptureFixture[str])
     if shm_dir_mount_problem(shm) is None:
         assert code == 0
     else:
-        assert code == 1 and f"configs/host.yaml:" in err and f"shm.dir: shm.dir {shm}" in err
+        assert code == 1 and "configs/host.yaml:" in err and f"shm.dir {shm} is not a tmpfs" in err
         assert "mount -t tmpfs" in err
 
 

@@ -406,7 +406,7 @@ def test_promtool_finds_nothing_to_complain_about_in_a_live_scrape(root: Root, s
     done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == 0 and done.stdout == "" and done.stderr == "", done.stdout + done.stderr
     assert lp.healthz()[0] == 200
-    assert http_get(f"http://{lp.addr}/nope")[0] == 404
+    assert http_get(f"http://{lp.addr}/nope")[0] == 401  # fail closed: only /metrics and /healthz need no token
 
 
 def test_a_real_prometheus_scrapes_the_live_loop(root: Root, start_loop: Callable[..., LoopProcess], tmp_path: Path) -> None:
