@@ -52,7 +52,7 @@ class EngineClient:
 
     # ------------------------------------------------------------ the calls this tool reads
 
-    def containers(self, *, all: bool = True, quiet: bool = False) -> list[dict[str, Any]]:  # noqa: A002 - the SDK's name
+    def containers(self, *, all: bool = True, quiet: bool = False) -> list[dict[str, Any]]:
         """GET /containers/json: the list API's summaries (``quiet``: ids only, read from the same answer)."""
         listed = self.get("/containers/json", {"all": "1" if all else "0"})
         return [{"Id": c["Id"]} for c in listed] if quiet else listed
