@@ -12,17 +12,14 @@ interrupted pass never leaves an unowned container behind.
 
 from __future__ import annotations
 
-import http.client
 import socket
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from reconciler import direct_http
 from reconciler.docker_ops import DockerOps, create_spec
 from reconciler.errors import ReconcilerError
 from reconciler import pagecache
@@ -664,22 +661,21 @@ class Applier:
 # ---------------------------------------------------------------- helpers
 
 
-# Health probes go straight to the URL, never through a proxy named by http_proxy/HTTP_PROXY in the environment
-# (a proxy would answer, or fail, for a server it is not).
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
 def _http_ok(url: str) -> bool:
+    """The health URL answers 2xx (never through a proxy: reconciler.direct_http)."""
     try:
-        with _DIRECT.open(url, timeout=1.0) as resp:  # noqa: S310 - operator-configured health URL
+        with direct_http.opener().open(url, timeout=1.0) as resp:  # noqa: S310 - operator-configured health URL
             return 200 <= resp.status < 300
-    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
+    except direct_http.errors():
         return False
 
 
 def _http_answer(url: str, *, timeout: float = 1.0) -> str | None:
     """What answers ``url`` now, in words ("HTTP 200", "HTTP 404", a connection that says nothing), or None when
     nothing listens there (the connection is refused, the host is unknown or unreachable). Never via a proxy."""
+    import urllib.error
+    import urllib.parse
+
     parts = urllib.parse.urlsplit(url)
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -692,11 +688,11 @@ def _http_answer(url: str, *, timeout: float = 1.0) -> str | None:
     except OSError:
         return None  # refused, unreachable, unknown host, or no answer to the connect: nothing listens
     try:
-        with _DIRECT.open(url, timeout=timeout) as resp:  # noqa: S310 - operator-configured health URL
+        with direct_http.opener().open(url, timeout=timeout) as resp:  # noqa: S310 - operator-configured health URL
             return f"HTTP {resp.status}"
     except urllib.error.HTTPError as exc:
         return f"HTTP {exc.code}"
-    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
+    except direct_http.errors() as exc:
         reason = getattr(exc, "reason", exc)
         return f"a listener on port {port} that accepts connections ({type(reason).__name__})"
 

@@ -7,7 +7,6 @@ host, never through a proxy named in the environment (a proxy would answer, or f
 
 from __future__ import annotations
 
-import http.client
 import json
 import re
 import time
@@ -16,10 +15,10 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from reconciler import direct_http
 from reconciler.model import ProbeSpec, Recipe
 from reconciler.schema_check import violations
 
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 _SHOWN = 200  # characters of an answer quoted in a reason
 
 
@@ -57,7 +56,7 @@ def _request(url: str, payload: dict[str, Any] | None, timeout: float) -> _Answe
     if data is not None:
         req.add_header("Content-Type", "application/json")
     try:
-        with _DIRECT.open(req, timeout=timeout) as resp:  # noqa: S310 - the recipe's own loopback URL
+        with direct_http.opener().open(req, timeout=timeout) as resp:  # noqa: S310 - the recipe's own loopback URL
             return _Answer(resp.status, resp.read(), resp.headers.get("Content-Type", ""))
     except urllib.error.HTTPError as exc:
         return _Answer(exc.code, exc.read(), exc.headers.get("Content-Type", "") if exc.headers else "")
@@ -119,7 +118,7 @@ def run_probe(probe: ProbeSpec, recipe: Recipe) -> ProbeResult:
                 }
             path = "/v1/chat/completions" if chat else "/v1/completions"
             ans = _request(f"{base}{path}", payload, probe.timeout_s)
-    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
+    except direct_http.errors() as exc:
         why = getattr(exc, "reason", exc)
         return result(False, f"no answer from {base} ({type(why).__name__}: {why})")
     seconds = time.monotonic() - t0
@@ -198,7 +197,7 @@ def read_gauges(url: str, *, timeout: float = 2.0) -> tuple[float, float] | str:
     """(running, waiting) from a lane's /metrics, or why they could not be read."""
     try:
         ans = _request(url, None, timeout)
-    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
+    except direct_http.errors() as exc:
         return f"{url} did not answer ({getattr(exc, 'reason', exc)})"
     if ans.status != 200:
         return f"{url} answered HTTP {ans.status}"
