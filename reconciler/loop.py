@@ -485,9 +485,10 @@ class Loop:
             try:
                 stream = observer.api.events(decode=True, filters={"type": "container", "event": ["start", "die", "destroy"]})
                 delay = 0.5
-                if lost:
-                    # The engine answers again (it was down, or restarted): whatever changed meanwhile sent no
-                    # event this loop saw, so look again now rather than at the next resync.
+                if lost or "docker" in self._down:
+                    # The engine answers again (it was down, or restarted, or down at the last pass while this
+                    # thread had not yet tried it): whatever changed meanwhile sent no event this loop saw, so look
+                    # again now rather than at the next resync.
                     lost = False
                     self.log("docker-events-resumed", url=observer.url)
                     self.triggers.fire("docker-reconnected")

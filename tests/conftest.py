@@ -90,3 +90,32 @@ def root(tmp_path: Path, tmpfs_dir: Path, docker_api, image: str, request: pytes
         yield r
     finally:
         r.cleanup()
+
+
+@pytest.fixture
+def start_loop(root):  # type: ignore[no-untyped-def]
+    """Start ``reconciler run`` (tests/e2e_helpers.py LoopProcess) on the test's root, or on ``r``; every loop
+    started is SIGTERMed, and killed if it has not exited within 30 s, before the root is cleaned."""
+    import signal
+
+    from e2e_helpers import LoopProcess
+
+    loops = []
+
+    def start(*extra: str, r=None):  # type: ignore[no-untyped-def]
+        lp = LoopProcess(r or root, *extra)
+        loops.append(lp)
+        return lp
+
+    try:
+        yield start
+    finally:
+        for lp in loops:
+            if lp.proc.poll() is None:
+                lp.proc.send_signal(signal.SIGTERM)
+        for lp in loops:
+            try:
+                lp.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                lp.proc.kill()
+                lp.proc.wait()

@@ -12,7 +12,6 @@ or, for ``reconciler run``, by a loop that reports the fault, waits and recovers
 from __future__ import annotations
 
 import contextlib
-import signal
 import socket
 import subprocess
 import threading
@@ -122,29 +121,6 @@ def no_traceback(text: str) -> None:
 
 
 
-@pytest.fixture
-def start_loop() -> Iterator[Callable[..., LoopProcess]]:
-    loops: list[LoopProcess] = []
-
-    def start(root: Root, *extra: str) -> LoopProcess:
-        lp = LoopProcess(root, *extra)
-        loops.append(lp)
-        return lp
-
-    try:
-        yield start
-    finally:
-        for lp in loops:
-            if lp.proc.poll() is None:
-                lp.proc.send_signal(signal.SIGTERM)
-        for lp in loops:
-            try:
-                lp.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                lp.proc.kill()
-                lp.proc.wait()
-
-
 # ---------------------------------------------------------------- 1. apply with the engine down
 
 
@@ -179,7 +155,7 @@ def test_run_started_with_the_engine_down_reports_it_waits_and_converges_when_it
     relay = SocketRelay(tmp_path / "docker.sock", engine_socket())
     set_docker_url(root, f"unix://{relay.path}")
     try:
-        lp = start_loop(root).started(timeout=30)
+        lp = start_loop().started(timeout=30)
         # The first pass sees the engine down: said once in the log, exported, and /healthz answers 503.
         down = lp.wait("source-down", source="docker", timeout=5)[0]
         assert str(relay.path) in down["detail"], down

@@ -9,16 +9,14 @@ in a request keeps it in flight until ``POST /fake/release``, and ``--max-num-se
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import pytest
 from e2e_helpers import LoopProcess, Root, wait_until
 
 A, B = "dark-compute-a", "dark-compute-b"
@@ -62,29 +60,6 @@ class Clients:
         """Let the held requests go on; True once every client has its answer."""
         post(f"http://127.0.0.1:{self.port}/fake/release", {}, timeout=2)
         return not any(t.is_alive() for t in self.threads)
-
-
-@pytest.fixture
-def start_loop(root: Root) -> Iterator[Callable[..., LoopProcess]]:
-    loops: list[LoopProcess] = []
-
-    def start(*extra: str) -> LoopProcess:
-        lp = LoopProcess(root, *extra)
-        loops.append(lp)
-        return lp
-
-    try:
-        yield start
-    finally:
-        for lp in loops:
-            if lp.proc.poll() is None:
-                lp.proc.send_signal(signal.SIGTERM)
-        for lp in loops:
-            try:
-                lp.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                lp.proc.kill()
-                lp.proc.wait()
 
 
 # ---------------------------------------------------------------- probes

@@ -69,30 +69,6 @@ def root(tmp_path: Path, tmpfs_dir: Path, docker_api: Any, image: str, request: 
         r.cleanup()  # the tool's containers of this host, then the ones the test started by hand
 
 
-@pytest.fixture
-def start_loop(root: Root) -> Iterator[Callable[..., LoopProcess]]:
-    """Start ``reconciler run`` on the test's root; every loop started is SIGTERMed before the root is cleaned."""
-    loops: list[LoopProcess] = []
-
-    def start(*extra: str, r: Root | None = None) -> LoopProcess:
-        lp = LoopProcess(r or root, *extra)
-        loops.append(lp)
-        return lp
-
-    try:
-        yield start
-    finally:
-        for lp in loops:
-            if lp.proc.poll() is None:
-                lp.proc.send_signal(signal.SIGTERM)
-        for lp in loops:
-            try:
-                lp.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                lp.proc.kill()
-                lp.proc.wait()
-
-
 def enters_ok(lp: LoopProcess, recipe: str, *, after: int = 0) -> list[Event]:
     return lp.find("action", after=after, kind="enter", result="ok", target=lambda t: t.startswith(recipe + "@"))
 
