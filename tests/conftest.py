@@ -42,8 +42,13 @@ def tmpfs_dir() -> Iterator[Path]:
         if _require_docker():
             pytest.fail("tmpfs tests need root (mount -t tmpfs)")
         pytest.skip("tmpfs tests need root")
-    d = Path(tempfile.mkdtemp(prefix="reconciler-tmpfs-"))
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(d)], check=True)
+    yield from _mounted_tmpfs("reconciler-tmpfs-", "64m")
+
+
+def _mounted_tmpfs(prefix: str, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted on a new temporary directory for as long as the generator runs."""
+    d = Path(tempfile.mkdtemp(prefix=prefix))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)], check=True)
     try:
         yield d
     finally:
@@ -62,13 +67,7 @@ def shared_tmpfs() -> Iterator[Path]:
             yield Path("/dev/shm")
             return
         pytest.skip("needs root (mount -t tmpfs) or a tmpfs on /dev/shm")
-    d = Path(tempfile.mkdtemp(prefix="reconciler-validate-tmpfs-"))
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1g", "tmpfs", str(d)], check=True)
-    try:
-        yield d
-    finally:
-        subprocess.run(["umount", "-l", str(d)], check=False)
-        d.rmdir()
+    yield from _mounted_tmpfs("reconciler-validate-tmpfs-", "1g")
 
 
 @pytest.fixture(scope="session")
