@@ -30,8 +30,6 @@ def __getattr__(name: str) -> Any:
         return getattr(shapes, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-EXIT_OK = 0
-EXIT_FAILED = 1
 
 
 def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
