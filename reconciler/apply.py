@@ -329,6 +329,12 @@ class Applier:
         recipe = self.desired.recipes[action.recipe]
         slots = action.gpus
         freed = 0
+        if action.container_id:
+            # A container of ours left waiting for its health check (an apply stopped meanwhile): finish the wait
+            # on it rather than restart a model load. It was created and started already; nothing to preflight.
+            cid = action.container_id
+            self.progress.phase(action, "finishing: waiting again for the container left waiting")
+            return self._bring_up(action, recipe, cid, start=False, freed=0)
         # Preflight: the image, then tmpfs room for the offload file (orphans reclaimed through the guard).
         self.progress.phase(action, "preflight")
         if not self.ops.image_present(recipe.container.image):
@@ -360,17 +366,23 @@ class Applier:
         except SecretError as exc:
             raise ActionFailed(f"recipe {action.recipe}: secret env value {exc}") from None
         cid = self.ops.create(create_spec(self.desired, action.recipe, slots, install_id=install_id, secrets=values))
+        return self._bring_up(action, recipe, cid, start=True, freed=freed)
+
+    def _bring_up(self, action: Action, recipe: Recipe, cid: str, *, start: bool, freed: int) -> tuple[str, int]:
+        """Start (unless it runs already), wait for health, check, and record the container as healthy."""
+        slots = action.gpus
         try:
             # From create to settled the engine loads its model through the page cache: no drop meanwhile.
             with pagecache.entering():
-                self.progress.phase(action, "starting")
-                self.ops.start(cid)
+                if start:
+                    self.progress.phase(action, "starting")
+                    self.ops.start(cid)
                 self._wait_healthy(action, cid, recipe)
                 after = self._check_enter(action, cid)
             verdict = self.check_reserve(action, after)
         except ActionFailed as exc:
             self._fail_enter(action, cid, exc)
-        # Only now does it count as satisfied: one left behind by an interrupt while it waited is replaced.
+        # Only now does it count as satisfied: one left waiting by an interrupt is finished by the next pass.
         containers, docker_ok = self.observer.observe()
         mark_healthy(self.desired.host.name, cid, existing=[c.id for c in containers] if docker_ok.ok else None)
         detail = f"{action.container} healthy on {','.join(slots)}"

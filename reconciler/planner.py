@@ -298,6 +298,7 @@ def plan(
     leaves: list[Action] = []
     enters: list[DesiredAssignment] = []
     satisfied: list[ContainerView] = []
+    finishing: dict[str, ContainerView] = {}  # assignment key -> its container left waiting for health
     claimed: set[str] = set()
 
     by_assignment: dict[tuple[str | None, tuple[str, ...]], list[ContainerView]] = {}
@@ -316,8 +317,13 @@ def plan(
             satisfied.append(keep)
         else:
             enters.append(d)
+            # Running and matching but never confirmed healthy (an apply stopped while it waited): the enter
+            # finishes that wait on it instead of restarting a model load that may take minutes.
+            waiting = [c for c in mine if c.active and not diffs[c.id]]
+            if waiting:
+                finishing[d.key] = waiting[0]
         for c in mine:
-            if c is keep:
+            if c is keep or c is finishing.get(d.key):
                 continue
             if c in good:
                 why = f"duplicate of {keep.name} for {d.key}"
@@ -328,7 +334,7 @@ def plan(
                     f"{spec.spec_hash(parts)}): recreate"
                 )
             elif c.active:
-                why = f"{c.name} never passed its health check (an apply stopped while waiting for it?): replace"
+                why = f"{c.name} never passed its health check and another container of it is finished: remove"
             else:
                 why = _stopped_reason(c)
             leaves.append(_leave(c, why, desired))
@@ -343,7 +349,7 @@ def plan(
         leaves.append(_leave(c, why, desired))
 
     leaving = {a.container_id for a in leaves}
-    kept_ids = {c.id for c in satisfied}
+    kept_ids = {c.id for c in satisfied} | {c.id for c in finishing.values()}
     shm = observed.shm
 
     # Offload files: orphans are reclaimed through the guard; what leaving containers own goes with them.
@@ -369,7 +375,7 @@ def plan(
         freed_by_leaves += sum(f.allocated_bytes for f in blocked_orphans)
     room = shm.tmpfs.free_bytes + (reclaim.bytes if reclaim else 0) + freed_by_leaves
 
-    holders = slot_holders(desired, observed, skip=leaving)
+    holders = slot_holders(desired, observed, skip=leaving | {c.id for c in finishing.values()})
     by_id = {c.id: c for c in observed.containers}
     blockers: list[Blocker] = []
     held: list[Held] = []
@@ -381,7 +387,7 @@ def plan(
             held.append(Held(recipe=d.recipe, gpus=d.slots, reason=hold[d.key]))
             continue
         problems = _slot_problems(d, observed, holders, by_id, leaving, kept_ids, desired)
-        if d.offload_bytes:
+        if d.offload_bytes and d.key not in finishing:  # a container being finished has its offload file already
             if not proc_ok:
                 problems.append(("offload files cannot be inspected: " + _sources(shm), ""))
             elif d.offload_bytes > room:
@@ -400,11 +406,18 @@ def plan(
             held.append(Held(recipe=d.recipe, gpus=d.slots, reason=hold[d.key]))
             continue
         room -= d.offload_bytes
+        fin = finishing.get(d.key)
         enter_actions.append(
             Action(
                 kind=ActionKind.ENTER,
-                reason=by_fallback[d.key].text if d.key in by_fallback
+                reason=(
+                    f"finish {fin.name}: it was left waiting for its health check (an apply stopped meanwhile); "
+                    "wait for it again rather than restart its model load"
+                )
+                if fin is not None
+                else by_fallback[d.key].text if d.key in by_fallback
                 else _enter_reason(d, by_assignment.get((d.recipe, d.slots), [])),
+                container_id=fin.id if fin is not None else None,
                 recipe=d.recipe,
                 gpus=d.slots,
                 container=container_name(d.recipe, d.slots),

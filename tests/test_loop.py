@@ -303,14 +303,15 @@ def test_sigterm_during_an_enter_exits_0_and_what_it_created_is_labelled(
     assert labels["io.reconciler.host"] == root.host and labels["io.reconciler.managed"] == "true"
     assert labels["io.reconciler.recipe"] == lane and labels["io.reconciler.slots"] == f"{A},{B}"
     assert labels["io.reconciler.install"] == root.install_id()
-    # It never passed its health check, so a later apply does not take it as satisfied: it replaces it, and the
-    # host converges with exactly one container, a healthy one.
+    # It never passed its health check, so a later apply does not take it as satisfied: it finishes the wait on
+    # it (no second container, no restarted load), and the host converges once it is healthy.
     res = root.cli("apply", "--yes", "--json")
     assert res.rc == 0, str(res)
-    assert [(a["kind"], a["result"]) for a in res.data["actions"]] == [("leave", "ok"), ("enter", "ok")], str(res)
+    assert [(a["kind"], a["result"], a["container_id"]) for a in res.data["actions"]] == [
+        ("enter", "ok", survivor["Id"])
+    ], str(res)
     assert http_get(f"http://127.0.0.1:{root.port_of(lane)}/health")[0] == 200
-    (only,) = root.containers()
-    assert only["Id"] != survivor["Id"]
+    assert [c["Id"] for c in root.containers()] == [survivor["Id"]]
     assert root.cli("plan", "--json").rc == 0
 
 
