@@ -30,6 +30,12 @@ if [ "${1:-}" = "--teardown" ]; then
   printf 'host: demo\nassignments: []\n' >"$DEMO/manifests/demo.yaml"
   if ! mountpoint -q "$SHM"; then mkdir -p "$SHM" && mount -t tmpfs -o size=256m,mode=1777 tmpfs "$SHM"; fi
   r apply --yes
+  # apply keeps failed containers for their logs; the demo's own go with the teardown (this host's, by label).
+  kept=$(docker ps -aq --filter label=io.reconciler.host=demo)
+  if [ -n "$kept" ]; then
+    # shellcheck disable=SC2086
+    docker rm $kept >/dev/null && echo "removed $(echo "$kept" | wc -l) kept failed container(s) of the demo host"
+  fi
   umount "$SHM" && rmdir "$SHM" && echo "unmounted the demo tmpfs $SHM"
   exit 0
 fi
