@@ -25,6 +25,10 @@ DEMO=$(mktemp -d /tmp/reconciler-demo.XXXXXX)
 trap 'rm -rf "$DEMO"; docker rm -f "$SQUATTER" >/dev/null 2>&1 || true' EXIT
 cp -r examples/demo/configs examples/demo/manifests "$DEMO/"
 SPLIT=$(cat "$DEMO/manifests/demo.yaml")
+EXCLUSIVE='host: demo
+assignments:
+  - recipe: deepseek-256k-offload
+    gpus: [dark-compute-a, dark-compute-b]'
 
 if [ "${1:-}" = "--teardown" ]; then
   printf 'host: demo\nassignments: []\n' >"$DEMO/manifests/demo.yaml"
@@ -75,12 +79,7 @@ docker run -d --name "$SQUATTER" -e NVIDIA_VISIBLE_DEVICES=0 -v /usr:/usr:ro \
   reconciler/fake-vllm:latest python3 -c 'import time; time.sleep(3600)' | cut -c1-12
 
 step "5. edit the manifest: the exclusive TP=2 native-offload lane on both slots; the squatter blocks it (exit 3)"
-cat >"$DEMO/manifests/demo.yaml" <<'YAML'
-host: demo
-assignments:
-  - recipe: deepseek-256k-offload
-    gpus: [dark-compute-a, dark-compute-b]
-YAML
+printf '%s\n' "$EXCLUSIVE" >"$DEMO/manifests/demo.yaml"
 cat "$DEMO/manifests/demo.yaml"
 rc r plan
 rc r apply --yes
@@ -125,12 +124,7 @@ done
 sleep 1
 echo "\$ curl -s $OMNI/metrics | grep '^vllm:'"
 curl -s "$OMNI/metrics" | grep '^vllm:'
-cat >"$DEMO/manifests/demo.yaml" <<'YAML'
-host: demo
-assignments:
-  - recipe: deepseek-256k-offload
-    gpus: [dark-compute-a, dark-compute-b]
-YAML
+printf '%s\n' "$EXCLUSIVE" >"$DEMO/manifests/demo.yaml"
 # The requests finish 3 s into the drain (the fake's POST /fake/release lets held requests go on).
 ( sleep 3; curl -s -X POST "$OMNI/fake/release" >/dev/null ) &
 r apply --yes
@@ -145,12 +139,7 @@ echo "(reconciler run, the loop, in the background; the lane fails at start whil
 LOOP=$!
 trap 'kill "$LOOP" 2>/dev/null || true; wait "$LOOP" 2>/dev/null || true; rm -rf "$DEMO" "$SHM/lane-fault"; docker rm -f "$SQUATTER" >/dev/null 2>&1 || true' EXIT
 echo fail-start >"$SHM/lane-fault"
-cat >"$DEMO/manifests/demo.yaml" <<'YAML'
-host: demo
-assignments:
-  - recipe: deepseek-256k-offload
-    gpus: [dark-compute-a, dark-compute-b]
-YAML
+printf '%s\n' "$EXCLUSIVE" >"$DEMO/manifests/demo.yaml"
 until_json() {  # poll `status --json` until the Python expression over it (d) is true, at most $2 seconds
   local deadline=$((SECONDS + $2))
   until "$PYTHON" -m reconciler --root "$DEMO" status --json 2>/dev/null | "$PYTHON" -c "import json,sys; d=json.load(sys.stdin); sys.exit(0 if ($1) else 1)"; do
