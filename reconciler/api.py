@@ -339,20 +339,13 @@ def _bool_param(text: str | None, name: str) -> bool:
 
 
 def since_param(text: str | None) -> float | None:
-    """``since``: epoch seconds, an ISO time, or an age (90s, 15m, 2h, 7d)."""
-    from datetime import datetime
+    """``since``: parsed by the service layer like the command line's ``--since``."""
+    from reconciler.service import parse_since
 
-    if not text:
-        return None
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    if text[-1:] in units and text[:-1].replace(".", "", 1).isdigit():
-        return time.time() - float(text[:-1]) * units[text[-1]]
-    with contextlib.suppress(ValueError):
-        return float(text)
     try:
-        return datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        raise _BadRequest(f"since={text!r}: give an age (90s, 15m, 2h, 7d), an ISO time or epoch seconds") from None
+        return parse_since(text)
+    except ValueError as exc:
+        raise _BadRequest(f"since={text!r}: {exc}") from None
 
 
 class _BadRequest(Exception):

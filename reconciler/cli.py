@@ -116,27 +116,14 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
 
 def _since(text: str | None) -> float | None:
-    """``--since``: seconds since the epoch, an ISO date/time, or an age like 90s, 15m, 2h, 7d."""
-    import time
-    from datetime import datetime
+    """``--since``, parsed by the service layer like the API's ``since``."""
+    from reconciler.errors import ReconcilerError
+    from reconciler.service import parse_since
 
-    if not text:
-        return None
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    if text[-1:] in units and text[:-1].replace(".", "", 1).isdigit():
-        return time.time() - float(text[:-1]) * units[text[-1]]
     try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        return datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        from reconciler.errors import ReconcilerError
-
-        raise ReconcilerError(
-            f"--since {text!r}: give an age (90s, 15m, 2h, 7d), an ISO time (2026-11-30T18:00) or epoch seconds"
-        ) from None
+        return parse_since(text)
+    except ValueError as exc:
+        raise ReconcilerError(f"--since {text!r}: {exc}") from None
 
 
 # ---------------------------------------------------------------- parser

@@ -50,6 +50,27 @@ class Caller:
         return {"front": self.front, "who": self.who}
 
 
+SINCE_HELP = "give an age (90s, 15m, 2h, 7d), an ISO time (2026-11-30T18:00) or epoch seconds"
+
+
+def parse_since(text: str | None) -> float | None:
+    """The audit query's ``since`` as every front-end takes it: epoch seconds, an ISO time, or an age (90s, 15m, 2h,
+    7d). None for no bound; ValueError (with ``SINCE_HELP``) for anything else."""
+    from datetime import datetime
+
+    if not text:
+        return None
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if text[-1:] in units and text[:-1].replace(".", "", 1).isdigit():
+        return time.time() - float(text[:-1]) * units[text[-1]]
+    with contextlib.suppress(ValueError):
+        return float(text)
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise ValueError(SINCE_HELP) from None
+
+
 def plan_exit_code(p: Plan) -> int:
     if p.unavailable:
         return EXIT_ERROR
