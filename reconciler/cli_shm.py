@@ -21,17 +21,6 @@ if TYPE_CHECKING:
     from reconciler.observed import ShmFile, ShmView
 
 
-def __getattr__(name: str) -> Any:
-    # status_json and file_json, re-exported for existing callers, are imported when first asked for: building
-    # the parser (every command, `--help` too) must not pay for them.
-    if name in ("status_json", "file_json"):
-        from reconciler import shapes
-
-        return getattr(shapes, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-
 def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
     """Add ``shm status`` and ``shm reclaim`` to the top-level subcommands."""
     shm = sub.add_parser("shm", help="offload files in shm.dir: who holds them, guarded cleanup of orphans")

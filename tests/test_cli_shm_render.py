@@ -3,7 +3,8 @@ real tmpfs in test_shm_guard.py)."""
 
 from __future__ import annotations
 
-from reconciler.cli_shm import render_reclaim, render_status, status_json
+from reconciler.cli_shm import render_reclaim, render_status
+from reconciler.shapes import status_json
 from reconciler.observed import Owner, ShmFile, ShmView, Source, Tmpfs, Uninspectable
 from reconciler.shm_guard import KeptFile, ReclaimResult, RemovedFile
 
