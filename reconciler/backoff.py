@@ -8,6 +8,7 @@ operator changed something, so the next try is immediate.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -42,10 +43,22 @@ class Backoff:
     def failed(self, key: str, *, recipe: str, recipe_hash: str, error: str) -> Entry:
         prev = self.entries.get(key)
         failures = prev.failures + 1 if prev and prev.recipe_hash == recipe_hash else 1
-        delay = min(self.max_s, self.base_s * self.factor ** (failures - 1))
-        entry = Entry(recipe, recipe_hash, failures, self.clock() + delay, error[:500])
+        entry = Entry(recipe, recipe_hash, failures, self.clock() + self.delay(failures), error[:500])
         self.entries[key] = entry
         return entry
+
+    def delay(self, failures: int) -> float:
+        """Seconds to wait after ``failures`` failed enters in a row: base_s * factor ** (failures - 1), at most max_s.
+
+        The exponent stops where the delay reaches max_s: a float power overflows past 1,023 doublings, and a lane
+        that fails for days gets there (an OverflowError then escaped every later failure's handling)."""
+        exponent = failures - 1
+        if self.factor > 1 and self.base_s > 0:
+            exponent = min(exponent, max(0, math.ceil(math.log(self.max_s / self.base_s, self.factor))))
+        try:
+            return min(self.max_s, self.base_s * self.factor ** exponent)
+        except OverflowError:  # a factor so large that even the capped power is out of range: past any cap
+            return self.max_s
 
     def succeeded(self, key: str) -> bool:
         return self.entries.pop(key, None) is not None

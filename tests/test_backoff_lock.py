@@ -65,3 +65,22 @@ def test_lock_refuses_second_holder_and_names_the_first(tmp_path: Path, monkeypa
     # The holder died without releasing: its lock is simply taken over.
     with HostLock("h", command="apply") as lock:
         assert lock.path.read_text().startswith('{"pid": %d' % os.getpid())
+
+
+def test_backoff_after_thousands_of_failures_stays_at_its_cap() -> None:
+    # 2.0 ** 1024 overflows a float: a lane that failed that often raised on every later failure instead of waiting.
+    clock = Clock()
+    b = Backoff(clock=clock)  # the loop's defaults: 10 s doubling up to 600 s
+    for _ in range(2000):
+        e = b.failed("r@a", recipe="r", recipe_hash="h1", error="crashed")
+    assert e.failures == 2000 and e.until - clock.t == 600
+    assert "2000 failed enter(s)" in b.holds()["r@a"]
+    # Any base and factor: the delay is computed without overflow and never exceeds the cap.
+    for base, factor in ((1e-3, 10.0), (0.5, 1.0001), (10.0, 1e300), (700.0, 2.0), (10, 2)):
+        odd = Backoff(base_s=base, factor=factor, max_s=600, clock=clock)
+        for n in (1, 2, 1025, 5000):
+            odd.entries.clear()
+            for _ in range(n):
+                e = odd.failed("r@a", recipe="r", recipe_hash="h1", error="x")
+            assert 0 < e.until - clock.t <= 600
+            assert n == 1 or e.until - clock.t >= min(600, base * factor) * 0.999  # it grew (float sums round)
