@@ -7,8 +7,6 @@ whole desired state is valid.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import re
 import stat
@@ -20,6 +18,7 @@ from typing import Any, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from reconciler import mounts
 from reconciler.errors import ConfigError, ConfigProblem
 from reconciler.model import (
     GIB,
@@ -31,6 +30,7 @@ from reconciler.model import (
     check_name,
     offload_lands_in,
 )
+from reconciler.mounts import MOUNTINFO, TMPFS_MAGIC
 from reconciler.units import human_bytes
 
 HOST_FILE = "configs/host.yaml"
@@ -397,42 +397,6 @@ def _validate_yaml(root: Path, path: Path, model: type[BaseModel], what: str) ->
 
 # ---------------------------------------------------------------- shm.dir: an existing tmpfs mount point
 
-TMPFS_MAGIC = 0x01021994
-MOUNTINFO = "/proc/self/mountinfo"
-
-
-def _unescape_mount(field: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def _mount_of(path: str, mountinfo: str) -> tuple[str, str]:
-    """(mount point, fs type) of the mount holding ``path`` (a real path), per the text of /proc/self/mountinfo."""
-    best = ("/", "?")
-    for raw in mountinfo.splitlines():
-        fields = raw.split(" ")
-        try:
-            sep = fields.index("-")
-            mnt, fstype = _unescape_mount(fields[4]), fields[sep + 1]
-        except (ValueError, IndexError):
-            continue
-        inside = path == mnt or path.startswith(mnt.rstrip("/") + "/")
-        # A later line mounted on the same or a deeper point shadows an earlier one.
-        if inside and len(mnt) >= len(best[0]):
-            best = (mnt, fstype)
-    return best
-
-
-def _statfs_type(path: str) -> int | None:
-    """statfs(2)'s f_type (the first field of struct statfs on Linux), or None when it cannot be had."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        buf = ctypes.create_string_buffer(512)
-        if libc.statfs(os.fsencode(path), buf) != 0:
-            return None
-        return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
-    except (OSError, AttributeError, TypeError):
-        return None
-
 
 def shm_dir_mount_problem(directory: str, *, mountinfo: str | None = None) -> str | None:
     """None when ``directory`` is an existing tmpfs mount point; else what is wrong, which source said so, and the fix.
@@ -456,12 +420,12 @@ def shm_dir_mount_problem(directory: str, *, mountinfo: str | None = None) -> st
         return f"shm.dir {directory} is not a directory; {fix}"
     if mountinfo is None:
         try:
-            with open(MOUNTINFO, encoding="utf-8", errors="replace") as f:
-                mountinfo = f.read()
+            mountinfo = mounts.read_mountinfo()
         except OSError:
             mountinfo = None
     if mountinfo is not None:
-        mnt, fstype = _mount_of(real, mountinfo)
+        held = mounts.mount_holding(real, mounts.parse_mountinfo(mountinfo))
+        mnt, fstype = held.point, held.fstype
         if fstype != "tmpfs":
             return f"shm.dir {directory} is not a tmpfs: {MOUNTINFO} shows it on {fstype} mounted at {mnt}; {fix}"
         if mnt != real:
@@ -470,7 +434,7 @@ def shm_dir_mount_problem(directory: str, *, mountinfo: str | None = None) -> st
                 f"the tmpfs's size and free room are those of {mnt}: write dir: {mnt}, or {fix}"
             )
         return None
-    ftype = _statfs_type(real)
+    ftype = mounts.fs_magic(real)
     if ftype is None:
         return f"shm.dir {directory}: cannot tell whether it is a tmpfs ({MOUNTINFO} and statfs both unavailable)"
     if ftype != TMPFS_MAGIC:

@@ -24,17 +24,15 @@ outside that exact set is ever unlinked, even a matching unowned file that appea
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import fnmatch
 import os
-import re
 import stat as st_mode
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from reconciler import mounts
 from reconciler.model import check_shm_dir, check_shm_pattern
 from reconciler.observe.shm import inspect_shm
 from reconciler.observed import ContainerView, ShmFile, ShmView, Source, Tmpfs
@@ -43,9 +41,6 @@ if TYPE_CHECKING:
     from reconciler.model import ShmConfig
 
 DockerObservation = Callable[[], tuple[tuple[ContainerView, ...], Source]]
-
-TMPFS_MAGIC = 0x01021994
-MOUNTINFO = "/proc/self/mountinfo"
 
 
 @dataclass(frozen=True)
@@ -331,41 +326,7 @@ def scope_refusal(directory: str, pattern: str) -> str | None:
     return None if problem is None else f"refusing to reclaim: {problem}"
 
 
-_MOUNT_ESCAPE = re.compile(r"\\([0-7]{3})")
-
-
-def _unescape_mount(field: str) -> str:
-    return _MOUNT_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
-
-
-def mount_type_at(path: str, mountinfo: str) -> str | None:
-    """Pure: the fs type of the mount whose mount point is exactly ``path`` (the last one: it shadows the others),
-    or None when nothing is mounted right there."""
-    found = None
-    for line in mountinfo.splitlines():
-        fields = line.split(" ")
-        try:
-            sep = fields.index("-", 6)
-            if _unescape_mount(fields[4]) == path:
-                found = fields[sep + 1]
-        except (ValueError, IndexError):
-            continue
-    return found
-
-
-def _fstatfs_type(fd: int) -> int | None:
-    """statfs(2)'s f_type of an open descriptor (the first field of struct statfs on Linux), or None."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        buf = ctypes.create_string_buffer(512)
-        if libc.fstatfs(fd, buf) != 0:
-            return None
-        return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
-    except (OSError, AttributeError, TypeError):
-        return None
-
-
-def tmpfs_mount_refusal(directory: str, *, mountinfo_path: str = MOUNTINFO) -> str | None:
+def tmpfs_mount_refusal(directory: str, *, mountinfo_path: str | None = None) -> str | None:
     """Why ``directory`` is not, right now, a tmpfs mounted exactly there; None when it is.
 
     Both must agree: statfs(2) on the directory gives TMPFS_MAGIC, and /proc/self/mountinfo has a tmpfs mounted on
@@ -380,22 +341,23 @@ def tmpfs_mount_refusal(directory: str, *, mountinfo_path: str = MOUNTINFO) -> s
     except OSError as exc:
         return f"refusing to reclaim: shm.dir {directory}: {exc.strerror or exc}; {fix}"
     try:
-        ftype = _fstatfs_type(dfd)
+        ftype = mounts.fs_magic(dfd)
     finally:
         os.close(dfd)
     if ftype is None:
         return f"refusing to reclaim: statfs of shm.dir {directory} failed, cannot tell whether it is a tmpfs; {fix}"
-    if ftype != TMPFS_MAGIC:
+    if ftype != mounts.TMPFS_MAGIC:
         return (
             f"refusing to reclaim: shm.dir {directory} is not a tmpfs (statfs f_type 0x{ftype:08x}, not "
-            f"0x{TMPFS_MAGIC:08x}); {fix}"
+            f"0x{mounts.TMPFS_MAGIC:08x}); {fix}"
         )
+    mountinfo_path = mountinfo_path or mounts.MOUNTINFO
     try:
-        with open(mountinfo_path, encoding="utf-8", errors="replace") as fh:
-            mountinfo = fh.read()
+        mountinfo = mounts.read_mountinfo(mountinfo_path)
     except OSError as exc:
         return f"refusing to reclaim: {mountinfo_path} cannot be read ({exc.strerror or exc}); {fix}"
-    fstype = mount_type_at(real, mountinfo)
+    at = mounts.mount_at(real, mounts.parse_mountinfo(mountinfo))
+    fstype = at.fstype if at is not None else None
     if fstype is None:
         return f"refusing to reclaim: shm.dir {directory} is inside a tmpfs but not its mount point ({mountinfo_path}); {fix}"
     if fstype != "tmpfs":

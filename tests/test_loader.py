@@ -360,9 +360,9 @@ def test_shm_dir_mount_check_falls_back_to_statfs(
     tmp_path: Path, shared_tmpfs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without /proc/self/mountinfo, statfs's f_type (TMPFS_MAGIC) and ismount decide, and the message says so."""
-    import reconciler.loader as loader
+    import reconciler.mounts as mounts
 
-    monkeypatch.setattr(loader, "MOUNTINFO", str(tmp_path / "no-mountinfo"))
+    monkeypatch.setattr(mounts, "MOUNTINFO", str(tmp_path / "no-mountinfo"))
     assert shm_dir_mount_problem(str(shared_tmpfs)) is None
     problem = shm_dir_mount_problem(str(tmp_path))
     assert problem is not None and "statfs gives f_type 0x" in problem and "not TMPFS_MAGIC 0x01021994" in problem
