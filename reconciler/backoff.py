@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 
 
@@ -63,9 +63,27 @@ class Backoff:
     def succeeded(self, key: str) -> bool:
         return self.entries.pop(key, None) is not None
 
-    def forget_changed(self, current: dict[str, str]) -> list[str]:
-        """Drop entries whose assignment is gone or whose recipe hash changed; ``current`` maps key -> hash."""
-        gone = [k for k, e in self.entries.items() if current.get(k) != e.recipe_hash]
+    def forget_changed(self, current: Mapping[str, str], *, recipes: Mapping[str, str] | None = None) -> list[str]:
+        """Drop entries whose assignment is gone or whose recipe hash changed; ``current`` maps key -> hash.
+
+        ``recipes`` maps each recipe that exists to its hash. An entry of a lane that is not in the manifest (a
+        fallback: the last converged topology's lane serving a held one's slots) stays while its recipe exists
+        unchanged and entries of the manifest that stay cover all its slots: forgotten each pass, a fallback that
+        keeps failing was retried at the base delay for as long as the lane it serves was held.
+        """
+        kept = {k for k, e in self.entries.items() if current.get(k) == e.recipe_hash}
+        held = {s for k in kept for s in _slots(k)}
+        gone = [
+            k
+            for k, e in self.entries.items()
+            if k not in kept
+            and not (
+                k not in current
+                and recipes is not None
+                and recipes.get(e.recipe) == e.recipe_hash
+                and _slots(k) <= held
+            )
+        ]
         for k in gone:
             del self.entries[k]
         return gone
@@ -87,3 +105,8 @@ class Backoff:
 
     def dumps(self) -> str:
         return json.dumps(self.to_json())
+
+
+def _slots(key: str) -> set[str]:
+    """The slots of an assignment key (``recipe@slot+slot``, see ``model.assignment_key``); names hold no '@' or '+'."""
+    return set(key.partition("@")[2].split("+")) - {""}

@@ -256,7 +256,8 @@ class Loop:
         if desired is None:
             self.metrics.record_pass("error", time.monotonic() - t0)
             return None
-        for key in self.backoff.forget_changed({a.key: a.recipe_hash for a in desired.assignments}):
+        recipes = {name: r.content_hash() for name, r in desired.recipes.items()}  # a fallback's entry stays
+        for key in self.backoff.forget_changed({a.key: a.recipe_hash for a in desired.assignments}, recipes=recipes):
             self.log("backoff-reset", assignment=key, reason="recipe or assignment edited")
             self.metrics.set_backoff(key.split("@")[0], None)
         try:

@@ -84,3 +84,69 @@ def test_backoff_after_thousands_of_failures_stays_at_its_cap() -> None:
                 e = odd.failed("r@a", recipe="r", recipe_hash="h1", error="x")
             assert 0 < e.until - clock.t <= 600
             assert n == 1 or e.until - clock.t >= min(600, base * factor) * 0.999  # it grew (float sums round)
+
+
+def test_a_failing_fallback_backs_off_longer_while_the_lane_it_serves_is_held() -> None:
+    # The manifest wants big on a+b; it failed and is held, and small on b (the last converged topology's lane)
+    # serves meanwhile. small@b is no manifest key: each pass used to forget its entry, so a fallback that kept
+    # failing was retried at the base delay for as long as big was held.
+    clock = Clock()
+    b = Backoff(base_s=10, factor=2, max_s=600, clock=clock)
+    manifest = {"big@a+b": "hb"}
+    recipes = {"big": "hb", "small": "hs", "other": "ho"}
+    b.failed("big@a+b", recipe="big", recipe_hash="hb", error="exited with code 1")
+    delays = []
+    for _ in range(4):  # one loop pass each: forget what was edited, then the fallback's enter fails again
+        assert b.forget_changed(manifest, recipes=recipes) == []
+        if "small@b" in b.holds():
+            clock.t = b.entries["small@b"].until  # its backoff ran out: the next pass tries it again
+        e = b.failed("small@b", recipe="small", recipe_hash="hs", error="exited with code 1")
+        delays.append(e.until - clock.t)
+    assert delays == [10, 20, 40, 80]
+    assert "small@b" in b.holds()
+    # A lane whose slots no held lane covers, or whose recipe is gone or edited, is forgotten as before.
+    b.failed("other@c", recipe="other", recipe_hash="ho", error="x")
+    b.failed("gone@a", recipe="gone", recipe_hash="hg", error="x")
+    assert sorted(b.forget_changed(manifest, recipes=recipes)) == ["gone@a", "other@c"]
+    assert b.forget_changed(manifest, recipes={**recipes, "small": "hs2"}) == ["small@b"]
+    # Without recipes (a caller that knows none), only manifest keys stay.
+    b.failed("small@b", recipe="small", recipe_hash="hs", error="x")
+    assert b.forget_changed(manifest) == ["small@b"]
+    # Once the held lane's own entry is gone (edited, or it ran long enough to be cleared), so is its fallback's.
+    b.failed("small@b", recipe="small", recipe_hash="hs", error="x")
+    assert sorted(b.forget_changed({"big@a+b": "hb2"}, recipes=recipes)) == ["big@a+b", "small@b"]
+    b.failed("big@a+b", recipe="big", recipe_hash="hb", error="x")
+    b.failed("small@b", recipe="small", recipe_hash="hs", error="x")
+    assert b.succeeded("big@a+b")
+    assert b.forget_changed(manifest, recipes=recipes) == ["small@b"]
+
+
+def test_a_loop_pass_keeps_the_backoff_of_the_fallback_of_a_held_lane(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import io
+
+    from planner_fixtures import make_recipe
+
+    from reconciler import loop as loop_mod
+    from reconciler.model import DesiredAssignment, DesiredState, HostConfig
+
+    a, b = "dark-compute-a", "dark-compute-b"
+    big, small = make_recipe(tp=2, image="big"), make_recipe(image="small")
+    host = HostConfig.model_validate({"name": "h", "gpus": {a: {"index": 0}, b: {"index": 1}}, "gpu_telemetry": "none"})
+    desired = DesiredState(host=host, recipes={"big": big, "small": small},
+                           assignments=(DesiredAssignment("big", (a, b), big.content_hash(), 0),))
+    loop = loop_mod.Loop(str(tmp_path), metrics_addr=None, log=loop_mod.Log("json", io.StringIO()),
+                         backoff=Backoff(clock=Clock()))
+    monkeypatch.setattr(loop, "_load", lambda: desired)
+
+    class PassEnds(Exception):
+        pass
+
+    def applier(*_args: object, **_kw: object) -> None:
+        raise PassEnds  # the pass stops here: what it did to the backoff before it is under test
+
+    monkeypatch.setattr(loop_mod, "Applier", applier)
+    loop.backoff.failed(f"big@{a}+{b}", recipe="big", recipe_hash=big.content_hash(), error="x")
+    for _ in range(3):
+        loop.backoff.failed(f"small@{b}", recipe="small", recipe_hash=small.content_hash(), error="x")
+        assert loop.cycle({"resync"}) is None
+    assert loop.backoff.entries[f"small@{b}"].failures == 3
