@@ -231,20 +231,48 @@ class DockerOps:
             "are taken; remove old kept containers (docker rm NAME)"
         )
 
-    def prune_kept(self, name: str, *, host: str, keep: int) -> list[str]:
+    def prune_kept(self, name: str, *, host: str, keep: int, install_id: str | None = None) -> list[str]:
         """Remove all but the newest ``keep`` stopped failed containers kept under ``name``; returns the removed.
 
-        Only containers this tool labelled for ``host``, stopped, and named ``name-failed-STAMP`` are touched."""
+        Only stopped containers named ``name-failed-STAMP`` that carry, on themselves, this tool's labels for
+        ``host`` and ``install_id`` (this install's) are touched. Another install's, one from before install ids,
+        and one that has those labels only from its image (every container made from that image carries them:
+        ``docker_obs.inherited_labels``) are not proven ours and stay. Without ``install_id`` nothing is removed."""
         import re
 
+        import docker.errors
+
+        from reconciler.observe.docker_obs import inherited_labels
+
+        if not install_id:
+            return []
         pattern = re.compile(re.escape(name + PRESERVED_SUFFIX) + r"\d{8}-\d{6}$")
-        listed = _call(self.api.containers, all=True, filters={"label": [f"{LABEL_MANAGED}=true", f"{LABEL_HOST}={host}"]})
+        own = {LABEL_MANAGED: "true", LABEL_HOST: host, LABEL_INSTALL: install_id}
+        listed = _call(self.api.containers, all=True, filters={"label": [f"{k}={v}" for k, v in own.items()]})
+        images: dict[str, dict[str, str] | None] = {}
+
+        def proven(c: Mapping[str, Any]) -> bool:
+            labels = c.get("Labels") or {}
+            if any(labels.get(k) != v for k, v in own.items()):
+                return False  # an engine that ignored the filter
+            image = c.get("ImageID")  # the image's id, never its name: a name may since point at another image
+            if not image:
+                try:
+                    image = _call(self.api.inspect_container, c["Id"]).get("Image") or ""
+                except docker.errors.NotFound:
+                    return False  # removed meanwhile: nothing left to prune
+            if image not in images:
+                images[image] = self._image_labels(image)
+            found = images[image]
+            return found is not None and not inherited_labels(labels, found) & own.keys()
+
         kept = sorted(
             (
                 ((c.get("Names") or ["/"])[0].lstrip("/"), c["Id"])
                 for c in listed
                 if c.get("State") in ("exited", "dead", "created")
                 and pattern.match((c.get("Names") or ["/"])[0].lstrip("/"))
+                and proven(c)
             ),
             reverse=True,  # the stamp sorts by time: newest first
         )
@@ -253,6 +281,18 @@ class DockerOps:
             self.remove(cid)
             removed.append(cname)
         return removed
+
+    def _image_labels(self, image_id: str) -> dict[str, str] | None:
+        """An image's labels; None when it cannot be inspected (removed while containers of it remain): what a
+        container of it inherited then cannot be told."""
+        import docker.errors
+
+        if not image_id:
+            return None
+        try:
+            return dict((_call(self.api.inspect_image, image_id).get("Config") or {}).get("Labels") or {})
+        except docker.errors.NotFound:
+            return None
 
     def logs_tail(self, cid: str, lines: int = 40) -> str:
         try:

@@ -13,6 +13,7 @@ host, kept failed ones included, and every unmanaged container the test started.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -378,23 +379,68 @@ def test_5c_only_the_newest_kept_failures_stay(root: Root, image: str) -> None:
     """A recipe that keeps failing does not pile up stopped containers: the newest keep_failed stay, and nothing
     running, unlabelled, of another host or under another name is touched."""
     from reconciler.docker_ops import DockerOps
-    from reconciler.observed import LABEL_MANAGED
+    from reconciler.observed import LABEL_INSTALL, LABEL_MANAGED
 
     ops = DockerOps(root.api)
     base = root.cname(f"flaky-{root.tag}", "dark-compute-a")
-    mine = {LABEL_HOST: root.host, LABEL_MANAGED: "true"}
+    mine = {LABEL_HOST: root.host, LABEL_MANAGED: "true", LABEL_INSTALL: root.install_id()}
     ids = [root.api.create_container(image, command=["true"], labels=mine)["Id"] for _ in range(4)]
     names = [ops.preserve(cid, base) for cid in ids]
     other_host = root.api.create_container(image, command=["true"], labels={**mine, LABEL_HOST: "elsewhere"},
                                            name=base + "-failed-19990101-000000")["Id"]
     try:
-        removed = ops.prune_kept(base, host=root.host, keep=2)
+        removed = ops.prune_kept(base, host=root.host, keep=2, install_id=root.install_id())
         assert sorted(removed) == sorted(names)[:2], (removed, names)
         left = {c["Names"][0].lstrip("/") for c in root.api.containers(all=True)}
         assert set(sorted(names)[2:]) <= left and not set(sorted(names)[:2]) & left
         assert base + "-failed-19990101-000000" in left
     finally:
         root.api.remove_container(other_host, force=True)
+
+
+def test_5d_pruning_kept_failures_leaves_what_this_install_did_not_make(root: Root, image: str) -> None:
+    """Pruning removes only kept containers that carry this install's id on themselves: one of another install,
+    one from before install ids, and one that has this install's labels only from its image (a commit of one of
+    ours) all survive, however old their stamps."""
+    from reconciler.docker_ops import DockerOps
+    from reconciler.observed import LABEL_INSTALL, LABEL_MANAGED
+
+    ops = DockerOps(root.api)
+    install = root.install_id()
+    base = root.cname(f"flaky-{root.tag}", "dark-compute-a")
+    mine = {LABEL_HOST: root.host, LABEL_MANAGED: "true", LABEL_INSTALL: install}
+    names = [ops.preserve(root.api.create_container(image, command=["true"], labels=mine)["Id"], base) for _ in range(3)]
+    # Oldest stamps: a prune by name and host alone removes these first.
+    strangers = {
+        "another install": {**mine, LABEL_INSTALL: "f" * 32},
+        "no install id": {LABEL_HOST: root.host, LABEL_MANAGED: "true"},
+    }
+    made = []
+    for i, labels in enumerate(strangers.values()):
+        made.append(root.api.create_container(image, command=["true"], labels=labels,
+                                              name=f"{base}-failed-19990101-00000{i}")["Id"])
+    # An image that carries this install's labels (someone committed one of ours): its containers inherit them.
+    tag = f"reconciler/e2e-kept-copy:{root.tag}"
+    image_id = root.api.commit(names[0], repository=tag.split(":")[0], tag=root.tag)["Id"]
+    try:
+        made.append(root.api.create_container(image_id, command=["true"], name=f"{base}-failed-19990101-000009")["Id"])
+        copy = root.api.inspect_container(made[-1])["Config"]["Labels"]
+        assert copy[LABEL_INSTALL] == install and copy[LABEL_HOST] == root.host, copy
+        survivors = [f"{base}-failed-19990101-00000{i}" for i in (0, 1, 9)]
+
+        assert ops.prune_kept(base, host=root.host, keep=0) == [], "no install id given: nothing is pruned"
+        removed = ops.prune_kept(base, host=root.host, keep=1, install_id=install)
+        assert sorted(removed) == sorted(names)[:2], (removed, names)
+        left = {c["Names"][0].lstrip("/") for c in root.api.containers(all=True)}
+        assert set(survivors) <= left, sorted(left)
+        assert sorted(names)[2] in left and not set(sorted(names)[:2]) & left
+    finally:
+        import docker.errors
+
+        for cid in made:
+            with contextlib.suppress(docker.errors.NotFound):  # a prune that took it is the failure reported above
+                root.api.remove_container(cid, force=True)
+        root.api.remove_image(image_id, force=True)
 
 
 # ---------------------------------------------------------------- 6: edited recipe; unmanaged holder
