@@ -45,12 +45,30 @@ def default_root() -> str:
 # ---------------------------------------------------------------- locating fields in source text
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _merged_pairs(node: yaml.MappingNode) -> list[tuple[yaml.Node, yaml.Node]]:
+    """``node``'s own key/value pairs, then those its merge keys bring (``<<: *base``, ``<<: [*a, *b]``, depth
+    first, an earlier source before a later one), read without changing the node. The first pair of a key is the
+    one that counts: own keys override merged ones, as YAML's merge key says."""
+    own = [(k, v) for k, v in node.value if k.tag != _MERGE_TAG]
+    merged: list[tuple[yaml.Node, yaml.Node]] = []
+    for k, v in node.value:
+        if k.tag == _MERGE_TAG:
+            for source in v.value if isinstance(v, yaml.SequenceNode) else [v]:
+                if isinstance(source, yaml.MappingNode):
+                    merged.extend(_merged_pairs(source))
+    return own + merged
+
+
 def _yaml_lines(node: yaml.Node | None, loc: Sequence[Any]) -> int | None:
-    """The 1-based line of the deepest YAML node found along ``loc`` (a pydantic error location)."""
+    """The 1-based line of the deepest YAML node found along ``loc`` (a pydantic error location); a key that came
+    through a merge key points where it was written."""
     line = node.start_mark.line + 1 if node is not None else None
     for part in loc:
         if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
+            for key, value in _merged_pairs(node):
                 if key.value == str(part):
                     # Point at the value for scalars, at the key for mappings/sequences written on the next lines.
                     line = key.start_mark.line + 1
@@ -275,28 +293,58 @@ def _read_text(root: Path, path: Path, what: str) -> str:
 
 
 class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader, but a key given twice in one mapping is recorded (PyYAML keeps the last silently)."""
+    """PyYAML's safe loader, but a key given twice in one mapping is recorded (PyYAML keeps the last silently),
+    and merge keys are expanded without rewriting the document.
+
+    PyYAML's own merge (``flatten_mapping``) rewrites each merged mapping's node in place: a mapping that uses
+    ``<<`` and is then reached again through an alias (merged into another, before its own turn came) was seen
+    with the merged keys as its own, refused as a "duplicate key", and merged into the other without its own
+    overrides (``b: 2`` over a base's ``b: 0`` arrived as 0)."""
 
     def __init__(self, stream: str):
         super().__init__(stream)
         self.duplicates: list[tuple[Any, int, int]] = []  # (key, first line, second line)
 
     def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[Any, yaml.Node] = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue  # '<<: *base' merges; keys written next to it override on purpose
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    first = seen.get(key)
-                except TypeError:
-                    continue  # unhashable: the base class reports it
-                if first is not None:
-                    self.duplicates.append((key, first.start_mark.line + 1, key_node.start_mark.line + 1))
-                else:
-                    seen[key] = key_node
-        return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
+        if not isinstance(node, yaml.MappingNode):
+            return super().construct_mapping(node, deep=deep)  # type: ignore[arg-type, no-any-return]
+        seen: dict[Any, yaml.Node] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == _MERGE_TAG:
+                # '<<: *base' merges; keys written next to it override on purpose. Only mappings merge.
+                sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+                for source in sources:
+                    if not isinstance(source, yaml.MappingNode):
+                        raise yaml.constructor.ConstructorError(
+                            "while constructing a mapping",
+                            node.start_mark,
+                            f"expected a mapping or list of mappings for merging, but found {source.id}",
+                            source.start_mark,
+                        )
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:
+                continue  # unhashable: reported below
+            if first is not None:
+                self.duplicates.append((key, first.start_mark.line + 1, key_node.start_mark.line + 1))
+            else:
+                seen[key] = key_node
+        mapping: dict[Any, Any] = {}
+        for key_node, value_node in _merged_pairs(node):
+            if key_node.tag == "tag:yaml.org,2002:value":
+                key_node.tag = "tag:yaml.org,2002:str"  # a bare '=' key is the string '=', as PyYAML reads it
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                taken = key in mapping
+            except TypeError:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark, "found unhashable key", key_node.start_mark
+                ) from None
+            if not taken:
+                mapping[key] = self.construct_object(value_node, deep=deep)
+        return mapping
 
 
 def _expanded_size(node: yaml.Node | None) -> int:

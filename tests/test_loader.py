@@ -312,6 +312,49 @@ def test_a_yaml_merge_key_may_be_overridden(root: Path) -> None:
     assert "duplicate" not in str(exc.value) and "x-base: unknown key" in str(exc.value)
 
 
+def test_a_merging_mapping_reused_through_an_alias_is_not_a_duplicate(root: Path) -> None:
+    """A mapping that uses '<<' and is merged again elsewhere: PyYAML's own merge rewrote its node in place, so
+    when its turn came it held the merged keys as its own and was refused as a "duplicate key" (line 5 and 5)."""
+    host = root / "configs/host.yaml"
+    shm = yaml.safe_load(host.read_text())["shm"]
+    text = textwrap.dedent(f"""\
+        name: demo
+        gpus:
+          dark-compute-a: &a
+            <<: {{index: 0, free_gib: 3.0}}
+            free_gib: 5.0
+          dark-compute-b: {{index: 1}}
+        gpu_telemetry: none
+        docker: {{gpu_requests: false}}
+        shm: {{dir: {shm["dir"]}, ignore_uninspectable_pids: [1], reserve_gib: 0.125}}
+        """)
+    host.write_text(text + "gpu_reserve:\n  <<: *a\n  policy: enforce\n")
+    with pytest.raises(ConfigError) as exc:  # a slot's index is no key of gpu_reserve; that alone is said
+        load_desired(root)
+    assert [p.message.split(":", 1)[0] for p in exc.value.problems] == ["gpu_reserve.index"], str(exc.value)
+    assert "duplicate" not in str(exc.value)
+    host.write_text(text)
+    desired = load_desired(root)
+    assert desired.host.gpus["dark-compute-a"].index == 0 and desired.host.gpus["dark-compute-a"].free_gib == 5.0
+
+
+def test_a_merge_keeps_the_overrides_of_the_mapping_it_merges() -> None:
+    """PyYAML's merge loses a merged mapping's own override when that mapping uses '<<' too (z.b came out 0)."""
+    from reconciler.loader import _Loader
+
+    text = "base: &base {a: 1, b: 0}\nholder:\n  inner: &x\n    <<: *base\n    b: 2\nz:\n  <<: *x\n  c: 3\n"
+    loader = _Loader(text)
+    try:
+        data = loader.construct_document(loader.get_single_node())
+    finally:
+        loader.dispose()
+    assert data == {"base": {"a": 1, "b": 0}, "holder": {"inner": {"a": 1, "b": 2}}, "z": {"a": 1, "b": 2, "c": 3}}
+    assert loader.duplicates == []
+    assert yaml.safe_load(text)["z"]["b"] in (0, 2)  # what PyYAML itself gives varies by release; ours does not
+    many = _Loader("a: &a {x: 1}\nb: &b {x: 2, y: 2}\nc: {<<: [*a, *b], z: 3}\n")
+    assert many.get_single_data()["c"] == {"x": 1, "y": 2, "z": 3}  # the earlier mapping of a list wins
+
+
 def test_toml_duplicate_names_both_lines(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     p = root / "configs/recipes/omni.toml"
     lines = p.read_text().splitlines()
