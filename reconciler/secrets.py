@@ -21,7 +21,10 @@ class SecretError(ReconcilerError):
 
 
 def read_env_file(path: str) -> dict[str, str]:
-    """``NAME=value`` lines (``#`` comments, blank lines, an optional ``export`` and quotes around the value)."""
+    """``NAME=value`` lines (``#`` comments, blank lines, an optional ``export`` and quotes around the value).
+
+    A ``#`` after a space starts a comment, as in a shell: ``KEY=abc  # rotated in May`` is ``abc``; a ``#`` inside
+    a word stays (``KEY=abc#def``), and so does one inside quotes (``KEY="abc # def"``)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
@@ -50,9 +53,21 @@ def read_env_file(path: str) -> dict[str, str]:
         if not sep or not name.replace("_", "a").isalnum() or name[0].isdigit():
             # Name the line, never its content: it may be a secret pasted in the wrong place.
             raise SecretError(f"secrets.env_file {path}:{n}: expected NAME=value")
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
-            value = value[1:-1]
+        given, value = value, value.strip()
+        if value[:1] in ("\"", "'"):
+            end = value.find(value[0], 1)
+            after = value[end + 1 :].strip() if end > 0 else ""
+            if end < 0 or (after and not after.startswith("#")):
+                raise SecretError(
+                    f"secrets.env_file {path}:{n}: a quoted value must end with its closing quote, and only a "
+                    "'# comment' may follow it"
+                )
+            value = value[1:end]
+        else:
+            for i in range(1, len(given)):
+                if given[i] == "#" and given[i - 1].isspace():
+                    value = given[:i].strip()
+                    break
         out[name] = value
     return out
 

@@ -38,6 +38,38 @@ def test_env_file_parsing_and_its_mode(tmp_path: Path) -> None:
     assert ":1: expected NAME=value" in str(exc.value) and "sk-pasted" not in str(exc.value)
 
 
+def test_env_file_drops_an_inline_comment(tmp_path: Path) -> None:
+    """``KEY=abc  # note`` is abc, as a shell reads it; the comment used to become part of the secret."""
+    f = tmp_path / "secrets.env"
+    f.write_text(
+        "HF_TOKEN=hf_abc  # rotated in May\n"
+        "TABBED=v1\t# tab before the comment\n"
+        "HASH_IN_WORD=abc#def\n"
+        "LEADING_HASH=#abc\n"
+        "ONLY_COMMENT= # nothing set\n"
+        "QUOTED=\"a # b\"  # the quotes keep theirs\n"
+        "SINGLE='x y' # and so do single ones\n"
+        "export EXPORTED=e # exported\n"
+    )
+    f.chmod(0o600)
+    assert read_env_file(str(f)) == {
+        "HF_TOKEN": "hf_abc",
+        "TABBED": "v1",
+        "HASH_IN_WORD": "abc#def",
+        "LEADING_HASH": "#abc",
+        "ONLY_COMMENT": "",
+        "QUOTED": "a # b",
+        "SINGLE": "x y",
+        "EXPORTED": "e",
+    }
+    for n, bad in enumerate(['A="unterminated secret', "B='closed' trailing-secret"], start=1):
+        f.write_text("OK=1\n" + bad + "\n")
+        with pytest.raises(SecretError) as exc:
+            read_env_file(str(f))
+        assert ":2: a quoted value must end with its closing quote" in str(exc.value), n
+        assert "secret" not in str(exc.value).split(":2:")[1], "the line's content is never shown"
+
+
 
 
 def _with_secret(root: Root, env_file: Path) -> str:
