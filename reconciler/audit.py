@@ -3,6 +3,7 @@
 Written by the service layer and the loop, read by ``reconciler audit`` and ``GET /v1/audit``. The file
 (``$RECONCILER_STATE_DIR/HOST/audit.jsonl``) is only ever appended to; past ``max_bytes`` it is rotated
 (``audit.jsonl.1`` … ``.KEEP``, the oldest dropped), never rewritten. Records are redacted like every other output.
+The directory is checked and the files opened through ``reconciler.fsafe`` (no symlink followed, ours only).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from reconciler import fsafe
 from reconciler.errors import ReconcilerError
 from reconciler.redact import redact_data
 
@@ -36,16 +38,16 @@ class AuditLog:
         entry = redact_data({"time": round(time.time(), 3), **record})
         line = (json.dumps(entry, sort_keys=True, default=str) + "\n").encode()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            with open(self.path.with_name(f".{self.path.name}.lock"), "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)  # rotation and append, one writer at a time across processes
+            lock_fd = fsafe.open_append(self.path.with_name(f".{self.path.name}.lock"), what="the audit lock file")
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX)  # rotation and append, one writer at a time across processes
                 try:
-                    size = self.path.stat().st_size
+                    size = self.path.lstat().st_size
                 except FileNotFoundError:
                     size = 0
                 if size and size + len(line) > self.max_bytes:
                     self._rotate()
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+                fd = fsafe.open_append(self.path, what="the audit log")
                 try:
                     end = os.fstat(fd).st_size
                     if end and os.pread(fd, 1, end - 1) != b"\n":
@@ -53,6 +55,10 @@ class AuditLog:
                     os.write(fd, line)
                 finally:
                     os.close(fd)
+            finally:
+                os.close(lock_fd)
+        except ReconcilerError as exc:
+            raise ReconcilerError(f"cannot append to the audit log: {exc}") from None
         except OSError as exc:
             raise ReconcilerError(f"cannot append to the audit log {self.path}: {exc.strerror or exc}") from None
         return entry
@@ -69,8 +75,9 @@ class AuditLog:
     def _lines(self) -> Iterator[str]:
         for p in [*(self._rotated(n) for n in range(self.keep, 0, -1)), self.path]:
             try:
-                with open(p, encoding="utf-8", errors="replace") as fh:
-                    yield from fh
+                with fsafe.open_trusted(p, what="the audit log") as fd:
+                    with open(os.dup(fd), encoding="utf-8", errors="replace") as fh:
+                        yield from fh
             except FileNotFoundError:
                 continue
 
@@ -87,7 +94,11 @@ class AuditLog:
         return out
 
 
-def audit_log(host: str) -> AuditLog:
-    from reconciler.state import host_dir
+def audit_log(host: str, *, create: bool = True) -> AuditLog:
+    """The host's audit trail, in its checked state directory (``reconciler.state.checked_host_dir``)."""
+    from reconciler.state import checked_host_dir, host_dir
 
-    return AuditLog(host_dir(host) / "audit.jsonl")
+    try:
+        return AuditLog(checked_host_dir(host, create=create) / "audit.jsonl")
+    except FileNotFoundError:
+        return AuditLog(host_dir(host) / "audit.jsonl")  # nothing recorded yet: reads find no file

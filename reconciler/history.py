@@ -1,4 +1,5 @@
-"""What a host remembers of its past lanes, under ``state.host_dir(host)``: the last converged topology (for the
+"""What a host remembers of its past lanes, under the host's state directory (``state.read_record`` and
+``state.write_record``): the last converged topology (for the
 fallback while a wanted lane waits in backoff) and how long each recipe's earlier enters and leaves took (for the
 progress's expected time).
 
@@ -13,14 +14,14 @@ import statistics
 import time
 from collections.abc import Iterable
 
-from reconciler.state import StateError, _read_json, _write_json, host_dir
+from reconciler.state import StateError, read_record, write_record
 
 KEEP_RUNS = 10  # durations kept per recipe and kind; the expectation is their median
 
 
-def _read(path_name: str, host: str) -> dict[str, object]:
+def _read(name: str, host: str) -> dict[str, object]:
     try:
-        return _read_json(host_dir(host) / path_name)
+        return read_record(host, name)
     except StateError:
         return {}
 
@@ -31,7 +32,7 @@ def record_topology(host: str, assignments: Iterable[tuple[str, tuple[str, ...]]
     try:
         if _read("topology.json", host).get("assignments") == data["assignments"]:
             return  # unchanged: no write on every converged pass
-        _write_json(host_dir(host) / "topology.json", data)
+        write_record(host, "topology.json", data)
     except StateError:
         return
 
@@ -54,7 +55,7 @@ def record_duration(host: str, recipe: str, kind: str, seconds: float) -> None:
             runs = data[recipe] = {}
         past = [float(x) for x in runs.get(kind) or () if isinstance(x, (int, float))]
         runs[kind] = [*past, round(seconds, 3)][-KEEP_RUNS:]
-        _write_json(host_dir(host) / "durations.json", data)
+        write_record(host, "durations.json", data)
     except StateError:
         return
 

@@ -29,7 +29,7 @@ from reconciler.apply import Applier, Outcome, PassResult
 from reconciler.backoff import Backoff
 from reconciler.errors import ConfigError, ReconcilerError
 from reconciler.loader import load_desired
-from reconciler.lock import HostLock, state_path
+from reconciler.lock import HostLock, clear_loop_state, state_path, write_loop_state
 from reconciler.redact import redact_data
 from reconciler.model import DesiredState, assignment_key, container_name
 from reconciler.observe.docker_obs import DockerObserver, EventFilter
@@ -178,10 +178,7 @@ class Loop:
                 watcher.stop()
                 if self._http:
                     self._http.shutdown()
-                try:
-                    state_path(desired.host.name).unlink()
-                except OSError:
-                    pass
+                clear_loop_state(desired.host.name)
                 self.log("exit", reason="signal", passes=self.passes)
         return 0
 
@@ -431,13 +428,10 @@ class Loop:
         data = {"pid": os.getpid(), "host": desired.host.name, "backoff": self.backoff.to_json(),
                 "fallbacks": self._fallback_json,
                 "last_pass": self.last_pass, "passes": self.passes}
-        path = state_path(desired.host.name)
-        tmp = path.with_suffix(".tmp")
         try:
-            tmp.write_text(json.dumps(redact_data(data)))  # failed-enter details quote container logs
-            tmp.replace(path)
-        except OSError as exc:
-            self.log("state-write-failed", path=str(path), error=str(exc))
+            write_loop_state(desired.host.name, redact_data(data))  # failed-enter details quote container logs
+        except (OSError, ReconcilerError) as exc:
+            self.log("state-write-failed", path=str(state_path(desired.host.name)), error=str(exc))
 
     # ------------------------------------------------------------ triggers
 

@@ -1,5 +1,6 @@
 """Secret env values of recipes, kept out of the recipes: ``env = {HF_TOKEN = "${HF_TOKEN}"}`` takes the value from
-``secrets.env_file`` (configs/host.yaml; ``NAME=value`` lines, readable by its owner only) or, failing that, from
+``secrets.env_file`` (configs/host.yaml; ``NAME=value`` lines, owned by the running user or root, readable by its
+owner only) or, failing that, from
 the reconciler's own environment. Values are read here and nowhere else, never printed, never logged.
 
 The loader calls ``digests`` (each referenced value's sha256, so that a rotated secret recreates its container
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
 from collections.abc import Iterable, Mapping
 
 from reconciler.errors import ReconcilerError
@@ -25,20 +25,16 @@ def read_env_file(path: str) -> dict[str, str]:
 
     A ``#`` after a space starts a comment, as in a shell: ``KEY=abc  # rotated in May`` is ``abc``; a ``#`` inside
     a word stays (``KEY=abc#def``), and so does one inside quotes (``KEY="abc # def"``)."""
+    from reconciler import fsafe
+
+    # Trusted by its owner and mode, not its mode alone: a file another user owns (or could write) could hand the
+    # containers a token of that user's choosing.
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        raw = fsafe.read_trusted(path, what="secrets.env_file", secret=True, limit=1 << 20)
+    except fsafe.UnsafePath as exc:
+        raise SecretError(str(exc)) from None
     except OSError as exc:
         raise SecretError(f"secrets.env_file {path}: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise SecretError(f"secrets.env_file {path}: not a regular file")
-        if st.st_mode & 0o077:
-            raise SecretError(
-                f"secrets.env_file {path}: readable by others (mode {stat.S_IMODE(st.st_mode):04o}); "
-                f"it holds secrets: chmod 600 {path}"
-            )
-        raw = fh.read(1 << 20)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:

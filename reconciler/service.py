@@ -11,7 +11,6 @@ record in the audit trail (``reconciler.audit``) naming the caller.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import threading
@@ -251,25 +250,28 @@ def plan_document(p: Plan, fingerprint: Fingerprint, *, plan_id: str | None = No
 
 
 def write_private(path: str, data: dict[str, Any]) -> None:
-    """Write JSON atomically with mode 0600."""
-    tmp = f"{path}.tmp{os.getpid()}"
+    """Write a plan as JSON, 0600, through the one safe writer (``reconciler.fsafe.write_atomic``): a planted
+    symlink or file at ``path`` is replaced, never followed."""
+    from reconciler import fsafe
+
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2)
-            fh.write("\n")
-        os.replace(tmp, path)
+        fsafe.write_json(path, data, indent=2, sort_keys=False)
     except OSError as exc:
         raise ReconcilerError(f"cannot write the plan to {path}: {exc.strerror or exc}") from None
 
 
 def read_plan_document(path: str) -> tuple[dict[str, Any], Fingerprint]:
-    """A saved plan and its fingerprint; ReconcilerError when the file is not one."""
+    """A saved plan and its fingerprint; ReconcilerError when the file is not one, or when it is not the running
+    user's own (another user could have written or could change what is applied)."""
+    from reconciler import fsafe
+
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+        data = fsafe.read_json(path, what="the plan file")
     except FileNotFoundError:
         raise ReconcilerError(f"{path}: no such plan file (write one with `reconciler plan --out {path}`)") from None
+    except fsafe.UnsafePath as exc:
+        raise ReconcilerError(f"{exc}; nothing was applied. Write a plan of your own with `reconciler plan --out "
+                              "FILE`") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ReconcilerError(f"{path}: not a saved plan ({exc}); write one with `reconciler plan --out FILE`") from None
     if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
@@ -398,14 +400,10 @@ class HostService:
         p = plan(desired, observed, **loop_view(desired.host.name))
         result = PlanResult(desired, observed, p, fingerprint=Fingerprint(files, observed_parts(observed)))
         if save:
-            from reconciler.state import host_dir
+            from reconciler.state import checked_subdir
 
             plan_id = uuid.uuid4().hex
-            d = host_dir(desired.host.name) / "plans"
-            try:
-                d.mkdir(parents=True, exist_ok=True, mode=0o700)
-            except OSError as exc:
-                raise ReconcilerError(f"cannot keep the plan under {d}: {exc.strerror or exc}") from None
+            d = checked_subdir(desired.host.name, "plans", create=True)
             _prune_plans(d)
             write_private(str(d / f"{plan_id}.json"), plan_document(p, result.fingerprint, plan_id=plan_id))
             result.plan_id = plan_id
@@ -499,10 +497,14 @@ class HostService:
     def saved_plan(self, source: str) -> tuple[str, dict[str, Any], Fingerprint]:
         """A saved plan by its ``plan_id`` (from ``plan(save=True)``) or by file path."""
         if _PLAN_ID.match(source):
-            from reconciler.state import host_dir
+            from reconciler.state import checked_subdir, host_dir
 
-            path = str(host_dir(self.host().name) / "plans" / f"{source}.json")
-            if not os.path.exists(path):
+            host = self.host().name
+            try:
+                path = str(checked_subdir(host, "plans", create=False) / f"{source}.json")
+            except FileNotFoundError:
+                path = str(host_dir(host) / "plans" / f"{source}.json")
+            if not os.path.lexists(path):
                 raise ReconcilerError(f"no saved plan {source} on this host (plans are kept for a day; make a new one)")
         else:
             path = source

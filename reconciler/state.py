@@ -6,7 +6,8 @@ install creates; with the host's name it is what proves a container ours (DESIGN
 are not proof, since anyone can write them and an image's labels are inherited by every container made from it.
 
 Kept under ``$RECONCILER_STATE_DIR`` (default ``/var/lib/reconciler``), which survives reboots, unlike the lock
-directory. ``read_ownership`` is read-only and used by every observation; the writers are called under the host
+directory; each directory and file is checked before use and written through ``reconciler.fsafe``. ``read_record``
+and ``write_record`` are the way in for the other keepers of per-host files (``reconciler.history``). ``read_ownership`` is read-only and used by every observation; the writers are called under the host
 lock by the apply layer (``ensure_install_id``, ``mark_healthy``) and by ``reconciler adopt``.
 """
 
@@ -19,18 +20,24 @@ import secrets
 import time
 from collections.abc import Collection, Iterable
 from pathlib import Path
+from typing import Any
 
+from reconciler import fsafe
 from reconciler.errors import ReconcilerError
 from reconciler.observed import Ownership
 
 _ID_RE = re.compile(r"^[0-9a-f]{32}$")
+ENV = "RECONCILER_STATE_DIR"
+DEFAULT_DIR = "/var/lib/reconciler"
 
 
 def state_dir() -> Path:
-    return Path(os.environ.get("RECONCILER_STATE_DIR", "/var/lib/reconciler"))
+    """The state directory, not checked (``checked_host_dir`` checks it)."""
+    return Path(os.environ.get(ENV) or DEFAULT_DIR)
 
 
 def host_dir(host: str) -> Path:
+    """The host's directory under the state directory, not checked: a path for messages and ``checked_host_dir``."""
     return state_dir() / host
 
 
@@ -38,41 +45,90 @@ class StateError(ReconcilerError):
     pass
 
 
-def _write_json(path: Path, data: object) -> None:
-    """Atomically (a temp file renamed over the old one), mode 0600."""
+def checked_host_dir(host: str, *, create: bool) -> Path:
+    """The host's directory, checked like StrictModes (``reconciler.fsafe``), made 0700 where missing when
+    ``create``. FileNotFoundError when missing and not ``create``; StateError when unsafe or unusable."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1, sort_keys=True)
-            fh.write("\n")
-        os.replace(tmp, path)
+        return fsafe.check_dir(host_dir(host), what="the state directory", create=create,
+                               how=f"set {ENV} to a directory of the running user's own (mode 0700)")
+    except fsafe.UnsafePath as exc:
+        raise StateError(str(exc)) from None
+    except FileNotFoundError:
+        if create:
+            raise StateError(f"cannot make {host_dir(host)}: a component vanished meanwhile") from None
+        raise
     except OSError as exc:
         raise StateError(
-            f"cannot write {path}: {exc.strerror or exc} (the state directory is $RECONCILER_STATE_DIR, "
-            f"default /var/lib/reconciler; it must be writable by the reconciler)"
+            f"cannot make {host_dir(host)}: {exc.strerror or exc} (the state directory is ${ENV}, default "
+            f"{DEFAULT_DIR}; it must be writable by the reconciler)"
         ) from None
 
 
-def _read_json(path: Path) -> dict[str, object]:
+def checked_subdir(host: str, name: str, *, create: bool) -> Path:
+    """A directory under the host's (``plans``), checked and made like ``checked_host_dir``."""
+    checked_host_dir(host, create=create)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return fsafe.check_dir(host_dir(host) / name, what="the state directory", create=create,
+                               how=f"set {ENV} to a directory of the running user's own (mode 0700)")
+    except fsafe.UnsafePath as exc:
+        raise StateError(str(exc)) from None
+    except FileNotFoundError:
+        if create:
+            raise StateError(f"cannot make {host_dir(host) / name}: a component vanished meanwhile") from None
+        raise
+    except OSError as exc:
+        raise StateError(f"cannot make {host_dir(host) / name}: {exc.strerror or exc}") from None
+
+
+def write_record(host: str, name: str, data: Any) -> None:
+    """Write ``name`` (a JSON file) under the host's directory, atomically and 0600 (``fsafe.write_json``)."""
+    path = checked_host_dir(host, create=True) / name
+    try:
+        fsafe.write_json(path, data)
+    except OSError as exc:
+        raise StateError(
+            f"cannot write {path}: {exc.strerror or exc} (the state directory is ${ENV}, default {DEFAULT_DIR}; "
+            f"it must be writable by the reconciler)"
+        ) from None
+
+
+def read_record(host: str, name: str) -> dict[str, Any]:
+    """``name`` under the host's directory as a JSON object: {} when it does not exist yet; StateError when it
+    cannot be read, is not JSON, or is not safe to trust."""
+    try:
+        path = checked_host_dir(host, create=False) / name
     except FileNotFoundError:
         return {}
+    try:
+        data = fsafe.read_json(path, what="the state file")
+    except FileNotFoundError:
+        return {}
+    except fsafe.UnsafePath as exc:
+        raise StateError(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise StateError(f"cannot read {path}: {exc}; move it aside to start over (containers become foreign)") from None
     return data if isinstance(data, dict) else {}
 
 
+def _read_json(path: Path) -> dict[str, Any]:
+    """``read_record`` by path (a file directly under a host's directory)."""
+    return read_record(path.parent.name, path.name) if path.parent.parent == state_dir() else {}
+
+
+def _write_json(path: Path, data: Any) -> None:
+    """``write_record`` by path (a file directly under a host's directory)."""
+    if path.parent.parent != state_dir():
+        raise StateError(f"{path} is not directly under a host's directory in {state_dir()}")
+    write_record(path.parent.name, path.name, data)
+
+
 def read_ownership(host: str) -> Ownership:
     """The install id (None before the first apply) and the adopted and healthy container ids. Read-only."""
-    d = host_dir(host)
-    raw = _read_json(d / "install.json")
+    raw = read_record(host, "install.json")
     install_id = raw.get("install_id")
     if install_id is not None and not (isinstance(install_id, str) and _ID_RE.match(install_id)):
-        raise StateError(f"{d / 'install.json'}: install_id {install_id!r} is not 32 hex digits")
-    containers = _read_json(d / "containers.json")
+        raise StateError(f"{host_dir(host) / 'install.json'}: install_id {install_id!r} is not 32 hex digits")
+    containers = read_record(host, "containers.json")
     return Ownership(
         install_id=install_id if isinstance(install_id, str) else None,
         adopted=frozenset(str(c) for c in containers.get("adopted", []) or []),  # type: ignore[union-attr]
@@ -86,13 +142,12 @@ def ensure_install_id(host: str) -> str:
     if current:
         return current
     new = secrets.token_hex(16)
-    _write_json(host_dir(host) / "install.json", {"install_id": new, "host": host, "created": time.time()})
+    write_record(host, "install.json", {"install_id": new, "host": host, "created": time.time()})
     return new
 
 
 def _update_containers(host: str, *, add: dict[str, Iterable[str]], keep: Collection[str] | None) -> None:
-    path = host_dir(host) / "containers.json"
-    data = _read_json(path)
+    data = read_record(host, "containers.json")
     out: dict[str, list[str]] = {}
     for key in ("adopted", "healthy"):
         ids = {str(c) for c in data.get(key, []) or []}  # type: ignore[union-attr]
@@ -100,7 +155,7 @@ def _update_containers(host: str, *, add: dict[str, Iterable[str]], keep: Collec
         if keep is not None:
             ids &= set(keep)  # forget containers that no longer exist, so the files do not grow forever
         out[key] = sorted(ids)
-    _write_json(path, out)
+    write_record(host, "containers.json", out)
 
 
 def mark_healthy(host: str, container_id: str, *, existing: Collection[str] | None = None) -> None:
@@ -117,12 +172,15 @@ def adopt(host: str, container_ids: Iterable[str], *, existing: Collection[str] 
 
 def record(host: str, event: dict[str, object]) -> None:
     """Append one JSON line to the host's log of ownership decisions (``adopt``), never rewriting it."""
-    path = host_dir(host) / "ownership.log"
+    path = checked_host_dir(host, create=True) / "ownership.log"
     line = json.dumps({"time": time.time(), **event}, sort_keys=True) + "\n"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        with os.fdopen(fd, "a", encoding="utf-8") as fh:
-            fh.write(line)
+        fd = fsafe.open_append(path, what="the ownership log")
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+    except fsafe.UnsafePath as exc:
+        raise StateError(str(exc)) from None
     except OSError as exc:
         raise StateError(f"cannot append to {path}: {exc.strerror or exc}") from None
