@@ -151,7 +151,7 @@ class Applier:
         ...") when it does not answer (``reconciler apply``). The loop passes False: its passes observe the engine
         as a source like any other, report it down and wait for it."""
         self.desired = desired
-        self.observer = observer or DockerObserver(desired.host.docker.url)
+        self.observer = observer or DockerObserver.for_host(desired.host)
         observer_ = self.observer
         self.ops = DockerOps(connect=lambda: observer_.api, url=observer_.url, ping=observer_.ping)
         if connect:

@@ -32,7 +32,7 @@ from reconciler.loader import load_desired
 from reconciler.lock import HostLock, clear_loop_state, state_path, write_loop_state
 from reconciler.redact import redact_data
 from reconciler.model import DesiredState, assignment_key, container_name
-from reconciler.observe.docker_obs import DockerObserver, EventFilter
+from reconciler.observe.docker_obs import EVENT_ACTIONS, DockerObserver, EventFilter
 from reconciler.planner import ActionKind, Plan
 from reconciler.progress import LogProgress
 
@@ -241,8 +241,9 @@ class Loop:
                      assignments=",".join(a.key for a in desired.assignments) or "none")
         self.metrics.set_manifest_valid(True)
         self.metrics.configure(host=desired.host, recipes=desired.recipes)
-        if self.observer is None or self.observer.url != desired.host.docker.url:
-            self.observer = DockerObserver(desired.host.docker.url)
+        if self.observer is None or (self.observer.url, self.observer.timeout) != (desired.host.docker.url,
+                                                                                     desired.host.docker.timeout_s):
+            self.observer = DockerObserver.for_host(desired.host)
         self.desired = desired
         return desired
 
@@ -478,7 +479,7 @@ class Loop:
             # engine the events of everything else would otherwise cost a pass each.
             relevant = EventFilter(observer, self._event_scope)
             try:
-                stream = observer.api.events(decode=True, filters={"type": "container", "event": ["start", "die", "destroy"]})
+                stream = observer.api.events(decode=True, filters={"type": "container", "event": list(EVENT_ACTIONS)})
                 delay = 0.5
                 if lost or "docker" in self._down:
                     # The engine answers again (it was down, or restarted, or down at the last pass while this

@@ -58,6 +58,9 @@ PAGE_CACHE_RESULTS: tuple[str, ...] = ("dropped", "refused", "skipped")
 # owned/orphan/blocked: the states of ``shm status``; deleted: unlinked but still mapped by a live process.
 OFFLOAD_STATES: tuple[str, ...] = ("owned", "orphan", "blocked", "deleted")
 SOURCES: tuple[str, ...] = ("docker", "proc", "gpu")
+# A source's state in the last pass: answered (ok), too slowly (slow: docker.timeout_s), not at all (down), or with
+# an error (error: a proxy's refusal, an unreadable /proc, a failed NVML read).
+SOURCE_STATES: tuple[str, ...] = ("ok", "slow", "down", "error")
 
 # Why the apply layer refused to act. A fixed set keeps the label bounded; each maps to a safety rule.
 REFUSAL_REASONS: Mapping[str, str] = {
@@ -379,6 +382,13 @@ class Metrics:
             ["source"],
             registry=r,
         )
+        self.source_state = Gauge(
+            f"{p}_source_state",
+            "1 for the state of each observation source in the last pass (ok|slow|down|error), 0 for the others: "
+            "slow is an engine that did not answer within docker.timeout_s, down one that does not answer at all.",
+            ["source", "state"],
+            registry=r,
+        )
         self.manifest_valid = Gauge(
             f"{p}_manifest_valid",
             "1 when configs/ and manifests/ loaded and validated; 0 while the loop keeps the last valid desired state.",
@@ -443,6 +453,8 @@ class Metrics:
         # Sources start down and the manifest invalid: nothing is known until the first pass says otherwise.
         for source in SOURCES:
             self.source_up.labels(source=source).set(0)
+            for state in SOURCE_STATES:
+                self.source_state.labels(source=source, state=state).set(0)
         self.manifest_valid.set(0)
         self.configure(host=host, recipes=recipes)
 
@@ -495,6 +507,9 @@ class Metrics:
             self.host_info.labels(host=observed.host, gpu_telemetry=observed.gpus.telemetry, shm_dir=shm.dir).set(1)
             for name, src in observed.sources.items():
                 self.source_up.labels(source=name).set(1 if src.ok else 0)
+                current = "ok" if src.ok else (src.cause if src.cause in SOURCE_STATES else "error")
+                for state in SOURCE_STATES:
+                    self.source_state.labels(source=name, state=state).set(1 if state == current else 0)
 
             series = {(slot, o.recipe, o.container, o.owner) for slot, os_ in owners.items() for o in os_}
             for key in self._owner_series - series:

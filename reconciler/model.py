@@ -376,6 +376,9 @@ class DockerConfig(_Strict):
     gpu_requests: bool = True
     # Failed containers kept (stopped, renamed NAME-failed-STAMP) for their logs, per assignment; older ones go.
     keep_failed: int = Field(default=3, ge=1, le=1000)
+    # Seconds one engine request may take before the engine counts as answering too slowly (not as down). The
+    # Docker SDK's own default; a busy engine listing thousands of exited containers can take several.
+    timeout_s: float = Field(default=60.0, gt=0, le=3600)
 
     @field_validator("url")
     @classmethod

@@ -40,6 +40,9 @@ class Source:
     name: str  # "docker" | "proc" | "gpu"
     ok: bool
     detail: str = ""
+    # Why it is unavailable, where that is known: "slow" (answered too slowly), "down" (does not answer), "error"
+    # (answered, but with an error). "" when ok or not said.
+    cause: str = ""
 
     def render(self) -> str:
         return "ok" if self.ok else f"unavailable: {self.detail}"

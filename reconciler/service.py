@@ -430,7 +430,7 @@ class HostService:
         r = desired.recipes.get(recipe)
         if r is None:
             raise ReconcilerError(f"no recipe {recipe!r} in configs/recipes/ (known: {', '.join(sorted(desired.recipes))})")
-        containers, source = DockerObserver(desired.host.docker.url).observe()
+        containers, source = DockerObserver.for_host(desired.host).observe()
         from reconciler.observed import LABEL_HOST
 
         running = [c.name for c in containers if c.recipe == recipe and c.active and not c.preserved
@@ -442,7 +442,7 @@ class HostService:
         from reconciler.observe.shm import inspect_shm
 
         host = self.host()
-        containers, docker = DockerObserver(host.docker.url).observe()
+        containers, docker = DockerObserver.for_host(host).observe()
         return ShmStatusResult(inspect_shm(host.shm, containers=containers, docker=docker))
 
     def audit(self, *, since: float | None = None) -> AuditResult:
@@ -460,7 +460,7 @@ class HostService:
 
         host = self.host()
         self._host_name = host.name
-        observer = DockerObserver(host.docker.url)
+        observer = DockerObserver.for_host(host)
         if not confirm:
             return ReclaimOutcome(reclaim(host.shm, observe_docker=observer.observe, confirm=False, only_paths=paths))
         t0 = time.monotonic()
@@ -551,7 +551,7 @@ def _adopt(service: HostService, names: list[str]) -> AdoptResult:
     host = desired.host.name
     service._host_name = host
     with service.exclusive(host, "adopt"):
-        containers, source = DockerObserver(desired.host.docker.url).observe()
+        containers, source = DockerObserver.for_host(desired.host).observe()
         if not source.ok:
             raise ReconcilerError(f"docker source unavailable: {source.detail}; nothing adopted")
         own = state.read_ownership(host)

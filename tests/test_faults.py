@@ -160,7 +160,8 @@ def test_run_started_with_the_engine_down_reports_it_waits_and_converges_when_it
         down = lp.wait("source-down", source="docker", timeout=5)[0]
         assert str(relay.path) in down["detail"], down
         assert lp.find("pass", result="error"), lp.log()
-        assert lp.metric("reconciler_source_up", source="docker") == 0
+        # The pass logs source-down a moment before it exports what it observed: wait for the export.
+        wait_until(lambda: lp.metric("reconciler_source_up", source="docker") == 0, timeout=5, what="source_up 0")
         code, health = lp.healthz()
         assert code == 503 and health["ok"] is False and "docker" in health["unavailable"], (code, health)
         assert lp.proc.poll() is None, "the loop waits for the engine instead of dying"
@@ -180,7 +181,7 @@ def test_run_started_with_the_engine_down_reports_it_waits_and_converges_when_it
         mark = lp.mark()
         relay.stop()
         lp.wait("source-down", source="docker", after=mark, timeout=30)
-        assert lp.metric("reconciler_source_up", source="docker") == 0
+        wait_until(lambda: lp.metric("reconciler_source_up", source="docker") == 0, timeout=5, what="source_up 0")
         assert lp.healthz()[0] == 503
         assert root.cname(omni, B) in root.running(), "an engine that does not answer tears nothing down"
         mark = lp.mark()

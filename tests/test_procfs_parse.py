@@ -182,6 +182,9 @@ def test_cgroup_file_candidates_innermost_first(name: str) -> None:
 def test_the_cgroup_data_covers_the_layouts() -> None:
     names = set(CGROUP_FILES)
     assert {"docker-v1-cgroupfs", "dind-v1-cgroupfs-inner", "dind-v2-systemd-inner", "kind-node-containerd"} <= names
+    # Podman: cgroupfs (captured), systemd on v2 and v1, rootless, pods.
+    assert {"podman-cgroupfs-v1", "podman-systemd-v2", "podman-systemd-v1", "podman-rootless-systemd-v2",
+            "podman-pod-systemd-v2", "podman-pod-cgroupfs"} <= names
     assert all((CGROUP_DATA / f"{n}.ids").exists() for n in names)
 
 

@@ -23,7 +23,7 @@ def observe(host: HostConfig, *, docker: DockerObserver | None = None, proc_root
     from reconciler.observed import Observed
     from reconciler.state import read_ownership
 
-    docker = docker or DockerObserver(host.docker.url)
+    docker = docker or DockerObserver.for_host(host)
     containers, docker_source = docker.observe()
     known = {c.id for c in containers} if docker_source.ok else None
     gpus = observe_gpus(host, known_containers=known)

@@ -36,10 +36,20 @@ def _status_exit_code(status: str) -> int | None:
     return None
 
 
+# A CDI device name of an NVIDIA GPU, as Podman and Docker (25+) take it: nvidia.com/gpu=<index | UUID | all>.
+CDI_GPU_PREFIX = "nvidia.com/gpu="
+
+
 def gpu_devices_of(inspect: Mapping[str, Any]) -> tuple[str, ...]:
-    """GPU ids a container is given, from its DeviceRequests and its NVIDIA_VISIBLE_DEVICES env."""
+    """GPU ids a container is given, from its DeviceRequests (NVIDIA's, or CDI names), its devices given by CDI
+    name, and its NVIDIA_VISIBLE_DEVICES env (every value of it: a CDI spec's own ``void`` comes after ours)."""
     devices: list[str] = []
-    for req in (inspect.get("HostConfig") or {}).get("DeviceRequests") or []:
+    host_config = inspect.get("HostConfig") or {}
+    cdi = [str(d.get("PathOnHost") or "") for d in host_config.get("Devices") or [] if isinstance(d, Mapping)]
+    for req in host_config.get("DeviceRequests") or []:
+        if req.get("Driver") == "cdi":
+            cdi.extend(str(i) for i in req.get("DeviceIDs") or [])
+            continue
         caps = [c for group in (req.get("Capabilities") or []) for c in group]
         if req.get("Driver") not in ("", None, "nvidia") and "gpu" not in caps:
             continue
@@ -51,6 +61,12 @@ def gpu_devices_of(inspect: Mapping[str, Any]) -> tuple[str, ...]:
         elif (req.get("Count") or 0) > 0:
             # The NVIDIA runtime hands out the first N GPUs.
             devices.extend(str(i) for i in range(int(req["Count"])))
+    for name in cdi:
+        if name.startswith(CDI_GPU_PREFIX):
+            gpu = name[len(CDI_GPU_PREFIX) :]
+            if gpu == "all":
+                return ("all",)
+            devices.append(gpu)
     for item in (inspect.get("Config") or {}).get("Env") or []:
         key, _, value = item.partition("=")
         if key != "NVIDIA_VISIBLE_DEVICES":
@@ -111,17 +127,65 @@ def inherited_labels(labels: Mapping[str, str], image_labels: Mapping[str, str])
     return frozenset(k for k, v in labels.items() if k.startswith(LABEL_PREFIX) and image_labels.get(k) == v)
 
 
+# The container events the loop looks again for. Podman's Docker-compatible API says "remove" where Docker says
+# "destroy" (and adds "cleanup", "init", which change nothing a plan reads); each engine ignores the other's name.
+EVENT_ACTIONS = ("start", "die", "destroy", "remove")
+GONE_ACTIONS = frozenset({"destroy", "remove"})
+PODMAN = "podman"
+DOCKER = "docker"
+
+
+def engine_kind(version: Mapping[str, Any]) -> str:
+    """Pure: which engine a ``GET /version`` answer comes from. Podman's service names itself in ``Components``
+    ("Podman Engine"); Docker's says "Engine". Anything else speaks Docker's API as Docker does."""
+    for component in version.get("Components") or []:
+        if str((component or {}).get("Name", "")).startswith("Podman"):
+            return PODMAN
+    return DOCKER
+
+
+def failure_cause(exc: BaseException) -> str:
+    """Why a call to the engine failed: "slow" (it did not answer within docker.timeout_s), "down" (nothing
+    answers there), or "error" (it answered with an error). Knows this package's client and the SDK's errors."""
+    import socket
+
+    from reconciler.observe.engine import EngineDown, EngineSlow
+
+    if isinstance(exc, (EngineSlow, socket.timeout)):
+        return "slow"
+    if isinstance(exc, (EngineDown, ConnectionError, FileNotFoundError)):
+        return "down"
+    requests_exc = sys.modules.get("requests.exceptions")  # the SDK's, when the call went through it
+    if requests_exc is not None:
+        if isinstance(exc, requests_exc.Timeout):
+            return "slow"
+        if isinstance(exc, requests_exc.ConnectionError):
+            # urllib3 wraps a read timeout into a ConnectionError on some versions: its text says so.
+            return "slow" if "timed out" in str(exc).lower() else "down"
+    errors = sys.modules.get("docker.errors")
+    if errors is not None and isinstance(exc, errors.DockerException) and not isinstance(exc, errors.APIError):
+        # The SDK's "Error while fetching server API version: ...", with the cause in its text.
+        return "slow" if "timed out" in str(exc).lower() else "down"
+    return "error"
+
+
 class DockerObserver:
     """Reads containers from one engine. Keeps a cache of the immutable parts of each inspect."""
 
-    def __init__(self, url: str, *, timeout: float = 10.0):
+    def __init__(self, url: str, *, timeout: float = 60.0):
         self.url = url
         self.timeout = timeout
         self._api: Any = None
         self._reader: Any = None
+        self._engine: str | None = None
         self._cache: dict[str, dict[str, Any]] = {}
         self._images: dict[str, dict[str, str]] = {}  # image id -> its labels (an image id's labels never change)
         self._lock = threading.Lock()
+
+    @classmethod
+    def for_host(cls, host: Any) -> DockerObserver:
+        """The observer of a host's engine: ``docker.url``, answering within ``docker.timeout_s``."""
+        return cls(host.docker.url, timeout=host.docker.timeout_s)
 
     @property
     def api(self) -> Any:
@@ -148,6 +212,12 @@ class DockerObserver:
         if hasattr(reader, "ping"):
             reader.ping()
 
+    def engine(self) -> str:
+        """``podman`` or ``docker``, from the engine's version answer (asked once per observer)."""
+        if self._engine is None:
+            self._engine = engine_kind(self.reader.version())
+        return self._engine
+
     def _inspect(self, cid: str) -> dict[str, Any] | None:
         try:
             full = self.reader.inspect_container(cid)
@@ -159,7 +229,7 @@ class DockerObserver:
             "Name": full.get("Name"),
             "Args": full.get("Args"),
             "Config": {k: (full.get("Config") or {}).get(k) for k in ("Env", "Cmd", "Entrypoint", "Labels", "Image")},
-            "HostConfig": {"DeviceRequests": (full.get("HostConfig") or {}).get("DeviceRequests")},
+            "HostConfig": {k: (full.get("HostConfig") or {}).get(k) for k in ("DeviceRequests", "Devices")},
         }
         labels = (full.get("Config") or {}).get("Labels") or {}
         if any(k.startswith(LABEL_PREFIX) for k in labels) and full.get("Image"):
@@ -213,8 +283,20 @@ class DockerObserver:
         try:
             pairs = self.read()
         except Exception as exc:  # noqa: BLE001 - any failure to talk to the engine makes the source unavailable
-            return (), Source("docker", False, f"{self.url}: {_short(exc)}")
+            return (), self.unavailable(exc)
         return parse_all(pairs), Source("docker", True)
+
+    def unavailable(self, exc: BaseException) -> Source:
+        """The docker source after ``exc``: says whether the engine was slow, down, or answered an error."""
+        from reconciler.observe.engine import slow_text
+
+        cause = failure_cause(exc)
+        text = _short(exc)
+        if cause == "slow" and "too slowly" not in text:
+            text = f"{slow_text(self.timeout)}: {text}"  # the SDK's own words for it are a urllib3 repr
+        elif cause == "down" and "does not answer" not in text:
+            text = f"the engine does not answer: {text}"
+        return Source("docker", False, f"{self.url}: {text}", cause=cause)
 
 
 def parse_all(pairs: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> tuple[ContainerView, ...]:
@@ -270,7 +352,7 @@ class EventFilter:
         if verdict is None:
             inspect = self._config(cid, action)
             verdict = None if inspect is None else container_matters(inspect, host=host, indexes=indexes)
-        if action == "destroy":
+        if action in GONE_ACTIONS:
             self._verdicts.pop(cid, None)
         elif verdict is not None:
             if len(self._verdicts) > 10_000:
@@ -281,7 +363,7 @@ class EventFilter:
     def _config(self, cid: str, action: str) -> Mapping[str, Any] | None:
         with self.observer._lock:
             inspect = self.observer._cache.get(cid)
-        if inspect is None and action != "destroy":
+        if inspect is None and action not in GONE_ACTIONS:
             try:
                 inspect = self.observer._inspect(cid)
             except Exception:  # noqa: BLE001 - the engine did not answer: unknown

@@ -338,7 +338,7 @@ def engine_container_of(
             from reconciler.observe.docker_obs import DockerObserver
 
             try:
-                ids.append(DockerObserver(host.docker.url).container_ids())
+                ids.append(DockerObserver.for_host(host).container_ids())
             except Exception:  # noqa: BLE001 - an engine that does not answer confirms nothing
                 ids.append(frozenset())
         return innermost_known(candidates, ids[0])

@@ -24,14 +24,19 @@ from dataclasses import dataclass, field
 #   containerd / kubelet, cgroupfs:      /kubepods/burstable/pod<uid>/<id>
 #   kubelet systemd driver over a cgroupfs runtime: .../kubepods-burstable-pod<uid>.slice:cri-containerd:<id>
 #   nerdctl (containerd without CRI):    /default/<id>  or  /system.slice/nerdctl-<id>.scope
-#   CRI-O, Podman:                       crio-<id>.scope,  libpod-<id>.scope/container
-# A container's monitor (crio-conmon-<id>.scope, libpod-conmon-<id>.scope) is not the container; a pod uid, a
-# systemd session or a sandbox's 32-hex cgroup never matches. A nested engine puts its containers below the
+#   CRI-O:                               crio-<id>.scope
+#   Podman, systemd manager:             /machine.slice/libpod-<id>.scope[/container]  (rootless: .../user@1000.service/
+#                                          user.slice/libpod-<id>.scope/container; in a pod: machine-libpod_pod_<pod>.slice/)
+#   Podman, cgroupfs manager:            /libpod_parent/libpod-<id>  (no .scope; in a pod: /libpod_parent/<pod>/libpod-<id>)
+# A container's monitor (crio-conmon-<id>.scope, libpod-conmon-<id>.scope, /libpod_parent/conmon) is not the
+# container; a pod uid, a systemd session or a sandbox's 32-hex cgroup never matches. A Podman pod's bare 64-hex
+# cgroup is a candidate like any other, and never the answer: the engine lists no container by a pod's id. A nested engine puts its containers below the
 # container it runs in (Docker in Docker: /docker/<outer>/docker/<inner>; kind: /system.slice/docker-<node>.scope/
 # kubelet.slice/.../cri-containerd-<id>.scope), so one path can name several ids, outermost first.
 _HEX64 = r"([0-9a-f]{64})"
 _CGROUP_SEGMENT = re.compile(
-    rf"{_HEX64}|(?:docker|cri-containerd|crio|libpod|nerdctl)-{_HEX64}\.scope|[^:]+:(?:cri-containerd|crio|docker):{_HEX64}"
+    rf"{_HEX64}|(?:docker|cri-containerd|crio|libpod|nerdctl)-{_HEX64}\.scope|libpod-{_HEX64}"
+    rf"|[^:]+:(?:cri-containerd|crio|docker):{_HEX64}"
 )
 
 
@@ -53,7 +58,7 @@ def parse_cgroup_container_ids(text: str) -> tuple[str, ...]:
             m = _CGROUP_SEGMENT.fullmatch(segment)
             if m is None:
                 continue
-            cid = m.group(1) or m.group(2) or m.group(3)
+            cid = m.group(1) or m.group(2) or m.group(3) or m.group(4)
             depth[cid] = max(depth.get(cid, found), found)
             found += 1
     # Deepest first; equal depths keep the order they were met in.
