@@ -7,6 +7,7 @@ The message of the last attempt says it was the last.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -42,13 +43,17 @@ class DockerUnavailable(ReconcilerError):
     """No engine answers at ``docker.url`` (not running, wrong URL, socket not reachable): nothing was attempted."""
 
     def __init__(self, url: str, cause: BaseException | str):
+        from reconciler.observe.docker_obs import failure_cause
+
         self.url = url
         text = str(cause).strip()
         detail = (text.splitlines()[0] if text else type(cause).__name__)[:300]
-        super().__init__(
-            f"docker source unavailable at {url}: {detail}; nothing changed. Start the Docker engine, or fix "
-            "docker.url in configs/host.yaml"
-        )
+        if isinstance(cause, BaseException) and failure_cause(cause) == "slow":
+            fix = ("The engine is there but busy: find what keeps it busy, or raise docker.timeout_s in "
+                   "configs/host.yaml")
+        else:
+            fix = "Start the Docker engine, or fix docker.url in configs/host.yaml"
+        super().__init__(f"docker source unavailable at {url}: {detail}; nothing changed. {fix}")
 
 
 def _transient(exc: BaseException) -> bool:
@@ -73,6 +78,7 @@ def _call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
             retry=retry_if_exception(_transient),
             stop=stop_after_attempt(ATTEMPTS),
             wait=wait_exponential(multiplier=0.2, max=3),
+            sleep=lambda seconds: time.sleep(seconds),  # looked up at each wait: a simulated clock replaces time
             reraise=True,
         ):
             with attempt:
@@ -80,8 +86,28 @@ def _call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     except Exception as exc:
         if _transient(exc):
             raise DockerActionError(f"docker {name}: {exc} (the last of {ATTEMPTS} attempts)") from exc
+        if (refused := proxy_refusal(exc)) is not None:
+            raise DockerActionError(f"docker {name}: {refused}") from exc
         raise
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def proxy_refusal(exc: BaseException) -> str | None:
+    """What a socket proxy's refusal of an engine call says, naming the call; None for any other error.
+
+    The engine answers its errors in JSON; a 401/403/405 whose body is not JSON came from a proxy's allow-list."""
+    import docker.errors
+
+    if not isinstance(exc, docker.errors.APIError) or exc.response is None:
+        return None
+    if exc.status_code not in (401, 403, 405) or "json" in exc.response.headers.get("Content-Type", ""):
+        return None
+    from urllib.parse import urlsplit
+
+    request = exc.response.request
+    path = re.sub(r"^/v[0-9.]+/", "/", urlsplit(request.url or "").path)
+    return (f"the proxy in front of the engine refused {request.method} {path} ({exc.status_code}); allow it "
+            "there, or point docker.url at an engine that allows it (README: Podman and socket proxies)")
 
 
 def labels_for(desired: DesiredState, recipe_name: str, slots: tuple[str, ...], *, install_id: str) -> dict[str, str]:
@@ -143,6 +169,7 @@ class DockerOps:
         self._connect = connect
         self._ping = ping
         self.url = url
+        self._engine: str | None = None
 
     def check(self) -> None:
         """Raise ``DockerUnavailable`` when no engine answers at ``url``. With ``ping`` (the observer's small
@@ -165,6 +192,14 @@ class DockerOps:
                 raise DockerUnavailable(self.url or "docker.url", exc) from exc
         return self._api
 
+    def engine(self) -> str:
+        """``podman`` or ``docker``, from the engine's own version answer (asked once)."""
+        if self._engine is None:
+            from reconciler.observe.docker_obs import engine_kind
+
+            self._engine = engine_kind(_call(self.api.version))
+        return self._engine
+
     def image_present(self, image: str) -> bool:
         import docker.errors
 
@@ -175,10 +210,22 @@ class DockerOps:
             return False
 
     def create(self, spec: dict[str, Any]) -> str:
+        if spec["host_config"].get("device_requests") and self.engine() == "podman":
+            return self._create_podman(spec)
         hc = self.api.create_host_config(**spec["host_config"])
         args = {k: v for k, v in spec.items() if k != "host_config"}
         created = _call(self.api.create_container, host_config=hc, **args)
         return str(created["Id"])
+
+    def _create_podman(self, create: dict[str, Any]) -> str:
+        """Create through Podman's own endpoint, which takes GPUs as CDI names (``reconciler.spec``)."""
+        body = spec.libpod_create_body(create)
+
+        def libpod_create() -> dict[str, Any]:
+            res = self.api._post_json(self.api._url(spec.LIBPOD_CREATE, versioned_api=False), data=body)
+            return self.api._result(res, True)
+
+        return str(_call(libpod_create)["Id"])
 
     def start(self, cid: str) -> None:
         _call(self.api.start, cid)

@@ -183,7 +183,7 @@ def reclaim(
     observe_docker: DockerObservation,
     confirm: bool,
     only_paths: Collection[str] | None = None,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], None] | None = None,
     proc_root: str = "/proc",
 ) -> ReclaimResult:
     """Remove the orphan offload files (all, or those in ``only_paths``), guarded as the module says.
@@ -238,7 +238,7 @@ def reclaim(
             elapsed_s=time.monotonic() - t0,
         )
 
-    sleep(cfg.confirm_interval_s)
+    (sleep or time.sleep)(cfg.confirm_interval_s)  # looked up now: a simulated clock replaces the module's time
     second = _in_scope(cfg, _inspect(cfg, observe_docker, proc_root))
     common["blocking_containers"] = tuple(sorted(set(first.blocking_containers) | set(second.blocking_containers)))
     refused = refusal_of(second)

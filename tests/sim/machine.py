@@ -1,0 +1,434 @@
+"""The stateful test: hypothesis drives the simulated host through edits, faults and time, with the project's real
+loader, planner, apply layer and loop on top, and checks the invariants after every step.
+
+Invariants (docs/design.md, safety rule 11): (a) never two containers running on one physical card because of the
+tool; (b) nothing this install did not create is stopped, removed, renamed or killed; (c) no file mapped or held by a
+live process, and nothing outside shm.dir + pattern, is unlinked; (d) ``apply`` of a shown plan does nothing outside
+it; (e) no exception escapes a pass; (f) once faults stop, the host converges or is blocked by something that is
+really there, within a bounded number of passes; (g) no fallback starts while a container of the held lane runs
+(a fallback's start is judged by (a)).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from sim.seams import installed
+from sim.world import GIB, World
+
+SLOTS = ("dark-compute-a", "dark-compute-b")
+RECIPES = {
+    # name: (tensor parallel size, offload GiB, port)
+    "omni": (1, 0, 18001),
+    "small": (1, 4, 18002),
+    "big": (2, 8, 18003),
+}
+TOPOLOGIES = {
+    "empty": [],
+    "split": [("omni", ["dark-compute-b"])],
+    "split2": [("omni", ["dark-compute-b"]), ("small", ["dark-compute-a"])],
+    "swapped": [("small", ["dark-compute-b"]), ("omni", ["dark-compute-a"])],
+    "exclusive": [("big", ["dark-compute-a", "dark-compute-b"])],
+    "exclusive-rev": [("big", ["dark-compute-b", "dark-compute-a"])],
+}
+# How the two slots name their cards: by index, by UUID, mixed, or (a host error) both naming card 0.
+HOST_SHAPES = ("index", "uuid", "mixed", "alias-index-uuid", "alias-uuid-case")
+LIVENESS_PASSES = 8
+
+# Steps taken by every machine in this process (the soak's counter).
+STEPS = [0]
+
+
+class _Sink(io.TextIOBase):
+    """The loop's log: the last lines only (shown with a failure), never the whole run's."""
+
+    def __init__(self) -> None:
+        self.lines: deque[str] = deque(maxlen=60)
+
+    def write(self, s: str) -> int:
+        if s.strip():
+            self.lines.append(s.rstrip())
+        return len(s)
+
+
+class HostMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.world: World | None = None
+        self._ctx: Any = None
+        self.loop: Any = None
+        self.sink = _Sink()
+        self.topology = "empty"
+        self.edits = {r: 0 for r in RECIPES}
+
+    # ------------------------------------------------------------ set-up and files
+
+    @initialize(seed=st.integers(0, 2**32 - 1), shape=st.sampled_from(HOST_SHAPES), gpu_requests=st.booleans(),
+                wsl2=st.booleans(), tmpfs_gib=st.sampled_from([10.0, 14.0, 20.0]))
+    def setup(self, seed: int, shape: str, gpu_requests: bool, wsl2: bool, tmpfs_gib: float) -> None:
+        self.world = World(seed, tmpfs_gib=tmpfs_gib, wsl2=wsl2)
+        self.world.behaviour = {}
+        self.world.ports = {r: port for r, (_, _, port) in RECIPES.items()}
+        self.shape = shape
+        self._ctx = installed(self.world)
+        state = self._ctx.__enter__()
+        self.root = Path(state) / "root"
+        (self.root / "configs" / "recipes").mkdir(parents=True)
+        (self.root / "manifests").mkdir()
+        self._write_host(shape, gpu_requests)
+        for r in RECIPES:
+            self._write_recipe(r)
+        self._write_manifest("empty")
+        self._new_loop()
+
+    def _write_host(self, shape: str, gpu_requests: bool) -> None:
+        w = self.world
+        assert w is not None
+        u0, u1 = w.cards[0].uuid, w.cards[1].uuid
+        slots = {
+            "index": ({"index": 0}, {"index": 1}),
+            "uuid": ({"uuid": u0}, {"uuid": u1}),
+            "mixed": ({"uuid": u0}, {"index": 1}),
+            "alias-index-uuid": ({"uuid": u0}, {"index": 0}),
+            "alias-uuid-case": ({"uuid": u0}, {"uuid": "GPU-" + u0[4:].upper()}),
+        }[shape]
+        gpus = "\n".join(f"  {s}: {{{', '.join(f'{k}: {v}' for k, v in g.items())}}}" for s, g in zip(SLOTS, slots))
+        (self.root / "configs" / "host.yaml").write_text(
+            f"name: sim\ngpus:\n{gpus}\ngpu_telemetry: nvml\n"
+            f"docker: {{url: 'unix:///sim/docker.sock', gpu_requests: {str(gpu_requests).lower()}, keep_failed: 2}}\n"
+            "shm: {dir: /dev/shm, confirm_interval_s: 2.0, reserve_gib: 1, ignore_uninspectable_pids: [1]}\n"
+            "gpu_reserve: {free_gib: 3.0, policy: report, idle_used_gib: 1.0}\n"
+        )
+
+    def _write_recipe(self, name: str) -> None:
+        tp, offload, port = RECIPES[name]
+        text = (
+            f'description = "simulated {name}"\ntensor_parallel_size = {tp}\n'
+            f'[model]\nid = "sim/{name}"\n'
+            f'[container]\nimage = "sim-vllm:1"\ncommand = ["vllm", "serve", "sim/{name}"]\n'
+            f'env = {{SIM_OFFLOAD_BYTES = "{int(offload * GIB)}", SIM_BOOT_S = "3", SIM_EDIT = "{self.edits[name]}"}}\n'
+            f"[offload]\nenabled = {'true' if offload else 'false'}\ncapacity_gib = {offload}\n"
+            f'[health]\nurl = "http://127.0.0.1:{port}/health"\nsettle_s = 1\nstart_timeout_s = 30\n'
+            "[stop]\ntimeout_s = 10\n"
+        )
+        (self.root / "configs" / "recipes" / f"{name}.toml").write_text(text)
+
+    def _write_manifest(self, topology: str) -> None:
+        lines = ["host: sim", "assignments:" + (" []" if not TOPOLOGIES[topology] else "")]
+        for recipe, slots in TOPOLOGIES[topology]:
+            lines.append(f"  - {{recipe: {recipe}, gpus: [{', '.join(slots)}]}}")
+        (self.root / "manifests" / "sim.yaml").write_text("\n".join(lines) + "\n")
+        self.topology = topology
+
+    def _new_loop(self) -> None:
+        from reconciler.backoff import Backoff
+        from reconciler.loop import Log, Loop
+
+        w = self.world
+        assert w is not None
+        self.loop = Loop(str(self.root), metrics_addr=None, log=Log(stream=self.sink),
+                         backoff=Backoff(clock=lambda: w.now))
+
+    def teardown(self) -> None:
+        if self._ctx is not None:
+            self._ctx.__exit__(None, None, None)
+            self._ctx = None
+
+    # ------------------------------------------------------------ the operator
+
+    @rule(topology=st.sampled_from(sorted(TOPOLOGIES)))
+    def edit_manifest(self, topology: str) -> None:
+        self._write_manifest(topology)
+
+    @rule(how=st.sampled_from(["yaml", "unknown-recipe", "slot"]))
+    def break_manifest(self, how: str) -> None:
+        text = {
+            "yaml": "host: sim\nassignments: [\n",
+            "unknown-recipe": "host: sim\nassignments:\n  - {recipe: nope, gpus: [dark-compute-a]}\n",
+            "slot": "host: sim\nassignments:\n  - {recipe: omni, gpus: [dark-compute-z]}\n",
+        }[how]
+        (self.root / "manifests" / "sim.yaml").write_text(text)
+        self.topology = "broken"
+
+    @rule(recipe=st.sampled_from(sorted(RECIPES)))
+    def edit_recipe(self, recipe: str) -> None:
+        self.edits[recipe] += 1
+        self._write_recipe(recipe)
+
+    @rule(recipe=st.sampled_from(sorted(RECIPES)), behaviour=st.sampled_from(["ok", "ok", "crash", "hang"]))
+    def recipe_behaves(self, recipe: str, behaviour: str) -> None:
+        self.world.behaviour[recipe] = behaviour
+
+    # ------------------------------------------------------------ the host on its own
+
+    @rule(pick=st.integers(0, 7), code=st.sampled_from([0, 1, 137]))
+    def container_dies(self, pick: int, code: int) -> None:
+        running = [c for c in self.world.containers.values() if c.state == "running"]
+        if running:
+            self.world._exit(running[pick % len(running)], code)
+
+    @rule(pick=st.integers(0, 7), state=st.sampled_from(["paused", "restarting"]))
+    def container_stalls(self, pick: int, state: str) -> None:
+        running = [c for c in self.world.containers.values() if c.state == "running" and c.ours]
+        if running:
+            running[pick % len(running)].state = state
+
+    @rule(card=st.integers(0, 1), by=st.sampled_from(["index", "uuid", "none"]),
+          kind=st.sampled_from(["foreign", "named-like-ours", "other-install", "legacy", "image-labels"]),
+          running=st.booleans())
+    def foreign_container(self, card: int, by: str, kind: str, running: bool) -> None:
+        w = self.world
+        c = w.cards[card]
+        ids = [] if by == "none" else [str(c.index) if by == "index" else c.uuid]
+        labels: dict[str, str] = {}
+        name = f"squatter-{len(w.containers)}"
+        if kind == "named-like-ours":
+            recipe, slots = TOPOLOGIES["split"][0]
+            name = f"reconciler-{recipe}-{'-'.join(slots)}"
+        elif kind in ("other-install", "legacy", "image-labels"):
+            labels = {"io.reconciler.managed": "true", "io.reconciler.host": "sim", "io.reconciler.recipe": "omni",
+                      "io.reconciler.slots": SLOTS[card]}
+            if kind == "other-install":
+                labels["io.reconciler.install"] = "f" * 32
+            if kind == "image-labels" and w.install_id:
+                labels["io.reconciler.install"] = w.install_id
+            name = f"reconciler-omni-{SLOTS[card]}-failed-20260101-00000{len(w.containers) % 10}"
+        if any(x.name == name for x in w.containers.values()):
+            return
+        f = w.foreign(name, device_ids=ids, labels=labels, state="running" if running else "exited")
+        if kind == "image-labels":
+            f.image = "sim-labelled:1"
+            w.images["sim-labelled:1"] = dict(labels)
+
+    @rule(pick=st.integers(0, 7))
+    def operator_removes_foreign(self, pick: int) -> None:
+        foreign = [c for c in self.world.containers.values() if not c.ours]
+        if foreign:
+            c = foreign[pick % len(foreign)]
+            self.world._exit(c, 0)
+            del self.world.containers[c.id]
+
+    @rule(card=st.integers(0, 1), hidden=st.booleans())
+    def foreign_gpu_process(self, card: int, hidden: bool) -> None:
+        w = self.world
+        if hidden:
+            w.cards[card].hidden_used = 6 * GIB
+        else:
+            pid = w.new_pid()
+            from sim.world import Proc
+
+            w.procs[pid] = Proc(pid, "python train.py", gpu=w.cards[card].uuid, gpu_mem=None if w.wsl2 else 4 * GIB)
+
+    @rule()
+    def foreign_gpu_processes_end(self) -> None:
+        w = self.world
+        for card in w.cards:
+            card.hidden_used = 0
+        for pid in [p.pid for p in w.procs.values() if p.container is None and p.gpu]:
+            del w.procs[pid]
+
+    @rule(gib=st.sampled_from([1, 3, 8]))
+    def orphan_appears(self, gib: int) -> None:
+        self.world.add_file(gib * GIB)
+
+    @rule(pick=st.integers(0, 7), via=st.sampled_from(["map", "fd"]), now=st.booleans())
+    def process_takes_file(self, pick: int, via: str, now: bool) -> None:
+        """A process maps or opens an offload file: now, or between the guard's two inspections."""
+        def take(w: World) -> None:
+            files = sorted(w.files.values(), key=lambda f: f.name)
+            if not files:
+                return
+            f = files[pick % len(files)]
+            from sim.world import Proc
+
+            pid = w.new_pid()
+            w.procs[pid] = Proc(pid, "python reader.py", maps={f.inode} if via == "map" else set(),
+                                fds={f.inode} if via == "fd" else set())
+
+        if now:
+            take(self.world)
+        else:
+            def once(w: World) -> None:
+                w.on_sleep.remove(once)
+                take(w)
+
+            self.world.on_sleep.append(once)
+
+    @rule()
+    def readers_exit(self) -> None:
+        w = self.world
+        for pid in [p.pid for p in w.procs.values() if p.cmd == "python reader.py"]:
+            del w.procs[pid]
+
+    @rule(method=st.sampled_from(["list", "inspect", "create", "start", "stop", "remove", "rename", "ping"]),
+          p=st.sampled_from([0.0, 0.3, 1.0]), lost=st.booleans())
+    def engine_fault(self, method: str, p: float, lost: bool) -> None:
+        (self.world.lost if lost else self.world.faults)[method] = p
+
+    @rule(down=st.booleans())
+    def engine_down(self, down: bool) -> None:
+        self.world.engine_down = down
+
+    @rule(down=st.booleans())
+    def nvml_down(self, down: bool) -> None:
+        self.world.nvml_down = down
+
+    @rule(card=st.integers(0, 1), present=st.booleans())
+    def card_presence(self, card: int, present: bool) -> None:
+        self.world.cards[card].present = present
+
+    @rule(seconds=st.sampled_from([1.0, 5.0, 30.0, 400.0]))
+    def time_passes(self, seconds: float) -> None:
+        self.world.advance(seconds)
+
+    # ------------------------------------------------------------ the tool
+
+    def _pass(self) -> Any:
+        try:
+            return self.loop.cycle({"resync"})
+        except Exception as exc:  # noqa: BLE001 - invariant (e): nothing escapes a pass
+            self.world.violate(f"(e) {type(exc).__name__} escaped a pass: {exc}")
+            return None
+
+    @rule()
+    def loop_pass(self) -> None:
+        self._pass()
+
+    @rule()
+    def loop_restarts(self) -> None:
+        self._new_loop()
+
+    @rule(after_sleeps=st.integers(0, 6))
+    def apply_interrupted(self, after_sleeps: int) -> None:
+        """A pass whose stop is requested after a few of its waits (SIGTERM during an apply)."""
+        w = self.world
+        count = [0]
+
+        def hook(_w: World) -> None:
+            count[0] += 1
+            if count[0] > after_sleeps:
+                self.loop.cancel.set()
+
+        w.on_sleep.append(hook)
+        try:
+            self._pass()
+        finally:
+            w.on_sleep.remove(hook)
+            self.loop.cancel.clear()
+
+    @rule()
+    def cli_apply(self) -> None:
+        """``reconciler apply`` as the command runs it: the plan shown, approved, and only that plan run."""
+        from reconciler.apply import Applier
+        from reconciler.errors import ReconcilerError
+        from reconciler.loader import load_desired
+
+        w = self.world
+        try:
+            desired = load_desired(str(self.root))
+        except ReconcilerError:
+            return
+        observer = self.loop.observer
+        if observer is None:
+            from sim.seams import sim_observer
+
+            observer = sim_observer(w, desired.host.docker.url)
+        try:
+            applier = Applier(desired, observer=observer, connect=False)
+            observed, shown = applier.plan_now()
+            mark = len(w.writes)
+            files_before = {f.name: f.inode for f in w.files.values()}
+            applier.converge(start=(observed, shown), approved=shown)
+        except Exception as exc:  # noqa: BLE001
+            w.violate(f"(e) {type(exc).__name__} escaped apply: {exc}")
+            return
+        self._check_within(shown, w.writes[mark:], files_before)
+
+    def _check_within(self, shown: Any, writes: list[Any], files_before: dict[str, int]) -> None:
+        """Invariant (d): every write of the apply belongs to an action of the plan it showed."""
+        from reconciler.planner import ActionKind
+
+        w = self.world
+        enters = {a.container for a in shown.actions if a.kind is ActionKind.ENTER}
+        leaves = {a.container_id for a in shown.actions if a.kind is ActionKind.LEAVE}
+        names = {a.container for a in shown.actions if a.kind is not ActionKind.RECLAIM}
+        paths = {p for a in shown.actions for p in a.paths}
+        created: set[str] = set()
+        for wr in writes:
+            if wr.kind == "create":
+                if wr.name not in enters:
+                    w.violate(f"(d) apply created {wr.name}, not an enter of the plan it showed")
+                created.add(wr.target)
+            elif wr.kind == "unlink":
+                name = os.path.basename(wr.target)
+                if wr.target not in paths and name in files_before:
+                    w.violate(f"(d) apply unlinked {wr.target}, not listed by the plan it showed")
+            elif wr.target not in created and wr.target not in leaves:
+                kept = any(wr.name.startswith(f"{n}-failed-") for n in names if n)
+                if not (wr.kind == "remove" and kept):
+                    w.violate(f"(d) apply did {wr.kind} on {wr.name or wr.target[:12]}, outside the plan it showed")
+
+    # ------------------------------------------------------------ invariants
+
+    @invariant()
+    def no_violation(self) -> None:
+        STEPS[0] += 1
+        if self.world is None:
+            return
+        w = self.world
+        ours = [c for c in w.containers.values() if c.ours and c.state in ("running", "paused", "restarting")]
+        for i, a in enumerate(ours):
+            for b in ours[i + 1:]:
+                if w.cards_of(a) & w.cards_of(b):
+                    w.violate(f"(a) {a.name} and {b.name} both run on card(s) {sorted(w.cards_of(a) & w.cards_of(b))}")
+        if w.violations:
+            raise AssertionError("invariant violated:\n  " + "\n  ".join(w.violations) + "\nlast log lines:\n  "
+                                 + "\n  ".join(self.sink.lines))
+
+    @precondition(lambda self: self.world is not None)
+    @rule()
+    def faults_stop_and_host_settles(self) -> None:
+        """Invariant (f): with every fault cleared, a bounded number of passes converges the host or leaves it
+        blocked by something that is really there."""
+        w = self.world
+        w.faults.clear()
+        w.lost.clear()
+        w.engine_down = w.nvml_down = False
+        for card in w.cards:
+            card.present = True
+        w.behaviour = {}
+        if self.topology == "broken":
+            self._write_manifest("split")
+        result = None
+        for _ in range(LIVENESS_PASSES):
+            w.advance(700.0)  # past any backoff
+            result = self._pass()
+            if result is not None and result.final.converged:
+                return
+        if result is None:
+            return  # the host file itself is refused (two slots on one card): nothing runs, which is right
+        final = result.final
+        if final.unavailable:
+            if self.shape.startswith("alias"):
+                return
+            w.violate(f"(f) sources still unavailable after faults stopped: {final.unavailable}")
+            return
+        if not final.blocked:
+            w.violate(f"(f) not converged after {LIVENESS_PASSES} passes without faults: {result.result}: "
+                      f"{result.message or [a.reason for a in final.actions]}")
+            return
+        names = {c.name for c in w.containers.values()}
+        pids = {f"pid {p}" for p in w.procs}
+        for b in final.blockers:
+            if b.cause == "held" and b.holder not in names and b.holder not in pids:
+                w.violate(f"(f) blocked by {b.holder!r}, which is not on the host: {b.reason}")
+            if b.cause == "memory" and not any(c.hidden_used for c in w.cards) and not w.wsl2:
+                w.violate(f"(f) blocked by unlisted VRAM that nothing holds: {b.reason}")
+

@@ -1,0 +1,316 @@
+"""The outermost I/O seams of the project, replaced by the simulated world; everything between them is real.
+
+Replaced: the engine's HTTP client (the SDK's ``APIClient`` and the small reader: one ``SimApi`` answers both), the
+NVML read (``observe_gpus``'s ``read``, ``container_of`` and ``command_of``), the /proc and shm.dir reads of one
+inspection (``list_dir`` + ``scan_holders``, through the real pure ``build_view``), the guard's unlink and its
+statvfs, the loader's tmpfs checks, the health URL's answer and vLLM's gauges, the clock and sleep of the apply
+layer, the guard, the loop and the engine-call retries. Kept real: the loader and its files on disk, the model, the
+planner, the apply layer, the loop's cycle, the guard's decisions, the state, history and audit files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time as _real_time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from sim.world import SHM_DIR, ApiError, World
+
+
+class SimTime:
+    """The ``time`` module as the patched modules see it: the world's clock, and sleep that moves it."""
+
+    def __init__(self, world: World):
+        self.world = world
+
+    def time(self) -> float:
+        return self.world.now
+
+    def monotonic(self) -> float:
+        return self.world.now
+
+    perf_counter = monotonic
+
+    def sleep(self, seconds: float) -> None:
+        self.world.sleep(seconds)
+
+    def __getattr__(self, name: str) -> Any:  # strftime, gmtime, localtime, ...
+        return getattr(_real_time, name)
+
+
+def _api_error(exc: ApiError) -> Exception:
+    import docker.errors
+
+    resp = SimpleNamespace(status_code=exc.status, reason=str(exc), url="sim", text=str(exc))
+    cls = docker.errors.NotFound if exc.status == 404 else docker.errors.APIError
+    return cls(str(exc), response=resp, explanation=str(exc))
+
+
+def _engine(fn: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ApiError as exc:
+            raise _api_error(exc) from None
+
+    call.__name__ = fn.__name__
+    return call
+
+
+class SimApi:
+    """The Engine API subset the tool uses, answered by the world (both the reads and the writes)."""
+
+    def __init__(self, world: World):
+        self.w = world
+
+    @_engine
+    def ping(self) -> bool:
+        self.w._fault("ping")
+        return True
+
+    @_engine
+    def containers(self, all: bool = True, filters: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # noqa: A002
+        self.w._fault("list")
+        out = []
+        want = [f.split("=", 1) for f in (filters or {}).get("label", [])]
+        for c in self.w.containers.values():
+            if any(c.labels.get(k) != v for k, v in want):
+                continue
+            status = f"Exited ({c.exit_code}) 1 second ago" if c.state == "exited" else c.state
+            out.append({"Id": c.id, "Names": ["/" + c.name], "State": c.state, "Status": status,
+                        "Image": c.image, "Labels": dict(c.labels)})
+        return out
+
+    @_engine
+    def inspect_container(self, ref: str) -> dict[str, Any]:
+        self.w._fault("inspect")
+        c = self.w.get(ref)
+        reqs = [{"Driver": "nvidia", "DeviceIDs": list(c.device_ids), "Capabilities": [["gpu"]]}] if c.device_ids else None
+        return {
+            "Id": c.id, "Name": "/" + c.name, "Image": "sha256:" + c.image.replace(":", ""), "Args": c.command[1:],
+            "State": {"Status": c.state, "Running": c.state == "running", "ExitCode": c.exit_code,
+                      "RestartCount": c.restarts},
+            "RestartCount": c.restarts,
+            "Config": {"Env": [f"{k}={v}" for k, v in c.env.items()], "Cmd": c.command, "Entrypoint": None,
+                       "Labels": dict(c.labels), "Image": c.image},
+            "HostConfig": {"DeviceRequests": reqs},
+        }
+
+    @_engine
+    def inspect_image(self, ref: str) -> dict[str, Any]:
+        self.w._fault("inspect_image")
+        name = next((i for i in self.w.images if ref in (i, "sha256:" + i.replace(":", ""))), None)
+        if name is None:
+            raise ApiError(404, f"No such image: {ref}")
+        return {"Id": "sha256:" + name.replace(":", ""), "Config": {"Labels": dict(self.w.images[name])}}
+
+    def create_host_config(self, **kw: Any) -> dict[str, Any]:
+        return kw
+
+    @_engine
+    def create_container(self, *, host_config: dict[str, Any], image: str, name: str, labels: dict[str, str],
+                         environment: dict[str, str] | None = None, command: list[str] | None = None,
+                         **_: Any) -> dict[str, str]:
+        ids = [d for r in host_config.get("device_requests") or [] for d in r.get("DeviceIDs") or []]
+        c = self.w.create(name=name, image=image, labels=labels, env=dict(environment or {}),
+                          command=list(command or []), device_ids=ids)
+        return {"Id": c.id}
+
+    @_engine
+    def start(self, ref: str) -> None:
+        self.w.start(ref)
+
+    @_engine
+    def stop(self, ref: str, timeout: int = 10) -> None:
+        self.w.stop(ref)
+
+    @_engine
+    def kill(self, ref: str) -> None:
+        self.w.kill(ref)
+
+    @_engine
+    def remove_container(self, ref: str, v: bool = False, force: bool = False) -> None:
+        self.w.remove(ref)
+
+    @_engine
+    def rename(self, ref: str, name: str) -> None:
+        self.w.rename(ref, name)
+
+    def logs(self, ref: str, **_: Any) -> bytes:
+        return b"simulated log line\n"
+
+
+def sim_observer(world: World, url: str) -> Any:
+    """A real ``DockerObserver`` (its cache, its parse) whose clients are the world."""
+    from reconciler.observe.docker_obs import DockerObserver
+
+    obs = DockerObserver(url)
+    api = SimApi(world)
+    obs._api = api
+    obs._reader = api
+    return obs
+
+
+class _ObserverFactory:
+    """Stands where the loop and the apply layer name ``DockerObserver``: every observer it makes reads the world."""
+
+    def __init__(self, world: World):
+        self.world = world
+
+    def __call__(self, url: str, **_: Any) -> Any:
+        return sim_observer(self.world, url)
+
+    def for_host(self, host: Any) -> Any:
+        return sim_observer(self.world, host.docker.url)
+
+
+def sim_shm(world: World, cfg: Any, *, containers: Any, docker: Any) -> Any:
+    """One inspection of shm.dir and every process, as ``inspect_shm`` makes it, from the world's truth."""
+    from reconciler.observe.shm import DirEntry, DirListing, build_view, owner_container
+    from reconciler.observed import Owner, Tmpfs
+
+    entries = tuple(
+        DirEntry(f.name, 0o100600, 1, f.inode, f.size, f.size, 1)
+        for f in sorted(world.files.values(), key=lambda f: f.name)
+    )
+    used = sum(f.size for f in world.files.values())
+    listing = DirListing(1, 1, entries, Tmpfs(world.tmpfs_size, used, world.tmpfs_size - used))
+    names = {c.id: c.name for c in containers}
+    holders: dict[int, list[Any]] = {}
+    unreadable: dict[int, tuple[str, str]] = {}
+    for p in sorted(world.procs.values(), key=lambda p: p.pid):
+        if not p.resolvable:
+            continue
+        if not p.inspectable:
+            unreadable[p.pid] = (p.cmd, "Permission denied (simulated)")
+            continue
+        ctr = owner_container([p.container] if p.container else [], names, engine_ok=docker.ok)
+        for via, inodes in (("map", p.maps), ("fd", p.fds)):
+            for ino in sorted(inodes):
+                holders.setdefault(ino, []).append(Owner(p.pid, via, ctr, p.cmd))
+    return build_view(cfg, listing=listing, holders=holders, deleted=(), unreadable=unreadable,
+                      containers=containers, docker=docker)
+
+
+def sim_observe(world: World, host: Any, *, docker: Any = None, **_: Any) -> Any:
+    from reconciler.observe.gpu import observe_gpus
+    from reconciler.observed import Observed
+    from reconciler.state import read_ownership
+
+    docker = docker or sim_observer(world, host.docker.url)
+    containers, docker_source = docker.observe()
+    gpus = observe_gpus(host, read=lambda _h: world.nvml_raw(), container_of=world.container_of,
+                        command_of=world.command_of)
+    shm = sim_shm(world, host.shm, containers=containers, docker=docker_source)
+    return Observed(host=host.name, containers=containers, gpus=gpus, shm=shm, docker=docker_source,
+                    ownership=read_ownership(host.name))
+
+
+def _unlink_agreed(world: World) -> Any:
+    from reconciler.shm_guard import KeptFile, RemovedFile
+
+    def unlink_agreed(directory: str, dir_id: Any, agreed: Any, *, pattern: str | None = None) -> Any:
+        import fnmatch
+
+        removed, kept = [], []
+        for f in agreed:
+            parent, name = os.path.split(f.path)
+            if parent != directory or (pattern is not None and not fnmatch.fnmatchcase(name, pattern)):
+                kept.append(KeptFile(f.path, "not a name of shm.dir matching shm.pattern: never removed", "skipped"))
+                continue
+            if world.unlink(name, inode=f.inode, size=f.size_bytes):
+                removed.append(RemovedFile(f.path, f.size_bytes, f.size_bytes, f.dev, f.inode))
+            else:
+                kept.append(KeptFile(f.path, "changed just before removal (not the inspected file any more)", f.state))
+        return removed, kept, []
+
+    return unlink_agreed
+
+
+def _path_refusal(world: World) -> Any:
+    def path_refusal(directory: str, pattern: str, path: str) -> str | None:
+        import fnmatch
+
+        parent, name = os.path.split(path)
+        if parent != directory or not name or name in (".", ".."):
+            return f"not directly inside shm.dir {directory}"
+        if not fnmatch.fnmatchcase(name, pattern):
+            return f"name does not match shm.pattern {pattern!r}"
+        return None if name in world.files else "cannot be examined: No such file or directory"
+
+    return path_refusal
+
+
+def _health(world: World, url: str) -> str | None:
+    port = urlsplit(url).port
+    return world.answers(port) if port is not None else None
+
+
+@contextlib.contextmanager
+def installed(world: World) -> Iterator[str]:
+    """Put the world under the project's code; yields a fresh state directory (the caller writes the root)."""
+    import reconciler.apply as apply_mod
+    import reconciler.docker_ops as ops_mod
+    import reconciler.loader as loader_mod
+    import reconciler.loop as loop_mod
+    import reconciler.probes as probes_mod
+    import reconciler.shm_guard as guard_mod
+    from reconciler.observed import Tmpfs
+
+    clock = SimTime(world)
+    mp = pytest.MonkeyPatch()
+    state = tempfile.mkdtemp(prefix="reconciler-sim-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    try:
+        mp.setenv("RECONCILER_STATE_DIR", os.path.join(state, "state"))
+        mp.setenv("RECONCILER_LOCK_DIR", os.path.join(state, "run"))
+        mp.setenv("RECONCILER_RUNTIME_DIR", os.path.join(state, "run"))
+        os.makedirs(os.path.join(state, "state"), mode=0o700)
+        os.makedirs(os.path.join(state, "run"), mode=0o700)
+        for mod in (apply_mod, loop_mod, guard_mod, ops_mod):
+            mp.setattr(mod, "time", clock)
+        mp.setattr(apply_mod, "observe", lambda host, docker=None, **kw: sim_observe(world, host, docker=docker))
+        mp.setattr(apply_mod, "_http_ok", lambda url: _health(world, url) == "ok")
+        mp.setattr(apply_mod, "_http_answer", lambda url, **kw: None if _health(world, url) is None else "HTTP 200")
+        mp.setattr(probes_mod, "read_gauges", lambda url, **kw: (0.0, 0.0))
+        factory = _ObserverFactory(world)
+        mp.setattr(loop_mod, "DockerObserver", factory)
+        mp.setattr(apply_mod, "DockerObserver", factory)
+        for name in ("shm_dir_mount_problem",):
+            if hasattr(loader_mod, name):
+                mp.setattr(loader_mod, name, lambda *a, **kw: None)
+        for name in ("tmpfs_size",):
+            if hasattr(loader_mod, name):
+                mp.setattr(loader_mod, name, lambda *a, **kw: world.tmpfs_size)
+        for name in ("tmpfs_free",):
+            if hasattr(loader_mod, name):
+                mp.setattr(loader_mod, name, lambda *a, **kw: world.free_bytes())
+
+        def inspect(cfg: Any, observe_docker: Any, proc_root: str) -> Any:
+            containers, docker = observe_docker()
+            return sim_shm(world, cfg, containers=containers, docker=docker)
+
+        mp.setattr(guard_mod, "_inspect", inspect)
+        mp.setattr(guard_mod, "_dir_identity", lambda path: (1, 1))
+        mp.setattr(guard_mod, "path_refusal", _path_refusal(world))
+        mp.setattr(guard_mod, "tmpfs_mount_refusal", lambda *a, **kw: None)
+        mp.setattr(guard_mod, "_unlink_agreed", _unlink_agreed(world))
+        mp.setattr(guard_mod, "_verify_absent",
+                   lambda directory, removed: (all(os.path.basename(f.path) not in world.files for f in removed), []))
+        mp.setattr(guard_mod, "_tmpfs_of", lambda path: Tmpfs(world.tmpfs_size, world.tmpfs_size - world.free_bytes(),
+                                                              world.free_bytes()))
+        yield state
+    finally:
+        mp.undo()
+        import shutil
+
+        shutil.rmtree(state, ignore_errors=True)
+
+
+assert SHM_DIR == "/dev/shm"

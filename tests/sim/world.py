@@ -1,0 +1,385 @@
+"""The simulated host: an engine, NVML, /proc and a tmpfs on one virtual clock, every choice from one seed.
+
+Nothing here imports the project beyond plain values: ``seams`` connects it. The world keeps its own ground truth
+(which container this install created, which file a live process maps, which card a container's ids resolve to)
+and records every write the tool makes, so the invariants are judged against the truth, never against what the
+tool believed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+GIB = 1 << 30
+SHM_DIR = "/dev/shm"
+PATTERN_PREFIX, PATTERN_SUFFIX = "vllm_offload_", ".mmap"
+
+
+class Violation(AssertionError):
+    """An invariant broke: the message says which and how."""
+
+
+class ApiError(Exception):
+    """Stands in for the engine's HTTP errors; ``seams`` turns it into docker.errors.APIError."""
+
+    def __init__(self, status: int, text: str):
+        self.status = status
+        super().__init__(text)
+
+
+@dataclass
+class Card:
+    index: int
+    uuid: str
+    present: bool = True
+    total: int = 80 * GIB
+    # VRAM held by something no process list shows (WSL2, another pid namespace).
+    hidden_used: int = 0
+
+
+@dataclass
+class Proc:
+    pid: int
+    cmd: str
+    container: str | None = None  # engine id
+    maps: set[int] = field(default_factory=set)  # inodes mapped
+    fds: set[int] = field(default_factory=set)  # inodes held open
+    gpu: str | None = None  # card uuid
+    gpu_mem: int | None = 0  # None: the driver does not say (WSL2)
+    resolvable: bool = True  # False: not in this /proc (another pid namespace)
+    inspectable: bool = True
+
+
+@dataclass
+class File:
+    name: str
+    inode: int
+    size: int
+
+    @property
+    def path(self) -> str:
+        return f"{SHM_DIR}/{self.name}"
+
+
+@dataclass
+class Container:
+    id: str
+    name: str
+    image: str
+    labels: dict[str, str]
+    env: dict[str, str]
+    command: list[str]
+    device_ids: list[str]
+    state: str = "created"
+    exit_code: int = 0
+    restarts: int = 0
+    started_at: float = 0.0
+    ours: bool = False  # created by this install through the tool
+    # How it behaves once started: "ok", "crash" (exits after crash_after_s), "hang" (never answers health)
+    behaviour: str = "ok"
+    crash_after_s: float = 1.0
+    boot_s: float = 2.0
+    port: int | None = None
+    offload_bytes: int = 0
+
+
+@dataclass
+class Write:
+    """One mutating call the tool made, for the plan check of ``apply``."""
+
+    kind: str  # create | start | stop | remove | rename | kill | unlink
+    target: str  # container id / name, or path
+    name: str = ""
+
+
+class World:
+    def __init__(self, seed: int, *, cards: int = 2, tmpfs_gib: float = 20.0, wsl2: bool = False):
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.now = 1_800_000_000.0  # wall clock; monotonic is the same number (both only move forward)
+        self.cards = [Card(i, _uuid(seed, i)) for i in range(cards)]
+        self.tmpfs_size = int(tmpfs_gib * GIB)
+        self.files: dict[str, File] = {}
+        self.procs: dict[int, Proc] = {}
+        self.containers: dict[str, Container] = {}
+        self.images = {"sim-vllm:1": {}, "sim-other:1": {}}
+        self.wsl2 = wsl2
+        self.next_pid = 1000
+        self.next_inode = 100
+        # Faults: method -> probability of a 5xx; "lost" answers: the call takes effect, the answer is an error.
+        self.faults: dict[str, float] = {}
+        self.lost: dict[str, float] = {}
+        self.engine_down = False
+        self.nvml_down = False
+        self.writes: list[Write] = []
+        self.violations: list[str] = []
+        self.install_id: str | None = None  # learnt from the first container the tool creates
+        self.host_name = "sim"
+        # Called at every sleep of the tool: lets the world move while the tool waits (files mapped between the
+        # two inspections, a container dying during its health wait).
+        self.on_sleep: list[Any] = []
+        self.ports: dict[str, int] = {}
+        self.behaviour: dict[str, str] = {}  # recipe -> how its containers behave once started
+
+    # ------------------------------------------------------------ the clock
+
+    def sleep(self, seconds: float) -> None:
+        self.advance(max(0.0, float(seconds)))
+        for hook in list(self.on_sleep):
+            hook(self)
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        for c in self.containers.values():
+            if c.state == "running" and c.behaviour == "crash" and self.now - c.started_at >= c.crash_after_s:
+                self._exit(c, 1)
+
+    # ------------------------------------------------------------ ids and resolution
+
+    def card_of_id(self, dev: str) -> Card | None:
+        """What a container's GPU id (index or UUID, any case) is, on this host: the physical card."""
+        for card in self.cards:
+            if dev == str(card.index) or dev.lower() == card.uuid.lower():
+                return card
+        return None
+
+    def cards_of(self, c: Container) -> set[int]:
+        ids = list(c.device_ids)
+        if not ids and c.env.get("NVIDIA_VISIBLE_DEVICES"):
+            ids = [d for d in c.env["NVIDIA_VISIBLE_DEVICES"].split(",") if d]
+        if "all" in ids:
+            return {card.index for card in self.cards}
+        return {card.index for d in ids if (card := self.card_of_id(d)) is not None}
+
+    def new_id(self) -> str:
+        return hashlib.sha256(f"{self.seed}-{self.rng.random()}".encode()).hexdigest()
+
+    def new_pid(self) -> int:
+        self.next_pid += self.rng.randint(1, 7)
+        return self.next_pid
+
+    # ------------------------------------------------------------ the engine (called through seams.SimApi)
+
+    def _fault(self, method: str) -> None:
+        if self.engine_down:
+            raise ConnectionError("engine down (simulated)")
+        p = self.faults.get(method, 0.0)
+        if p and self.rng.random() < p:
+            raise ApiError(500, f"simulated engine error on {method}")
+
+    def _lost(self, method: str) -> None:
+        p = self.lost.get(method, 0.0)
+        if p and self.rng.random() < p:
+            raise ApiError(500, f"simulated lost answer of {method} (it took effect)")
+
+    def create(self, *, name: str, image: str, labels: dict[str, str], env: dict[str, str], command: list[str],
+               device_ids: list[str], ours: bool = True) -> Container:
+        self._fault("create")
+        if any(c.name == name for c in self.containers.values()):
+            raise ApiError(409, f'Conflict. The container name "/{name}" is already in use')
+        if image not in self.images:
+            raise ApiError(404, f"No such image: {image}")
+        c = Container(self.new_id(), name, image, dict(labels), dict(env), list(command), list(device_ids), ours=ours)
+        if ours:
+            self.install_id = labels.get("io.reconciler.install", self.install_id)
+            recipe = labels.get("io.reconciler.recipe", "")
+            c.port = self.ports.get(recipe)
+            c.offload_bytes = int(env.get("SIM_OFFLOAD_BYTES", "0") or 0)
+            c.behaviour = self.behaviour.get(recipe, "ok")
+            c.boot_s = float(env.get("SIM_BOOT_S", "2"))
+        self.containers[c.id] = c
+        self.writes.append(Write("create", c.id, name))
+        self._lost("create")
+        return c
+
+    def get(self, ref: str) -> Container:
+        c = self.containers.get(ref) or next((x for x in self.containers.values() if x.name == ref), None)
+        if c is None:
+            raise ApiError(404, f"No such container: {ref}")
+        return c
+
+    def start(self, ref: str) -> None:
+        self._fault("start")
+        c = self.get(ref)
+        self.writes.append(Write("start", c.id, c.name))
+        if c.state == "running":
+            return
+        self._check_start(c)
+        c.state, c.started_at, c.exit_code = "running", self.now, 0
+        self._spawn(c)
+        self._lost("start")
+
+    def _check_start(self, c: Container) -> None:
+        """Invariants (a) and (g): the tool never starts a container on a card another container runs on."""
+        if not c.ours:
+            return
+        mine = self.cards_of(c)
+        for other in self.containers.values():
+            if other.id == c.id or other.state not in ("running", "paused", "restarting"):
+                continue
+            shared = mine & self.cards_of(other)
+            if shared:
+                self.violate(
+                    f"(a) started {c.name} on card(s) {sorted(shared)} while {other.name} "
+                    f"({'ours' if other.ours else 'foreign'}, {other.state}) runs there"
+                )
+
+    def _spawn(self, c: Container) -> None:
+        """The processes of a started container: one per card (TP workers), mapping the offload file if any."""
+        if not c.ours and not c.device_ids:
+            pid = self.new_pid()
+            self.procs[pid] = Proc(pid, f"{c.name} main", container=c.id)
+            return
+        cards = sorted(self.cards_of(c))
+        inode = None
+        if c.offload_bytes:
+            if self.free_bytes() < c.offload_bytes:
+                self._exit(c, 1)  # the seed's Errno 14: no room for the offload file
+                return
+            inode = self.add_file(c.offload_bytes).inode
+        for idx in cards or [None]:
+            pid = self.new_pid()
+            card = self.cards[idx] if idx is not None else None
+            self.procs[pid] = Proc(
+                pid, f"vllm worker {c.name}", container=c.id, maps={inode} if inode else set(),
+                gpu=card.uuid if card and card.present else None, gpu_mem=None if self.wsl2 else 20 * GIB,
+                resolvable=not self.wsl2,
+            )
+
+    def _exit(self, c: Container, code: int) -> None:
+        c.state, c.exit_code = "exited", code
+        for pid in [p.pid for p in self.procs.values() if p.container == c.id]:
+            del self.procs[pid]
+
+    def stop(self, ref: str) -> None:
+        self._fault("stop")
+        c = self.get(ref)
+        self.writes.append(Write("stop", c.id, c.name))
+        self._check_ours(c, "stop")
+        if c.state in ("running", "paused", "restarting"):
+            self._exit(c, 143 if c.behaviour != "hang" else 137)
+        self._lost("stop")
+
+    def kill(self, ref: str) -> None:
+        self._fault("kill")
+        c = self.get(ref)
+        self.writes.append(Write("kill", c.id, c.name))
+        self._check_ours(c, "kill")
+        if c.state in ("running", "paused", "restarting"):
+            self._exit(c, 137)
+
+    def remove(self, ref: str) -> None:
+        self._fault("remove")
+        c = self.get(ref)
+        self.writes.append(Write("remove", c.id, c.name))
+        self._check_ours(c, "remove")
+        if c.state in ("running", "paused", "restarting"):
+            raise ApiError(409, f"You cannot remove a running container {c.id}")
+        del self.containers[c.id]
+        self._lost("remove")
+
+    def rename(self, ref: str, new: str) -> None:
+        self._fault("rename")
+        c = self.get(ref)
+        self._check_ours(c, "rename")
+        if any(x.name == new for x in self.containers.values()):
+            raise ApiError(409, f'Conflict. The container name "/{new}" is already in use')
+        self.writes.append(Write("rename", c.id, new))
+        c.name = new
+        self._lost("rename")
+
+    def _check_ours(self, c: Container, verb: str) -> None:
+        """Invariant (b): nothing without this host's name and this install's id is ever touched."""
+        if not c.ours:
+            self.violate(f"(b) {verb} of {c.name} ({c.id[:12]}), which this install did not create")
+
+    def violate(self, text: str) -> None:
+        self.violations.append(f"t={self.now - 1_800_000_000.0:.1f}s: {text}")
+
+    # ------------------------------------------------------------ the world acting on its own
+
+    def foreign(self, name: str, *, device_ids: list[str] = (), labels: dict[str, str] | None = None,
+                state: str = "running", env: dict[str, str] | None = None) -> Container:
+        c = Container(self.new_id(), name, "sim-other:1", dict(labels or {}), dict(env or {}), ["sleep"],
+                      list(device_ids), ours=False)
+        self.containers[c.id] = c
+        if state == "running":
+            c.state, c.started_at = "running", self.now
+            self._spawn(c)
+        else:
+            c.state, c.exit_code = state, 0
+        return c
+
+    def add_file(self, size: int, name: str | None = None) -> File:
+        self.next_inode += 1
+        name = name or f"{PATTERN_PREFIX}{self.next_inode:x}{PATTERN_SUFFIX}"
+        f = File(name, self.next_inode, size)
+        self.files[name] = f
+        return f
+
+    def free_bytes(self) -> int:
+        return max(0, self.tmpfs_size - sum(f.size for f in self.files.values()))
+
+    def held_inodes(self) -> set[int]:
+        return {i for p in self.procs.values() for i in (p.maps | p.fds)}
+
+    def unlink(self, name: str, *, inode: int, size: int) -> bool:
+        """The one deletion: invariant (c) is judged here, against the truth of this instant."""
+        f = self.files.get(name)
+        if f is None or f.inode != inode or f.size != size:
+            return False
+        if not (name.startswith(PATTERN_PREFIX) and name.endswith(PATTERN_SUFFIX)):
+            self.violate(f"(c) unlinked {name}, outside shm.pattern")
+        holders = [p.pid for p in self.procs.values() if inode in (p.maps | p.fds)]
+        if holders:
+            self.violate(f"(c) unlinked {name} while pid(s) {holders} map or hold it")
+        del self.files[name]
+        self.writes.append(Write("unlink", f.path))
+        return True
+
+    # ------------------------------------------------------------ health (what answers a recipe's port)
+
+    def answers(self, port: int) -> str | None:
+        """'ok' when a booted container of ours listens on ``port``, 'boot' while it loads, None: nothing."""
+        for c in self.containers.values():
+            if c.port == port and c.state == "running":
+                if c.behaviour == "hang" or self.now - c.started_at < c.boot_s:
+                    return "boot"
+                return "ok"
+        return None
+
+    # ------------------------------------------------------------ NVML's answer (read_nvml's shape)
+
+    def nvml_raw(self) -> dict[str, Any]:
+        if self.nvml_down:
+            return {"error": "NVMLError_Unknown: simulated", "devices": [], "device_count": 0}
+        devices = []
+        present = [c for c in self.cards if c.present]
+        for card in present:
+            procs = [p for p in self.procs.values() if p.gpu == card.uuid]
+            used = card.hidden_used + sum((p.gpu_mem or 20 * GIB) for p in procs) + GIB // 2
+            devices.append({
+                "index": card.index, "name": "NVIDIA H200", "uuid": card.uuid, "errors": {},
+                "memory_total": card.total, "memory_used": min(used, card.total),
+                "memory_free": max(0, card.total - used),
+                "processes": [{"pid": p.pid, "used_gpu_memory": p.gpu_mem} for p in procs],
+            })
+        return {"error": None, "driver_version": "sim", "device_count": len(present), "devices": devices}
+
+    def container_of(self, pid: int) -> str | None:
+        p = self.procs.get(pid)
+        if p is None or not p.resolvable or p.container is None:
+            return None
+        return p.container if p.container in self.containers else None
+
+    def command_of(self, pid: int) -> str:
+        p = self.procs.get(pid)
+        return p.cmd if p is not None and p.resolvable else ""
+
+
+def _uuid(seed: int, i: int) -> str:
+    h = hashlib.sha256(f"card-{seed}-{i}".encode()).hexdigest()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
