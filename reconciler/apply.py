@@ -392,6 +392,9 @@ class Applier:
             detail += f"; free VRAM {verdict.message()}"
             if verdict.below:
                 detail += " (gpu_reserve policy report: the lane stays)"
+        under = getattr(self, "_extra", {}).get("vram_under_load") or {}
+        if under.get("below"):
+            detail += f"; under its preflight's load {', '.join(under['below'])} fell below the reserve (policy report)"
         return detail, freed
 
     def check_reserve(self, action: Action, observed: Observed) -> ReserveVerdict:
@@ -443,20 +446,34 @@ class Applier:
             time.sleep(self.poll_s)
 
     def _run_probes(self, action: Action, recipe: Recipe) -> None:
-        """The recipe's functional preflight, once its health URL answered: each probe in order, the first that
-        fails fails the enter (``ProbeFailed``: the reason names the probe and what came back)."""
-        from reconciler.probes import run_probe
+        """The recipe's ``preflight`` suite, once its health URL answered: each probe in order, the first that
+        fails fails the enter (``ProbeFailed``: the reason names the probe and what came back). Meanwhile the free
+        VRAM of its cards is sampled; under ``enforce`` a card whose lowest figure is below its reserve fails the
+        enter too (``BelowReserve``, naming the card, the figure and the probe that was running then)."""
+        from reconciler.probe_history import record_suite
+        from reconciler.probes import ProbeSpec, run_suite
 
-        results = []
-        for i, probe in enumerate(recipe.probes):
+        def before(probe: ProbeSpec, i: int, n: int) -> None:
             if self.cancel.is_set():
                 raise Cancelled(f"stop requested while probing {action.container}; it keeps its labels")
-            self.progress.phase(action, f"probes: {probe.name} ({i + 1}/{len(recipe.probes)})", timeout=probe.timeout_s)
-            res = run_probe(probe, recipe)
-            results.append(res.to_json())
-            self._extra = {**getattr(self, "_extra", {}), "probes": results}
-            if not res.ok:
-                raise ProbeFailed(res.reason())
+            self.progress.phase(action, f"probes: {probe.name} ({i + 1}/{n})", timeout=probe.timeout_s)
+
+        assert action.recipe is not None
+        run = run_suite(self.desired, action.recipe, "preflight", slots=action.gpus, before=before,
+                        stop_at_failure=True)
+        self._extra = {**getattr(self, "_extra", {}), "probes": [r.to_json() for r in run.results],
+                       "vram_under_load": run.vram.to_json()}
+        if run.planned:
+            record_suite(self.desired.host.name, run.to_json())
+        failed = run.first_failure
+        if failed is not None:
+            raise ProbeFailed(failed.reason())
+        if run.vram.failed:
+            how = "fell below the free-VRAM reserve" if run.vram.below else "gave no free-VRAM figure to check"
+            raise BelowReserve(
+                f"{action.container} passed its preflight probes, but under their load its GPUs {how} "
+                f"(gpu_reserve policy enforce): {run.vram.message()}"
+            )
 
     def _drain(self, action: Action, c: Any, recipe: Recipe | None, observed: Observed) -> str:
         """Before a lane leaves: wait until it runs and queues no request (vLLM's ``vllm:num_requests_running`` and

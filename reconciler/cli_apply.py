@@ -116,17 +116,26 @@ def cmd_adopt(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    """Run a recipe's functional probes against its running lane now. Exit 0 all passed, 1 any failed."""
-    res = service(args).probe(args.recipe)
+    """Run one suite of a recipe's functional probes against its running lane now, sampling its cards' free VRAM
+    meanwhile. Exit 0 all passed (and the reserve held, under enforce), 1 otherwise."""
+    res = service(args).probe(args.recipe, suite=args.suite)
     if args.json:
         emit_json(res.to_json())
         return res.exit_code
     where = ", ".join(res.containers) or "no running container of it (the probes ask its URL anyway)"
-    print(f"recipe {res.recipe} on host {res.host}: {where}")
+    print(f"recipe {res.recipe} on host {res.host}, suite {args.suite}: {where}")
     if not res.results:
-        print("  no probes: add [[probes]] to the recipe")
+        print(f"  no probes in suite {args.suite}: add [[probes]] with suite = \"{args.suite}\" to the recipe")
     for r in res.results:
-        print(f"  {'ok  ' if r.ok else 'FAIL'} {r.name:<16} {r.kind:<10} {r.seconds:6.2f}s  {r.detail}")
+        print(f"  {'ok  ' if r.ok else 'FAIL'} {r.name:<16} {r.kind:<11} {r.seconds:6.2f}s  {r.detail}")
+    vram = res.run.vram if res.run is not None else None
+    if vram is not None and vram.checked:
+        for low in vram.slots:
+            print(f"  {'BELOW' if low.below_reserve else 'vram '} {low.describe()}")
+        for slot in vram.unknown:
+            print(f"  vram  {slot}: free VRAM not sampled")
+        if vram.below and not vram.failed:
+            print("  (gpu_reserve policy report: said, not failed)")
     print(f"{sum(r.ok for r in res.results)}/{len(res.results)} probe(s) passed")
     return res.exit_code
 
@@ -176,6 +185,9 @@ def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("probe", parents=parents, help="run a recipe's functional probes against its running lane "
                        "(0 all passed, 1 any failed)")
     p.add_argument("recipe", metavar="RECIPE", help="the recipe's name (its file stem under configs/recipes/)")
+    p.add_argument("--suite", choices=("preflight", "regression", "all"), default="preflight",
+                   help="which probes: preflight (what every enter runs), regression (on demand), or all "
+                   "(default: %(default)s)")
     p.set_defaults(func=cmd_probe)
 
     p = sub.add_parser("run", parents=parents, help="the loop: watch and converge; serve /metrics, /healthz, the "

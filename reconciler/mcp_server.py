@@ -1,11 +1,13 @@
 """The MCP server: the field report's controller tools over the service layer (``reconciler.service``).
 
-Four tools, named as the report names them:
+Five tools, named as the report names them:
 
 - ``host_status`` (read-only): what is on each GPU slot, containers, shm, converged or not (``status --json``);
 - ``host_plan`` (read-only): the dry run, kept under the state dir with a ``plan_id`` for ``host_manage apply``
   (``plan --json``);
 - ``host_shared_memory`` (read-only): the offload files and their owners (``shm status --json``);
+- ``host_probe`` (read-only for the host): one suite of a recipe's functional probes against its running lane, its
+  cards' free VRAM sampled meanwhile (``probe RECIPE --suite SUITE --json``);
 - ``host_manage`` (destructive): ``reclaim-shared-memory`` (a dry run unless ``confirm``; ``shm reclaim --json``)
   or ``apply`` of a plan id from ``host_plan``, refused as stale when anything changed since (``apply --json``).
 
@@ -30,15 +32,19 @@ if TYPE_CHECKING:
     from reconciler.service import HostService
 
 PLAN_ID = re.compile(r"^[0-9a-f]{32}$")
+RECIPE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 # What each tool returns: its structured content is a JSON object (the command line's --json), published as such.
 Json = Annotated[CallToolResult, dict[str, Any]]
 
 READ_ONLY = {"read_only_hint": True, "destructive_hint": False, "idempotent_hint": True, "open_world_hint": False}
+# A probe changes nothing on the host, but it is not idempotent for the lane: it sends it requests (a 128K prompt,
+# twenty at once) that take its time and memory.
+PROBE = {"read_only_hint": True, "destructive_hint": False, "idempotent_hint": False, "open_world_hint": False}
 DESTRUCTIVE = {"read_only_hint": False, "destructive_hint": True, "idempotent_hint": False, "open_world_hint": False}
 
 INSTRUCTIONS = (
     "Tools of a GPU serving host run by a declarative reconciler. Read with host_status, host_plan and "
-    "host_shared_memory. host_manage changes the host: action 'reclaim-shared-memory' is a dry run unless "
+    "host_shared_memory; host_probe runs a recipe's probe suite (preflight or regression) against its lane. host_manage changes the host: action 'reclaim-shared-memory' is a dry run unless "
     "confirm is true (it lists exactly what a confirmed call removes, and removes only orphan offload files, never "
     "while a native-offload container runs); action 'apply' carries out a plan made by host_plan, named by its "
     "plan_id, and is refused when anything changed since that plan was made."
@@ -116,6 +122,25 @@ def build_server(service: "Callable[[], HostService]", *, name: str = "reconcile
     )
     def host_shared_memory() -> Json:
         return _call(lambda: service().shm_status())
+
+    @server.tool(
+        name="host_probe",
+        title="Probe a lane",
+        description="Run one suite of a recipe's functional probes against its running lane, now: 'preflight' (what "
+        "every enter runs: smoke, structured JSON, 8K retrieval, tools, streaming tools, tool-result continuation, "
+        "Responses) or 'regression' (on demand: a ~128K needle, a 20-request shared-prefix tool batch, ...), or "
+        "'all'. Each probe's result and what came back, and the free VRAM of the lane's cards at their lowest "
+        "meanwhile, with the probe that ran then: the same JSON as `reconciler probe RECIPE --suite SUITE --json`. "
+        "Starts and stops nothing; the run is written to the audit trail.",
+        annotations=ToolAnnotations(title="Probe a lane", **PROBE),
+    )
+    def host_probe(
+        recipe: Annotated[str, Field(pattern=RECIPE_NAME.pattern, max_length=128,
+                                     description="the recipe's name (its file stem under configs/recipes/)")],
+        suite: Annotated[Literal["preflight", "regression", "all"],
+                         Field(description="which probes: preflight, regression, or all")] = "preflight",
+    ) -> Json:
+        return _call(lambda: service().probe(recipe, suite=suite))
 
     @server.tool(
         name="host_manage",

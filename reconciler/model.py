@@ -624,28 +624,154 @@ def check_probe_url(url: str, what: str) -> str | None:
     return problem.replace("health.url", what) if problem else None
 
 
-PROBE_KINDS = ("models", "chat", "completion")
+PROBE_KINDS = ("models", "chat", "completion", "tools", "tool-result", "responses", "needle", "batch")
+PROBE_SUITES = ("preflight", "regression")
+# Keywords a JSON Schema may carry that validate nothing (annotations and structure): accepted beside the
+# validating keywords of draft 2020-12. Anything else is refused at load: a misspelt keyword would check nothing,
+# and a probe that checks less than it says passes an engine it should fail.
+_SCHEMA_ANNOTATIONS = frozenset({
+    "$schema", "$id", "$anchor", "$dynamicAnchor", "$defs", "definitions", "$comment", "$vocabulary", "title",
+    "description", "default", "examples", "deprecated", "readOnly", "writeOnly", "contentEncoding",
+    "contentMediaType", "contentSchema",
+})
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+_SUBSCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
+                  "unevaluatedItems", "unevaluatedProperties", "contentSchema")
+
+
+def check_json_schema(schema: object, where: str) -> str | None:
+    """A JSON Schema (draft 2020-12) a probe checks answers against: valid by the meta-schema, and made only of
+    keywords the validator applies or knows as annotations. jsonschema is imported here, on first use: only a
+    recipe that carries a schema pays for it."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    if not isinstance(schema, dict):
+        return f"{where} must be a table (a JSON Schema object)"
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        path = list(exc.absolute_path)
+        at = "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in path)
+        if path and path[-1] == "type":
+            return (f"{where}{at} {exc.instance!r} is not a JSON Schema type (object, array, string, integer, number, "
+                    "boolean, null, or a list of them)")
+        return f"{where}{at} is not a valid JSON Schema: {exc.message}"
+    known = set(Draft202012Validator.VALIDATORS) | _SCHEMA_ANNOTATIONS
+
+    def walk(node: object, path: str) -> str | None:
+        if not isinstance(node, dict):
+            return None  # a boolean schema (true/false): nothing to misspell
+        unknown = sorted(set(node) - known)
+        if unknown:
+            return (f"{path}: unknown JSON Schema keyword(s) {', '.join(unknown)} (draft 2020-12); a misspelt keyword "
+                    "would check nothing: fix or remove it")
+        for key in _SUBSCHEMA_MAPS:
+            for name, sub in (node.get(key) or {}).items():
+                if problem := walk(sub, f"{path}.{key}.{name}"):
+                    return problem
+        for key in _SUBSCHEMA_LISTS:
+            for i, sub in enumerate(node.get(key) or ()):
+                if problem := walk(sub, f"{path}.{key}[{i}]"):
+                    return problem
+        for key in _SUBSCHEMA_ONE:
+            if key in node and (problem := walk(node[key], f"{path}.{key}")):
+                return problem
+        return None
+
+    return walk(schema, where)
+
+
+class ToolSpec(_Strict):
+    """One function a ``tools``, ``tool-result`` or ``batch`` probe offers the model (``[[probes.tools]]``), sent as
+    the OpenAI API's ``{"type": "function", "function": {name, description, parameters}}``."""
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str = ""
+    parameters: dict[str, object] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return _ok(None if re.fullmatch(r"[A-Za-z0-9_-]+", v) else (
+            f"tool name {v!r} must be letters, digits, '_' and '-' (the OpenAI API's rule for function names)"), v)
+
+    @field_validator("parameters")
+    @classmethod
+    def _parameters(cls, v: dict[str, object]) -> dict[str, object]:
+        return _ok(check_json_schema(v, "parameters"), v)
+
+    def to_openai(self) -> dict[str, object]:
+        fn: dict[str, object] = {"name": self.name, "parameters": self.parameters}
+        if self.description:
+            fn["description"] = self.description
+        return {"type": "function", "function": fn}
+
+
+# Which settings each kind reads; any other given is an error naming it (a setting a kind ignores would check
+# nothing). Every kind reads name, kind, suite, model, base_url, status, timeout_s and max_latency_s.
+_KIND_FIELDS: dict[str, frozenset[str]] = {
+    "models": frozenset(),
+    "chat": frozenset({"prompt", "max_tokens", "stream", "contains", "matches", "json_schema"}),
+    "completion": frozenset({"prompt", "max_tokens", "stream", "contains", "matches"}),
+    "tools": frozenset({"prompt", "max_tokens", "stream", "tools", "tool_choice", "function", "contains", "matches"}),
+    "tool-result": frozenset({"prompt", "max_tokens", "stream", "tools", "function", "arguments", "tool_result",
+                              "contains", "matches"}),
+    "responses": frozenset({"prompt", "max_tokens", "contains", "matches", "json_schema"}),
+    "needle": frozenset({"max_tokens", "haystack_tokens", "depth", "seed"}),
+    "batch": frozenset({"prompt", "max_tokens", "tools", "tool_choice", "function", "contains", "matches",
+                        "requests", "prefix_tokens", "seed"}),
+}
+_OPTIONAL_FIELDS = ("prompt", "stream", "contains", "matches", "json_schema", "tools", "tool_choice", "function",
+                    "arguments", "tool_result", "haystack_tokens", "depth", "seed", "requests", "prefix_tokens")
 
 
 class ProbeSpec(_Strict):
-    """One functional check of a lane, run after its health URL answers and before its enter counts as done
-    (``[[probes]]`` in a recipe), and on demand by ``reconciler probe RECIPE``. OpenAI-compatible requests at
-    ``base_url`` (default: the origin of ``health.url``): ``models`` (GET /v1/models lists ``model``), ``chat``
-    (POST /v1/chat/completions) or ``completion`` (POST /v1/completions) with ``prompt``."""
+    """One functional check of a lane (``[[probes]]`` in a recipe), against vLLM's OpenAI-compatible server at
+    ``base_url`` (default: the origin of ``health.url``). Probes of ``suite = "preflight"`` (the default) run after
+    the health URL answers and before an enter counts as done; ``regression`` ones only on demand (``reconciler
+    probe RECIPE --suite regression``, the API and MCP). Kinds:
+
+    - ``models``: GET /v1/models lists ``model``;
+    - ``chat`` / ``completion``: POST /v1/chat/completions or /v1/completions with ``prompt`` (``stream``;
+      ``json_schema`` asks for structured output, chat only);
+    - ``tools``: a chat request offering ``tools`` with ``tool_choice``; passes when the answer calls ``function``
+      with arguments that validate against its parameters (``stream``: the call reassembled from the deltas);
+    - ``tool-result``: ``prompt``, the assistant's call of ``function`` with ``arguments``, and a ``tool`` message
+      with ``tool_result``; passes when the answer uses the result (``contains``/``matches`` a value of it);
+    - ``responses``: POST /v1/responses, the same text, regex and schema checks on its output text;
+    - ``needle``: a haystack of about ``haystack_tokens`` tokens made from ``seed`` with one fact at ``depth``
+      (0 the start, 1 the end); passes when the answer carries the fact;
+    - ``batch``: ``requests`` at once, sharing a prefix of about ``prefix_tokens`` tokens, each with ``prompt``
+      (``{i}`` is the request's number, in ``contains`` and ``matches`` too; with ``tools``, a tool call each);
+      passes only when all pass.
+    """
 
     name: str = Field(min_length=1, max_length=64)
-    kind: Literal["models", "chat", "completion"] = "chat"
+    kind: Literal["models", "chat", "completion", "tools", "tool-result", "responses", "needle", "batch"] = "chat"
+    suite: Literal["preflight", "regression"] = "preflight"
     prompt: str | None = None
     model: str | None = None  # the served model name; default: the recipe's model.id
     base_url: str | None = None
     max_tokens: int = Field(default=64, ge=1, le=1 << 20)
-    stream: bool = False
+    stream: bool | None = None
     status: int = Field(default=200, ge=100, le=599)
     contains: str | None = None
     matches: str | None = None
     json_schema: dict[str, object] | None = None
     max_latency_s: float | None = Field(default=None, gt=0, le=DAY_S)
     timeout_s: float = Field(default=60, gt=0, le=DAY_S)
+    tools: list[ToolSpec] | None = Field(default=None, min_length=1, max_length=128)
+    tool_choice: str | None = None  # auto | required | the name of one of tools (default auto)
+    function: str | None = None  # the function the answer must call (tool-result: the one that was called)
+    arguments: dict[str, object] | None = None
+    tool_result: str | None = None
+    haystack_tokens: int | None = Field(default=None, ge=64, le=1 << 21)
+    depth: float | None = Field(default=None, ge=0, le=1)
+    seed: int | None = Field(default=None, ge=0, le=(1 << 63) - 1)
+    requests: int | None = Field(default=None, ge=1, le=1024)
+    prefix_tokens: int | None = Field(default=None, ge=0, le=1 << 21)
 
     @field_validator("name")
     @classmethod
@@ -671,27 +797,69 @@ class ProbeSpec(_Strict):
     @field_validator("json_schema")
     @classmethod
     def _schema(cls, v: dict[str, object] | None) -> dict[str, object] | None:
-        from reconciler.schema_check import schema_problem
-
-        return v if v is None else _ok(schema_problem(v, "probes.json_schema"), v)
+        return v if v is None else _ok(check_json_schema(v, "probes.json_schema"), v)
 
     @model_validator(mode="after")
     def _fits_kind(self) -> ProbeSpec:
-        if self.kind == "models":
-            used = [k for k in ("prompt", "contains", "matches", "json_schema") if getattr(self, k) is not None]
-            if used or self.stream:
-                raise ValueError(
-                    f"probe {self.name!r} of kind 'models' only lists the served models; "
-                    f"{', '.join(used or ['stream'])} belong(s) to a chat or completion probe"
-                )
-        elif not self.prompt:
-            raise ValueError(f"probe {self.name!r} of kind {self.kind!r} needs a prompt")
-        if self.json_schema is not None and self.kind != "chat":
-            raise ValueError(
-                f"probe {self.name!r}: json_schema asks the server for structured output through the chat API; "
-                "use kind = \"chat\""
-            )
+        where = f"probe {self.name!r} of kind {self.kind!r}"
+        reads = _KIND_FIELDS[self.kind]
+        given = [k for k in _OPTIONAL_FIELDS if getattr(self, k) not in (None, False)]
+        extra = [k for k in given if k not in reads]
+        if self.max_tokens != 64 and "max_tokens" not in reads:
+            extra.append("max_tokens")
+        if extra:
+            if self.kind == "models":
+                why = "a models probe only lists the served models"
+            else:
+                takers = sorted(k for k, fields in _KIND_FIELDS.items() if set(extra) <= fields)
+                why = f"kind {' or '.join(takers)} does" if 0 < len(takers) <= 3 else "remove it"
+            raise ValueError(f"{where} does not read {', '.join(extra)} ({why})")
+        if "prompt" in reads and self.kind != "batch" and not self.prompt:
+            raise ValueError(f"{where} needs a prompt")
+        names = [t.name for t in self.tools or ()]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{where}: two tools share a name; give each its own")
+        if self.kind in ("tools", "tool-result") and not names:
+            raise ValueError(f"{where} needs tools ([[probes.tools]] with name and parameters)")
+        if self.tool_choice is not None and self.tool_choice not in ("auto", "required", *names):
+            raise ValueError(f"{where}: tool_choice {self.tool_choice!r} is not auto, required or one of the tools "
+                             f"({', '.join(names) or 'none given'})")
+        if names:
+            if self.function is None and len(names) > 1 and self.tool_choice not in names:
+                raise ValueError(f"{where}: with several tools, say which one the answer must call (function = "
+                                 f"one of {', '.join(names)})")
+            if self.function is not None and self.function not in names:
+                raise ValueError(f"{where}: function {self.function!r} is not one of its tools ({', '.join(names)})")
+        elif self.function is not None:
+            raise ValueError(f"{where}: function {self.function!r} needs tools to call it from")
+        if self.kind == "tool-result":
+            if self.tool_result is None or self.arguments is None:
+                raise ValueError(f"{where} needs arguments (the call the assistant made) and tool_result (what the "
+                                 "tool answered)")
+            if self.contains is None and self.matches is None:
+                raise ValueError(f"{where} needs contains or matches: a value of tool_result the answer must use")
+            if self.contains is not None and self.contains not in self.tool_result:
+                raise ValueError(f"{where}: contains {self.contains!r} is not in tool_result, so it would not show "
+                                 "that the answer used the result")
+            if self.matches is not None and not re.search(self.matches, self.tool_result):
+                raise ValueError(f"{where}: matches /{self.matches}/ does not match tool_result, so it would not "
+                                 "show that the answer used the result")
+        if self.kind == "batch" and not self.prompt:
+            raise ValueError(f"{where} needs a prompt ({{i}} in it is each request's number)")
+        if self.stream and self.kind not in ("chat", "completion", "tools", "tool-result"):
+            raise ValueError(f"{where} cannot stream; stream is for chat, completion, tools and tool-result")
         return self
+
+    def tool(self, name: str | None) -> ToolSpec | None:
+        return next((t for t in self.tools or () if t.name == name), None)
+
+    @property
+    def expected_call(self) -> str | None:
+        """The function a ``tools`` (or tool ``batch``) answer must call."""
+        if not self.tools:
+            return None
+        named = self.tool_choice if self.tool_choice not in (None, "auto", "required") else None
+        return self.function or named or self.tools[0].name
 
 
 class DrainSpec(_Strict):
@@ -742,6 +910,10 @@ class Recipe(_Strict):
                 "probes need a server to ask: set health.url (probes go to its origin) or each probe's base_url"
             )
         return self
+
+    def suite(self, name: str) -> list[ProbeSpec]:
+        """The probes of one suite (``preflight``, ``regression``), in the recipe's order; ``all``: every probe."""
+        return [p for p in self.probes if name in ("all", p.suite)]
 
     def api_origin(self) -> str | None:
         """scheme://host:port of the health URL: where the OpenAI API and /metrics are by default."""

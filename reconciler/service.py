@@ -172,20 +172,27 @@ class ApplyResult:
 
 @dataclass
 class ProbeReport:
-    """``reconciler probe RECIPE``: each of the recipe's probes against its running lane."""
+    """``reconciler probe RECIPE [--suite S]``: one suite of the recipe's probes against its running lane, with the
+    free VRAM of its cards at their lowest meanwhile."""
 
     host: str
     recipe: str
     containers: list[str]
     results: list[Any]  # reconciler.probes.ProbeResult
+    run: Any = None  # reconciler.probes.SuiteRun
 
     @property
     def ok(self) -> bool:
-        return all(r.ok for r in self.results)
+        """Every probe passed, and the cards kept their reserve under the load unless the policy only reports."""
+        return all(r.ok for r in self.results) and not (self.run is not None and self.run.vram.failed)
 
     def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "recipe": self.recipe, "containers": self.containers, "ok": self.ok,
-                "probes": [r.to_json() for r in self.results]}
+        out = {"host": self.host, "recipe": self.recipe, "containers": self.containers, "ok": self.ok,
+               "probes": [r.to_json() for r in self.results]}
+        if self.run is not None:
+            out.update(suite=self.run.suite, planned=self.run.planned, passed=sum(r.ok for r in self.results),
+                       seconds=round(self.run.seconds, 3), vram_under_load=self.run.vram.to_json())
+        return out
 
     @property
     def exit_code(self) -> int:
@@ -418,14 +425,23 @@ class HostService:
 
         desired = self.desired()
         observed = observe(desired.host)
-        return StatusResult(status_data(desired, observed, plan(desired, observed, **loop_view(desired.host.name))),
-                            observed)
+        data = status_data(desired, observed, plan(desired, observed, **loop_view(desired.host.name)))
+        from reconciler.probe_history import last_suites
 
-    def probe(self, recipe: str) -> ProbeReport:
-        """Run a recipe's probes against its running lane, now (read-only: nothing is started or stopped)."""
+        data["probe_suites"] = last_suites(desired.host.name, set(desired.recipes))
+        return StatusResult(data, observed)
+
+    def probe(self, recipe: str, *, suite: str = "preflight") -> ProbeReport:
+        """Run one suite of a recipe's probes (``preflight``, ``regression`` or ``all``) against its running lane,
+        now, sampling its cards' free VRAM meanwhile. Read-only for the host: nothing is started or stopped; the
+        run goes to the audit trail and is kept as the suite's last run (``status``, the metrics)."""
+        from reconciler.model import PROBE_SUITES
         from reconciler.observe.docker_obs import DockerObserver
-        from reconciler.probes import run_probe
+        from reconciler.probe_history import record_suite
+        from reconciler.probes import run_suite
 
+        if suite not in (*PROBE_SUITES, "all"):
+            raise ReconcilerError(f"no probe suite {suite!r}: use {', '.join(PROBE_SUITES)} or all")
         desired = self.desired()
         r = desired.recipes.get(recipe)
         if r is None:
@@ -433,9 +449,20 @@ class HostService:
         containers, source = DockerObserver.for_host(desired.host).observe()
         from reconciler.observed import LABEL_HOST
 
-        running = [c.name for c in containers if c.recipe == recipe and c.active and not c.preserved
-                   and c.label(LABEL_HOST) == desired.host.name] if source.ok else []
-        return ProbeReport(desired.host.name, recipe, running, [run_probe(p, r) for p in r.probes])
+        mine = [c for c in containers if c.recipe == recipe and c.active and not c.preserved
+                and c.label(LABEL_HOST) == desired.host.name] if source.ok else []
+        slots = tuple(dict.fromkeys(s for c in mine for s in c.slots if s in desired.host.gpus))
+        run = run_suite(desired, recipe, suite, slots=slots)
+        report = ProbeReport(desired.host.name, recipe, [c.name for c in mine], run.results, run)
+        if run.planned:
+            record_suite(desired.host.name, run.to_json())
+        failed = run.first_failure
+        why = (failed.reason() if failed else run.vram.message() if run.vram.failed
+               else f"{len(run.results)}/{run.planned} probe(s) of suite {suite} passed")
+        self.record("probe", target=recipe, suite=suite, outcome="ok" if report.ok else "failed", reason=why,
+                    seconds=round(run.seconds, 3), probes=[x.to_json() for x in run.results],
+                    vram_under_load=run.vram.to_json())
+        return report
 
     def shm_status(self) -> ShmStatusResult:
         from reconciler.observe.docker_obs import DockerObserver

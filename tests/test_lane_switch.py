@@ -2,7 +2,8 @@
 a drain before a leave, and the fallback to the last converged topology while a failed lane waits in backoff.
 
 The lanes are fake vLLM containers (examples/fake-vllm) made from the demo's recipes (tests/e2e_helpers.py), which
-carry a models, smoke, structured-JSON and streaming probe; FAKE_VLLM_MODE switches break one of them, ``fake_hold_s``
+carry the report's preflight (models, smoke, structured JSON, streaming, 8K retrieval, tools, streaming tools,
+tool-result continuation, Responses) and its regression suite; FAKE_VLLM_MODE switches break one of them, ``fake_hold_s``
 in a request keeps it in flight until ``POST /fake/release``, and ``--max-num-seqs 1`` makes a second one wait.
 """
 
@@ -93,10 +94,11 @@ def test_reconciler_probe_runs_the_recipes_probes_against_its_running_lane(root:
     r = root.cli("probe", omni, "--json")
     assert r.rc == 0, r
     assert [(p["name"], p["ok"]) for p in r.data["probes"]] == [
-        ("models", True), ("smoke", True), ("structured-json", True), ("streaming", True)]
-    assert r.data["containers"] == [root.cname(omni, B)]
+        ("models", True), ("smoke", True), ("structured-json", True), ("streaming", True), ("retrieval-8k", True),
+        ("tools", True), ("streaming-tools", True), ("tool-result", True), ("responses", True)], r.data
+    assert r.data["containers"] == [root.cname(omni, B)] and r.data["suite"] == "preflight"
     human = root.cli("probe", omni)
-    assert human.rc == 0 and "4/4 probe(s) passed" in human.stdout, human
+    assert human.rc == 0 and "9/9 probe(s) passed" in human.stdout, human
     # A recipe whose lane does not run: every probe fails, saying nothing answered; exit 1.
     idle = root.recipe("deepseek-256k-offload", offload_mib=16)
     r = root.cli("probe", idle, "--json")

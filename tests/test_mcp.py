@@ -23,7 +23,7 @@ from test_api import TOKEN, Api, quiet_loop, shm_files  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
 
-TOOLS = {"host_status", "host_plan", "host_shared_memory", "host_manage"}
+TOOLS = {"host_status", "host_plan", "host_shared_memory", "host_probe", "host_manage"}
 
 
 def stdio_params(root: Root) -> Any:
@@ -63,7 +63,7 @@ def structured(result: Any) -> dict[str, Any]:
 async def check_tools(session: Any) -> None:
     tools = {t.name: t for t in (await session.list_tools()).tools}
     assert set(tools) == TOOLS, tools
-    for name in TOOLS - {"host_manage"}:
+    for name in TOOLS - {"host_manage", "host_probe"}:
         a = tools[name].annotations
         assert a.read_only_hint is True and a.destructive_hint is False and a.idempotent_hint is True, (name, a)
         assert tools[name].input_schema["type"] == "object" and tools[name].output_schema["type"] == "object"
@@ -77,6 +77,12 @@ async def check_tools(session: Any) -> None:
     assert props["plan_id"]["default"] is None
     assert {"pattern": "^[0-9a-f]{32}$", "type": "string"} in props["plan_id"]["anyOf"], props["plan_id"]
     assert tools["host_plan"].input_schema["properties"]["save"]["default"] is True
+    # A probe changes nothing on the host, but each call loads the lane again: read-only, not idempotent.
+    probe = tools["host_probe"]
+    assert probe.annotations.read_only_hint is True and probe.annotations.destructive_hint is False
+    assert probe.annotations.idempotent_hint is False
+    assert probe.input_schema["required"] == ["recipe"], probe.input_schema
+    assert probe.input_schema["properties"]["suite"]["enum"] == ["preflight", "regression", "all"]
 
 
 async def check_shm_and_reclaim(session: Any, root: Root, files: dict[str, Any]) -> None:

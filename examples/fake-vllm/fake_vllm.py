@@ -47,6 +47,9 @@ MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 POLL_S = 0.05
+PREFIX_BLOCK = 16  # words per prefix-cache block (vLLM's default block size is 16 tokens)
+PREFIX_CACHE_BLOCKS = 1 << 20  # blocks remembered at most; a real cache evicts, this one stops adding
+RETRIEVE_CHARS = 2000  # a user message longer than this is a document with a question: answered by retrieval
 # After SIGTERM the workers get this long to unmap before they are killed; docker stop waits 10 s by default.
 WORKER_STOP_GRACE_S = 5.0
 CRASH_EXIT_CODE = 137  # what Docker reports for a SIGKILLed container
@@ -54,13 +57,14 @@ MODE_ENV = "FAKE_VLLM_MODE"
 MODE_FILE_ENV = "FAKE_VLLM_MODE_FILE"
 MODE_HELP = (
     "comma-separated switches: fail-start | never-healthy | crash-after=SECONDS | start-delay=SECONDS | "
-    "models-missing | chat-error | bad-json | wrong-text | broken-stream | slow-chat=SECONDS | hold-requests "
+    "models-missing | chat-error | bad-json | wrong-text | broken-stream | slow-chat=SECONDS | hold-requests | "
+    "wrong-tool | bad-tool-args | ignore-tool-result | responses-empty | needle-wrong | fail-request=TEXT "
     f"(default from ${MODE_ENV}; empty = a normal server)"
 )
 # Switches that take no value, each breaking what one kind of functional probe checks (see the README).
 _FLAG_SWITCHES = (
     "fail-start", "never-healthy", "models-missing", "chat-error", "bad-json", "wrong-text", "broken-stream",
-    "hold-requests",
+    "hold-requests", "wrong-tool", "bad-tool-args", "ignore-tool-result", "responses-empty", "needle-wrong",
 )
 
 _log_prefix = ""
@@ -96,6 +100,16 @@ class Mode:
     slow_chat_s: float = 0.0
     # Every completion waits until POST /fake/release (as if the engine were busy with it).
     hold_requests: bool = False
+    # The tool and retrieval probes' failures: a call to another function than the one asked for, arguments that
+    # break the function's parameter schema, a continuation that ignores the tool's result, a Responses answer
+    # without output text, a needle answered with the wrong value, and an error for every request whose last
+    # user message contains a text (one request of a batch).
+    wrong_tool: bool = False
+    bad_tool_args: bool = False
+    ignore_tool_result: bool = False
+    responses_empty: bool = False
+    needle_wrong: bool = False
+    fail_request: str = ""
 
     def __str__(self) -> str:
         words = [w for w in _FLAG_SWITCHES if getattr(self, w.replace("-", "_"))]
@@ -105,6 +119,8 @@ class Mode:
             words.append(f"start-delay={self.start_delay_s:g}")
         if self.slow_chat_s:
             words.append(f"slow-chat={self.slow_chat_s:g}")
+        if self.fail_request:
+            words.append(f"fail-request={self.fail_request}")
         return ",".join(words) or "normal"
 
 
@@ -118,6 +134,8 @@ def parse_mode(text: str) -> Mode:
         name, _, value = item.partition("=")
         if name in _FLAG_SWITCHES and not value:
             fields[name.replace("-", "_")] = True
+        elif name == "fail-request" and value:
+            fields["fail_request"] = value
         elif name in ("crash-after", "start-delay", "slow-chat") and value:
             try:
                 seconds = float(value)
@@ -333,6 +351,13 @@ def run_worker(*, rank: int, settings: Settings, ready_fd: int) -> int:
 
 
 @dataclasses.dataclass
+class Switches:
+    """The behaviour switches in force; ``POST /fake/mode`` replaces them while the server runs."""
+
+    mode: Mode
+
+
+@dataclasses.dataclass
 class Health:
     """What /health reports; written by the main loop, read by the HTTP threads."""
 
@@ -353,6 +378,26 @@ class Engine:
         self.waiting = 0
         self.holding = 0
         self.release_gen = 0
+        # vLLM's prefix cache, as its counters show it: prompt tokens (words here) looked up and found, in blocks of
+        # PREFIX_BLOCK, each block known by the hash of everything before it and itself.
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.blocks: set[int] = set()
+
+    def cache_prompt(self, words: Sequence[str]) -> None:
+        """Count one prompt's lookup in the prefix cache: its leading blocks seen before are hits."""
+        with self.cond:
+            self.prefix_queries += len(words)
+            chain = 0
+            hitting = True
+            for start in range(0, len(words) - len(words) % PREFIX_BLOCK, PREFIX_BLOCK):
+                chain = hash((chain, *words[start:start + PREFIX_BLOCK]))
+                if hitting and chain in self.blocks:
+                    self.prefix_hits += PREFIX_BLOCK
+                else:
+                    hitting = False
+                    if len(self.blocks) < PREFIX_CACHE_BLOCKS:
+                        self.blocks.add(chain)
 
     def admit(self) -> None:
         with self.cond:
@@ -421,6 +466,74 @@ def _prompt_text(body: dict[str, object]) -> str:
     return prompt if isinstance(prompt, str) else json.dumps(prompt)
 
 
+def _words(text: str) -> list[str]:
+    return [w for w in "".join(c.lower() if c.isalnum() else " " for c in text).split() if len(w) > 3]
+
+
+def retrieve(document: str, *, mode: Mode) -> str:
+    """The sentence of a long message that shares the most words with its last sentence (the question): what a
+    model reading the document would answer. ``needle-wrong`` changes its digits (a needle answered wrong)."""
+    sentences = [x.strip() for x in document.replace("\n", " ").replace("?", "?|").replace(". ", ".|").split("|")]
+    sentences = [x for x in sentences if x]
+    asked = [i for i, x in enumerate(sentences) if x.endswith("?")] or [len(sentences) - 1]
+    question = set(_words(sentences[asked[-1]])) if sentences else set()
+    best, score = "", 0
+    for sentence in sentences[:asked[-1]]:
+        n = len(question & set(_words(sentence)))
+        if n > score:
+            best, score = sentence, n
+    if not best:
+        return "The document does not say."
+    if mode.needle_wrong:
+        best = "".join(str((int(c) + 1) % 10) if c.isdigit() else c for c in best)
+    return best
+
+
+def _quoted(text: str) -> list[str]:
+    """Values quoted in a message ('X' or "X"), in order: what a model would put into a call's string arguments."""
+    out, quote, cur = [], "", []
+    for c in text:
+        if quote:
+            if c == quote:
+                out.append("".join(cur))
+                quote, cur = "", []
+            else:
+                cur.append(c)
+        elif c in "'\"":
+            quote = c
+    return out
+
+
+def tool_call(body: dict[str, object], *, mode: Mode) -> dict[str, object] | None:
+    """The function call a request with ``tools`` gets: the named ``tool_choice``, else the first tool named in the
+    last user message, else the first tool; string arguments from the message's quoted values, the rest from the
+    parameter schema. None when ``tool_choice`` is ``none`` or no tool is usable."""
+    tools = [t.get("function") for t in body.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+    choice = body.get("tool_choice")
+    if not tools or choice == "none":
+        return None
+    user = _prompt_text(body)
+    names = [str(t.get("name")) for t in tools]
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        name = str(choice["function"].get("name"))
+    else:
+        name = next((n for n in names if n in user), names[0])
+    if mode.wrong_tool:
+        name = next((n for n in names if n != name), "other_function")
+    fn = next((t for t in tools if t.get("name") == name), {})
+    schema = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
+    args = _example(schema) if schema else {}
+    if isinstance(args, dict):
+        quoted = iter(_quoted(user))
+        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        for key, sub in props.items():
+            if isinstance(sub, dict) and sub.get("type") == "string" and "const" not in sub and "enum" not in sub:
+                args[key] = next(quoted, args.get(key))
+    if mode.bad_tool_args:
+        args = ["fake"]  # an array where the schema wants an object: breaks any parameters schema
+    return {"name": name, "arguments": json.dumps(args)}
+
+
 def answer_text(body: dict[str, object], *, model: str, mode: Mode) -> str:
     """The completion, deterministic: the asked-for JSON (``response_format``), else the prompt echoed back."""
     fmt = body.get("response_format") if isinstance(body.get("response_format"), dict) else {}
@@ -432,24 +545,81 @@ def answer_text(body: dict[str, object], *, model: str, mode: Mode) -> str:
         schema = js.get("schema") if isinstance(js, dict) else None
         value = _example(schema) if schema else {"answer": "fake"}
         return json.dumps(value, separators=(", ", ": "))
+    messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+    last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
+    if last.get("role") == "tool":
+        # The continuation after a tool call: the answer rests on the tool's result (or ignores it, when told).
+        if mode.ignore_tool_result:
+            return "I could not get that information."
+        return f"Fake answer from {model}: the tool returned {last.get('content')}"
     if mode.wrong_text:
         return "I cannot help with that."
-    return f"Fake answer from {model}: {_prompt_text(body)}"
+    prompt = _prompt_text(body)
+    if len(prompt) > RETRIEVE_CHARS:
+        return retrieve(prompt, mode=mode)
+    return f"Fake answer from {model}: {prompt}"
+
+
+def prompt_words(body: dict[str, object]) -> list[str]:
+    """Every word of the prompt as the engine sees it (system, user, assistant and tool messages, or the prompt
+    or Responses input): its token count and its prefix-cache key."""
+    parts: list[str] = []
+    for m in body.get("messages") or []:
+        if isinstance(m, dict):
+            parts.append(m.get("content") if isinstance(m.get("content"), str) else json.dumps(m.get("content")))
+    for key in ("prompt", "input"):
+        if key in body:
+            parts.append(body[key] if isinstance(body[key], str) else json.dumps(body[key]))
+    return " ".join(parts).split()
+
+
+def responses_body(rid: str, body: dict[str, object], *, model: str, mode: Mode) -> dict[str, object]:
+    """A Responses API answer (POST /v1/responses): one message with one output_text, or JSON for a
+    ``text.format`` json_schema. ``responses-empty``: only a reasoning item, no output text."""
+    data = body.get("input")
+    if isinstance(data, list):
+        users = [m.get("content") for m in data if isinstance(m, dict) and m.get("role") == "user"]
+        prompt = users[-1] if users and isinstance(users[-1], str) else json.dumps(data)
+    else:
+        prompt = str(data or "")
+    text_cfg = body.get("text") if isinstance(body.get("text"), dict) else {}
+    fmt = text_cfg.get("format") if isinstance(text_cfg.get("format"), dict) else {}
+    if fmt.get("type") == "json_schema":
+        schema = fmt.get("schema")
+        text = json.dumps(_example(schema) if schema else {"answer": "fake"}, separators=(", ", ": "))
+    elif mode.wrong_text:
+        text = "I cannot help with that."
+    else:
+        text = f"Fake answer from {model}: {prompt}"
+    item_id = rid.replace("resp_", "msg_")
+    output: list[dict[str, object]] = [{"type": "reasoning", "id": rid.replace("resp_", "rs_"), "summary": [],
+                                        "content": [{"type": "reasoning_text", "text": "Thinking."}]}]
+    if not mode.responses_empty:
+        output.append({"type": "message", "id": item_id, "role": "assistant", "status": "completed",
+                       "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": None}]})
+    words = len(prompt_words(body))
+    return {"id": rid, "object": "response", "created_at": int(time.time()), "model": model,
+            "status": "completed", "output": output, "parallel_tool_calls": True, "tools": [],
+            "usage": {"input_tokens": words, "output_tokens": len(text.split()),
+                      "total_tokens": words + len(text.split())}}
 
 
 def make_server(
     *, host: str, port: int, health: Health, mode: Mode | None = None, engine: Engine | None = None
 ) -> http.server.ThreadingHTTPServer:
-    mode = mode or Mode()
+    switches = Switches(mode or Mode())
     engine = engine or Engine(256)
     counter = iter(range(1, 1 << 62))
 
     class Handler(http.server.BaseHTTPRequestHandler):
+        mode: Mode  # the switches of this request: read once as it starts, so a change never splits an answer
+
         def do_GET(self) -> None:  # noqa: N802 - the http.server API
+            self.mode = switches.mode
             if self.path == "/health":
                 self._answer(200 if health.ready else 503, {} if health.ready else {"status": "starting"})
             elif self.path == "/v1/models" and health.ready:
-                served = [] if mode.models_missing else [{"id": health.model, "object": "model", "owned_by": "vllm",
+                served = [] if self.mode.models_missing else [{"id": health.model, "object": "model", "owned_by": "vllm",
                                                           "root": health.model, "max_model_len": 262144}]
                 self._answer(200, {"object": "list", "data": served})
             elif self.path == "/v1/models":
@@ -460,12 +630,24 @@ def make_server(
                 self._answer(404, {"detail": "Not Found"})
 
         def do_POST(self) -> None:  # noqa: N802 - the http.server API
+            self.mode = switches.mode
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
             if self.path == "/fake/release":
                 self._answer(200, {"released": engine.release()})
                 return
-            if self.path not in ("/v1/chat/completions", "/v1/completions"):
+            if self.path == "/fake/mode":
+                # The switches, changed while it runs: one server breaks each probe in turn (tests, the demo).
+                try:
+                    text = json.loads(raw or b"{}").get("mode", "")
+                    switches.mode = parse_mode(str(text))
+                except (ValueError, AttributeError) as exc:
+                    self._answer(400, _error(str(exc), 400))
+                    return
+                log("INFO", f"switches now: {switches.mode}")
+                self._answer(200, {"mode": str(switches.mode)})
+                return
+            if self.path not in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
                 self._answer(404, {"detail": "Not Found"})
                 return
             if not health.ready:
@@ -480,25 +662,38 @@ def make_server(
             if body.get("model") != health.model:
                 self._answer(404, _error(f"The model `{body.get('model')}` does not exist.", 404, "NotFoundError"))
                 return
-            if mode.chat_error:
+            if self.mode.chat_error:
                 self._answer(500, _error(f"fake engine error ({MODE_ENV}=chat-error)", 500, "InternalServerError"))
                 return
+            if self.mode.fail_request and self.mode.fail_request in _prompt_text(body):
+                self._answer(500, _error(f"fake engine error ({MODE_ENV}=fail-request={self.mode.fail_request})", 500,
+                                         "InternalServerError"))
+                return
+            engine.cache_prompt(prompt_words(body))
             engine.admit()
             try:
                 hold = body.get("fake_hold_s")
                 if isinstance(hold, (int, float)) and hold > 0:
                     engine.hold(float(hold))
-                elif mode.hold_requests:
+                elif self.mode.hold_requests:
                     engine.hold(3600.0)
-                if mode.slow_chat_s:
-                    time.sleep(mode.slow_chat_s)
-                text = answer_text(body, model=health.model, mode=mode)
+                if self.mode.slow_chat_s:
+                    time.sleep(self.mode.slow_chat_s)
+                if self.path == "/v1/responses":
+                    rid = f"resp_fake{next(counter)}"
+                    self._answer(200, responses_body(rid, body, model=health.model, mode=self.mode))
+                    return
                 chat = self.path == "/v1/chat/completions"
+                call = tool_call(body, mode=self.mode) if chat and body.get("tools") else None
+                last = (body.get("messages") or [{}])[-1] if chat else {}
+                if isinstance(last, dict) and last.get("role") == "tool":
+                    call = None  # the tool answered: now the model speaks
+                text = "" if call else answer_text(body, model=health.model, mode=self.mode)
                 rid = f"{'chatcmpl' if chat else 'cmpl'}-fake{next(counter)}"
                 if body.get("stream"):
-                    self._stream(rid, text, chat=chat)
+                    self._stream(rid, text, chat=chat, call=call)
                 else:
-                    self._answer(200, _completion(rid, text, body, model=health.model, chat=chat))
+                    self._answer(200, _completion(rid, text, body, model=health.model, chat=chat, call=call))
             finally:
                 engine.finish()
 
@@ -506,6 +701,7 @@ def make_server(
             label = f'engine="0",model_name="{health.model}"'
             with engine.cond:
                 running, waiting = engine.running, engine.waiting
+                queries, hits = engine.prefix_queries, engine.prefix_hits
             text = (
                 "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
                 "# TYPE vllm:num_requests_running gauge\n"
@@ -513,6 +709,12 @@ def make_server(
                 "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
                 "# TYPE vllm:num_requests_waiting gauge\n"
                 f"vllm:num_requests_waiting{{{label}}} {float(waiting)}\n"
+                "# HELP vllm:prefix_cache_queries Prefix cache queries, in terms of number of queried tokens.\n"
+                "# TYPE vllm:prefix_cache_queries counter\n"
+                f"vllm:prefix_cache_queries_total{{{label}}} {float(queries)}\n"
+                "# HELP vllm:prefix_cache_hits Prefix cache hits, in terms of number of cached tokens.\n"
+                "# TYPE vllm:prefix_cache_hits counter\n"
+                f"vllm:prefix_cache_hits_total{{{label}}} {float(hits)}\n"
             ).encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
@@ -520,8 +722,9 @@ def make_server(
             self.end_headers()
             self.wfile.write(text)
 
-        def _stream(self, rid: str, text: str, *, chat: bool) -> None:
-            """Server-sent events as vLLM sends them: a role chunk, content chunks, a finish chunk, [DONE]."""
+        def _stream(self, rid: str, text: str, *, chat: bool, call: dict[str, object] | None = None) -> None:
+            """Server-sent events as vLLM sends them: a role chunk, content chunks (or a tool call: its name, then
+            its arguments in pieces), a finish chunk, [DONE]. ``broken-stream`` ends after the first pieces."""
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream; charset=utf-8")
             self.send_header("Cache-Control", "no-cache")
@@ -531,10 +734,19 @@ def make_server(
             pieces: list[tuple[dict[str, object], object]] = []
             if chat:
                 pieces.append(({"role": "assistant", "content": ""}, None))
-            pieces += [({"content": w}, None) for w in words]
-            pieces.append(({}, "stop"))
-            if mode.broken_stream:
-                pieces = pieces[:2]  # the connection ends mid-answer, without a finish chunk or [DONE]
+            if call is not None:
+                args = str(call["arguments"])
+                pieces.append(({"tool_calls": [{"index": 0, "id": f"chatcmpl-tool-{rid[-8:]}", "type": "function",
+                                                "function": {"name": call["name"], "arguments": ""}}]}, None))
+                pieces += [({"tool_calls": [{"index": 0, "function": {"arguments": args[i:i + 8]}}]}, None)
+                           for i in range(0, len(args), 8)]
+                pieces.append(({}, "tool_calls"))
+            else:
+                pieces += [({"content": w}, None) for w in words]
+                pieces.append(({}, "stop"))
+            if self.mode.broken_stream:
+                # The connection ends mid-answer (a tool call: mid-arguments), without a finish chunk or [DONE].
+                pieces = pieces[:3 if call is not None else 2]
             for delta, finish in pieces:
                 if chat:
                     choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
@@ -544,7 +756,7 @@ def make_server(
                          "created": int(time.time()), "model": health.model, "choices": [choice]}
                 self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 self.wfile.flush()
-            if not mode.broken_stream:
+            if not self.mode.broken_stream:
                 self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
             self.close_connection = True
@@ -560,7 +772,12 @@ def make_server(
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the http.server API
             pass  # health polls every few hundred ms would drown the log
 
-    server = http.server.ThreadingHTTPServer((host, port), Handler)
+    class Server(http.server.ThreadingHTTPServer):
+        # socketserver's default backlog of 5 resets the connections of a batch of 20 arriving at once; vLLM's
+        # uvicorn listens with 2048.
+        request_queue_size = 2048
+
+    server = Server((host, port), Handler)
     server.daemon_threads = True
     return server
 
@@ -569,13 +786,18 @@ def _error(message: str, code: int, kind: str = "BadRequestError") -> dict[str, 
     return {"object": "error", "message": message, "type": kind, "param": None, "code": code}
 
 
-def _completion(rid: str, text: str, body: dict[str, object], *, model: str, chat: bool) -> dict[str, object]:
-    prompt_tokens = len(_prompt_text(body).split())
+def _completion(rid: str, text: str, body: dict[str, object], *, model: str, chat: bool,
+                call: dict[str, object] | None = None) -> dict[str, object]:
+    prompt_tokens = len(prompt_words(body))
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(text.split()),
              "total_tokens": prompt_tokens + len(text.split())}
-    if chat:
-        choice: dict[str, object] = {"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
-                                     "logprobs": None, "finish_reason": "stop"}
+    if chat and call is not None:
+        calls = [{"id": f"chatcmpl-tool-{rid[-8:]}", "type": "function", "function": call}]
+        choice: dict[str, object] = {"index": 0, "message": {"role": "assistant", "content": None, "tool_calls": calls},
+                                     "logprobs": None, "finish_reason": "tool_calls"}
+    elif chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
+                  "logprobs": None, "finish_reason": "stop"}
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "stop"}
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),

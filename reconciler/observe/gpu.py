@@ -144,6 +144,51 @@ def _compute_processes(pynvml: Any, handle: Any) -> list[Any]:
         return list(pynvml.nvmlDeviceGetComputeRunningProcesses_v2(handle))
 
 
+class MemoryReader:
+    """Free and total memory of some slots' cards, read again and again while NVML stays initialised: the VRAM
+    sampler's read while a probe suite runs (``reconciler.vram.VramSampler``), a few times a second. A context
+    manager; each slot's card is found as ``parse_nvml`` finds it (by UUID when given, else by index)."""
+
+    def __init__(self, host: HostConfig, slots: Collection[str]):
+        self.host = host
+        self.slots = tuple(slots)
+        self._pynvml: Any = None
+        self._handles: dict[str, Any] = {}
+
+    def __enter__(self) -> MemoryReader:
+        import pynvml  # type: ignore[import-untyped]  # here: hosts with gpu_telemetry none never need it
+
+        pynvml.nvmlInit()
+        self._pynvml = pynvml
+        for slot in self.slots:
+            gpu = self.host.gpus.get(slot)
+            if gpu is None:
+                continue
+            try:
+                if gpu.uuid:
+                    self._handles[slot] = pynvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+                elif gpu.index is not None:
+                    self._handles[slot] = pynvml.nvmlDeviceGetHandleByIndex(gpu.index)
+            except pynvml.NVMLError:
+                continue  # no sample for it: the verdict names the slot as not sampled
+        return self
+
+    def __call__(self) -> dict[str, tuple[int, int]]:
+        out = {}
+        for slot, handle in self._handles.items():
+            mem = self._pynvml.nvmlDeviceGetMemoryInfo(handle)
+            out[slot] = (int(mem.free), int(mem.total))
+        return out
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pynvml is not None:
+            try:
+                self._pynvml.nvmlShutdown()
+            except Exception:  # noqa: BLE001 - a failed shutdown does not spoil what was read
+                pass
+            self._pynvml = None
+
+
 # ---------------------------------------------------------------- the parse (pure)
 
 
