@@ -9,11 +9,12 @@ import os
 import sys
 from typing import Any, TextIO
 
+from reconciler.errors import ConfigProblem
 from reconciler.lock import read_loop_state
 from reconciler.model import DesiredState
 from reconciler.observed import Observed
 from reconciler.planner import Action, ActionKind, Plan, owner_kind, slot_holders
-from reconciler.units import human_bytes
+from reconciler.units import clip, human_bytes, iso_time
 from reconciler.vram import slot_vram, unlisted_used_bytes
 
 
@@ -66,10 +67,18 @@ def _action_line(a: Action, s: Style) -> list[str]:
     return [paint(head) + s.dim(tail), f"      why: {a.reason}"]
 
 
+def source_word(observed: Observed, name: str) -> str:
+    """How one source did, in a header: ``ok``, ``unavailable: …``, or ``n/a`` for GPU telemetry on a host that
+    has none (``gpu_telemetry: none``): nothing was read, so nothing can be "ok"."""
+    if name == "gpu" and observed.gpus.telemetry == "none":
+        return "n/a"
+    return observed.sources[name].render()
+
+
 def render_plan(plan: Plan, observed: Observed | None, s: Style) -> str:
     out: list[str] = []
     if observed is not None:
-        src = ", ".join(f"{n} {v.render()}" for n, v in observed.sources.items())
+        src = ", ".join(f"{n} {source_word(observed, n)}" for n in observed.sources)
         out.append(s.bold(f"host {plan.host}") + f"  ({src})")
     if plan.unavailable:
         out.append(
@@ -233,10 +242,6 @@ def status_data(desired: DesiredState, observed: Observed, plan: Plan) -> dict[s
     }
 
 
-def _clock(ts: float) -> str:
-    import time
-
-    return time.strftime("%H:%M:%S", time.localtime(ts))
 
 
 def _whose(c: dict[str, Any]) -> str:
@@ -253,6 +258,11 @@ def render_status(data: dict[str, Any], s: Style) -> str:
         s.bold(f"host {data['host']}")
         + f"  (manifest {data['manifest']}; install id {install[:12] + '…' if install else 'none yet: the first apply makes one'})"
     ]
+    err = data.get("error")
+    if err and err.get("code") == "config_invalid":
+        out.append(s.red(f"files invalid: {err['message']}"))
+        out.extend(s.red(f"  {ConfigProblem(p['path'], p['line'], p['message'])}") for p in err["problems"])
+        out.append(s.yellow(f"desired below: {data.get('desired_from')}"))
     out.append(f"GPU telemetry {data['gpu_telemetry']}: {data['gpu_source']}")
     reports = data.get("gpu_driver_reports") or {}
     if data["gpu_telemetry"] == "nvml":
@@ -282,7 +292,7 @@ def render_status(data: dict[str, Any], s: Style) -> str:
         held = [f"{c['name']} ({_whose(c)}, {c['state']})" for c in v["containers"]]
         held += [
             f"pid {p['pid']} "
-            + (p["command"][:60] if p["command"] else "(not found in this /proc: another pid namespace, or gone)")
+            + (clip(p["command"], 60) if p["command"] else "(not found in this /proc: another pid namespace, or gone)")
             + f" ({'memory n/a' if p['used_bytes'] is None else human_bytes(p['used_bytes'])}"
             + (f", in {p['container']}" if p["container"] else ", no container")
             + ")"
@@ -325,7 +335,7 @@ def render_status(data: dict[str, Any], s: Style) -> str:
         for key, e in (loop.get("backoff") or {}).items():
             out.append(
                 s.yellow(f"  backoff {key}: {e['failures']} failed enter(s), next try at "
-                         f"{_clock(e['until'])}; last error: {e['last_error'][:160]}")
+                         f"{iso_time(e['until'])}; last error: {clip(e['last_error'], 160)}")
             )
     for f in data["plan"].get("fallbacks") or ():
         out.append(s.yellow(f"  ↺ {f['text']}"))
@@ -344,3 +354,53 @@ def render_status(data: dict[str, Any], s: Style) -> str:
             state = f"{held} held in backoff" + (", a fallback serves meanwhile" if plan.get("fallbacks") else "")
         out.append(s.yellow(f"not converged: {state} (run `reconciler plan` for details)"))
     return "\n".join(out)
+
+
+# ---------------------------------------------------------------- audit
+
+# Outcomes that are not a success: the row then says what went wrong (the action's own error), not why it was
+# planned.
+_AUDIT_FAILED = frozenset({"failed", "refused", "error", "interrupted", "stale", "changed", "blocked"})
+
+
+def _audit_what(r: dict[str, Any]) -> str:
+    target = r.get("target") or r.get("container") or ""
+    failed = r.get("outcome") in _AUDIT_FAILED
+    text = ""
+    if failed:
+        bad = [a for a in r.get("actions") or () if isinstance(a, dict) and a.get("result") in _AUDIT_FAILED]
+        text = (bad[0].get("detail") if bad else "") or r.get("detail") or r.get("error") or ""
+        if bad and not target:
+            target = f"{bad[0].get('kind', '?')} {bad[0].get('recipe') or ''}".strip()
+    text = text or r.get("reason") or r.get("detail") or ""
+    if target and not text.startswith(str(target)):
+        return f"{target}: {text}" if text else str(target)
+    return str(text)
+
+
+def render_audit(records: list[dict[str, Any]]) -> str:
+    """``reconciler audit``: one row per record under a header, columns aligned, times in ISO 8601 with the zone,
+    and for a failure its own error (the record's ``detail``), not the reason it was planned."""
+    from reconciler.errors import one_line
+
+    head = ("TIME", "BY", "ACTION", "OUTCOME", "SECONDS", "FREED", "WHAT")
+    rows = []
+    for r in records:
+        secs = r.get("seconds")
+        freed = r.get("bytes_freed")
+        rows.append((
+            iso_time(float(r.get("time") or 0)),
+            str(r.get("front") or "?") + (f" ({r['who']})" if r.get("who") else ""),
+            str(r.get("action") or "?"),
+            str(r.get("outcome") or "?"),
+            f"{secs:.1f}" if isinstance(secs, (int, float)) else "-",
+            human_bytes(freed) if isinstance(freed, int) and freed else "-",
+            one_line(_audit_what(r)),
+        ))
+    widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head) - 1)]
+    right = {4}  # numbers align on the right
+    lines = []
+    for row in [head, *rows]:
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        lines.append("  ".join([*cells, row[-1]]).rstrip())
+    return "\n".join(lines)

@@ -16,7 +16,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,7 @@ from reconciler.fingerprint import PLAN_FORMAT, Fingerprint, file_digests, obser
 
 if TYPE_CHECKING:
     from reconciler.apply import Applier, PassResult, Progress
+    from reconciler.errors import ConfigError
     from reconciler.model import DesiredState, HostConfig
     from reconciler.observed import Observed, ShmView
     from reconciler.planner import Plan
@@ -96,11 +97,26 @@ class PlanResult:
         data["sources"] = {n: v.render() for n, v in self.observed.sources.items()}
         if self.plan_id:
             data["plan_id"] = self.plan_id
+        if self.observed.unavailable():
+            data["error"] = sources_error(self.observed)
         return data
 
     @property
     def exit_code(self) -> int:
         return plan_exit_code(self.plan)
+
+
+def error_object(code: str, message: str, **extra: Any) -> dict[str, Any]:
+    """The machine-readable error every JSON answer that failed carries under ``error``: a stable ``code``
+    (``config_invalid``, ``source_unavailable``, ``approval_required``, ``lock_held``, …) and a ``message`` for
+    people, with whatever details fit the code."""
+    return {"code": code, "message": message, **extra}
+
+
+def sources_error(observed: Observed) -> dict[str, Any]:
+    down = {s.name: s.detail for s in observed.unavailable()}
+    return error_object("source_unavailable", "; ".join(f"{n} source unavailable: {d}" for n, d in down.items()),
+                        sources=down)
 
 
 @dataclass
@@ -113,8 +129,9 @@ class StatusResult:
 
     @property
     def exit_code(self) -> int:
-        # Like `shm status`: a source the answer needs was down, so part of it is unknown.
-        return EXIT_ERROR if self.observed.unavailable() else EXIT_OK
+        # Like `shm status`: a source the answer needs was down, so part of it is unknown; or the files are invalid
+        # (the answer is then against the last valid desired state, and the error is in it).
+        return EXIT_ERROR if self.observed.unavailable() or "error" in self.data else EXIT_OK
 
 
 @dataclass
@@ -340,10 +357,27 @@ class ApplySession:
 
 
 def _summary(p: Plan) -> str:
-    return "; ".join(f"{a.kind.value} {a.key}" for a in p.actions) or "nothing to do"
+    from reconciler.planner import ActionKind
+
+    return "; ".join(
+        f"reclaim {len(a.paths)} orphan offload file(s)" if a.kind is ActionKind.RECLAIM else f"{a.kind.value} {a.key}"
+        for a in p.actions
+    ) or "nothing to do"
 
 
 # ---------------------------------------------------------------- the service
+
+
+@dataclass(frozen=True)
+class ActionHooks:
+    """What a running loop counts of the actions its own HTTP API and MCP take in its process, so its metrics
+    (actions, bytes reclaimed, refusals) hold every front-end's work, as the audit trail does: ``outcome`` for each
+    action of an apply, ``reclaim`` for each guarded reclaim inside one, ``shm_reclaim`` for a confirmed
+    ``shm reclaim``."""
+
+    outcome: Callable[[Any], None]
+    reclaim: Callable[[Any], None]
+    shm_reclaim: Callable[[Any], None]
 
 
 class HostService:
@@ -354,10 +388,12 @@ class HostService:
     stdio) they take the host lock file, and are refused while another process, such as a loop, holds it.
     """
 
-    def __init__(self, root: str, *, caller: Caller, pass_lock: threading.Lock | None = None):
+    def __init__(self, root: str, *, caller: Caller, pass_lock: threading.Lock | None = None,
+                 hooks: ActionHooks | None = None):
         self.root = root
         self.caller = caller
         self.pass_lock = pass_lock
+        self.hooks = hooks
 
     # ------------------------------------------------------------ helpers
 
@@ -423,12 +459,66 @@ class HostService:
         from reconciler.planner import plan
         from reconciler.render import status_data
 
-        desired = self.desired()
+        from reconciler.errors import ConfigError
+
+        try:
+            desired = self.desired()
+        except ConfigError as exc:
+            return self._status_of_invalid_files(exc)
         observed = observe(desired.host)
         data = status_data(desired, observed, plan(desired, observed, **loop_view(desired.host.name)))
         from reconciler.probe_history import last_suites
 
         data["probe_suites"] = last_suites(desired.host.name, set(desired.recipes))
+        if observed.unavailable():
+            data["error"] = sources_error(observed)
+        return StatusResult(data, observed)
+
+    def _status_of_invalid_files(self, exc: ConfigError) -> StatusResult:
+        """``status`` while the files do not validate: what the host runs, measured against the last valid desired
+        state (the running loop's, which it keeps acting on; else the last converged topology), with the files'
+        error in the answer (exit 1). Without a valid host file there is nothing to observe by: the error alone."""
+        from pathlib import Path
+
+        from reconciler.errors import ConfigError
+        from reconciler.history import last_topology
+        from reconciler.loader import _secret_digests, load_host, load_recipes
+        from reconciler.lock import read_loop_state
+        from reconciler.model import DesiredAssignment, DesiredState
+        from reconciler.observe import observe
+        from reconciler.planner import plan
+        from reconciler.render import status_data
+
+        try:
+            host = load_host(self.root)
+        except ConfigError:
+            raise exc from None
+        try:
+            recipes = load_recipes(Path(self.root))
+        except ConfigError:
+            recipes = {}
+        kept = (read_loop_state(host.name) or {}).get("desired")
+        if isinstance(kept, dict):
+            source, manifest = "the running loop's last valid desired state", kept.get("manifest")
+            pairs = [(a.get("recipe"), tuple(a.get("gpus") or ())) for a in kept.get("assignments") or ()
+                     if isinstance(a, dict)]
+        else:
+            source, manifest = "the last converged topology (no loop is running)", None
+            pairs = list(last_topology(host.name))
+        assignments = tuple(
+            DesiredAssignment(r, slots, recipes[r].content_hash(), recipes[r].offload.capacity_bytes)
+            for r, slots in pairs
+            if isinstance(r, str) and r in recipes and slots and all(s in host.gpus for s in slots)
+        )
+        desired = DesiredState(host=host, recipes=recipes, assignments=assignments, manifest_path=manifest,
+                               secret_digests=_secret_digests(Path(self.root), host, recipes, []))
+        observed = observe(host)
+        data = status_data(desired, observed, plan(desired, observed, **loop_view(host.name)))
+        data["desired_from"] = source if pairs else "none: no loop is running and no topology ever converged"
+        data["error"] = error_object(
+            "config_invalid", "the files do not validate; fix them (`reconciler validate` says the same)",
+            problems=[{"path": p.path, "line": p.line, "message": p.message} for p in exc.problems],
+        )
         return StatusResult(data, observed)
 
     def probe(self, recipe: str, *, suite: str = "preflight") -> ProbeReport:
@@ -493,6 +583,8 @@ class HostService:
         t0 = time.monotonic()
         with self.exclusive(host.name, "shm reclaim"):
             result = reclaim(host.shm, observe_docker=observer.observe, confirm=True, only_paths=paths)
+        if self.hooks:
+            self.hooks.shm_reclaim(result)
         self.record(
             "shm-reclaim",
             outcome="refused" if result.refused else ("ok" if result.ok else "failed"),
@@ -514,7 +606,9 @@ class HostService:
         desired = self.desired()
         self._host_name = desired.host.name
         with self.exclusive(desired.host.name, "apply"):
-            applier = Applier(desired, progress=progress, cancel=cancel)
+            hooks = self.hooks
+            applier = Applier(desired, progress=progress, cancel=cancel,
+                              on_outcome=hooks.outcome if hooks else None, on_reclaim=hooks.reclaim if hooks else None)
             yield ApplySession(self, applier, files)
 
     def adopt(self, names: list[str]) -> AdoptResult:

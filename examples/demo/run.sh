@@ -8,12 +8,16 @@
 # demo's own (mounted here at /run/reconciler-demo/shm); the host's /dev/shm is never read or touched.
 #
 #   bash examples/demo/run.sh              the demo (needs root and a running Docker engine; `make demo` sets up)
-#   bash examples/demo/run.sh --teardown   stops what the demo left running and unmounts its tmpfs
+#   bash examples/demo/run.sh --teardown   removes everything the demo made: its containers (kept failed ones
+#                                          too), its tmpfs and runtime directory, the demo host's state (install
+#                                          id, API token, audit trail, saved plans) and its lock file
+#   bash examples/demo/run.sh --teardown --keep-state   the same, but keeps the demo host's state
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-.venv/bin/python}
 [ -x "$PYTHON" ] || PYTHON=python3
-SHM=/run/reconciler-demo/shm        # must match shm.dir in examples/demo/configs/host.yaml
+RUNTIME=/run/reconciler-demo        # the demo's runtime directory: its tmpfs is mounted below it
+SHM=$RUNTIME/shm                    # must match shm.dir in examples/demo/configs/host.yaml
 SQUATTER=reconciler-demo-squatter
 
 if [ -t 1 ] && [ -z "${NO_COLOR:-}" ]; then BOLD=$'\033[1m' PLAIN=$'\033[0m'; else BOLD='' PLAIN=''; fi
@@ -41,6 +45,18 @@ if [ "${1:-}" = "--teardown" ]; then
     docker rm $kept >/dev/null && echo "removed $(echo "$kept" | wc -l) kept failed container(s) of the demo host"
   fi
   umount "$SHM" && rmdir "$SHM" && echo "unmounted the demo tmpfs $SHM"
+  rmdir "$RUNTIME" 2>/dev/null && echo "removed the demo's runtime directory $RUNTIME"
+  # Where the tool keeps the demo host's state and lock, as the tool itself computes them ($RECONCILER_STATE_DIR,
+  # $RECONCILER_LOCK_DIR or their defaults), so the teardown follows wherever they are.
+  read -r state lock loopstate < <("$PYTHON" -c 'from reconciler.lock import HostLock, state_path
+from reconciler.state import host_dir
+print(host_dir("demo"), HostLock("demo", command="").path, state_path("demo"))')
+  if [ "${2:-}" = "--keep-state" ]; then
+    echo "kept the demo host's state in $state (--keep-state)"
+  elif [ -d "$state" ]; then
+    rm -rf -- "$state" && echo "removed the demo host's state $state (install id, API token, audit trail, saved plans)"
+  fi
+  rm -f -- "$lock" "$loopstate" && echo "removed the demo host's lock $lock"
   exit 0
 fi
 
@@ -148,7 +164,7 @@ until_json() {  # poll `status --json` until the Python expression over it (d) i
   done
 }
 until_json 'd["plan"]["fallbacks"] and any(c["recipe"] == "omni" and c["state"] == "running" for c in d["containers"])' 60
-grep -E ' (action|fallback|backoff) ' "$DEMO/loop.log" | cut -c1-240
+grep -E ' (action|fallback|backoff) ' "$DEMO/loop.log"
 r status
 rc r plan
 echo "\$ curl -s 127.0.0.1:19464/metrics | grep fallback_active"
@@ -156,7 +172,7 @@ curl -s 127.0.0.1:19464/metrics | grep '^reconciler_fallback_active'
 echo "\$ rm $SHM/lane-fault          # the fix; the recipe is unchanged, so the next attempt waits for its backoff"
 rm -f "$SHM/lane-fault"
 until_json 'd["converged"] and any(c["recipe"] == "deepseek-256k-offload" and c["state"] == "running" for c in d["containers"])' 90
-grep -E ' (action|fallback-ended) ' "$DEMO/loop.log" | tail -3 | cut -c1-240
+grep -E ' (action|fallback-ended) ' "$DEMO/loop.log" | tail -3
 echo "(and back to the split topology, by the loop: the lane drains, leaves, omni enters)"
 printf '%s\n' "$SPLIT" >"$DEMO/manifests/demo.yaml"
 until_json 'd["converged"] and [c["recipe"] for c in d["containers"] if c["state"] == "running"] == ["omni"]' 60
@@ -167,8 +183,9 @@ r audit --since 5m | tail -8
 step "done: the demo host is converged"
 cat <<EOF
 Left running: omni on dark-compute-b (container reconciler-omni-dark-compute-b), and the demo's tmpfs on $SHM.
+\`reconciler\` is on the PATH ($(command -v reconciler || echo "not yet: run make setup, which links .venv/bin/reconciler into /usr/local/bin")):
   reconciler --root examples/demo plan       # exit 0: nothing to do
   reconciler --root examples/demo status
-To tear it all down (reconciler apply with an empty manifest, then unmount the tmpfs):
+To tear it all down (containers, tmpfs, the demo host's state and lock; --keep-state keeps its state):
   bash examples/demo/run.sh --teardown
 EOF
