@@ -1,7 +1,7 @@
 # The two commands of the README. Both are idempotent on a fresh Debian machine, as root: `make demo`, `make test`.
 # `make setup` installs the Debian packages and creates .venv/ (the project's own virtual environment);
 # everything else runs its Python.
-.PHONY: setup demo test bench fresh
+.PHONY: setup demo test bench fresh schemas
 
 PY := .venv/bin/python
 
@@ -16,6 +16,11 @@ test: setup
 
 bench: setup
 	status=0; for b in tests/bench/bench_*.py; do echo "== $$b"; $(PY) $$b || status=1; done; exit $$status
+
+# The published JSON Schemas of the operator's files (schemas/), regenerated from the model after a change to it;
+# tests/test_schemas.py fails while they differ.
+schemas:
+	for k in host recipe manifest; do $(PY) -m reconciler schema $$k > schemas/$$k.schema.json; done
 
 # The README's two commands on a stock Debian container (Docker in Docker): see tests/fresh/run.sh.
 fresh: setup

@@ -165,9 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
     # Late imports: the parser pays for these modules only when it is built.
     from reconciler.cli_apply import add_commands as add_apply
     from reconciler.cli_shm import add_commands as add_shm
+    from reconciler.cli_tools import add_commands as add_tools
 
     add_apply(sub, parents=[common])
     add_shm(sub, parents=[common])
+    add_tools(sub, root=parser)
     return parser
 
 

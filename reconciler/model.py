@@ -315,6 +315,48 @@ def offload_lands_in(container: ContainerSpec, shm_dir: str) -> bool:
     return any(v.split(":")[0] == shm_dir for v in container.volumes)
 
 
+# ---------------------------------------------------------------- the same rules, as JSON Schema can say them
+#
+# For the published schemas (``reconciler schema``, schemas/): what an editor can check while the operator types.
+# The check_* functions above stay the rules and give the messages; each pattern here says as much of its rule as
+# a regular expression can, in the dialect JSON Schema names (ECMA-262; Python's re reads them alike, except that
+# its '$' also matches before a final newline). tests/test_schemas.py holds both to the bad-input corpus and lists
+# the cases only the loader can tell.
+
+_PORT = r"(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
+_NO_CONTROL = r"^[^\x00-\x1f]*$"
+_NO_NUL = r"^[^\x00]*$"
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,127}$"
+GPU_UUID_PATTERN = r"^(GPU|MIG)-[A-Za-z0-9][A-Za-z0-9/-]*$"
+DOCKER_URL_PATTERN = (
+    r"^(unix:///[^\s]*[^\s/][^\s]*|(tcp|ssh|http|https)://([^\s/@]+@)?([^\s/:@\[\]]+|\[[0-9A-Fa-f:.]+\])"
+    rf"(:{_PORT})?(/[^\s]*)?)$"
+)
+SHM_DIR_PATTERN = r"^(?![\s\S]*[\x00-\x1f])(?![\s\S]*//[^/])(?!(.*/)?\.\.?(/|$))/.*[^/]/*$"
+SHM_PATTERN_PATTERN = r"^(?!\.)[A-Za-z0-9_.+-]+\*(?!\.+$)[A-Za-z0-9_.+-]+$"
+IMAGE_PATTERN = (
+    rf"^(({_DOMAIN})/)?{_NAME_COMPONENT}(/{_NAME_COMPONENT})*(:[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+    r"(@(sha256:[0-9a-f]{64}|(?!sha256:)[A-Za-z][A-Za-z0-9]*([-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}))?$"
+)
+_CONTAINER_REF = r"container:[a-zA-Z0-9][a-zA-Z0-9_.-]*"
+IPC_PATTERN = rf"^(host|private|shareable|none|{_CONTAINER_REF})$"
+NETWORK_PATTERN = rf"^(host|bridge|none|{_CONTAINER_REF}|[a-zA-Z0-9][a-zA-Z0-9_.-]{{0,127}})$"
+_USER_PART = r"([A-Za-z_][A-Za-z0-9_.-]{0,31}|[0-9]{1,10})"
+USER_PATTERN = rf"^{_USER_PART}(:{_USER_PART})?$"
+SHM_SIZE_PATTERN = r"^(?!0*(\.0*)?([bkmgBKMG]|[kmgKMG][bB])?$)[0-9]+(\.[0-9]+)?([bkmgBKMG]|[kmgKMG][bB])?$"
+LOOPBACK_URL_PATTERN = (
+    rf"^https?://(127\.[0-9]{{1,3}}\.[0-9]{{1,3}}\.[0-9]{{1,3}}|localhost|\[::1\])(:{_PORT})?([/?#][^\s]*)?$"
+)
+_ABS_PATH = r"(/(?!\.\.?(/|:|$))[^/:\x00-\x1f]+)+"
+VOLUME_PATTERN = rf"^({_ABS_PATH}|[A-Za-z0-9][A-Za-z0-9_.-]*):{_ABS_PATH}(:(ro|rw))?$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# A value holds no NUL, and a "${NAME}" reference is the whole value or absent.
+ENV_VALUE_PATTERN = r"^(?![\s\S]*\$\{)[^\x00]*$|^\$\{[A-Za-z_][A-Za-z0-9_]*\}$"
+
+
+def _pattern(pattern: str) -> dict[str, object]:
+    """A field's schema-only pattern (the validator keeps its own check and message)."""
+    return {"pattern": pattern}
 
 
 def _ok(problem: str | None, value: _T) -> _T:
@@ -341,11 +383,24 @@ DAY_S = 86400.0
 class GpuSlot(_Strict):
     """A named GPU slot and the physical GPU behind it (UUID preferred when given)."""
 
-    index: int | None = Field(default=None, ge=0, le=1023)
-    uuid: str | None = None
-    # Per-slot overrides of gpu_reserve: the free VRAM this card must keep, and the VRAM it uses when idle.
-    free_gib: float | None = Field(default=None, ge=0, le=1 << 20)
-    idle_used_gib: float | None = Field(default=None, ge=0, le=1 << 20)
+    model_config = ConfigDict(json_schema_extra={"anyOf": [{"required": ["index"]}, {"required": ["uuid"]}]})
+
+    index: int | None = Field(
+        default=None, ge=0, le=1023, description="The card's index as NVML and nvidia-smi number it. Give index, uuid or both."
+    )
+    uuid: str | None = Field(
+        default=None,
+        description="The card's UUID (nvidia-smi -L: GPU-... or MIG-...). It does not change when the cards are "
+        "numbered anew, so it is preferred to index when given.",
+        json_schema_extra=_pattern(GPU_UUID_PATTERN),
+    )
+    free_gib: float | None = Field(
+        default=None, ge=0, le=1 << 20, description="The free VRAM (GiB) this card must keep, over gpu_reserve.free_gib."
+    )
+    idle_used_gib: float | None = Field(
+        default=None, ge=0, le=1 << 20,
+        description="The VRAM (GiB) this card reports in use with nothing on it, over gpu_reserve.idle_used_gib.",
+    )
 
     @field_validator("uuid")
     @classmethod
@@ -372,13 +427,29 @@ class GpuSlot(_Strict):
 
 
 class DockerConfig(_Strict):
-    url: str = "unix:///var/run/docker.sock"
-    gpu_requests: bool = True
-    # Failed containers kept (stopped, renamed NAME-failed-STAMP) for their logs, per assignment; older ones go.
-    keep_failed: int = Field(default=3, ge=1, le=1000)
-    # Seconds one engine request may take before the engine counts as answering too slowly (not as down). The
-    # Docker SDK's own default; a busy engine listing thousands of exited containers can take several.
-    timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    """The container engine: Docker, or Podman's Docker-compatible service, directly or behind a socket proxy."""
+
+    url: str = Field(
+        default="unix:///var/run/docker.sock",
+        description="The engine's API: unix:///ABSOLUTE/SOCKET, or tcp|ssh|http|https://HOST[:PORT].",
+        json_schema_extra=_pattern(DOCKER_URL_PATTERN),
+    )
+    gpu_requests: bool = Field(
+        default=True,
+        description="Ask the engine for each container's GPUs (a DeviceRequest: needs the NVIDIA runtime). false: "
+        "the GPUs are named by environment and labels only (a host without that runtime: the demo, CI).",
+    )
+    keep_failed: int = Field(
+        default=3, ge=1, le=1000,
+        description="Failed containers kept per assignment for their logs (stopped, renamed NAME-failed-STAMP); "
+        "older ones are removed.",
+    )
+    # The Docker SDK's own default; a busy engine listing thousands of exited containers can take several.
+    timeout_s: float = Field(
+        default=60.0, gt=0, le=3600,
+        description="Seconds one engine request may take before the engine counts as answering too slowly (not as "
+        "down).",
+    )
 
     @field_validator("url")
     @classmethod
@@ -387,12 +458,34 @@ class DockerConfig(_Strict):
 
 
 class ShmConfig(_Strict):
-    dir: str = "/dev/shm"
-    pattern: str = SHM_PATTERN_DEFAULT
-    confirm_interval_s: float = Field(default=2.0, ge=0, le=3600)
-    ignore_uninspectable_pids: list[int] = Field(default_factory=list)
-    # Room kept free on the tmpfs beyond the sum of all offload capacities (the "room to spare").
-    reserve_gib: float = Field(default=1.0, ge=0, le=1 << 20)
+    """The tmpfs where the servers' offload files land, and the guard over it."""
+
+    dir: str = Field(
+        default="/dev/shm",
+        description="The tmpfs the offload files land in (the host's /dev/shm for containers with ipc host): an "
+        "absolute, normalised path, the mount point itself, never '/'. Checked at load and again before any delete.",
+        json_schema_extra=_pattern(SHM_DIR_PATTERN),
+    )
+    pattern: str = Field(
+        default=SHM_PATTERN_DEFAULT,
+        description="The offload files' names: a literal prefix and suffix around exactly one '*' (no other "
+        "wildcard, no '/'). Only regular files directly in dir that match are inspected or reclaimed.",
+        json_schema_extra=_pattern(SHM_PATTERN_PATTERN),
+    )
+    confirm_interval_s: float = Field(
+        default=2.0, ge=0, le=3600,
+        description="Seconds between the two inspections that must agree on a file before it is deleted.",
+    )
+    ignore_uninspectable_pids: list[int] = Field(
+        default_factory=list,
+        description="Processes whose /proc entries even root cannot read, vouched for by the operator: any other "
+        "such process makes a scan fail closed. shm status lists them all, excused or not.",
+        json_schema_extra={"items": {"type": "integer", "minimum": 1, "maximum": PID_MAX}},
+    )
+    reserve_gib: float = Field(
+        default=1.0, ge=0, le=1 << 20,
+        description="Room (GiB) kept free on the tmpfs beyond the offload capacities of all assigned recipes.",
+    )
 
     @field_validator("dir")
     @classmethod
@@ -416,7 +509,12 @@ class ShmConfig(_Strict):
 class SecretsConfig(_Strict):
     """Where recipes' ``"${NAME}"`` env values come from, besides the reconciler's environment."""
 
-    env_file: str | None = None
+    env_file: str | None = Field(
+        default=None,
+        description='An absolute path of NAME=value lines, readable by its owner only, where "${NAME}" env values '
+        "are looked up first (then the reconciler's environment).",
+        json_schema_extra=_pattern(r"^/"),
+    )
 
     @field_validator("env_file")
     @classmethod
@@ -437,27 +535,57 @@ class GpuReserveConfig(_Strict):
     use; more than that with no process listed means something NVML does not show holds the card (WSL2).
     """
 
-    free_gib: float = Field(default=3.0, ge=0, le=1 << 20)
-    policy: Literal["report", "enforce"] = "report"
-    idle_used_gib: float = Field(default=1.0, ge=0, le=1 << 20)
+    free_gib: float = Field(
+        default=3.0, ge=0, le=1 << 20, description="The free VRAM (GiB) each card must keep once its lane is loaded."
+    )
+    policy: Literal["report", "enforce"] = Field(
+        default="report",
+        description="report: a lane below the reserve stays, and status, metrics and an alert say so; enforce: an "
+        "enter whose cards end below it once healthy and settled is a failed enter.",
+    )
+    idle_used_gib: float = Field(
+        default=1.0, ge=0, le=1 << 20,
+        description="The VRAM (GiB) an idle card reports in use; more with no process listed means something NVML "
+        "does not show holds the card.",
+    )
 
 
 class PageCacheConfig(_Strict):
     """``drop_after_leave``: after a leave, sync and drop clean page cache (WSL2: the VM's cache holds memory
     Windows cannot take back). Off by default."""
 
-    drop_after_leave: bool = False
+    drop_after_leave: bool = Field(
+        default=False, description="After a leave, sync and drop clean page cache (WSL2 hosts)."
+    )
 
 
 class HostConfig(_Strict):
-    name: str
-    gpus: dict[str, GpuSlot]
-    gpu_telemetry: Literal["nvml", "none"] = "nvml"
-    docker: DockerConfig = Field(default_factory=DockerConfig)
-    shm: ShmConfig = Field(default_factory=ShmConfig)
-    secrets: SecretsConfig = Field(default_factory=SecretsConfig)
-    gpu_reserve: GpuReserveConfig = Field(default_factory=GpuReserveConfig)
-    page_cache: PageCacheConfig = Field(default_factory=PageCacheConfig)
+    """configs/host.yaml: the machine, its GPU slots, its engine and its tmpfs."""
+
+    name: str = Field(
+        description="The host's name: manifests select their host by it, and with this install's id it marks the "
+        "containers this tool owns.",
+        json_schema_extra=_pattern(NAME_PATTERN),
+    )
+    gpus: dict[str, GpuSlot] = Field(
+        description="GPU slot name -> the card behind it. A slot name is lowercase (it becomes part of container "
+        "names); two slots may not name one card.",
+        json_schema_extra={"minProperties": 1, "propertyNames": {"pattern": NAME_PATTERN}},
+    )
+    gpu_telemetry: Literal["nvml", "none"] = Field(
+        default="nvml",
+        description="nvml: GPU processes and memory through NVML; none: a host without NVIDIA GPUs (the demo, CI), "
+        "where the engine alone says what holds a slot.",
+    )
+    docker: DockerConfig = Field(default_factory=DockerConfig, description="The container engine.")
+    shm: ShmConfig = Field(default_factory=ShmConfig, description="The tmpfs of the offload files and its guard.")
+    secrets: SecretsConfig = Field(
+        default_factory=SecretsConfig, description='Where recipes\' "${NAME}" env values come from.'
+    )
+    gpu_reserve: GpuReserveConfig = Field(
+        default_factory=GpuReserveConfig, description="The free VRAM each card must keep, and what a shortfall does."
+    )
+    page_cache: PageCacheConfig = Field(default_factory=PageCacheConfig, description="Page cache after a leave.")
 
     def reserve_bytes(self, slot: str) -> int:
         """The free VRAM ``slot``'s card must keep: its ``free_gib``, else ``gpu_reserve.free_gib``."""
@@ -496,8 +624,16 @@ class HostConfig(_Strict):
 
 
 class ModelRef(_Strict):
-    id: str = Field(min_length=1)
-    revision: str | None = None
+    """The model a recipe serves: shown in plan and status, and put on its container as labels."""
+
+    id: str = Field(
+        min_length=1,
+        description="The model's name, like deepseek-ai/DeepSeek-V4-Flash-0731.",
+        json_schema_extra=_pattern(_NO_CONTROL),
+    )
+    revision: str | None = Field(
+        default=None, description="The model's pinned revision (a commit hash).", json_schema_extra=_pattern(_NO_CONTROL)
+    )
 
     @field_validator("id", "revision")
     @classmethod
@@ -509,16 +645,68 @@ class ModelRef(_Strict):
 
 
 class ContainerSpec(_Strict):
-    image: str = Field(min_length=1)
-    command: list[str] = Field(default_factory=list)
-    entrypoint: list[str] | None = None
-    env: dict[str, str] = Field(default_factory=dict)
-    volumes: list[str] = Field(default_factory=list)
-    ipc: str | None = "host"
-    network: str | None = "host"
-    init: bool = False
-    shm_size: str | None = None
-    user: str | None = None
+    """The container a recipe runs. Its whole rendered form is hashed onto the container: a change recreates it."""
+
+    # Something to run: the first word of entrypoint (when given), else of command, and not blank.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"required": ["entrypoint"], "properties": {"entrypoint": {"type": "array", "minItems": 1}}},
+            "then": {"properties": {"entrypoint": {"prefixItems": [{"pattern": r"\S"}]}}},
+            "else": {"required": ["command"], "properties": {"command": {"minItems": 1, "prefixItems": [{"pattern": r"\S"}]}}},
+        }
+    )
+
+    image: str = Field(
+        min_length=1,
+        description="[REGISTRY[:PORT]/]NAME[:TAG][@sha256:DIGEST], the name in lowercase; pinned by digest on real "
+        "hosts.",
+        json_schema_extra=_pattern(IMAGE_PATTERN),
+    )
+    command: list[str] = Field(
+        default_factory=list,
+        description="The program and its arguments (after entrypoint, when given).",
+        json_schema_extra={"items": {"type": "string", "pattern": _NO_NUL}},
+    )
+    entrypoint: list[str] | None = Field(
+        default=None,
+        description="Replaces the image's entrypoint.",
+        json_schema_extra={"items": {"type": "string", "pattern": _NO_NUL}},
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description='Environment variables. A value written "${NAME}" is a secret, taken at create time from '
+        "secrets.env_file or the reconciler's environment and never printed.",
+        json_schema_extra={
+            "propertyNames": {"pattern": ENV_NAME_PATTERN},
+            "additionalProperties": {"type": "string", "pattern": ENV_VALUE_PATTERN},
+        },
+    )
+    volumes: list[str] = Field(
+        default_factory=list,
+        description="HOST:CONTAINER[:ro|:rw] with absolute, normalised paths (the host side may be a named volume); "
+        "two may not mount at one place.",
+        json_schema_extra={"items": {"type": "string", "pattern": VOLUME_PATTERN}},
+    )
+    ipc: str | None = Field(
+        default="host",
+        description="host (offload files then land in the host's /dev/shm), private, shareable, none or "
+        "container:NAME; null: the engine's default.",
+        json_schema_extra=_pattern(IPC_PATTERN),
+    )
+    network: str | None = Field(
+        default="host",
+        description="host, bridge, none, container:NAME or a network's name; null: the engine's default.",
+        json_schema_extra=_pattern(NETWORK_PATTERN),
+    )
+    init: bool = Field(default=False, description="Run an init as the container's first process.")
+    shm_size: str | None = Field(
+        default=None,
+        description="Size of the container's own /dev/shm (not with ipc host), like 64m or 2g.",
+        json_schema_extra=_pattern(SHM_SIZE_PATTERN),
+    )
+    user: str | None = Field(
+        default=None, description="NAME, UID, UID:GID or NAME:GROUP to run as.", json_schema_extra=_pattern(USER_PATTERN)
+    )
 
     @field_validator("image")
     @classmethod
@@ -589,8 +777,20 @@ class ContainerSpec(_Strict):
 
 
 class OffloadSpec(_Strict):
-    enabled: bool = False
-    capacity_gib: float = Field(default=0, ge=0, le=1 << 20)
+    """vLLM's native KV-cache offload into one mmap'ed file in shm.dir."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"required": ["enabled"], "properties": {"enabled": {"const": True}}},
+            "then": {"required": ["capacity_gib"], "properties": {"capacity_gib": {"exclusiveMinimum": 0}}},
+        }
+    )
+
+    enabled: bool = Field(default=False, description="Whether the server keeps an offload file in shm.dir.")
+    capacity_gib: float = Field(
+        default=0, ge=0, le=1 << 20,
+        description="The offload file's size (GiB): room for it on the tmpfs is made before the enter.",
+    )
 
     @model_validator(mode="after")
     def _capacity(self) -> OffloadSpec:
@@ -604,9 +804,22 @@ class OffloadSpec(_Strict):
 
 
 class HealthSpec(_Strict):
-    url: str | None = None
-    settle_s: float = Field(default=5, ge=0, le=DAY_S)
-    start_timeout_s: float = Field(default=600, gt=0, le=DAY_S)
+    """When a started container counts as serving."""
+
+    url: str | None = Field(
+        default=None,
+        description="A loopback http(s) URL that answers 200 once the server is ready (no credentials). Without it: "
+        "running and not restarted for settle_s.",
+        json_schema_extra=_pattern(LOOPBACK_URL_PATTERN),
+    )
+    settle_s: float = Field(
+        default=5, ge=0, le=DAY_S,
+        description="Seconds the container must keep running (after its health URL answered, if it has one) before "
+        "its enter is done.",
+    )
+    start_timeout_s: float = Field(
+        default=600, gt=0, le=DAY_S, description="Seconds from start to healthy before the enter counts as failed."
+    )
 
     @field_validator("url")
     @classmethod
@@ -615,7 +828,11 @@ class HealthSpec(_Strict):
 
 
 class StopSpec(_Strict):
-    timeout_s: float = Field(default=180, gt=0, le=DAY_S)
+    """How a leave stops the container."""
+
+    timeout_s: float = Field(
+        default=180, gt=0, le=DAY_S, description="Seconds the server has to exit after the stop signal before it is killed."
+    )
 
 
 def check_probe_url(url: str, what: str) -> str | None:
@@ -866,9 +1083,15 @@ class DrainSpec(_Strict):
     """Before a healthy lane leaves: wait until it runs and queues no request (vLLM's own gauges on its
     ``/metrics``), at most ``timeout_s``, then stop it anyway."""
 
-    enabled: bool = True
-    timeout_s: float = Field(default=60, ge=0, le=DAY_S)
-    metrics_url: str | None = None  # default: the origin of health.url + /metrics
+    enabled: bool = Field(default=True, description="Wait for the requests in flight before a healthy lane leaves.")
+    timeout_s: float = Field(
+        default=60, ge=0, le=DAY_S, description="The longest wait (seconds); then the lane is stopped anyway."
+    )
+    metrics_url: str | None = Field(
+        default=None,
+        description="Where vLLM's gauges are read; default: the origin of health.url + /metrics.",
+        json_schema_extra=_pattern(LOOPBACK_URL_PATTERN),
+    )
 
     @field_validator("metrics_url")
     @classmethod
@@ -879,19 +1102,27 @@ class DrainSpec(_Strict):
 class RecipeReserve(_Strict):
     """A recipe's own reserve policy, over the host's ``gpu_reserve.policy``."""
 
-    policy: Literal["report", "enforce"] | None = None
+    policy: Literal["report", "enforce"] | None = Field(
+        default=None, description="report or enforce for this recipe's lane; default: the host's gpu_reserve.policy."
+    )
 
 
 class Recipe(_Strict):
-    description: str = ""
-    tensor_parallel_size: int = Field(ge=1, le=1024)
-    model: ModelRef
-    container: ContainerSpec
-    offload: OffloadSpec = Field(default_factory=OffloadSpec)
-    health: HealthSpec = Field(default_factory=HealthSpec)
-    stop: StopSpec = Field(default_factory=StopSpec)
-    probes: list[ProbeSpec] = Field(default_factory=list, max_length=64)
-    drain: DrainSpec = Field(default_factory=DrainSpec)
+    """configs/recipes/NAME.toml: one immutable serving recipe; its name is the file's stem."""
+
+    description: str = Field(default="", description="Free text for plan and status; not part of the recipe's hash.")
+    tensor_parallel_size: int = Field(
+        ge=1, le=1024, description="How many GPU slots the recipe needs: an assignment gives it exactly that many."
+    )
+    model: ModelRef = Field(description="The model served.")
+    container: ContainerSpec = Field(description="The container that serves it.")
+    offload: OffloadSpec = Field(default_factory=OffloadSpec, description="Native KV-cache offload.")
+    health: HealthSpec = Field(default_factory=HealthSpec, description="When the container counts as serving.")
+    stop: StopSpec = Field(default_factory=StopSpec, description="How it is stopped.")
+    probes: list[ProbeSpec] = Field(
+        default_factory=list, max_length=64, description="Functional checks of the lane ([[probes]])."
+    )
+    drain: DrainSpec = Field(default_factory=DrainSpec, description="Waiting for requests in flight before a leave.")
 
     @field_validator("probes")
     @classmethod
@@ -925,7 +1156,9 @@ class Recipe(_Strict):
     def drain_metrics_url(self) -> str | None:
         origin = self.api_origin()
         return self.drain.metrics_url or (f"{origin}/metrics" if origin else None)
-    gpu_reserve: RecipeReserve = Field(default_factory=RecipeReserve)
+    gpu_reserve: RecipeReserve = Field(
+        default_factory=RecipeReserve, description="This lane's own reserve policy, over the host's."
+    )
 
     def content_hash(self) -> str:
         """Stable hash of everything that defines the container: a changed recipe means recreate.
@@ -943,16 +1176,34 @@ class Recipe(_Strict):
 
 
 class AssignmentSpec(_Strict):
-    recipe: str = Field(min_length=1)
-    gpus: list[str] = Field(min_length=1)
+    """One container that should run: a recipe on GPU slots."""
+
+    recipe: str = Field(
+        min_length=1, description="A recipe's name: configs/recipes/NAME.toml.", json_schema_extra=_pattern(NAME_PATTERN)
+    )
+    gpus: list[str] = Field(
+        min_length=1,
+        description="The GPU slots it runs on (names from configs/host.yaml), as many as the recipe's "
+        "tensor_parallel_size; a slot runs one recipe at a time.",
+        json_schema_extra={"uniqueItems": True, "items": {"type": "string", "pattern": NAME_PATTERN}},
+    )
 
 
 class Manifest(_Strict):
-    host: str
-    assignments: list[AssignmentSpec] = Field(default_factory=list)
-    # While a wanted lane's enter failed and waits in backoff, bring back the last converged topology on the slots
-    # it needed (false: leave them empty until the next attempt).
-    fallback: bool = True
+    """manifests/NAME.yaml: the desired state of one host, what the operator edits."""
+
+    host: str = Field(
+        description="The host this manifest is for: the name in configs/host.yaml.",
+        json_schema_extra=_pattern(NAME_PATTERN),
+    )
+    assignments: list[AssignmentSpec] = Field(
+        default_factory=list, description="One entry per container; a GPU slot not listed is free (none: all free)."
+    )
+    fallback: bool = Field(
+        default=True,
+        description="While a wanted lane's enter failed and waits in backoff, bring back the last converged "
+        "topology on the slots it needed (false: leave them empty until the next attempt).",
+    )
 
 
 # ---------------------------------------------------------------- the desired state the planner consumes
