@@ -1,53 +1,72 @@
 """The HTTP JSON API of ``reconciler run``, with MCP at ``/mcp``, ``/metrics`` and ``/healthz`` on one listener.
 
-A Starlette app served by uvicorn in a thread of the loop (``Listener``), a thin front-end over the service layer
-(``reconciler.service``) like the command line and ``reconciler mcp``:
+A Starlette app served by uvicorn in a thread of the loop (``Supervisor``), a thin front-end over the service layer
+(``reconciler.service``) like the command line and ``reconciler mcp``. The routes (``ENDPOINTS``), each one function
+below with its request model, and the OpenAPI document at ``/v1/openapi.json`` generated from them:
 
     GET  /v1/status          status --json
     GET  /v1/plan[?save=true] plan --json (with save: kept under the state dir, its "plan_id" for POST /v1/apply)
     GET  /v1/shm             shm status --json
     GET  /v1/audit[?since=]  the audit trail (since: epoch seconds, an ISO time, or an age like 15m, 2h, 7d)
+    GET  /v1/probe?recipe=R[&suite=S]  probe R --suite S --json: a suite of the recipe's probes against its lane
     POST /v1/shm/reclaim     {"confirm": true, "paths": [...]}: the guarded cleanup (without confirm a dry run)
     POST /v1/apply           {"plan_id": "..."}: a plan saved by /v1/plan?save=true, refused when stale
     GET  /v1/openapi.json    this API as OpenAPI 3.1
     /mcp                     the MCP server (reconciler.mcp_server), streamable HTTP
-    GET  /metrics, /healthz  as before, without a token (Prometheus and supervisors)
+    GET  /metrics, /healthz  without a token (Prometheus and supervisors)
 
 Each answer's body is exactly the command line's ``--json`` (redacted once more on its way out); the command's exit
 code rides in ``X-Reconciler-Exit-Code``. A POST whose command would exit non-zero (a refused reclaim, a stale or
 blocked apply) answers 409 with the same body; an invalid configuration 422; a bad request 400.
 
-Security: every path but ``/metrics`` and ``/healthz`` needs ``Authorization: Bearer TOKEN`` (compared in constant
-time), reads included; the token comes from ``--api-token-file``, ``$RECONCILER_API_TOKEN``, or a file generated on
-first start (0600, ``$RECONCILER_STATE_DIR/HOST/api-token``); its name (the file's name, or ``env``) is the caller
-in the audit trail, its value is never logged or answered. The listener is loopback unless ``--api-allow-remote``
-is given, and then only with a token given explicitly. Request bodies are limited (64 KiB: 413). A destructive call
-(a confirmed reclaim, an apply) takes the loop's pass lock: it waits for a pass to end, and no pass starts while it
-runs.
+Security, in the order the ``Guard`` checks a request, before any route sees it:
+
+- ``Host:`` (and ``Origin:`` when sent) must name this listener: its bind address (``localhost`` too on loopback;
+  any address literal on a wildcard bind) or a name given with ``--api-host``; else 421. A web page that rebinds
+  its own name to 127.0.0.1 reads nothing, not even ``/metrics`` or ``/healthz``;
+- every path but ``/metrics`` and ``/healthz`` needs ``Authorization: Bearer TOKEN`` (compared in constant time),
+  reads included; a failure is logged and audited (at most ``AUTH_AUDIT_BURST`` records a minute, the rest
+  counted in the next one). The token comes from ``--api-token-file``, ``$RECONCILER_API_TOKEN``, or a file
+  generated on first start (0600, ``$RECONCILER_STATE_DIR/HOST/api-token``), each file trusted by owner and mode;
+  its name (the file's name, or ``env``) is the caller in the audit trail, its value is never logged or answered;
+- a body is read whole first, within ``BODY_TIMEOUT_S``: over ``MAX_BODY`` bytes is 413, chunked or not; a JSON
+  body (the API's and MCP's) with a duplicate key or nested too deep (``reconciler.jsonstrict``) is 400.
+
+The listener is loopback unless ``--api-allow-remote`` is given, and then only with a token given explicitly. It
+cannot be silenced for good: its connections are bounded (past ``max_connections`` the oldest idle one is closed),
+a client must send its request head within ``HEAD_TIMEOUT_S``, requests in flight are bounded (503 past
+``LIMIT_CONCURRENCY``), the open-file limit is raised at start, an error in its event loop is logged and never ends
+it, and a listener that stops anyway is started again (or the loop exits 1 for its supervisor to restart it).
+
+A destructive call (a confirmed reclaim, an apply) takes the loop's pass lock: it waits for a pass to end, and no
+pass starts while it runs.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import errno
 import hmac
 import ipaddress
 import json
 import os
 import re
+import resource
 import secrets
 import socket
-import stat
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from reconciler.errors import ReconcilerError
 
 if TYPE_CHECKING:
-    from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import Response
 
@@ -60,9 +79,24 @@ MIN_TOKEN_CHARS = 16
 PUBLIC = frozenset({"/metrics", "/healthz"})  # every other path needs the token
 _TOKEN_CHARS = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII without spaces: what a header can carry
 
+# The listener's bounds. A scrape, a call of the API or MCP is one short request; these leave room for many at once
+# and none for a client that holds connections open doing nothing.
+HEAD_TIMEOUT_S = 10.0  # from connecting (or the previous answer) to a complete request head
+BODY_TIMEOUT_S = 10.0  # to receive the whole body once the head is in
+KEEP_ALIVE_S = 5.0  # an idle kept-alive connection is closed after this
+LIMIT_CONCURRENCY = 64  # requests (and connections) in flight past which uvicorn answers 503
+MAX_CONNECTIONS = 256  # open connections at most (fewer under a low open-file limit: ``connection_cap``)
+MAX_HEAD_BYTES = 16 << 10  # a request line and headers larger than this are refused by h11
+AUTH_AUDIT_BURST = 10  # failed authentications audited per minute; the rest are counted in the next record
+RESTARTS_PER_HOUR = 5  # listener restarts before the loop gives up and exits 1
+
 
 class ApiSetupError(ReconcilerError):
     """The API cannot be served as asked: a token file that is unusable, a remote address without the flag."""
+
+
+class _BadRequest(Exception):
+    pass
 
 
 # ---------------------------------------------------------------- the token
@@ -74,13 +108,16 @@ class ApiToken:
     name: str  # who the caller is in the audit trail: the token file's name, or "env"
     source: str  # "file" | "env" | "generated"
     path: str | None = None
+    created: bool = False  # generated by this start (else found from an earlier one)
 
     def matches(self, presented: bytes) -> bool:
         return hmac.compare_digest(presented, self.value.encode())
 
     def describe(self) -> str:
         """Where the token is, for the log: never its value."""
-        return {"env": f"${TOKEN_ENV}", "file": f"{self.path}", "generated": f"{self.path} (generated)"}[self.source]
+        if self.source == "generated":
+            return f"{self.path} ({'generated' if self.created else 'generated on an earlier start'})"
+        return {"env": f"${TOKEN_ENV}", "file": f"{self.path}"}[self.source]
 
 
 def _check_value(value: str, where: str) -> str:
@@ -93,20 +130,15 @@ def _check_value(value: str, where: str) -> str:
 
 
 def _read_token_file(path: Path) -> str:
+    """A token file trusted by owner and mode (``reconciler.fsafe``): the running user's, readable by no one else."""
+    from reconciler import fsafe
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        data = fsafe.read_trusted(path, what="the API token file", secret=True, limit=4096)
+    except fsafe.UnsafePath as exc:
+        raise ApiSetupError(str(exc)) from None
     except OSError as exc:
         raise ApiSetupError(f"cannot read the API token file {path}: {exc.strerror or exc}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ApiSetupError(f"the API token file {path} is not a regular file")
-        if st.st_mode & 0o077:
-            raise ApiSetupError(f"the API token file {path} can be read by others (mode {stat.S_IMODE(st.st_mode):04o}); "
-                                f"chmod 600 {path}")
-        data = os.read(fd, 4096)
-    finally:
-        os.close(fd)
     try:
         return _check_value(data.decode("ascii"), f"the API token file {path}")
     except UnicodeDecodeError:
@@ -115,31 +147,32 @@ def _read_token_file(path: Path) -> str:
 
 def resolve_token(host: str, *, token_file: str | None = None, environ: dict[str, str] | None = None) -> ApiToken:
     """The API's token: ``--api-token-file``, else ``$RECONCILER_API_TOKEN``, else the host's generated one (made
-    now, 0600, when there is none yet)."""
+    now, 0600, in the checked state directory, when there is none yet)."""
+    from reconciler import fsafe
+    from reconciler.state import StateError, checked_host_dir
+
     env = os.environ if environ is None else environ
     if token_file:
         path = Path(token_file)
         return ApiToken(_read_token_file(path), path.name, "file", str(path))
     if env.get(TOKEN_ENV) is not None:
         return ApiToken(_check_value(env[TOKEN_ENV], f"${TOKEN_ENV}"), "env", "env")
-    from reconciler.state import host_dir
-
-    path = host_dir(host) / TOKEN_FILE
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        path = checked_host_dir(host, create=True) / TOKEN_FILE
+    except StateError as exc:
+        raise ApiSetupError(f"{exc} (or give a token with --api-token-file or ${TOKEN_ENV})") from None
+    value = secrets.token_urlsafe(32)
+    try:
+        fsafe.write_atomic(path, value + "\n", replace=False)
     except FileExistsError:
         return ApiToken(_read_token_file(path), path.name, "generated", str(path))
     except OSError as exc:
         raise ApiSetupError(f"cannot create the API token file {path}: {exc.strerror or exc} (give one with "
                             f"--api-token-file or ${TOKEN_ENV})") from None
-    value = secrets.token_urlsafe(32)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(value + "\n")
-    return ApiToken(value, path.name, "generated", str(path))
+    return ApiToken(value, path.name, "generated", str(path), created=True)
 
 
-# ---------------------------------------------------------------- the listener's address
+# ---------------------------------------------------------------- the listener's address and names
 
 
 def split_addr(addr: str) -> tuple[str, int]:
@@ -174,7 +207,7 @@ def bind(host: str, port: int) -> socket.socket:
     except BaseException:
         sock.close()
         raise
-    sock.set_inheritable(True)
+    sock.set_inheritable(False)
     return sock
 
 
@@ -191,83 +224,248 @@ def check_exposure(host: str, *, allow_remote: bool, token: ApiToken) -> None:
         raise ApiSetupError(f"--api-allow-remote needs a token given explicitly: --api-token-file FILE or ${TOKEN_ENV}")
 
 
-# ---------------------------------------------------------------- the guard: token and body size
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class AllowedHosts:
+    """The ``Host:`` values this listener answers to. A DNS-rebinding page always sends a name of its own, so an
+    address literal of the listener is safe; a name is accepted only when given (``--api-host``) or ``localhost``
+    on loopback."""
+
+    port: int
+    names: frozenset[str]  # lowercase names and address literals (IPv6 without brackets)
+    any_address: bool = False  # a wildcard bind (0.0.0.0, ::): any address literal
+
+    @classmethod
+    def of(cls, bind_host: str, port: int, names: Sequence[str] = ()) -> AllowedHosts:
+        allowed = {n.strip().lower().strip("[]") for n in names if n.strip()}
+        ip = _ip(bind_host)
+        wildcard = ip is not None and ip.is_unspecified
+        if ip is None:
+            allowed.add(bind_host.lower())
+        elif not wildcard:
+            allowed.add(str(ip))
+        if is_loopback(bind_host) or wildcard:
+            allowed.add("localhost")  # no page can make it name another machine
+        return cls(port=port, names=frozenset(allowed), any_address=wildcard)
+
+    def permits(self, host_header: str) -> bool:
+        host, port = _split_host_header(host_header)
+        if host is None or (port is not None and port != self.port):
+            return False
+        if host in self.names:
+            return True
+        return self.any_address and _ip(host) is not None
+
+    def permits_origin(self, origin: str) -> bool:
+        scheme, sep, rest = origin.partition("://")
+        if not sep or scheme.lower() not in ("http", "https") or "/" in rest:
+            return False
+        return self.permits(rest)
+
+    def describe(self) -> str:
+        shown = sorted(f"[{n}]" if ":" in n else n for n in self.names)
+        return ", ".join(shown) + (" or any address of this machine" if self.any_address else "")
+
+    def mcp_security(self) -> Any:
+        """The MCP SDK's own Host/Origin check, from the same names (the ``Guard`` has checked them already)."""
+        from mcp.server.transport_security import TransportSecuritySettings
+
+        if self.any_address:
+            return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+        hosts = [f"[{n}]" if ":" in n else n for n in sorted(self.names)]
+        return TransportSecuritySettings(
+            enable_dns_rebinding_protection=True,
+            allowed_hosts=[*hosts, *(f"{h}:{self.port}" for h in hosts)],
+            allowed_origins=[f"{s}://{h}{p}" for s in ("http", "https") for h in hosts for p in ("", f":{self.port}")],
+        )
+
+
+def _split_host_header(value: str) -> tuple[str | None, int | None]:
+    value = value.strip().lower()
+    if not value or any(c.isspace() or c in "/@\\" for c in value):
+        return None, None
+    if value.startswith("["):
+        host, _, rest = value[1:].partition("]")
+        if rest and not rest.startswith(":"):
+            return None, None
+        port = rest[1:]
+    else:
+        host, _, port = value.partition(":")
+        if ":" in port:
+            return None, None
+    if port and not port.isdigit():
+        return None, None
+    return host.rstrip("."), (int(port) if port else None)
+
+
+def strict_json(raw: bytes) -> Any:
+    """``raw`` as JSON read strictly (``reconciler.jsonstrict``: no duplicate key, bounded nesting); _BadRequest."""
+    from reconciler import jsonstrict
+
+    try:
+        return jsonstrict.loads(raw)
+    except jsonstrict.StrictJsonError as exc:
+        msg = str(exc)
+        raise _BadRequest("the body is not JSON" if msg == "not JSON" else f"the body: {msg}") from None
+
+
+# ---------------------------------------------------------------- the guard
+
+
+class _RateLimit:
+    """At most ``burst`` events a ``window_s``; ``take()`` says whether this one may be recorded and how many were
+    suppressed before it."""
+
+    def __init__(self, burst: int, window_s: float = 60.0):
+        self.burst = burst
+        self.window_s = window_s
+        self._start = 0.0
+        self._count = 0
+        self._suppressed = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> tuple[bool, int]:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._start >= self.window_s:
+                self._start, self._count = now, 0
+            if self._count >= self.burst:
+                self._suppressed += 1
+                return False, 0
+            self._count += 1
+            suppressed, self._suppressed = self._suppressed, 0
+            return True, suppressed
 
 
 class Guard:
-    """Pure ASGI middleware: the bearer token on every path but ``PUBLIC``, and the request body limit."""
+    """Pure ASGI middleware in front of every route: ``Host:``/``Origin:``, the bearer token on every path but
+    ``PUBLIC``, the body read whole within its limits and, when it is JSON, parsed strictly."""
 
-    def __init__(self, app: Any, *, token: ApiToken, max_body: int = MAX_BODY,
-                 on_refused: Callable[[str, str], None] | None = None):
+    def __init__(self, app: Any, *, token: ApiToken, allowed: AllowedHosts, max_body: int = MAX_BODY,
+                 on_refused: Callable[[str, str, str], None] | None = None, body_timeout_s: float = BODY_TIMEOUT_S):
         self.app = app
         self.token = token
+        self.allowed = allowed
         self.max_body = max_body
         self.on_refused = on_refused
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = dict(scope.get("headers") or [])
+        headers: dict[bytes, bytes] = {}
+        for k, v in scope.get("headers") or []:
+            if k in headers and k in (b"host", b"authorization", b"content-length", b"origin"):
+                await _send_json(send, 400, {"error": f"the {k.decode()} header is sent twice"})
+                return
+            headers[k] = v
         path = scope.get("path", "")
+        host = headers.get(b"host", b"").decode("latin-1")
+        if not self.allowed.permits(host):
+            await _send_json(send, 421, {"error": f"this listener does not answer to Host {host[:100]!r}; it "
+                                                  f"answers to {self.allowed.describe()} (--api-host NAME adds a name)"})
+            return
+        origin = headers.get(b"origin")
+        if origin is not None and not self.allowed.permits_origin(origin.decode("latin-1")):
+            await _send_json(send, 403, {"error": "requests from web pages of another origin are refused"})
+            return
         if path not in PUBLIC:
             auth = headers.get(b"authorization", b"")
             scheme, _, presented = auth.partition(b" ")
             if not auth or scheme.lower() != b"bearer":
-                await self._refuse(send, path, "no bearer token: send Authorization: Bearer TOKEN")
+                await self._refuse(send, scope, "no bearer token: send Authorization: Bearer TOKEN")
                 return
             if not self.token.matches(presented.strip()):
-                await self._refuse(send, path, "wrong token")
+                await self._refuse(send, scope, "wrong token")
                 return
+        if b"content-length" in headers or b"transfer-encoding" in headers:
+            body = await self._read_body(headers, receive, send)
+            if body is None:
+                return
+            receive = _replay(body, receive)
+        await self.app(scope, receive, send)
+
+    async def _read_body(self, headers: dict[bytes, bytes], receive: Any, send: Any) -> bytes | None:
+        """The whole body, or None once an error was answered (413, 408, 400)."""
         length = headers.get(b"content-length")
         if length is not None:
-            try:
-                too_big = int(length) > self.max_body
-            except ValueError:
+            if not length.isdigit():
                 await _send_json(send, 400, {"error": "Content-Length is not a number"})
-                return
-            if too_big:
+                return None
+            if int(length) > self.max_body:
                 await _send_json(send, 413, {"error": f"request body over {self.max_body} bytes"})
-                return
-        seen = 0
-        started = False
-
-        async def limited_receive() -> Any:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_body:
-                    raise _TooLarge
-            return message
-
-        async def tracked_send(message: Any) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
+                return None
+        chunks: list[bytes] = []
+        size = 0
         try:
-            await self.app(scope, limited_receive, tracked_send)
-        except _TooLarge:
-            if not started:
-                await _send_json(send, 413, {"error": f"request body over {self.max_body} bytes"})
+            with anyio_fail_after(self.body_timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return None
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > self.max_body:
+                        await _send_json(send, 413, {"error": f"request body over {self.max_body} bytes"},
+                                         close=True)
+                        return None
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            await _send_json(send, 408, {"error": f"the body did not arrive within {self.body_timeout_s:.0f} s"},
+                             close=True)
+            return None
+        body = b"".join(chunks)
+        ctype = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+        if body.strip() and ctype in (b"application/json", b""):
+            try:
+                strict_json(body)
+            except _BadRequest as exc:
+                await _send_json(send, 400, {"error": str(exc)})
+                return None
+        return body
 
-    async def _refuse(self, send: Any, path: str, why: str) -> None:
+    async def _refuse(self, send: Any, scope: Any, why: str) -> None:
         if self.on_refused is not None:
-            self.on_refused(path, why)
+            client = scope.get("client") or ("?", 0)
+            self.on_refused(str(scope.get("path", ""))[:200], why, f"{client[0]}:{client[1]}")
         await _send_json(send, 401, {"error": why}, extra=[(b"www-authenticate", b'Bearer realm="reconciler"')])
 
 
-class _TooLarge(Exception):
-    pass
+def anyio_fail_after(seconds: float) -> Any:
+    import anyio
+
+    return anyio.fail_after(seconds)
 
 
-async def _send_json(send: Any, status: int, body: dict[str, Any], *, extra: list[tuple[bytes, bytes]] = ()) -> None:  # type: ignore[assignment]
+def _replay(body: bytes, receive: Any) -> Callable[[], Awaitable[Any]]:
+    sent = False
+
+    async def replay() -> Any:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _send_json(send: Any, status: int, body: dict[str, Any], *, extra: Sequence[tuple[bytes, bytes]] = (),
+                     close: bool = False) -> None:
     data = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
-                            *extra]})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()), *extra]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": data})
 
 
@@ -327,91 +525,406 @@ class PassGate:
         self.lock.release()
 
 
-# ---------------------------------------------------------------- the app
+# ---------------------------------------------------------------- request models
 
 
-def _bool_param(text: str | None, name: str) -> bool:
-    if text is None or text.lower() in ("", "0", "false", "no"):
-        return False
-    if text.lower() in ("1", "true", "yes"):
-        return True
-    raise _BadRequest(f"{name}={text!r}: give true or false")
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
-def since_param(text: str | None) -> float | None:
-    """``since``: parsed by the service layer like the command line's ``--since``."""
+class ReclaimBody(_Strict):
+    """POST /v1/shm/reclaim: the guarded cleanup of orphan offload files."""
+
+    confirm: StrictBool = Field(False, description="remove the orphans (JSON true, nothing else); without it a dry run")
+    paths: list[str] | None = Field(None, max_length=4096,
+                                    description="remove nothing but these paths (from a dry run)")
+
+
+class ApplyBody(_Strict):
+    """POST /v1/apply: carry out a plan saved by GET /v1/plan?save=true."""
+
+    plan_id: str = Field(pattern=r"^[0-9a-f]{32}$", description="from GET /v1/plan?save=true")
+
+
+class _Query(BaseModel):
+    # A query string carries text only: its values are read as pydantic reads text (save=true, save=1).
+    model_config = ConfigDict(extra="forbid")
+
+
+class PlanQuery(_Query):
+    save: bool = Field(False, description="keep the plan; its plan_id is for POST /v1/apply")
+
+
+class AuditQuery(_Query):
+    since: str | None = Field(None, description="epoch seconds, an ISO time, or an age: 90s, 15m, 2h, 7d")
+
+
+PROBE_RECIPE = r"^[a-z0-9][a-z0-9._-]{0,127}$"  # a recipe's name, as the loader accepts it
+PROBE_SUITES = ("preflight", "regression", "all")
+
+
+_PROBE_RECIPE = re.compile(PROBE_RECIPE[1:-1])  # fullmatch: '$' alone would let a trailing newline through
+
+
+def probe_params(recipe: str | None, suite: str | None) -> tuple[str, str]:
+    """``GET /v1/probe``'s query, checked before anything runs: a recipe name and a suite."""
+    if not recipe or not _PROBE_RECIPE.fullmatch(recipe):
+        raise _BadRequest("recipe: give the recipe's name (lowercase letters, digits and '._-'), e.g. ?recipe=omni")
+    suite = suite or "preflight"
+    if suite not in PROBE_SUITES:
+        raise _BadRequest(f"suite: {suite!r} is not one of {', '.join(PROBE_SUITES)}")
+    return recipe, suite
+
+
+class ProbeQuery(_Query):
+    recipe: str = Field(pattern=PROBE_RECIPE, description="the recipe's name (its file stem under configs/recipes/)")
+    suite: Literal["preflight", "regression", "all"] = Field(
+        "preflight", description="preflight (what every enter runs), regression (on demand) or all")
+
+
+class ErrorBody(BaseModel):
+    """What a refused request gets (the command-line answers carry their own ``error`` object instead)."""
+
+    error: str | dict[str, Any]
+    problems: list[dict[str, Any]] | None = Field(None, description="422: each problem with path, line, message")
+
+
+def _errors(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
+
+
+def _query(request: Request, model: type[BaseModel]) -> Any:
+    params = request.query_params
+    for key in params:
+        if len(params.getlist(key)) > 1:
+            raise _BadRequest(f"{key} is given more than once")
+    try:
+        return model.model_validate(dict(params))
+    except ValidationError as exc:
+        raise _BadRequest(_errors(exc)) from None
+
+
+async def _body(request: Request, model: type[BaseModel]) -> Any:
+    raw = await request.body()  # read whole and checked by the Guard already
+    if not raw.strip():
+        data: Any = {}
+    else:
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype not in ("application/json", ""):
+            raise _BadRequest(f"send the body as application/json, not {ctype}")
+        data = strict_json(raw)
+    if not isinstance(data, dict):
+        raise _BadRequest("the body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _BadRequest(_errors(exc)) from None
+
+
+# ---------------------------------------------------------------- what the routes share
+
+
+@dataclass
+class AppContext:
+    """Everything a route needs, on ``app.state.ctx``: the root, the caller's token, the loop's pass lock and the
+    loop's metrics and health."""
+
+    root: str
+    token: ApiToken
+    pass_lock: Any
+    host: str | None = None
+    log: Callable[..., None] | None = None
+    metrics: Callable[[], bytes] | None = None
+    health: Callable[[], tuple[int, dict[str, Any]]] | None = None
+    cancel: threading.Event | None = None
+    hooks: Any = None
+    auth_audit: _RateLimit = field(default_factory=lambda: _RateLimit(AUTH_AUDIT_BURST))
+
+    def service(self, front: str) -> HostService:
+        from reconciler.service import Caller, HostService
+
+        kwargs: dict[str, Any] = {"hooks": self.hooks} if self.hooks is not None else {}
+        return HostService(self.root, caller=Caller(front, self.token.name),
+                           pass_lock=PassGate(self.pass_lock, self.log, front), **kwargs)
+
+    def audit(self, record: dict[str, Any]) -> None:
+        """One record in the host's audit trail (an audit that cannot be written is logged, never fatal here)."""
+        if self.host is None:
+            return
+        from reconciler.audit import audit_log
+
+        try:
+            audit_log(self.host).append(record)
+        except ReconcilerError as exc:
+            if self.log:
+                self.log("audit-error", error=str(exc))
+
+    def refused_auth(self, path: str, why: str, peer: str) -> None:
+        if self.log:
+            self.log("api-refused", path=path, reason=why, peer=peer)
+        ok, suppressed = self.auth_audit.take()
+        if ok:
+            self.audit({"front": "api", "who": peer, "action": "authenticate", "outcome": "refused",
+                        "reason": why, "path": path, "suppressed_before": suppressed})
+
+    def refused_request(self, front: str, action: str, reason: str) -> None:
+        """A destructive request refused before it reached the service (a bad body): audited with why."""
+        self.audit({"front": front, "who": self.token.name, "action": action, "outcome": "refused",
+                    "reason": reason})
+
+
+def _ctx(request: Request) -> AppContext:
+    return request.app.state.ctx  # type: ignore[no-any-return]
+
+
+def _answer(res: Any, *, write: bool) -> Response:
+    from starlette.responses import JSONResponse
+
+    from reconciler.redact import redact_data
+
+    code = res.exit_code
+    status = 409 if write and code != 0 else 200
+    return JSONResponse(redact_data(res.to_json()), status_code=status, headers={"X-Reconciler-Exit-Code": str(code)})
+
+
+async def _run(request: Request, call: Callable[[HostService], Any], *, write: bool = False) -> Response:
+    """One service call in a worker thread, its result or error as the answer (never a traceback)."""
+    import anyio.to_thread
+    from starlette.responses import JSONResponse
+
+    from reconciler.errors import ConfigError
+    from reconciler.redact import redact_text
+
+    ctx = _ctx(request)
+    try:
+        res = await anyio.to_thread.run_sync(lambda: call(ctx.service("api")))
+    except ConfigError as exc:
+        return JSONResponse({"error": "invalid configuration", "problems": [
+            {"path": p.path, "line": p.line, "message": redact_text(p.message)} for p in exc.problems]},
+            status_code=422)
+    except ReconcilerError as exc:
+        return JSONResponse({"error": redact_text(str(exc))}, status_code=409)
+    except Exception as exc:  # noqa: BLE001 - an answer, never a traceback, and the loop goes on
+        if ctx.log:
+            ctx.log("api-error", path=request.url.path, error=f"{type(exc).__name__}: {exc}"[:300])
+        return JSONResponse({"error": f"internal error ({type(exc).__name__}); see the reconciler's log"},
+                            status_code=500)
+    return _answer(res, write=write)
+
+
+def _bad(request: Request, exc: _BadRequest, *, action: str | None = None) -> Response:
+    from starlette.responses import JSONResponse
+
+    if action is not None:
+        _ctx(request).refused_request("api", action, f"bad request: {exc}")
+    return JSONResponse({"error": str(exc)}, status_code=400)
+
+
+# ---------------------------------------------------------------- the routes, one function each
+
+
+async def get_status(request: Request) -> Response:
+    """``status --json``."""
+    try:
+        _query(request, _Query)
+    except _BadRequest as exc:
+        return _bad(request, exc)
+    return await _run(request, lambda s: s.status())
+
+
+async def get_plan(request: Request) -> Response:
+    """``plan --json``; with ``save`` the plan is kept and its ``plan_id`` is for POST /v1/apply."""
+    try:
+        q = _query(request, PlanQuery)
+    except _BadRequest as exc:
+        return _bad(request, exc)
+    return await _run(request, lambda s: s.plan(save=q.save))
+
+
+async def get_shm(request: Request) -> Response:
+    """``shm status --json`` (read-only)."""
+    try:
+        _query(request, _Query)
+    except _BadRequest as exc:
+        return _bad(request, exc)
+    return await _run(request, lambda s: s.shm_status())
+
+
+async def get_audit(request: Request) -> Response:
+    """The audit trail, since a time when ``since`` is given (parsed like the command line's ``--since``)."""
     from reconciler.service import parse_since
 
     try:
-        return parse_since(text)
-    except ValueError as exc:
-        raise _BadRequest(f"since={text!r}: {exc}") from None
+        q = _query(request, AuditQuery)
+        try:
+            since = parse_since(q.since)
+        except ValueError as exc:
+            raise _BadRequest(f"since={q.since!r}: {exc}") from None
+    except _BadRequest as exc:
+        return _bad(request, exc)
+    return await _run(request, lambda s: s.audit(since=since))
 
 
-class _BadRequest(Exception):
-    pass
+async def get_probe(request: Request) -> Response:
+    """``probe RECIPE --suite SUITE --json``: one suite of a recipe's probes against its running lane."""
+    try:
+        recipe, suite = probe_params(request.query_params.get("recipe"), request.query_params.get("suite"))
+        _query(request, ProbeQuery)  # and nothing else in the query
+    except _BadRequest as exc:
+        return _bad(request, exc)
+    return await _run(request, lambda s: s.probe(recipe, suite=suite))
+
+
+async def post_reclaim(request: Request) -> Response:
+    """``shm reclaim --json``: a dry run unless ``confirm`` is JSON true."""
+    try:
+        body = await _body(request, ReclaimBody)
+    except _BadRequest as exc:
+        return _bad(request, exc, action="shm-reclaim")
+    return await _run(request, lambda s: s.shm_reclaim(confirm=body.confirm, paths=body.paths), write=True)
+
+
+async def post_apply(request: Request) -> Response:
+    """Apply a plan saved by GET /v1/plan?save=true, exactly, or refuse it as stale."""
+    try:
+        body = await _body(request, ApplyBody)
+    except _BadRequest as exc:
+        return _bad(request, exc, action="apply")
+    cancel = _ctx(request).cancel
+    return await _run(request, lambda s: s.apply_saved(body.plan_id, cancel=cancel), write=True)
+
+
+async def get_openapi(request: Request) -> Response:
+    """This API as OpenAPI 3.1."""
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(openapi())
+
+
+async def get_metrics(request: Request) -> Response:
+    """The loop's Prometheus metrics (no token: Prometheus scrapes it)."""
+    from starlette.responses import JSONResponse, Response
+
+    metrics = _ctx(request).metrics
+    if metrics is None:
+        return JSONResponse({"error": "no metrics here"}, status_code=404)
+    from reconciler.metrics import CONTENT_TYPE
+
+    return Response(metrics(), media_type=CONTENT_TYPE)
+
+
+async def get_healthz(request: Request) -> Response:
+    """200 after a recent pass that read every source, else 503 with why (no token: supervisors ask it)."""
+    from starlette.responses import JSONResponse
+
+    from reconciler.redact import redact_data
+
+    health = _ctx(request).health
+    if health is None:
+        return JSONResponse({"ok": True})
+    code, body = health()
+    return JSONResponse(redact_data(body), status_code=code)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One route: what serves it and what the OpenAPI document says of it."""
+
+    path: str
+    method: str
+    handler: Callable[[Request], Awaitable[Response]]
+    summary: str
+    query: type[BaseModel] | None = None
+    body: type[BaseModel] | None = None
+    responses: dict[str, str] = field(default_factory=dict)
+    command: bool = True  # answers with the command line's --json and its exit code
+    public: bool = False
+
+
+ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint("/v1/status", "GET", get_status, "status --json"),
+    Endpoint("/v1/plan", "GET", get_plan, "plan --json (dry run)", query=PlanQuery),
+    Endpoint("/v1/shm", "GET", get_shm, "shm status --json (read-only)"),
+    Endpoint("/v1/audit", "GET", get_audit, "the audit trail", query=AuditQuery),
+    Endpoint("/v1/probe", "GET", get_probe, "probe RECIPE --suite SUITE --json: one suite of a recipe's functional "
+             "probes against its running lane (read-only for the host; the run goes to the audit trail)",
+             query=ProbeQuery),
+    Endpoint("/v1/shm/reclaim", "POST", post_reclaim, "shm reclaim --json: a dry run unless confirm", body=ReclaimBody,
+             responses={"409": "refused or failed (the body says why)"}),
+    Endpoint("/v1/apply", "POST", post_apply, "apply a saved plan; refused when stale", body=ApplyBody,
+             responses={"409": "stale, blocked or failed (the body says which)"}),
+    Endpoint("/v1/openapi.json", "GET", get_openapi, "this description", command=False),
+    Endpoint("/metrics", "GET", get_metrics, "Prometheus metrics (text exposition format)", command=False, public=True),
+    Endpoint("/healthz", "GET", get_healthz, "200 after a recent pass that read every source, else 503",
+             command=False, public=True, responses={"503": "no recent pass, or a source unavailable"}),
+)
 
 
 def openapi() -> dict[str, Any]:
-    """This API as OpenAPI 3.1 (served at /v1/openapi.json)."""
-    body_reclaim = {
-        "type": "object", "additionalProperties": False,
-        "properties": {"confirm": {"type": "boolean", "default": False,
-                                   "description": "remove the orphans; without it a dry run"},
-                       "paths": {"type": "array", "items": {"type": "string"},
-                                 "description": "remove nothing but these paths (from a dry run)"}},
-    }
-    body_apply = {"type": "object", "additionalProperties": False, "required": ["plan_id"],
-                  "properties": {"plan_id": {"type": "string", "pattern": "^[0-9a-f]{32}$",
-                                             "description": "from GET /v1/plan?save=true"}}}
-    obj = {"type": "object", "additionalProperties": True}
+    """This API as OpenAPI 3.1, generated from ``ENDPOINTS`` and their pydantic models."""
+    ref = "#/components/schemas/{model}"
+    schemas: dict[str, Any] = {}
 
-    def op(summary: str, *, params: list[dict[str, Any]] | None = None, body: dict[str, Any] | None = None,
-           extra: dict[str, str] | None = None) -> dict[str, Any]:
-        responses = {
-            "200": {"description": "the command line's --json", "content": {"application/json": {"schema": obj}},
-                    "headers": {"X-Reconciler-Exit-Code": {"schema": {"type": "integer"},
-                                                           "description": "the command line's exit code"}}},
-            "401": {"description": "no token, or a wrong one"},
-            "422": {"description": "the configuration is invalid (problems with file:line)"},
-            **{k: {"description": v} for k, v in (extra or {}).items()},
-        }
-        o: dict[str, Any] = {"summary": summary, "responses": responses}
-        if params:
-            o["parameters"] = params
-        if body:
-            o["requestBody"] = {"required": False, "content": {"application/json": {"schema": body}}}
-        return o
+    def schema_of(model: type[BaseModel]) -> dict[str, Any]:
+        s = model.model_json_schema(ref_template=ref)
+        schemas.update(s.pop("$defs", {}))
+        return s
 
+    error = {"description": "", "content": {"application/json": {"schema": {"$ref": ref.format(model="ErrorBody")}}}}
+    schemas["ErrorBody"] = schema_of(ErrorBody)
+    command = {"type": "object", "additionalProperties": True}
+    paths: dict[str, Any] = {}
+    for ep in ENDPOINTS:
+        responses: dict[str, Any] = {}
+        if ep.command:
+            responses["200"] = {
+                "description": "the command line's --json", "content": {"application/json": {"schema": command}},
+                "headers": {"X-Reconciler-Exit-Code": {"schema": {"type": "integer"},
+                                                       "description": "the command line's exit code"}}}
+        elif ep.path == "/metrics":
+            responses["200"] = {"description": "text exposition format", "content": {"text/plain": {"schema": {
+                "type": "string"}}}}
+        else:
+            responses["200"] = {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}
+        if not ep.public:
+            responses["401"] = {**error, "description": "no token, or a wrong one"}
+        responses["421"] = {**error, "description": "a Host header this listener does not answer to"}
+        if ep.query is not None or ep.body is not None:
+            responses["400"] = {**error, "description": "a bad request: the error says which field and why"}
+        if ep.body is not None:
+            responses["413"] = {**error, "description": f"a body over {MAX_BODY} bytes"}
+        if ep.command:
+            responses["422"] = {**error, "description": "the configuration is invalid (problems with file:line)"}
+        for code, text in ep.responses.items():
+            responses[code] = {"description": text} if code == "409" or code == "503" else {**error, "description": text}
+        op: dict[str, Any] = {"summary": ep.summary, "operationId": ep.handler.__name__, "responses": responses}
+        if ep.public:
+            op["security"] = []
+        if ep.query is not None:
+            q = schema_of(ep.query)
+            required = set(q.get("required", []))
+            op["parameters"] = [
+                {"name": name, "in": "query", "required": name in required,
+                 "schema": {k: v for k, v in prop.items() if k not in ("description", "title")},
+                 **({"description": prop["description"]} if "description" in prop else {})}
+                for name, prop in q.get("properties", {}).items()]
+        if ep.body is not None:
+            name = ep.body.__name__
+            schemas[name] = schema_of(ep.body)
+            op["requestBody"] = {"required": False, "content": {"application/json": {"schema": {
+                "$ref": ref.format(model=name)}}}}
+        paths.setdefault(ep.path, {})[ep.method.lower()] = op
+    paths["/mcp"] = {"post": {
+        "summary": "MCP (streamable HTTP): host_status, host_plan, host_shared_memory, host_probe, host_manage",
+        "operationId": "mcp", "responses": {"200": {"description": "a JSON-RPC answer"},
+                                            "401": {**error, "description": "no token, or a wrong one"}}}}
     return {
         "openapi": "3.1.0",
         "info": {"title": "reconciler", "version": _version(),
                  "description": "The HTTP API of `reconciler run`: the same guarded operations as the command line."},
-        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}, "schemas": schemas},
         "security": [{"bearer": []}],
-        "paths": {
-            "/v1/status": {"get": op("status --json")},
-            "/v1/plan": {"get": op("plan --json (dry run)", params=[
-                {"name": "save", "in": "query", "schema": {"type": "boolean"},
-                 "description": "keep the plan; its plan_id is for POST /v1/apply"}])},
-            "/v1/shm": {"get": op("shm status --json (read-only)")},
-            "/v1/audit": {"get": op("the audit trail", params=[
-                {"name": "since", "in": "query", "schema": {"type": "string"},
-                 "description": "epoch seconds, an ISO time, or an age: 90s, 15m, 2h, 7d"}])},
-            "/v1/shm/reclaim": {"post": op("shm reclaim --json: a dry run unless confirm", body=body_reclaim,
-                                           extra={"409": "refused or failed (the body says why)",
-                                                  "413": "request body too large"})},
-            "/v1/apply": {"post": op("apply a saved plan; refused when stale", body=body_apply,
-                                     extra={"409": "stale, blocked or failed (the body says which)",
-                                            "413": "request body too large"})},
-            "/v1/openapi.json": {"get": {"summary": "this description", "responses": {"200": {"description": "OK"}}}},
-            "/mcp": {"post": {"summary": "MCP (streamable HTTP): host_status, host_plan, host_shared_memory, "
-                                         "host_manage", "responses": {"200": {"description": "MCP"}}}},
-            "/metrics": {"get": {"summary": "Prometheus metrics", "security": [],
-                                 "responses": {"200": {"description": "text exposition format"}}}},
-            "/healthz": {"get": {"summary": "a recent pass that read every source", "security": [],
-                                 "responses": {"200": {"description": "healthy"}, "503": {"description": "not"}}}},
-        },
+        "paths": paths,
     }
 
 
@@ -427,194 +940,199 @@ def build_app(
     token: ApiToken,
     pass_lock: Any,
     bind_host: str = "127.0.0.1",
+    port: int = 0,
+    api_hosts: Sequence[str] = (),
+    host: str | None = None,
     log: Callable[..., None] | None = None,
     metrics: Callable[[], bytes] | None = None,
     health: Callable[[], tuple[int, dict[str, Any]]] | None = None,
     cancel: threading.Event | None = None,
     max_body: int = MAX_BODY,
+    hooks: Any = None,
 ) -> Any:
-    """The ASGI app (the ``Guard`` around Starlette): /v1, /mcp, /metrics, /healthz."""
-    import anyio.to_thread
-    from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+    """The ASGI app (the ``Guard`` around Starlette): ``ENDPOINTS``, and MCP at /mcp. ``host``: the host's name, for
+    the audit records of refused requests; ``port``: the listener's (the Host check)."""
     from starlette.applications import Starlette
-    from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
-    from reconciler.errors import ConfigError
-    from reconciler.lock import LockHeld
     from reconciler.mcp_server import build_server
-    from reconciler.redact import redact_data, redact_text
-    from reconciler.service import Caller, HostService
 
-    def service(front: str) -> HostService:
-        return HostService(root, caller=Caller(front, token.name), pass_lock=PassGate(pass_lock, log, front))
-
-    class ReclaimBody(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        confirm: StrictBool = False
-        paths: list[str] | None = None
-
-    class ApplyBody(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        plan_id: str = Field(pattern=r"^[0-9a-f]{32}$")
-
-    def answer(res: Any, *, write: bool = False) -> Response:
-        code = res.exit_code
-        status = 409 if write and code != 0 else 200
-        return JSONResponse(redact_data(res.to_json()), status_code=status,
-                            headers={"X-Reconciler-Exit-Code": str(code)})
-
-    def endpoint(fn: Callable[[Request], Any], *, write: bool = False) -> Callable[[Request], Any]:
-        async def handle(request: Request) -> Response:
-            try:
-                call = await fn(request)
-                res = await anyio.to_thread.run_sync(call)
-            except _BadRequest as exc:
-                return JSONResponse({"error": str(exc)}, status_code=400)
-            except ConfigError as exc:
-                return JSONResponse({"error": "invalid configuration", "problems": [
-                    {"path": p.path, "line": p.line, "message": redact_text(p.message)} for p in exc.problems]},
-                    status_code=422)
-            except LockHeld as exc:
-                return JSONResponse({"error": redact_text(str(exc))}, status_code=409)
-            except ReconcilerError as exc:
-                return JSONResponse({"error": redact_text(str(exc))}, status_code=409)
-            except Exception as exc:  # noqa: BLE001 - an answer, never a traceback, and the loop goes on
-                if log:
-                    log("api-error", path=request.url.path, error=f"{type(exc).__name__}: {exc}"[:300])
-                return JSONResponse({"error": f"internal error ({type(exc).__name__}); see the reconciler's log"},
-                                    status_code=500)
-            return answer(res, write=write)
-
-        return handle
-
-    async def body_of(request: Request, model: type[BaseModel]) -> Any:
-        raw = await request.body()
-        if not raw.strip():
-            data: Any = {}
-        else:
-            ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-            if ctype not in ("application/json", ""):
-                raise _BadRequest(f"send the body as application/json, not {ctype}")
-            try:
-                data = json.loads(raw)
-            except ValueError:
-                raise _BadRequest("the body is not JSON") from None
-        if not isinstance(data, dict):
-            raise _BadRequest("the body must be a JSON object")
-        try:
-            return model.model_validate(data)
-        except ValidationError as exc:
-            raise _BadRequest("; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}"
-                                        for e in exc.errors())) from None
-
-    async def status(request: Request) -> Any:
-        return lambda: service("api").status()
-
-    async def plan(request: Request) -> Any:
-        save = _bool_param(request.query_params.get("save"), "save")
-        return lambda: service("api").plan(save=save)
-
-    async def shm(request: Request) -> Any:
-        return lambda: service("api").shm_status()
-
-    async def audit(request: Request) -> Any:
-        since = since_param(request.query_params.get("since"))
-        return lambda: service("api").audit(since=since)
-
-    async def reclaim(request: Request) -> Any:
-        body = await body_of(request, ReclaimBody)
-        return lambda: service("api").shm_reclaim(confirm=body.confirm, paths=body.paths)
-
-    async def apply(request: Request) -> Any:
-        body = await body_of(request, ApplyBody)
-        return lambda: service("api").apply_saved(body.plan_id, cancel=cancel)
-
-    async def spec(request: Request) -> Response:
-        return JSONResponse(openapi())
-
-    async def metrics_route(request: Request) -> Response:
-        if metrics is None:
-            return JSONResponse({"error": "no metrics here"}, status_code=404)
-        from reconciler.metrics import CONTENT_TYPE
-
-        return Response(metrics(), media_type=CONTENT_TYPE)
-
-    async def healthz(request: Request) -> Response:
-        if health is None:
-            return JSONResponse({"ok": True})
-        code, body = health()
-        return JSONResponse(redact_data(body), status_code=code)
-
-    mcp = build_server(lambda: service("mcp"))
-    mcp_app = mcp.streamable_http_app(
-        streamable_http_path="/mcp",
-        stateless_http=True,
-        json_response=True,
-        transport_security=_transport_security(bind_host),
-        host=bind_host,
-    )
+    ctx = AppContext(root, token, pass_lock, host=host, log=log, metrics=metrics, health=health, cancel=cancel,
+                     hooks=hooks)
+    allowed = AllowedHosts.of(bind_host, port, api_hosts)
+    mcp = build_server(lambda: ctx.service("mcp"), on_refused=lambda reason: ctx.refused_request(
+        "mcp", "host_manage", reason))
+    mcp_app = mcp.streamable_http_app(streamable_http_path="/mcp", stateless_http=True, json_response=True,
+                                      transport_security=allowed.mcp_security(), host=bind_host)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with mcp.session_manager.run():
             yield
 
-    routes = [
-        Route("/v1/status", endpoint(status), methods=["GET"]),
-        Route("/v1/plan", endpoint(plan), methods=["GET"]),
-        Route("/v1/shm", endpoint(shm), methods=["GET"]),
-        Route("/v1/audit", endpoint(audit), methods=["GET"]),
-        Route("/v1/shm/reclaim", endpoint(reclaim, write=True), methods=["POST"]),
-        Route("/v1/apply", endpoint(apply, write=True), methods=["POST"]),
-        Route("/v1/openapi.json", spec, methods=["GET"]),
-        Route("/metrics", metrics_route, methods=["GET"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        *mcp_app.routes,
-    ]
-    app = Starlette(routes=routes, lifespan=lifespan)
-
-    def refused(path: str, why: str) -> None:
-        if log:
-            log("api-refused", path=path[:200], reason=why)
-
-    return Guard(app, token=token, max_body=max_body, on_refused=refused)
+    app = Starlette(routes=[*(Route(ep.path, ep.handler, methods=[ep.method]) for ep in ENDPOINTS), *mcp_app.routes],
+                    lifespan=lifespan)
+    app.state.ctx = ctx
+    return Guard(app, token=token, allowed=allowed, max_body=max_body, on_refused=ctx.refused_auth)
 
 
-def _transport_security(host: str) -> Any:
-    """MCP's own Host/Origin check (against DNS rebinding) on loopback; off when remote access was asked for, where
-    the Host a client uses cannot be known here (the bearer token guards every request either way)."""
-    from mcp.server.transport_security import TransportSecuritySettings
-
-    if not is_loopback(host):
-        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
-    return TransportSecuritySettings(
-        enable_dns_rebinding_protection=True,
-        allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
-        allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
-    )
+# ---------------------------------------------------------------- serving it, and keeping it served
 
 
-# ---------------------------------------------------------------- serving it in a thread
+def raise_nofile(log: Callable[..., None] | None = None, *, want: int = 65536) -> int:
+    """Raise the soft open-file limit towards the hard one (at most ``want``); the soft limit now. With the common
+    default of 1,024, a thousand idle connections took every descriptor the process had."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(hard, want)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            if log:
+                log("nofile-raised", soft=target, was=soft, hard="unlimited" if hard == resource.RLIM_INFINITY
+                    else hard)
+            return target
+        except (ValueError, OSError) as exc:
+            if log:
+                log("nofile-unchanged", soft=soft, hard=hard, error=str(exc))
+    return soft if soft != resource.RLIM_INFINITY else want
+
+
+def connection_cap(nofile: int) -> int:
+    """The listener's share of the open-file limit: a quarter of it, within 16 .. ``MAX_CONNECTIONS``."""
+    return max(16, min(MAX_CONNECTIONS, nofile // 4))
+
+
+def guarded_protocol(*, max_connections: int, head_timeout_s: float) -> type:
+    """uvicorn's h11 protocol with two bounds it lacks: a connection must send a complete request head within
+    ``head_timeout_s`` (after connecting, and after each answer), and past ``max_connections`` open ones the oldest
+    idle connection (or else the new one) is closed at once, so idle clients cannot take every descriptor."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class GuardedH11Protocol(H11Protocol):  # type: ignore[misc]
+        _head_timer: asyncio.TimerHandle | None = None
+        _since = 0.0
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._since = self.loop.time()
+            if len(self.connections) > max_connections:
+                idle = [c for c in self.connections if c is not self and c._idle()]
+                victim = min(idle, key=lambda c: c._since) if idle else self
+                victim.transport.abort()
+                if victim is self:
+                    return
+            self._arm()
+
+        def _idle(self) -> bool:
+            cycle = getattr(self, "cycle", None)
+            return cycle is None or bool(getattr(cycle, "response_complete", True))
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._head_timer = self.loop.call_later(head_timeout_s, self._head_timeout)
+
+        def _disarm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timeout(self) -> None:
+            self._head_timer = None
+            if self._idle() and not self.transport.is_closing():
+                self.transport.abort()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return GuardedH11Protocol
+
+
+class LogBridge:
+    """A ``logging.Handler`` for the libraries' own log records (uvicorn, asyncio, the MCP SDK): into the loop's log
+    (escaped and redacted like every line), never raising. Installed on the root logger before the MCP server is
+    built, so the SDK's rich console handler (which imports modules while handling an error, and so raised again
+    when no descriptor was left) is never installed."""
+
+    def __init__(self, log: Callable[..., None]):
+        import logging
+
+        class _Handler(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                try:
+                    log("library-log", logger=record.name, level=record.levelname.lower(),
+                        message=record.getMessage()[:500],
+                        **({"error": repr(record.exc_info[1])[:300]} if record.exc_info else {}))
+                except Exception:  # noqa: BLE001 - a log record that cannot be written must not end its thread
+                    self.handleError(record)
+
+            def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+                return  # nowhere safer to report it than the log that just failed
+
+        self.handler = _Handler(level=logging.WARNING)
+
+    def install(self) -> None:
+        import logging
+
+        root = logging.getLogger()
+        if self.handler not in root.handlers:
+            root.addHandler(self.handler)
+        if root.level > logging.WARNING or root.level == logging.NOTSET:
+            root.setLevel(logging.WARNING)
 
 
 class Listener:
-    """uvicorn serving ``app`` on an already bound socket, in a daemon thread of the loop."""
+    """uvicorn serving ``app`` on an already bound socket, in a daemon thread, with an event loop whose errors are
+    logged (``http-loop-error``, rate-limited) and never end it: an ``accept`` that fails for want of descriptors
+    (EMFILE) is retried by asyncio a second later."""
 
-    def __init__(self, app: Any, sock: socket.socket):
+    def __init__(self, app: Any, sock: socket.socket, *, log: Callable[..., None] | None = None,
+                 max_connections: int = MAX_CONNECTIONS):
         import uvicorn
 
         self.sock = sock
-        config = uvicorn.Config(app, log_config=None, log_level="warning", access_log=False, lifespan="on",
-                                ws="none", timeout_graceful_shutdown=3)
+        self.log = log
+        config = uvicorn.Config(
+            app, log_config=None, log_level="warning", access_log=False, lifespan="on", ws="none",
+            timeout_graceful_shutdown=3, timeout_keep_alive=int(KEEP_ALIVE_S), limit_concurrency=LIMIT_CONCURRENCY,
+            backlog=128, h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+            http=guarded_protocol(max_connections=max_connections, head_timeout_s=HEAD_TIMEOUT_S),
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self._serve, name="http", daemon=True)
         self.error: BaseException | None = None
+        self.stopping = False
+        self._errors = _RateLimit(5)
+
+    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        try:
+            exc = context.get("exception")
+            ok, suppressed = self._errors.take()
+            if not ok or self.log is None:
+                return
+            if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+                self.log("http-accept-failed", error=exc.strerror or str(exc), suppressed_before=suppressed,
+                         action="new connections wait a second; idle ones are closed after "
+                                f"{HEAD_TIMEOUT_S:.0f} s")
+            else:
+                self.log("http-loop-error", message=str(context.get("message", ""))[:300],
+                         error=repr(exc)[:300] if exc else "-", suppressed_before=suppressed)
+        except Exception:  # noqa: BLE001 - asyncio's handler of last resort: raising here ended the listener
+            return
+
+    async def _main(self) -> None:
+        asyncio.get_running_loop().set_exception_handler(self._loop_error)
+        await self.server.serve(sockets=[self.sock])
 
     def _serve(self) -> None:
         try:
-            self.server.run(sockets=[self.sock])
-        except BaseException as exc:  # noqa: BLE001 - reported by start() or shutdown()
+            asyncio.run(self._main())
+        except BaseException as exc:  # noqa: BLE001 - reported by start() and by the supervisor
             self.error = exc
 
     def start(self, timeout: float = 15.0) -> Listener:
@@ -633,7 +1151,78 @@ class Listener:
         return int(self.sock.getsockname()[1])
 
     def shutdown(self) -> None:
+        self.stopping = True
         self.server.should_exit = True
         self.thread.join(timeout=5)
         with contextlib.suppress(OSError):
             self.sock.close()
+
+
+class Supervisor:
+    """The listener of ``reconciler run``, kept serving: a listener whose thread ends while the loop runs is logged
+    (``http-listener-died``), counted (``on_restart``) and started again on the same address with a fresh app; past
+    ``RESTARTS_PER_HOUR`` restarts ``on_fatal`` is called (the loop then exits 1, for systemd to restart it)."""
+
+    def __init__(self, make_app: Callable[[int], Any], host: str, port: int, *, log: Callable[..., None],
+                 on_restart: Callable[[], None] | None = None, on_fatal: Callable[[str], None] | None = None,
+                 check_every_s: float = 1.0):
+        self.make_app = make_app
+        self.host = host
+        self.log = log
+        self.on_restart = on_restart
+        self.on_fatal = on_fatal
+        self.check_every_s = check_every_s
+        self._stop = threading.Event()
+        self._restarts: list[float] = []
+        LogBridge(log).install()
+        self.max_connections = connection_cap(raise_nofile(log))
+        sock = bind(host, port)
+        try:
+            self.listener = Listener(make_app(sock.getsockname()[1]), sock, log=log,
+                                     max_connections=self.max_connections)
+        except BaseException:
+            sock.close()
+            raise
+        self.port = sock.getsockname()[1]
+
+    def start(self) -> Supervisor:
+        self.listener.start()
+        threading.Thread(target=self._watch, name="http-watch", daemon=True).start()
+        return self
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.check_every_s):
+            current = self.listener
+            if current.thread.is_alive() or current.stopping:
+                continue
+            why = repr(current.error)[:300] if current.error else "its thread ended"
+            now = time.monotonic()
+            self._restarts = [t for t in self._restarts if now - t < 3600] + [now]
+            if len(self._restarts) > RESTARTS_PER_HOUR:
+                self.log("http-listener-died", error=why, action="giving up: exiting 1 for the supervisor to restart")
+                if self.on_fatal:
+                    self.on_fatal(why)
+                return
+            self.log("http-listener-died", error=why, action="starting it again", restarts=len(self._restarts))
+            if self.on_restart:
+                self.on_restart()
+            with contextlib.suppress(OSError):
+                current.sock.close()
+            try:
+                sock = bind(self.host, self.port)
+                self.listener = Listener(self.make_app(self.port), sock, log=self.log,
+                                         max_connections=self.max_connections).start()
+                self.log("http-listener-restarted", port=self.port)
+            except (OSError, ReconcilerError) as exc:
+                self.log("http-listener-died", error=str(exc)[:300], action="giving up: exiting 1 for the "
+                         "supervisor to restart")
+                if self.on_fatal:
+                    self.on_fatal(str(exc))
+                return
+
+    def alive(self) -> bool:
+        return self.listener.thread.is_alive()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self.listener.shutdown()

@@ -154,6 +154,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         backoff=Backoff(base_s=args.backoff_base, max_s=args.backoff_max),
         api_token_file=args.api_token_file,
         api_allow_remote=args.api_allow_remote,
+        api_hosts=tuple(args.api_host),
     )
     try:
         return loop.run()
@@ -199,6 +200,9 @@ def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
                    "generated into $RECONCILER_STATE_DIR/HOST/api-token)")
     p.add_argument("--api-allow-remote", action="store_true",
                    help="allow a non-loopback --metrics-addr (needs --api-token-file or $RECONCILER_API_TOKEN)")
+    p.add_argument("--api-host", metavar="NAME", action="append", default=[],
+                   help="a name clients reach the listener by (its Host header), besides its address; repeatable. "
+                   "Any other name is refused (421), against DNS rebinding")
     p.add_argument("--resync", type=float, default=60.0, metavar="SECONDS", help="look again at least this often")
     p.add_argument("--debounce", type=float, default=0.1, metavar="SECONDS", help="quiet time after a file event")
     p.add_argument("--log-format", choices=("text", "json"), default="text", help="one line per event")

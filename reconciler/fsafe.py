@@ -195,10 +195,11 @@ def read_trusted(path: str | Path, *, what: str, secret: bool = False, limit: in
         return b"".join(chunks)
 
 
-def write_atomic(path: str | Path, data: bytes | str, *, mode: int = 0o600) -> None:
+def write_atomic(path: str | Path, data: bytes | str, *, mode: int = 0o600, replace: bool = True) -> None:
     """Replace ``path`` by a file holding ``data`` (``mode``), atomically: a fresh temporary file in the same
-    directory (``O_EXCL|O_NOFOLLOW``), fsynced, renamed over it, and the directory fsynced. OSError on failure (the
-    temporary file is removed)."""
+    directory (``O_EXCL|O_NOFOLLOW``), fsynced, renamed over it, and the directory fsynced. With ``replace=False``
+    the file is linked in only where nothing is yet (FileExistsError otherwise: two writers, one winner). OSError
+    on failure (the temporary file is removed)."""
     path = Path(path)
     raw = data.encode("utf-8") if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -210,7 +211,11 @@ def write_atomic(path: str | Path, data: bytes | str, *, mode: int = 0o600) -> N
         os.fsync(fd)
         os.close(fd)
         fd = -1
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)
+            os.unlink(tmp)
     except BaseException:
         if fd >= 0:
             os.close(fd)

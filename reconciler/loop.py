@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from reconciler import __version__
+from reconciler import __version__, sdnotify
 from reconciler.apply import Applier, Outcome, PassResult
 from reconciler.backoff import Backoff
-from reconciler.errors import ConfigError, ReconcilerError
+from reconciler.errors import ConfigError, ReconcilerError, one_line
 from reconciler.loader import load_desired
 from reconciler.lock import HostLock, clear_loop_state, state_path, write_loop_state
 from reconciler.redact import redact_data
@@ -77,6 +77,10 @@ class Log:
 
 def _text(v: Any) -> str:
     s = str(v)
+    if not s.isprintable() or '"' in s or "\\" in s:
+        # A control character (a newline from a request path) would start a forged line: quoted, escaped, and any
+        # line separator JSON leaves alone (U+2028, U+0085) escaped too.
+        return one_line(json.dumps(s, ensure_ascii=False))
     return json.dumps(s) if (" " in s or "=" in s or not s) else s
 
 
@@ -115,6 +119,7 @@ class Loop:
         backoff: Backoff | None = None,
         api_token_file: str | None = None,
         api_allow_remote: bool = False,
+        api_hosts: tuple[str, ...] = (),
     ):
         from reconciler.metrics import Metrics
 
@@ -136,6 +141,9 @@ class Loop:
         self._http: Any = None  # reconciler.api.Listener
         self.api_token_file = api_token_file
         self.api_allow_remote = api_allow_remote
+        self.api_hosts = tuple(api_hosts)  # names the listener answers to besides its address (--api-host)
+        self.exit_code = 0  # 1 when the loop gives up on its listener
+        self._pass_since: float | None = None  # monotonic start of the pass running now (the watchdog's view)
         # Held for each pass; a destructive call of the API or MCP takes it too, so the two never interleave (first
         # come, first served: a call that waits for a pass runs before the next one).
         from reconciler.api import FairLock
@@ -162,6 +170,7 @@ class Loop:
             threading.Thread(target=self._docker_events, name="docker-events", daemon=True).start()
             self.log("start", host=desired.host.name, root=self.root, resync_s=self.resync_s, version=__version__)
             self.triggers.fire("start")
+            sdnotify.start_watchdog(self._well, self.stop)
             try:
                 while not self.stop.is_set():
                     self._wait()
@@ -170,17 +179,40 @@ class Loop:
                     reasons, _ = self.triggers.take()
                     try:
                         with self.pass_lock:
+                            self._pass_since = time.monotonic()
                             self.cycle(reasons or {"resync"})
                     except Exception as exc:  # noqa: BLE001 - one bad pass must not end the loop: log it, go on
                         self.log("pass-error", error=f"{type(exc).__name__}: {exc}"[:500])
                         self.metrics.record_pass("error", 0.0)
+                    finally:
+                        self._pass_since = None
+                    if self.passes <= 1:
+                        sdnotify.notify("READY=1")  # the first pass is done: the host has been looked at
             finally:
+                sdnotify.notify("STOPPING=1")
                 watcher.stop()
                 if self._http:
                     self._http.shutdown()
                 clear_loop_state(desired.host.name)
-                self.log("exit", reason="signal", passes=self.passes)
-        return 0
+                self.log("exit", reason="signal" if not self.exit_code else "listener", passes=self.passes)
+        return self.exit_code
+
+    def _well(self) -> bool:
+        """For the systemd watchdog: the listener serves (or none was asked for) and no pass has run longer than
+        any pass can (every recipe's start and stop timeouts, three times over, and ten minutes)."""
+        if self._http is not None and not self._http.alive():
+            return False
+        since = self._pass_since
+        if since is None or self.desired is None:
+            return True
+        limit = 600.0 + 3 * sum(r.health.start_timeout_s + r.stop.timeout_s for r in self.desired.recipes.values())
+        return time.monotonic() - since < limit
+
+    def _listener_lost(self, why: str) -> None:
+        """The listener died too often to go on restarting it: end the loop with exit 1 (systemd restarts it)."""
+        self.exit_code = 1
+        self.stop.set()
+        self.triggers.wake.set()
 
     def _install_signals(self) -> None:
         # A handler runs in the main thread between two bytecodes, possibly while that thread holds the log's or
@@ -523,25 +555,31 @@ class Loop:
 
         try:
             host, port = api.split_addr(self.metrics_addr)
-            sock = api.bind(host, port)
-        except (OSError, ValueError, OverflowError) as exc:
+        except (ValueError, OverflowError) as exc:
+            raise MetricsAddrUnusable(f"cannot serve /metrics on {self.metrics_addr}: {exc}; give --metrics-addr as "
+                                      "HOST:PORT on this machine, or '' to serve nothing") from None
+        name = self.desired.host.name
+        token = api.resolve_token(name, token_file=self.api_token_file)
+        api.check_exposure(host, allow_remote=self.api_allow_remote, token=token)
+
+        def make_app(bound_port: int) -> Any:
+            return api.build_app(self.root, token=token, pass_lock=self.pass_lock, bind_host=host, port=bound_port,
+                                 api_hosts=self.api_hosts, host=name, log=self.log, metrics=self.metrics.render,
+                                 health=self.health, cancel=self.cancel)
+
+        try:
+            self._http = api.Supervisor(make_app, host, port, log=self.log, on_restart=self.metrics.record_listener_restart,
+                                        on_fatal=self._listener_lost).start()
+        except (OSError, OverflowError) as exc:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             hint = ("something else listens there (another `reconciler run`?): stop it or choose another "
                     "--metrics-addr" if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE
                     else "give --metrics-addr as HOST:PORT on this machine, or '' to serve nothing")
             raise MetricsAddrUnusable(f"cannot serve /metrics on {self.metrics_addr}: {why}; {hint}") from None
-        try:
-            token = api.resolve_token(self.desired.host.name, token_file=self.api_token_file)
-            api.check_exposure(host, allow_remote=self.api_allow_remote, token=token)
-            app = api.build_app(self.root, token=token, pass_lock=self.pass_lock, bind_host=host, log=self.log,
-                                metrics=self.metrics.render, health=self.health, cancel=self.cancel)
-        except BaseException:
-            sock.close()
-            raise
-        self._http = api.Listener(app, sock).start()
         base = f"http://{'[' + host + ']' if ':' in host else host}:{self._http.port}"
         self.log("metrics", addr=f"{base}/metrics")
-        self.log("api", addr=f"{base}/v1", mcp=f"{base}/mcp", token_from=token.describe(), caller=token.name)
+        self.log("api", addr=f"{base}/v1", mcp=f"{base}/mcp", token_from=token.describe(), caller=token.name,
+                 max_connections=self._http.max_connections)
 
     def health(self) -> tuple[int, dict[str, Any]]:
         """``/healthz``: a recent pass that could read every source. A loop waiting for an engine that does not

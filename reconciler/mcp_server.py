@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from mcp.types import CallToolResult
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 if TYPE_CHECKING:
     from mcp.server import MCPServer
@@ -81,113 +81,251 @@ def _call(fn: Callable[[], Any]) -> Any:
     return tool_result(res.to_json(), res.exit_code)
 
 
-def build_server(service: "Callable[[], HostService]", *, name: str = "reconciler") -> "MCPServer":
-    """The MCP server over ``service()`` (a fresh ``HostService`` per call, naming the caller for the audit)."""
+# ---------------------------------------------------------------- the tools' arguments, validated strictly
+
+
+class _Args(BaseModel):
+    # Strict: a confirmation is JSON true and nothing else ("yes", "true", 1 and 1.0 are refused, as the schema
+    # says boolean), and an argument the tool does not take is refused rather than ignored.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class NoArgs(_Args):
+    pass
+
+
+class PlanArgs(_Args):
+    save: bool = Field(True, description="keep the plan and return its plan_id for host_manage apply")
+
+
+class ProbeArgs(_Args):
+    recipe: str = Field(pattern=RECIPE_NAME.pattern, max_length=128,
+                        description="the recipe's name (its file stem under configs/recipes/)")
+    suite: Literal["preflight", "regression", "all"] = Field(
+        "preflight", description="which probes: preflight, regression, or all")
+
+
+class ManageArgs(_Args):
+    action: Literal["reclaim-shared-memory", "apply"] = Field(
+        description="'reclaim-shared-memory' (dry run unless confirm) or 'apply' (needs plan_id)")
+    confirm: bool = Field(False, description="reclaim-shared-memory: actually remove the orphans (JSON true)")
+    plan_id: str | None = Field(None, pattern=PLAN_ID.pattern,
+                                description="apply: the plan_id host_plan returned (32 hex digits)")
+    paths: list[str] | None = Field(None, max_length=4096,
+                                    description="reclaim-shared-memory: remove nothing but these paths (from a dry run)")
+
+
+REFUSED_KEY = "__refused__"  # put in a call's arguments by the stdio reader when the line itself was refused
+
+
+def _problem(model: type[BaseModel], e: Any) -> str:
+    loc = ".".join(str(x) for x in e["loc"]) or "arguments"
+    if e["type"] == "extra_forbidden":
+        return f"unknown argument {loc!r} (this tool takes: {', '.join(model.model_fields) or 'nothing'})"
+    if e["type"] == "bool_type":
+        return f"{loc} must be JSON true or false, not {e['input']!r}"
+    return f"{loc}: {e['msg']}"
+
+
+def strict_args(model: type[BaseModel], arguments: Any, tool: str) -> Any:
+    """``arguments`` validated by ``model``; ToolError naming each problem (and that nothing was done)."""
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    if isinstance(arguments, dict) and REFUSED_KEY in arguments:
+        raise ToolError(f"{tool}: {arguments[REFUSED_KEY]}; nothing was done")
+    try:
+        return model.model_validate(arguments if arguments is not None else {})
+    except ValidationError as exc:
+        raise ToolError(f"{tool}: " + "; ".join(_problem(model, e) for e in exc.errors()) + "; nothing was done") \
+            from None
+
+
+def _strict_tool(fn: Callable[..., Any], model: type[BaseModel], **kwargs: Any) -> Any:
+    """A ``Tool`` for ``fn(arguments)`` whose published input schema is ``model``'s and whose arguments reach ``fn``
+    untouched, for ``strict_args``: the SDK's own validation is lax (it reads "yes" as true and drops unknown
+    arguments)."""
+    from mcp.server.mcpserver.tools.base import Tool
+    from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
+
+    class RawArguments(FuncMetadata):
+        def validate_arguments(self, arguments_to_validate: dict[str, Any]) -> dict[str, Any]:
+            return {"arguments": arguments_to_validate}
+
+    tool = Tool.from_function(fn, **kwargs)
+    meta = tool.fn_metadata
+    tool.fn_metadata = RawArguments(arg_model=meta.arg_model, output_schema=meta.output_schema,
+                                    output_model=meta.output_model, wrap_output=meta.wrap_output)
+    tool.parameters = model.model_json_schema()
+    return tool
+
+
+def build_server(service: "Callable[[], HostService]", *, name: str = "reconciler",
+                 on_refused: "Callable[[str], None] | None" = None) -> "MCPServer":
+    """The MCP server over ``service()`` (a fresh ``HostService`` per call, naming the caller for the audit).
+    ``on_refused(reason)``: a ``host_manage`` call refused for its arguments (audited; by default through
+    ``service().record``)."""
     from mcp.server import MCPServer
     from mcp.types import ToolAnnotations
 
     from reconciler import __version__
+    from reconciler.errors import ReconcilerError
 
-    server = MCPServer(name, version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
+    def refused(reason: str) -> None:
+        if on_refused is not None:
+            on_refused(reason)
+            return
+        try:
+            service().record("host_manage", outcome="refused", reason=reason)
+        except ReconcilerError:
+            return  # no host file to name the audit trail by: the caller still gets the refusal
 
-    @server.tool(
-        name="host_status",
-        title="Host status",
-        description="What is on each GPU slot, the containers, the offload shm, converged or not: the same JSON as "
-        "`reconciler status --json`. Read-only.",
-        annotations=ToolAnnotations(title="Host status", **READ_ONLY),
-    )
-    def host_status() -> Json:
+    def host_status(arguments: dict[str, Any]) -> Json:
+        strict_args(NoArgs, arguments, "host_status")
         return _call(lambda: service().status())
 
-    @server.tool(
-        name="host_plan",
-        title="Plan (dry run)",
-        description="What the reconciler would change and why, changing nothing: the same JSON as "
-        "`reconciler plan --json`. With save (the default) the plan is kept on the host for a day and its "
-        "'plan_id' is what host_manage's 'apply' carries out. Read-only for the host.",
-        annotations=ToolAnnotations(title="Plan (dry run)", **READ_ONLY),
-    )
-    def host_plan(
-        save: Annotated[bool, Field(description="keep the plan and return its plan_id for host_manage apply")] = True,
-    ) -> Json:
-        return _call(lambda: service().plan(save=save))
+    def host_plan(arguments: dict[str, Any]) -> Json:
+        args = strict_args(PlanArgs, arguments, "host_plan")
+        return _call(lambda: service().plan(save=args.save))
 
-    @server.tool(
-        name="host_shared_memory",
-        title="Shared memory (offload files)",
-        description="The offload files in the host's shm dir, their size, who maps or holds each (pid, container) "
-        "and whether it is owned, an orphan or blocked: the same JSON as `reconciler shm status --json`. Read-only.",
-        annotations=ToolAnnotations(title="Shared memory (offload files)", **READ_ONLY),
-    )
-    def host_shared_memory() -> Json:
+    def host_shared_memory(arguments: dict[str, Any]) -> Json:
+        strict_args(NoArgs, arguments, "host_shared_memory")
         return _call(lambda: service().shm_status())
 
-    @server.tool(
-        name="host_probe",
-        title="Probe a lane",
-        description="Run one suite of a recipe's functional probes against its running lane, now: 'preflight' (what "
-        "every enter runs: smoke, structured JSON, 8K retrieval, tools, streaming tools, tool-result continuation, "
-        "Responses) or 'regression' (on demand: a ~128K needle, a 20-request shared-prefix tool batch, ...), or "
-        "'all'. Each probe's result and what came back, and the free VRAM of the lane's cards at their lowest "
-        "meanwhile, with the probe that ran then: the same JSON as `reconciler probe RECIPE --suite SUITE --json`. "
-        "Starts and stops nothing; the run is written to the audit trail.",
-        annotations=ToolAnnotations(title="Probe a lane", **PROBE),
-    )
-    def host_probe(
-        recipe: Annotated[str, Field(pattern=RECIPE_NAME.pattern, max_length=128,
-                                     description="the recipe's name (its file stem under configs/recipes/)")],
-        suite: Annotated[Literal["preflight", "regression", "all"],
-                         Field(description="which probes: preflight, regression, or all")] = "preflight",
-    ) -> Json:
-        return _call(lambda: service().probe(recipe, suite=suite))
+    def host_probe(arguments: dict[str, Any]) -> Json:
+        args = strict_args(ProbeArgs, arguments, "host_probe")
+        return _call(lambda: service().probe(args.recipe, suite=args.suite))
 
-    @server.tool(
-        name="host_manage",
-        title="Manage the host",
-        description="Change the host, guarded exactly as the command line is. action 'reclaim-shared-memory': the "
-        "guarded cleanup of orphan offload files, a dry run unless confirm is true (the same JSON as `reconciler shm "
-        "reclaim --json`; refused while a native-offload container runs or a source cannot be read); 'paths' limits "
-        "a confirmed reclaim to files a dry run listed. action 'apply': carry out the plan host_plan saved, named by "
-        "plan_id; refused as stale, with what changed, when the host or its files changed since. Every call that "
-        "changes something is written to the host's audit trail.",
-        annotations=ToolAnnotations(title="Manage the host", **DESTRUCTIVE),
-    )
-    def host_manage(
-        action: Annotated[
-            Literal["reclaim-shared-memory", "apply"],
-            Field(description="'reclaim-shared-memory' (dry run unless confirm) or 'apply' (needs plan_id)"),
-        ],
-        confirm: Annotated[bool, Field(description="reclaim-shared-memory: actually remove the orphans")] = False,
-        plan_id: Annotated[
-            str | None,
-            Field(pattern=PLAN_ID.pattern, description="apply: the plan_id host_plan returned (32 hex digits)"),
-        ] = None,
-        paths: Annotated[
-            list[str] | None,
-            Field(description="reclaim-shared-memory: remove nothing but these paths (from a dry run)"),
-        ] = None,
-    ) -> Json:
+    def host_manage(arguments: dict[str, Any]) -> Json:
         from mcp.server.mcpserver.exceptions import ToolError
 
-        if action == "reclaim-shared-memory":
-            if plan_id is not None:
-                raise ToolError("plan_id is for action 'apply'; reclaim-shared-memory takes confirm (and paths)")
-            return _call(lambda: service().shm_reclaim(confirm=confirm, paths=paths))
-        if not plan_id:
-            raise ToolError("action 'apply' needs the plan_id of a plan made by host_plan (call host_plan first)")
-        if paths:
-            raise ToolError("paths is for action 'reclaim-shared-memory'")
-        return _call(lambda: service().apply_saved(plan_id))
+        try:
+            args = strict_args(ManageArgs, arguments, "host_manage")
+            if args.action == "reclaim-shared-memory" and args.plan_id is not None:
+                raise ToolError("host_manage: plan_id is for action 'apply'; reclaim-shared-memory takes confirm (and "
+                                "paths); nothing was done")
+            if args.action == "apply" and not args.plan_id:
+                raise ToolError("host_manage: action 'apply' needs the plan_id of a plan made by host_plan (call "
+                                "host_plan first); nothing was done")
+            if args.action == "apply" and (args.paths or args.confirm):
+                raise ToolError("host_manage: paths and confirm are for action 'reclaim-shared-memory'; nothing was "
+                                "done")
+        except ToolError as exc:
+            refused(str(exc))
+            raise
+        if args.action == "reclaim-shared-memory":
+            return _call(lambda: service().shm_reclaim(confirm=args.confirm, paths=args.paths))
+        return _call(lambda: service().apply_saved(args.plan_id))
 
-    return server
+    tools = [
+        _strict_tool(
+            host_status, NoArgs, name="host_status", title="Host status",
+            description="What is on each GPU slot, the containers, the offload shm, converged or not: the same JSON "
+            "as `reconciler status --json`. Read-only.",
+            annotations=ToolAnnotations(title="Host status", **READ_ONLY)),
+        _strict_tool(
+            host_plan, PlanArgs, name="host_plan", title="Plan (dry run)",
+            description="What the reconciler would change and why, changing nothing: the same JSON as "
+            "`reconciler plan --json`. With save (the default) the plan is kept on the host for a day and its "
+            "'plan_id' is what host_manage's 'apply' carries out. Read-only for the host.",
+            annotations=ToolAnnotations(title="Plan (dry run)", **READ_ONLY)),
+        _strict_tool(
+            host_shared_memory, NoArgs, name="host_shared_memory", title="Shared memory (offload files)",
+            description="The offload files in the host's shm dir, their size, who maps or holds each (pid, "
+            "container) and whether it is owned, an orphan or blocked: the same JSON as `reconciler shm status "
+            "--json`. Read-only.",
+            annotations=ToolAnnotations(title="Shared memory (offload files)", **READ_ONLY)),
+        _strict_tool(
+            host_probe, ProbeArgs, name="host_probe", title="Probe a lane",
+            description="Run one suite of a recipe's functional probes against its running lane, now: 'preflight' "
+            "(what every enter runs: smoke, structured JSON, 8K retrieval, tools, streaming tools, tool-result "
+            "continuation, Responses) or 'regression' (on demand: a ~128K needle, a 20-request shared-prefix tool "
+            "batch, ...), or 'all'. Each probe's result and what came back, and the free VRAM of the lane's cards "
+            "at their lowest meanwhile, with the probe that ran then: the same JSON as `reconciler probe RECIPE "
+            "--suite SUITE --json`. Starts and stops nothing; the run is written to the audit trail.",
+            annotations=ToolAnnotations(title="Probe a lane", **PROBE)),
+        _strict_tool(
+            host_manage, ManageArgs, name="host_manage", title="Manage the host",
+            description="Change the host, guarded exactly as the command line is. action 'reclaim-shared-memory': "
+            "the guarded cleanup of orphan offload files, a dry run unless confirm is JSON true (the same JSON as "
+            "`reconciler shm reclaim --json`; refused while a native-offload container runs or a source cannot be "
+            "read); 'paths' limits a confirmed reclaim to files a dry run listed. action 'apply': carry out the plan "
+            "host_plan saved, named by plan_id; refused as stale, with what changed, when the host or its files "
+            "changed since. Arguments are checked strictly: any other type or argument is refused. Every call that "
+            "changes something, or is refused, is written to the host's audit trail.",
+            annotations=ToolAnnotations(title="Manage the host", **DESTRUCTIVE)),
+    ]
+    return MCPServer(name, version=__version__, instructions=INSTRUCTIONS, log_level="WARNING", tools=tools)
+
+
+# ---------------------------------------------------------------- stdio
+
+
+class StrictLines:
+    """The stdin of ``reconciler mcp``, line by line, each read by ``reconciler.jsonstrict``: a line with a duplicate
+    key or nested too deep never reaches the SDK as it came. A ``tools/call`` is passed on with its arguments
+    replaced by the refusal (``REFUSED_KEY``), so the tool answers it as an error naming why; any other request
+    becomes a call of a method no server has, answered as an error by the SDK."""
+
+    def __init__(self, lines: Any):
+        self.lines = lines
+
+    def __aiter__(self) -> "StrictLines":
+        self._it = self.lines.__aiter__()
+        return self
+
+    async def __anext__(self) -> str:
+        line = await self._it.__anext__()
+        return refuse_line(line)
+
+
+def refuse_line(line: str) -> str:
+    """``line`` as it came when it is strict JSON (or not JSON at all: the SDK answers that), else its refusal."""
+    import json
+
+    from reconciler import jsonstrict
+
+    try:
+        jsonstrict.loads(line)
+        return line
+    except jsonstrict.StrictJsonError as exc:
+        reason = str(exc)
+    if reason == "not JSON":
+        return line
+    try:
+        msg = json.loads(line) if jsonstrict.depth(line.encode("utf-8", "surrogatepass")) <= 200 else None
+    except ValueError:
+        msg = None
+    if not isinstance(msg, dict):
+        return line
+    out: dict[str, Any] = {"jsonrpc": "2.0", "id": msg.get("id")}
+    params = msg.get("params")
+    if msg.get("method") == "tools/call" and isinstance(params, dict) and isinstance(params.get("name"), str):
+        out.update(method="tools/call", params={"name": params["name"], "arguments": {REFUSED_KEY: reason}})
+    else:
+        out["method"] = f"refused: {reason}"
+    if out["id"] is None:
+        out.pop("id")
+    return json.dumps(out) + "\n"
 
 
 def serve_stdio(root: str) -> int:
     """``reconciler mcp``: the server over stdin/stdout until the client closes it. Destructive calls take the host
     lock file, so they are refused while a loop (``reconciler run``) holds it: use its ``/mcp`` then."""
+    import sys
+    from io import TextIOWrapper
+
+    import anyio
+    from mcp.server.stdio import stdio_server
+
     from reconciler.service import Caller, HostService
 
     server = build_server(lambda: HostService(root, caller=Caller("mcp", "stdio")))
-    server.run("stdio")
+
+    async def serve() -> None:
+        stdin = StrictLines(anyio.wrap_file(TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")))
+        async with stdio_server(stdin=stdin) as (read_stream, write_stream):  # type: ignore[arg-type]
+            low = server._lowlevel_server  # the SDK's own run_stdio_async does the same, on its stdin
+            await low.run(read_stream, write_stream, low.create_initialization_options())
+
+    anyio.run(serve)
     return 0

@@ -285,6 +285,11 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.listener_restarts = Counter(
+            f"{p}_http_listener_restarts",
+            "Times the HTTP listener (/metrics, /healthz, /v1, /mcp) stopped and was started again.",
+            registry=r,
+        )
 
         # ---- GPUs
         self.gpu_owner = Gauge(
@@ -559,6 +564,9 @@ class Metrics:
                 if converged:
                     self.last_converged.set(self._clock())
 
+    def record_listener_restart(self) -> None:
+        self.listener_restarts.inc()
+
     def record_pass(self, result: str, seconds: float) -> None:
         """Count one finished pass and its duration; moves the last-pass and last-success timestamps."""
         _check(result, PASS_RESULTS, "pass result")
@@ -733,7 +741,10 @@ def _set_or_discard(g: Gauge, slot: str, value: float | None) -> None:
 
 
 def _error_label(error: str) -> str:
-    lines = [ln.strip() for ln in (error or "").splitlines() if ln.strip()]
+    from reconciler.redact import redact_text
+
+    # /metrics is read without a token: a loader message quoting a URL with its password must not reach it.
+    lines = [redact_text(ln.strip()) for ln in (error or "").splitlines() if ln.strip()]
     if not lines:
         return "invalid (no message)"
     first = lines[0]

@@ -184,7 +184,13 @@ def test_every_api_and_mcp_route_needs_the_token(quiet_loop: tuple[LoopProcess, 
             status, _, _ = api.call(method, path, body, token=None, headers={"Authorization": f"Basic {TOKEN}"})
             assert status == 401, (method, path)
     assert sorted(p.name for p in root.shm.iterdir()) == before, "nothing was removed without the token"
-    assert audit(api, front="api") == [], "no call without the token reached the service"
+    records = audit(api, front="api")
+    assert [r for r in records if r["action"] != "authenticate"] == [], "no call without the token reached the service"
+    # Each failed authentication is audited with its reason and peer, at most AUTH_AUDIT_BURST a minute (96 here).
+    from reconciler.api import AUTH_AUDIT_BURST
+
+    assert len(records) == AUTH_AUDIT_BURST and {r["outcome"] for r in records} == {"refused"}, records
+    assert {r["reason"] for r in records} >= {"wrong token"} and all(r["who"].startswith("127.0.0.1:") for r in records)
     # /metrics and /healthz stay open, as before (Prometheus and supervisors).
     status, _, text = api.get("/metrics", token=None)
     assert status == 200 and "reconciler_reconcile_passes_total" in text
@@ -341,7 +347,7 @@ def test_loopback_unless_allowed_with_a_token_of_ones_own(root: Root, tmp_path: 
     assert r.rc == 1 and "needs a token given explicitly" in r.stderr, r
     loose = token_file(tmp_path, mode=0o644, name="loose")
     r = root.cli("run", "--api-token-file", str(loose), timeout=30)
-    assert r.rc == 1 and "can be read by others" in r.stderr and TOKEN not in r.stderr + r.stdout, r
+    assert r.rc == 1 and "is readable by others" in r.stderr and TOKEN not in r.stderr + r.stdout, r
     short = token_file(tmp_path, value="short", name="short")
     r = root.cli("run", "--api-token-file", str(short), timeout=30)
     assert r.rc == 1 and "at least 16" in r.stderr, r

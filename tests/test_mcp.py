@@ -150,6 +150,10 @@ def test_stdio(root: Root, shm_files: dict[str, Any]) -> None:  # noqa: F811 - t
 
     anyio.run(on_stdio, root, check, backend="asyncio")
     recs = [r for r in audit_records(root) if r["front"] == "mcp"]
+    # The three calls refused for their arguments are in the trail, with why.
+    refused = [r for r in recs if r["action"] == "host_manage"]
+    assert [r["outcome"] for r in refused] == ["refused"] * 3 and "plan_id" in refused[0]["reason"], refused
+    recs = [r for r in recs if r["action"] != "host_manage"]
     assert [(r["who"], r["action"], r["outcome"]) for r in recs if r["outcome"] != "stale"][:1] == [
         ("stdio", "shm-reclaim", "ok")], recs
     assert [r["outcome"] for r in recs[1:]] in (["stale"] * 10, [*["stale"] * (len(recs) - 2), "converged"]), recs
@@ -187,6 +191,8 @@ def test_streamable_http_on_the_running_loop(quiet_loop: tuple[LoopProcess, Api]
 
     anyio.run(on_http, url, TOKEN, check, backend="asyncio")
     recs = [r for r in audit_records(root) if r["front"] == "mcp"]
+    assert [r["outcome"] for r in recs if r["action"] == "host_manage"] == ["refused"] * 3, recs
+    recs = [r for r in recs if r["action"] != "host_manage"]
     assert [(r["action"], r["outcome"]) for r in recs if r["outcome"] != "stale"] in (
         [("shm-reclaim", "ok"), ("apply", "blocked")], [("shm-reclaim", "ok")]), recs
     assert recs[-1]["outcome"] == "stale" and all(r["who"] == "ops-token" for r in recs), recs
