@@ -4,7 +4,7 @@
 until the plan is empty, blocked, or an action failed. Each action has a preflight, the act, and a postcondition;
 an action is done when the new plan has nothing left for it. Called by ``reconciler apply`` and the loop.
 
-Safety (DESIGN.md 6-7): an enter needs its slots free and tmpfs room (orphans are reclaimed through the one
+Safety (docs/design.md, safety rules 6 and 7): an enter needs its slots free and tmpfs room (orphans are reclaimed through the one
 shm guard first); a failed enter keeps its stopped container for the logs, reclaims its unmapped offload file and
 frees the GPUs. Everything this layer creates carries the ownership labels from the create call on, so an
 interrupted pass never leaves an unowned container behind.

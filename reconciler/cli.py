@@ -1,7 +1,7 @@
 """The command line: ``reconciler validate | plan | apply | run | status | shm``.
 
 The entry point of the console script. Every command takes ``--root`` and ``--json`` (before or after the
-command name). Exit codes are part of the contract (DESIGN.md): plan 0 nothing to do, 2 changes pending,
+command name). Exit codes are part of the contract (docs/design.md, "The command line"): plan 0 nothing to do, 2 changes pending,
 3 blocked, 1 error.
 """
 

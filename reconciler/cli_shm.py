@@ -1,9 +1,9 @@
 """``reconciler shm status`` and ``reconciler shm reclaim [--confirm]``: the shared-memory guard on the command line.
 
 ``add_commands(sub, parents=...)`` is called by ``reconciler.cli.build_parser``; ``parents`` carry ``--root``
-and ``--json``. Exit codes (DESIGN.md): ``shm status`` 0, or 1 when an ownership source is unavailable;
+and ``--json``. Exit codes (docs/design.md, "The command line"): ``shm status`` 0, or 1 when an ownership source is unavailable;
 ``shm reclaim`` 0 when done or nothing to do, 1 when refused or failed. Human output is a table in a terminal
-and plain aligned text when piped; ``--json`` prints DESIGN.md's shapes (keys are only ever added).
+and plain aligned text when piped; ``--json`` prints the shapes of docs/design.md, "JSON output" (keys are only ever added).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every file the tool writes, and every file it trusts, goes through here (DESIGN.md, safety rule 12).
+"""Every file the tool writes, and every file it trusts, goes through here (docs/design.md, safety rule 12).
 
 The tool runs as root beside other users. A directory it keeps files in is checked before use the way sshd's
 StrictModes checks ``~/.ssh``: every component from ``/`` down is owned by root or the running user and not

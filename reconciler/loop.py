@@ -62,7 +62,7 @@ class Log:
     def __call__(self, event: str, **fields: Any) -> None:
         from reconciler.redact import redact_fields
 
-        fields = redact_fields(fields)  # secrets never reach a log line (DESIGN.md, safety rule 10)
+        fields = redact_fields(fields)  # secrets never reach a log line (docs/design.md, safety rule 10)
         now = time.time()  # one reading: seconds and milliseconds of the same instant
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
         if self.fmt == "json":

@@ -1,4 +1,4 @@
-"""Secrets never leave the process (DESIGN.md, safety rule 10): redaction of command lines, env and free text.
+"""Secrets never leave the process (docs/design.md, safety rule 10): redaction of command lines, env and free text.
 
 Pure, standard library only. Applied where a command line is read (``procfs.read_comm``, the shm inspection's
 owners, the GPU observer's processes) and once more at the boundaries (the loop's log lines, the JSON writers),

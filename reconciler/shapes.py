@@ -1,4 +1,4 @@
-"""The JSON shapes of DESIGN.md (a contract: keys are only ever added), built from plain observation values.
+"""The JSON shapes of docs/design.md, "JSON output" (a contract: keys are only ever added), built from plain observation values.
 
 Pure apart from redaction. Used by the service layer (every front-end's JSON), the CLI's renderers and the
 stand-alone inspector ``python -m reconciler.observe.shm``; it imports no front-end.
@@ -33,7 +33,7 @@ def file_json(f: ShmFile) -> dict[str, Any]:
 
 
 def status_json(view: ShmView) -> dict[str, Any]:
-    """DESIGN.md's ``shm status --json`` shape, plus unlinked-but-held files, uninspectable pids, skipped entries."""
+    """The ``shm status --json`` shape of docs/design.md, plus unlinked-but-held files, uninspectable pids, skipped entries."""
     return {
         "dir": view.dir,
         "pattern": view.pattern,

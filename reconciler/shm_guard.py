@@ -2,7 +2,7 @@
 
 Every deletion of an offload file goes through here: ``reconciler shm reclaim``, and the apply layer's enter
 (room for the recipe's offload capacity) and leave (the recipe's files after its container stopped).
-DESIGN.md's safety rules 4 and 5, on top of the inspection's rules 1-3 (``reconciler.observe.shm``):
+The safety rules 4 and 5 of docs/design.md, on top of the inspection's rules 1-3 (``reconciler.observe.shm``):
 
 - Without ``confirm``: one inspection, nothing removed; the result names what would go and what stays.
 - With ``confirm``: two full inspections ``confirm_interval_s`` apart, Docker observed afresh for each. A file
@@ -12,7 +12,7 @@ DESIGN.md's safety rules 4 and 5, on top of the inspection's rules 1-3 (``reconc
   it just before ``unlink`` relative to it, and skips the name if it is no longer that same file.
 - Afterwards every removed name is checked to be absent, and the bytes freed are reported.
 
-Scope (DESIGN.md, safety rule 1, enforced here again whatever the loader let through): the whole reclaim is
+Scope (docs/design.md, safety rule 1, enforced here again whatever the loader let through): the whole reclaim is
 refused, with the reason, when ``shm.pattern`` is not a literal prefix and suffix around one ``*``, when
 ``shm.dir`` is not an absolute, normalised path other than ``/``, or when at reclaim time it is not a tmpfs
 (statfs f_type ``TMPFS_MAGIC``) mounted right there (a mount point of type tmpfs in /proc/self/mountinfo).

@@ -2,7 +2,7 @@
 adopted, and the containers that passed their health check.
 
 The install id is generated once per host (by the first ``apply`` or ``run``) and put on every container this
-install creates; with the host's name it is what proves a container ours (DESIGN.md safety rule 9): labels alone
+install creates; with the host's name it is what proves a container ours (docs/design.md, safety rule 9): labels alone
 are not proof, since anyone can write them and an image's labels are inherited by every container made from it.
 
 Kept under ``$RECONCILER_STATE_DIR`` (default ``/var/lib/reconciler``), which survives reboots, unlike the lock

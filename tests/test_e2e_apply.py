@@ -54,7 +54,7 @@ def image(docker_api: Any) -> str:
 
 def offload_containers(api: Any) -> list[str]:
     """Running containers with vLLM offload flags or our offload label, of any host: while one runs, the shm guard
-    refuses every reclaim on this engine (DESIGN.md safety rule 2)."""
+    refuses every reclaim on this engine (docs/design.md, safety rule 2)."""
     found = []
     for c in api.containers(filters={"status": "running"}):
         labels = c.get("Labels") or {}

@@ -1,4 +1,4 @@
-"""Secrets never leave the process (DESIGN.md, safety rule 10).
+"""Secrets never leave the process (docs/design.md, safety rule 10).
 
 The rules of ``reconciler.redact`` on plain strings, then the places they are applied: ``read_comm`` on a real
 process, the GPU observer's processes and the planner's blocker reason built from them, the loop's log lines and

@@ -67,7 +67,7 @@ def shm(tmp_path: Path) -> Iterator[Path]:
 
 def config(d: Path, **kw: object) -> ShmConfig:
     # pid 1 is excused where it is unreadable even by root (e.g. a microVM init, as on the machines this project
-    # is built on; DESIGN.md, safety rule 3), or the scans here would fail closed. Where pid 1 is readable the
+    # is built on; docs/design.md, safety rule 3), or the scans here would fail closed. Where pid 1 is readable the
     # excuse changes nothing: only a pid that could not be inspected is ever excused.
     values: dict[str, object] = {
         "dir": str(d),
@@ -875,7 +875,7 @@ def test_container_mapping_a_file_owns_it(shm: Path, tmp_path: Path, test_image:
     result = run_reclaim(shm, observe_docker=observer.observe)
     assert result.reclaimed == () and os.stat(path).st_ino == st.st_ino
 
-    # The CLI, end to end against the real engine: the JSON shape of DESIGN.md, exit 0 with both sources up.
+    # The CLI, end to end against the real engine: the JSON shape of docs/design.md, "JSON output", exit 0 with both sources up.
     root = tmp_path / "root"
     _write_root(root, shm, DOCKER_URL)
     status = _cli("--root", str(root), "--json", "shm", "status")

@@ -1,7 +1,7 @@
 """The offload files in ``shm.dir`` and who holds them: ``inspect_shm(cfg, containers=..., docker=...) -> ShmView``.
 
 Read-only. Called by ``reconciler.observe.observe`` (every pass), by ``reconciler shm status`` and, twice per
-reclaim, by ``reconciler.shm_guard.reclaim``. It applies DESIGN.md's safety rules 1-3:
+reclaim, by ``reconciler.shm_guard.reclaim``. It applies the safety rules 1-3 of docs/design.md:
 
 1. Only entries of ``shm.dir`` whose name matches ``shm.pattern`` exactly are looked at, each with ``lstat``
    relative to the opened directory: a symlink, a directory, anything not a regular file, a mount on top of
