@@ -327,6 +327,22 @@ def render_status(data: dict[str, Any], s: Style) -> str:
         out.append(s.bold("kept failed containers") + " (logs: docker logs NAME)")
         for c in preserved:
             out.append(f"  {c['name']} {c['recipe']} exit {c['exit_code']}")
+    suites = data.get("probe_suites") or {}
+    if suites:
+        out.append("")
+        out.append(s.bold("probe suites") + " (last run of each; reconciler probe RECIPE --suite S)")
+        for recipe, runs in suites.items():
+            for suite, run in runs.items():
+                line = (f"  {recipe} {suite}: {run.get('passed', 0)}/{run.get('planned', 0)} passed at "
+                        f"{iso_time(float(run.get('started') or 0))}")
+                failed = [p for p in run.get("probes") or () if not p.get("ok")]
+                out.append(s.red(line + f"; {failed[0]['name']}: {clip(failed[0]['detail'], 120)}") if failed else line)
+                under = run.get("vram_under_load") or {}
+                for slot, low in (under.get("slots") or {}).items():
+                    during = f"during {low['probe']!r}" if low.get("probe") else "between probes"
+                    text = (f"    {slot}: lowest {human_bytes(low['min_free_bytes'])} free under load, {during}, "
+                            f"reserve {human_bytes(low['reserve_bytes'])}")
+                    out.append(s.red(text + f" BELOW ({under.get('policy')})") if low.get("below_reserve") else text)
     loop = data.get("loop")
     if loop:
         out.append("")
