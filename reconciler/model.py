@@ -904,9 +904,14 @@ class ToolSpec(_Strict):
     """One function a ``tools``, ``tool-result`` or ``batch`` probe offers the model (``[[probes.tools]]``), sent as
     the OpenAI API's ``{"type": "function", "function": {name, description, parameters}}``."""
 
-    name: str = Field(min_length=1, max_length=64)
-    description: str = ""
-    parameters: dict[str, object] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    name: str = Field(
+        min_length=1, max_length=64, description="The function's name.", json_schema_extra=_pattern(r"^[A-Za-z0-9_-]+$")
+    )
+    description: str = Field(default="", description="What the function does, as the model reads it.")
+    parameters: dict[str, object] = Field(
+        default_factory=lambda: {"type": "object", "properties": {}},
+        description="The JSON Schema of its arguments; a call's arguments are validated against it.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -965,30 +970,67 @@ class ProbeSpec(_Strict):
       passes only when all pass.
     """
 
-    name: str = Field(min_length=1, max_length=64)
-    kind: Literal["models", "chat", "completion", "tools", "tool-result", "responses", "needle", "batch"] = "chat"
-    suite: Literal["preflight", "regression"] = "preflight"
-    prompt: str | None = None
-    model: str | None = None  # the served model name; default: the recipe's model.id
-    base_url: str | None = None
-    max_tokens: int = Field(default=64, ge=1, le=1 << 20)
-    stream: bool | None = None
-    status: int = Field(default=200, ge=100, le=599)
-    contains: str | None = None
-    matches: str | None = None
-    json_schema: dict[str, object] | None = None
-    max_latency_s: float | None = Field(default=None, gt=0, le=DAY_S)
-    timeout_s: float = Field(default=60, gt=0, le=DAY_S)
-    tools: list[ToolSpec] | None = Field(default=None, min_length=1, max_length=128)
-    tool_choice: str | None = None  # auto | required | the name of one of tools (default auto)
-    function: str | None = None  # the function the answer must call (tool-result: the one that was called)
-    arguments: dict[str, object] | None = None
-    tool_result: str | None = None
-    haystack_tokens: int | None = Field(default=None, ge=64, le=1 << 21)
-    depth: float | None = Field(default=None, ge=0, le=1)
-    seed: int | None = Field(default=None, ge=0, le=(1 << 63) - 1)
-    requests: int | None = Field(default=None, ge=1, le=1024)
-    prefix_tokens: int | None = Field(default=None, ge=0, le=1 << 21)
+    name: str = Field(
+        min_length=1, max_length=64,
+        description="The probe's name in reasons, logs and metrics: letters, digits and '_.-'.",
+        json_schema_extra=_pattern(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"),
+    )
+    kind: Literal["models", "chat", "completion", "tools", "tool-result", "responses", "needle", "batch"] = Field(
+        default="chat", description="What the probe asks the server (see the settings each kind reads)."
+    )
+    suite: Literal["preflight", "regression"] = Field(
+        default="preflight",
+        description="preflight: run before an enter counts as done; regression: only on demand (reconciler probe).",
+    )
+    prompt: str | None = Field(default=None, description="The text sent (batch: {i} is each request's number).")
+    model: str | None = Field(default=None, description="The served model's name; default: the recipe's model.id.")
+    base_url: str | None = Field(
+        default=None,
+        description="A loopback http(s) origin of the OpenAI-compatible API; default: the origin of health.url.",
+        json_schema_extra=_pattern(LOOPBACK_URL_PATTERN),
+    )
+    max_tokens: int = Field(default=64, ge=1, le=1 << 20, description="The most tokens the answer may have.")
+    stream: bool | None = Field(
+        default=None, description="Ask for a streamed answer (chat, completion, tools, tool-result)."
+    )
+    status: int = Field(default=200, ge=100, le=599, description="The HTTP status the answer must have.")
+    contains: str | None = Field(default=None, description="Text the answer must contain.")
+    matches: str | None = Field(default=None, description="A regular expression (Python's) the answer must match.")
+    json_schema: dict[str, object] | None = Field(
+        default=None,
+        description="A JSON Schema (draft 2020-12) the answer's structured output must validate against (chat, "
+        "responses).",
+    )
+    max_latency_s: float | None = Field(
+        default=None, gt=0, le=DAY_S, description="The longest the answer may take (seconds) and still pass."
+    )
+    timeout_s: float = Field(default=60, gt=0, le=DAY_S, description="Seconds before the request is given up.")
+    tools: list[ToolSpec] | None = Field(
+        default=None, min_length=1, max_length=128, description="Functions offered to the model ([[probes.tools]])."
+    )
+    tool_choice: str | None = Field(
+        default=None, description="auto, required, or the name of one of tools (default auto)."
+    )
+    function: str | None = Field(
+        default=None, description="The function the answer must call (tool-result: the one that was called)."
+    )
+    arguments: dict[str, object] | None = Field(
+        default=None, description="tool-result: the arguments of the assistant's call."
+    )
+    tool_result: str | None = Field(default=None, description="tool-result: what the tool answered.")
+    haystack_tokens: int | None = Field(
+        default=None, ge=64, le=1 << 21, description="needle: about how many tokens of haystack to send."
+    )
+    depth: float | None = Field(
+        default=None, ge=0, le=1, description="needle: where the fact is hidden (0 the start, 1 the end)."
+    )
+    seed: int | None = Field(
+        default=None, ge=0, le=(1 << 63) - 1, description="needle, batch: the seed the generated text is made from."
+    )
+    requests: int | None = Field(default=None, ge=1, le=1024, description="batch: how many requests at once.")
+    prefix_tokens: int | None = Field(
+        default=None, ge=0, le=1 << 21, description="batch: about how many tokens of prefix the requests share."
+    )
 
     @field_validator("name")
     @classmethod
