@@ -26,9 +26,30 @@ __all__ = ["EXIT_BLOCKED", "EXIT_CHANGES", "EXIT_ERROR", "EXIT_OK", "emit_json",
 def report_config_error(exc: ConfigError, args: argparse.Namespace) -> int:
     for p in exc.problems:
         print(str(p), file=sys.stderr)
-    if getattr(args, "json", False) and args.command == "validate":
-        emit_json({"valid": False, "errors": [{"path": p.path, "line": p.line, "message": p.message} for p in exc.problems]})
+    if getattr(args, "json", False):
+        problems = [{"path": p.path, "line": p.line, "message": p.message} for p in exc.problems]
+        err = {"code": "config_invalid", "message": "the files do not validate", "problems": problems}
+        emit_json({"valid": False, "errors": problems, "error": err} if args.command == "validate" else {"error": err})
     return EXIT_ERROR
+
+
+def error_code(exc: BaseException) -> str:
+    """A stable word for an error's kind, from its class: ``LockHeld`` -> ``lock_held``, ``StateError`` ->
+    ``state``; the root class is plain ``error``."""
+    import re
+
+    name = re.sub(r"Error$", "", type(exc).__name__)
+    if name == "Reconciler" or not name:
+        return "error"
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def report_error(args: argparse.Namespace, code: str, message: str) -> None:
+    """An error that ends a command: on stderr, and with ``--json`` also as ``{"error": {"code", "message"}}`` on
+    stdout, so a program reading stdout always gets a JSON answer that says what went wrong."""
+    print(f"error: {message}" if code != "interrupted" else message, file=sys.stderr)
+    if getattr(args, "json", False):
+        emit_json({"error": {"code": code, "message": message}})
 
 
 # ---------------------------------------------------------------- commands
@@ -92,18 +113,11 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(res.to_json())
         return res.exit_code
-    import time
+    if res.records:
+        from reconciler.render import render_audit
 
-    for r in res.records:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(r.get("time", 0))))
-        who = r.get("front", "?") + (f" ({r['who']})" if r.get("who") else "")
-        freed = r.get("bytes_freed")
-        from reconciler.units import human_bytes
-
-        extra = f", freed {human_bytes(freed)}" if freed else ""
-        secs = f" in {r['seconds']:.1f}s" if isinstance(r.get("seconds"), (int, float)) else ""
-        print(f"{when}  {who:<10} {r.get('action', '?'):<14} {r.get('outcome', '?')}{secs}{extra}: {r.get('reason', '')}")
-    if not res.records:
+        print(render_audit(res.records))
+    else:
         print("no audit records" + (f" since {args.since}" if args.since else ""), file=sys.stderr)
     return res.exit_code
 
@@ -132,7 +146,8 @@ def _since(text: str | None) -> float | None:
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     # SUPPRESS: the value given before the command name stays unless repeated after it.
-    common.add_argument("--root", default=argparse.SUPPRESS, help="directory holding configs/ and manifests/")
+    common.add_argument("--root", default=argparse.SUPPRESS,
+                        help="directory holding configs/ and manifests/ (default: $RECONCILER_ROOT or .)")
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
 
     parser = argparse.ArgumentParser(
@@ -187,10 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         return report_config_error(exc, args)
     except ReconcilerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        report_error(args, error_code(exc), str(exc))
         return EXIT_ERROR
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        report_error(args, "interrupted", "interrupted")
         return 130
 
 

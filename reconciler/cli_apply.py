@@ -72,7 +72,13 @@ def cmd_apply(args: argparse.Namespace) -> int:
                 if acts and not args.yes:
                     if args.json or not sys.stdin.isatty():
                         why = "--json never prompts" if args.json else "no terminal to ask on"
-                        print(f"error: {why}; nothing was changed. {APPROVAL_HELP}", file=sys.stderr)
+                        svc.record_refusal("apply", f"not approved ({why})")
+                        message = f"{why}; nothing was changed. {APPROVAL_HELP}"
+                        print(f"error: {message}", file=sys.stderr)
+                        if args.json:
+                            # The plan it would have run, and why it did not: stdout is never empty under --json.
+                            emit_json({"host": first.host, "result": "error", "plan": first.to_json(),
+                                       "error": {"code": "approval_required", "message": message}})
                         return EXIT_ERROR
                     answer = input(f"Apply {len(first.actions)} action(s)? [y/N] ").strip().lower()
                     if answer not in ("y", "yes"):
@@ -194,7 +200,8 @@ def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("run", parents=parents, help="the loop: watch and converge; serve /metrics, /healthz, the "
                        "HTTP API (/v1) and MCP (/mcp)")
     p.add_argument("--metrics-addr", default="127.0.0.1:9464",
-                   help="HOST:PORT for /metrics, /healthz, /v1 and /mcp ('' = off); loopback unless --api-allow-remote")
+                   help="HOST:PORT for /metrics, /healthz, /v1 and /mcp ('' = off); loopback unless --api-allow-remote "
+                   "(default: %(default)s)")
     p.add_argument("--api-token-file", metavar="FILE",
                    help="the bearer token of /v1 and /mcp (a 0600 file; default $RECONCILER_API_TOKEN, else one "
                    "generated into $RECONCILER_STATE_DIR/HOST/api-token)")
@@ -203,9 +210,14 @@ def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--api-host", metavar="NAME", action="append", default=[],
                    help="a name clients reach the listener by (its Host header), besides its address; repeatable. "
                    "Any other name is refused (421), against DNS rebinding")
-    p.add_argument("--resync", type=float, default=60.0, metavar="SECONDS", help="look again at least this often")
-    p.add_argument("--debounce", type=float, default=0.1, metavar="SECONDS", help="quiet time after a file event")
-    p.add_argument("--log-format", choices=("text", "json"), default="text", help="one line per event")
-    p.add_argument("--backoff-base", type=float, default=10.0, metavar="SECONDS", help="first delay after a failed enter")
-    p.add_argument("--backoff-max", type=float, default=600.0, metavar="SECONDS", help="longest delay between enters")
+    p.add_argument("--resync", type=float, default=60.0, metavar="SECONDS",
+                   help="look again at least this often (default: %(default)g)")
+    p.add_argument("--debounce", type=float, default=0.1, metavar="SECONDS",
+                   help="quiet time after a file event (default: %(default)g)")
+    p.add_argument("--log-format", choices=("text", "json"), default="text",
+                   help="one line per event (default: %(default)s)")
+    p.add_argument("--backoff-base", type=float, default=10.0, metavar="SECONDS",
+                   help="first delay after a failed enter (default: %(default)g)")
+    p.add_argument("--backoff-max", type=float, default=600.0, metavar="SECONDS",
+                   help="longest delay between enters (default: %(default)g)")
     p.set_defaults(func=cmd_run)

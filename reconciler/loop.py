@@ -35,6 +35,7 @@ from reconciler.model import DesiredState, assignment_key, container_name
 from reconciler.observe.docker_obs import EVENT_ACTIONS, DockerObserver, EventFilter
 from reconciler.planner import ActionKind, Plan
 from reconciler.progress import LogProgress
+from reconciler.units import clip, iso_time
 
 # The planner's reason for the leave of a container that stopped by itself ("NAME is exited with code 137").
 _CRASHED = re.compile(r"\bexited with code (-?\d+)")
@@ -52,7 +53,15 @@ class MetricsAddrUnusable(ReconcilerError):
 
 
 class Log:
-    """One line per event: ``ts event key=value`` or, with json, one JSON object per line."""
+    """One line per event: ``ts event key=value`` or, with json, one JSON object per line.
+
+    Times are ISO 8601 in UTC (``Z``); in JSON a time field (``until``) stays epoch seconds. In text, a long value
+    (a failed enter quotes its container's log) is cut at a word boundary with an ellipsis after ``TEXT_FIELD_MAX``
+    characters, so a line stays readable in a terminal; JSON lines are never cut: they are for machines, which want
+    the whole value.
+    """
+
+    TEXT_FIELD_MAX = 200
 
     def __init__(self, fmt: str = "text", stream: TextIO | None = None):
         self.fmt = fmt
@@ -63,16 +72,25 @@ class Log:
         from reconciler.redact import redact_fields
 
         fields = redact_fields(fields)  # secrets never reach a log line (docs/design.md, safety rule 10)
-        now = time.time()  # one reading: seconds and milliseconds of the same instant
-        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
+        ts = iso_time(time.time(), utc=True, ms=True)
         if self.fmt == "json":
             line = json.dumps({"ts": ts, "event": event, **fields}, default=str)
         else:
-            parts = " ".join(f"{k}={_text(v)}" for k, v in fields.items())
+            parts = " ".join(f"{k}={_text(_shown(k, v, self.TEXT_FIELD_MAX))}" for k, v in fields.items())
             line = f"{ts} {event} {parts}".rstrip()
         with self._lock:
             self.stream.write(line + "\n")
             self.stream.flush()
+
+
+# Fields that hold a time as epoch seconds: JSON keeps the number (machines compute with it), text shows ISO 8601.
+_TIME_FIELDS = frozenset({"until"})
+
+
+def _shown(key: str, v: Any, limit: int) -> str:
+    if key in _TIME_FIELDS and isinstance(v, (int, float)) and not isinstance(v, bool):
+        return iso_time(float(v), utc=True, ms=True)
+    return clip(str(v), limit)
 
 
 def _text(v: Any) -> str:
@@ -81,7 +99,7 @@ def _text(v: Any) -> str:
         # A control character (a newline from a request path) would start a forged line: quoted, escaped, and any
         # line separator JSON leaves alone (U+2028, U+0085) escaped too.
         return one_line(json.dumps(s, ensure_ascii=False))
-    return json.dumps(s) if (" " in s or "=" in s or not s) else s
+    return json.dumps(s, ensure_ascii=False) if (" " in s or "=" in s or not s) else s
 
 
 @dataclass
@@ -182,7 +200,7 @@ class Loop:
                             self._pass_since = time.monotonic()
                             self.cycle(reasons or {"resync"})
                     except Exception as exc:  # noqa: BLE001 - one bad pass must not end the loop: log it, go on
-                        self.log("pass-error", error=f"{type(exc).__name__}: {exc}"[:500])
+                        self.log("pass-error", error=f"{type(exc).__name__}: {exc}")
                         self.metrics.record_pass("error", 0.0)
                     finally:
                         self._pass_since = None
@@ -383,10 +401,9 @@ class Loop:
             self.log("source-up", source=name)
         self._down = down
 
-    def _on_outcome(self, o: Outcome) -> None:
+    def _count_outcome(self, o: Outcome) -> None:
+        """One action's metrics, whoever took it: this loop, or its HTTP API or MCP (``ActionHooks``)."""
         a = o.action
-        self.log("action", kind=a.kind.value, target=a.key, result=o.result, seconds=round(o.seconds, 3),
-                 reason=a.reason, detail=o.detail)
         self.metrics.record_action(a.kind, "failed" if o.result == "interrupted" else o.result, o.seconds)
         if o.result == "refused" and a.kind is ActionKind.ENTER:
             # The enter's own tmpfs preflight; refusals of the guard are counted from its result (_on_reclaim).
@@ -395,6 +412,18 @@ class Loop:
             self.metrics.record_reclaim(o.reclaimed_bytes)
         if "page_cache" in o.extra:
             self.metrics.record_page_cache(o.extra["page_cache"])
+
+    def _count_shm_reclaim(self, res: Any) -> None:
+        """A confirmed ``shm reclaim`` through the HTTP API or MCP: its refusals and the bytes it freed."""
+        self._on_reclaim(res)
+        if res.reclaimed_bytes:
+            self.metrics.record_reclaim(int(res.reclaimed_bytes))
+
+    def _on_outcome(self, o: Outcome) -> None:
+        a = o.action
+        self.log("action", kind=a.kind.value, target=a.key, result=o.result, seconds=round(o.seconds, 3),
+                 reason=a.reason, detail=o.detail)
+        self._count_outcome(o)
         if self.desired is not None:
             # The loop's own actions go to the audit trail too, beside those of the front-ends.
             from reconciler.audit import audit_log
@@ -458,8 +487,12 @@ class Loop:
                 self.log("backoff-cleared", assignment=key)
 
     def _write_state(self, desired: DesiredState) -> None:
+        # The desired state the loop acts on: after an invalid edit the last valid one, which `status` then shows
+        # beside the files' error (the operator sees what the loop keeps doing, not only that the files are bad).
+        kept = {"manifest": desired.manifest_path,
+                "assignments": [{"recipe": a.recipe, "gpus": list(a.slots)} for a in desired.assignments]}
         data = {"pid": os.getpid(), "host": desired.host.name, "backoff": self.backoff.to_json(),
-                "fallbacks": self._fallback_json,
+                "fallbacks": self._fallback_json, "desired": kept,
                 "last_pass": self.last_pass, "passes": self.passes}
         try:
             write_loop_state(desired.host.name, redact_data(data))  # failed-enter details quote container logs
@@ -538,7 +571,7 @@ class Loop:
                         later.start()
             except Exception as exc:  # noqa: BLE001 - the engine went away: retry, and the resync timer still runs
                 if not self.stop.is_set() and not lost:
-                    self.log("docker-events-lost", error=str(exc)[:200],
+                    self.log("docker-events-lost", error=str(exc),
                              retry="every few seconds until the engine answers")
                     self.triggers.fire("docker-events-lost")  # look again: the pass reports the engine down
                 lost = True
@@ -552,6 +585,7 @@ class Loop:
         if not self.metrics_addr or self.desired is None:
             return
         from reconciler import api
+        from reconciler.service import ActionHooks
 
         try:
             host, port = api.split_addr(self.metrics_addr)
@@ -561,11 +595,12 @@ class Loop:
         name = self.desired.host.name
         token = api.resolve_token(name, token_file=self.api_token_file)
         api.check_exposure(host, allow_remote=self.api_allow_remote, token=token)
+        hooks = ActionHooks(self._count_outcome, self._on_reclaim, self._count_shm_reclaim)
 
         def make_app(bound_port: int) -> Any:
             return api.build_app(self.root, token=token, pass_lock=self.pass_lock, bind_host=host, port=bound_port,
                                  api_hosts=self.api_hosts, host=name, log=self.log, metrics=self.metrics.render,
-                                 health=self.health, cancel=self.cancel)
+                                 health=self.health, cancel=self.cancel, hooks=hooks)
 
         try:
             self._http = api.Supervisor(make_app, host, port, log=self.log, on_restart=self.metrics.record_listener_restart,

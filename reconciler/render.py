@@ -254,9 +254,10 @@ def _whose(c: dict[str, Any]) -> str:
 
 def render_status(data: dict[str, Any], s: Style) -> str:
     install = data.get("install_id")
+    invalid = (data.get("error") or {}).get("code") == "config_invalid"
     out = [
         s.bold(f"host {data['host']}")
-        + f"  (manifest {data['manifest']}; install id {install[:12] + '…' if install else 'none yet: the first apply makes one'})"
+        + f"  (manifest {data['manifest'] or 'invalid'}; install id {install[:12] + '…' if install else 'none yet: the first apply makes one'})"
     ]
     err = data.get("error")
     if err and err.get("code") == "config_invalid":
@@ -357,7 +358,11 @@ def render_status(data: dict[str, Any], s: Style) -> str:
         out.append(s.yellow(f"  ↺ {f['text']}"))
     out.append("")
     plan = data["plan"]
-    if data["converged"]:
+    if invalid:
+        what = "matches" if data["converged"] else "does not match"
+        out.append(s.red(f"files invalid (exit 1): the host {what} the last valid desired state above; "
+                         "fix the files (`reconciler validate`)"))
+    elif data["converged"]:
         out.append(s.green("converged: the host matches the manifest"))
     elif plan["unavailable"]:
         out.append(s.red(f"unknown: {', '.join(plan['unavailable'])} unavailable, so whether the host matches "

@@ -30,7 +30,10 @@ def test_apply_without_a_terminal_or_yes_refuses_and_changes_nothing(root: Root)
     assert "+ enter" in r.stdout  # the plan is still shown
     assert root.running() == {}
     j = root.cli("apply", "--json")
-    assert j.rc == 1 and "--json never prompts" in j.stderr and j.stdout == "", j
+    assert j.rc == 1 and "--json never prompts" in j.stderr, j
+    # stdout is JSON that says why, machine-readably, with the plan that was not run
+    assert j.data["result"] == "error" and j.data["error"]["code"] == "approval_required", j
+    assert "--yes" in j.data["error"]["message"] and [a["kind"] for a in j.data["plan"]["actions"]] == ["enter"], j
     assert root.running() == {}
 
 

@@ -55,7 +55,10 @@ def test_a_confirmed_reclaim_from_the_command_line_is_in_the_audit(tmp_path: Pat
     assert rec["front"] == "cli" and rec["action"] == "shm-reclaim" and rec["outcome"] == "ok"
     assert rec["bytes_freed"] == 65536 and rec["paths"] == [str(orphan)] and rec["seconds"] >= 0
     text = root.cli("audit")
-    assert "shm-reclaim" in text.stdout and "freed 64.00 KiB" in text.stdout, text
+    head, row = text.stdout.splitlines()
+    assert head.split() == ["TIME", "BY", "ACTION", "OUTCOME", "SECONDS", "FREED", "WHAT"], text
+    assert row.split()[1:6] == ["cli", "shm-reclaim", "ok", row.split()[4], "64.00"], text
+    assert row.index("shm-reclaim") == head.index("ACTION") and row.endswith("1 orphan offload file(s)"), text
     assert root.cli("audit", "--since", "yesterday").rc == 1
     state = Path(root.env["RECONCILER_STATE_DIR"]) / root.host / "audit.jsonl"
     assert json.loads(state.read_text().splitlines()[-1])["action"] == "shm-reclaim"
