@@ -8,9 +8,11 @@ endpoint answers 200 only once every worker has mapped the file, and SIGTERM unm
 tmpfs makes the prefault fail with the report's ``OSError: [Errno 14] Bad address``; switches make it crash
 without cleanup, fail at start, or never become healthy. Once healthy it answers what the reconciler's functional
 probes and drains ask of vLLM: ``/v1/models``, deterministic ``/v1/chat/completions`` and ``/v1/completions`` (also
-streamed as server-sent events, and JSON built from a ``response_format`` schema), and ``/metrics`` with
-``vllm:num_requests_running`` / ``vllm:num_requests_waiting``; a request can be held in flight until
-``POST /fake/release``, and switches break each probe (see the README).
+streamed as server-sent events, JSON built from a ``response_format`` schema, tool calls, the answer after a tool's
+result, retrieval from a long document), ``/v1/responses``, and ``/metrics`` with ``vllm:num_requests_running`` /
+``vllm:num_requests_waiting`` and the prefix cache's counters; a request can be held in flight until
+``POST /fake/release``, and switches (also changed at run time by ``POST /fake/mode``) break each probe (see the
+README).
 
 Who runs it: ``examples/fake-vllm/build.sh`` packs it into the image ``reconciler/fake-vllm:latest`` (the host's
 ``/usr`` is bind-mounted read-only to supply Python), which the demo's recipes and the end-to-end tests start
