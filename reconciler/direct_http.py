@@ -1,5 +1,7 @@
 """HTTP to a lane's own endpoints (health, probes, drain metrics): straight to the URL, never through a proxy named by
-http_proxy/HTTP_PROXY in the environment (a proxy would answer, or fail, for a server it is not).
+http_proxy/HTTP_PROXY in the environment (a proxy would answer, or fail, for a server it is not), and never to
+another URL a redirect names: a 3xx is an answer of its own (an error), so a health URL that redirects to another
+address never counts as healthy.
 
 The opener is built on first use, so commands that probe nothing do not import urllib.request and http.client.
 """
@@ -14,7 +16,11 @@ from typing import Any
 def opener() -> Any:
     import urllib.request
 
-    return urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    class NoRedirects(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None  # urllib then raises HTTPError with the 3xx status
+
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}), NoRedirects())
 
 
 def errors() -> tuple[type[BaseException], ...]:

@@ -10,7 +10,13 @@ from dataclasses import dataclass
 
 
 class ReconcilerError(Exception):
-    """Root of all errors raised on purpose by this package."""
+    """Root of all errors raised on purpose by this package. Its text is redacted (``reconciler.redact``) wherever
+    it is shown: a message that quotes a URL, a command line or a header never carries the secret in it."""
+
+    def __str__(self) -> str:
+        from reconciler.redact import redact_text
+
+        return redact_text(super().__str__())
 
 
 @dataclass(frozen=True)
@@ -22,8 +28,10 @@ class ConfigProblem:
     message: str
 
     def __str__(self) -> str:
+        from reconciler.redact import redact_text
+
         where = f"{self.path}:{self.line}" if self.line else self.path
-        return one_line(f"{where}: {self.message}")
+        return one_line(redact_text(f"{where}: {self.message}"))
 
 
 def one_line(text: str) -> str:

@@ -25,13 +25,19 @@ from typing import Any
 
 MASK = "***"
 
-_SECRET_WORDS = ("token", "key", "secret", "password", "passwd", "credential")
+_SECRET_WORDS = ("token", "key", "secret", "password", "passwd", "passphrase", "pwd", "credential")
+# "auth" as a word of a flag's name (--auth, --basic-auth, --auth-file), not inside one (--author, --authority).
+_AUTH_WORD = re.compile(r"(?:^|[-_])auth(?:$|[-_])")
+# Flags whose value is USER:PASSWORD (curl -u, wget --user): the part after the first colon is masked.
+_USER_FLAGS = frozenset({"-u", "--user", "--proxy-user", "-U"})
 # Words that contain a secret word but name no secret: counts of tokens, the tokenizer.
 _BENIGN = re.compile(r"tokenizer|tokens")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Names that are a secret on their own (a mapping's key, a log field): ``token=…``, ``{"secret": …}``.
-_BARE_NAMES = frozenset({"token", "key", "secret", "password", "passwd", "credentials", "apikey", "api_key"})
-_ENV_SUFFIXES = ("_token", "_key", "_secret", "password", "passwd", "_pass", "_credentials", "_credential")
+_BARE_NAMES = frozenset({"token", "key", "secret", "password", "passwd", "passphrase", "credentials", "apikey",
+                         "api_key"})
+_ENV_SUFFIXES = ("_token", "_key", "_secret", "password", "passwd", "_pass", "_pwd", "passphrase", "apikey",
+                 "_credentials", "_credential")
 
 # Inline rules over free text (and over each argument).
 _URL_USERINFO = re.compile(r"(?P<pre>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^\s/@:]*)(?::(?P<pw>[^\s/]*))?@")
@@ -41,16 +47,25 @@ _QUOTED_KV = re.compile(
     r"(?P<q>[\"'])(?P<val>[^\"']*)(?P=q)"
 )
 _ENV_IN_TEXT = re.compile(
-    r"(?i)(?<![\w-])(?P<name>[A-Za-z0-9_]*(?:_token|_key|_secret|password|passwd|_pass|_credentials?))"
+    r"(?i)(?<![\w-])(?P<name>[A-Za-z0-9_]*(?:_token|_key|_secret|password|passwd|_pass|_pwd|passphrase|apikey"
+    r"|_credentials?)|token|secret|key)"
     r"=(?P<val>[^\s\"',;)\]}]+)"
 )
+# A header written out (curl -H 'X-API-Key: …', a logged request): a hyphenated name holding a secret word, or
+# Cookie; Authorization's scheme stays and its credentials go.
+_HEADER = re.compile(
+    r"(?i)(?<![\w-])(?P<name>[a-z][a-z0-9]*(?:-[a-z0-9]+)+|cookie)[ \t]*:[ \t]*(?P<val>[^\s\"',;]+)"
+)
+_AUTH_HEADER = re.compile(r"(?i)(?<![\w-])(?P<pre>(?:proxy-)?authorization[ \t]*:[ \t]*)(?P<rest>[^\n\"',;]*)")
+_AUTH_SCHEMES = frozenset({"bearer", "basic", "token", "digest", "negotiate", "apikey"})
 _KNOWN_TOKENS = re.compile(
     r"\b(?:hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_-]{16,}|gh[pousr]_[A-Za-z0-9]{16,}|github_pat_[A-Za-z0-9_]{16,}"
     r"|xox[abprs]-[A-Za-z0-9-]{10,}|glpat-[A-Za-z0-9_-]{16,})"
 )
 # The cheap test of the boundary pass: a string without any of these (lowercased) is returned as it is.
-_MARKERS = ("token", "key", "secret", "passw", "_pass", "credential", "bearer", "basic", "sk-", "hf_",
-            "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox", "glpat-")
+_MARKERS = ("token", "key", "secret", "passw", "_pass", "passphrase", "pwd", "auth", "cookie", "credential",
+            "bearer", "basic", "sk-", "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox", "glpat-",
+            "-u ", "--user", "-u\0")
 
 
 class _Maybe:
@@ -75,21 +90,38 @@ def secret_flag(arg: str) -> bool:
     if not name or not name[0].isalpha():
         return False  # a negative number, not a flag
     name = _BENIGN.sub("", name)
-    return any(w in name for w in _SECRET_WORDS)
+    return any(w in name for w in _SECRET_WORDS) or bool(_AUTH_WORD.search(name))
 
 
 def secret_env_name(name: str) -> bool:
     """Whether an env-style NAME carries a secret (``HF_TOKEN``, ``AWS_SECRET_ACCESS_KEY``, ``DB_PASSWORD``)."""
-    return bool(_ENV_NAME.match(name)) and name.lower().endswith(_ENV_SUFFIXES)
+    return bool(_ENV_NAME.match(name)) and (name.lower().endswith(_ENV_SUFFIXES) or name.lower() in _BARE_NAMES)
 
 
 def redact_text(text: str) -> str:
     """The inline rules (URL passwords, bearer tokens, quoted secret values, ``NAME=value``, token shapes)."""
     text = _URL_USERINFO.sub(_url_sub, text)
     text = _BEARER.sub(lambda m: m.group("pre") + MASK, text)
+    text = _AUTH_HEADER.sub(_auth_sub, text)
+    text = _HEADER.sub(_header_sub, text)
     text = _QUOTED_KV.sub(_quoted_sub, text)
     text = _ENV_IN_TEXT.sub(lambda m: m.group("name") + "=" + MASK, text)
     return _KNOWN_TOKENS.sub(MASK, text)
+
+
+def _auth_sub(m: re.Match[str]) -> str:
+    words = m.group("rest").split(" ")
+    i = 1 if words and words[0].lower() in _AUTH_SCHEMES and len(words) > 1 else 0
+    if i < len(words) and len(words[i]) >= 6 and words[i] != MASK and words[i].lower() not in _AUTH_SCHEMES:
+        words[i] = MASK
+    return m.group("pre") + " ".join(words)
+
+
+def _header_sub(m: re.Match[str]) -> str:
+    name = m.group("name").lower()
+    if name.endswith("authorization") or not (name == "cookie" or name == "set-cookie" or secret_flag("--" + name)):
+        return m.group(0)
+    return m.group(0)[: m.start("val") - m.start()] + MASK
 
 
 def _quoted_sub(m: re.Match[str]) -> str:
@@ -139,6 +171,8 @@ def redact_argv(argv: Iterable[str]) -> list[str]:
     for i, arg in enumerate(args):
         if i and _takes_value(args[i - 1], arg):
             out.append(MASK)
+        elif i and args[i - 1] in _USER_FLAGS and ":" in arg:
+            out.append(arg.split(":", 1)[0] + ":" + MASK)
         else:
             out.append(_redact_arg(arg))
     return out
@@ -156,11 +190,31 @@ def redact_cmdline(cmdline: str) -> str:
     words = parts[0::2]
     out = list(parts)
     prev: str | None = None
+    quote = ""  # inside a quoted secret value that spans words: its quote character
     for i, word in enumerate(words):
+        if quote:
+            # "--api-key 'sk two'": every word up to the closing quote is the value.
+            end = word.find(quote)
+            out[2 * i - 1] = ""  # the value's inner whitespace goes with it
+            out[2 * i] = word[end:] if end >= 0 else ""
+            if end >= 0:
+                quote = ""
+            prev = word
+            continue
         if prev is not None and word and _takes_value(prev, word):
-            body = word.rstrip(_CLOSERS)
-            if body and body != MASK:
-                out[2 * i] = MASK + word[len(body) :]
+            if word[0] in "\"'" and word.count(word[0]) == 1:
+                quote = word[0]
+                out[2 * i] = word[0] + MASK
+            elif word[0] in "\"'":
+                end = word.index(word[0], 1)
+                if word[1:end] != MASK:
+                    out[2 * i] = word[0] + MASK + word[end:]
+            else:
+                body = word.rstrip(_CLOSERS)
+                if body and body != MASK:
+                    out[2 * i] = MASK + word[len(body) :]
+        elif prev is not None and prev in _USER_FLAGS and ":" in word and not word.startswith("-"):
+            out[2 * i] = word.split(":", 1)[0] + ":" + MASK
         elif word:
             out[2 * i] = _redact_flag_or_env(word)
         prev = word.lstrip("\"'(") if word else prev

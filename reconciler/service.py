@@ -414,10 +414,29 @@ class HostService:
             with self.pass_lock:
                 yield
             return
-        from reconciler.lock import HostLock
+        from reconciler.lock import HostLock, LockDirUnusable, LockHeld
 
-        with HostLock(host, command=command):
+        try:
+            lock = HostLock(host, command=command).acquire()
+        except (LockHeld, LockDirUnusable) as exc:
+            self.record_refusal(command.replace(" ", "-"), str(exc), host=host)
+            raise
+        try:
             yield
+        finally:
+            lock.release()
+
+    def record_refusal(self, action: str, reason: str, *, host: str | None = None) -> None:
+        """An action this caller asked for and was refused before anything was done (the host lock held, no
+        approval, a plan file not its own): in the audit trail with why. An audit that cannot be written does not
+        hide the refusal itself."""
+        from reconciler.audit import audit_log
+
+        try:
+            audit_log(host or self._host_name or self.host().name).append(
+                {**self.caller.to_json(), "action": action, "outcome": "refused", "reason": reason})
+        except ReconcilerError:
+            return
 
     def record(self, action: str, **fields: Any) -> None:
         """One audit record of an action by this caller (for the host under ``root``)."""
@@ -636,7 +655,11 @@ class HostService:
         self, source: str, *, progress: Progress | None = None, cancel: threading.Event | None = None
     ) -> ApplyResult:
         """Apply exactly a saved plan, refused (``stale``, with what changed) when anything changed since."""
-        path, doc, fp = self.saved_plan(source)
+        try:
+            path, doc, fp = self.saved_plan(source)
+        except ReconcilerError as exc:
+            self.record_refusal("apply", str(exc))
+            raise
         host = self.host().name
         if doc.get("host") != host:
             raise ReconcilerError(f"{path}: a plan for host {doc.get('host')!r}, but {self.root} is host {host!r}")

@@ -192,7 +192,10 @@ def test_streamable_http_on_the_running_loop(quiet_loop: tuple[LoopProcess, Api]
     anyio.run(on_http, url, TOKEN, check, backend="asyncio")
     recs = [r for r in audit_records(root) if r["front"] == "mcp"]
     assert [r["outcome"] for r in recs if r["action"] == "host_manage"] == ["refused"] * 3, recs
-    recs = [r for r in recs if r["action"] != "host_manage"]
+    # The confirmed reclaim over stdio, refused for the loop's lock, is in the trail too.
+    locked = [r for r in recs if r["who"] == "stdio"]
+    assert [r["outcome"] for r in locked] == ["refused"] and "another reconciler holds" in locked[0]["reason"], recs
+    recs = [r for r in recs if r["action"] != "host_manage" and r["who"] != "stdio"]
     assert [(r["action"], r["outcome"]) for r in recs if r["outcome"] != "stale"] in (
         [("shm-reclaim", "ok"), ("apply", "blocked")], [("shm-reclaim", "ok")]), recs
     assert recs[-1]["outcome"] == "stale" and all(r["who"] == "ops-token" for r in recs), recs

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from reconciler.redact import redact_cmdline
+from reconciler.redact import redact_argv
 from reconciler.observe.procfs import (
     HolderScan,
     innermost_known,
@@ -326,8 +326,9 @@ class _Resolver:
             raw = _read_small(f"{self.proc_root}/{pid}/cmdline")
             if raw:
                 # Masked before it is cut, like read_comm: a command line carries API keys (`--api-key ...`).
-                text = raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
-                self._commands[pid] = redact_cmdline(text)[:200]
+                # Redacted as a list, then joined: joined first, "--api-key 'sk two'" lost only its first word.
+                argv = raw.rstrip(b"\0").decode("utf-8", "replace").split("\0")
+                self._commands[pid] = " ".join(redact_argv(argv))[:200]
             else:
                 self._commands[pid] = read_comm(pid, self.proc_root)  # a kernel thread or a zombie: [comm]
         return self._commands[pid]
