@@ -710,8 +710,13 @@ def test_systemd_unit_runs_the_loop_and_keeps_what_it_needs(tmp_path: Path, monk
     assert conf["ExecStart"] == "/opt/reconciler/bin/reconciler run --root /etc/reconciler --metrics-addr 127.0.0.1:9464"
     assert conf["ExecReload"] == "/bin/kill -HUP $MAINPID"
     assert conf["ProtectSystem"] == "strict" and conf["NoNewPrivileges"] == "yes"
-    # Under ProtectSystem=strict only listed paths are writable: the host lock must be one of them.
-    assert str(lock_dir()) in conf["ReadWritePaths"].split()
+    # Under ProtectSystem=strict only listed paths are writable: the host lock's runtime directory is the unit's
+    # own, private and kept across restarts (an operator's apply may hold the lock meanwhile).
+    assert str(lock_dir()) == f"/run/{conf['RuntimeDirectory']}" and conf["RuntimeDirectoryMode"] == "0700"
+    assert conf["RuntimeDirectoryPreserve"] == "yes" and conf["StateDirectoryMode"] == "0700"
+    # READY=1 after the first pass, WATCHDOG=1 from the loop; room for many connections.
+    assert conf["Type"] == "notify" and conf["NotifyAccess"] == "main" and conf["WatchdogSec"].endswith("s")
+    assert int(conf["LimitNOFILE"]) >= 65536
     # ...and the state directory, where the install id lives (StateDirectory= makes /var/lib/NAME writable).
     monkeypatch.delenv("RECONCILER_STATE_DIR", raising=False)
     from reconciler.state import state_dir
