@@ -13,13 +13,14 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from reconciler.state import StateError, read_record, write_record
 
 KEEP_RUNS = 10  # durations kept per recipe and kind; the expectation is their median
 
 
-def _read(name: str, host: str) -> dict[str, object]:
+def _read(name: str, host: str) -> dict[str, Any]:
     try:
         return read_record(host, name)
     except StateError:
@@ -40,7 +41,7 @@ def record_topology(host: str, assignments: Iterable[tuple[str, tuple[str, ...]]
 def last_topology(host: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """The last converged topology, as (recipe, slots) pairs; empty when none was recorded."""
     out = []
-    for a in _read("topology.json", host).get("assignments") or ():  # type: ignore[union-attr]
+    for a in _read("topology.json", host).get("assignments") or ():
         if isinstance(a, dict) and isinstance(a.get("recipe"), str) and isinstance(a.get("gpus"), list):
             out.append((a["recipe"], tuple(str(g) for g in a["gpus"])))
     return tuple(out)

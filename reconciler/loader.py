@@ -307,7 +307,7 @@ class _Loader(yaml.SafeLoader):
 
     def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
         if not isinstance(node, yaml.MappingNode):
-            return super().construct_mapping(node, deep=deep)  # type: ignore[arg-type, no-any-return]
+            return super().construct_mapping(node, deep=deep)  # type: ignore[arg-type]
         seen: dict[Any, yaml.Node] = {}
         for key_node, value_node in node.value:
             if key_node.tag == _MERGE_TAG:
@@ -704,15 +704,17 @@ def load_desired(
         )
     if problems:
         raise ConfigError(problems)
-    path, manifest, node = mine[0]
+    manifest_path, manifest, node = mine[0]
     assignments = _cross_check(
-        path, manifest, node, host, recipes, problems, shm_size=shm_size, shm_free=shm_free, host_node=host_node
+        manifest_path, manifest, node, host, recipes, problems, shm_size=shm_size, shm_free=shm_free,
+        host_node=host_node,
     )
     secret_digests = _secret_digests(r, host, recipes, problems)
     if problems:
         raise ConfigError(problems)
     return DesiredState(
-        host=host, recipes=recipes, assignments=tuple(assignments), manifest_path=path, secret_digests=secret_digests,
+        host=host, recipes=recipes, assignments=tuple(assignments), manifest_path=manifest_path,
+        secret_digests=secret_digests,
         fallback=manifest.fallback,
     )
 

@@ -12,7 +12,7 @@ import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -354,7 +354,7 @@ ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 ENV_VALUE_PATTERN = r"^(?![\s\S]*\$\{)[^\x00]*$|^\$\{[A-Za-z_][A-Za-z0-9_]*\}$"
 
 
-def _pattern(pattern: str) -> dict[str, object]:
+def _pattern(pattern: str) -> dict[str, Any]:
     """A field's schema-only pattern (the validator keeps its own check and message)."""
     return {"pattern": pattern}
 
@@ -909,7 +909,7 @@ class ToolSpec(_Strict):
     )
     description: str = Field(default="", description="What the function does, as the model reads it.")
     parameters: dict[str, object] = Field(
-        default_factory=lambda: {"type": "object", "properties": {}},
+        default_factory=lambda: dict[str, object](type="object", properties={}),
         description="The JSON Schema of its arguments; a call's arguments are validated against it.",
     )
 

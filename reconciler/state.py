@@ -131,8 +131,8 @@ def read_ownership(host: str) -> Ownership:
     containers = read_record(host, "containers.json")
     return Ownership(
         install_id=install_id if isinstance(install_id, str) else None,
-        adopted=frozenset(str(c) for c in containers.get("adopted", []) or []),  # type: ignore[union-attr]
-        healthy=frozenset(str(c) for c in containers.get("healthy", []) or []),  # type: ignore[union-attr]
+        adopted=frozenset(str(c) for c in containers.get("adopted", []) or []),
+        healthy=frozenset(str(c) for c in containers.get("healthy", []) or []),
     )
 
 
@@ -150,7 +150,7 @@ def _update_containers(host: str, *, add: dict[str, Iterable[str]], keep: Collec
     data = read_record(host, "containers.json")
     out: dict[str, list[str]] = {}
     for key in ("adopted", "healthy"):
-        ids = {str(c) for c in data.get(key, []) or []}  # type: ignore[union-attr]
+        ids = {str(c) for c in data.get(key, []) or []}
         ids |= set(add.get(key, ()))
         if keep is not None:
             ids &= set(keep)  # forget containers that no longer exist, so the files do not grow forever
