@@ -233,18 +233,21 @@ class Tour:
                               capture_output=True, text=True, timeout=timeout, check=False)
 
     def set_loop(self, want: str) -> None:
-        if want == "running" and (self.loop is None or self.loop.poll() is not None):
+        """A fresh loop for each block that shows one (its counters then hold that block's work only), on a tmpfs
+        without offload files (an earlier try's orphan would be the new loop's to reclaim), or none."""
+        self.stop_loop()
+        if want == "running":
+            for f in Path(DEMO_SHM).glob("vllm_offload_*.mmap"):
+                f.unlink()
             self.loop = subprocess.Popen(
                 ["reconciler", "--root", "examples/demo", "run"], cwd=self.cwd, env=self.env,
-                stdout=self.loop_log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
+                stdout=self.loop_log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
             )
             deadline = time.monotonic() + 60
             while b" pass " not in self.loop_log.read_bytes():
                 assert self.loop.poll() is None, f"the demo loop exited:\n{self.loop_log.read_text()[-3000:]}"
                 assert time.monotonic() < deadline, f"no first pass:\n{self.loop_log.read_text()[-3000:]}"
                 time.sleep(0.2)
-        elif want != "running":
-            self.stop_loop()
 
     def stop_loop(self) -> None:
         if self.loop is not None and self.loop.poll() is None:
