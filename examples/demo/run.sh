@@ -129,6 +129,14 @@ r status
 
 step "10. functional preflight on demand: the probes every enter runs after /health answers"
 r probe omni
+echo
+echo "# the report's lifecycle regression, on demand only: a ~128K needle and 20 tool calls behind one shared prefix"
+r probe omni --suite regression
+echo
+echo "# one of the twenty fails (the stand-in told so at run time): the suite fails, naming the request"
+curl -s -X POST http://127.0.0.1:8001/fake/mode -d '{"mode": "fail-request='"'"'ORD-7'"'"'"}' >/dev/null
+rc r probe omni --suite regression
+curl -s -X POST http://127.0.0.1:8001/fake/mode -d '{"mode": ""}' >/dev/null
 
 step "11. drain before leave: two requests in flight to omni; the switch waits for them, and they get their answers"
 OMNI=http://127.0.0.1:8001
