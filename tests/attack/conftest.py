@@ -1,0 +1,89 @@
+"""What the attack tests share: an unprivileged user (uid 65534, ``nobody``, through ``setpriv``) who runs the
+system's Python (the project's virtual environment lies under /root, out of its reach), a scratch directory it can
+reach, and a root-only file that no attack may change.
+
+The tool itself runs as root (``reconciler`` from this checkout, through ``Root.cli`` and ``LoopProcess`` of
+tests/e2e_helpers.py), as it does on a real host.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+NOBODY = 65534
+PYTHON = "/usr/bin/python3"  # the attacker's: stdlib only
+PRECIOUS = "root's own data, never to be truncated or overwritten\n"
+
+
+@dataclass(frozen=True)
+class Attacker:
+    """Runs commands as uid/gid 65534 with no supplementary groups."""
+
+    def run(self, *argv: str, timeout: float = 60, check: bool = False, input: str | None = None,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        cmd = ["setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY), "--clear-groups", *argv]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=check, input=input,
+                              env=env or {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+
+    def python(self, code: str, *args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.run(PYTHON, "-c", code, *args, timeout=timeout, check=check)
+
+    def popen(self, code: str, *args: str) -> subprocess.Popen[str]:
+        cmd = ["setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY), "--clear-groups", PYTHON, "-c", code, *args]
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.PIPE, text=True,
+                                env={"PATH": "/usr/bin:/bin"})
+
+
+@pytest.fixture(scope="session")
+def attacker() -> Attacker:
+    if os.geteuid() != 0:
+        pytest.fail("the attack tests run the tool as root and the attacker as uid 65534: run them as root")
+    for tool in ("setpriv", "prlimit"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} (util-linux) is needed to act as an unprivileged user")
+    if not Path(PYTHON).exists():
+        pytest.fail(f"{PYTHON} is needed: the attacker runs the system's Python")
+    a = Attacker()
+    a.python("import os; assert os.getuid() == 65534 and os.geteuid() == 65534")
+    return a
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    """A directory the unprivileged user can reach (0755, root's), under /tmp; removed afterwards."""
+    d = Path(tempfile.mkdtemp(prefix="reconciler-attack-", dir="/tmp"))
+    d.chmod(0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def public(scratch: Path) -> Path:
+    """A world-writable sticky directory, like /run/lock and /tmp."""
+    d = scratch / "public"
+    d.mkdir()
+    d.chmod(0o1777)
+    return d
+
+
+@pytest.fixture
+def precious(scratch: Path) -> Path:
+    """A root-only file (0600) whose content every test checks afterwards."""
+    p = scratch / "precious"
+    p.write_text(PRECIOUS)
+    p.chmod(0o600)
+    return p
+
+
+def no_traceback(text: str) -> None:
+    assert "Traceback" not in text, text
