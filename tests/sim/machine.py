@@ -37,6 +37,7 @@ TOPOLOGIES = {
     "swapped": [("small", ["dark-compute-b"]), ("omni", ["dark-compute-a"])],
     "exclusive": [("big", ["dark-compute-a", "dark-compute-b"])],
     "exclusive-rev": [("big", ["dark-compute-b", "dark-compute-a"])],
+    "swapped-omni-a": [("omni", ["dark-compute-a"])],
 }
 # How the two slots name their cards: by index, by UUID, mixed, or (a host error) both naming card 0.
 HOST_SHAPES = ("index", "uuid", "mixed", "alias-index-uuid", "alias-uuid-case")
@@ -88,7 +89,7 @@ class HostMachine(RuleBasedStateMachine):
         self._write_manifest("empty")
         self._new_loop()
 
-    def _write_host(self, shape: str, gpu_requests: bool) -> None:
+    def _write_host(self, shape: str, gpu_requests: bool, telemetry: str = "nvml") -> None:
         w = self.world
         assert w is not None
         u0, u1 = w.cards[0].uuid, w.cards[1].uuid
@@ -101,7 +102,7 @@ class HostMachine(RuleBasedStateMachine):
         }[shape]
         gpus = "\n".join(f"  {s}: {{{', '.join(f'{k}: {v}' for k, v in g.items())}}}" for s, g in zip(SLOTS, slots))
         (self.root / "configs" / "host.yaml").write_text(
-            f"name: sim\ngpus:\n{gpus}\ngpu_telemetry: nvml\n"
+            f"name: sim\ngpus:\n{gpus}\ngpu_telemetry: {telemetry}\n"
             f"docker: {{url: 'unix:///sim/docker.sock', gpu_requests: {str(gpu_requests).lower()}, keep_failed: 2}}\n"
             "shm: {dir: /dev/shm, confirm_interval_s: 2.0, reserve_gib: 1, ignore_uninspectable_pids: [1]}\n"
             "gpu_reserve: {free_gib: 3.0, policy: report, idle_used_gib: 1.0}\n"
@@ -142,6 +143,16 @@ class HostMachine(RuleBasedStateMachine):
             self._ctx = None
 
     # ------------------------------------------------------------ the operator
+
+    def plan_json(self) -> dict[str, Any]:
+        """What ``reconciler plan --json`` prints for the simulated host now."""
+        from reconciler.apply import Applier
+        from reconciler.loader import load_desired
+        from sim.seams import sim_observer
+
+        desired = load_desired(str(self.root))
+        applier = Applier(desired, observer=sim_observer(self.world, desired.host.docker.url), connect=False)
+        return applier.plan_now()[1].to_json()
 
     @rule(topology=st.sampled_from(sorted(TOPOLOGIES)))
     def edit_manifest(self, topology: str) -> None:
