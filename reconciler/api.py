@@ -34,8 +34,8 @@ Security, in the order the ``Guard`` checks a request, before any route sees it:
 
 The listener is loopback unless ``--api-allow-remote`` is given, and then only with a token given explicitly. It
 cannot be silenced for good: its connections are bounded (past ``max_connections`` the oldest idle one is closed),
-a client must send its request head within ``HEAD_TIMEOUT_S``, requests in flight are bounded (503 past
-``LIMIT_CONCURRENCY``), the open-file limit is raised at start, an error in its event loop is logged and never ends
+a client must send its request head within ``HEAD_TIMEOUT_S``, the service calls run in a bounded pool of worker
+threads, the open-file limit is raised at start, an error in its event loop is logged and never ends
 it, and a listener that stops anyway is started again (or the loop exits 1 for its supervisor to restart it).
 
 A destructive call (a confirmed reclaim, an apply) takes the loop's pass lock: it waits for a pass to end, and no
@@ -84,7 +84,6 @@ _TOKEN_CHARS = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII without spaces: 
 HEAD_TIMEOUT_S = 10.0  # from connecting (or the previous answer) to a complete request head
 BODY_TIMEOUT_S = 10.0  # to receive the whole body once the head is in
 KEEP_ALIVE_S = 5.0  # an idle kept-alive connection is closed after this
-LIMIT_CONCURRENCY = 64  # requests (and connections) in flight past which uvicorn answers 503
 MAX_CONNECTIONS = 256  # open connections at most (fewer under a low open-file limit: ``connection_cap``)
 MAX_HEAD_BYTES = 16 << 10  # a request line and headers larger than this are refused by h11
 AUTH_AUDIT_BURST = 10  # failed authentications audited per minute; the rest are counted in the next record
@@ -413,6 +412,7 @@ class Guard:
                     chunk = message.get("body", b"")
                     size += len(chunk)
                     if size > self.max_body:
+                        await self._drain(receive, message, size)
                         await _send_json(send, 413, {"error": f"request body over {self.max_body} bytes"},
                                          close=True)
                         return None
@@ -432,6 +432,15 @@ class Guard:
                 await _send_json(send, 400, {"error": str(exc)})
                 return None
         return body
+
+    async def _drain(self, receive: Any, message: dict[str, Any], size: int) -> None:
+        """Read and drop the rest of an oversized body (up to 16 times the limit), so the 413 reaches the client
+        instead of a reset from the unread data."""
+        while message.get("more_body", False) and size <= 16 * self.max_body:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            size += len(message.get("body", b""))
 
     async def _refuse(self, send: Any, scope: Any, why: str) -> None:
         if self.on_refused is not None:
@@ -1039,7 +1048,7 @@ def guarded_protocol(*, max_connections: int, head_timeout_s: float) -> type:
         def _head_timeout(self) -> None:
             self._head_timer = None
             if self._idle() and not self.transport.is_closing():
-                self.transport.abort()
+                self.transport.close()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -1099,8 +1108,10 @@ class Listener:
         self.log = log
         config = uvicorn.Config(
             app, log_config=None, log_level="warning", access_log=False, lifespan="on", ws="none",
-            timeout_graceful_shutdown=3, timeout_keep_alive=int(KEEP_ALIVE_S), limit_concurrency=LIMIT_CONCURRENCY,
-            backlog=128, h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+            # No limit_concurrency: uvicorn counts open connections in it, so idle ones would turn every scrape into
+            # a 503. Connections are bounded by the protocol below; the work of requests by the worker threads
+            # (anyio's pool) that run the service calls.
+            timeout_graceful_shutdown=3, timeout_keep_alive=int(KEEP_ALIVE_S), backlog=128, h11_max_incomplete_event_size=MAX_HEAD_BYTES,
             http=guarded_protocol(max_connections=max_connections, head_timeout_s=HEAD_TIMEOUT_S),
         )
         self.server = uvicorn.Server(config)
