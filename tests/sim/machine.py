@@ -173,6 +173,26 @@ class HostMachine(RuleBasedStateMachine):
         self.edits[recipe] += 1
         self._write_recipe(recipe)
 
+    @rule(recipe=st.sampled_from(sorted(RECIPES)))
+    def break_recipe(self, recipe: str) -> None:
+        """A bad edit of a recipe (a TOML error): the loop keeps the last valid desired state."""
+        path = self.root / "configs" / "recipes" / f"{recipe}.toml"
+        path.write_text(path.read_text() + "\n[offload\n")
+        self.topology = "broken"
+
+    @rule(pick=st.integers(0, 7), excused=st.booleans())
+    def process_cannot_be_inspected(self, pick: int, excused: bool) -> None:
+        """A process whose maps and fds even root cannot read: the /proc source fails closed, unless its pid is the
+        one the host file excuses (pid 1)."""
+        from sim.world import Proc
+
+        w = self.world
+        if excused:
+            w.procs[1] = Proc(1, "/sbin/init", inspectable=False)
+        else:
+            pid = w.new_pid()
+            w.procs[pid] = Proc(pid, "python reader.py", inspectable=False)
+
     @rule(recipe=st.sampled_from(sorted(RECIPES)), behaviour=st.sampled_from(["ok", "ok", "crash", "hang"]))
     def recipe_behaves(self, recipe: str, behaviour: str) -> None:
         self.world.behaviour[recipe] = behaviour
@@ -272,11 +292,21 @@ class HostMachine(RuleBasedStateMachine):
 
             self.world.on_sleep.append(once)
 
-    @rule()
-    def readers_exit(self) -> None:
-        w = self.world
-        for pid in [p.pid for p in w.procs.values() if p.cmd == "python reader.py"]:
-            del w.procs[pid]
+    @rule(now=st.booleans())
+    def readers_exit(self, now: bool) -> None:
+        """The readers end: now, or between the guard's two inspections."""
+        def end(w: World) -> None:
+            for pid in [p.pid for p in w.procs.values() if p.cmd == "python reader.py"]:
+                del w.procs[pid]
+
+        if now:
+            end(self.world)
+        else:
+            def once(w: World) -> None:
+                w.on_sleep.remove(once)
+                end(w)
+
+            self.world.on_sleep.append(once)
 
     @rule(method=st.sampled_from(["list", "inspect", "create", "start", "stop", "remove", "rename", "ping"]),
           p=st.sampled_from([0.0, 0.3, 1.0]), lost=st.booleans())
@@ -416,6 +446,8 @@ class HostMachine(RuleBasedStateMachine):
             card.present = True
         w.behaviour = {}
         if self.topology == "broken":
+            for r in RECIPES:
+                self._write_recipe(r)
             self._write_manifest("split")
         result = None
         for _ in range(LIVENESS_PASSES):
@@ -427,9 +459,14 @@ class HostMachine(RuleBasedStateMachine):
             return  # the host file itself is refused (two slots on one card): nothing runs, which is right
         final = result.final
         if final.unavailable:
-            if self.shape.startswith("alias"):
-                return
-            w.violate(f"(f) sources still unavailable after faults stopped: {final.unavailable}")
+            # Each source may stay down only for a cause that is really there.
+            true_cause = {
+                "gpu": self.shape.startswith("alias"),
+                "proc": any(not p.inspectable and p.pid != 1 for p in w.procs.values()),
+            }
+            false = [s for s in final.unavailable if not true_cause.get(s, False)]
+            if false:
+                w.violate(f"(f) sources still unavailable after faults stopped: {false}")
             return
         if not final.blocked:
             w.violate(f"(f) not converged after {LIVENESS_PASSES} passes without faults: {result.result}: "

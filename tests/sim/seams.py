@@ -111,6 +111,11 @@ class SimApi:
             raise ApiError(404, f"No such image: {ref}")
         return {"Id": "sha256:" + name.replace(":", ""), "Config": {"Labels": dict(self.w.images[name])}}
 
+    @_engine
+    def version(self) -> dict[str, Any]:
+        self.w._fault("version")
+        return {"Version": "sim", "ApiVersion": "1.41", "Components": [{"Name": "Engine", "Version": "sim"}]}
+
     def create_host_config(self, **kw: Any) -> dict[str, Any]:
         return kw
 

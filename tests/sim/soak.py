@@ -16,28 +16,35 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the sim package
 
 STEPS_PER_EXAMPLE = 50
+BATCH_EXAMPLES = 200
 
 
 def _worker(args: tuple[int, int]) -> tuple[int, int, str]:
-    """Run machines until ``budget`` steps are done; (steps, violations, report of the first failure)."""
+    """Run machines until ``budget`` steps are done; (steps, violations, report of the first failure). Hypothesis
+    runs a batch of examples at a time, each batch from its own seed: its memory of the run stays bounded."""
     seed, budget = args
     from hypothesis import HealthCheck, seed as hseed, settings
     from hypothesis.stateful import run_state_machine_as_test
 
     from sim.machine import STEPS, HostMachine
 
-    examples = max(1, budget // STEPS_PER_EXAMPLE)
-    machine = hseed(seed)(HostMachine)
-    try:
-        run_state_machine_as_test(
-            machine,
-            settings=settings(max_examples=examples, stateful_step_count=STEPS_PER_EXAMPLE, deadline=None,
-                              database=None, suppress_health_check=list(HealthCheck)),
-        )
-    except BaseException as exc:  # noqa: BLE001 - a violation: report it with hypothesis's shrunk steps
-        import traceback
+    batch = 0
+    while STEPS[0] < budget:
+        examples = max(1, min(BATCH_EXAMPLES, (budget - STEPS[0]) // STEPS_PER_EXAMPLE))
+        machine = hseed(seed * 100_000 + batch)(HostMachine)
+        batch += 1
+        try:
+            run_state_machine_as_test(
+                machine,
+                settings=settings(max_examples=examples, stateful_step_count=STEPS_PER_EXAMPLE, deadline=None,
+                                  database=None, suppress_health_check=list(HealthCheck)),
+            )
+        except BaseException as exc:  # noqa: BLE001 - a violation: report it with hypothesis's shrunk steps
+            import traceback
 
-        return STEPS[0], 1, "".join(traceback.format_exception(exc))[-6000:]
+            return STEPS[0], 1, f"batch seed {seed * 100_000 + batch - 1}:\n" + "".join(
+                traceback.format_exception(exc)
+            )[-6000:]
     return STEPS[0], 0, ""
 
 

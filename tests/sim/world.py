@@ -206,6 +206,7 @@ class World:
         c = self.get(ref)
         self.writes.append(Write("start", c.id, c.name))
         if c.state == "running":
+            self._lost("start")
             return
         self._check_start(c)
         c.state, c.started_at, c.exit_code = "running", self.now, 0
