@@ -1,7 +1,7 @@
 # The two commands of the README. Both are idempotent on a fresh Debian machine, as root: `make demo`, `make test`.
 # `make setup` installs the Debian packages and creates .venv/ (the project's own virtual environment);
 # everything else runs its Python.
-.PHONY: setup demo test bench fresh schemas
+.PHONY: setup demo test bench fresh soak schemas
 
 PY := .venv/bin/python
 
@@ -13,6 +13,10 @@ demo: setup
 
 test: setup
 	RECONCILER_REQUIRE_DOCKER=1 $(PY) -m pytest -q -p no:cacheprovider tests
+
+# The simulated host for a long budget: SOAK_STEPS (default 1,000,000), SOAK_SEED to replay, SOAK_WORKERS processes.
+soak: setup
+	$(PY) tests/sim/soak.py
 
 bench: setup
 	status=0; for b in tests/bench/bench_*.py; do echo "== $$b"; $(PY) $$b || status=1; done; exit $$status

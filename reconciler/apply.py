@@ -31,8 +31,8 @@ from reconciler.observed import Observed
 from reconciler.planner import Action, ActionKind, Plan, plan, slot_holders
 from reconciler.secrets import SecretError
 from reconciler.secrets import resolve as resolve_secrets
-from reconciler.state import ensure_install_id, mark_healthy
-from reconciler.units import human_bytes
+from reconciler.state import ensure_install_id, mark_healthy, read_ownership
+from reconciler.units import GIB, human_bytes
 from reconciler.vram import ReserveVerdict, enter_reserve_verdict
 
 CLEAN_EXIT_CODES = (0, 143)  # exited by itself, or on the SIGTERM of `docker stop`
@@ -344,17 +344,17 @@ class Applier:
             )
         self._check_health_url_free(action, recipe)
         need = recipe.offload.capacity_bytes
-        if need and observed.shm.tmpfs.free_bytes < need:
-            if observed.shm.by_state("orphan"):
-                self.progress.phase(action, "reclaiming orphan offload files")
-                freed = int(self._guarded_reclaim().reclaimed_bytes)
-                observed = self.observe()
-            if observed.shm.tmpfs.free_bytes < need:
-                raise ActionRefused(
-                    f"tmpfs {observed.shm.dir} has {human_bytes(observed.shm.tmpfs.free_bytes)} free; recipe "
-                    f"{action.recipe} needs {human_bytes(need)} for its offload file (see `reconciler shm status`)",
-                    reason="tmpfs_room",
-                )
+        reserve = int(self.desired.host.shm.reserve_gib * GIB) if need else 0
+        # Orphans were reclaimed by the plan's own reclaim action before any enter; none is removed here that the
+        # plan did not list.
+        if need and observed.shm.tmpfs.free_bytes < need + reserve:
+            raise ActionRefused(
+                f"tmpfs {observed.shm.dir} has {human_bytes(observed.shm.tmpfs.free_bytes)} free; recipe "
+                f"{action.recipe} needs {human_bytes(need)} for its offload file"
+                + (f" and shm.reserve_gib keeps {human_bytes(reserve)} free beyond it" if reserve else "")
+                + " (see `reconciler shm status`)",
+                reason="tmpfs_room",
+            )
         if self.cancel.is_set():
             raise Cancelled("stop requested before create; nothing created")
         # Act: create (labelled in the same call, so an interrupt never leaves it unowned), start, wait for health.
@@ -365,10 +365,16 @@ class Applier:
             values = resolve_secrets(self.desired.host.secrets.env_file, refs) if refs else None
         except SecretError as exc:
             raise ActionFailed(f"recipe {action.recipe}: secret env value {exc}") from None
+        # The offload files there before the create: one that appears from here on is this enter's own (a crash
+        # before anything could be seen mapping it leaves it unowned), and only those go if the enter fails.
+        before = frozenset((f.path, f.inode) for f in observed.shm.files)
         cid = self.ops.create(create_spec(self.desired, action.recipe, slots, install_id=install_id, secrets=values))
-        return self._bring_up(action, recipe, cid, start=True, freed=freed)
+        return self._bring_up(action, recipe, cid, start=True, freed=freed, files_before=before)
 
-    def _bring_up(self, action: Action, recipe: Recipe, cid: str, *, start: bool, freed: int) -> tuple[str, int]:
+    def _bring_up(
+        self, action: Action, recipe: Recipe, cid: str, *, start: bool, freed: int,
+        files_before: frozenset[tuple[str, int]] | None = None,
+    ) -> tuple[str, int]:
         """Start (unless it runs already), wait for health, check, and record the container as healthy."""
         slots = action.gpus
         try:
@@ -381,7 +387,13 @@ class Applier:
                 after = self._check_enter(action, cid)
             verdict = self.check_reserve(action, after)
         except ActionFailed as exc:
-            self._fail_enter(action, cid, exc)
+            self._fail_enter(action, cid, exc, files_before)
+        except Cancelled:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an engine error once the container exists (a 5xx on inspect
+            # after its retries): the same failed-enter path, so the container is stopped and kept, never left running
+            # while the loop backs off and a fallback could be entered on its cards
+            self._fail_enter(action, cid, ActionFailed(f"{type(exc).__name__}: {exc}"), files_before)
         # Only now does it count as satisfied: one left waiting by an interrupt is finished by the next pass.
         containers, docker_ok = self.observer.observe()
         mark_healthy(self.desired.host.name, cid, existing=[c.id for c in containers] if docker_ok.ok else None)
@@ -602,15 +614,33 @@ class Applier:
                 )
         return observed
 
-    def _fail_enter(self, action: Action, cid: str, exc: ActionFailed) -> None:
+    def _fail_enter(
+        self, action: Action, cid: str, exc: ActionFailed, files_before: frozenset[tuple[str, int]] | None = None
+    ) -> None:
         """Keep the failed container for its logs, reclaim its unmapped shm, free the GPUs; then raise."""
         self.progress.phase(action, "failed: keeping the container, reclaiming its shm")
         logs = self.ops.logs_tail(cid)
-        self.ops.stop(cid, 5)
-        kept = self.ops.preserve(cid, action.container or cid[:12])
+        # Its own offload files: those only it holds now, and those that appeared since its create. The only ones
+        # this failed enter reclaims (the guard still proves each unowned, twice).
+        now = self.observe()
+        names = {c.name for c in now.containers if c.id == cid} | {cid, cid[:12]}
+        its_files = [
+            f.path
+            for f in now.shm.files
+            if (f.owners and all(o.container in names for o in f.owners))
+            or (files_before is not None and (f.path, f.inode) not in files_before)
+        ]
+        try:
+            self.ops.stop(cid, 5)
+        except Exception:  # noqa: BLE001 - a stop that fails for good: kill it, and say so below if it still runs
+            self.ops.kill(cid)
+        try:
+            kept = self.ops.preserve(cid, action.container or cid[:12])
+        except Exception as exc:  # noqa: BLE001 - the name stays taken; the next plan sees a stopped container of ours
+            kept = f"{action.container or cid[:12]} (not renamed: {type(exc).__name__}: {exc})"
         self._prune_kept(action.container or cid[:12])
         freed_note = ""
-        res = self._guarded_reclaim()
+        res = self._guarded_reclaim(only_paths=its_files)
         if res.reclaimed_bytes:
             freed_note = f"; reclaimed {res.reclaimed_bytes} bytes of its offload file"
         elif res.refused:
@@ -627,7 +657,8 @@ class Applier:
         """A recipe that keeps failing must not pile up stopped containers: keep the newest ``keep_failed``."""
         docker = self.desired.host.docker
         try:
-            self.ops.prune_kept(name, host=self.desired.host.name, keep=docker.keep_failed)
+            install_id = read_ownership(self.desired.host.name).install_id
+            self.ops.prune_kept(name, host=self.desired.host.name, keep=docker.keep_failed, install_id=install_id)
         except Exception:  # noqa: BLE001 - pruning old evidence must never fail the action that made new evidence
             return
 
@@ -657,9 +688,10 @@ class Applier:
             self._prune_kept(c.name)
             fate = f"exited with code {code}: kept as {kept} for its logs"
         freed = 0
-        if action.offload or its_files or c.offload:
+        if action.offload or its_files or c.offload or action.paths:
             self.progress.phase(action, "reclaiming its offload files")
-            freed = int(self._guarded_reclaim().reclaimed_bytes)
+            paths = list(dict.fromkeys([*action.paths, *its_files]))
+            freed = int(self._guarded_reclaim(only_paths=paths).reclaimed_bytes) if paths else 0
         # Postcondition: not running, its slots free of every container, none of its offload files left.
         after = self.observe()
         if any(x.id == cid and x.active for x in after.containers):
@@ -749,7 +781,8 @@ def within(approved: Plan, action: Action) -> Action | None:
         if a.kind is not action.kind:
             continue
         if action.kind is ActionKind.LEAVE and a.container_id == action.container_id:
-            return action
+            paths = tuple(p for p in action.paths if p in set(a.paths))
+            return replace(action, paths=paths) if paths != action.paths else action
         if action.kind is ActionKind.ENTER and a.key == action.key and a.recipe_hash == action.recipe_hash:
             return action
         if action.kind is ActionKind.RECLAIM:

@@ -9,7 +9,7 @@ same Plan object. Nothing here imports Docker, NVML or metrics (an import contra
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from reconciler import spec
@@ -24,7 +24,7 @@ from reconciler.observed import (
     Ownership,
     ShmView,
 )
-from reconciler.units import human_bytes
+from reconciler.units import GIB, human_bytes
 from reconciler.vram import unlisted_used_bytes
 
 
@@ -282,10 +282,6 @@ def plan(
     its slots (and nobody else's) serve them meanwhile, unless the manifest says ``fallback: false``.
     """
     hold = hold or {}
-    fallbacks = _fallbacks(desired, hold, last_good, next_attempt or {}) if desired.fallback else ()
-    covered = {assignment_key(f.instead_of, f.instead_gpus) for f in fallbacks}
-    by_fallback = {assignment_key(f.recipe, f.gpus): f for f in fallbacks}
-    wanted = (*desired.assignments, *(_as_assignment(desired, f) for f in fallbacks))
     host = desired.host.name
     unavailable = tuple(s.name for s in observed.unavailable())
     if not observed.docker.ok:
@@ -294,6 +290,22 @@ def plan(
 
     own = observed.ownership
     ours = [c for c in observed.containers if _ours(c, host, own) and not (c.preserved and not c.active)]
+    # No fallback while any container of the held lane runs (a start whose engine answer was lost, one left
+    # waiting for health): the fallback would share its cards.
+    running_held = {
+        assignment_key(c.recipe or "", c.slots) for c in ours if c.active and not c.preserved
+    } & set(hold)
+    fallbacks = (
+        _fallbacks(desired, {k: v for k, v in hold.items() if k not in running_held}, last_good, next_attempt or {})
+        if desired.fallback
+        else ()
+    )
+    held_on = {s: d for d in desired.assignments if d.key in hold for s in d.slots}
+    # A fallback covers every held lane it stands on (a TP=2 fallback may span two held lanes).
+    covered = {held_on[s].key for f in fallbacks for s in f.gpus if s in held_on}
+    by_fallback = {assignment_key(f.recipe, f.gpus): f for f in fallbacks}
+    wanted = (*desired.assignments, *(_as_assignment(desired, f) for f in fallbacks))
+    unsound = _unsound_slots(desired, observed)
 
     leaves: list[Action] = []
     enters: list[DesiredAssignment] = []
@@ -311,7 +323,7 @@ def plan(
         parts = spec.part_hashes(desired.host, desired.recipes[d.recipe], d.slots, secret_digests=desired.secret_digests)
         diffs = {c.id: _matches(c, d, parts, desired) for c in mine}
         # Satisfied only once it has passed its health check: one left waiting by an interrupted apply never did.
-        good = [c for c in mine if c.active and not diffs[c.id] and c.id in own.healthy]
+        good = [c for c in mine if c.state == "running" and not diffs[c.id] and c.id in own.healthy]
         keep = good[0] if good else None
         if keep is not None:
             satisfied.append(keep)
@@ -319,7 +331,7 @@ def plan(
             enters.append(d)
             # Running and matching but never confirmed healthy (an apply stopped while it waited): the enter
             # finishes that wait on it instead of restarting a model load that may take minutes.
-            waiting = [c for c in mine if c.active and not diffs[c.id]]
+            waiting = [c for c in mine if c.state == "running" and not diffs[c.id]]
             if waiting:
                 finishing[d.key] = waiting[0]
         for c in mine:
@@ -327,6 +339,8 @@ def plan(
                 continue
             if c in good:
                 why = f"duplicate of {keep.name} for {d.key}"
+            elif c.active and c.state != "running":
+                why = f"{c.name} is {c.state}: it serves nothing; recreate"
             elif c.active and diffs[c.id]:
                 why = (
                     f"{c.name} differs from what the files now make of {d.recipe} on {','.join(d.slots)}: "
@@ -348,9 +362,10 @@ def plan(
             why = _stopped_reason(c) + "; not in the manifest"
         leaves.append(_leave(c, why, desired))
 
+    shm = observed.shm
+    leaves = _with_paths(leaves, observed)
     leaving = {a.container_id for a in leaves}
     kept_ids = {c.id for c in satisfied} | {c.id for c in finishing.values()}
-    shm = observed.shm
 
     # Offload files: orphans are reclaimed through the guard; what leaving containers own goes with them.
     reclaim: Action | None = None
@@ -373,6 +388,8 @@ def plan(
     blocked_orphans = shm.by_state("blocked")
     if blocked_orphans and shm.blocking_containers and all(n in gone for n in shm.blocking_containers):
         freed_by_leaves += sum(f.allocated_bytes for f in blocked_orphans)
+    # shm.reserve_gib stays free beyond every offload file: judged here, not only against the tmpfs size at load.
+    reserve = int(desired.host.shm.reserve_gib * GIB)
     room = shm.tmpfs.free_bytes + (reclaim.bytes if reclaim else 0) + freed_by_leaves
 
     holders = slot_holders(desired, observed, skip=leaving | {c.id for c in finishing.values()})
@@ -380,24 +397,38 @@ def plan(
     blockers: list[Blocker] = []
     held: list[Held] = []
     enter_actions: list[Action] = []
+    fallback_ids = {c.id for c in ours if assignment_key(c.recipe or "", c.slots) in by_fallback}
     for d in enters:
         recipe = desired.recipes[d.recipe]
+        is_fallback = d.key in by_fallback
         if d.key in covered and d.key in hold:
-            # Its slots serve the fallback meanwhile: held, not blocked by it.
-            held.append(Held(recipe=d.recipe, gpus=d.slots, reason=hold[d.key]))
+            # Its slots serve the fallback meanwhile: held, not blocked by the fallback; anything else that holds
+            # its slots is still said.
+            own_holders = {s: [c for c in cs if c.id not in fallback_ids] for s, cs in holders.items()}
+            problems = _slot_problems(d, observed, own_holders, by_id, leaving, kept_ids | fallback_ids, desired)
+            problems += _identity_problems(d, desired, observed, unsound, leaving)
+            if not problems:
+                held.append(Held(recipe=d.recipe, gpus=d.slots, reason=hold[d.key]))
+                continue
+            for why, holder, *kind in problems:
+                blockers.append(Blocker(recipe=d.recipe, gpus=d.slots, reason=why, holder=holder, kind="".join(kind)))
             continue
         problems = _slot_problems(d, observed, holders, by_id, leaving, kept_ids, desired)
+        problems += _identity_problems(d, desired, observed, unsound, leaving if d.key not in finishing else leaving)
         if d.offload_bytes and d.key not in finishing:  # a container being finished has its offload file already
             if not proc_ok:
                 problems.append(("offload files cannot be inspected: " + _sources(shm), ""))
-            elif d.offload_bytes > room:
+            elif d.offload_bytes + reserve > room:
                 problems.append(
                     (
                         f"tmpfs {shm.dir} would have {human_bytes(room)} free after planned leaves and reclaim; "
-                        f"recipe {d.recipe} needs {human_bytes(d.offload_bytes)} for its offload file",
+                        f"recipe {d.recipe} needs {human_bytes(d.offload_bytes)} for its offload file"
+                        + (f" and shm.reserve_gib keeps {human_bytes(reserve)} free beyond it" if reserve else ""),
                         "tmpfs",
                     )
                 )
+        if problems and is_fallback:
+            continue  # a fallback that cannot be placed is simply not used: the held lane stays held, not blocked
         if problems:
             for why, holder, *kind in problems:
                 blockers.append(Blocker(recipe=d.recipe, gpus=d.slots, reason=why, holder=holder, kind="".join(kind)))
@@ -431,6 +462,7 @@ def plan(
     if reclaim is not None:
         actions.append(reclaim)
     actions.extend(enter_actions)
+    placed = {a.key for a in enter_actions} | {assignment_key(c.recipe or "", c.slots) for c in satisfied}
     return Plan(
         host=host,
         actions=tuple(actions),
@@ -438,7 +470,8 @@ def plan(
         held=tuple(held),
         unavailable=unavailable,
         satisfied=tuple(c.name for c in satisfied),
-        fallbacks=tuple(fallbacks),
+        # Only the fallbacks that run or are entered in this plan (one that cannot be placed is not in force).
+        fallbacks=tuple(f for f in fallbacks if assignment_key(f.recipe, f.gpus) in placed),
     )
 
 
@@ -471,6 +504,77 @@ def _fallbacks(
     return tuple(out)
 
 
+def _unsound_slots(desired: DesiredState, observed: Observed) -> dict[str, str]:
+    """Defence in depth for what the loader and the GPU view already refuse: slot -> why it cannot be used, when two
+    assignments give it away twice, or two slots name one physical card (by id text in any letter case, or by what
+    GPU telemetry resolved them to)."""
+    bad: dict[str, str] = {}
+    given: dict[str, str] = {}
+    for d in desired.assignments:
+        for s in d.slots:
+            if s in given and given[s] != d.key:
+                bad[s] = f"GPU slot {s} is given to both {given[s]} and {d.key} (one recipe per GPU)"
+            given.setdefault(s, d.key)
+        if len(set(d.slots)) != len(d.slots):
+            for s in d.slots:
+                bad[s] = f"{d.key} names GPU slot {s} twice"
+    card: dict[str, str] = {}
+    for slot, gpu in desired.host.gpus.items():
+        seen = observed.gpus.slots.get(slot)
+        ids = {i.lower() for i in gpu.device_ids()}
+        if seen is not None and not seen.missing and seen.uuid:
+            ids = {seen.uuid.lower()}
+        for i in sorted(ids):
+            if i in card and card[i] != slot:
+                why = (f"GPU slots {card[i]} and {slot} are one physical card ({i}): give each slot its own card in "
+                       "configs/host.yaml")
+                bad[slot] = bad[card[i]] = why
+            card.setdefault(i, slot)
+    return bad
+
+
+def _identity_problems(
+    d: DesiredAssignment, desired: DesiredState, observed: Observed, unsound: Mapping[str, str], leaving: set[str | None]
+) -> list[tuple[str, ...]]:
+    """Why ``d`` cannot be entered whatever holds its slots: a slot given twice or sharing a card, or a container
+    that is not ours already carrying the name its container would get (the engine would refuse the create)."""
+    problems: list[tuple[str, ...]] = [(unsound[s], "") for s in dict.fromkeys(d.slots) if s in unsound]
+    name = container_name(d.recipe, d.slots)
+    for c in observed.containers:
+        if c.name == name and c.id not in leaving and not _ours(c, desired.host.name, observed.ownership):
+            problems.append(
+                (
+                    f"{_describe(c)} already carries the name {name} and is not managed by this tool: rename or "
+                    f"remove it (docker rm {c.name})",
+                    c.name,
+                )
+            )
+    return problems
+
+
+def _with_paths(leaves: list[Action], observed: Observed) -> list[Action]:
+    """Each leave with the offload files it will reclaim once its container stopped: those only its container holds,
+    and, on the last leave of the running offload containers, the files they kept from being reclaimed. The plan
+    shows them; the leave reclaims no other file."""
+    shm = observed.shm
+    names = {c.id: {c.name, c.id, c.id[:12]} for c in observed.containers}
+    going: set[str] = set()
+    out: list[Action] = []
+    blocking = set(shm.blocking_containers)
+    last_blocker = None
+    for i, a in enumerate(leaves):
+        if names.get(a.container_id or "", set()) & blocking:
+            last_blocker = i
+    for i, a in enumerate(leaves):
+        mine = names.get(a.container_id or "", set())
+        going |= mine
+        paths = [f.path for f in shm.files if f.owners and all(o.container in mine for o in f.owners)]
+        if i == last_blocker and blocking <= going:
+            paths += [f.path for f in shm.by_state("blocked")]
+        out.append(replace(a, paths=tuple(dict.fromkeys(paths))) if paths else a)
+    return out
+
+
 def _as_assignment(desired: DesiredState, f: Fallback) -> DesiredAssignment:
     r = desired.recipes[f.recipe]
     return DesiredAssignment(f.recipe, f.gpus, r.content_hash(), r.offload.capacity_bytes)
@@ -488,6 +592,7 @@ def _slot_problems(
     """Why the slots of ``d`` are not free once the planned leaves are done (empty: free)."""
     problems: list[tuple[str, ...]] = []
     gpus = observed.gpus
+    going_or_kept = _claimed_by(desired, observed, leaving | kept)
     if not gpus.source.ok:
         problems.append((f"GPU telemetry ({gpus.telemetry}) unavailable: {gpus.source.detail}", ""))
     seen: dict[str, list[str]] = {}
@@ -525,12 +630,16 @@ def _slot_problems(
             owner = by_id.get(p.container_id) if p.container_id else None
             if owner is not None and (owner.id in leaving):
                 continue  # goes away with a planned leave
+            if not p.resolved and slot in going_or_kept:
+                # A pid of another pid namespace (WSL2) on a card a leaving or kept container of ours claims: most
+                # likely that container's; judged again after the leave (the plan is made again after each action).
+                continue
             if owner is not None and owner.id in kept and slot in owner.slots:
                 continue
             where = f"container {owner.name}" if owner else ("a container" if p.container_id else "no container")
             cmd = f" ({p.command})" if p.command else ""
             problems.append((f"pid {p.pid}{cmd} in {where} uses GPU slot {slot}", f"pid {p.pid}"))
-    problems.extend(_memory_problems(d, observed, holders, leaving, desired))
+    problems.extend(_memory_problems(d, observed, holders, leaving | kept, desired))
     return problems
 
 
@@ -548,14 +657,7 @@ def _memory_problems(
     gpus = observed.gpus
     if gpus.telemetry != "nvml" or not gpus.source.ok:
         return []
-    ids = device_index(desired, observed)
-    all_slots = tuple(desired.host.gpus)
-    going = {
-        slot
-        for c in observed.containers
-        if c.id in leaving and c.active
-        for slot in claimed_slots(c, ids, all_slots, host=desired.host.name)
-    }
+    going = _claimed_by(desired, observed, leaving)
     problems: list[tuple[str, ...]] = []
     for slot in d.slots:
         if slot in going or holders.get(slot):
@@ -573,6 +675,18 @@ def _memory_problems(
             )
         )
     return problems
+
+
+def _claimed_by(desired: DesiredState, observed: Observed, ids_: Collection[str | None]) -> set[str]:
+    """The slots the active containers in ``ids_`` claim."""
+    ids = device_index(desired, observed)
+    all_slots = tuple(desired.host.gpus)
+    return {
+        slot
+        for c in observed.containers
+        if c.id in ids_ and c.active
+        for slot in claimed_slots(c, ids, all_slots, host=desired.host.name)
+    }
 
 
 def _leave(c: ContainerView, why: str, desired: DesiredState) -> Action:

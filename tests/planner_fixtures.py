@@ -135,10 +135,16 @@ def make_observed(case: dict[str, Any], desired: DesiredState) -> Observed:
                 used_bytes=p.get("mib", 100) * 1024**2,
                 container_id=by_name[p["container"]].id if p.get("container") in by_name else p.get("container"),
                 command=p.get("command", "python"),
+                resolved=p.get("resolved", True),
             )
             for p in procs.get(slot, [])
         )
-        slots[slot] = GpuSlotView(slot=slot, index=idx, uuid=None, processes=plist, missing=slot in missing)
+        used = (obs.get("gpu_memory_used_gib") or {}).get(slot)  # what the card reports in use (WSL2 shapes)
+        slots[slot] = GpuSlotView(
+            slot=slot, index=idx, uuid=None, processes=plist, missing=slot in missing,
+            memory_total_bytes=None if used is None else 80 * GIB,
+            memory_used_bytes=None if used is None else int(used * GIB),
+        )
     gpus = GpuView(telemetry=desired.host.gpu_telemetry, source=_source("gpu", obs.get("gpu")), slots=slots)
     if case.get("nvml"):
         # An NVML answer from tests/data/nvml/ (captured, or built where marked so), through the real parse. `pids`

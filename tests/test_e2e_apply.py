@@ -264,10 +264,11 @@ def test_4_orphans_fill_the_tmpfs_errno_14_without_reclaim_and_apply_reclaims_th
     assert http_status(f"http://127.0.0.1:{root.port_of(lane)}/health") == 200
 
 
-def test_4b_an_enter_reclaims_orphans_in_its_own_preflight(root: Root) -> None:
-    """Orphans that appear after the plan was made (a crash between plan and act) are reclaimed by the enter's
-    own preflight, through the same guard, before it creates anything."""
-    from reconciler.apply import Applier
+def test_4b_orphans_that_appear_after_the_plan_are_left_to_the_next_plan(root: Root) -> None:
+    """Orphans that appear after the plan was made (a crash between plan and act) are not removed by the enter: the
+    plan it runs listed no such file. The enter is refused for want of room before it creates anything, and the next
+    plan lists the reclaim of exactly those files (docs/design.md, safety rule 13: only the shown plan runs)."""
+    from reconciler.apply import ActionRefused, Applier
     from reconciler.loader import load_desired
     from reconciler.planner import ActionKind
 
@@ -284,13 +285,14 @@ def test_4b_an_enter_reclaims_orphans_in_its_own_preflight(root: Root) -> None:
     observed = applier.observe()
     assert observed.shm.tmpfs.free_bytes < 24 * MIB and len(observed.shm.by_state("orphan")) == 2
 
-    detail, freed = applier.enter(plan.actions[0], observed)
-    assert freed >= 48 * MIB and "reclaimed" in detail, detail
-    files = root.shm_files()
-    assert len(files) == 1 and files[0] not in orphans, files
-    shm = root.shm_status()
-    assert [f["state"] for f in shm["files"]] == ["owned"]
-    assert len({o["pid"] for o in shm["files"][0]["owners"] if o["via"] == "map"}) == 2
+    with pytest.raises(ActionRefused) as refused:
+        applier.enter(plan.actions[0], observed)
+    assert refused.value.reason == "tmpfs_room", refused.value
+    assert set(root.shm_files()) == orphans
+    assert not [c for c in root.api.containers(all=True) if c["Names"][0].lstrip("/").startswith(f"reconciler-{lane}")]
+    _, after = applier.plan_now()
+    assert [a.kind for a in after.actions] == [ActionKind.RECLAIM, ActionKind.ENTER], after
+    assert {p.rsplit("/", 1)[1] for p in after.actions[0].paths} == {p.rsplit("/", 1)[-1] for p in map(str, orphans)}
 
 
 def test_4c_an_enter_without_tmpfs_room_is_refused_and_creates_nothing(root: Root) -> None:

@@ -43,6 +43,8 @@ def test_plan_case(path: Path) -> None:
         assert len(p.held) == exp["held"]
     if "fallbacks" in exp:
         assert [f.text for f in p.fallbacks] == exp["fallbacks"], f"{path.name}: {case['why']}"
+    if "leave_paths" in exp:
+        assert [p for a in p.actions if a.kind is ActionKind.LEAVE for p in a.paths] == exp["leave_paths"]
     if "reclaim_paths" in exp:
         (r,) = [a for a in p.actions if a.kind is ActionKind.RECLAIM]
         assert len(r.paths) == exp["reclaim_paths"]
