@@ -128,8 +128,9 @@ def inherited_labels(labels: Mapping[str, str], image_labels: Mapping[str, str])
 
 
 # The container events the loop looks again for. Podman's Docker-compatible API says "remove" where Docker says
-# "destroy" (and adds "cleanup", "init", which change nothing a plan reads); each engine ignores the other's name.
-EVENT_ACTIONS = ("start", "die", "destroy", "remove")
+# "destroy", and matches its filter against its own name for a death, "died", though it reports it as "die"
+# (measured on Podman 4.3: a filter of "die" alone never matches); each engine ignores the other's names.
+EVENT_ACTIONS = ("start", "die", "died", "destroy", "remove")
 GONE_ACTIONS = frozenset({"destroy", "remove"})
 PODMAN = "podman"
 DOCKER = "docker"
