@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from reconciler.units import GIB
 
@@ -609,15 +609,45 @@ class HostConfig(_Strict):
     def _slots(cls, v: dict[str, GpuSlot]) -> dict[str, GpuSlot]:
         if not v:
             raise ValueError("a host needs at least one GPU slot under 'gpus'")
-        seen: dict[str, str] = {}
+        seen: dict[str, tuple[str, str]] = {}  # id with its letter case folded -> (slot, the id as written there)
         for slot, gpu in v.items():
             if check_name(slot, "GPU slot name"):
                 raise ValueError(f"GPU slot name {slot!r} must match {NAME_RE} (lowercase, at most 128 characters)")
             for dev in gpu.device_ids():
-                if dev in seen:
-                    raise ValueError(f"GPU slots {seen[dev]!r} and {slot!r} both point at GPU {dev}")
-                seen[dev] = slot
+                # NVML writes a UUID as GPU- and lowercase hex: the same UUID in other letters is the same card.
+                key = dev.lower()
+                if key in seen:
+                    other, written = seen[key]
+                    case = f" ({written!r} and {dev!r} differ only in letter case)" if written != dev else ""
+                    raise ValueError(
+                        f"GPU slots {other!r} and {slot!r} both point at GPU {written}{case}: two slots on one card "
+                        "would let two recipes share it; give each slot its own card (nvidia-smi -L lists each "
+                        "card's index and uuid)"
+                    )
+                seen[key] = (slot, dev)
         return v
+
+    @field_validator("gpu_telemetry")
+    @classmethod
+    def _slots_resolvable(cls, v: str, info: ValidationInfo) -> str:
+        # Only NVML tells which card an index and a UUID name: without it a slot given by index and one given by
+        # UUID may be one card, and nothing would see two recipes enter it.
+        gpus: dict[str, GpuSlot] = info.data.get("gpus") or {}
+        by_index = [s for s, g in gpus.items() if g.uuid is None]
+        by_uuid = [s for s, g in gpus.items() if g.index is None]
+        if v != "none" or not by_index or not by_uuid:
+            return v
+        first, second = sorted((by_uuid[0], by_index[0]), key=list(gpus).index)
+
+        def named(slot: str) -> str:
+            g = gpus[slot]
+            return f"{slot!r} (index {g.index})" if g.uuid is None else f"{slot!r} (uuid {g.uuid})"
+
+        raise ValueError(
+            f"gpu_telemetry is 'none': nothing then tells which card an index and a uuid name, so GPU slots "
+            f"{named(first)} and {named(second)} may be one card, and two recipes would share it; give every slot "
+            "under gpus by index, or every one by uuid, or set gpu_telemetry: nvml"
+        )
 
 
 # ---------------------------------------------------------------- configs/recipes/NAME.toml
