@@ -87,10 +87,14 @@ class Log:
 _TIME_FIELDS = frozenset({"until"})
 
 
+# Fields never cut: the tool's own error messages, which end with the fix (a cut would drop it).
+_WHOLE_FIELDS = frozenset({"error"})
+
+
 def _shown(key: str, v: Any, limit: int) -> str:
     if key in _TIME_FIELDS and isinstance(v, (int, float)) and not isinstance(v, bool):
         return iso_time(float(v), utc=True, ms=True)
-    return clip(str(v), limit)
+    return str(v) if key in _WHOLE_FIELDS else clip(str(v), limit)
 
 
 def _text(v: Any) -> str:
