@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from planner_fixtures import make_recipe
 
-from reconciler.model import DesiredAssignment, DesiredState, HostConfig, Recipe
+from reconciler.model import DesiredAssignment, DesiredState, HostConfig
 from reconciler.observe.gpu import observe_gpus, read_nvml
 from reconciler.observed import GpuView, Observed, ShmView, Source, Tmpfs
 from reconciler.planner import plan
@@ -134,7 +135,7 @@ def test_a_slot_past_the_last_gpu_is_missing() -> None:
 @needs_gpu
 def test_the_plan_for_that_slot_is_blocked_naming_the_pid(holder: dict[str, Any]) -> None:
     view = _until(lambda v: holder["pid"] in _pids(v))
-    recipe = Recipe.model_validate({"tensor_parallel_size": 1, "model": {"id": "m"}, "container": {"image": "i"}})
+    recipe = make_recipe()  # the planner cases' recipe: valid however strict the model grows
     desired = DesiredState(
         host=host({"index": 0}),
         recipes={"m": recipe},
@@ -145,6 +146,38 @@ def test_the_plan_for_that_slot_is_blocked_naming_the_pid(holder: dict[str, Any]
     p = plan(desired, Observed(host="gpu-test", containers=(), gpus=view, shm=shm, docker=ok))
     assert p.blocked and not p.actions
     assert f"pid {holder['pid']}" in [b.holder for b in p.blockers]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("gpu_requests", [True, False])
+def test_two_slots_naming_one_card_block_every_enter(holder: dict[str, Any], gpu_requests: bool) -> None:
+    # Card 0 named twice: by its UUID in one slot, by its index in the other. Each recipe would think it has
+    # the card to itself; the real NVML answer shows it is one card, and the host file is refused until fixed.
+    uuid = PROBE["devices"][0]["uuid"]
+    a, b = "dark-compute-a", "dark-compute-b"
+    two = HostConfig(name="gpu-test", gpus={a: {"uuid": uuid}, b: {"index": 0}}, gpu_telemetry="nvml",
+                     docker={"gpu_requests": gpu_requests})
+    view = observe_gpus(two)
+    assert not view.source.ok
+    assert (f"configs/host.yaml gpus: slots '{a}' (uuid {uuid}) and '{b}' (index 0) are one card, GPU 0 ({uuid})"
+            in view.source.detail), view.source.detail
+    assert "give each slot its own card in configs/host.yaml" in view.source.detail
+    assert view.slots[a].index == view.slots[b].index == 0 and view.slots[a].uuid == view.slots[b].uuid == uuid
+    for manifest in (((a,), (b,)), ((a, b),)):  # a recipe on each slot; one TP=2 lane on both
+        recipe = make_recipe(tp=len(manifest[0]))
+        desired = DesiredState(
+            host=two,
+            recipes={"m": recipe},
+            assignments=tuple(DesiredAssignment("m", s, recipe.content_hash(), 0) for s in manifest),
+        )
+        ok = Source("docker", True)
+        shm = ShmView("/dev/shm", "vllm_offload_*.mmap", Tmpfs(1, 0, 1), Source("proc", True), ok)
+        p = plan(desired, Observed(host="gpu-test", containers=(), gpus=view, shm=shm, docker=ok))
+        assert p.blocked and not p.actions, manifest
+        assert p.unavailable == ("gpu",)
+        for slots in manifest:  # each enter is blocked by the host error (the holder's pid blocks it too)
+            assert any("are one card" in x.reason for x in p.blockers if x.gpus == slots), [x.reason for x in p.blockers]
 
 
 @pytest.mark.gpu

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import replace
 from typing import Any
 
 from reconciler.model import HostConfig
@@ -211,16 +212,18 @@ def parse_nvml(
 
     devices: list[Mapping[str, Any]] = list(raw.get("devices") or [])
     by_index = {int(d["index"]): d for d in devices}
-    by_uuid = {str(d["uuid"]): d for d in devices if d.get("uuid")}
+    # NVML writes a UUID as GPU- and lowercase hex; the same UUID in other letters names the same card.
+    by_uuid = {str(d["uuid"]).lower(): d for d in devices if d.get("uuid")}
     unreadable = [d for d in devices if "uuid" not in d]
 
     slots: dict[str, GpuSlotView] = {}
     problems: list[str] = []
+    cards: dict[int, list[str]] = {}  # each slot resolved to its card (NVML index), before anything is decided
     for slot, gpu in host.gpus.items():
         where = f"{HOST_FILE} gpus.{slot}"
         dev: Mapping[str, Any] | None
         if gpu.uuid:
-            dev = by_uuid.get(gpu.uuid)
+            dev = by_uuid.get(gpu.uuid.lower())
             if dev is None:
                 if unreadable:
                     # The GPU may be one whose UUID NVML would not give: not knowing is not "missing".
@@ -241,6 +244,15 @@ def parse_nvml(
                 )
                 slots[slot] = _missing(slot, gpu.index, gpu.uuid, why)
                 continue
+            cards.setdefault(int(dev["index"]), []).append(slot)
+            if dev["uuid"] != gpu.uuid:
+                # The card is known, but the runtime is handed the UUID as written: only NVML's spelling is sure.
+                why = (
+                    f"{where}: uuid {gpu.uuid} is GPU {dev['index']}'s uuid {dev['uuid']} in other letters; write it "
+                    "as NVML does (nvidia-smi -L shows it)"
+                )
+                slots[slot] = _missing(slot, gpu.index, gpu.uuid, why)
+                continue
         else:
             dev = by_index.get(int(gpu.index)) if gpu.index is not None else None
             if dev is None:
@@ -248,9 +260,18 @@ def parse_nvml(
                 why = f"{where}: no GPU with index {gpu.index}; this host has {count} GPU(s) (indices 0..{count - 1})"
                 slots[slot] = _missing(slot, gpu.index, gpu.uuid, why)
                 continue
+            cards.setdefault(int(dev["index"]), []).append(slot)
         view, errors = _slot_view(slot, dev, container_of=container_of, command_of=command_of)
         problems.extend(f"{where} (GPU {dev['index']}): {e}" for e in errors)
         slots[slot] = view
+
+    for index, on_card in cards.items():
+        if len(on_card) > 1:
+            why = _one_card(host, on_card, by_index[index])
+            problems.append(why)
+            for slot in on_card:
+                view = slots[slot]
+                slots[slot] = replace(view, error=f"{view.error}; {why}" if view.error else why)
 
     answers = _driver_answers(slots.values())
     if problems:
@@ -259,6 +280,24 @@ def parse_nvml(
     driver = raw.get("driver_version") or "unknown"
     detail = f"NVML driver {driver}, {raw.get('device_count', len(devices))} GPU(s)"
     return GpuView(telemetry="nvml", source=Source("gpu", True, detail), slots=slots, **answers)
+
+
+def _one_card(host: HostConfig, on_card: list[str], dev: Mapping[str, Any]) -> str:
+    """The host error for slots that resolve to one card: two recipes could enter it, each sure it is alone."""
+
+    def written(slot: str) -> str:
+        g = host.gpus[slot]
+        ids = [f"uuid {g.uuid}"] if g.uuid else []
+        ids += [f"index {g.index}"] if g.index is not None else []
+        return f"{slot!r} ({', '.join(ids)})"
+
+    names = [written(s) for s in on_card]
+    listed = " and ".join(names) if len(names) == 2 else ", ".join(names[:-1]) + f" and {names[-1]}"
+    return (
+        f"{HOST_FILE} gpus: slots {listed} are one card, GPU {dev['index']} ({dev.get('uuid', 'uuid unknown')}), "
+        f"and two recipes could enter it; give each slot its own card in {HOST_FILE} (nvidia-smi -L lists each "
+        "card's index and uuid)"
+    )
 
 
 def _driver_answers(views: Collection[GpuSlotView]) -> dict[str, str]:
