@@ -166,6 +166,15 @@ class Applier:
         # The loop's view for the fallback: () -> (last converged topology, seconds to each held lane's next attempt).
         # None (``reconciler apply``): no fallback; a failed enter leaves its slots as they are.
         self.fallback_view: Callable[[], tuple[Any, Mapping[str, float]]] | None = None
+        # Each running action's figures, per thread: actions on disjoint slots run at once (``_execute_group``).
+        self._context = threading.local()
+        # The guard stays serial (its two inspections see one deletion at a time), and the state and history files
+        # are read, changed and written by one action at a time.
+        self._guard_lock = threading.Lock()
+        self._files_lock = threading.Lock()
+        # How a group of actions runs: each in a thread of its own. The simulation replaces it with one that runs
+        # them in order, so a run replays from its seed.
+        self.run_group: Callable[[list[Callable[[], Outcome]]], list[Outcome]] = run_in_threads
 
     # ------------------------------------------------------------ observe + plan
 
@@ -218,10 +227,11 @@ class Applier:
         while current.actions and len(outcomes) < limit:
             if self.cancel.is_set():
                 return PassResult("interrupted", first, current, outcomes, "stop requested; nothing left half-owned")
-            action = current.actions[0]
+            group = concurrent_group(current.actions)
             if approved is not None:
-                shown = within(approved, action)
+                shown = within(approved, group[0])
                 if shown is None:
+                    action = group[0]
                     return PassResult(
                         "changed",
                         first,
@@ -231,25 +241,35 @@ class Applier:
                         f"{action.key}: {action.reason}) was not in it, so it was not done. "
                         "Run `reconciler plan` to see the new plan",
                     )
-                action = shown
-            outcome = self._execute(action, observed)
+                # The rest of the group runs only as far as the approved plan holds it; a step it does not hold
+                # comes first in a later round and ends the pass there, unseen steps never run.
+                group = [shown, *(a for a in (within(approved, b) for b in group[1:]) if a is not None)]
+            group = group[: max(1, limit - len(outcomes))]
+            if not self._room_for(group, observed):
+                group = group[:1]  # together they do not fit the tmpfs: one at a time, each refused on its own
+            done = self._execute_group(group, observed)
             observed, current = self.plan_now(failed)
-            if outcome.result == "ok" and _still_wanted(action, current):
-                outcome = Outcome(
-                    action,
-                    "failed",
-                    outcome.seconds,
-                    f"postcondition: after the {action.kind.value}, the plan still wants it ({_brief(current)})",
-                    outcome.reclaimed_bytes,
-                    extra=outcome.extra,
-                )
-            outcomes.append(outcome)
-            if self.on_outcome:
-                self.on_outcome(outcome)
-            if outcome.result == "interrupted":
-                return PassResult("interrupted", first, current, outcomes, outcome.detail)
-            if outcome.result in ("failed", "refused"):
-                failed[action.key] = f"{action.kind.value} failed in this pass: {outcome.detail}"
+            stop: Outcome | None = None
+            for action, outcome in zip(group, done):
+                if outcome.result == "ok" and _still_wanted(action, current):
+                    outcome = Outcome(
+                        action,
+                        "failed",
+                        outcome.seconds,
+                        f"postcondition: after the {action.kind.value}, the plan still wants it ({_brief(current)})",
+                        outcome.reclaimed_bytes,
+                        extra=outcome.extra,
+                    )
+                outcomes.append(outcome)
+                if self.on_outcome:
+                    self.on_outcome(outcome)
+                if outcome.result == "interrupted":
+                    stop = stop or outcome
+                if outcome.result in ("failed", "refused"):
+                    failed[action.key] = f"{action.kind.value} failed in this pass: {outcome.detail}"
+            if stop is not None:
+                return PassResult("interrupted", first, current, outcomes, stop.detail)
+            if any(o.result in ("failed", "refused") for o in done):
                 observed, current = self.plan_now(failed)
             if current.blocked or current.unavailable:
                 break
@@ -269,11 +289,29 @@ class Applier:
         record_topology(self.desired.host.name, [(a.recipe, a.slots) for a in self.desired.assignments])
         return PassResult("converged", first, current, outcomes)
 
+    def _room_for(self, group: list[Action], observed: Observed) -> bool:
+        """Whether the concurrent enters of ``group`` fit the tmpfs together, with its reserve (each enter's own
+        preflight sees only the room before any of them started)."""
+        need = sum(a.bytes for a in group if a.kind is ActionKind.ENTER and not a.container_id)
+        if len(group) < 2 or not need:
+            return True
+        reserve = int(self.desired.host.shm.reserve_gib * GIB)
+        return observed.shm.tmpfs.free_bytes >= need + reserve
+
+    def _execute_group(self, group: list[Action], observed: Observed) -> list[Outcome]:
+        """Run actions on disjoint slots at once (each with its own preflight, waits and postcondition), or one
+        alone. The outcomes come back in the group's order."""
+        if len(group) == 1:
+            return [self._execute(group[0], observed)]
+        if any(a.kind is ActionKind.ENTER for a in group):
+            ensure_install_id(self.desired.host.name)  # made once, before the threads that would race to make it
+        return self.run_group([lambda a=a: self._execute(a, observed) for a in group])
+
     def _execute(self, action: Action, observed: Observed) -> Outcome:
         t0 = time.monotonic()
         refusal = ""
         self._announce(action)
-        self._extra: dict[str, Any] = {}
+        self._context.figures = {}
         try:
             if action.kind is ActionKind.ENTER:
                 detail, freed = self.enter(action, observed)
@@ -296,16 +334,26 @@ class Applier:
         if result == "ok" and action.recipe and action.kind is not ActionKind.RECLAIM:
             from reconciler.history import record_duration
 
-            record_duration(self.desired.host.name, action.recipe, action.kind.value, seconds)
+            with self._files_lock:
+                record_duration(self.desired.host.name, action.recipe, action.kind.value, seconds)
         self.progress.done(action, result, seconds, detail)
-        return Outcome(action, result, seconds, detail, freed, refusal, extra=dict(getattr(self, "_extra", {})))
+        return Outcome(action, result, seconds, detail, freed, refusal, extra=dict(self._figures()))
+
+    def _figures(self) -> dict[str, Any]:
+        """The figures the action running in this thread measured so far (its drain, probes, VRAM, page cache)."""
+        return getattr(self._context, "figures", {})
+
+    def _note(self, key: str, value: Any) -> None:
+        self._context.figures = {**self._figures(), key: value}
 
     # ------------------------------------------------------------ reclaim (through the one guard)
 
     def _guarded_reclaim(self, *, only_paths: list[str] | None = None) -> Any:
         from reconciler.shm_guard import reclaim
 
-        res = reclaim(self.desired.host.shm, observe_docker=self.observer.observe, confirm=True, only_paths=only_paths)
+        with self._guard_lock:
+            res = reclaim(self.desired.host.shm, observe_docker=self.observer.observe, confirm=True,
+                          only_paths=only_paths)
         if self.on_reclaim:
             self.on_reclaim(res)
         return res
@@ -396,7 +444,8 @@ class Applier:
             self._fail_enter(action, cid, ActionFailed(f"{type(exc).__name__}: {exc}"), files_before)
         # Only now does it count as satisfied: one left waiting by an interrupt is finished by the next pass.
         containers, docker_ok = self.observer.observe()
-        mark_healthy(self.desired.host.name, cid, existing=[c.id for c in containers] if docker_ok.ok else None)
+        with self._files_lock:
+            mark_healthy(self.desired.host.name, cid, existing=[c.id for c in containers] if docker_ok.ok else None)
         detail = f"{action.container} healthy on {','.join(slots)}"
         if freed:
             detail += f" (reclaimed {human_bytes(freed)} of orphan offload files first)"
@@ -404,7 +453,7 @@ class Applier:
             detail += f"; free VRAM {verdict.message()}"
             if verdict.below:
                 detail += " (gpu_reserve policy report: the lane stays)"
-        under = getattr(self, "_extra", {}).get("vram_under_load") or {}
+        under = self._figures().get("vram_under_load") or {}
         if under.get("below"):
             detail += f"; under its preflight's load {', '.join(under['below'])} fell below the reserve (policy report)"
         return detail, freed
@@ -414,7 +463,7 @@ class Applier:
         reserve. Under ``enforce`` a slot below it (or with no figure) raises ``BelowReserve``: the enter failed.
         Under ``report`` the verdict goes into the outcome and the lane stays."""
         verdict = enter_reserve_verdict(self.desired, action.recipe, observed.gpus, action.gpus)
-        self._extra = {**getattr(self, "_extra", {}), "gpu_reserve": verdict.to_json()}
+        self._note("gpu_reserve", verdict.to_json())
         if verdict.failed:
             how = "end below the free-VRAM reserve" if verdict.below else "report no free-VRAM figure to check"
             raise BelowReserve(
@@ -473,8 +522,8 @@ class Applier:
         assert action.recipe is not None
         run = run_suite(self.desired, action.recipe, "preflight", slots=action.gpus, before=before,
                         stop_at_failure=True)
-        self._extra = {**getattr(self, "_extra", {}), "probes": [r.to_json() for r in run.results],
-                       "vram_under_load": run.vram.to_json()}
+        self._note("probes", [r.to_json() for r in run.results])
+        self._note("vram_under_load", run.vram.to_json())
         if run.planned:
             record_suite(self.desired.host.name, run.to_json())
         failed = run.first_failure
@@ -495,7 +544,7 @@ class Applier:
         from reconciler.probes import read_gauges
 
         def note(record: dict[str, Any], text: str) -> str:
-            self._extra = {**getattr(self, "_extra", {}), "drain": {**record, "note": text}}
+            self._note("drain", {**record, "note": text})
             return text
 
         skipped = {"drained": False, "timed_out": False, "seconds": 0.0}
@@ -714,7 +763,7 @@ class Applier:
             # enter waits for health.
             self.progress.phase(action, "dropping clean page cache")
             drop = pagecache.drop_page_cache()
-            self._extra = {**getattr(self, "_extra", {}), "page_cache": drop.to_json()}
+            self._note("page_cache", drop.to_json())
             detail += f"; {drop.describe()}"
         return detail, freed
 
@@ -769,6 +818,37 @@ def _cause_from_logs(logs: str) -> str:
         if "error" in low or "exception" in low or "fatal" in low:
             return ln
     return ""
+
+
+def concurrent_group(actions: tuple[Action, ...]) -> list[Action]:
+    """Pure: the plan's first action and the actions right after it that may run at the same time: of the same kind
+    (leaves, then enters; a reclaim always alone) and on slots none of the others uses."""
+    first = actions[0]
+    group = [first]
+    if first.kind is ActionKind.RECLAIM:
+        return group
+    used = set(first.gpus)
+    for a in actions[1:]:
+        if a.kind is not first.kind or not a.gpus or used & set(a.gpus):
+            break
+        group.append(a)
+        used |= set(a.gpus)
+    return group
+
+
+def run_in_threads(calls: list[Callable[[], Outcome]]) -> list[Outcome]:
+    """Run each call in a thread of its own; their results in the calls' order."""
+    results: list[Outcome | None] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        results[i] = calls[i]()
+
+    threads = [threading.Thread(target=run, args=(i,), name=f"action-{i}", daemon=True) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [r for r in results if r is not None]
 
 
 def within(approved: Plan, action: Action) -> Action | None:

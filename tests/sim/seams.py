@@ -281,6 +281,9 @@ def installed(world: World) -> Iterator[str]:
         for mod in (apply_mod, loop_mod, guard_mod, ops_mod):
             mp.setattr(mod, "time", clock)
         mp.setattr(apply_mod, "observe", lambda host, docker=None, **kw: sim_observe(world, host, docker=docker))
+        # Actions on disjoint slots run one after the other, in the group's order: the same decisions, and a run
+        # that replays from its seed.
+        mp.setattr(apply_mod, "run_in_threads", lambda calls: [call() for call in calls])
         mp.setattr(apply_mod, "_http_ok", lambda url: _health(world, url) == "ok")
         mp.setattr(apply_mod, "_http_answer", lambda url, **kw: None if _health(world, url) is None else "HTTP 200")
         mp.setattr(probes_mod, "read_gauges", lambda url, **kw: (0.0, 0.0))
