@@ -347,8 +347,10 @@ class Guard:
     ``PUBLIC``, the body read whole within its limits and, when it is JSON, parsed strictly."""
 
     def __init__(self, app: Any, *, token: ApiToken, allowed: AllowedHosts, max_body: int = MAX_BODY,
-                 on_refused: Callable[[str, str, str], None] | None = None, body_timeout_s: float = BODY_TIMEOUT_S):
+                 on_refused: Callable[[str, str, str], None] | None = None, body_timeout_s: float = BODY_TIMEOUT_S,
+                 on_bad_body: Callable[[str, str], None] | None = None):
         self.app = app
+        self.on_bad_body = on_bad_body
         self.token = token
         self.allowed = allowed
         self.max_body = max_body
@@ -385,14 +387,15 @@ class Guard:
                 await self._refuse(send, scope, "wrong token")
                 return
         if b"content-length" in headers or b"transfer-encoding" in headers:
-            body = await self._read_body(headers, receive, send)
+            body = await self._read_body(headers, receive, send, path)
             if body is None:
                 return
             receive = _replay(body, receive)
         await self.app(scope, receive, send)
 
-    async def _read_body(self, headers: dict[bytes, bytes], receive: Any, send: Any) -> bytes | None:
-        """The whole body, or None once an error was answered (413, 408, 400)."""
+    async def _read_body(self, headers: dict[bytes, bytes], receive: Any, send: Any, path: str) -> bytes | None:
+        """The whole body, or None once an error was answered (413, 408, 400; each reported to ``on_bad_body``)."""
+        send = self._reporting(send, path)
         length = headers.get(b"content-length")
         if length is not None:
             if not length.isdigit():
@@ -432,6 +435,20 @@ class Guard:
                 await _send_json(send, 400, {"error": str(exc)})
                 return None
         return body
+
+    def _reporting(self, send: Any, path: str) -> Any:
+        """``send``, telling ``on_bad_body`` of an error it answers (the body refused before any route read it)."""
+        if self.on_bad_body is None:
+            return send
+        report = self.on_bad_body
+
+        async def reporting(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body" and message.get("body"):
+                with contextlib.suppress(ValueError, AttributeError):
+                    report(path, str(json.loads(message["body"]).get("error", "")))
+            await send(message)
+
+        return reporting
 
     async def _drain(self, receive: Any, message: dict[str, Any], size: int) -> None:
         """Read and drop the rest of an oversized body (up to 16 times the limit), so the 413 reaches the client
@@ -648,6 +665,7 @@ class AppContext:
     cancel: threading.Event | None = None
     hooks: Any = None
     auth_audit: _RateLimit = field(default_factory=lambda: _RateLimit(AUTH_AUDIT_BURST))
+    body_audit: _RateLimit = field(default_factory=lambda: _RateLimit(AUTH_AUDIT_BURST))
 
     def service(self, front: str) -> HostService:
         from reconciler.service import Caller, HostService
@@ -675,6 +693,18 @@ class AppContext:
         if ok:
             self.audit({"front": "api", "who": peer, "action": "authenticate", "outcome": "refused",
                         "reason": why, "path": path, "suppressed_before": suppressed})
+
+    def bad_body(self, path: str, reason: str) -> None:
+        """A body refused by the Guard (too large, too slow, duplicate keys, too deep): audited when it was for a
+        destructive route, at most ``AUTH_AUDIT_BURST`` a minute."""
+        action = {"/v1/shm/reclaim": ("api", "shm-reclaim"), "/v1/apply": ("api", "apply"),
+                  "/mcp": ("mcp", "request")}.get(path)
+        if action is None:
+            return
+        ok, suppressed = self.body_audit.take()
+        if ok:
+            self.audit({"front": action[0], "who": self.token.name, "action": action[1], "outcome": "refused",
+                        "reason": f"bad request: {reason}", "suppressed_before": suppressed})
 
     def refused_request(self, front: str, action: str, reason: str) -> None:
         """A destructive request refused before it reached the service (a bad body): audited with why."""
@@ -982,7 +1012,8 @@ def build_app(
     app = Starlette(routes=[*(Route(ep.path, ep.handler, methods=[ep.method]) for ep in ENDPOINTS), *mcp_app.routes],
                     lifespan=lifespan)
     app.state.ctx = ctx
-    return Guard(app, token=token, allowed=allowed, max_body=max_body, on_refused=ctx.refused_auth)
+    return Guard(app, token=token, allowed=allowed, max_body=max_body, on_refused=ctx.refused_auth,
+                 on_bad_body=ctx.bad_body)
 
 
 # ---------------------------------------------------------------- serving it, and keeping it served
@@ -1071,11 +1102,16 @@ class LogBridge:
     def __init__(self, log: Callable[..., None]):
         import logging
 
+        limit = _RateLimit(30)  # a client sending garbage makes uvicorn warn each time: the log is not its to fill
+
         class _Handler(logging.Handler):
             def emit(self, record: logging.LogRecord) -> None:
                 try:
+                    ok, suppressed = limit.take()
+                    if not ok:
+                        return
                     log("library-log", logger=record.name, level=record.levelname.lower(),
-                        message=record.getMessage()[:500],
+                        message=record.getMessage()[:500], suppressed_before=suppressed,
                         **({"error": repr(record.exc_info[1])[:300]} if record.exc_info else {}))
                 except Exception:  # noqa: BLE001 - a log record that cannot be written must not end its thread
                     self.handleError(record)

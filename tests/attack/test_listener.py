@@ -218,7 +218,9 @@ def test_log_injection_host_checks_and_bodies(root: Root, attacker: Attacker, lo
                        token=TOKEN, headers={"Content-Type": "application/json"})
     assert status == 400 and b"twice" in body, body
     records = root.cli("audit", "--json").data["records"]
-    assert not [r for r in records if r["front"] == "api" and r["action"] == "shm-reclaim"], records
+    reclaims = [r for r in records if r["front"] == "api" and r["action"] == "shm-reclaim"]
+    assert [r["outcome"] for r in reclaims] == ["refused"] * 3, reclaims  # 413, too deep, duplicate: audited
+    assert "twice" in reclaims[-1]["reason"] and "over" in reclaims[0]["reason"], reclaims
     assert [r["outcome"] for r in records if r["front"] == "api" and r["action"] == "authenticate"] == ["refused"]
     assert lp.proc.poll() is None and "Traceback" not in "\n".join(lp.other)
 

@@ -131,4 +131,6 @@ def test_http_mcp_refuses_them_too(root: Root, start_loop) -> None:  # type: ign
     assert status == 200 and json.loads(text)["result"]["structuredContent"]["confirmed"] is True, text
     assert not orphan.exists()
     records = root.cli("audit", "--json").data["records"]
-    assert len([r for r in records if r["front"] == "mcp" and r["outcome"] == "refused"]) == len(BAD_CONFIRMS) + 1
+    refused = [r for r in records if r["front"] == "mcp" and r["outcome"] == "refused"]
+    # The confirms and the unknown argument refused by the tool; the duplicate key and the nesting by the listener.
+    assert [r["action"] for r in refused] == ["host_manage"] * (len(BAD_CONFIRMS) + 1) + ["request"] * 2, refused
