@@ -224,6 +224,9 @@ class Applier:
         failed: dict[str, str] = {}
         current = first
         limit = max_steps if max_steps is not None else 2 * len(first.actions) + 6
+        # When each slot stopped serving in this pass (its old lane's leave began): an enter on it that succeeds
+        # reports the slot's dark time from there.
+        dark_since: dict[str, float] = {}
         while current.actions and len(outcomes) < limit:
             if self.cancel.is_set():
                 return PassResult("interrupted", first, current, outcomes, "stop requested; nothing left half-owned")
@@ -247,8 +250,10 @@ class Applier:
             group = group[: max(1, limit - len(outcomes))]
             if not self._room_for(group, observed):
                 group = group[:1]  # together they do not fit the tmpfs: one at a time, each refused on its own
+            started = time.monotonic()
             done = self._execute_group(group, observed)
             observed, current = self.plan_now(failed)
+            done = [_with_dark(a, o, dark_since, started) for a, o in zip(group, done)]
             stop: Outcome | None = None
             for action, outcome in zip(group, done):
                 if outcome.result == "ok" and _still_wanted(action, current):
@@ -818,6 +823,19 @@ def _cause_from_logs(logs: str) -> str:
         if "error" in low or "exception" in low or "fatal" in low:
             return ln
     return ""
+
+
+def _with_dark(action: Action, outcome: Outcome, dark_since: dict[str, float], started: float) -> Outcome:
+    """Record a leave's slots as dark from its start; give a successful enter its slots' dark time."""
+    if action.kind is ActionKind.LEAVE and outcome.result == "ok":
+        for slot in action.gpus:
+            dark_since.setdefault(slot, started)
+        return outcome
+    if action.kind is not ActionKind.ENTER or outcome.result != "ok":
+        return outcome
+    end = started + outcome.seconds
+    dark = {slot: round(end - dark_since.pop(slot, started), 3) for slot in action.gpus}
+    return replace(outcome, extra={**outcome.extra, "dark_s": dark})
 
 
 def concurrent_group(actions: tuple[Action, ...]) -> list[Action]:

@@ -416,6 +416,8 @@ class Loop:
             self.metrics.record_reclaim(o.reclaimed_bytes)
         if "page_cache" in o.extra:
             self.metrics.record_page_cache(o.extra["page_cache"])
+        if "dark_s" in o.extra:
+            self.metrics.record_dark(o.extra["dark_s"])
 
     def _count_shm_reclaim(self, res: Any) -> None:
         """A confirmed ``shm reclaim`` through the HTTP API or MCP: its refusals and the bytes it freed."""

@@ -276,6 +276,14 @@ class Metrics:
             buckets=ACTION_BUCKETS,
             registry=r,
         )
+        self.slot_dark = Histogram(
+            f"{p}_slot_dark_seconds",
+            "How long a GPU slot served nothing in a switch: from its old lane's stop (or the enter's start, on a "
+            "slot that was free) until its new lane passed its health check and probes, by slot.",
+            ["slot"],
+            buckets=ACTION_BUCKETS,
+            registry=r,
+        )
         self.reclaimed = Counter(
             f"{p}_reclaimed_bytes", "Bytes of orphan offload files deleted (allocated tmpfs bytes freed).", registry=r
         )
@@ -587,6 +595,11 @@ class Metrics:
         _check(result, ACTION_RESULTS, "action result")
         self.actions.labels(kind=k, result=result).inc()
         self.action_duration.labels(kind=k, result=result).observe(max(seconds, 0.0))
+
+    def record_dark(self, dark: Mapping[str, float]) -> None:
+        """An enter's dark time per slot (``Outcome.extra["dark_s"]``)."""
+        for slot, seconds in dark.items():
+            self.slot_dark.labels(slot=slot).observe(max(float(seconds), 0.0))
 
     def record_page_cache(self, drop: Mapping[str, object]) -> None:
         """A leave's page-cache drop (``PageCacheDrop.to_json()``): its result and Cached before and after."""
