@@ -10,13 +10,13 @@ from hypothesis import HealthCheck, settings
 
 from sim.machine import HostMachine
 
-EXAMPLES = int(os.environ.get("SIM_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("SIM_EXAMPLES", "1200"))
 
 
 TestSimulatedHost = HostMachine.TestCase
 TestSimulatedHost.settings = settings(
     max_examples=EXAMPLES,
-    stateful_step_count=40,
+    stateful_step_count=50,
     deadline=None,
     derandomize=True,
     database=None,
