@@ -571,3 +571,34 @@ def test_7b_killed_between_create_and_start_the_labelled_leftover_is_replaced(ro
     assert only["Names"][0].lstrip("/") == root.cname(lane, *slots)
     shm = root.shm_status()
     assert [f["state"] for f in shm["files"]] == ["owned"] and len(root.shm_files()) == 1
+
+
+def test_a_stopped_container_not_ours_with_our_name_blocks_the_enter(root: Root, image: str) -> None:
+    """A container the tool did not make already carries the name its container would get (stopped, no GPU): the
+    plan is blocked naming it, instead of an enter that the engine would refuse with a 409 at create."""
+    omni = split(root)
+    name = root.cname(omni, "dark-compute-b")
+    docker_cli("create", "--name", name, "--label", f"io.reconciler-e2e.test={root.host}", image, "true")
+    plan = root.cli("plan", "--json")
+    assert plan.rc == 3, str(plan)
+    assert plan.data["actions"] == [], str(plan)
+    assert any(name in b["reason"] and "not managed by this tool" in b["reason"] for b in plan.data["blockers"])
+    res = root.apply()
+    assert res.rc == 3 and res.data["result"] == "blocked", str(res)
+    assert [c["Names"][0].lstrip("/") for c in root.api.containers(all=True, filters={"name": name})] == [name]
+    docker_cli("rm", name)
+
+
+def test_a_paused_lane_is_recreated_not_counted_as_serving(root: Root) -> None:
+    """A paused container of ours serves nothing: the plan recreates it rather than saying converged."""
+    omni = split(root)
+    apply_ok(root)
+    name = root.cname(omni, "dark-compute-b")
+    docker_cli("pause", name)
+    plan = root.cli("plan", "--json")
+    assert plan.rc == 2, str(plan)
+    assert [(a["kind"], a["recipe"]) for a in plan.data["actions"]] == [("leave", omni), ("enter", omni)], str(plan)
+    assert "is paused: it serves nothing" in plan.data["actions"][0]["reason"]
+    apply_ok(root)
+    assert root.running()[name]["State"] == "running"
+    assert http_status(f"http://127.0.0.1:{root.port_of(omni)}/health") == 200
