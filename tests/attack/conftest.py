@@ -10,36 +10,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-NOBODY = 65534
-PYTHON = "/usr/bin/python3"  # the attacker's: stdlib only
-PRECIOUS = "root's own data, never to be truncated or overwritten\n"
-
-
-@dataclass(frozen=True)
-class Attacker:
-    """Runs commands as uid/gid 65534 with no supplementary groups."""
-
-    def run(self, *argv: str, timeout: float = 60, check: bool = False, input: str | None = None,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        cmd = ["setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY), "--clear-groups", *argv]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=check, input=input,
-                              env=env or {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
-
-    def python(self, code: str, *args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return self.run(PYTHON, "-c", code, *args, timeout=timeout, check=check)
-
-    def popen(self, code: str, *args: str) -> subprocess.Popen[str]:
-        cmd = ["setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY), "--clear-groups", PYTHON, "-c", code, *args]
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.PIPE, text=True,
-                                env={"PATH": "/usr/bin:/bin"})
+from attack.helpers import PRECIOUS, PYTHON, Attacker
 
 
 @pytest.fixture(scope="session")
@@ -83,7 +60,3 @@ def precious(scratch: Path) -> Path:
     p.write_text(PRECIOUS)
     p.chmod(0o600)
     return p
-
-
-def no_traceback(text: str) -> None:
-    assert "Traceback" not in text, text

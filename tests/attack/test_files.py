@@ -13,7 +13,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from conftest import PRECIOUS, Attacker, no_traceback
+from attack.helpers import PRECIOUS, Attacker, no_traceback
 from e2e_helpers import LoopProcess, Root, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]

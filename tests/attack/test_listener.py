@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Attacker, no_traceback
+from attack.helpers import Attacker, no_traceback
 from e2e_helpers import LoopProcess, Root, free_port, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]

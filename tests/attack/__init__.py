@@ -1,0 +1,1 @@
+"""Each attack of the security review, replayed for real as an unprivileged user against the real tool."""
