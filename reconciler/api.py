@@ -1116,7 +1116,7 @@ class LogBridge:
                 except Exception:  # noqa: BLE001 - a log record that cannot be written must not end its thread
                     self.handleError(record)
 
-            def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+            def handleError(self, record: logging.LogRecord) -> None:
                 return  # nowhere safer to report it than the log that just failed
 
         self.handler = _Handler(level=logging.WARNING)

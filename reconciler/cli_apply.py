@@ -73,7 +73,6 @@ def cmd_apply(args: argparse.Namespace) -> int:
                     if args.json or not sys.stdin.isatty():
                         why = "--json never prompts" if args.json else "no terminal to ask on"
                         svc.record_refusal("apply", f"not approved ({why})")
-                        svc.record_refusal("apply", f"not approved ({why})")
                         message = f"{why}; nothing was changed. {APPROVAL_HELP}"
                         print(f"error: {message}", file=sys.stderr)
                         if args.json:

@@ -109,10 +109,8 @@ def _walk(path: Path, *, create: bool, mode: int) -> tuple[str | None, str]:
         except FileNotFoundError:
             if not create:
                 raise
-            try:
+            with contextlib.suppress(FileExistsError):  # made meanwhile by someone: checked below like any other
                 os.mkdir(nxt, mode)
-            except FileExistsError:
-                pass
             st = os.lstat(nxt)
         if stat.S_ISLNK(st.st_mode):
             if not _trusted_owner(st.st_uid):

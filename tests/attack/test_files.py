@@ -13,8 +13,9 @@ import stat
 from pathlib import Path
 
 import pytest
-from attack.helpers import PRECIOUS, Attacker, no_traceback
 from e2e_helpers import LoopProcess, Root, wait_until
+
+from attack.helpers import PRECIOUS, Attacker, no_traceback
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
 

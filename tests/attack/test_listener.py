@@ -15,9 +15,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
-import os
 import socket
 import subprocess
 import threading
@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from attack.helpers import Attacker, no_traceback
 from e2e_helpers import LoopProcess, Root, free_port, wait_until
+
+from attack.helpers import Attacker, no_traceback
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
 
@@ -272,10 +273,8 @@ def test_systemd_notify_ready_watchdog_and_stopping(root: Root, scratch: Path, l
     loops.append(lp)
 
     def heard(what: str) -> bool:
-        try:
+        with contextlib.suppress(TimeoutError):
             got.append((time.monotonic() - t0, sock.recv(4096).decode()))
-        except TimeoutError:
-            pass
         return any(m == what for _, m in got)
 
     wait_until(lambda: heard("READY=1"), timeout=30, what="READY=1")

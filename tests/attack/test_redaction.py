@@ -100,7 +100,7 @@ def test_a_health_url_that_redirects_is_not_healthy() -> None:
     hits: list[str] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             hits.append(self.path)
             if self.path == "/health":
                 self.send_response(302)
