@@ -68,6 +68,7 @@ class HostMachine(RuleBasedStateMachine):
         self.sink = _Sink()
         self.topology = "empty"
         self.edits = {r: 0 for r in RECIPES}
+        self.steps_since_adopt_check = 0
 
     # ------------------------------------------------------------ set-up and files
 
@@ -398,7 +399,8 @@ class HostMachine(RuleBasedStateMachine):
 
         w = self.world
         enters = {a.container for a in shown.actions if a.kind is ActionKind.ENTER}
-        leaves = {a.container_id for a in shown.actions if a.kind is ActionKind.LEAVE}
+        # The containers the plan's actions name: its leaves', and an enter's that finishes one left waiting.
+        leaves = {a.container_id for a in shown.actions if a.container_id}
         names = {a.container for a in shown.actions if a.kind is not ActionKind.RECLAIM}
         paths = {p for a in shown.actions for p in a.paths}
         created: set[str] = set()
@@ -429,6 +431,15 @@ class HostMachine(RuleBasedStateMachine):
             for b in ours[i + 1:]:
                 if w.cards_of(a) & w.cards_of(b):
                     w.violate(f"(a) {a.name} and {b.name} both run on card(s) {sorted(w.cards_of(a) & w.cards_of(b))}")
+        if self.loop is not None and self.steps_since_adopt_check >= 10:
+            # (b) also: nothing is ever adopted here without an explicit adopt (the simulation never asks for one).
+            from reconciler.state import read_ownership
+
+            self.steps_since_adopt_check = 0
+            adopted = read_ownership("sim").adopted
+            if adopted:
+                w.violate(f"(b) adopted without an explicit adopt: {sorted(a[:12] for a in adopted)}")
+        self.steps_since_adopt_check += 1
         if w.violations:
             raise AssertionError("invariant violated:\n  " + "\n  ".join(w.violations) + "\nlast log lines:\n  "
                                  + "\n  ".join(self.sink.lines))
