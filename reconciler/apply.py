@@ -12,6 +12,7 @@ interrupted pass never leaves an unowned container behind.
 
 from __future__ import annotations
 
+import functools
 import socket
 import threading
 import time
@@ -19,10 +20,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from reconciler import direct_http
+from reconciler import direct_http, pagecache
 from reconciler.docker_ops import DockerOps, create_spec
 from reconciler.errors import ReconcilerError
-from reconciler import pagecache
 from reconciler.model import DesiredState, Recipe
 from reconciler.observe import observe
 from reconciler.observe.docker_obs import DockerObserver
@@ -253,9 +253,9 @@ class Applier:
             started = time.monotonic()
             done = self._execute_group(group, observed)
             observed, current = self.plan_now(failed)
-            done = [_with_dark(a, o, dark_since, started) for a, o in zip(group, done)]
+            done = [_with_dark(a, o, dark_since, started) for a, o in zip(group, done, strict=True)]
             stop: Outcome | None = None
-            for action, outcome in zip(group, done):
+            for action, outcome in zip(group, done, strict=True):
                 if outcome.result == "ok" and _still_wanted(action, current):
                     outcome = Outcome(
                         action,
@@ -310,7 +310,7 @@ class Applier:
             return [self._execute(group[0], observed)]
         if any(a.kind is ActionKind.ENTER for a in group):
             ensure_install_id(self.desired.host.name)  # made once, before the threads that would race to make it
-        return self.run_group([lambda a=a: self._execute(a, observed) for a in group])
+        return self.run_group([functools.partial(self._execute, a, observed) for a in group])
 
     def _execute(self, action: Action, observed: Observed) -> Outcome:
         t0 = time.monotonic()
@@ -690,8 +690,8 @@ class Applier:
             self.ops.kill(cid)
         try:
             kept = self.ops.preserve(cid, action.container or cid[:12])
-        except Exception as exc:  # noqa: BLE001 - the name stays taken; the next plan sees a stopped container of ours
-            kept = f"{action.container or cid[:12]} (not renamed: {type(exc).__name__}: {exc})"
+        except Exception as err:  # noqa: BLE001 - the name stays taken; the next plan sees a stopped container of ours
+            kept = f"{action.container or cid[:12]} (not renamed: {type(err).__name__}: {err})"
         self._prune_kept(action.container or cid[:12])
         freed_note = ""
         res = self._guarded_reclaim(only_paths=its_files)
@@ -779,7 +779,7 @@ class Applier:
 def _http_ok(url: str) -> bool:
     """The health URL answers 2xx (never through a proxy: reconciler.direct_http)."""
     try:
-        with direct_http.opener().open(url, timeout=1.0) as resp:  # noqa: S310 - operator-configured health URL
+        with direct_http.opener().open(url, timeout=1.0) as resp:
             return 200 <= resp.status < 300
     except direct_http.errors():
         return False
@@ -803,7 +803,7 @@ def _http_answer(url: str, *, timeout: float = 1.0) -> str | None:
     except OSError:
         return None  # refused, unreachable, unknown host, or no answer to the connect: nothing listens
     try:
-        with direct_http.opener().open(url, timeout=timeout) as resp:  # noqa: S310 - operator-configured health URL
+        with direct_http.opener().open(url, timeout=timeout) as resp:
             return f"HTTP {resp.status}"
     except urllib.error.HTTPError as exc:
         return f"HTTP {exc.code}"

@@ -28,7 +28,6 @@ from reconciler.units import GIB, human_bytes
 from reconciler.vram import unlisted_used_bytes
 
 
-
 class ActionKind(str, Enum):
     LEAVE = "leave"
     RECLAIM = "reclaim"
@@ -337,7 +336,7 @@ def plan(
         for c in mine:
             if c is keep or c is finishing.get(d.key):
                 continue
-            if c in good:
+            if keep is not None and c in good:
                 why = f"duplicate of {keep.name} for {d.key}"
             elif c.active and c.state != "running":
                 why = f"{c.name} is {c.state}: it serves nothing; recreate"
@@ -414,7 +413,7 @@ def plan(
                 blockers.append(Blocker(recipe=d.recipe, gpus=d.slots, reason=why, holder=holder, kind="".join(kind)))
             continue
         problems = _slot_problems(d, observed, holders, by_id, leaving, kept_ids, desired)
-        problems += _identity_problems(d, desired, observed, unsound, leaving if d.key not in finishing else leaving)
+        problems += _identity_problems(d, desired, observed, unsound, leaving)
         if d.offload_bytes and d.key not in finishing:  # a container being finished has its offload file already
             if not proc_ok:
                 problems.append(("offload files cannot be inspected: " + _sources(shm), ""))

@@ -68,3 +68,21 @@ def test_apply_removes_only_the_files_its_plan_listed() -> None:
         m.no_violation()
     finally:
         m.teardown()
+
+
+def test_a_failed_enter_whose_container_cannot_be_renamed_still_says_why_it_failed() -> None:
+    """Keeping a failed container can itself fail (the engine refuses the rename for good): the enter still fails
+    with its own cause, the container stopped, and the next pass tries again."""
+    m = _machine()
+    try:
+        m.recipe_behaves("omni", "crash")
+        m.edit_manifest("split")
+        m.world.faults["rename"] = 1.0
+        result = m.loop.cycle({"resync"})
+        (enter,) = [o for o in result.outcomes if o.action.kind.value == "enter"]
+        assert enter.result == "failed" and "exited with code 1" in enter.detail, enter.detail
+        assert "not renamed" in enter.detail, enter.detail
+        assert not [c for c in m.world.containers.values() if c.state == "running"]
+        m.no_violation()
+    finally:
+        m.teardown()
