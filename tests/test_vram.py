@@ -94,13 +94,12 @@ def test_check_reserve_is_what_enter_calls_enforce_fails_report_stays() -> None:
         action = Action(kind=ActionKind.ENTER, reason="t", recipe="deepseek", gpus=slots,
                         container=container_name("deepseek", slots))
         applier = Applier(desired, connect=False)
-        applier._extra = {}
         if fails:
             with pytest.raises(BelowReserve, match="below the free-VRAM reserve"):
                 applier.check_reserve(action, observed)
         else:
             assert applier.check_reserve(action, observed).below == slots
-        assert applier._extra["gpu_reserve"]["policy"] == policy
+        assert applier._figures()["gpu_reserve"]["policy"] == policy
 
 
 def test_h200_capture_below_reserve_and_idle() -> None:
