@@ -713,7 +713,7 @@ class AppContext:
 
 
 def _ctx(request: Request) -> AppContext:
-    return request.app.state.ctx  # type: ignore[no-any-return]
+    return request.app.state.ctx
 
 
 def _answer(res: Any, *, write: bool) -> Response:
@@ -1048,7 +1048,7 @@ def guarded_protocol(*, max_connections: int, head_timeout_s: float) -> type:
     idle connection (or else the new one) is closed at once, so idle clients cannot take every descriptor."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class GuardedH11Protocol(H11Protocol):  # type: ignore[misc]
+    class GuardedH11Protocol(H11Protocol):
         _head_timer: asyncio.TimerHandle | None = None
         _since = 0.0
 
@@ -1056,7 +1056,9 @@ def guarded_protocol(*, max_connections: int, head_timeout_s: float) -> type:
             super().connection_made(transport)
             self._since = self.loop.time()
             if len(self.connections) > max_connections:
-                idle = [c for c in self.connections if c is not self and c._idle()]
+                # ws="none": every connection of this server is one of these
+                idle = [c for c in self.connections
+                        if c is not self and isinstance(c, GuardedH11Protocol) and c._idle()]
                 victim = min(idle, key=lambda c: c._since) if idle else self
                 victim.transport.abort()
                 if victim is self:
