@@ -2,7 +2,9 @@
 
 The entry point of the console script. Every command takes ``--root`` and ``--json`` (before or after the
 command name). Exit codes are part of the contract (docs/design.md, "The command line"): plan 0 nothing to do, 2 changes pending,
-3 blocked, 1 error.
+3 blocked, 1 error. While ``reconciler run`` runs for the host, the commands in ``LOOP_COMMANDS`` are answered by it
+(``reconciler.control``): ``main`` hands them over before importing anything of the model, and the loop runs them
+through ``run_command`` as this process would.
 """
 
 from __future__ import annotations
@@ -13,7 +15,16 @@ from typing import TYPE_CHECKING
 
 from reconciler import __version__
 
-from reconciler.cli_common import EXIT_BLOCKED, EXIT_CHANGES, EXIT_ERROR, EXIT_OK, emit_json, service
+from reconciler.cli_common import (
+    EXIT_BLOCKED,
+    EXIT_CHANGES,
+    EXIT_ERROR,
+    EXIT_OK,
+    console,
+    default_root,
+    emit_json,
+    service,
+)
 
 if TYPE_CHECKING:
     from reconciler.errors import ConfigError
@@ -22,14 +33,26 @@ if TYPE_CHECKING:
 # and each command imports what it needs (pydantic, the engine client, NVML, rich) when it runs.
 __all__ = ["EXIT_BLOCKED", "EXIT_CHANGES", "EXIT_ERROR", "EXIT_OK", "emit_json", "main"]
 
+# What a running loop answers (``reconciler.control``): every command that reads or changes the host through the
+# service layer. ``validate``, ``schema`` and ``completion`` read files only; ``run`` and ``mcp`` are servers.
+LOOP_COMMANDS = frozenset({"plan", "status", "audit", "probe", "apply", "adopt", "shm status", "shm reclaim"})
+
+
+def command_name(args: argparse.Namespace) -> str:
+    """``plan``, ``shm status``, ...: the command with its subcommand."""
+    sub = getattr(args, "shm_command", None)
+    return f"{args.command} {sub}" if sub else str(args.command)
+
 
 def report_config_error(exc: ConfigError, args: argparse.Namespace) -> int:
+    con = console(args)
     for p in exc.problems:
-        print(str(p), file=sys.stderr)
+        print(str(p), file=con.err)
     if getattr(args, "json", False):
         problems = [{"path": p.path, "line": p.line, "message": p.message} for p in exc.problems]
         err = {"code": "config_invalid", "message": "the files do not validate", "problems": problems}
-        emit_json({"valid": False, "errors": problems, "error": err} if args.command == "validate" else {"error": err})
+        emit_json({"valid": False, "errors": problems, "error": err} if args.command == "validate" else {"error": err},
+                  con.out)
     return EXIT_ERROR
 
 
@@ -47,9 +70,10 @@ def error_code(exc: BaseException) -> str:
 def report_error(args: argparse.Namespace, code: str, message: str) -> None:
     """An error that ends a command: on stderr, and with ``--json`` also as ``{"error": {"code", "message"}}`` on
     stdout, so a program reading stdout always gets a JSON answer that says what went wrong."""
-    print(f"error: {message}" if code != "interrupted" else message, file=sys.stderr)
+    con = console(args)
+    print(f"error: {message}" if code != "interrupted" else message, file=con.err)
     if getattr(args, "json", False):
-        emit_json({"error": {"code": code, "message": message}})
+        emit_json({"error": {"code": code, "message": message}}, con.out)
 
 
 # ---------------------------------------------------------------- commands
@@ -80,45 +104,48 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    con = console(args)
     res = service(args).plan(out=args.out)
     if args.out:
-        print(f"plan saved to {args.out}; apply exactly it with `reconciler apply {args.out}`", file=sys.stderr)
+        print(f"plan saved to {args.out}; apply exactly it with `reconciler apply {args.out}`", file=con.err)
     if args.json:
-        emit_json(res.to_json())
+        emit_json(res.to_json(), con.out)
     else:
-        from reconciler.render import Style, render_plan
+        from reconciler.render import render_plan
 
-        print(render_plan(res.plan, res.observed, Style()))
+        print(render_plan(res.plan, res.observed, con.style()), file=con.out)
     if res.exit_code == EXIT_ERROR:
         for s in res.observed.unavailable():
-            print(f"error: {s.name} source unavailable: {s.detail}", file=sys.stderr)
+            print(f"error: {s.name} source unavailable: {s.detail}", file=con.err)
     return res.exit_code
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from reconciler.render import Style, render_status
+    from reconciler.render import render_status
 
+    con = console(args)
     res = service(args).status()
     if args.json:
-        emit_json(res.to_json())
+        emit_json(res.to_json(), con.out)
     else:
-        print(render_status(res.data, Style()))
+        print(render_status(res.data, con.style()), file=con.out)
     for s in res.observed.unavailable():
-        print(f"error: {s.name} source unavailable: {s.detail}", file=sys.stderr)
+        print(f"error: {s.name} source unavailable: {s.detail}", file=con.err)
     return res.exit_code
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
+    con = console(args)
     res = service(args).audit(since=_since(args.since))
     if args.json:
-        emit_json(res.to_json())
+        emit_json(res.to_json(), con.out)
         return res.exit_code
     if res.records:
         from reconciler.render import render_audit
 
-        print(render_audit(res.records))
+        print(render_audit(res.records), file=con.out)
     else:
-        print("no audit records" + (f" since {args.since}" if args.since else ""), file=sys.stderr)
+        print("no audit records" + (f" since {args.since}" if args.since else ""), file=con.err)
     return res.exit_code
 
 
@@ -190,13 +217,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    if args.root is None:
+        args.root = default_root()
+    if command_name(args) in LOOP_COMMANDS:
+        from reconciler.control import submit
+
+        answered = submit(args, argv)
+        if answered is not None:
+            return answered
+    return run_command(args)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run a parsed command; its errors printed as the command line prints them, with their exit code. Called by
+    ``main`` and, for a client, by the running loop (``reconciler.control``)."""
     from reconciler.errors import ConfigError, ReconcilerError
 
-    if args.root is None:
-        from reconciler.loader import default_root
-
-        args.root = default_root()
     try:
         return int(args.func(args))
     except ConfigError as exc:

@@ -1,7 +1,9 @@
 """``reconciler apply``: one converge pass with the plan shown first. Exit 0 converged, 3 blocked, 1 failed.
 
 Registered by ``reconciler.cli``. Holds the host lock for the pass; SIGINT/SIGTERM abandon the current action at a
-safe point (everything created already carries its labels) and exit non-zero.
+safe point (everything created already carries its labels) and exit non-zero. When the running loop carries out an
+apply for a client (``reconciler.control``), it holds the loop's pass lock instead, lets passes run while the prompt
+waits for its answer, and the client's Ctrl-C is the safe stop.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from reconciler.cli_common import EXIT_ERROR, emit_json, service
+from reconciler.cli_common import EXIT_ERROR, console, emit_json, service
 
 if TYPE_CHECKING:
     from reconciler.service import ApplyResult
@@ -26,36 +28,39 @@ APPROVAL_HELP = (
 
 def _stale(res: ApplyResult, args: argparse.Namespace) -> int:
     """A plan whose inputs changed: say what changed and show the plan as it would be now. Exit 1."""
-    from reconciler.render import Style, render_plan
+    from reconciler.render import render_plan
 
+    con = console(args)
     if args.json:
-        emit_json(res.to_json())
+        emit_json(res.to_json(), con.out)
         return res.exit_code
-    print(f"{res.message}; nothing was changed. What changed:", file=sys.stderr)
+    print(f"{res.message}; nothing was changed. What changed:", file=con.err)
     for line in res.changes[:40]:
-        print(f"  {line}", file=sys.stderr)
+        print(f"  {line}", file=con.err)
     if len(res.changes) > 40:
-        print(f"  ... and {len(res.changes) - 40} more", file=sys.stderr)
+        print(f"  ... and {len(res.changes) - 40} more", file=con.err)
     if res.now is not None:
-        print("The plan now:", file=sys.stderr)
-        print(render_plan(res.now, res.observed, Style(sys.stderr)), file=sys.stderr)
+        print("The plan now:", file=con.err)
+        print(render_plan(res.now, res.observed, con.style(con.err)), file=con.err)
     return res.exit_code
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
     from reconciler.progress import TerminalProgress
-    from reconciler.render import Style, render_plan
+    from reconciler.render import render_plan
     from reconciler.service import ApplyResult
 
+    con = console(args)
     svc = service(args)
-    cancel = threading.Event()
+    cancel = con.cancel or threading.Event()
 
     def stop(signum: int, _frame: Any) -> None:
         cancel.set()
         print(f"\n{signal.Signals(signum).name}: finishing at the next safe point", file=sys.stderr)
 
-    progress = TerminalProgress(quiet=args.json)
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    progress = TerminalProgress(con.err, quiet=args.json)
+    # Inside the loop the client takes the signals and says so (reconciler.control); here the process does.
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)} if con.local else {}
     try:
         if args.plan_file:
             res = svc.apply_saved(args.plan_file, progress=progress, cancel=cancel)
@@ -65,24 +70,26 @@ def cmd_apply(args: argparse.Namespace) -> int:
         else:
             with svc.apply_session(progress=progress, cancel=cancel) as session:
                 if not args.json:
-                    print(render_plan(session.plan, session.observed, Style()))
-                    sys.stdout.flush()  # the plan comes before the progress lines (stderr), also when piped
+                    print(render_plan(session.plan, session.observed, con.style()), file=con.out)
+                    con.out.flush()  # the plan comes before the progress lines (stderr), also when piped
                 first = session.plan
                 acts = bool(first.actions) and not first.blocked and not first.unavailable
                 if acts and not args.yes:
-                    if args.json or not sys.stdin.isatty():
+                    if args.json or not con.stdin_tty:
                         why = "--json never prompts" if args.json else "no terminal to ask on"
                         svc.record_refusal("apply", f"not approved ({why})")
                         message = f"{why}; nothing was changed. {APPROVAL_HELP}"
-                        print(f"error: {message}", file=sys.stderr)
+                        print(f"error: {message}", file=con.err)
                         if args.json:
                             # The plan it would have run, and why it did not: stdout is never empty under --json.
                             emit_json({"host": first.host, "result": "error", "plan": first.to_json(),
-                                       "error": {"code": "approval_required", "message": message}})
+                                       "error": {"code": "approval_required", "message": message}}, con.out)
                         return EXIT_ERROR
-                    answer = input(f"Apply {len(first.actions)} action(s)? [y/N] ").strip().lower()
+                    # A loop's passes go on while a person decides (the host lock of a stand-alone apply stays held).
+                    with svc.released():
+                        answer = con.ask(f"Apply {len(first.actions)} action(s)? [y/N] ").strip().lower()
                     if answer not in ("y", "yes"):
-                        print("nothing changed", file=sys.stderr)
+                        print("nothing changed", file=con.err)
                         return EXIT_ERROR
                     # What runs is what was shown: a change while the prompt waited means another plan.
                     changes = session.refresh()
@@ -95,54 +102,58 @@ def cmd_apply(args: argparse.Namespace) -> int:
         for s, h in previous.items():
             signal.signal(s, h)
     if args.json:
-        emit_json(result.to_json())
+        emit_json(result.to_json(), con.out)
     else:
-        s = Style()
+        s = con.style()
         if result.result == "converged":
-            print(s.green(f"converged in {result.seconds:.1f}s ({len(result.outcomes)} action(s))"))
+            print(s.green(f"converged in {result.seconds:.1f}s ({len(result.outcomes)} action(s))"), file=con.out)
         elif result.result == "blocked":
-            print(s.red(f"blocked: {result.message}"), file=sys.stderr)
+            print(s.red(f"blocked: {result.message}"), file=con.err)
         else:
-            print(s.red(f"{result.result}: {result.message}"), file=sys.stderr)
+            print(s.red(f"{result.result}: {result.message}"), file=con.err)
     return result.exit_code
 
 
 def cmd_adopt(args: argparse.Namespace) -> int:
     """Make containers that carry this host's labels but no install id (made by an earlier version of this tool)
     this install's, by name or id. Explicit and logged: nothing is ever adopted silently."""
+    con = console(args)
     res = service(args).adopt(args.containers)
     for line in res.notes:
-        print(line, file=sys.stderr)
+        print(line, file=con.err)
     if args.json:
-        emit_json(res.to_json())
+        emit_json(res.to_json(), con.out)
     else:
         for c in res.adopted:
-            print(f"adopted {c['name']} ({c['id'][:12]}, {c['recipe'] or 'no recipe'} on {','.join(c['slots']) or 'no slot'})")
+            print(f"adopted {c['name']} ({c['id'][:12]}, {c['recipe'] or 'no recipe'} on "
+                  f"{','.join(c['slots']) or 'no slot'})", file=con.out)
     return res.exit_code
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
     """Run one suite of a recipe's functional probes against its running lane now, sampling its cards' free VRAM
     meanwhile. Exit 0 all passed (and the reserve held, under enforce), 1 otherwise."""
+    con = console(args)
     res = service(args).probe(args.recipe, suite=args.suite)
     if args.json:
-        emit_json(res.to_json())
+        emit_json(res.to_json(), con.out)
         return res.exit_code
+    out = con.out
     where = ", ".join(res.containers) or "no running container of it (the probes ask its URL anyway)"
-    print(f"recipe {res.recipe} on host {res.host}, suite {args.suite}: {where}")
+    print(f"recipe {res.recipe} on host {res.host}, suite {args.suite}: {where}", file=out)
     if not res.results:
-        print(f"  no probes in suite {args.suite}: add [[probes]] with suite = \"{args.suite}\" to the recipe")
+        print(f"  no probes in suite {args.suite}: add [[probes]] with suite = \"{args.suite}\" to the recipe", file=out)
     for r in res.results:
-        print(f"  {'ok  ' if r.ok else 'FAIL'} {r.name:<16} {r.kind:<11} {r.seconds:6.2f}s  {r.detail}")
+        print(f"  {'ok  ' if r.ok else 'FAIL'} {r.name:<16} {r.kind:<11} {r.seconds:6.2f}s  {r.detail}", file=out)
     vram = res.run.vram if res.run is not None else None
     if vram is not None and vram.checked:
         for low in vram.slots:
-            print(f"  {'BELOW' if low.below_reserve else 'vram '} {low.describe()}")
+            print(f"  {'BELOW' if low.below_reserve else 'vram '} {low.describe()}", file=out)
         for slot in vram.unknown:
-            print(f"  vram  {slot}: free VRAM not sampled")
+            print(f"  vram  {slot}: free VRAM not sampled", file=out)
         if vram.below and not vram.failed:
-            print("  (gpu_reserve policy report: said, not failed)")
-    print(f"{sum(r.ok for r in res.results)}/{len(res.results)} probe(s) passed")
+            print("  (gpu_reserve policy report: said, not failed)", file=out)
+    print(f"{sum(r.ok for r in res.results)}/{len(res.results)} probe(s) passed", file=out)
     return res.exit_code
 
 

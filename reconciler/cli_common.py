@@ -1,16 +1,23 @@
-"""What every command-line module shares: exit codes, the redacting JSON writer, the service for a command.
+"""What every command-line module shares: exit codes, the console a command writes to, the redacting JSON writer,
+the service for a command.
 
-Imported by ``reconciler.cli`` (the parser and the read-only commands), ``reconciler.cli_apply`` and
-``reconciler.cli_shm``; it imports none of them, so the command-line modules never import each other.
+Imported by ``reconciler.cli`` (the parser and the read-only commands), ``reconciler.cli_apply``,
+``reconciler.cli_shm`` and ``reconciler.control`` (which runs the same commands inside a running loop for a client);
+it imports none of them, so the command-line modules never import each other.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
+    import threading
+    from collections.abc import Callable
+
+    from reconciler.render import Style
     from reconciler.service import HostService
 
 EXIT_OK = 0
@@ -19,14 +26,67 @@ EXIT_CHANGES = 2
 EXIT_BLOCKED = 3
 
 
-def emit_json(data: Any) -> None:
+def default_root() -> str:
+    """``--root`` when not given: ``$RECONCILER_ROOT``, else the working directory."""
+    return os.environ.get("RECONCILER_ROOT") or os.getcwd()
+
+
+class Console:
+    """Where a command writes and what it writes to. A command run by its own process writes to that process's
+    streams (``Console.own``); one that a running loop answers for a client (``reconciler.control``) writes to
+    streams that carry its output to the client, each reporting the client's own terminal (``isatty``), asks its
+    questions there, and is cancelled by the client's Ctrl-C. Everything a command prints goes through here, so
+    both ways print the same bytes.
+
+    ``local``: the command runs in its own process's main thread and takes SIGINT/SIGTERM itself (apply's safe
+    stop). ``cancel``: set when the client asks to stop (Ctrl-C, the client gone, the loop stopping)."""
+
+    # A plain class, not a dataclass: the dataclasses module (with inspect and ast) is 7 ms of a command that a
+    # running loop answers, whose client imports nothing else of the kind.
+    __slots__ = ("ask", "cancel", "err", "local", "no_color", "out", "stdin_tty")
+
+    def __init__(self, out: TextIO, err: TextIO, *, stdin_tty: bool, no_color: bool, ask: Callable[[str], str],
+                 local: bool = True, cancel: threading.Event | None = None):
+        self.out = out
+        self.err = err
+        self.stdin_tty = stdin_tty
+        self.no_color = no_color
+        self.ask = ask
+        self.local = local
+        self.cancel = cancel
+
+    @classmethod
+    def own(cls) -> Console:
+        return cls(sys.stdout, sys.stderr, stdin_tty=sys.stdin.isatty(), no_color=bool(os.environ.get("NO_COLOR")),
+                   ask=input)
+
+    def style(self, stream: TextIO | None = None) -> Style:
+        """Colour only on a terminal and without NO_COLOR (the client's, when the loop answers)."""
+        from reconciler.render import Style
+
+        stream = stream or self.out
+        return Style(stream, color=stream.isatty() and not self.no_color)
+
+
+def console(args: argparse.Namespace) -> Console:
+    """The console of this command: the one the loop gave it, else this process's own."""
+    con = getattr(args, "console", None)
+    if con is None:
+        con = args.console = Console.own()
+    return con
+
+
+def emit_json(data: Any, out: TextIO | None = None) -> None:
     from reconciler.redact import redact_json
 
     # A last pass over every string on its way out: a command line missed at its source is masked here.
-    sys.stdout.write(redact_json(data, indent=2, sort_keys=False, default=str) + "\n")
+    (out or sys.stdout).write(redact_json(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
 def service(args: argparse.Namespace) -> HostService:
+    """The service for this command. Inside a running loop (``reconciler.control``) it carries the loop's pass
+    lock and action hooks, like the loop's HTTP API: destructive calls then wait for a pass to end rather than
+    meeting the host lock the loop holds."""
     from reconciler.service import Caller, HostService
 
-    return HostService(args.root, caller=Caller("cli"))
+    return HostService(args.root, caller=Caller("cli"), **getattr(args, "serve", {}))

@@ -13,8 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
-from reconciler.cli_common import service
-from reconciler.redact import redact_cmdline, redact_json
+from reconciler.cli_common import console, service
 from reconciler.units import human_bytes
 
 if TYPE_CHECKING:
@@ -57,33 +56,40 @@ def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def cmd_shm_status(args: argparse.Namespace) -> int:
+    from reconciler.redact import redact_cmdline
+
+    con = console(args)
     res = service(args).shm_status()
     view = res.view
     if getattr(args, "json", False):
-        _emit_json(res.to_json())
+        _emit_json(res.to_json(), con.out)
     else:
-        sys.stdout.write(redact_cmdline(render_status(view, tty=sys.stdout.isatty())))
+        con.out.write(redact_cmdline(render_status(view, tty=con.out.isatty())))
     for s in (view.proc, view.docker):
         if not s.ok:
-            print(redact_cmdline(f"error: {s.name} source unavailable: {s.detail}"), file=sys.stderr)
+            print(redact_cmdline(f"error: {s.name} source unavailable: {s.detail}"), file=con.err)
     return res.exit_code
 
 
 def cmd_shm_reclaim(args: argparse.Namespace) -> int:
+    from reconciler.redact import redact_cmdline
+
+    con = console(args)
     svc = service(args)
-    if args.confirm and not getattr(args, "json", False) and sys.stderr.isatty():
+    if args.confirm and not getattr(args, "json", False) and con.err.isatty():
         host = svc.host()
-        print(f"inspecting twice, {host.shm.confirm_interval_s:g} s apart ...", file=sys.stderr)
+        print(f"inspecting twice, {host.shm.confirm_interval_s:g} s apart ...", file=con.err)
+        con.err.flush()
     res = svc.shm_reclaim(confirm=args.confirm, paths=args.paths)
     result = res.result
     if getattr(args, "json", False):
-        _emit_json(res.to_json())
+        _emit_json(res.to_json(), con.out)
     else:
-        sys.stdout.write(redact_cmdline(render_reclaim(result, tty=sys.stdout.isatty())))
+        con.out.write(redact_cmdline(render_reclaim(result, tty=con.out.isatty())))
     if result.refused:
-        print(redact_cmdline(f"error: reclaim refused: {result.refused}"), file=sys.stderr)
+        print(redact_cmdline(f"error: reclaim refused: {result.refused}"), file=con.err)
     for e in result.errors:
-        print(redact_cmdline(f"error: {e}"), file=sys.stderr)
+        print(redact_cmdline(f"error: {e}"), file=con.err)
     return res.exit_code
 
 
@@ -91,6 +97,8 @@ def cmd_shm_reclaim(args: argparse.Namespace) -> int:
 
 
 def _emit_json(data: Any, out: TextIO | None = None) -> None:
+    from reconciler.redact import redact_json
+
     out = out or sys.stdout
     # One write (json.dump writes piece by piece), after a last redaction pass over every string.
     out.write(redact_json(data, indent=2) + "\n")
@@ -105,6 +113,8 @@ def _path(p: str) -> str:
 
 
 def _command(cmd: str, width: int = 60) -> str:
+    from reconciler.redact import redact_cmdline
+
     cmd = " ".join(redact_cmdline(cmd).split()) or "?"  # masked before it is cut
     return cmd if len(cmd) <= width else cmd[: width - 3] + "..."
 

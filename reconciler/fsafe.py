@@ -26,7 +26,6 @@ import errno
 import json
 import os
 import stat
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -198,6 +197,10 @@ def write_atomic(path: str | Path, data: bytes | str, *, mode: int = 0o600, repl
     directory (``O_EXCL|O_NOFOLLOW``), fsynced, renamed over it, and the directory fsynced. With ``replace=False``
     the file is linked in only where nothing is yet (FileExistsError otherwise: two writers, one winner). OSError
     on failure (the temporary file is removed)."""
+    # Imported here: tempfile (with shutil, random) is 3 ms of every command that only checks a directory, such as
+    # the command line finding a running loop's socket (reconciler.control).
+    import tempfile
+
     path = Path(path)
     raw = data.encode("utf-8") if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

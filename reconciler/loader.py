@@ -38,10 +38,6 @@ RECIPES_DIR = "configs/recipes"
 MANIFESTS_DIR = "manifests"
 
 
-def default_root() -> str:
-    return os.environ.get("RECONCILER_ROOT") or os.getcwd()
-
-
 # ---------------------------------------------------------------- locating fields in source text
 
 

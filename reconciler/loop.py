@@ -5,8 +5,9 @@ save-rename-save is one trigger), a Docker event of a container (start, die, des
 expires, and the resync timer. Every cycle re-reads everything and runs the same plan/apply as ``reconciler apply``.
 An invalid edit never tears anything down: the loop keeps the last valid desired state and exports the error.
 Serves ``/metrics``, ``/healthz``, the HTTP API (``/v1``) and MCP (``/mcp``) on one listener (``reconciler.api``); a
-destructive call from those takes the pass lock, so it never runs during a pass. Holds the host lock for its whole
-life. Called by ``reconciler.cli_apply``.
+destructive call from those takes the pass lock, so it never runs during a pass; so does a command of the command line,
+which the loop answers on its socket in the runtime directory (``reconciler.control``). Holds the host lock for its
+whole life. Called by ``reconciler.cli_apply``.
 """
 
 from __future__ import annotations
@@ -188,6 +189,7 @@ class Loop:
         with HostLock(desired.host.name, command="run"):
             self._install_signals()
             self._start_http()
+            control = self._start_control(desired.host.name)
             watcher = self._start_watch()
             threading.Thread(target=self._docker_events, name="docker-events", daemon=True).start()
             self.log("start", host=desired.host.name, root=self.root, resync_s=self.resync_s, version=__version__)
@@ -215,6 +217,7 @@ class Loop:
                 watcher.stop()
                 if self._http:
                     self._http.shutdown()
+                control.close()
                 clear_loop_state(desired.host.name)
                 self.log("exit", reason="signal" if not self.exit_code else "listener", passes=self.passes)
         return self.exit_code
@@ -585,6 +588,18 @@ class Loop:
                 delay = min(delay * 2, _EVENTS_RETRY_MAX_S)
 
     # ------------------------------------------------------------ HTTP
+
+    def _start_control(self, host: str) -> Any:
+        """The socket on which this loop answers the command line's commands (``reconciler.control``); what they
+        change is counted and serialised like the HTTP API's calls."""
+        from reconciler.api import PassGate
+        from reconciler.control import ControlServer
+        from reconciler.service import ActionHooks
+
+        hooks = ActionHooks(self._count_outcome, self._on_reclaim, self._count_shm_reclaim)
+        return ControlServer(self.root, host, stop=self.cancel, log=self.log,
+                             serve=lambda: {"pass_lock": PassGate(self.pass_lock, self.log, "cli"), "hooks": hooks}
+                             ).start()
 
     def _start_http(self) -> None:
         """One listener on ``--metrics-addr`` for /metrics, /healthz, the API (/v1) and MCP (/mcp)."""

@@ -426,6 +426,20 @@ class HostService:
         finally:
             lock.release()
 
+    @contextlib.contextmanager
+    def released(self) -> Iterator[None]:
+        """Inside ``exclusive``: the loop's pass lock given back for the block (a person deciding on a prompt), so
+        the loop's passes go on meanwhile and what they change makes the plan stale; taken again after it. The host
+        lock file of a stand-alone command stays held, as before."""
+        if self.pass_lock is None:
+            yield
+            return
+        self.pass_lock.__exit__(None, None, None)
+        try:
+            yield
+        finally:
+            self.pass_lock.__enter__()
+
     def record_refusal(self, action: str, reason: str, *, host: str | None = None) -> None:
         """An action this caller asked for and was refused before anything was done (the host lock held, no
         approval, a plan file not its own): in the audit trail with why. An audit that cannot be written does not

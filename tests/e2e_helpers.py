@@ -303,9 +303,12 @@ class Root:
     def cli_args(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "reconciler", "--root", str(self.path), *args]
 
-    def cli(self, *args: str, timeout: float = 90) -> CliResult:
+    def cli(self, *args: str, timeout: float = 90, env: dict[str, str] | None = None) -> CliResult:
+        """The command line on this root; ``env`` adds to the root's environment (``RECONCILER_NO_LOOP=1``: the
+        command runs stand-alone even while a loop runs)."""
         proc = subprocess.run(
-            self.cli_args(*args), capture_output=True, text=True, timeout=timeout, env=self.env, check=False
+            self.cli_args(*args), capture_output=True, text=True, timeout=timeout, env={**self.env, **(env or {})},
+            check=False,
         )
         return CliResult(args, proc.returncode, proc.stdout, proc.stderr)
 

@@ -267,8 +267,9 @@ def test_a_second_run_is_refused_by_the_lock_naming_the_holder(root: Root, start
     assert second.rc == 1, str(second)
     assert f"pid {lp.proc.pid}" in second.stderr and "command run" in second.stderr, str(second)
     assert "one reconciler per host" in second.stderr
-    # apply is refused the same way, and the first loop is unharmed.
-    applied = root.cli("apply", "--yes", "--json", timeout=30)
+    # A stand-alone apply is refused the same way (the loop answers one that is not: tests/test_control.py), and
+    # the first loop is unharmed.
+    applied = root.cli("apply", "--yes", "--json", timeout=30, env={"RECONCILER_NO_LOOP": "1"})
     assert applied.rc == 1 and f"pid {lp.proc.pid}" in applied.stderr, str(applied)
     assert lp.proc.poll() is None
     assert lp.healthz()[0] == 200
