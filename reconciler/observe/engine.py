@@ -71,7 +71,7 @@ class _Stale(Exception):
 class _Conn:
     """One connection and the bytes already read past the last answer on it."""
 
-    __slots__ = ("sock", "buf", "reused")
+    __slots__ = ("buf", "reused", "sock")
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
@@ -82,7 +82,7 @@ class _Conn:
         if deadline is not None:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise socket.timeout("deadline")
+                raise TimeoutError("deadline")
             self.sock.settimeout(left)
         return self.sock.recv(1 << 18)
 
@@ -196,7 +196,7 @@ class EngineClient:
                         break  # an event split over two reads: wait for the rest
                     buf = buf[end:]
                     yield ev
-        except socket.timeout:
+        except TimeoutError:
             raise EngineSlow(f"{slow_text(self.timeout)}: no answer to GET {path}", self.timeout) from None
         finally:
             conn.close()
@@ -219,7 +219,7 @@ class EngineClient:
         try:
             sock.settimeout(max(0.001, deadline - time.monotonic()))
             sock.connect(self.address)
-        except socket.timeout:
+        except TimeoutError:
             sock.close()
             if self.family == socket.AF_UNIX:
                 # A unix socket whose listener does not accept: an engine too busy to take the connection.
@@ -260,7 +260,7 @@ class EngineClient:
             except (EngineDown, EngineSlow):
                 conn.close()
                 raise
-            except socket.timeout:
+            except TimeoutError:
                 conn.close()
                 raise EngineSlow(f"{slow_text(self.timeout)}: no complete answer to GET {path}", self.timeout) from None
             except OSError as exc:
@@ -388,7 +388,7 @@ def _chunks(conn: _Conn, deadline: float | None) -> Iterator[bytes]:
 
 def _dechunk(data: bytes) -> bytes:
     """Pure: a whole chunked body, decoded in one pass (the same framing ``_chunks`` reads off a socket)."""
-    out = []
+    out: list[bytes] = []
     pos = 0
     while True:
         eol = data.find(b"\r\n", pos)
