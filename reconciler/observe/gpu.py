@@ -22,6 +22,7 @@ Called by ``reconciler.observe.observe`` (every observation pass) and the apply 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
@@ -68,7 +69,7 @@ def read_nvml(host: HostConfig) -> RawNvml:
     started = time.monotonic()
     raw: RawNvml = {"error": None, "driver_version": "", "device_count": 0, "devices": [], "read_s": 0.0}
     try:
-        import pynvml  # type: ignore[import-untyped]  # here: hosts with gpu_telemetry none never need it
+        import pynvml  # here: hosts with gpu_telemetry none never need it
     except ImportError as exc:
         raw["error"] = f"the nvidia-ml-py package is not installed ({exc}); pip install nvidia-ml-py"
         return raw
@@ -157,7 +158,7 @@ class MemoryReader:
         self._handles: dict[str, Any] = {}
 
     def __enter__(self) -> MemoryReader:
-        import pynvml  # type: ignore[import-untyped]  # here: hosts with gpu_telemetry none never need it
+        import pynvml  # here: hosts with gpu_telemetry none never need it
 
         pynvml.nvmlInit()
         self._pynvml = pynvml
@@ -183,10 +184,8 @@ class MemoryReader:
 
     def __exit__(self, *exc: object) -> None:
         if self._pynvml is not None:
-            try:
+            with contextlib.suppress(Exception):  # a failed shutdown does not spoil what was read
                 self._pynvml.nvmlShutdown()
-            except Exception:  # noqa: BLE001 - a failed shutdown does not spoil what was read
-                pass
             self._pynvml = None
 
 
