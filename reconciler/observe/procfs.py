@@ -399,7 +399,7 @@ def scan_holders(dev: int, *, proc_root: str = "/proc", workers: int | None = No
     children = [_start_worker(dev, proc_root, shard) for shard in shards[1:]]
     scan = HolderScan(dev=dev, workers=n)
     _scan_names(shards[0], dev, proc_root, scan)
-    for shard, child in zip(shards[1:], children):
+    for shard, child in zip(shards[1:], children, strict=True):
         if child is None or not _collect_worker(child, scan):
             scan.worker_failures += 1
             _scan_names(shard, dev, proc_root, scan)

@@ -28,7 +28,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from reconciler.redact import redact_argv
 from reconciler.observe.procfs import (
     HolderScan,
     innermost_known,
@@ -45,6 +44,7 @@ from reconciler.observed import (
     Tmpfs,
     Uninspectable,
 )
+from reconciler.redact import redact_argv
 
 if TYPE_CHECKING:
     from reconciler.model import ShmConfig
