@@ -16,7 +16,6 @@ import contextlib
 import json
 import random
 import re
-import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -76,11 +75,11 @@ def _request(url: str, payload: dict[str, Any] | None, timeout: float) -> _Answe
     import urllib.request
 
     data = json.dumps(payload).encode() if payload is not None else None
-    req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")
+    req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")  # noqa: S310 - the recipe's own URL: http(s) on loopback (model.check_probe_url)
     if data is not None:
         req.add_header("Content-Type", "application/json")
     try:
-        with direct_http.opener().open(req, timeout=timeout) as resp:  # noqa: S310 - the recipe's own loopback URL
+        with direct_http.opener().open(req, timeout=timeout) as resp:
             return _Answer(resp.status, resp.read(), resp.headers.get("Content-Type", ""))
     except urllib.error.HTTPError as exc:
         return _Answer(exc.code, exc.read(), exc.headers.get("Content-Type", "") if exc.headers else "")
@@ -157,7 +156,7 @@ def _calls_text(calls: Sequence[dict[str, str]]) -> str:
 # Common English words: in the BPE tokenizers of the report's models each is one token with its leading space, so a
 # haystack of N words and periods is about N tokens (the server's own count comes back as prompt_tokens). None of
 # them is a word of the needle, so the needle's sentence is the only one that answers its question.
-_WORDS = (
+_WORDS = (  # noqa: SIM905 - prose reads and edits better than two hundred quoted words
     "the a of and to in is was for on with as by at from that this it be are were or an but not have has had they "
     "their there which one all when we you he she his her so if out up about more some time into over after would "
     "could other than then them these two first new way may only also made like long many down day did get come "
@@ -284,6 +283,7 @@ def _judge(probe: ProbeSpec, ans: _Answer, check: _Check, seconds: float, model:
             return False, f"/v1/models lists {ids or 'no model'}, not {model!r}", {}
         return _latency(probe, seconds, f"/v1/models lists {model!r}")
     calls: list[dict[str, str]] = []
+    text: str | None
     if probe.stream:
         if "text/event-stream" not in ans.ctype:
             return False, (f"asked to stream, got {ans.ctype or 'no content type'}, not text/event-stream: "
@@ -304,11 +304,11 @@ def _judge(probe: ProbeSpec, ans: _Answer, check: _Check, seconds: float, model:
         try:
             doc = json.loads(ans.body)
             output = doc.get("output") or []
-            texts = [c.get("text") for item in output if isinstance(item, dict) and item.get("type") == "message"
+            parts = [c.get("text") for item in output if isinstance(item, dict) and item.get("type") == "message"
                      for c in item.get("content") or () if isinstance(c, dict) and c.get("type") == "output_text"]
         except (ValueError, AttributeError, TypeError):
             return False, f"/v1/responses answered something that is not a Response: {_quote(body)}", {}
-        texts = [t for t in texts if isinstance(t, str)]
+        texts = [t for t in parts if isinstance(t, str)]
         if not texts or not "".join(texts).strip():
             kinds = [item.get("type") for item in output if isinstance(item, dict)]
             return False, (f"the Responses answer has no output text (status {doc.get('status')!r}, output items "
@@ -468,10 +468,8 @@ def _run_batch(probe: ProbeSpec, recipe: Recipe, base: str, model: str,
         check = _Check(probe.contains.replace("{i}", fill) if probe.contains else None,
                        probe.matches.replace("{i}", fill) if probe.matches else None)
         path, payload = _payload(probe, model, prompt=(probe.prompt or "").replace("{i}", fill), system=prefix)
-        try:
+        with contextlib.suppress(threading.BrokenBarrierError):
             gate.wait(timeout=10)  # all N leave together: the engine sees them at once, as the report's batch did
-        except threading.BrokenBarrierError:
-            pass
         ok, detail, _figures, seconds = _ask(base, probe, path, payload, check, model)
         outcomes[i] = (ok, detail, seconds)
 
