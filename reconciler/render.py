@@ -18,7 +18,6 @@ from reconciler.units import clip, human_bytes, iso_time
 from reconciler.vram import slot_vram, unlisted_used_bytes
 
 
-
 class Style:
     def __init__(self, stream: TextIO | None = None, *, color: bool | None = None):
         stream = stream or sys.stdout
@@ -371,8 +370,8 @@ def render_status(data: dict[str, Any], s: Style) -> str:
         n = len(plan["actions"])
         state = "blocked" if plan["blocked"] else f"{n} action(s) pending"
         if not n and not plan["blocked"] and plan.get("held"):
-            held = ", ".join(f"{h['recipe']} on {','.join(h['gpus'])}" for h in plan["held"])
-            state = f"{held} held in backoff" + (", a fallback serves meanwhile" if plan.get("fallbacks") else "")
+            waiting = ", ".join(f"{h['recipe']} on {','.join(h['gpus'])}" for h in plan["held"])
+            state = f"{waiting} held in backoff" + (", a fallback serves meanwhile" if plan.get("fallbacks") else "")
         out.append(s.yellow(f"not converged: {state} (run `reconciler plan` for details)"))
     return "\n".join(out)
 
@@ -422,6 +421,7 @@ def render_audit(records: list[dict[str, Any]]) -> str:
     right = {4}  # numbers align on the right
     lines = []
     for row in [head, *rows]:
-        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        # the last column is not padded: it has no width, so zip stops before it
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=False))]
         lines.append("  ".join([*cells, row[-1]]).rstrip())
     return "\n".join(lines)

@@ -12,7 +12,6 @@ from typing import Any
 from reconciler.observed import ShmFile, ShmView
 from reconciler.redact import redact_cmdline
 
-
 # The owners of one file are often thousands of processes of a few command lines: each line is redacted once.
 _redact_command = functools.lru_cache(maxsize=4096)(redact_cmdline)
 
