@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from reconciler.errors import ReconcilerError
 from reconciler import spec
+from reconciler.errors import ReconcilerError
 from reconciler.model import DesiredState, container_name
 from reconciler.observed import (
     LABEL_GPUS,
@@ -179,7 +179,7 @@ class DockerOps:
             return
         try:
             self._ping()
-        except Exception as exc:  # noqa: BLE001 - OSError, the engine client's error: the engine is not there
+        except Exception as exc:  # OSError, the engine client's error: the engine is not there
             raise DockerUnavailable(self.url or "docker.url", exc) from exc
 
     @property
@@ -188,7 +188,7 @@ class DockerOps:
             assert self._connect is not None
             try:
                 self._api = self._connect()
-            except Exception as exc:  # noqa: BLE001 - docker.errors.DockerException, requests' errors, OSError
+            except Exception as exc:  # docker.errors.DockerException, requests' errors, OSError
                 raise DockerUnavailable(self.url or "docker.url", exc) from exc
         return self._api
 

@@ -27,7 +27,7 @@ def expectation(seconds: float | None, runs: int) -> str:
 def _dur(seconds: float) -> str:
     if seconds < 60:
         return f"{seconds:.1f}s"
-    m, s = divmod(int(round(seconds)), 60)
+    m, s = divmod(round(seconds), 60)
     return f"{m}m{s:02d}s"
 
 

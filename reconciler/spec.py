@@ -130,7 +130,7 @@ def libpod_create_body(create: Mapping[str, Any]) -> dict[str, Any]:
         body["init"] = True
     if hc.get("shm_size") is not None:
         body["shm_size"] = _size_bytes(hc["shm_size"])
-    devices = []
+    devices: list[dict[str, str]] = []
     for req in hc.get("device_requests") or []:
         devices.extend({"path": name} for name in cdi_gpu_names(list(req.get("DeviceIDs") or [])))
     if devices:
