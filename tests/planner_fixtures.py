@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from reconciler import spec
-from reconciler.model import DesiredAssignment, DesiredState, GIB, HostConfig, Recipe
+from reconciler.model import GIB, DesiredAssignment, DesiredState, HostConfig, Recipe
+from reconciler.observe.gpu import parse_nvml
 from reconciler.observed import (
     LABEL_HOST,
     LABEL_INSTALL,
@@ -30,8 +31,6 @@ from reconciler.observed import (
     Source,
     Tmpfs,
 )
-
-from reconciler.observe.gpu import parse_nvml
 
 SLOTS = {"dark-compute-a": 0, "dark-compute-b": 1}
 NVML_DATA = Path(__file__).parent / "data" / "nvml"

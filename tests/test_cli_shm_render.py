@@ -4,8 +4,8 @@ real tmpfs in test_shm_guard.py)."""
 from __future__ import annotations
 
 from reconciler.cli_shm import render_reclaim, render_status
-from reconciler.shapes import status_json
 from reconciler.observed import Owner, ShmFile, ShmView, Source, Tmpfs, Uninspectable
+from reconciler.shapes import status_json
 from reconciler.shm_guard import KeptFile, ReclaimResult, RemovedFile
 
 GIB = 1 << 30

@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
+from e2e_helpers import make_root
 
 from reconciler.planner import Blocker, Plan
 from reconciler.render import Style, render_plan
-from e2e_helpers import make_root
 
 
 def _dead_docker_root(tmp_path: Path, shm: Path):  # type: ignore[no-untyped-def]

@@ -222,8 +222,9 @@ def test_tp2_offload_lane_its_owners_and_gpu_processes_are_its_container_and_orp
 
     # GPU processes go through the same attribution (NVML lists host pids): the workers are the lane's when an NVML
     # read lists them on two cards; a host process on a card is no container's.
-    from reconciler.model import HostConfig
     from test_gpu_parse import TWO_GPUS
+
+    from reconciler.model import HostConfig
 
     desired_host = load_desired(root.path).host
     container_of = engine_container_of(desired_host)

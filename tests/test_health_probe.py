@@ -36,7 +36,7 @@ def http_server(port: int = 0, status: int = 200) -> Iterator[int]:
     """A real HTTP server on 127.0.0.1 answering every GET with ``status``; yields its port."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        def do_GET(self) -> None:
             body = b"stale server\n"
             self.send_response(status)
             self.send_header("Content-Length", str(len(body)))

@@ -8,7 +8,6 @@ the rule unit tests; a real Prometheus server scrapes a live exposition and eval
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import re
 import shutil
@@ -25,10 +24,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from e2e_helpers import running_prometheus
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
-
-from e2e_helpers import running_prometheus
 
 from reconciler.metrics import (
     ACTION_KINDS,
@@ -279,7 +277,7 @@ def test_a_dedicated_registry_is_used_never_the_global_one() -> None:
     first.record_pass("converged", 0.1)
     assert value(first, "reconciler_reconcile_passes_total", result="converged") == 1
     assert value(second, "reconciler_reconcile_passes_total", result="converged") == 0
-    assert not [n for n in REGISTRY._names_to_collectors if n.startswith("reconciler_")]  # noqa: SLF001
+    assert not [n for n in REGISTRY._names_to_collectors if n.startswith("reconciler_")]
 
 
 # ---------------------------------------------------------------- observe_state
@@ -744,7 +742,7 @@ def test_grafana_dashboard_is_valid() -> None:
     boxes: list[tuple[str, dict[str, int]]] = []
     for p in panels:
         g = p["gridPos"]
-        assert 0 <= g["x"] and g["x"] + g["w"] <= 24 and g["h"] > 0, p["title"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24 and g["h"] > 0, p["title"]
         for other, og in boxes:
             overlap = (
                 g["x"] < og["x"] + og["w"]
@@ -777,7 +775,7 @@ def metrics_server() -> Iterator[tuple[Metrics, str]]:
     m = Metrics(make_host())
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        def do_GET(self) -> None:
             body = m.render()
             self.send_response(200)
             self.send_header("Content-Type", CONTENT_TYPE)

@@ -9,8 +9,8 @@ import os
 
 import pytest
 import yaml
-
 from e2e_helpers import Root
+
 from reconciler.pagecache import DROP_CACHES
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]

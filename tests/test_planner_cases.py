@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from planner_fixtures import make_desired, make_observed
+
 from reconciler.planner import ActionKind, plan
 
 CASES = sorted((Path(__file__).parent / "cases" / "plan").glob("*.yaml"))

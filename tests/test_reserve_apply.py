@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from e2e_helpers import Root
+
 from reconciler.apply import Applier
 from reconciler.loader import load_desired
 from reconciler.observe.gpu import parse_nvml

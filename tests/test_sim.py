@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 
 from hypothesis import HealthCheck, settings
-
 from sim.machine import HostMachine
 
 EXAMPLES = int(os.environ.get("SIM_EXAMPLES", "1200"))

@@ -5,15 +5,13 @@ here, not in a soak that no longer proves anything."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
-
 from e2e_helpers import Root, docker_cli
-from test_e2e_apply import wait_for_no_offload_container
 from sim.machine import HostMachine
 from sim.world import GIB
+from test_e2e_apply import wait_for_no_offload_container
 
 MIB = 1 << 20
 

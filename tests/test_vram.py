@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from planner_fixtures import make_desired, make_observed
 from pydantic import ValidationError
 
-from planner_fixtures import make_desired, make_observed
 from reconciler.apply import Applier, BelowReserve
 from reconciler.metrics import Metrics
 from reconciler.model import GIB, HostConfig, Recipe, container_name

@@ -616,7 +616,7 @@ def make_server(
     class Handler(http.server.BaseHTTPRequestHandler):
         mode: Mode  # the switches of this request: read once as it starts, so a change never splits an answer
 
-        def do_GET(self) -> None:  # noqa: N802 - the http.server API
+        def do_GET(self) -> None:
             self.mode = switches.mode
             if self.path == "/health":
                 self._answer(200 if health.ready else 503, {} if health.ready else {"status": "starting"})
@@ -631,7 +631,7 @@ def make_server(
             else:
                 self._answer(404, {"detail": "Not Found"})
 
-        def do_POST(self) -> None:  # noqa: N802 - the http.server API
+        def do_POST(self) -> None:
             self.mode = switches.mode
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
@@ -771,7 +771,7 @@ def make_server(
             self.end_headers()
             self.wfile.write(data)
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the http.server API
+        def log_message(self, format: str, *args: object) -> None:
             pass  # health polls every few hundred ms would drown the log
 
     class Server(http.server.ThreadingHTTPServer):

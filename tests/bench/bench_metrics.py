@@ -21,9 +21,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from reconciler.metrics import ACTION_KINDS, ACTION_RESULTS, PASS_RESULTS, REFUSAL_REASONS, Metrics  # noqa: E402
-from reconciler.model import HostConfig  # noqa: E402
-from reconciler.observed import (  # noqa: E402
+from reconciler.metrics import ACTION_KINDS, ACTION_RESULTS, PASS_RESULTS, REFUSAL_REASONS, Metrics
+from reconciler.model import HostConfig
+from reconciler.observed import (
     LABEL_HOST,
     LABEL_MANAGED,
     LABEL_RECIPE,
@@ -39,7 +39,7 @@ from reconciler.observed import (  # noqa: E402
     Source,
     Tmpfs,
 )
-from reconciler.planner import Action, ActionKind, Plan  # noqa: E402
+from reconciler.planner import Action, ActionKind, Plan
 
 GOAL_S = 0.010
 GiB = 1024**3

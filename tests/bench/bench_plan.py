@@ -99,10 +99,11 @@ def make_files(shm_dir: str) -> list[subprocess.Popen[bytes]]:
 
 
 def bench_pure(sizes: list[int]) -> list[tuple[int, float]]:
+    from planner_fixtures import make_recipe
+
     from reconciler.model import DesiredAssignment, DesiredState, HostConfig
     from reconciler.observed import GpuView, Observed, ShmView, Source, Tmpfs
     from reconciler.planner import plan
-    from planner_fixtures import make_recipe
 
     out = []
     recipe = make_recipe(tp=1)

@@ -76,7 +76,7 @@ class SimApi:
         return True
 
     @_engine
-    def containers(self, all: bool = True, filters: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # noqa: A002
+    def containers(self, all: bool = True, filters: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         self.w._fault("list")
         out = []
         want = [f.split("=", 1) for f in (filters or {}).get("label", [])]

@@ -23,7 +23,8 @@ def _worker(args: tuple[int, int]) -> tuple[int, int, str]:
     """Run machines until ``budget`` steps are done; (steps, violations, report of the first failure). Hypothesis
     runs a batch of examples at a time, each batch from its own seed: its memory of the run stays bounded."""
     seed, budget = args
-    from hypothesis import HealthCheck, seed as hseed, settings
+    from hypothesis import HealthCheck, settings
+    from hypothesis import seed as hseed
     from hypothesis.stateful import run_state_machine_as_test
 
     from sim.machine import STEPS, HostMachine
