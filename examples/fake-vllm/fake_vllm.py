@@ -829,7 +829,7 @@ def spawn_worker(*, rank: int, settings: Settings, server: http.server.Threading
             if os.getppid() != parent:
                 os._exit(1)
             code = run_worker(rank=rank, settings=settings, ready_fd=write_fd)
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - a forked worker ends in os._exit whatever happened
             # os._exit below would swallow the traceback; the log is all an operator has.
             os.write(sys.stdout.fileno(), traceback.format_exc().encode())
         finally:

@@ -84,10 +84,11 @@ class Holder:
         if self.proc is None:
             self.out.write_text("")
             # HOLD_GPU: another holder, for a dry run of this script on a machine without a GPU.
-            self.proc = subprocess.Popen(
-                [sys.executable, os.environ.get("HOLD_GPU", str(HERE / "hold_gpu.py")), "--index", "0",
-                 "--leave-free-mib", str(self.leave), "--seconds", "300"],
-                stdin=subprocess.PIPE, stdout=open(self.out, "wb"))
+            with open(self.out, "wb") as out:  # the child has its own copy of the descriptor
+                self.proc = subprocess.Popen(
+                    [sys.executable, os.environ.get("HOLD_GPU", str(HERE / "hold_gpu.py")), "--index", "0",
+                     "--leave-free-mib", str(self.leave), "--seconds", "300"],
+                    stdin=subprocess.PIPE, stdout=out)
         for _ in range(600 if wait else 0):
             if self.out.read_text().strip():
                 return
@@ -115,10 +116,11 @@ def main() -> int:
     os.environ.setdefault("RECONCILER_STATE_DIR", str(WORK / "state"))
     os.environ.setdefault("RECONCILER_LOCK_DIR", str(WORK / "lock"))
 
-    log = open(WORK / "fake-vllm.log", "wb")
-    fake = subprocess.Popen([sys.executable, str(REPO / "examples/fake-vllm/fake_vllm.py"), "serve", "gpu-proof/fake",
-                             "--host", "127.0.0.1", "--port", "0", "--fake-mode", f"slow-chat={args.slow:g}"],
-                            stdout=log, stderr=subprocess.STDOUT)
+    with open(WORK / "fake-vllm.log", "wb") as log:  # the child has its own copy of the descriptor
+        fake = subprocess.Popen([sys.executable, str(REPO / "examples/fake-vllm/fake_vllm.py"), "serve",
+                                 "gpu-proof/fake", "--host", "127.0.0.1", "--port", "0",
+                                 "--fake-mode", f"slow-chat={args.slow:g}"],
+                                stdout=log, stderr=subprocess.STDOUT)
     lines: list[dict[str, Any]] = []
     ok = True
     try:
