@@ -104,7 +104,10 @@ def test_same_answers_as_the_sdk_on_the_real_engine(docker_api: Any, image: str)
         ours = {c["Id"]: c for c in client.containers(all=True)}
         sdk = {c["Id"]: c for c in docker_api.containers(all=True)}
         assert cid in ours and ours[cid] == sdk[cid]
-        assert {c["Id"] for c in client.containers(all=True, quiet=True)} == set(ours)
+        # Another container may come or go between two lists (a test before this one still cleaning up): the quiet
+        # list is judged by its own answer, ids only, this test's container among them.
+        quiet = client.containers(all=True, quiet=True)
+        assert cid in {c["Id"] for c in quiet} and all(set(c) == {"Id"} for c in quiet)
         mine, theirs = client.inspect_container(cid), docker_api.inspect_container(cid)
         assert mine["Config"] == theirs["Config"] and mine["HostConfig"] == theirs["HostConfig"]
         assert client.inspect_image(mine["Image"])["Id"] == docker_api.inspect_image(mine["Image"])["Id"]
