@@ -64,7 +64,7 @@ def test_lock_refuses_second_holder_and_names_the_first(tmp_path: Path, monkeypa
         holder.wait()
     # The holder died without releasing: its lock is simply taken over.
     with HostLock("h", command="apply") as lock:
-        assert lock.path.read_text().startswith('{"pid": %d' % os.getpid())
+        assert lock.path.read_text().startswith(f'{{"pid": {os.getpid()}')
 
 
 def test_backoff_after_thousands_of_failures_stays_at_its_cap() -> None:

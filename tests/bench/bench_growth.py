@@ -249,7 +249,7 @@ def write_docs(results: dict[str, list[tuple[int, dict[str, float]]]], base_proc
         import matplotlib.pyplot as plt
 
         fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-        for ax, (axis, pts) in zip(axes, results.items()):
+        for ax, (axis, pts) in zip(axes, results.items(), strict=True):
             xs = [n for n, _ in pts]
             for what in ("shm status", "plan", "loop pass"):
                 ax.plot(xs, [m[what] * 1000 for _, m in pts], marker="o", label=what)

@@ -48,10 +48,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests"))  # tests/e2e_helpers.py, imported next
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/e2e_helpers.py, imported next
 
 from e2e_helpers import LoopProcess, Root, build_image, make_root
+
+REPO = Path(__file__).resolve().parents[2]
 
 LATENCY_P95_GOAL_MS = 300.0
 IDLE_CPU_GOAL_PCT = 1.0
@@ -380,7 +381,7 @@ def main() -> int:
     widths = [max(len(r.cells()[i]) for r in rows) for i in range(4)]
     print(f"reconciler run, host {root.host}, python {sys.version.split()[0]}, {os.cpu_count()} cores")
     for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r.cells(), widths)).rstrip())
+        print("  ".join(c.ljust(w) for c, w in zip(r.cells(), widths, strict=True)).rstrip())
     return 0 if all(r.ok is not False for r in rows) else 1
 
 

@@ -18,6 +18,7 @@ they depend on the machine's load).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import os
 import shutil
@@ -91,10 +92,8 @@ class Children:
             os.close(self._release_w)
             self._release_w = -1
         for pid in self.pids:
-            try:
+            with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
         self.pids = []
 
 

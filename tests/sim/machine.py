@@ -101,7 +101,7 @@ class HostMachine(RuleBasedStateMachine):
             "alias-index-uuid": ({"uuid": u0}, {"index": 0}),
             "alias-uuid-case": ({"uuid": u0}, {"uuid": "GPU-" + u0[4:].upper()}),
         }[shape]
-        gpus = "\n".join(f"  {s}: {{{', '.join(f'{k}: {v}' for k, v in g.items())}}}" for s, g in zip(SLOTS, slots))
+        gpus = "\n".join(f"  {s}: {{{', '.join(f'{k}: {v}' for k, v in g.items())}}}" for s, g in zip(SLOTS, slots, strict=True))
         (self.root / "configs" / "host.yaml").write_text(
             f"name: sim\ngpus:\n{gpus}\ngpu_telemetry: {telemetry}\n"
             f"docker: {{url: 'unix:///sim/docker.sock', gpu_requests: {str(gpu_requests).lower()}, keep_failed: 2}}\n"
