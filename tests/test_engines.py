@@ -232,7 +232,7 @@ def test_tp2_offload_lane_its_owners_and_gpu_processes_are_its_container_and_orp
     assert container_of(os.getpid()) is None
     workers = sorted(mappers)
     nvml = {**TWO_GPUS, "devices": [{**d, "processes": [{"pid": pid, "used_gpu_memory": 1 << 30}]}
-                                    for d, pid in zip(TWO_GPUS["devices"], workers)]}
+                                    for d, pid in zip(TWO_GPUS["devices"], workers, strict=True)]}
     nvml["devices"][1]["processes"].append({"pid": os.getpid(), "used_gpu_memory": 1 << 20})
     gpu_host = HostConfig(name=root.host, gpus={A: {"index": 0}, B: {"index": 1}}, gpu_telemetry="nvml",
                           docker=desired_host.docker)
@@ -243,7 +243,7 @@ def test_tp2_offload_lane_its_owners_and_gpu_processes_are_its_container_and_orp
 
     # Leave: the lane's own file goes with it, nothing is left on the tmpfs.
     root.manifest()
-    assert [k for k, _, _ in outcomes(apply_ok(root))][0] == "leave"
+    assert next(k for k, _, _ in outcomes(apply_ok(root))) == "leave"
     assert root.shm_files() == [] and root.containers() == []
 
 
@@ -401,7 +401,7 @@ def test_a_slow_engine_and_a_dead_one_read_differently_everywhere(bare_root: Roo
             try:
                 down = lp.wait("source-down", source="docker", timeout=30)[0]
                 assert words in down["detail"], down
-                wait_until(lambda: lp.metric("reconciler_source_state", source="docker", state=state) == 1,
+                wait_until(lambda lp=lp, state=state: lp.metric("reconciler_source_state", source="docker", state=state) == 1,
                            timeout=10, what=f"source_state {state}")
                 assert lp.metric("reconciler_source_up", source="docker") == 0
                 others = {"slow", "down", "ok"} - {state}

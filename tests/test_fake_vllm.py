@@ -83,11 +83,11 @@ class HostRun:
 
     def __init__(self, *, args: Sequence[str], log_path: Path, env: dict[str, str] | None = None) -> None:
         self.log_path = log_path
-        self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(SCRIPT), *args, "--port", "0", "--host", "127.0.0.1"],
-            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-        )
+        with open(log_path, "wb") as log:  # the child has its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                [sys.executable, str(SCRIPT), *args, "--port", "0", "--host", "127.0.0.1"],
+                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+            )
 
     def log(self) -> str:
         return self.log_path.read_text()
@@ -108,7 +108,6 @@ class HostRun:
         if self.proc.poll() is None:
             self.proc.kill()  # the workers die with it (PR_SET_PDEATHSIG)
             self.proc.wait(timeout=10)
-        self._log.close()
 
 
 @pytest.fixture

@@ -27,7 +27,9 @@ def inspect(*, env: list[str] = (), labels: dict[str, str] | None = None, cmd: l
 
 
 def test_which_containers_matter() -> None:
-    m = lambda i, idx=SCOPE[1]: container_matters(i, host=HOST, indexes=idx)
+    def m(i: dict[str, Any], idx: frozenset[str] | None = SCOPE[1]) -> bool:
+        return container_matters(i, host=HOST, indexes=idx)
+
     assert not m(inspect(cmd=["sleep", "60"]))
     assert m(inspect(labels={"io.reconciler.host": HOST}))
     assert not m(inspect(labels={"io.reconciler.host": "elsewhere"}))

@@ -54,8 +54,9 @@ PROBES: dict[str, dict[str, Any]] = {
 class Fake:
     def __init__(self, tmp: Path):
         self.log = tmp / "fake.log"
-        self.proc = subprocess.Popen([sys.executable, str(FAKE), "serve", MODEL, "--host", "127.0.0.1", "--port", "0"],
-                                     stdout=open(self.log, "wb"), stderr=subprocess.STDOUT)
+        with open(self.log, "wb") as log:  # the child has its own copy of the descriptor
+            self.proc = subprocess.Popen([sys.executable, str(FAKE), "serve", MODEL, "--host", "127.0.0.1",
+                                          "--port", "0"], stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 15
         while not (m := re.search(r"Uvicorn running on http://[\d.]+:(\d+)", self.log.read_text())):
             assert time.monotonic() < deadline and self.proc.poll() is None, self.log.read_text()

@@ -222,7 +222,7 @@ def test_nothing_known_is_no_container() -> None:
 
 
 def test_kind_node_is_the_host_engines_container() -> None:
-    pod_ctr, node = cgroup_ids("kind-node-containerd")
+    _pod_ctr, node = cgroup_ids("kind-node-containerd")
     assert innermost_known(parse_cgroup_container_ids(cgroup_text("kind-node-containerd")), {node}) == node
 
 

@@ -24,6 +24,7 @@ and lock directories, the default port 9464); the last test tears the demo down 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -262,10 +263,8 @@ class Tour:
     def end_helpers(self) -> None:
         for line in self.pids.read_text().splitlines():
             pid, _, path = line.partition(" ")
-            try:
+            with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(pid), signal.SIGTERM)
-            except (ProcessLookupError, ValueError):
-                pass
             if path:
                 Path(path).unlink(missing_ok=True)
         self.pids.write_text("")

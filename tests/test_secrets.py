@@ -25,10 +25,10 @@ def test_env_file_parsing_and_its_mode(tmp_path: Path) -> None:
         "API_KEY": "xyz",  # the file wins over the environment
         "HOME_ONLY": "h",
     }
-    with pytest.raises(SecretError, match="not set in .*: MISSING"):
+    with pytest.raises(SecretError, match=r"not set in .*: MISSING"):
         resolve(str(f), ["MISSING"], environ={})
     f.chmod(0o644)
-    with pytest.raises(SecretError, match="readable by others .*chmod 600"):
+    with pytest.raises(SecretError, match=r"readable by others .*chmod 600"):
         read_env_file(str(f))
     bad = tmp_path / "bad.env"
     bad.write_text("sk-pasted-secret-without-a-name\n")
