@@ -798,7 +798,7 @@ def metrics_server() -> Iterator[tuple[Metrics, str]]:
 
 def _api(base: str, path: str, **params: str) -> dict:
     url = f"{base}{path}?{urllib.parse.urlencode(params)}" if params else f"{base}{path}"
-    with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - a local test server
+    with urllib.request.urlopen(url, timeout=5) as resp:
         return json.load(resp)
 
 
