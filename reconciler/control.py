@@ -19,8 +19,9 @@ command runs stand-alone too.
 
 Protocol: one JSON object per line. The client sends a request (``argv``, ``root``, ``cwd``, the state directory
 it would use, its terminal: ``tty``, ``no_color``), then ``{"answer": TEXT}`` for a question and ``{"cancel": true}``
-on Ctrl-C. The loop sends ``{"other": WHY}`` (not answered here: run stand-alone), or a stream of ``{"out": TEXT}``,
-``{"err": TEXT}`` and ``{"ask": PROMPT}``, ended by ``{"exit": CODE}``.
+on Ctrl-C. The loop sends ``{"other": WHY}`` (not answered here: run stand-alone), or a stream of ``{"out": N}`` and
+``{"err": N}``, each followed by N bytes of output as they are (not in JSON: ``shm status --json`` of a busy host
+is megabytes, which escaping twice would double), and ``{"ask": PROMPT}``, ended by ``{"exit": CODE}``.
 
 The client side imports the standard library and ``reconciler.lock`` only (measured: the command line answered
 by a loop never loads pydantic, the engine's client or the model).
@@ -48,7 +49,8 @@ NO_LOOP_ENV = "RECONCILER_NO_LOOP"
 _PREFIX, _SUFFIX = "reconciler-", ".sock"
 _MAX_LINE = 1 << 20  # a request, or one answer to a prompt
 _MAX_CLIENTS = 32  # connections served at once; more wait in the backlog
-_FLUSH_AT = 1 << 16  # output held back at most this many bytes before it is sent
+_FLUSH_AT = 1 << 16  # output held back at most this many characters before it is sent
+_MAX_FRAME = 1 << 24  # bytes of output in one frame
 
 
 def socket_path(host: str) -> Path:
@@ -78,7 +80,8 @@ def _short(d: Path) -> Iterator[str]:
 
 
 class _Lines:
-    """JSON lines read from a socket, at most ``_MAX_LINE`` bytes each; None at the end or on garbage."""
+    """JSON lines read from a socket, at most ``_MAX_LINE`` bytes each, an output frame's bytes as ``data``; None at
+    the end or on garbage."""
 
     def __init__(self, sock: socket.socket):
         self.file = sock.makefile("rb")
@@ -86,15 +89,22 @@ class _Lines:
     def next(self) -> dict[str, Any] | None:
         try:
             line = self.file.readline(_MAX_LINE + 1)
-        except OSError:
-            return None
-        if not line or len(line) > _MAX_LINE or not line.endswith(b"\n"):
-            return None
-        try:
+            if not line or len(line) > _MAX_LINE or not line.endswith(b"\n"):
+                return None
             msg = json.loads(line)
-        except ValueError:
+            if not isinstance(msg, dict):
+                return None
+            for name in ("out", "err"):
+                n = msg.get(name)
+                if isinstance(n, int) and not isinstance(n, bool):
+                    if not 0 <= n <= _MAX_FRAME:
+                        return None
+                    msg["data"] = self.file.read(n)
+                    if len(msg["data"]) != n:
+                        return None
+        except (OSError, ValueError):
             return None
-        return msg if isinstance(msg, dict) else None
+        return msg
 
 
 def _send(sock: socket.socket, msg: dict[str, Any]) -> None:
@@ -230,14 +240,17 @@ class _Client:
         return 1
 
     def _show(self, msg: dict[str, Any]) -> None:
-        if "out" in msg:
-            sys.stdout.write(str(msg["out"]))
-            if sys.stdout.isatty():
-                sys.stdout.flush()
-        elif "err" in msg:
-            sys.stdout.flush()  # what came first is shown first
-            sys.stderr.write(str(msg["err"]))
-            sys.stderr.flush()
+        if "data" in msg:
+            out, other = (sys.stdout, sys.stderr) if "out" in msg else (sys.stderr, sys.stdout)
+            other.flush()  # what came first is shown first
+            out.flush()
+            raw = getattr(out, "buffer", None)
+            if raw is not None:
+                raw.write(msg["data"])
+                raw.flush()
+            else:
+                out.write(msg["data"].decode("utf-8", "surrogateescape"))
+                out.flush()
         elif "ask" in msg:
             sys.stdout.flush()
             try:
@@ -286,7 +299,7 @@ class _Channel:
         self.cancel = threading.Event()
         self.gone = False
         self._lock = threading.Lock()
-        self._pending: list[tuple[str, str]] = []
+        self._pending: list[tuple[str, list[str]]] = []
         self._size = 0
         self._answers: list[str | None] = []
         self._answered = threading.Condition()
@@ -294,9 +307,9 @@ class _Channel:
     def put(self, name: str, text: str) -> None:
         with self._lock:
             if self._pending and self._pending[-1][0] == name:
-                self._pending[-1] = (name, self._pending[-1][1] + text)
+                self._pending[-1][1].append(text)
             else:
-                self._pending.append((name, text))
+                self._pending.append((name, [text]))
             self._size += len(text)
             full = self._size >= _FLUSH_AT
         if full:
@@ -305,8 +318,12 @@ class _Channel:
     def flush(self) -> None:
         with self._lock:
             pending, self._pending, self._size = self._pending, [], 0
-            for name, text in pending:
-                self._send({name: text})
+            for name, texts in pending:
+                # As the client's own stream would write a str; surrogateescape gives back the bytes of a file name
+                # that is not UTF-8, as Python's stdio does under a C locale.
+                data = "".join(texts).encode("utf-8", "surrogateescape")
+                for i in range(0, len(data), _MAX_FRAME):
+                    self._send_raw(b'{"%s": %d}\n' % (name.encode(), len(data[i:i + _MAX_FRAME])) + data[i:i + _MAX_FRAME])
 
     def send(self, msg: dict[str, Any]) -> None:
         self.flush()
@@ -314,10 +331,13 @@ class _Channel:
             self._send(msg)
 
     def _send(self, msg: dict[str, Any]) -> None:
+        self._send_raw(json.dumps(msg, ensure_ascii=False).encode() + b"\n")
+
+    def _send_raw(self, data: bytes) -> None:
         if self.gone:
             return
         try:
-            _send(self.sock, msg)
+            self.sock.sendall(data)
         except OSError:
             self.gone = True  # the client went away: the command finishes (an apply at its next safe point)
             self.cancel.set()
