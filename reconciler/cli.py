@@ -14,7 +14,6 @@ import sys
 from typing import TYPE_CHECKING
 
 from reconciler import __version__
-
 from reconciler.cli_common import (
     EXIT_BLOCKED,
     EXIT_CHANGES,

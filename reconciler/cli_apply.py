@@ -99,8 +99,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
                                                   observed=session.observed), args)
                 result = session.run()
     finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     if args.json:
         emit_json(result.to_json(), con.out)
     else:

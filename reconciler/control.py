@@ -39,7 +39,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO, cast
 
 from reconciler import __version__, fsafe
 from reconciler.lock import lock_dir, runtime_dir
@@ -460,17 +460,17 @@ class ControlServer:
         lines = _Lines(conn)
         req = lines.next()
         args, why = self._args(req) if req is not None else (None, "not a request")
-        if args is None:
+        if args is None or req is None:
             _send(conn, {"other": why})
             return
         from reconciler.cli import run_command
         from reconciler.cli_common import Console
 
         ch = _Channel(conn, lines)
-        tty = req["tty"] if isinstance(req.get("tty"), dict) else {}  # type: ignore[union-attr]
-        args.console = Console(_Stream(ch, "out", tty.get("out") is True), _Stream(ch, "err", tty.get("err") is True),
-                               stdin_tty=tty.get("in") is True, no_color=req.get("no_color") is True,  # type: ignore[union-attr]
-                               ask=ch.ask, local=False, cancel=ch.cancel)
+        tty = req["tty"] if isinstance(req.get("tty"), dict) else {}
+        out, err = _Stream(ch, "out", tty.get("out") is True), _Stream(ch, "err", tty.get("err") is True)
+        args.console = Console(cast(TextIO, out), cast(TextIO, err), stdin_tty=tty.get("in") is True,
+                               no_color=req.get("no_color") is True, ask=ch.ask, local=False, cancel=ch.cancel)
         args.serve = self.serve()
         threading.Thread(target=ch.read_client, name="control-read", daemon=True).start()
         with self._channels_lock:
@@ -481,7 +481,7 @@ class ControlServer:
             try:
                 rc = run_command(args)
             except Exception as exc:  # noqa: BLE001 - an answer, never a traceback, and the loop goes on
-                self.log("control-error", command=" ".join(map(str, req.get("argv") or []))[:200],  # type: ignore[union-attr]
+                self.log("control-error", command=" ".join(map(str, req.get("argv") or []))[:200],
                          error=f"{type(exc).__name__}: {exc}"[:300])
                 from reconciler.cli import report_error
 

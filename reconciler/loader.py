@@ -125,9 +125,8 @@ def _toml_first_line_of(text: str, line: int) -> int | None:
     if not at:
         return None
     for n, path, _ in keys:
-        if n < line and (path == at[0] or at[0][: len(path)] == path):
-            if path == at[0]:
-                return n
+        if n < line and path == at[0]:
+            return n
     for n, path, _ in keys:  # a key that a later table header (or dotted key) tries to redefine as a table
         if n < line and path[: len(at[0])] == at[0]:
             return n

@@ -31,11 +31,11 @@ from reconciler.backoff import Backoff
 from reconciler.errors import ConfigError, ReconcilerError, one_line
 from reconciler.loader import load_desired
 from reconciler.lock import HostLock, clear_loop_state, state_path, write_loop_state
-from reconciler.redact import redact_data
 from reconciler.model import DesiredState, assignment_key, container_name
 from reconciler.observe.docker_obs import EVENT_ACTIONS, DockerObserver, EventFilter
 from reconciler.planner import ActionKind, Plan
 from reconciler.progress import LogProgress
+from reconciler.redact import redact_data
 from reconciler.units import clip, iso_time
 
 # The planner's reason for the leave of a container that stopped by itself ("NAME is exited with code 137").

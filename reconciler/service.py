@@ -226,7 +226,8 @@ def loop_view(host: str) -> dict[str, Any]:
     now = time.time()
     hold: dict[str, str] = {}
     next_attempt: dict[str, float] = {}
-    for key, e in (state.get("backoff") or {}).items():  # type: ignore[union-attr]
+    backoff = state.get("backoff")
+    for key, e in (backoff if isinstance(backoff, dict) else {}).items():
         try:
             until = float(e["until"])
         except (KeyError, TypeError, ValueError):
@@ -387,7 +388,7 @@ class HostService:
     stdio) they take the host lock file, and are refused while another process, such as a loop, holds it.
     """
 
-    def __init__(self, root: str, *, caller: Caller, pass_lock: threading.Lock | None = None,
+    def __init__(self, root: str, *, caller: Caller, pass_lock: contextlib.AbstractContextManager[object] | None = None,
                  hooks: ActionHooks | None = None):
         self.root = root
         self.caller = caller
@@ -473,27 +474,27 @@ class HostService:
         self._host_name = desired.host.name
         observed = observe(desired.host)
         p = plan(desired, observed, **loop_view(desired.host.name))
-        result = PlanResult(desired, observed, p, fingerprint=Fingerprint(files, observed_parts(observed)))
+        fingerprint = Fingerprint(files, observed_parts(observed))
+        result = PlanResult(desired, observed, p, fingerprint=fingerprint)
         if save:
-            from reconciler.state import checked_subdir
-
             import uuid  # here: with platform, 3 ms of every command's start, for a saved plan's name
+
+            from reconciler.state import checked_subdir
 
             plan_id = uuid.uuid4().hex
             d = checked_subdir(desired.host.name, "plans", create=True)
             _prune_plans(d)
-            write_private(str(d / f"{plan_id}.json"), plan_document(p, result.fingerprint, plan_id=plan_id))
+            write_private(str(d / f"{plan_id}.json"), plan_document(p, fingerprint, plan_id=plan_id))
             result.plan_id = plan_id
         if out:
-            write_private(out, plan_document(p, result.fingerprint))
+            write_private(out, plan_document(p, fingerprint))
         return result
 
     def status(self) -> StatusResult:
+        from reconciler.errors import ConfigError
         from reconciler.observe import observe
         from reconciler.planner import plan
         from reconciler.render import status_data
-
-        from reconciler.errors import ConfigError
 
         try:
             desired = self.desired()
@@ -736,10 +737,10 @@ def _adopt(service: HostService, names: list[str]) -> AdoptResult:
         if picked:
             install_id = state.ensure_install_id(host)
             state.adopt(host, [c.id for c in picked], existing=[c.id for c in containers])
-            for c in adopted:
-                state.record(host, {"event": "adopt", "container": c["name"], "id": c["id"], "install_id": install_id,
-                                    "recipe": c["recipe"], "slots": c["slots"]})
-                service.record("adopt", outcome="ok", reason=f"adopted {c['name']}", container=c["name"], id=c["id"])
+            for a in adopted:
+                state.record(host, {"event": "adopt", "container": a["name"], "id": a["id"], "install_id": install_id,
+                                    "recipe": a["recipe"], "slots": a["slots"]})
+                service.record("adopt", outcome="ok", reason=f"adopted {a['name']}", container=a["name"], id=a["id"])
     return AdoptResult(host, adopted, notes)
 
 
