@@ -166,8 +166,10 @@ def resolve_token(host: str, *, token_file: str | None = None, environ: dict[str
     except FileExistsError:
         return ApiToken(_read_token_file(path), path.name, "generated", str(path))
     except OSError as exc:
-        raise ApiSetupError(f"cannot create the API token file {path}: {exc.strerror or exc} (give one with "
-                            f"--api-token-file or ${TOKEN_ENV})") from None
+        raise ApiSetupError(
+            f"cannot create the API token file {path}: {exc.strerror or exc} (give one with "
+            f"--api-token-file or ${TOKEN_ENV})"
+        ) from None
     return ApiToken(value, path.name, "generated", str(path), created=True)
 
 
@@ -218,7 +220,8 @@ def check_exposure(host: str, *, allow_remote: bool, token: ApiToken) -> None:
         raise ApiSetupError(
             f"{host} is not a loopback address: the API and MCP (and their destructive calls) would be reachable "
             "from other machines. Pass --api-allow-remote to mean it (with a token of your own), or listen on "
-            "127.0.0.1")
+            "127.0.0.1"
+        )
     if token.source == "generated":
         raise ApiSetupError(f"--api-allow-remote needs a token given explicitly: --api-token-file FILE or ${TOKEN_ENV}")
 
@@ -346,9 +349,17 @@ class Guard:
     """Pure ASGI middleware in front of every route: ``Host:``/``Origin:``, the bearer token on every path but
     ``PUBLIC``, the body read whole within its limits and, when it is JSON, parsed strictly."""
 
-    def __init__(self, app: Any, *, token: ApiToken, allowed: AllowedHosts, max_body: int = MAX_BODY,
-                 on_refused: Callable[[str, str, str], None] | None = None, body_timeout_s: float = BODY_TIMEOUT_S,
-                 on_bad_body: Callable[[str, str], None] | None = None):
+    def __init__(
+        self,
+        app: Any,
+        *,
+        token: ApiToken,
+        allowed: AllowedHosts,
+        max_body: int = MAX_BODY,
+        on_refused: Callable[[str, str, str], None] | None = None,
+        body_timeout_s: float = BODY_TIMEOUT_S,
+        on_bad_body: Callable[[str, str], None] | None = None,
+    ):
         self.app = app
         self.on_bad_body = on_bad_body
         self.token = token
@@ -370,8 +381,14 @@ class Guard:
         path = scope.get("path", "")
         host = headers.get(b"host", b"").decode("latin-1")
         if not self.allowed.permits(host):
-            await _send_json(send, 421, {"error": f"this listener does not answer to Host {host[:100]!r}; it "
-                                                  f"answers to {self.allowed.describe()} (--api-host NAME adds a name)"})
+            await _send_json(
+                send,
+                421,
+                {
+                    "error": f"this listener does not answer to Host {host[:100]!r}; it "
+                    f"answers to {self.allowed.describe()} (--api-host NAME adds a name)"
+                },
+            )
             return
         origin = headers.get(b"origin")
         if origin is not None and not self.allowed.permits_origin(origin.decode("latin-1")):
@@ -416,15 +433,15 @@ class Guard:
                     size += len(chunk)
                     if size > self.max_body:
                         await self._drain(receive, message, size)
-                        await _send_json(send, 413, {"error": f"request body over {self.max_body} bytes"},
-                                         close=True)
+                        await _send_json(send, 413, {"error": f"request body over {self.max_body} bytes"}, close=True)
                         return None
                     chunks.append(chunk)
                     if not message.get("more_body", False):
                         break
         except TimeoutError:
-            await _send_json(send, 408, {"error": f"the body did not arrive within {self.body_timeout_s:.0f} s"},
-                             close=True)
+            await _send_json(
+                send, 408, {"error": f"the body did not arrive within {self.body_timeout_s:.0f} s"}, close=True
+            )
             return None
         body = b"".join(chunks)
         ctype = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
@@ -485,8 +502,9 @@ def _replay(body: bytes, receive: Any) -> Callable[[], Awaitable[Any]]:
     return replay
 
 
-async def _send_json(send: Any, status: int, body: dict[str, Any], *, extra: Sequence[tuple[bytes, bytes]] = (),
-                     close: bool = False) -> None:
+async def _send_json(
+    send: Any, status: int, body: dict[str, Any], *, extra: Sequence[tuple[bytes, bytes]] = (), close: bool = False
+) -> None:
     data = json.dumps(body).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()), *extra]
     if close:
@@ -562,8 +580,9 @@ class ReclaimBody(_Strict):
     """POST /v1/shm/reclaim: the guarded cleanup of orphan offload files."""
 
     confirm: StrictBool = Field(False, description="remove the orphans (JSON true, nothing else); without it a dry run")
-    paths: list[str] | None = Field(None, max_length=4096,
-                                    description="remove nothing but these paths (from a dry run)")
+    paths: list[str] | None = Field(
+        None, max_length=4096, description="remove nothing but these paths (from a dry run)"
+    )
 
 
 class ApplyBody(_Strict):
@@ -605,7 +624,8 @@ def probe_params(recipe: str | None, suite: str | None) -> tuple[str, str]:
 class ProbeQuery(_Query):
     recipe: str = Field(pattern=PROBE_RECIPE, description="the recipe's name (its file stem under configs/recipes/)")
     suite: Literal["preflight", "regression", "all"] = Field(
-        "preflight", description="preflight (what every enter runs), regression (on demand) or all")
+        "preflight", description="preflight (what every enter runs), regression (on demand) or all"
+    )
 
 
 class ErrorBody(BaseModel):
@@ -671,8 +691,12 @@ class AppContext:
         from reconciler.service import Caller, HostService
 
         kwargs: dict[str, Any] = {"hooks": self.hooks} if self.hooks is not None else {}
-        return HostService(self.root, caller=Caller(front, self.token.name),
-                           pass_lock=PassGate(self.pass_lock, self.log, front), **kwargs)
+        return HostService(
+            self.root,
+            caller=Caller(front, self.token.name),
+            pass_lock=PassGate(self.pass_lock, self.log, front),
+            **kwargs,
+        )
 
     def audit(self, record: dict[str, Any]) -> None:
         """One record in the host's audit trail (an audit that cannot be written is logged, never fatal here)."""
@@ -691,25 +715,44 @@ class AppContext:
             self.log("api-refused", path=path, reason=why, peer=peer)
         ok, suppressed = self.auth_audit.take()
         if ok:
-            self.audit({"front": "api", "who": peer, "action": "authenticate", "outcome": "refused",
-                        "reason": why, "path": path, "suppressed_before": suppressed})
+            self.audit(
+                {
+                    "front": "api",
+                    "who": peer,
+                    "action": "authenticate",
+                    "outcome": "refused",
+                    "reason": why,
+                    "path": path,
+                    "suppressed_before": suppressed,
+                }
+            )
 
     def bad_body(self, path: str, reason: str) -> None:
         """A body refused by the Guard (too large, too slow, duplicate keys, too deep): audited when it was for a
         destructive route, at most ``AUTH_AUDIT_BURST`` a minute."""
-        action = {"/v1/shm/reclaim": ("api", "shm-reclaim"), "/v1/apply": ("api", "apply"),
-                  "/mcp": ("mcp", "request")}.get(path)
+        action = {
+            "/v1/shm/reclaim": ("api", "shm-reclaim"),
+            "/v1/apply": ("api", "apply"),
+            "/mcp": ("mcp", "request"),
+        }.get(path)
         if action is None:
             return
         ok, suppressed = self.body_audit.take()
         if ok:
-            self.audit({"front": action[0], "who": self.token.name, "action": action[1], "outcome": "refused",
-                        "reason": f"bad request: {reason}", "suppressed_before": suppressed})
+            self.audit(
+                {
+                    "front": action[0],
+                    "who": self.token.name,
+                    "action": action[1],
+                    "outcome": "refused",
+                    "reason": f"bad request: {reason}",
+                    "suppressed_before": suppressed,
+                }
+            )
 
     def refused_request(self, front: str, action: str, reason: str) -> None:
         """A destructive request refused before it reached the service (a bad body): audited with why."""
-        self.audit({"front": front, "who": self.token.name, "action": action, "outcome": "refused",
-                    "reason": reason})
+        self.audit({"front": front, "who": self.token.name, "action": action, "outcome": "refused", "reason": reason})
 
 
 def _ctx(request: Request) -> AppContext:
@@ -738,16 +781,21 @@ async def _run(request: Request, call: Callable[[HostService], Any], *, write: b
     try:
         res = await anyio.to_thread.run_sync(lambda: call(ctx.service("api")))
     except ConfigError as exc:
-        return JSONResponse({"error": "invalid configuration", "problems": [
-            {"path": p.path, "line": p.line, "message": redact_text(p.message)} for p in exc.problems]},
-            status_code=422)
+        return JSONResponse(
+            {
+                "error": "invalid configuration",
+                "problems": [{"path": p.path, "line": p.line, "message": redact_text(p.message)} for p in exc.problems],
+            },
+            status_code=422,
+        )
     except ReconcilerError as exc:
         return JSONResponse({"error": redact_text(str(exc))}, status_code=409)
     except Exception as exc:  # noqa: BLE001 - an answer, never a traceback, and the loop goes on
         if ctx.log:
             ctx.log("api-error", path=request.url.path, error=f"{type(exc).__name__}: {exc}"[:300])
-        return JSONResponse({"error": f"internal error ({type(exc).__name__}); see the reconciler's log"},
-                            status_code=500)
+        return JSONResponse(
+            {"error": f"internal error ({type(exc).__name__}); see the reconciler's log"}, status_code=500
+        )
     return _answer(res, write=write)
 
 
@@ -885,17 +933,41 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("/v1/plan", "GET", get_plan, "plan --json (dry run)", query=PlanQuery),
     Endpoint("/v1/shm", "GET", get_shm, "shm status --json (read-only)"),
     Endpoint("/v1/audit", "GET", get_audit, "the audit trail", query=AuditQuery),
-    Endpoint("/v1/probe", "GET", get_probe, "probe RECIPE --suite SUITE --json: one suite of a recipe's functional "
-             "probes against its running lane (read-only for the host; the run goes to the audit trail)",
-             query=ProbeQuery),
-    Endpoint("/v1/shm/reclaim", "POST", post_reclaim, "shm reclaim --json: a dry run unless confirm", body=ReclaimBody,
-             responses={"409": "refused or failed (the body says why)"}),
-    Endpoint("/v1/apply", "POST", post_apply, "apply a saved plan; refused when stale", body=ApplyBody,
-             responses={"409": "stale, blocked or failed (the body says which)"}),
+    Endpoint(
+        "/v1/probe",
+        "GET",
+        get_probe,
+        "probe RECIPE --suite SUITE --json: one suite of a recipe's functional "
+        "probes against its running lane (read-only for the host; the run goes to the audit trail)",
+        query=ProbeQuery,
+    ),
+    Endpoint(
+        "/v1/shm/reclaim",
+        "POST",
+        post_reclaim,
+        "shm reclaim --json: a dry run unless confirm",
+        body=ReclaimBody,
+        responses={"409": "refused or failed (the body says why)"},
+    ),
+    Endpoint(
+        "/v1/apply",
+        "POST",
+        post_apply,
+        "apply a saved plan; refused when stale",
+        body=ApplyBody,
+        responses={"409": "stale, blocked or failed (the body says which)"},
+    ),
     Endpoint("/v1/openapi.json", "GET", get_openapi, "this description", command=False),
     Endpoint("/metrics", "GET", get_metrics, "Prometheus metrics (text exposition format)", command=False, public=True),
-    Endpoint("/healthz", "GET", get_healthz, "200 after a recent pass that read every source, else 503",
-             command=False, public=True, responses={"503": "no recent pass, or a source unavailable"}),
+    Endpoint(
+        "/healthz",
+        "GET",
+        get_healthz,
+        "200 after a recent pass that read every source, else 503",
+        command=False,
+        public=True,
+        responses={"503": "no recent pass, or a source unavailable"},
+    ),
 )
 
 
@@ -917,12 +989,20 @@ def openapi() -> dict[str, Any]:
         responses: dict[str, Any] = {}
         if ep.command:
             responses["200"] = {
-                "description": "the command line's --json", "content": {"application/json": {"schema": command}},
-                "headers": {"X-Reconciler-Exit-Code": {"schema": {"type": "integer"},
-                                                       "description": "the command line's exit code"}}}
+                "description": "the command line's --json",
+                "content": {"application/json": {"schema": command}},
+                "headers": {
+                    "X-Reconciler-Exit-Code": {
+                        "schema": {"type": "integer"},
+                        "description": "the command line's exit code",
+                    }
+                },
+            }
         elif ep.path == "/metrics":
-            responses["200"] = {"description": "text exposition format", "content": {"text/plain": {"schema": {
-                "type": "string"}}}}
+            responses["200"] = {
+                "description": "text exposition format",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            }
         else:
             responses["200"] = {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}
         if not ep.public:
@@ -935,7 +1015,9 @@ def openapi() -> dict[str, Any]:
         if ep.command:
             responses["422"] = {**error, "description": "the configuration is invalid (problems with file:line)"}
         for code, text in ep.responses.items():
-            responses[code] = {"description": text} if code == "409" or code == "503" else {**error, "description": text}
+            responses[code] = (
+                {"description": text} if code == "409" or code == "503" else {**error, "description": text}
+            )
         op: dict[str, Any] = {"summary": ep.summary, "operationId": ep.handler.__name__, "responses": responses}
         if ep.public:
             op["security"] = []
@@ -943,24 +1025,40 @@ def openapi() -> dict[str, Any]:
             q = schema_of(ep.query)
             required = set(q.get("required", []))
             op["parameters"] = [
-                {"name": name, "in": "query", "required": name in required,
-                 "schema": {k: v for k, v in prop.items() if k not in ("description", "title")},
-                 **({"description": prop["description"]} if "description" in prop else {})}
-                for name, prop in q.get("properties", {}).items()]
+                {
+                    "name": name,
+                    "in": "query",
+                    "required": name in required,
+                    "schema": {k: v for k, v in prop.items() if k not in ("description", "title")},
+                    **({"description": prop["description"]} if "description" in prop else {}),
+                }
+                for name, prop in q.get("properties", {}).items()
+            ]
         if ep.body is not None:
             name = ep.body.__name__
             schemas[name] = schema_of(ep.body)
-            op["requestBody"] = {"required": False, "content": {"application/json": {"schema": {
-                "$ref": ref.format(model=name)}}}}
+            op["requestBody"] = {
+                "required": False,
+                "content": {"application/json": {"schema": {"$ref": ref.format(model=name)}}},
+            }
         paths.setdefault(ep.path, {})[ep.method.lower()] = op
-    paths["/mcp"] = {"post": {
-        "summary": "MCP (streamable HTTP): host_status, host_plan, host_shared_memory, host_probe, host_manage",
-        "operationId": "mcp", "responses": {"200": {"description": "a JSON-RPC answer"},
-                                            "401": {**error, "description": "no token, or a wrong one"}}}}
+    paths["/mcp"] = {
+        "post": {
+            "summary": "MCP (streamable HTTP): host_status, host_plan, host_shared_memory, host_probe, host_manage",
+            "operationId": "mcp",
+            "responses": {
+                "200": {"description": "a JSON-RPC answer"},
+                "401": {**error, "description": "no token, or a wrong one"},
+            },
+        }
+    }
     return {
         "openapi": "3.1.0",
-        "info": {"title": "reconciler", "version": _version(),
-                 "description": "The HTTP API of `reconciler run`: the same guarded operations as the command line."},
+        "info": {
+            "title": "reconciler",
+            "version": _version(),
+            "description": "The HTTP API of `reconciler run`: the same guarded operations as the command line.",
+        },
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}, "schemas": schemas},
         "security": [{"bearer": []}],
         "paths": paths,
@@ -996,24 +1094,34 @@ def build_app(
 
     from reconciler.mcp_server import build_server
 
-    ctx = AppContext(root, token, pass_lock, host=host, log=log, metrics=metrics, health=health, cancel=cancel,
-                     hooks=hooks)
+    ctx = AppContext(
+        root, token, pass_lock, host=host, log=log, metrics=metrics, health=health, cancel=cancel, hooks=hooks
+    )
     allowed = AllowedHosts.of(bind_host, port, api_hosts)
-    mcp = build_server(lambda: ctx.service("mcp"), on_refused=lambda reason: ctx.refused_request(
-        "mcp", "host_manage", reason))
-    mcp_app = mcp.streamable_http_app(streamable_http_path="/mcp", stateless_http=True, json_response=True,
-                                      transport_security=allowed.mcp_security(), host=bind_host)
+    mcp = build_server(
+        lambda: ctx.service("mcp"), on_refused=lambda reason: ctx.refused_request("mcp", "host_manage", reason)
+    )
+    mcp_app = mcp.streamable_http_app(
+        streamable_http_path="/mcp",
+        stateless_http=True,
+        json_response=True,
+        transport_security=allowed.mcp_security(),
+        host=bind_host,
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with mcp.session_manager.run():
             yield
 
-    app = Starlette(routes=[*(Route(ep.path, ep.handler, methods=[ep.method]) for ep in ENDPOINTS), *mcp_app.routes],
-                    lifespan=lifespan)
+    app = Starlette(
+        routes=[*(Route(ep.path, ep.handler, methods=[ep.method]) for ep in ENDPOINTS), *mcp_app.routes],
+        lifespan=lifespan,
+    )
     app.state.ctx = ctx
-    return Guard(app, token=token, allowed=allowed, max_body=max_body, on_refused=ctx.refused_auth,
-                 on_bad_body=ctx.bad_body)
+    return Guard(
+        app, token=token, allowed=allowed, max_body=max_body, on_refused=ctx.refused_auth, on_bad_body=ctx.bad_body
+    )
 
 
 # ---------------------------------------------------------------- serving it, and keeping it served
@@ -1028,8 +1136,9 @@ def raise_nofile(log: Callable[..., None] | None = None, *, want: int = 65536) -
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
             if log:
-                log("nofile-raised", soft=target, was=soft, hard="unlimited" if hard == resource.RLIM_INFINITY
-                    else hard)
+                log(
+                    "nofile-raised", soft=target, was=soft, hard="unlimited" if hard == resource.RLIM_INFINITY else hard
+                )
             return target
         except (ValueError, OSError) as exc:
             if log:
@@ -1057,8 +1166,9 @@ def guarded_protocol(*, max_connections: int, head_timeout_s: float) -> type:
             self._since = self.loop.time()
             if len(self.connections) > max_connections:
                 # ws="none": every connection of this server is one of these
-                idle = [c for c in self.connections
-                        if c is not self and isinstance(c, GuardedH11Protocol) and c._idle()]
+                idle = [
+                    c for c in self.connections if c is not self and isinstance(c, GuardedH11Protocol) and c._idle()
+                ]
                 victim = min(idle, key=lambda c: c._since) if idle else self
                 victim.transport.abort()
                 if victim is self:
@@ -1112,9 +1222,14 @@ class LogBridge:
                     ok, suppressed = limit.take()
                     if not ok:
                         return
-                    log("library-log", logger=record.name, level=record.levelname.lower(),
-                        message=record.getMessage()[:500], suppressed_before=suppressed,
-                        **({"error": repr(record.exc_info[1])[:300]} if record.exc_info else {}))
+                    log(
+                        "library-log",
+                        logger=record.name,
+                        level=record.levelname.lower(),
+                        message=record.getMessage()[:500],
+                        suppressed_before=suppressed,
+                        **({"error": repr(record.exc_info[1])[:300]} if record.exc_info else {}),
+                    )
                 except Exception:  # noqa: BLE001 - a log record that cannot be written must not end its thread
                     self.handleError(record)
 
@@ -1138,18 +1253,32 @@ class Listener:
     logged (``http-loop-error``, rate-limited) and never end it: an ``accept`` that fails for want of descriptors
     (EMFILE) is retried by asyncio a second later."""
 
-    def __init__(self, app: Any, sock: socket.socket, *, log: Callable[..., None] | None = None,
-                 max_connections: int = MAX_CONNECTIONS):
+    def __init__(
+        self,
+        app: Any,
+        sock: socket.socket,
+        *,
+        log: Callable[..., None] | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+    ):
         import uvicorn
 
         self.sock = sock
         self.log = log
         config = uvicorn.Config(
-            app, log_config=None, log_level="warning", access_log=False, lifespan="on", ws="none",
+            app,
+            log_config=None,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            ws="none",
             # No limit_concurrency: uvicorn counts open connections in it, so idle ones would turn every scrape into
             # a 503. Connections are bounded by the protocol below; the work of requests by the worker threads
             # (anyio's pool) that run the service calls.
-            timeout_graceful_shutdown=3, timeout_keep_alive=int(KEEP_ALIVE_S), backlog=128, h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+            timeout_graceful_shutdown=3,
+            timeout_keep_alive=int(KEEP_ALIVE_S),
+            backlog=128,
+            h11_max_incomplete_event_size=MAX_HEAD_BYTES,
             http=guarded_protocol(max_connections=max_connections, head_timeout_s=HEAD_TIMEOUT_S),
         )
         self.server = uvicorn.Server(config)
@@ -1165,12 +1294,19 @@ class Listener:
             if not ok or self.log is None:
                 return
             if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
-                self.log("http-accept-failed", error=exc.strerror or str(exc), suppressed_before=suppressed,
-                         action="new connections wait a second; idle ones are closed after "
-                                f"{HEAD_TIMEOUT_S:.0f} s")
+                self.log(
+                    "http-accept-failed",
+                    error=exc.strerror or str(exc),
+                    suppressed_before=suppressed,
+                    action=f"new connections wait a second; idle ones are closed after {HEAD_TIMEOUT_S:.0f} s",
+                )
             else:
-                self.log("http-loop-error", message=str(context.get("message", ""))[:300],
-                         error=repr(exc)[:300] if exc else "-", suppressed_before=suppressed)
+                self.log(
+                    "http-loop-error",
+                    message=str(context.get("message", ""))[:300],
+                    error=repr(exc)[:300] if exc else "-",
+                    suppressed_before=suppressed,
+                )
         except Exception:  # noqa: BLE001 - asyncio's handler of last resort: raising here ended the listener
             return
 
@@ -1212,9 +1348,17 @@ class Supervisor:
     (``http-listener-died``), counted (``on_restart``) and started again on the same address with a fresh app; past
     ``RESTARTS_PER_HOUR`` restarts ``on_fatal`` is called (the loop then exits 1, for systemd to restart it)."""
 
-    def __init__(self, make_app: Callable[[int], Any], host: str, port: int, *, log: Callable[..., None],
-                 on_restart: Callable[[], None] | None = None, on_fatal: Callable[[str], None] | None = None,
-                 check_every_s: float = 1.0):
+    def __init__(
+        self,
+        make_app: Callable[[int], Any],
+        host: str,
+        port: int,
+        *,
+        log: Callable[..., None],
+        on_restart: Callable[[], None] | None = None,
+        on_fatal: Callable[[str], None] | None = None,
+        check_every_s: float = 1.0,
+    ):
         self.make_app = make_app
         self.host = host
         self.log = log
@@ -1227,8 +1371,9 @@ class Supervisor:
         self.max_connections = connection_cap(raise_nofile(log))
         sock = bind(host, port)
         try:
-            self.listener = Listener(make_app(sock.getsockname()[1]), sock, log=log,
-                                     max_connections=self.max_connections)
+            self.listener = Listener(
+                make_app(sock.getsockname()[1]), sock, log=log, max_connections=self.max_connections
+            )
         except BaseException:
             sock.close()
             raise
@@ -1259,12 +1404,16 @@ class Supervisor:
                 current.sock.close()
             try:
                 sock = bind(self.host, self.port)
-                self.listener = Listener(self.make_app(self.port), sock, log=self.log,
-                                         max_connections=self.max_connections).start()
+                self.listener = Listener(
+                    self.make_app(self.port), sock, log=self.log, max_connections=self.max_connections
+                ).start()
                 self.log("http-listener-restarted", port=self.port)
             except (OSError, ReconcilerError) as exc:
-                self.log("http-listener-died", error=str(exc)[:300], action="giving up: exiting 1 for the "
-                         "supervisor to restart")
+                self.log(
+                    "http-listener-died",
+                    error=str(exc)[:300],
+                    action="giving up: exiting 1 for the supervisor to restart",
+                )
                 if self.on_fatal:
                     self.on_fatal(str(exc))
                 return

@@ -188,8 +188,13 @@ class Applier:
     def plan_of(self, observed: Observed, extra_hold: Mapping[str, str] | None = None) -> Plan:
         """The plan for an observation, with this applier's holds and (in the loop) its fallback view."""
         last_good, next_attempt = self.fallback_view() if self.fallback_view else ((), {})
-        return plan(self.desired, observed, hold={**self.hold, **(extra_hold or {})}, last_good=last_good,
-                    next_attempt=next_attempt)
+        return plan(
+            self.desired,
+            observed,
+            hold={**self.hold, **(extra_hold or {})},
+            last_good=last_good,
+            next_attempt=next_attempt,
+        )
 
     # ------------------------------------------------------------ the pass
 
@@ -282,7 +287,9 @@ class Applier:
         if bad:
             return PassResult("failed", first, current, outcomes, "; ".join(o.detail for o in bad))
         if current.unavailable:
-            return PassResult("error", first, current, outcomes, f"source unavailable: {', '.join(current.unavailable)}")
+            return PassResult(
+                "error", first, current, outcomes, f"source unavailable: {', '.join(current.unavailable)}"
+            )
         if current.blocked:
             return PassResult("blocked", first, current, outcomes, "; ".join(b.reason for b in current.blockers))
         if current.actions:
@@ -357,8 +364,9 @@ class Applier:
         from reconciler.shm_guard import reclaim
 
         with self._guard_lock:
-            res = reclaim(self.desired.host.shm, observe_docker=self.observer.observe, confirm=True,
-                          only_paths=only_paths)
+            res = reclaim(
+                self.desired.host.shm, observe_docker=self.observer.observe, confirm=True, only_paths=only_paths
+            )
         if self.on_reclaim:
             self.on_reclaim(res)
         return res
@@ -425,7 +433,13 @@ class Applier:
         return self._bring_up(action, recipe, cid, start=True, freed=freed, files_before=before)
 
     def _bring_up(
-        self, action: Action, recipe: Recipe, cid: str, *, start: bool, freed: int,
+        self,
+        action: Action,
+        recipe: Recipe,
+        cid: str,
+        *,
+        start: bool,
+        freed: int,
         files_before: frozenset[tuple[str, int]] | None = None,
     ) -> tuple[str, int]:
         """Start (unless it runs already), wait for health, check, and record the container as healthy."""
@@ -508,7 +522,9 @@ class Applier:
                     f"({'GET ' + h.url if h.url else 'running for settle_s'}); raise health.start_timeout_s "
                     "in the recipe if it needs longer"
                 )
-            self.progress.phase(action, "loading: waiting for its health URL", elapsed=elapsed, timeout=h.start_timeout_s)
+            self.progress.phase(
+                action, "loading: waiting for its health URL", elapsed=elapsed, timeout=h.start_timeout_s
+            )
             time.sleep(self.poll_s)
 
     def _run_probes(self, action: Action, recipe: Recipe) -> None:
@@ -525,8 +541,9 @@ class Applier:
             self.progress.phase(action, f"probes: {probe.name} ({i + 1}/{n})", timeout=probe.timeout_s)
 
         assert action.recipe is not None
-        run = run_suite(self.desired, action.recipe, "preflight", slots=action.gpus, before=before,
-                        stop_at_failure=True)
+        run = run_suite(
+            self.desired, action.recipe, "preflight", slots=action.gpus, before=before, stop_at_failure=True
+        )
         self._note("probes", [r.to_json() for r in run.results])
         self._note("vram_under_load", run.vram.to_json())
         if run.planned:
@@ -573,8 +590,16 @@ class Applier:
         while True:
             running, waiting = gauges
             elapsed = time.monotonic() - t0
-            record = {"drained": False, "timed_out": False, "seconds": round(elapsed, 3), "requests_at_start": first,
-                      "running": int(running), "waiting": int(waiting), "timeout_s": timeout, "url": url}
+            record = {
+                "drained": False,
+                "timed_out": False,
+                "seconds": round(elapsed, 3),
+                "requests_at_start": first,
+                "running": int(running),
+                "waiting": int(waiting),
+                "timeout_s": timeout,
+                "url": url,
+            }
             if running + waiting <= 0:
                 record["drained"] = True
                 if not first:
@@ -582,12 +607,16 @@ class Applier:
                 return note(record, f"drained {first} request(s) in {elapsed:.1f} s")
             if elapsed >= timeout:
                 record["timed_out"] = True
-                return note(record, f"drain timed out after {timeout:g} s with {int(running)} running and "
-                                    f"{int(waiting)} waiting: stopped anyway")
+                return note(
+                    record,
+                    f"drain timed out after {timeout:g} s with {int(running)} running and "
+                    f"{int(waiting)} waiting: stopped anyway",
+                )
             if self.cancel.is_set():
                 raise Cancelled(f"stop requested while draining {c.name}; it still runs")
-            self.progress.phase(action, f"draining: {int(running)} running, {int(waiting)} waiting",
-                                elapsed=elapsed, timeout=timeout)
+            self.progress.phase(
+                action, f"draining: {int(running)} running, {int(waiting)} waiting", elapsed=elapsed, timeout=timeout
+            )
             time.sleep(min(self.poll_s, max(0.01, timeout - elapsed)))
             gauges = read_gauges(url)
             if isinstance(gauges, str):

@@ -75,8 +75,10 @@ class AuditLog:
     def _lines(self) -> Iterator[str]:
         for p in [*(self._rotated(n) for n in range(self.keep, 0, -1)), self.path]:
             try:
-                with fsafe.open_trusted(p, what="the audit log") as fd, \
-                        open(os.dup(fd), encoding="utf-8", errors="replace") as fh:
+                with (
+                    fsafe.open_trusted(p, what="the audit log") as fd,
+                    open(os.dup(fd), encoding="utf-8", errors="replace") as fh,
+                ):
                     yield from fh
             except FileNotFoundError:
                 continue

@@ -56,7 +56,7 @@ class Backoff:
         if self.factor > 1 and self.base_s > 0:
             exponent = min(exponent, max(0, math.ceil(math.log(self.max_s / self.base_s, self.factor))))
         try:
-            return min(self.max_s, self.base_s * self.factor ** exponent)
+            return min(self.max_s, self.base_s * self.factor**exponent)
         except OverflowError:  # a factor so large that even the capped power is out of range: past any cap
             return self.max_s
 

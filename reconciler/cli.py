@@ -50,8 +50,10 @@ def report_config_error(exc: ConfigError, args: argparse.Namespace) -> int:
     if getattr(args, "json", False):
         problems = [{"path": p.path, "line": p.line, "message": p.message} for p in exc.problems]
         err = {"code": "config_invalid", "message": "the files do not validate", "problems": problems}
-        emit_json({"valid": False, "errors": problems, "error": err} if args.command == "validate" else {"error": err},
-                  con.out)
+        emit_json(
+            {"valid": False, "errors": problems, "error": err} if args.command == "validate" else {"error": err},
+            con.out,
+        )
     return EXIT_ERROR
 
 
@@ -90,7 +92,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 "manifest": desired.manifest_path,
                 "recipes": sorted(desired.recipes),
                 "assignments": [
-                    {"recipe": a.recipe, "gpus": list(a.slots), "recipe_hash": a.recipe_hash} for a in desired.assignments
+                    {"recipe": a.recipe, "gpus": list(a.slots), "recipe_hash": a.recipe_hash}
+                    for a in desired.assignments
                 ],
             }
         )
@@ -172,15 +175,20 @@ def _since(text: str | None) -> float | None:
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     # SUPPRESS: the value given before the command name stays unless repeated after it.
-    common.add_argument("--root", default=argparse.SUPPRESS,
-                        help="directory holding configs/ and manifests/ (default: $RECONCILER_ROOT or .)")
+    common.add_argument(
+        "--root",
+        default=argparse.SUPPRESS,
+        help="directory holding configs/ and manifests/ (default: $RECONCILER_ROOT or .)",
+    )
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
 
     parser = argparse.ArgumentParser(
         prog="reconciler",
         description="Make a GPU serving host match its manifest: recipes on GPU slots, guarded offload shm.",
     )
-    parser.add_argument("--root", default=None, help="directory holding configs/ and manifests/ (default: $RECONCILER_ROOT or .)")
+    parser.add_argument(
+        "--root", default=None, help="directory holding configs/ and manifests/ (default: $RECONCILER_ROOT or .)"
+    )
     parser.add_argument("--json", action="store_true", default=False, help="machine-readable output")
     parser.add_argument("--version", action="version", version=f"reconciler {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -191,16 +199,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "plan", parents=[common], help="dry run: what would change and why (0 none, 2 pending, 3 blocked, 1 error)"
     )
-    p.add_argument("--out", metavar="FILE", help="also save the plan, with a fingerprint of what it was made from, "
-                   "for `reconciler apply FILE`")
+    p.add_argument(
+        "--out",
+        metavar="FILE",
+        help="also save the plan, with a fingerprint of what it was made from, for `reconciler apply FILE`",
+    )
     p.set_defaults(func=cmd_plan)
     p = sub.add_parser("status", parents=[common], help="what is on each GPU slot, containers, shm, converged or not")
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("audit", parents=[common], help="the audit trail: every action by every front-end and the loop")
-    p.add_argument("--since", metavar="WHEN", help="only records since: an age (15m, 2h, 7d), an ISO time or epoch seconds")
+    p.add_argument(
+        "--since", metavar="WHEN", help="only records since: an age (15m, 2h, 7d), an ISO time or epoch seconds"
+    )
     p.set_defaults(func=cmd_audit)
-    p = sub.add_parser("mcp", parents=[common], help="MCP server over stdio (host_status, host_plan, "
-                       "host_shared_memory, host_manage) until its client closes it")
+    p = sub.add_parser(
+        "mcp",
+        parents=[common],
+        help="MCP server over stdio (host_status, host_plan, "
+        "host_shared_memory, host_manage) until its client closes it",
+    )
     p.set_defaults(func=cmd_mcp)
 
     # Late imports: the parser pays for these modules only when it is built.

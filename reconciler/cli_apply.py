@@ -82,8 +82,15 @@ def cmd_apply(args: argparse.Namespace) -> int:
                         print(f"error: {message}", file=con.err)
                         if args.json:
                             # The plan it would have run, and why it did not: stdout is never empty under --json.
-                            emit_json({"host": first.host, "result": "error", "plan": first.to_json(),
-                                       "error": {"code": "approval_required", "message": message}}, con.out)
+                            emit_json(
+                                {
+                                    "host": first.host,
+                                    "result": "error",
+                                    "plan": first.to_json(),
+                                    "error": {"code": "approval_required", "message": message},
+                                },
+                                con.out,
+                            )
                         return EXIT_ERROR
                     # A loop's passes go on while a person decides (the host lock of a stand-alone apply stays held).
                     with svc.released():
@@ -95,8 +102,16 @@ def cmd_apply(args: argparse.Namespace) -> int:
                     changes = session.refresh()
                     if changes:
                         message = "the host or its files changed while the plan waited for approval"
-                        return _stale(ApplyResult(first.host, changes=changes, message=message, now=session.plan,
-                                                  observed=session.observed), args)
+                        return _stale(
+                            ApplyResult(
+                                first.host,
+                                changes=changes,
+                                message=message,
+                                now=session.plan,
+                                observed=session.observed,
+                            ),
+                            args,
+                        )
                 result = session.run()
     finally:
         for signum, handler in previous.items():
@@ -125,8 +140,11 @@ def cmd_adopt(args: argparse.Namespace) -> int:
         emit_json(res.to_json(), con.out)
     else:
         for c in res.adopted:
-            print(f"adopted {c['name']} ({c['id'][:12]}, {c['recipe'] or 'no recipe'} on "
-                  f"{','.join(c['slots']) or 'no slot'})", file=con.out)
+            print(
+                f"adopted {c['name']} ({c['id'][:12]}, {c['recipe'] or 'no recipe'} on "
+                f"{','.join(c['slots']) or 'no slot'})",
+                file=con.out,
+            )
     return res.exit_code
 
 
@@ -142,7 +160,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     where = ", ".join(res.containers) or "no running container of it (the probes ask its URL anyway)"
     print(f"recipe {res.recipe} on host {res.host}, suite {args.suite}: {where}", file=out)
     if not res.results:
-        print(f"  no probes in suite {args.suite}: add [[probes]] with suite = \"{args.suite}\" to the recipe", file=out)
+        print(f'  no probes in suite {args.suite}: add [[probes]] with suite = "{args.suite}" to the recipe', file=out)
     for r in res.results:
         print(f"  {'ok  ' if r.ok else 'FAIL'} {r.name:<16} {r.kind:<11} {r.seconds:6.2f}s  {r.detail}", file=out)
     vram = res.run.vram if res.run is not None else None
@@ -183,52 +201,99 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "apply", parents=parents, help="one converge pass (0 converged, 3 blocked, 1 failed)"
-    )
+    p = sub.add_parser("apply", parents=parents, help="one converge pass (0 converged, 3 blocked, 1 failed)")
     p.add_argument(
-        "plan_file", nargs="?", metavar="FILE",
+        "plan_file",
+        nargs="?",
+        metavar="FILE",
         help="a plan saved by `reconciler plan --out FILE`: apply exactly it, refused when the host or files changed",
     )
-    p.add_argument("--yes", "-y", action="store_true", help="approve the plan shown without asking (needed without a terminal)")
+    p.add_argument(
+        "--yes", "-y", action="store_true", help="approve the plan shown without asking (needed without a terminal)"
+    )
     p.set_defaults(func=cmd_apply)
 
     p = sub.add_parser(
-        "adopt", parents=parents,
+        "adopt",
+        parents=parents,
         help="make containers with this host's labels but no install id (an earlier version's) this install's",
     )
     p.add_argument("containers", nargs="+", metavar="CONTAINER", help="name or id")
     p.set_defaults(func=cmd_adopt)
 
-    p = sub.add_parser("probe", parents=parents, help="run a recipe's functional probes against its running lane "
-                       "(0 all passed, 1 any failed)")
+    p = sub.add_parser(
+        "probe",
+        parents=parents,
+        help="run a recipe's functional probes against its running lane (0 all passed, 1 any failed)",
+    )
     p.add_argument("recipe", metavar="RECIPE", help="the recipe's name (its file stem under configs/recipes/)")
-    p.add_argument("--suite", choices=("preflight", "regression", "all"), default="preflight",
-                   help="which probes: preflight (what every enter runs), regression (on demand), or all "
-                   "(default: %(default)s)")
+    p.add_argument(
+        "--suite",
+        choices=("preflight", "regression", "all"),
+        default="preflight",
+        help="which probes: preflight (what every enter runs), regression (on demand), or all (default: %(default)s)",
+    )
     p.set_defaults(func=cmd_probe)
 
-    p = sub.add_parser("run", parents=parents, help="the loop: watch and converge; serve /metrics, /healthz, the "
-                       "HTTP API (/v1) and MCP (/mcp)")
-    p.add_argument("--metrics-addr", default="127.0.0.1:9464",
-                   help="HOST:PORT for /metrics, /healthz, /v1 and /mcp ('' = off); loopback unless --api-allow-remote "
-                   "(default: %(default)s)")
-    p.add_argument("--api-token-file", metavar="FILE",
-                   help="the bearer token of /v1 and /mcp (a 0600 file; default $RECONCILER_API_TOKEN, else one "
-                   "generated into $RECONCILER_STATE_DIR/HOST/api-token)")
-    p.add_argument("--api-allow-remote", action="store_true",
-                   help="allow a non-loopback --metrics-addr (needs --api-token-file or $RECONCILER_API_TOKEN)")
-    p.add_argument("--api-host", metavar="NAME", action="append", default=[],
-                   help="a name clients reach the listener by (its Host header), besides its address; repeatable. "
-                   "Any other name is refused (421), against DNS rebinding")
-    p.add_argument("--resync", type=float, default=60.0, metavar="SECONDS",
-                   help="look again at least this often (default: %(default)g)")
-    p.add_argument("--debounce", type=float, default=0.1, metavar="SECONDS",
-                   help="quiet time after a file event (default: %(default)g)")
-    p.add_argument("--log-format", choices=("text", "json"), default="text",
-                   help="one line per event (default: %(default)s)")
-    p.add_argument("--backoff-base", type=float, default=10.0, metavar="SECONDS",
-                   help="first delay after a failed enter (default: %(default)g)")
-    p.add_argument("--backoff-max", type=float, default=600.0, metavar="SECONDS",
-                   help="longest delay between enters (default: %(default)g)")
+    p = sub.add_parser(
+        "run",
+        parents=parents,
+        help="the loop: watch and converge; serve /metrics, /healthz, the HTTP API (/v1) and MCP (/mcp)",
+    )
+    p.add_argument(
+        "--metrics-addr",
+        default="127.0.0.1:9464",
+        help="HOST:PORT for /metrics, /healthz, /v1 and /mcp ('' = off); loopback unless --api-allow-remote "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--api-token-file",
+        metavar="FILE",
+        help="the bearer token of /v1 and /mcp (a 0600 file; default $RECONCILER_API_TOKEN, else one "
+        "generated into $RECONCILER_STATE_DIR/HOST/api-token)",
+    )
+    p.add_argument(
+        "--api-allow-remote",
+        action="store_true",
+        help="allow a non-loopback --metrics-addr (needs --api-token-file or $RECONCILER_API_TOKEN)",
+    )
+    p.add_argument(
+        "--api-host",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="a name clients reach the listener by (its Host header), besides its address; repeatable. "
+        "Any other name is refused (421), against DNS rebinding",
+    )
+    p.add_argument(
+        "--resync",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="look again at least this often (default: %(default)g)",
+    )
+    p.add_argument(
+        "--debounce",
+        type=float,
+        default=0.1,
+        metavar="SECONDS",
+        help="quiet time after a file event (default: %(default)g)",
+    )
+    p.add_argument(
+        "--log-format", choices=("text", "json"), default="text", help="one line per event (default: %(default)s)"
+    )
+    p.add_argument(
+        "--backoff-base",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="first delay after a failed enter (default: %(default)g)",
+    )
+    p.add_argument(
+        "--backoff-max",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="longest delay between enters (default: %(default)g)",
+    )
     p.set_defaults(func=cmd_run)

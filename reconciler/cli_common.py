@@ -45,8 +45,17 @@ class Console:
     # running loop answers, whose client imports nothing else of the kind.
     __slots__ = ("ask", "cancel", "err", "local", "no_color", "out", "stdin_tty")
 
-    def __init__(self, out: TextIO, err: TextIO, *, stdin_tty: bool, no_color: bool, ask: Callable[[str], str],
-                 local: bool = True, cancel: threading.Event | None = None):
+    def __init__(
+        self,
+        out: TextIO,
+        err: TextIO,
+        *,
+        stdin_tty: bool,
+        no_color: bool,
+        ask: Callable[[str], str],
+        local: bool = True,
+        cancel: threading.Event | None = None,
+    ):
         self.out = out
         self.err = err
         self.stdin_tty = stdin_tty
@@ -57,8 +66,9 @@ class Console:
 
     @classmethod
     def own(cls) -> Console:
-        return cls(sys.stdout, sys.stderr, stdin_tty=sys.stdin.isatty(), no_color=bool(os.environ.get("NO_COLOR")),
-                   ask=input)
+        return cls(
+            sys.stdout, sys.stderr, stdin_tty=sys.stdin.isatty(), no_color=bool(os.environ.get("NO_COLOR")), ask=input
+        )
 
     def style(self, stream: TextIO | None = None) -> Style:
         """Colour only on a terminal and without NO_COLOR (the client's, when the loop answers)."""

@@ -177,11 +177,14 @@ def render_status(view: ShmView, *, tty: bool = False) -> str:
     counts = {s: len(view.by_state(s)) for s in ("owned", "orphan", "blocked")}
     out.append(
         f"{len(view.files)} offload file(s): "
-        + ", ".join(f"{n} {s} ({human_bytes(sum(f.allocated_bytes for f in view.by_state(s)))})" for s, n in counts.items())
+        + ", ".join(
+            f"{n} {s} ({human_bytes(sum(f.allocated_bytes for f in view.by_state(s)))})" for s, n in counts.items()
+        )
     )
     text = "\n".join(out) + "\n"
     rows = [
-        [f.state, human_bytes(f.size_bytes), human_bytes(f.allocated_bytes), _owners(f), _path(f.path)] for f in view.files
+        [f.state, human_bytes(f.size_bytes), human_bytes(f.allocated_bytes), _owners(f), _path(f.path)]
+        for f in view.files
     ]
     text += _table(["STATE", "SIZE", "ALLOCATED", "OWNERS (pid via)", "PATH"], rows, tty=tty)
     extra = []
@@ -232,7 +235,5 @@ def render_reclaim(result: Any, *, tty: bool = False) -> str:
     if result.kept:
         text += "kept:\n" + "".join(f"  {_path(k.path)}: {k.reason}\n" for k in result.kept)
     if result.tmpfs_before and result.tmpfs_after and result.confirmed:
-        text += (
-            f"tmpfs free: {human_bytes(result.tmpfs_before.free_bytes)} -> {human_bytes(result.tmpfs_after.free_bytes)}\n"
-        )
+        text += f"tmpfs free: {human_bytes(result.tmpfs_before.free_bytes)} -> {human_bytes(result.tmpfs_after.free_bytes)}\n"
     return text

@@ -126,11 +126,15 @@ def _connect_in(d: Path, at: str, name: str) -> socket.socket | None:
         return None
     what = "the running loop's socket"
     if not _trusted(st.st_uid):
-        raise fsafe.UnsafePath(f"refusing {what} {path}: it is owned by uid {st.st_uid}, not by the running user "
-                               f"or root; remove it (`rm {path}`): a running loop makes its own")
+        raise fsafe.UnsafePath(
+            f"refusing {what} {path}: it is owned by uid {st.st_uid}, not by the running user "
+            f"or root; remove it (`rm {path}`): a running loop makes its own"
+        )
     if st.st_mode & 0o077:
-        raise fsafe.UnsafePath(f"refusing {what} {path}: others may use it (mode {stat.S_IMODE(st.st_mode):04o}); "
-                               f"remove it (`rm {path}`): a running loop makes its own, 0600")
+        raise fsafe.UnsafePath(
+            f"refusing {what} {path}: others may use it (mode {stat.S_IMODE(st.st_mode):04o}); "
+            f"remove it (`rm {path}`): a running loop makes its own, 0600"
+        )
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(5.0)
     try:
@@ -141,8 +145,10 @@ def _connect_in(d: Path, at: str, name: str) -> socket.socket | None:
     pid, uid = _peer(sock)
     if not _trusted(uid):
         sock.close()
-        raise fsafe.UnsafePath(f"refusing {what} {path}: process {pid} of uid {uid} listens on it, not the running "
-                               f"user or root; stop it and remove {path}")
+        raise fsafe.UnsafePath(
+            f"refusing {what} {path}: process {pid} of uid {uid} listens on it, not the running "
+            f"user or root; stop it and remove {path}"
+        )
     sock.settimeout(None)
     return sock
 
@@ -171,8 +177,12 @@ def submit(args: Any, argv: list[str]) -> int | None:
         return None
     try:
         request = {
-            "protocol": PROTOCOL, "version": __version__, "argv": argv, "root": os.path.abspath(args.root),
-            "cwd": os.getcwd(), "state_dir": os.environ.get("RECONCILER_STATE_DIR") or None,
+            "protocol": PROTOCOL,
+            "version": __version__,
+            "argv": argv,
+            "root": os.path.abspath(args.root),
+            "cwd": os.getcwd(),
+            "state_dir": os.environ.get("RECONCILER_STATE_DIR") or None,
             "no_color": bool(os.environ.get("NO_COLOR")),
             "tty": {"in": sys.stdin.isatty(), "out": sys.stdout.isatty(), "err": sys.stderr.isatty()},
         }
@@ -214,7 +224,7 @@ class _Client:
 
         # An apply stops at a safe point on Ctrl-C or SIGTERM, as stand-alone; the loop does the stopping.
         stoppable = self.args.command == "apply"
-        previous = ({s: signal.signal(s, self._stop) for s in (signal.SIGINT, signal.SIGTERM)} if stoppable else {})
+        previous = {s: signal.signal(s, self._stop) for s in (signal.SIGINT, signal.SIGTERM)} if stoppable else {}
         try:
             msg: dict[str, Any] | None = first
             while msg is not None:
@@ -235,8 +245,12 @@ class _Client:
         from reconciler.cli import report_error
 
         sys.stdout.flush()
-        report_error(self.args, "loop_gone", "the running loop stopped before it answered; see its log, and run the "
-                     f"command again (stand-alone once no loop runs, or with {NO_LOOP_ENV}=1)")
+        report_error(
+            self.args,
+            "loop_gone",
+            "the running loop stopped before it answered; see its log, and run the "
+            f"command again (stand-alone once no loop runs, or with {NO_LOOP_ENV}=1)",
+        )
         return 1
 
     def _show(self, msg: dict[str, Any]) -> None:
@@ -323,7 +337,9 @@ class _Channel:
                 # that is not UTF-8, as Python's stdio does under a C locale.
                 data = "".join(texts).encode("utf-8", "surrogateescape")
                 for i in range(0, len(data), _MAX_FRAME):
-                    self._send_raw(b'{"%s": %d}\n' % (name.encode(), len(data[i:i + _MAX_FRAME])) + data[i:i + _MAX_FRAME])
+                    self._send_raw(
+                        b'{"%s": %d}\n' % (name.encode(), len(data[i : i + _MAX_FRAME])) + data[i : i + _MAX_FRAME]
+                    )
 
     def send(self, msg: dict[str, Any]) -> None:
         self.flush()
@@ -371,8 +387,15 @@ class _Channel:
 class ControlServer:
     """The loop's socket: each connection served in a thread of its own by the command line's own code."""
 
-    def __init__(self, root: str, host: str, *, serve: Callable[[], dict[str, Any]], stop: threading.Event,
-                 log: Callable[..., None]):
+    def __init__(
+        self,
+        root: str,
+        host: str,
+        *,
+        serve: Callable[[], dict[str, Any]],
+        stop: threading.Event,
+        log: Callable[..., None],
+    ):
         self.root = root
         self.host = host
         self.serve = serve  # the service's extras inside the loop: its pass lock and action hooks
@@ -402,8 +425,12 @@ class ControlServer:
             os.chmod(path, 0o600)
             sock.listen(16)
         except (OSError, fsafe.UnsafePath) as exc:
-            self.log("control-unavailable", path=str(self.path), error=str(exc),
-                     effect="commands run stand-alone; apply and shm reclaim --confirm meet the host lock")
+            self.log(
+                "control-unavailable",
+                path=str(self.path),
+                error=str(exc),
+                effect="commands run stand-alone; apply and shm reclaim --confirm meet the host lock",
+            )
             return self
         self._sock, self._ino = sock, os.lstat(path).st_ino
         threading.Thread(target=self._accept, name="control", daemon=True).start()
@@ -469,8 +496,15 @@ class ControlServer:
         ch = _Channel(conn, lines)
         tty = req["tty"] if isinstance(req.get("tty"), dict) else {}
         out, err = _Stream(ch, "out", tty.get("out") is True), _Stream(ch, "err", tty.get("err") is True)
-        args.console = Console(cast(TextIO, out), cast(TextIO, err), stdin_tty=tty.get("in") is True,
-                               no_color=req.get("no_color") is True, ask=ch.ask, local=False, cancel=ch.cancel)
+        args.console = Console(
+            cast(TextIO, out),
+            cast(TextIO, err),
+            stdin_tty=tty.get("in") is True,
+            no_color=req.get("no_color") is True,
+            ask=ch.ask,
+            local=False,
+            cancel=ch.cancel,
+        )
         args.serve = self.serve()
         threading.Thread(target=ch.read_client, name="control-read", daemon=True).start()
         with self._channels_lock:
@@ -481,11 +515,16 @@ class ControlServer:
             try:
                 rc = run_command(args)
             except Exception as exc:  # noqa: BLE001 - an answer, never a traceback, and the loop goes on
-                self.log("control-error", command=" ".join(map(str, req.get("argv") or []))[:200],
-                         error=f"{type(exc).__name__}: {exc}"[:300])
+                self.log(
+                    "control-error",
+                    command=" ".join(map(str, req.get("argv") or []))[:200],
+                    error=f"{type(exc).__name__}: {exc}"[:300],
+                )
                 from reconciler.cli import report_error
 
-                report_error(args, "internal", f"internal error in the running loop ({type(exc).__name__}); see its log")
+                report_error(
+                    args, "internal", f"internal error in the running loop ({type(exc).__name__}); see its log"
+                )
                 rc = 1
             ch.send({"exit": rc})
         finally:
@@ -499,8 +538,13 @@ class ControlServer:
         if req.get("protocol") != PROTOCOL or req.get("version") != __version__:
             return None, f"this loop is version {__version__} (protocol {PROTOCOL})"
         argv, root, cwd = req.get("argv"), req.get("root"), req.get("cwd")
-        if not (isinstance(argv, list) and all(isinstance(a, str) for a in argv) and isinstance(root, str)
-                and isinstance(cwd, str) and os.path.isabs(cwd)):
+        if not (
+            isinstance(argv, list)
+            and all(isinstance(a, str) for a in argv)
+            and isinstance(root, str)
+            and isinstance(cwd, str)
+            and os.path.isabs(cwd)
+        ):
             return None, "not a request"
         if os.path.realpath(root) != os.path.realpath(self.root):
             return None, f"this loop runs for {self.root}"
@@ -526,4 +570,3 @@ class ControlServer:
             if isinstance(value, str) and not os.path.isabs(value):
                 setattr(args, name, os.path.join(cwd, value))
         return args, ""
-

@@ -49,8 +49,9 @@ class DockerUnavailable(ReconcilerError):
         text = str(cause).strip()
         detail = (text.splitlines()[0] if text else type(cause).__name__)[:300]
         if isinstance(cause, BaseException) and failure_cause(cause) == "slow":
-            fix = ("The engine is there but busy: find what keeps it busy, or raise docker.timeout_s in "
-                   "configs/host.yaml")
+            fix = (
+                "The engine is there but busy: find what keeps it busy, or raise docker.timeout_s in configs/host.yaml"
+            )
         else:
             fix = "Start the Docker engine, or fix docker.url in configs/host.yaml"
         super().__init__(f"docker source unavailable at {url}: {detail}; nothing changed. {fix}")
@@ -106,8 +107,10 @@ def proxy_refusal(exc: BaseException) -> str | None:
 
     request = exc.response.request
     path = re.sub(r"^/v[0-9.]+/", "/", urlsplit(request.url or "").path)
-    return (f"the proxy in front of the engine refused {request.method} {path} ({exc.status_code}); allow it "
-            "there, or point docker.url at an engine that allows it (README: Podman and socket proxies)")
+    return (
+        f"the proxy in front of the engine refused {request.method} {path} ({exc.status_code}); allow it "
+        "there, or point docker.url at an engine that allows it (README: Podman and socket proxies)"
+    )
 
 
 def labels_for(desired: DesiredState, recipe_name: str, slots: tuple[str, ...], *, install_id: str) -> dict[str, str]:

@@ -74,8 +74,10 @@ class Fingerprint:
         parts = data.get("parts")
         if not isinstance(files, dict) or not isinstance(parts, dict):
             raise ValueError("fingerprint without 'files' and 'parts'")
-        return cls(files={str(k): str(v) for k, v in files.items()},
-                   parts={str(k): [str(x) for x in v] for k, v in parts.items()})
+        return cls(
+            files={str(k): str(v) for k, v in files.items()},
+            parts={str(k): [str(x) for x in v] for k, v in parts.items()},
+        )
 
     def changes_since(self, before: Fingerprint) -> list[str]:
         """Pure: what differs from ``before``, one line each (empty when nothing does)."""

@@ -58,8 +58,10 @@ def _ancestor_problem(path: str, st: os.stat_result) -> str | None:
     if not _trusted_owner(st.st_uid):
         return f"{path} is owned by {_user(st.st_uid)}, who could replace what lies under it"
     if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-        return (f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}) and not sticky: "
-                "anyone could replace what lies under it")
+        return (
+            f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}) and not sticky: "
+            "anyone could replace what lies under it"
+        )
     return None
 
 
@@ -159,8 +161,9 @@ def check_fd(fd: int, path: str | Path, *, what: str, secret: bool = False) -> o
 
 
 @contextlib.contextmanager
-def open_trusted(path: str | Path, *, what: str, secret: bool = False, flags: int = os.O_RDONLY,
-                 mode: int = 0o600) -> Iterator[int]:
+def open_trusted(
+    path: str | Path, *, what: str, secret: bool = False, flags: int = os.O_RDONLY, mode: int = 0o600
+) -> Iterator[int]:
     """An fd of ``path`` opened without following a final symlink and checked by ``check_fd`` (closed after).
     FileNotFoundError when it is missing (and ``flags`` has no O_CREAT); UnsafePath for a symlink or a bad file."""
     try:
@@ -208,7 +211,7 @@ def write_atomic(path: str | Path, data: bytes | str, *, mode: int = 0o600, repl
         os.fchmod(fd, mode)
         view = memoryview(raw)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
         os.close(fd)
         fd = -1

@@ -445,9 +445,7 @@ def _validate_yaml(root: Path, path: Path, model: type[BaseModel], what: str) ->
     rel = _rel(root, path)
     if not isinstance(data, dict):
         got = "an empty file" if data is None else f"a {type(data).__name__}"
-        raise ConfigError(
-            [ConfigProblem(rel, 1, f"expected a mapping (key: value lines) for {what}, got {got}")]
-        )
+        raise ConfigError([ConfigProblem(rel, 1, f"expected a mapping (key: value lines) for {what}, got {got}")])
     try:
         return model.model_validate(data), node
     except ValidationError as exc:
@@ -701,20 +699,32 @@ def load_desired(
         raise ConfigError(problems)
     manifest_path, manifest, node = mine[0]
     assignments = _cross_check(
-        manifest_path, manifest, node, host, recipes, problems, shm_size=shm_size, shm_free=shm_free,
+        manifest_path,
+        manifest,
+        node,
+        host,
+        recipes,
+        problems,
+        shm_size=shm_size,
+        shm_free=shm_free,
         host_node=host_node,
     )
     secret_digests = _secret_digests(r, host, recipes, problems)
     if problems:
         raise ConfigError(problems)
     return DesiredState(
-        host=host, recipes=recipes, assignments=tuple(assignments), manifest_path=manifest_path,
+        host=host,
+        recipes=recipes,
+        assignments=tuple(assignments),
+        manifest_path=manifest_path,
         secret_digests=secret_digests,
         fallback=manifest.fallback,
     )
 
 
-def _secret_digests(root: Path, host: HostConfig, recipes: dict[str, Recipe], problems: list[ConfigProblem]) -> dict[str, str]:
+def _secret_digests(
+    root: Path, host: HostConfig, recipes: dict[str, Recipe], problems: list[ConfigProblem]
+) -> dict[str, str]:
     """The digest of every ``"${NAME}"`` env value the recipes take; a problem (never the value) for each that
     cannot be resolved, at the recipe line that asks for it."""
     from reconciler.secrets import SecretError, read_env_file, resolve

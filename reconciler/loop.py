@@ -251,8 +251,9 @@ class Loop:
                 if signum == signal.SIGHUP:
                     self.triggers.fire("sighup")
                     continue
-                self.log("signal", signal=signal.Signals(signum).name,
-                         action="finish or abandon the current action safely")
+                self.log(
+                    "signal", signal=signal.Signals(signum).name, action="finish or abandon the current action safely"
+                )
                 self.stop.set()
                 self.cancel.set()
                 self.triggers.wake.set()
@@ -294,12 +295,18 @@ class Loop:
                 self.log("config-kept", reason="keeping the last valid desired state; nothing is torn down")
             return self.desired
         if self.desired is None or desired != self.desired:
-            self.log("config-loaded", host=desired.host.name, manifest=desired.manifest_path,
-                     assignments=",".join(a.key for a in desired.assignments) or "none")
+            self.log(
+                "config-loaded",
+                host=desired.host.name,
+                manifest=desired.manifest_path,
+                assignments=",".join(a.key for a in desired.assignments) or "none",
+            )
         self.metrics.set_manifest_valid(True)
         self.metrics.configure(host=desired.host, recipes=desired.recipes)
-        if self.observer is None or (self.observer.url, self.observer.timeout) != (desired.host.docker.url,
-                                                                                     desired.host.docker.timeout_s):
+        if self.observer is None or (self.observer.url, self.observer.timeout) != (
+            desired.host.docker.url,
+            desired.host.docker.timeout_s,
+        ):
             self.observer = DockerObserver.for_host(desired.host)
         self.desired = desired
         return desired
@@ -318,9 +325,16 @@ class Loop:
         try:
             # connect=False: an engine that does not answer is a source down in this pass's observation (logged,
             # exported, /healthz 503), and the loop waits for it; it never ends the loop.
-            applier = Applier(desired, observer=self.observer, cancel=self.cancel, hold=self.backoff.holds(),
-                              on_outcome=self._on_outcome, on_reclaim=self._on_reclaim, connect=False,
-                              progress=LogProgress(self.log))
+            applier = Applier(
+                desired,
+                observer=self.observer,
+                cancel=self.cancel,
+                hold=self.backoff.holds(),
+                on_outcome=self._on_outcome,
+                on_reclaim=self._on_reclaim,
+                connect=False,
+                progress=LogProgress(self.log),
+            )
             applier.fallback_view = lambda: self._fallback_view(desired)
             observed, plan = applier.plan_now()
             self._sources_changed(observed)
@@ -354,12 +368,21 @@ class Loop:
         seconds = time.monotonic() - t0
         self.metrics.record_pass(kind, seconds)
         if result.outcomes or kind != "converged" or "start" in reasons:
-            self.log("pass", result=result.result, trigger=",".join(sorted(reasons)), seconds=round(seconds, 3),
-                     message=result.message or "-")
+            self.log(
+                "pass",
+                result=result.result,
+                trigger=",".join(sorted(reasons)),
+                seconds=round(seconds, 3),
+                message=result.message or "-",
+            )
         self.passes += 1
         self.last_pass_at = time.time()
-        self.last_pass = {"result": result.result, "message": result.message, "at": self.last_pass_at,
-                          "unavailable": dict(self._down)}
+        self.last_pass = {
+            "result": result.result,
+            "message": result.message,
+            "at": self.last_pass_at,
+            "unavailable": dict(self._down),
+        }
         self._write_state(desired)
         return result
 
@@ -372,8 +395,12 @@ class Loop:
         owner = desired.slot_owner()
         for slot in sorted(below - self._below):
             lane = owner.get(slot)
-            self.log("gpu-below-reserve", slot=slot, detail=figures[slot].describe(),
-                     policy=desired.reserve_policy(lane.recipe if lane else None))
+            self.log(
+                "gpu-below-reserve",
+                slot=slot,
+                detail=figures[slot].describe(),
+                policy=desired.reserve_policy(lane.recipe if lane else None),
+            )
         for slot in sorted(self._below - below):
             if slot in figures:
                 self.log("gpu-reserve-ok", slot=slot, detail=figures[slot].describe())
@@ -402,8 +429,12 @@ class Loop:
         down = {name: src.detail or "unavailable" for name, src in observed.sources.items() if not src.ok}
         for name, detail in sorted(down.items()):
             if name not in self._down:
-                self.log("source-down", source=name, detail=detail,
-                         action="nothing that needs it is changed; looking again when it answers")
+                self.log(
+                    "source-down",
+                    source=name,
+                    detail=detail,
+                    action="nothing that needs it is changed; looking again when it answers",
+                )
         for name in sorted(set(self._down) - set(down)):
             self.log("source-up", source=name)
         self._down = down
@@ -430,8 +461,15 @@ class Loop:
 
     def _on_outcome(self, o: Outcome) -> None:
         a = o.action
-        self.log("action", kind=a.kind.value, target=a.key, result=o.result, seconds=round(o.seconds, 3),
-                 reason=a.reason, detail=o.detail)
+        self.log(
+            "action",
+            kind=a.kind.value,
+            target=a.key,
+            result=o.result,
+            seconds=round(o.seconds, 3),
+            reason=a.reason,
+            detail=o.detail,
+        )
         self._count_outcome(o)
         if self.desired is not None:
             # The loop's own actions go to the audit trail too, beside those of the front-ends.
@@ -439,9 +477,18 @@ class Loop:
 
             try:
                 audit_log(self.desired.host.name).append(
-                    {"front": "loop", "who": "", "action": a.kind.value, "target": a.key, "outcome": o.result,
-                     "reason": a.reason, "detail": o.detail, "bytes_freed": o.reclaimed_bytes,
-                     "seconds": round(o.seconds, 3), **o.extra}
+                    {
+                        "front": "loop",
+                        "who": "",
+                        "action": a.kind.value,
+                        "target": a.key,
+                        "outcome": o.result,
+                        "reason": a.reason,
+                        "detail": o.detail,
+                        "bytes_freed": o.reclaimed_bytes,
+                        "seconds": round(o.seconds, 3),
+                        **o.extra,
+                    }
                 )
             except ReconcilerError as exc:
                 self.log("audit-error", error=str(exc))
@@ -477,8 +524,12 @@ class Loop:
     def _on_reclaim(self, res: Any) -> None:
         for reason in reclaim_refusals(res):
             self.metrics.record_refusal(reason)
-            self.log("refusal", reason=reason, refused=res.refused or "-",
-                     kept=";".join(f"{k.path}: {k.reason}" for k in res.kept if k.state != "owned") or "-")
+            self.log(
+                "refusal",
+                reason=reason,
+                refused=res.refused or "-",
+                kept=";".join(f"{k.path}: {k.reason}" for k in res.kept if k.state != "owned") or "-",
+            )
 
     def _settle(self, desired: DesiredState, plan: Plan) -> None:
         """Backoff delays that ran out stop counting as held; an assignment that has run long enough since
@@ -498,11 +549,19 @@ class Loop:
     def _write_state(self, desired: DesiredState) -> None:
         # The desired state the loop acts on: after an invalid edit the last valid one, which `status` then shows
         # beside the files' error (the operator sees what the loop keeps doing, not only that the files are bad).
-        kept = {"manifest": desired.manifest_path,
-                "assignments": [{"recipe": a.recipe, "gpus": list(a.slots)} for a in desired.assignments]}
-        data = {"pid": os.getpid(), "host": desired.host.name, "backoff": self.backoff.to_json(),
-                "fallbacks": self._fallback_json, "desired": kept,
-                "last_pass": self.last_pass, "passes": self.passes}
+        kept = {
+            "manifest": desired.manifest_path,
+            "assignments": [{"recipe": a.recipe, "gpus": list(a.slots)} for a in desired.assignments],
+        }
+        data = {
+            "pid": os.getpid(),
+            "host": desired.host.name,
+            "backoff": self.backoff.to_json(),
+            "fallbacks": self._fallback_json,
+            "desired": kept,
+            "last_pass": self.last_pass,
+            "passes": self.passes,
+        }
         try:
             write_loop_state(desired.host.name, redact_data(data))  # failed-enter details quote container logs
         except (OSError, ReconcilerError) as exc:
@@ -580,8 +639,7 @@ class Loop:
                         later.start()
             except Exception as exc:  # noqa: BLE001 - the engine went away: retry, and the resync timer still runs
                 if not self.stop.is_set() and not lost:
-                    self.log("docker-events-lost", error=str(exc),
-                             retry="every few seconds until the engine answers")
+                    self.log("docker-events-lost", error=str(exc), retry="every few seconds until the engine answers")
                     self.triggers.fire("docker-events-lost")  # look again: the pass reports the engine down
                 lost = True
                 self.stop.wait(delay)
@@ -597,9 +655,13 @@ class Loop:
         from reconciler.service import ActionHooks
 
         hooks = ActionHooks(self._count_outcome, self._on_reclaim, self._count_shm_reclaim)
-        return ControlServer(self.root, host, stop=self.cancel, log=self.log,
-                             serve=lambda: {"pass_lock": PassGate(self.pass_lock, self.log, "cli"), "hooks": hooks}
-                             ).start()
+        return ControlServer(
+            self.root,
+            host,
+            stop=self.cancel,
+            log=self.log,
+            serve=lambda: {"pass_lock": PassGate(self.pass_lock, self.log, "cli"), "hooks": hooks},
+        ).start()
 
     def _start_http(self) -> None:
         """One listener on ``--metrics-addr`` for /metrics, /healthz, the API (/v1) and MCP (/mcp)."""
@@ -611,31 +673,58 @@ class Loop:
         try:
             host, port = api.split_addr(self.metrics_addr)
         except (ValueError, OverflowError) as exc:
-            raise MetricsAddrUnusable(f"cannot serve /metrics on {self.metrics_addr}: {exc}; give --metrics-addr as "
-                                      "HOST:PORT on this machine, or '' to serve nothing") from None
+            raise MetricsAddrUnusable(
+                f"cannot serve /metrics on {self.metrics_addr}: {exc}; give --metrics-addr as "
+                "HOST:PORT on this machine, or '' to serve nothing"
+            ) from None
         name = self.desired.host.name
         token = api.resolve_token(name, token_file=self.api_token_file)
         api.check_exposure(host, allow_remote=self.api_allow_remote, token=token)
         hooks = ActionHooks(self._count_outcome, self._on_reclaim, self._count_shm_reclaim)
 
         def make_app(bound_port: int) -> Any:
-            return api.build_app(self.root, token=token, pass_lock=self.pass_lock, bind_host=host, port=bound_port,
-                                 api_hosts=self.api_hosts, host=name, log=self.log, metrics=self.metrics.render,
-                                 health=self.health, cancel=self.cancel, hooks=hooks)
+            return api.build_app(
+                self.root,
+                token=token,
+                pass_lock=self.pass_lock,
+                bind_host=host,
+                port=bound_port,
+                api_hosts=self.api_hosts,
+                host=name,
+                log=self.log,
+                metrics=self.metrics.render,
+                health=self.health,
+                cancel=self.cancel,
+                hooks=hooks,
+            )
 
         try:
-            self._http = api.Supervisor(make_app, host, port, log=self.log, on_restart=self.metrics.record_listener_restart,
-                                        on_fatal=self._listener_lost).start()
+            self._http = api.Supervisor(
+                make_app,
+                host,
+                port,
+                log=self.log,
+                on_restart=self.metrics.record_listener_restart,
+                on_fatal=self._listener_lost,
+            ).start()
         except (OSError, OverflowError) as exc:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            hint = ("something else listens there (another `reconciler run`?): stop it or choose another "
-                    "--metrics-addr" if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE
-                    else "give --metrics-addr as HOST:PORT on this machine, or '' to serve nothing")
+            hint = (
+                "something else listens there (another `reconciler run`?): stop it or choose another --metrics-addr"
+                if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE
+                else "give --metrics-addr as HOST:PORT on this machine, or '' to serve nothing"
+            )
             raise MetricsAddrUnusable(f"cannot serve /metrics on {self.metrics_addr}: {why}; {hint}") from None
         base = f"http://{'[' + host + ']' if ':' in host else host}:{self._http.port}"
         self.log("metrics", addr=f"{base}/metrics")
-        self.log("api", addr=f"{base}/v1", mcp=f"{base}/mcp", token_from=token.describe(), caller=token.name,
-                 max_connections=self._http.max_connections)
+        self.log(
+            "api",
+            addr=f"{base}/v1",
+            mcp=f"{base}/mcp",
+            token_from=token.describe(),
+            caller=token.name,
+            max_connections=self._http.max_connections,
+        )
 
     def health(self) -> tuple[int, dict[str, Any]]:
         """``/healthz``: a recent pass that could read every source. A loop waiting for an engine that does not
@@ -644,8 +733,9 @@ class Loop:
         fresh = age is not None and age < max(3 * self.resync_s, 300)
         down = dict(self._down)
         ok = fresh and not down
-        return (200 if ok else 503), redact_data({"ok": ok, "passes": self.passes, "last_pass_age_s": age,
-                                                   "unavailable": down, "last_pass": self.last_pass})
+        return (200 if ok else 503), redact_data(
+            {"ok": ok, "passes": self.passes, "last_pass_age_s": age, "unavailable": down, "last_pass": self.last_pass}
+        )
 
 
 # ---------------------------------------------------------------- refusals (reconciler_refusals_total)

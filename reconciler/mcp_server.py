@@ -99,20 +99,27 @@ class PlanArgs(_Args):
 
 
 class ProbeArgs(_Args):
-    recipe: str = Field(pattern=RECIPE_NAME.pattern, max_length=128,
-                        description="the recipe's name (its file stem under configs/recipes/)")
+    recipe: str = Field(
+        pattern=RECIPE_NAME.pattern,
+        max_length=128,
+        description="the recipe's name (its file stem under configs/recipes/)",
+    )
     suite: Literal["preflight", "regression", "all"] = Field(
-        "preflight", description="which probes: preflight, regression, or all")
+        "preflight", description="which probes: preflight, regression, or all"
+    )
 
 
 class ManageArgs(_Args):
     action: Literal["reclaim-shared-memory", "apply"] = Field(
-        description="'reclaim-shared-memory' (dry run unless confirm) or 'apply' (needs plan_id)")
+        description="'reclaim-shared-memory' (dry run unless confirm) or 'apply' (needs plan_id)"
+    )
     confirm: bool = Field(False, description="reclaim-shared-memory: actually remove the orphans (JSON true)")
-    plan_id: str | None = Field(None, pattern=PLAN_ID.pattern,
-                                description="apply: the plan_id host_plan returned (32 hex digits)")
-    paths: list[str] | None = Field(None, max_length=4096,
-                                    description="reclaim-shared-memory: remove nothing but these paths (from a dry run)")
+    plan_id: str | None = Field(
+        None, pattern=PLAN_ID.pattern, description="apply: the plan_id host_plan returned (32 hex digits)"
+    )
+    paths: list[str] | None = Field(
+        None, max_length=4096, description="reclaim-shared-memory: remove nothing but these paths (from a dry run)"
+    )
 
 
 REFUSED_KEY = "__refused__"  # put in a call's arguments by the stdio reader when the line itself was refused
@@ -136,8 +143,9 @@ def strict_args(model: type[BaseModel], arguments: Any, tool: str) -> Any:
     try:
         return model.model_validate(arguments if arguments is not None else {})
     except ValidationError as exc:
-        raise ToolError(f"{tool}: " + "; ".join(_problem(model, e) for e in exc.errors()) + "; nothing was done") \
-            from None
+        raise ToolError(
+            f"{tool}: " + "; ".join(_problem(model, e) for e in exc.errors()) + "; nothing was done"
+        ) from None
 
 
 def _strict_tool(fn: Callable[..., Any], model: type[BaseModel], **kwargs: Any) -> Any:
@@ -153,14 +161,19 @@ def _strict_tool(fn: Callable[..., Any], model: type[BaseModel], **kwargs: Any) 
 
     tool = Tool.from_function(fn, **kwargs)
     meta = tool.fn_metadata
-    tool.fn_metadata = RawArguments(arg_model=meta.arg_model, output_schema=meta.output_schema,
-                                    output_model=meta.output_model, wrap_output=meta.wrap_output)
+    tool.fn_metadata = RawArguments(
+        arg_model=meta.arg_model,
+        output_schema=meta.output_schema,
+        output_model=meta.output_model,
+        wrap_output=meta.wrap_output,
+    )
     tool.parameters = model.model_json_schema()
     return tool
 
 
-def build_server(service: "Callable[[], HostService]", *, name: str = "reconciler",
-                 on_refused: "Callable[[str], None] | None" = None) -> "MCPServer":
+def build_server(
+    service: "Callable[[], HostService]", *, name: str = "reconciler", on_refused: "Callable[[str], None] | None" = None
+) -> "MCPServer":
     """The MCP server over ``service()`` (a fresh ``HostService`` per call, naming the caller for the audit).
     ``on_refused(reason)``: a ``host_manage`` call refused for its arguments (audited; by default through
     ``service().record``)."""
@@ -201,14 +214,19 @@ def build_server(service: "Callable[[], HostService]", *, name: str = "reconcile
         try:
             args = strict_args(ManageArgs, arguments, "host_manage")
             if args.action == "reclaim-shared-memory" and args.plan_id is not None:
-                raise ToolError("host_manage: plan_id is for action 'apply'; reclaim-shared-memory takes confirm (and "
-                                "paths); nothing was done")
+                raise ToolError(
+                    "host_manage: plan_id is for action 'apply'; reclaim-shared-memory takes confirm (and "
+                    "paths); nothing was done"
+                )
             if args.action == "apply" and not args.plan_id:
-                raise ToolError("host_manage: action 'apply' needs the plan_id of a plan made by host_plan (call "
-                                "host_plan first); nothing was done")
+                raise ToolError(
+                    "host_manage: action 'apply' needs the plan_id of a plan made by host_plan (call "
+                    "host_plan first); nothing was done"
+                )
             if args.action == "apply" and (args.paths or args.confirm):
-                raise ToolError("host_manage: paths and confirm are for action 'reclaim-shared-memory'; nothing was "
-                                "done")
+                raise ToolError(
+                    "host_manage: paths and confirm are for action 'reclaim-shared-memory'; nothing was done"
+                )
         except ToolError as exc:
             refused(str(exc))
             raise
@@ -218,33 +236,52 @@ def build_server(service: "Callable[[], HostService]", *, name: str = "reconcile
 
     tools = [
         _strict_tool(
-            host_status, NoArgs, name="host_status", title="Host status",
+            host_status,
+            NoArgs,
+            name="host_status",
+            title="Host status",
             description="What is on each GPU slot, the containers, the offload shm, converged or not: the same JSON "
             "as `reconciler status --json`. Read-only.",
-            annotations=ToolAnnotations(title="Host status", **READ_ONLY)),
+            annotations=ToolAnnotations(title="Host status", **READ_ONLY),
+        ),
         _strict_tool(
-            host_plan, PlanArgs, name="host_plan", title="Plan (dry run)",
+            host_plan,
+            PlanArgs,
+            name="host_plan",
+            title="Plan (dry run)",
             description="What the reconciler would change and why, changing nothing: the same JSON as "
             "`reconciler plan --json`. With save (the default) the plan is kept on the host for a day and its "
             "'plan_id' is what host_manage's 'apply' carries out. Read-only for the host.",
-            annotations=ToolAnnotations(title="Plan (dry run)", **READ_ONLY)),
+            annotations=ToolAnnotations(title="Plan (dry run)", **READ_ONLY),
+        ),
         _strict_tool(
-            host_shared_memory, NoArgs, name="host_shared_memory", title="Shared memory (offload files)",
+            host_shared_memory,
+            NoArgs,
+            name="host_shared_memory",
+            title="Shared memory (offload files)",
             description="The offload files in the host's shm dir, their size, who maps or holds each (pid, "
             "container) and whether it is owned, an orphan or blocked: the same JSON as `reconciler shm status "
             "--json`. Read-only.",
-            annotations=ToolAnnotations(title="Shared memory (offload files)", **READ_ONLY)),
+            annotations=ToolAnnotations(title="Shared memory (offload files)", **READ_ONLY),
+        ),
         _strict_tool(
-            host_probe, ProbeArgs, name="host_probe", title="Probe a lane",
+            host_probe,
+            ProbeArgs,
+            name="host_probe",
+            title="Probe a lane",
             description="Run one suite of a recipe's functional probes against its running lane, now: 'preflight' "
             "(what every enter runs: smoke, structured JSON, 8K retrieval, tools, streaming tools, tool-result "
             "continuation, Responses) or 'regression' (on demand: a ~128K needle, a 20-request shared-prefix tool "
             "batch, ...), or 'all'. Each probe's result and what came back, and the free VRAM of the lane's cards "
             "at their lowest meanwhile, with the probe that ran then: the same JSON as `reconciler probe RECIPE "
             "--suite SUITE --json`. Starts and stops nothing; the run is written to the audit trail.",
-            annotations=ToolAnnotations(title="Probe a lane", **PROBE)),
+            annotations=ToolAnnotations(title="Probe a lane", **PROBE),
+        ),
         _strict_tool(
-            host_manage, ManageArgs, name="host_manage", title="Manage the host",
+            host_manage,
+            ManageArgs,
+            name="host_manage",
+            title="Manage the host",
             description="Change the host, guarded exactly as the command line is. action 'reclaim-shared-memory': "
             "the guarded cleanup of orphan offload files, a dry run unless confirm is JSON true (the same JSON as "
             "`reconciler shm reclaim --json`; refused while a native-offload container runs or a source cannot be "
@@ -252,7 +289,8 @@ def build_server(service: "Callable[[], HostService]", *, name: str = "reconcile
             "host_plan saved, named by plan_id; refused as stale, with what changed, when the host or its files "
             "changed since. Arguments are checked strictly: any other type or argument is refused. Every call that "
             "changes something, or is refused, is written to the host's audit trail.",
-            annotations=ToolAnnotations(title="Manage the host", **DESTRUCTIVE)),
+            annotations=ToolAnnotations(title="Manage the host", **DESTRUCTIVE),
+        ),
     ]
     return MCPServer(name, version=__version__, instructions=INSTRUCTIONS, log_level="WARNING", tools=tools)
 

@@ -441,8 +441,9 @@ class Metrics:
 
         # The last run of each recipe's probe suites, read from the host's state at each scrape: a suite run by the
         # loop's enter, the command line, the API or MCP shows at once, whichever process ran it.
-        self.registry.register(ProbeCollector(lambda: self._host.name if self._host is not None else None,
-                                              lambda: set(self._recipes)))
+        self.registry.register(
+            ProbeCollector(lambda: self._host.name if self._host is not None else None, lambda: set(self._recipes))
+        )
 
         if process_metrics:
             # process_resident_memory_bytes and friends: the footprint goals of the loop are watched by these.
@@ -506,8 +507,15 @@ class Metrics:
             self._recipes = names
 
     def _remove_slot(self, slot: str) -> None:
-        for g in (self.gpu_mem_used, self.gpu_mem_total, self.gpu_processes, self.gpu_mem_free,
-                  self.gpu_mem_reserve, self.gpu_below_reserve, self.gpu_mem_unlisted):
+        for g in (
+            self.gpu_mem_used,
+            self.gpu_mem_total,
+            self.gpu_processes,
+            self.gpu_mem_free,
+            self.gpu_mem_reserve,
+            self.gpu_below_reserve,
+            self.gpu_mem_unlisted,
+        ):
             _discard(g, slot)
         for key in [k for k in self._owner_series if k[0] == slot]:
             self.gpu_owner.remove(*key)
@@ -704,21 +712,39 @@ class ProbeCollector:
         from reconciler.probe_history import last_suites
 
         p = PREFIX
-        ok = GaugeMetricFamily(f"{p}_probe_success", "1 when the probe passed in the last run of its suite, 0 when "
-                               "it failed.", labels=["recipe", "suite", "probe", "kind"])
-        dur = GaugeMetricFamily(f"{p}_probe_duration_seconds", "How long the probe took in the last run of its "
-                                "suite.", labels=["recipe", "suite", "probe", "kind"])
-        suite_ok = GaugeMetricFamily(f"{p}_probe_suite_success", "1 when every probe of the suite passed in its "
-                                     "last run (and the cards kept their reserve under enforce), 0 when not.",
-                                     labels=["recipe", "suite"])
-        last = GaugeMetricFamily(f"{p}_probe_suite_last_run_timestamp_seconds", "Unix time the suite's last run "
-                                 "started.", labels=["recipe", "suite"])
-        low = GaugeMetricFamily(f"{p}_gpu_memory_free_under_load_min_bytes", "The lowest free GPU memory of a "
-                                "lane's card while the suite last ran (NVML, sampled a few times a second), and the "
-                                "probe that was running then ('' between probes).",
-                                labels=["recipe", "suite", "slot", "probe"])
-        below = GaugeMetricFamily(f"{p}_gpu_memory_under_load_below_reserve", "1 when that lowest figure was below "
-                                  "the card's free-VRAM reserve, 0 when not.", labels=["recipe", "suite", "slot"])
+        ok = GaugeMetricFamily(
+            f"{p}_probe_success",
+            "1 when the probe passed in the last run of its suite, 0 when it failed.",
+            labels=["recipe", "suite", "probe", "kind"],
+        )
+        dur = GaugeMetricFamily(
+            f"{p}_probe_duration_seconds",
+            "How long the probe took in the last run of its suite.",
+            labels=["recipe", "suite", "probe", "kind"],
+        )
+        suite_ok = GaugeMetricFamily(
+            f"{p}_probe_suite_success",
+            "1 when every probe of the suite passed in its "
+            "last run (and the cards kept their reserve under enforce), 0 when not.",
+            labels=["recipe", "suite"],
+        )
+        last = GaugeMetricFamily(
+            f"{p}_probe_suite_last_run_timestamp_seconds",
+            "Unix time the suite's last run started.",
+            labels=["recipe", "suite"],
+        )
+        low = GaugeMetricFamily(
+            f"{p}_gpu_memory_free_under_load_min_bytes",
+            "The lowest free GPU memory of a "
+            "lane's card while the suite last ran (NVML, sampled a few times a second), and the "
+            "probe that was running then ('' between probes).",
+            labels=["recipe", "suite", "slot", "probe"],
+        )
+        below = GaugeMetricFamily(
+            f"{p}_gpu_memory_under_load_below_reserve",
+            "1 when that lowest figure was below the card's free-VRAM reserve, 0 when not.",
+            labels=["recipe", "suite", "slot"],
+        )
         host = self._host()
         runs = last_suites(host, self._recipes() or None) if host else {}
         for recipe, suites in runs.items():

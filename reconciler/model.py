@@ -294,7 +294,7 @@ ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 def check_env_ref(name: str, value: str) -> str | None:
     if "${" in value and not ENV_REF.fullmatch(value):
         return (
-            f"container.env.{name}: a reference must be the whole value, \"${{NAME}}\" (the value then comes from "
+            f'container.env.{name}: a reference must be the whole value, "${{NAME}}" (the value then comes from '
             "secrets.env_file in configs/host.yaml or the reconciler's environment)"
         )
     return None
@@ -386,7 +386,10 @@ class GpuSlot(_Strict):
     model_config = ConfigDict(json_schema_extra={"anyOf": [{"required": ["index"]}, {"required": ["uuid"]}]})
 
     index: int | None = Field(
-        default=None, ge=0, le=1023, description="The card's index as NVML and nvidia-smi number it. Give index, uuid or both."
+        default=None,
+        ge=0,
+        le=1023,
+        description="The card's index as NVML and nvidia-smi number it. Give index, uuid or both.",
     )
     uuid: str | None = Field(
         default=None,
@@ -395,10 +398,15 @@ class GpuSlot(_Strict):
         json_schema_extra=_pattern(GPU_UUID_PATTERN),
     )
     free_gib: float | None = Field(
-        default=None, ge=0, le=1 << 20, description="The free VRAM (GiB) this card must keep, over gpu_reserve.free_gib."
+        default=None,
+        ge=0,
+        le=1 << 20,
+        description="The free VRAM (GiB) this card must keep, over gpu_reserve.free_gib.",
     )
     idle_used_gib: float | None = Field(
-        default=None, ge=0, le=1 << 20,
+        default=None,
+        ge=0,
+        le=1 << 20,
         description="The VRAM (GiB) this card reports in use with nothing on it, over gpu_reserve.idle_used_gib.",
     )
 
@@ -440,13 +448,17 @@ class DockerConfig(_Strict):
         "the GPUs are named by environment and labels only (a host without that runtime: the demo, CI).",
     )
     keep_failed: int = Field(
-        default=3, ge=1, le=1000,
+        default=3,
+        ge=1,
+        le=1000,
         description="Failed containers kept per assignment for their logs (stopped, renamed NAME-failed-STAMP); "
         "older ones are removed.",
     )
     # The Docker SDK's own default; a busy engine listing thousands of exited containers can take several.
     timeout_s: float = Field(
-        default=60.0, gt=0, le=3600,
+        default=60.0,
+        gt=0,
+        le=3600,
         description="Seconds one engine request may take before the engine counts as answering too slowly (not as "
         "down).",
     )
@@ -473,7 +485,9 @@ class ShmConfig(_Strict):
         json_schema_extra=_pattern(SHM_PATTERN_PATTERN),
     )
     confirm_interval_s: float = Field(
-        default=2.0, ge=0, le=3600,
+        default=2.0,
+        ge=0,
+        le=3600,
         description="Seconds between the two inspections that must agree on a file before it is deleted.",
     )
     ignore_uninspectable_pids: list[int] = Field(
@@ -483,7 +497,9 @@ class ShmConfig(_Strict):
         json_schema_extra={"items": {"type": "integer", "minimum": 1, "maximum": PID_MAX}},
     )
     reserve_gib: float = Field(
-        default=1.0, ge=0, le=1 << 20,
+        default=1.0,
+        ge=0,
+        le=1 << 20,
         description="Room (GiB) kept free on the tmpfs beyond the offload capacities of all assigned recipes.",
     )
 
@@ -544,7 +560,9 @@ class GpuReserveConfig(_Strict):
         "enter whose cards end below it once healthy and settled is a failed enter.",
     )
     idle_used_gib: float = Field(
-        default=1.0, ge=0, le=1 << 20,
+        default=1.0,
+        ge=0,
+        le=1 << 20,
         description="The VRAM (GiB) an idle card reports in use; more with no process listed means something NVML "
         "does not show holds the card.",
     )
@@ -662,7 +680,9 @@ class ModelRef(_Strict):
         json_schema_extra=_pattern(_NO_CONTROL),
     )
     revision: str | None = Field(
-        default=None, description="The model's pinned revision (a commit hash).", json_schema_extra=_pattern(_NO_CONTROL)
+        default=None,
+        description="The model's pinned revision (a commit hash).",
+        json_schema_extra=_pattern(_NO_CONTROL),
     )
 
     @field_validator("id", "revision")
@@ -682,7 +702,10 @@ class ContainerSpec(_Strict):
         json_schema_extra={
             "if": {"required": ["entrypoint"], "properties": {"entrypoint": {"type": "array", "minItems": 1}}},
             "then": {"properties": {"entrypoint": {"prefixItems": [{"pattern": r"\S"}]}}},
-            "else": {"required": ["command"], "properties": {"command": {"minItems": 1, "prefixItems": [{"pattern": r"\S"}]}}},
+            "else": {
+                "required": ["command"],
+                "properties": {"command": {"minItems": 1, "prefixItems": [{"pattern": r"\S"}]}},
+            },
         }
     )
 
@@ -735,7 +758,9 @@ class ContainerSpec(_Strict):
         json_schema_extra=_pattern(SHM_SIZE_PATTERN),
     )
     user: str | None = Field(
-        default=None, description="NAME, UID, UID:GID or NAME:GROUP to run as.", json_schema_extra=_pattern(USER_PATTERN)
+        default=None,
+        description="NAME, UID, UID:GID or NAME:GROUP to run as.",
+        json_schema_extra=_pattern(USER_PATTERN),
     )
 
     @field_validator("image")
@@ -818,7 +843,9 @@ class OffloadSpec(_Strict):
 
     enabled: bool = Field(default=False, description="Whether the server keeps an offload file in shm.dir.")
     capacity_gib: float = Field(
-        default=0, ge=0, le=1 << 20,
+        default=0,
+        ge=0,
+        le=1 << 20,
         description="The offload file's size (GiB): room for it on the tmpfs is made before the enter.",
     )
 
@@ -843,7 +870,9 @@ class HealthSpec(_Strict):
         json_schema_extra=_pattern(LOOPBACK_URL_PATTERN),
     )
     settle_s: float = Field(
-        default=5, ge=0, le=DAY_S,
+        default=5,
+        ge=0,
+        le=DAY_S,
         description="Seconds the container must keep running (after its health URL answered, if it has one) before "
         "its enter is done.",
     )
@@ -861,7 +890,10 @@ class StopSpec(_Strict):
     """How a leave stops the container."""
 
     timeout_s: float = Field(
-        default=180, gt=0, le=DAY_S, description="Seconds the server has to exit after the stop signal before it is killed."
+        default=180,
+        gt=0,
+        le=DAY_S,
+        description="Seconds the server has to exit after the stop signal before it is killed.",
     )
 
 
@@ -876,15 +908,43 @@ PROBE_SUITES = ("preflight", "regression")
 # Keywords a JSON Schema may carry that validate nothing (annotations and structure): accepted beside the
 # validating keywords of draft 2020-12. Anything else is refused at load: a misspelt keyword would check nothing,
 # and a probe that checks less than it says passes an engine it should fail.
-_SCHEMA_ANNOTATIONS = frozenset({
-    "$schema", "$id", "$anchor", "$dynamicAnchor", "$defs", "definitions", "$comment", "$vocabulary", "title",
-    "description", "default", "examples", "deprecated", "readOnly", "writeOnly", "contentEncoding",
-    "contentMediaType", "contentSchema",
-})
+_SCHEMA_ANNOTATIONS = frozenset(
+    {
+        "$schema",
+        "$id",
+        "$anchor",
+        "$dynamicAnchor",
+        "$defs",
+        "definitions",
+        "$comment",
+        "$vocabulary",
+        "title",
+        "description",
+        "default",
+        "examples",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "contentEncoding",
+        "contentMediaType",
+        "contentSchema",
+    }
+)
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
-_SUBSCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
-                  "unevaluatedItems", "unevaluatedProperties", "contentSchema")
+_SUBSCHEMA_ONE = (
+    "items",
+    "additionalProperties",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "propertyNames",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+    "contentSchema",
+)
 
 
 def check_json_schema(schema: object, where: str) -> str | None:
@@ -902,8 +962,10 @@ def check_json_schema(schema: object, where: str) -> str | None:
         path = list(exc.absolute_path)
         at = "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in path)
         if path and path[-1] == "type":
-            return (f"{where}{at} {exc.instance!r} is not a JSON Schema type (object, array, string, integer, number, "
-                    "boolean, null, or a list of them)")
+            return (
+                f"{where}{at} {exc.instance!r} is not a JSON Schema type (object, array, string, integer, number, "
+                "boolean, null, or a list of them)"
+            )
         return f"{where}{at} is not a valid JSON Schema: {exc.message}"
     known = set(Draft202012Validator.VALIDATORS) | _SCHEMA_ANNOTATIONS
 
@@ -912,8 +974,10 @@ def check_json_schema(schema: object, where: str) -> str | None:
             return None  # a boolean schema (true/false): nothing to misspell
         unknown = sorted(set(node) - known)
         if unknown:
-            return (f"{path}: unknown JSON Schema keyword(s) {', '.join(unknown)} (draft 2020-12); a misspelt keyword "
-                    "would check nothing: fix or remove it")
+            return (
+                f"{path}: unknown JSON Schema keyword(s) {', '.join(unknown)} (draft 2020-12); a misspelt keyword "
+                "would check nothing: fix or remove it"
+            )
         for key in _SUBSCHEMA_MAPS:
             for name, sub in (node.get(key) or {}).items():
                 if problem := walk(sub, f"{path}.{key}.{name}"):
@@ -946,8 +1010,12 @@ class ToolSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        return _ok(None if re.fullmatch(r"[A-Za-z0-9_-]+", v) else (
-            f"tool name {v!r} must be letters, digits, '_' and '-' (the OpenAI API's rule for function names)"), v)
+        return _ok(
+            None
+            if re.fullmatch(r"[A-Za-z0-9_-]+", v)
+            else (f"tool name {v!r} must be letters, digits, '_' and '-' (the OpenAI API's rule for function names)"),
+            v,
+        )
 
     @field_validator("parameters")
     @classmethod
@@ -968,15 +1036,43 @@ _KIND_FIELDS: dict[str, frozenset[str]] = {
     "chat": frozenset({"prompt", "max_tokens", "stream", "contains", "matches", "json_schema"}),
     "completion": frozenset({"prompt", "max_tokens", "stream", "contains", "matches"}),
     "tools": frozenset({"prompt", "max_tokens", "stream", "tools", "tool_choice", "function", "contains", "matches"}),
-    "tool-result": frozenset({"prompt", "max_tokens", "stream", "tools", "function", "arguments", "tool_result",
-                              "contains", "matches"}),
+    "tool-result": frozenset(
+        {"prompt", "max_tokens", "stream", "tools", "function", "arguments", "tool_result", "contains", "matches"}
+    ),
     "responses": frozenset({"prompt", "max_tokens", "contains", "matches", "json_schema"}),
     "needle": frozenset({"max_tokens", "haystack_tokens", "depth", "seed"}),
-    "batch": frozenset({"prompt", "max_tokens", "tools", "tool_choice", "function", "contains", "matches",
-                        "requests", "prefix_tokens", "seed"}),
+    "batch": frozenset(
+        {
+            "prompt",
+            "max_tokens",
+            "tools",
+            "tool_choice",
+            "function",
+            "contains",
+            "matches",
+            "requests",
+            "prefix_tokens",
+            "seed",
+        }
+    ),
 }
-_OPTIONAL_FIELDS = ("prompt", "stream", "contains", "matches", "json_schema", "tools", "tool_choice", "function",
-                    "arguments", "tool_result", "haystack_tokens", "depth", "seed", "requests", "prefix_tokens")
+_OPTIONAL_FIELDS = (
+    "prompt",
+    "stream",
+    "contains",
+    "matches",
+    "json_schema",
+    "tools",
+    "tool_choice",
+    "function",
+    "arguments",
+    "tool_result",
+    "haystack_tokens",
+    "depth",
+    "seed",
+    "requests",
+    "prefix_tokens",
+)
 
 
 class ProbeSpec(_Strict):
@@ -1001,7 +1097,8 @@ class ProbeSpec(_Strict):
     """
 
     name: str = Field(
-        min_length=1, max_length=64,
+        min_length=1,
+        max_length=64,
         description="The probe's name in reasons, logs and metrics: letters, digits and '_.-'.",
         json_schema_extra=_pattern(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"),
     )
@@ -1065,8 +1162,12 @@ class ProbeSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        return _ok(None if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", v) else (
-            f"probe name {v!r} must be letters, digits and '_.-' (it names the probe in reasons and logs)"), v)
+        return _ok(
+            None
+            if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", v)
+            else (f"probe name {v!r} must be letters, digits and '_.-' (it names the probe in reasons and logs)"),
+            v,
+        )
 
     @field_validator("base_url")
     @classmethod
@@ -1111,28 +1212,37 @@ class ProbeSpec(_Strict):
         if self.kind in ("tools", "tool-result") and not names:
             raise ValueError(f"{where} needs tools ([[probes.tools]] with name and parameters)")
         if self.tool_choice is not None and self.tool_choice not in ("auto", "required", *names):
-            raise ValueError(f"{where}: tool_choice {self.tool_choice!r} is not auto, required or one of the tools "
-                             f"({', '.join(names) or 'none given'})")
+            raise ValueError(
+                f"{where}: tool_choice {self.tool_choice!r} is not auto, required or one of the tools "
+                f"({', '.join(names) or 'none given'})"
+            )
         if names:
             if self.function is None and len(names) > 1 and self.tool_choice not in names:
-                raise ValueError(f"{where}: with several tools, say which one the answer must call (function = "
-                                 f"one of {', '.join(names)})")
+                raise ValueError(
+                    f"{where}: with several tools, say which one the answer must call (function = "
+                    f"one of {', '.join(names)})"
+                )
             if self.function is not None and self.function not in names:
                 raise ValueError(f"{where}: function {self.function!r} is not one of its tools ({', '.join(names)})")
         elif self.function is not None:
             raise ValueError(f"{where}: function {self.function!r} needs tools to call it from")
         if self.kind == "tool-result":
             if self.tool_result is None or self.arguments is None:
-                raise ValueError(f"{where} needs arguments (the call the assistant made) and tool_result (what the "
-                                 "tool answered)")
+                raise ValueError(
+                    f"{where} needs arguments (the call the assistant made) and tool_result (what the tool answered)"
+                )
             if self.contains is None and self.matches is None:
                 raise ValueError(f"{where} needs contains or matches: a value of tool_result the answer must use")
             if self.contains is not None and self.contains not in self.tool_result:
-                raise ValueError(f"{where}: contains {self.contains!r} is not in tool_result, so it would not show "
-                                 "that the answer used the result")
+                raise ValueError(
+                    f"{where}: contains {self.contains!r} is not in tool_result, so it would not show "
+                    "that the answer used the result"
+                )
             if self.matches is not None and not re.search(self.matches, self.tool_result):
-                raise ValueError(f"{where}: matches /{self.matches}/ does not match tool_result, so it would not "
-                                 "show that the answer used the result")
+                raise ValueError(
+                    f"{where}: matches /{self.matches}/ does not match tool_result, so it would not "
+                    "show that the answer used the result"
+                )
         if self.kind == "batch" and not self.prompt:
             raise ValueError(f"{where} needs a prompt ({{i}} in it is each request's number)")
         if self.stream and self.kind not in ("chat", "completion", "tools", "tool-result"):
@@ -1228,6 +1338,7 @@ class Recipe(_Strict):
     def drain_metrics_url(self) -> str | None:
         origin = self.api_origin()
         return self.drain.metrics_url or (f"{origin}/metrics" if origin else None)
+
     gpu_reserve: RecipeReserve = Field(
         default_factory=RecipeReserve, description="This lane's own reserve policy, over the host's."
     )
@@ -1251,7 +1362,9 @@ class AssignmentSpec(_Strict):
     """One container that should run: a recipe on GPU slots."""
 
     recipe: str = Field(
-        min_length=1, description="A recipe's name: configs/recipes/NAME.toml.", json_schema_extra=_pattern(NAME_PATTERN)
+        min_length=1,
+        description="A recipe's name: configs/recipes/NAME.toml.",
+        json_schema_extra=_pattern(NAME_PATTERN),
     )
     gpus: list[str] = Field(
         min_length=1,

@@ -75,8 +75,12 @@ class PageCacheDrop:
     error: str = ""
 
     def to_json(self) -> dict:
-        return {"result": self.result, "before_bytes": self.before_bytes, "after_bytes": self.after_bytes,
-                "error": self.error}
+        return {
+            "result": self.result,
+            "before_bytes": self.before_bytes,
+            "after_bytes": self.after_bytes,
+            "error": self.error,
+        }
 
     def describe(self) -> str:
         from reconciler.units import human_bytes
@@ -92,8 +96,9 @@ def drop_page_cache(*, drop_caches: str = DROP_CACHES, meminfo: str = MEMINFO) -
     """``sync``, then write ``1`` to ``drop_caches``; ``Cached`` before and after. Never raises."""
     before = read_cached_bytes(meminfo)
     if enter_in_progress():
-        return PageCacheDrop("skipped", before, before, "an enter is waiting for health (its model load reads "
-                             "through the page cache)")
+        return PageCacheDrop(
+            "skipped", before, before, "an enter is waiting for health (its model load reads through the page cache)"
+        )
     os.sync()
     try:
         with open(drop_caches, "w", encoding="ascii") as fh:

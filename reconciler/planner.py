@@ -125,15 +125,25 @@ class Fallback:
 
     @property
     def text(self) -> str:
-        when = f"next attempt in {self.next_attempt_s:.0f} s" if self.next_attempt_s is not None else "next attempt after its backoff"
+        when = (
+            f"next attempt in {self.next_attempt_s:.0f} s"
+            if self.next_attempt_s is not None
+            else "next attempt after its backoff"
+        )
         return (
             f"fallback: {self.recipe} on {','.join(self.gpus)} while {self.instead_of} on "
             f"{','.join(self.instead_gpus)} is held ({when})"
         )
 
     def to_json(self) -> dict:
-        return {"recipe": self.recipe, "gpus": list(self.gpus), "instead_of": self.instead_of,
-                "instead_gpus": list(self.instead_gpus), "next_attempt_s": self.next_attempt_s, "text": self.text}
+        return {
+            "recipe": self.recipe,
+            "gpus": list(self.gpus),
+            "instead_of": self.instead_of,
+            "instead_gpus": list(self.instead_gpus),
+            "next_attempt_s": self.next_attempt_s,
+            "text": self.text,
+        }
 
 
 @dataclass(frozen=True)
@@ -291,9 +301,7 @@ def plan(
     ours = [c for c in observed.containers if _ours(c, host, own) and not (c.preserved and not c.active)]
     # No fallback while any container of the held lane runs (a start whose engine answer was lost, one left
     # waiting for health): the fallback would share its cards.
-    running_held = {
-        assignment_key(c.recipe or "", c.slots) for c in ours if c.active and not c.preserved
-    } & set(hold)
+    running_held = {assignment_key(c.recipe or "", c.slots) for c in ours if c.active and not c.preserved} & set(hold)
     fallbacks = (
         _fallbacks(desired, {k: v for k, v in hold.items() if k not in running_held}, last_good, next_attempt or {})
         if desired.fallback
@@ -319,7 +327,9 @@ def plan(
     for d in wanted:
         mine = by_assignment.get((d.recipe, d.slots), [])
         claimed.update(c.id for c in mine)
-        parts = spec.part_hashes(desired.host, desired.recipes[d.recipe], d.slots, secret_digests=desired.secret_digests)
+        parts = spec.part_hashes(
+            desired.host, desired.recipes[d.recipe], d.slots, secret_digests=desired.secret_digests
+        )
         diffs = {c.id: _matches(c, d, parts, desired) for c in mine}
         # Satisfied only once it has passed its health check: one left waiting by an interrupted apply never did.
         good = [c for c in mine if c.state == "running" and not diffs[c.id] and c.id in own.healthy]
@@ -445,7 +455,8 @@ def plan(
                     "wait for it again rather than restart its model load"
                 )
                 if fin is not None
-                else by_fallback[d.key].text if d.key in by_fallback
+                else by_fallback[d.key].text
+                if d.key in by_fallback
                 else _enter_reason(d, by_assignment.get((d.recipe, d.slots), [])),
                 container_id=fin.id if fin is not None else None,
                 recipe=d.recipe,
@@ -525,15 +536,21 @@ def _unsound_slots(desired: DesiredState, observed: Observed) -> dict[str, str]:
             ids = {seen.uuid.lower()}
         for i in sorted(ids):
             if i in card and card[i] != slot:
-                why = (f"GPU slots {card[i]} and {slot} are one physical card ({i}): give each slot its own card in "
-                       "configs/host.yaml")
+                why = (
+                    f"GPU slots {card[i]} and {slot} are one physical card ({i}): give each slot its own card in "
+                    "configs/host.yaml"
+                )
                 bad[slot] = bad[card[i]] = why
             card.setdefault(i, slot)
     return bad
 
 
 def _identity_problems(
-    d: DesiredAssignment, desired: DesiredState, observed: Observed, unsound: Mapping[str, str], leaving: set[str | None]
+    d: DesiredAssignment,
+    desired: DesiredState,
+    observed: Observed,
+    unsound: Mapping[str, str],
+    leaving: set[str | None],
 ) -> list[tuple[str, ...]]:
     """Why ``d`` cannot be entered whatever holds its slots: a slot given twice or sharing a card, or a container
     that is not ours already carrying the name its container would get (the engine would refuse the create)."""

@@ -34,6 +34,8 @@ def last_suites(host: str, recipes: set[str] | None = None) -> dict[str, dict[st
         data = _read_json(host_dir(host) / FILE)
     except StateError:
         return {}
-    return {r: {s: run for s, run in suites.items() if isinstance(run, dict)}
-            for r, suites in sorted(data.items())
-            if isinstance(suites, dict) and (recipes is None or r in recipes)}
+    return {
+        r: {s: run for s, run in suites.items() if isinstance(run, dict)}
+        for r, suites in sorted(data.items())
+        if isinstance(suites, dict) and (recipes is None or r in recipes)
+    }

@@ -44,8 +44,14 @@ class ProbeResult:
     figures: dict[str, Any] = field(default_factory=dict)  # a needle's size and seed, a batch's N/N and latencies
 
     def to_json(self) -> dict[str, Any]:
-        out = {"name": self.name, "kind": self.kind, "suite": self.suite, "ok": self.ok,
-               "seconds": round(self.seconds, 3), "detail": self.detail}
+        out = {
+            "name": self.name,
+            "kind": self.kind,
+            "suite": self.suite,
+            "ok": self.ok,
+            "seconds": round(self.seconds, 3),
+            "detail": self.detail,
+        }
         if self.figures:
             out["figures"] = self.figures
         return out
@@ -225,7 +231,9 @@ def _tool_choice(probe: ProbeSpec) -> Any:
     return choice if choice in ("auto", "required") else {"type": "function", "function": {"name": choice}}
 
 
-def _payload(probe: ProbeSpec, model: str, *, prompt: str | None = None, system: str | None = None) -> tuple[str, dict[str, Any]]:
+def _payload(
+    probe: ProbeSpec, model: str, *, prompt: str | None = None, system: str | None = None
+) -> tuple[str, dict[str, Any]]:
     """The route and body of one request of ``probe`` (``prompt`` and ``system``: a batch's or needle's own)."""
     prompt = probe.prompt if prompt is None else prompt
     if probe.kind == "completion":
@@ -236,8 +244,14 @@ def _payload(probe: ProbeSpec, model: str, *, prompt: str | None = None, system:
     if probe.kind == "responses":
         body = {"model": model, "input": prompt, "max_output_tokens": probe.max_tokens, "temperature": 0}
         if probe.json_schema is not None:
-            body["text"] = {"format": {"type": "json_schema", "name": _schema_name(probe), "schema": probe.json_schema,
-                                       "strict": True}}
+            body["text"] = {
+                "format": {
+                    "type": "json_schema",
+                    "name": _schema_name(probe),
+                    "schema": probe.json_schema,
+                    "strict": True,
+                }
+            }
         return "/v1/responses", body
     messages: list[dict[str, Any]] = []
     if system:
@@ -250,15 +264,27 @@ def _payload(probe: ProbeSpec, model: str, *, prompt: str | None = None, system:
         body["tool_choice"] = _tool_choice(probe)
     if probe.kind == "tool-result":
         call_id = "call_probe_0"
-        messages.append({"role": "assistant", "content": None, "tool_calls": [{
-            "id": call_id, "type": "function",
-            "function": {"name": probe.expected_call, "arguments": json.dumps(probe.arguments)}}]})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": probe.expected_call, "arguments": json.dumps(probe.arguments)},
+                    }
+                ],
+            }
+        )
         messages.append({"role": "tool", "tool_call_id": call_id, "content": probe.tool_result})
     if probe.stream:
         body["stream"] = True
     if probe.json_schema is not None:
-        body["response_format"] = {"type": "json_schema",
-                                   "json_schema": {"name": _schema_name(probe), "schema": probe.json_schema}}
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": _schema_name(probe), "schema": probe.json_schema},
+        }
     return "/v1/chat/completions", body
 
 
@@ -266,7 +292,9 @@ def _schema_name(probe: ProbeSpec) -> str:
     return probe.name.replace(".", "_").replace("-", "_")
 
 
-def _judge(probe: ProbeSpec, ans: _Answer, check: _Check, seconds: float, model: str) -> tuple[bool, str, dict[str, Any]]:
+def _judge(
+    probe: ProbeSpec, ans: _Answer, check: _Check, seconds: float, model: str
+) -> tuple[bool, str, dict[str, Any]]:
     """(passed, detail, figures) of one answer."""
     body = _body_text(ans.body)
     if ans.status != probe.status:
@@ -286,33 +314,54 @@ def _judge(probe: ProbeSpec, ans: _Answer, check: _Check, seconds: float, model:
     text: str | None
     if probe.stream:
         if "text/event-stream" not in ans.ctype:
-            return False, (f"asked to stream, got {ans.ctype or 'no content type'}, not text/event-stream: "
-                           f"{_quote(body)}"), {}
+            return (
+                False,
+                (f"asked to stream, got {ans.ctype or 'no content type'}, not text/event-stream: {_quote(body)}"),
+                {},
+            )
         s = _read_sse(ans.body, chat=probe.kind != "completion")
         if s.problem:
             return False, s.problem, {}
         calls = [s.calls[i] for i in sorted(s.calls)]
         if not s.done or not s.finished:
-            missing = " and ".join(w for w, gone in (("no finish_reason", not s.finished),
-                                                      ("no 'data: [DONE]'", not s.done)) if gone)
+            missing = " and ".join(
+                w for w, gone in (("no finish_reason", not s.finished), ("no 'data: [DONE]'", not s.done)) if gone
+            )
             if calls:
-                return False, (f"the stream ended without closing its tool call ({missing}); reassembled so far: "
-                               f"{_quote(_calls_text(calls))}"), {}
+                return (
+                    False,
+                    (
+                        f"the stream ended without closing its tool call ({missing}); reassembled so far: "
+                        f"{_quote(_calls_text(calls))}"
+                    ),
+                    {},
+                )
             return False, f"the stream ended without 'data: [DONE]' ({missing}; text so far {_quote(s.text)})", {}
         text = s.text
     elif probe.kind == "responses":
         try:
             doc = json.loads(ans.body)
             output = doc.get("output") or []
-            parts = [c.get("text") for item in output if isinstance(item, dict) and item.get("type") == "message"
-                     for c in item.get("content") or () if isinstance(c, dict) and c.get("type") == "output_text"]
+            parts = [
+                c.get("text")
+                for item in output
+                if isinstance(item, dict) and item.get("type") == "message"
+                for c in item.get("content") or ()
+                if isinstance(c, dict) and c.get("type") == "output_text"
+            ]
         except (ValueError, AttributeError, TypeError):
             return False, f"/v1/responses answered something that is not a Response: {_quote(body)}", {}
         texts = [t for t in parts if isinstance(t, str)]
         if not texts or not "".join(texts).strip():
             kinds = [item.get("type") for item in output if isinstance(item, dict)]
-            return False, (f"the Responses answer has no output text (status {doc.get('status')!r}, output items "
-                           f"{kinds or 'none'}): {_quote(body)}"), {}
+            return (
+                False,
+                (
+                    f"the Responses answer has no output text (status {doc.get('status')!r}, output items "
+                    f"{kinds or 'none'}): {_quote(body)}"
+                ),
+                {},
+            )
         text = "".join(texts)
     else:
         try:
@@ -320,9 +369,14 @@ def _judge(probe: ProbeSpec, ans: _Answer, check: _Check, seconds: float, model:
             choice = (doc.get("choices") or [{}])[0]
             msg = choice.get("message") or {}
             text = msg.get("content") if probe.kind != "completion" else choice.get("text")
-            calls = [{"id": tc.get("id") or "", "name": (tc.get("function") or {}).get("name") or "",
-                      "arguments": (tc.get("function") or {}).get("arguments") or ""}
-                     for tc in msg.get("tool_calls") or ()]
+            calls = [
+                {
+                    "id": tc.get("id") or "",
+                    "name": (tc.get("function") or {}).get("name") or "",
+                    "arguments": (tc.get("function") or {}).get("arguments") or "",
+                }
+                for tc in msg.get("tool_calls") or ()
+            ]
             usage = doc.get("usage") or {}
             if isinstance(usage.get("prompt_tokens"), int):
                 figures["prompt_tokens"] = usage["prompt_tokens"]
@@ -339,13 +393,25 @@ def _judge(probe: ProbeSpec, ans: _Answer, check: _Check, seconds: float, model:
         return _latency(probe, seconds, detail, figures)
     if check.contains is not None and check.contains not in text:
         if probe.kind == "tool-result":
-            return False, (f"the answer does not use the tool's result (no {check.contains!r} of "
-                           f"{_quote(probe.tool_result or '')}): {_quote(text)}"), figures
+            return (
+                False,
+                (
+                    f"the answer does not use the tool's result (no {check.contains!r} of "
+                    f"{_quote(probe.tool_result or '')}): {_quote(text)}"
+                ),
+                figures,
+            )
         return False, f"the answer does not contain {check.contains!r}: {_quote(text)}", figures
     if check.matches is not None and not re.search(check.matches, text):
         if probe.kind == "tool-result":
-            return False, (f"the answer does not use the tool's result (no match of /{check.matches}/ from "
-                           f"{_quote(probe.tool_result or '')}): {_quote(text)}"), figures
+            return (
+                False,
+                (
+                    f"the answer does not use the tool's result (no match of /{check.matches}/ from "
+                    f"{_quote(probe.tool_result or '')}): {_quote(text)}"
+                ),
+                figures,
+            )
         return False, f"the answer does not match /{check.matches}/: {_quote(text)}", figures
     if probe.json_schema is not None:
         try:
@@ -386,13 +452,17 @@ def _judge_call(probe: ProbeSpec, calls: list[dict[str, str]], text: str, check:
     return True, f"called {want}({raw})" + (" streamed" if probe.stream else "")
 
 
-def _latency(probe: ProbeSpec, seconds: float, what: str, figures: dict[str, Any] | None = None) -> tuple[bool, str, dict[str, Any]]:
+def _latency(
+    probe: ProbeSpec, seconds: float, what: str, figures: dict[str, Any] | None = None
+) -> tuple[bool, str, dict[str, Any]]:
     if probe.max_latency_s is not None and seconds > probe.max_latency_s:
         return False, f"answered in {seconds:.2f} s, over the limit of {probe.max_latency_s:g} s", figures or {}
     return True, f"{what} in {seconds:.2f} s", figures or {}
 
 
-def _ask(base: str, probe: ProbeSpec, path: str, payload: dict[str, Any] | None, check: _Check, model: str) -> tuple[bool, str, dict[str, Any], float]:
+def _ask(
+    base: str, probe: ProbeSpec, path: str, payload: dict[str, Any] | None, check: _Check, model: str
+) -> tuple[bool, str, dict[str, Any], float]:
     t0 = time.monotonic()
     try:
         ans = _request(f"{base}{path}", payload, probe.timeout_s)
@@ -433,8 +503,9 @@ def run_probe(probe: ProbeSpec, recipe: Recipe) -> ProbeResult:
         if ok:
             return result(True, f"found {hay.answer!r} in {where}; {detail}", figures)
         if "does not contain" in detail:
-            detail = detail.replace(f"the answer does not contain {hay.answer!r}",
-                                    f"the answer misses the needle {hay.answer!r}")
+            detail = detail.replace(
+                f"the answer does not contain {hay.answer!r}", f"the answer misses the needle {hay.answer!r}"
+            )
         return result(False, f"{detail} ({where})", figures)
     path, payload = _payload(probe, model)
     ok, detail, figures, _ = _ask(base, probe, path, payload, _Check(probe.contains, probe.matches), model)
@@ -448,8 +519,9 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return ordered[int(k) - 1]
 
 
-def _run_batch(probe: ProbeSpec, recipe: Recipe, base: str, model: str,
-               result: Callable[..., ProbeResult]) -> ProbeResult:
+def _run_batch(
+    probe: ProbeSpec, recipe: Recipe, base: str, model: str, result: Callable[..., ProbeResult]
+) -> ProbeResult:
     """N requests at once behind one shared prefix; all must pass. Prefix-cache hits from vLLM's counters, read
     before and after, where its /metrics shows them."""
     n = probe.requests or DEFAULT_BATCH
@@ -465,15 +537,19 @@ def _run_batch(probe: ProbeSpec, recipe: Recipe, base: str, model: str,
 
     def one(i: int) -> None:
         fill = str(i + 1)
-        check = _Check(probe.contains.replace("{i}", fill) if probe.contains else None,
-                       probe.matches.replace("{i}", fill) if probe.matches else None)
+        check = _Check(
+            probe.contains.replace("{i}", fill) if probe.contains else None,
+            probe.matches.replace("{i}", fill) if probe.matches else None,
+        )
         path, payload = _payload(probe, model, prompt=(probe.prompt or "").replace("{i}", fill), system=prefix)
         with contextlib.suppress(threading.BrokenBarrierError):
             gate.wait(timeout=10)  # all N leave together: the engine sees them at once, as the report's batch did
         ok, detail, _figures, seconds = _ask(base, probe, path, payload, check, model)
         outcomes[i] = (ok, detail, seconds)
 
-    threads = [threading.Thread(target=one, args=(i,), daemon=True, name=f"probe-{probe.name}-{i + 1}") for i in range(n)]
+    threads = [
+        threading.Thread(target=one, args=(i,), daemon=True, name=f"probe-{probe.name}-{i + 1}") for i in range(n)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -481,9 +557,14 @@ def _run_batch(probe: ProbeSpec, recipe: Recipe, base: str, model: str,
     done = [o if o is not None else (False, "the request's thread ended without an answer", 0.0) for o in outcomes]
     passed = sum(1 for ok, _, _ in done if ok)
     latencies = [s for _, _, s in done]
-    figures: dict[str, Any] = {"requests": n, "passed": passed, "prefix_tokens": tokens, "seed": seed,
-                               "p50_s": round(_percentile(latencies, 50), 3),
-                               "p95_s": round(_percentile(latencies, 95), 3)}
+    figures: dict[str, Any] = {
+        "requests": n,
+        "passed": passed,
+        "prefix_tokens": tokens,
+        "seed": seed,
+        "p50_s": round(_percentile(latencies, 50), 3),
+        "p95_s": round(_percentile(latencies, 95), 3),
+    }
     after = read_prefix_cache(metrics_url) if metrics_url and before is not None else None
     cache = ""
     if before is not None and after is not None:
@@ -521,15 +602,29 @@ class SuiteRun:
         return next((r for r in self.results if not r.ok), None)
 
     def to_json(self) -> dict[str, Any]:
-        return {"recipe": self.recipe, "suite": self.suite, "ok": self.ok, "planned": self.planned,
-                "passed": sum(r.ok for r in self.results), "started": round(self.started, 3),
-                "seconds": round(self.seconds, 3), "probes": [r.to_json() for r in self.results],
-                "vram_under_load": self.vram.to_json()}
+        return {
+            "recipe": self.recipe,
+            "suite": self.suite,
+            "ok": self.ok,
+            "planned": self.planned,
+            "passed": sum(r.ok for r in self.results),
+            "started": round(self.started, 3),
+            "seconds": round(self.seconds, 3),
+            "probes": [r.to_json() for r in self.results],
+            "vram_under_load": self.vram.to_json(),
+        }
 
 
-def run_suite(desired: DesiredState, recipe: str, suite: str, *, slots: tuple[str, ...] = (),
-              before: Callable[[ProbeSpec, int, int], None] | None = None, stop_at_failure: bool = False,
-              interval_s: float = SAMPLE_INTERVAL_S) -> SuiteRun:
+def run_suite(
+    desired: DesiredState,
+    recipe: str,
+    suite: str,
+    *,
+    slots: tuple[str, ...] = (),
+    before: Callable[[ProbeSpec, int, int], None] | None = None,
+    stop_at_failure: bool = False,
+    interval_s: float = SAMPLE_INTERVAL_S,
+) -> SuiteRun:
     """``suite`` of ``recipe`` (``preflight``, ``regression`` or ``all``), its probes in order, while the free VRAM
     of ``slots`` is sampled (NVML, every ``interval_s``; nothing with ``gpu_telemetry: none`` or no slots).
     ``before(probe, i, n)`` is called as each probe starts (progress; it may raise to stop the suite).

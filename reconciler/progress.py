@@ -18,7 +18,7 @@ def _label(action: Action) -> str:
 
 
 def expectation(seconds: float | None, runs: int) -> str:
-    """"expected ~3m54s (median of 3 earlier runs)", or that there is no earlier run to go by."""
+    """ "expected ~3m54s (median of 3 earlier runs)", or that there is no earlier run to go by."""
     if seconds is None or not runs:
         return "no earlier run to go by"
     return f"expected ~{_dur(seconds)} (median of {runs} earlier run{'s' if runs != 1 else ''})"
@@ -103,17 +103,28 @@ class LogProgress:
         self._expected = seconds
         self._started = time.monotonic()
         self._last = ""
-        self.log("action-start", kind=action.kind.value, target=action.key,
-                 expected_s=round(seconds, 1) if seconds is not None else None, earlier_runs=runs)
+        self.log(
+            "action-start",
+            kind=action.kind.value,
+            target=action.key,
+            expected_s=round(seconds, 1) if seconds is not None else None,
+            earlier_runs=runs,
+        )
 
     def phase(self, action: Action, phase: str, *, elapsed: float = 0.0, timeout: float | None = None) -> None:
         name = phase_name(phase)
         if name == self._last:
             return
         self._last = name
-        self.log("phase", kind=action.kind.value, target=action.key, phase=name, detail=phase,
-                 since_start_s=round(time.monotonic() - self._started, 1) if self._started else None,
-                 expected_s=round(self._expected, 1) if self._expected is not None else None)
+        self.log(
+            "phase",
+            kind=action.kind.value,
+            target=action.key,
+            phase=name,
+            detail=phase,
+            since_start_s=round(time.monotonic() - self._started, 1) if self._started else None,
+            expected_s=round(self._expected, 1) if self._expected is not None else None,
+        )
 
     def done(self, action: Action, result: str, seconds: float, detail: str) -> None:
         self._last = ""

@@ -34,10 +34,22 @@ _USER_FLAGS = frozenset({"-u", "--user", "--proxy-user", "-U"})
 _BENIGN = re.compile(r"tokenizer|tokens")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Names that are a secret on their own (a mapping's key, a log field): ``token=…``, ``{"secret": …}``.
-_BARE_NAMES = frozenset({"token", "key", "secret", "password", "passwd", "passphrase", "credentials", "apikey",
-                         "api_key"})
-_ENV_SUFFIXES = ("_token", "_key", "_secret", "password", "passwd", "_pass", "_pwd", "passphrase", "apikey",
-                 "_credentials", "_credential")
+_BARE_NAMES = frozenset(
+    {"token", "key", "secret", "password", "passwd", "passphrase", "credentials", "apikey", "api_key"}
+)
+_ENV_SUFFIXES = (
+    "_token",
+    "_key",
+    "_secret",
+    "password",
+    "passwd",
+    "_pass",
+    "_pwd",
+    "passphrase",
+    "apikey",
+    "_credentials",
+    "_credential",
+)
 
 # Inline rules over free text (and over each argument).
 _URL_USERINFO = re.compile(r"(?P<pre>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^\s/@:]*)(?::(?P<pw>[^\s/]*))?@")
@@ -53,9 +65,7 @@ _ENV_IN_TEXT = re.compile(
 )
 # A header written out (curl -H 'X-API-Key: …', a logged request): a hyphenated name holding a secret word, or
 # Cookie; Authorization's scheme stays and its credentials go.
-_HEADER = re.compile(
-    r"(?i)(?<![\w-])(?P<name>[a-z][a-z0-9]*(?:-[a-z0-9]+)+|cookie)[ \t]*:[ \t]*(?P<val>[^\s\"',;]+)"
-)
+_HEADER = re.compile(r"(?i)(?<![\w-])(?P<name>[a-z][a-z0-9]*(?:-[a-z0-9]+)+|cookie)[ \t]*:[ \t]*(?P<val>[^\s\"',;]+)")
 _AUTH_HEADER = re.compile(r"(?i)(?<![\w-])(?P<pre>(?:proxy-)?authorization[ \t]*:[ \t]*)(?P<rest>[^\n\"',;]*)")
 _AUTH_SCHEMES = frozenset({"bearer", "basic", "token", "digest", "negotiate", "apikey"})
 _KNOWN_TOKENS = re.compile(
@@ -63,9 +73,33 @@ _KNOWN_TOKENS = re.compile(
     r"|xox[abprs]-[A-Za-z0-9-]{10,}|glpat-[A-Za-z0-9_-]{16,})"
 )
 # The cheap test of the boundary pass: a string without any of these (lowercased) is returned as it is.
-_MARKERS = ("token", "key", "secret", "passw", "_pass", "passphrase", "pwd", "auth", "cookie", "credential",
-            "bearer", "basic", "sk-", "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox", "glpat-",
-            "-u ", "--user", "-u\0")
+_MARKERS = (
+    "token",
+    "key",
+    "secret",
+    "passw",
+    "_pass",
+    "passphrase",
+    "pwd",
+    "auth",
+    "cookie",
+    "credential",
+    "bearer",
+    "basic",
+    "sk-",
+    "hf_",
+    "ghp_",
+    "gho_",
+    "ghu_",
+    "ghs_",
+    "ghr_",
+    "github_pat_",
+    "xox",
+    "glpat-",
+    "-u ",
+    "--user",
+    "-u\0",
+)
 
 
 class _Maybe:
@@ -260,10 +294,7 @@ def redact_data(data: Any) -> Any:
 
 def redact_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
     """Named values (a log line's fields): a secret-named one masked whole, the others through ``redact_data``."""
-    return {
-        k: MASK if secret_env_name(k) or k.lower() in _BARE_NAMES else redact_data(v)
-        for k, v in fields.items()
-    }
+    return {k: MASK if secret_env_name(k) or k.lower() in _BARE_NAMES else redact_data(v) for k, v in fields.items()}
 
 
 def redact_json(data: Any, **dumps: Any) -> str:
@@ -314,9 +345,7 @@ def _dumps(data: Any, opts: dict[str, Any]) -> str:
     return json.dumps(data, **opts)
 
 
-def dumps_layered(
-    data: Any, *, indent: int = 2, levels: int = 2, sort_keys: bool = False, default: Any = None
-) -> str:
+def dumps_layered(data: Any, *, indent: int = 2, levels: int = 2, sort_keys: bool = False, default: Any = None) -> str:
     """JSON text with the outer ``levels`` of objects and arrays one member per line, indented, and everything
     deeper on the line of its member: ``{"files": [`` then one file per line.
 

@@ -202,7 +202,10 @@ def status_data(desired: DesiredState, observed: Observed, plan: Plan) -> dict[s
         "gpu_telemetry": observed.gpus.telemetry,
         "gpu_source": observed.gpus.source.detail or observed.gpus.source.render(),
         # What the driver answers (learnt from its answers): "reported", "not reported" (WSL2), "unknown".
-        "gpu_driver_reports": {"process_memory": observed.gpus.process_memory, "utilization": observed.gpus.utilization},
+        "gpu_driver_reports": {
+            "process_memory": observed.gpus.process_memory,
+            "utilization": observed.gpus.utilization,
+        },
         "sources": {n: v.render() for n, v in observed.sources.items()},
         "slots": slots,
         "containers": [
@@ -241,8 +244,6 @@ def status_data(desired: DesiredState, observed: Observed, plan: Plan) -> dict[s
     }
 
 
-
-
 def _whose(c: dict[str, Any]) -> str:
     if c["owner"] == "ours":
         return f"managed {c['recipe'] or ''}" + ("" if c.get("healthy", True) else ", never healthy")
@@ -266,8 +267,11 @@ def render_status(data: dict[str, Any], s: Style) -> str:
     out.append(f"GPU telemetry {data['gpu_telemetry']}: {data['gpu_source']}")
     reports = data.get("gpu_driver_reports") or {}
     if data["gpu_telemetry"] == "nvml":
-        missing = [what for key, what in (("process_memory", "per-process memory"), ("utilization", "utilisation"))
-                   if reports.get(key) == "not reported"]
+        missing = [
+            what
+            for key, what in (("process_memory", "per-process memory"), ("utilization", "utilisation"))
+            if reports.get(key) == "not reported"
+        ]
         if missing:
             out.append(s.yellow(f"  {' and '.join(missing)}: not reported by this driver"))
     bad = {k: v for k, v in data["sources"].items() if v != "ok" and not v.startswith("ok")}
@@ -301,7 +305,9 @@ def render_status(data: dict[str, Any], s: Style) -> str:
         if v.get("unlisted_used_bytes"):
             held.append(f"{human_bytes(v['unlisted_used_bytes'])} in use and no visible process")
         if held:
-            now = "; ".join(held) + (s.yellow(f" (and unknown: {', '.join(v['unknown'])} unavailable)") if v["unknown"] else "")
+            now = "; ".join(held) + (
+                s.yellow(f" (and unknown: {', '.join(v['unknown'])} unavailable)") if v["unknown"] else ""
+            )
         elif v["free"] is None:
             now = s.yellow(f"unknown ({', '.join(v['unknown'])} unavailable)")
         else:
@@ -312,7 +318,9 @@ def render_status(data: dict[str, Any], s: Style) -> str:
     shm = data["shm"]
     t = shm["tmpfs"]
     f = shm["files"]
-    out.append(s.bold("offload shm") + f"  {shm['dir']}: {human_bytes(t['free_bytes'])} free of {human_bytes(t['size_bytes'])}")
+    out.append(
+        s.bold("offload shm") + f"  {shm['dir']}: {human_bytes(t['free_bytes'])} free of {human_bytes(t['size_bytes'])}"
+    )
     out.append(
         f"  owned {f['owned']['count']} ({human_bytes(f['owned']['bytes'])}), "
         f"orphan {f['orphan']['count']} ({human_bytes(f['orphan']['bytes'])}), "
@@ -333,25 +341,33 @@ def render_status(data: dict[str, Any], s: Style) -> str:
         out.append(s.bold("probe suites") + " (last run of each; reconciler probe RECIPE --suite S)")
         for recipe, runs in suites.items():
             for suite, run in runs.items():
-                line = (f"  {recipe} {suite}: {run.get('passed', 0)}/{run.get('planned', 0)} passed at "
-                        f"{iso_time(float(run.get('started') or 0))}")
+                line = (
+                    f"  {recipe} {suite}: {run.get('passed', 0)}/{run.get('planned', 0)} passed at "
+                    f"{iso_time(float(run.get('started') or 0))}"
+                )
                 failed = [p for p in run.get("probes") or () if not p.get("ok")]
                 out.append(s.red(line + f"; {failed[0]['name']}: {clip(failed[0]['detail'], 120)}") if failed else line)
                 under = run.get("vram_under_load") or {}
                 for slot, low in (under.get("slots") or {}).items():
                     during = f"during {low['probe']!r}" if low.get("probe") else "between probes"
-                    text = (f"    {slot}: lowest {human_bytes(low['min_free_bytes'])} free under load, {during}, "
-                            f"reserve {human_bytes(low['reserve_bytes'])}")
+                    text = (
+                        f"    {slot}: lowest {human_bytes(low['min_free_bytes'])} free under load, {during}, "
+                        f"reserve {human_bytes(low['reserve_bytes'])}"
+                    )
                     out.append(s.red(text + f" BELOW ({under.get('policy')})") if low.get("below_reserve") else text)
     loop = data.get("loop")
     if loop:
         out.append("")
         last = loop.get("last_pass") or {}
-        out.append(s.bold("loop") + f"  pid {loop['pid']}, {loop.get('passes', 0)} passes, last: {last.get('result', '-')}")
+        out.append(
+            s.bold("loop") + f"  pid {loop['pid']}, {loop.get('passes', 0)} passes, last: {last.get('result', '-')}"
+        )
         for key, e in (loop.get("backoff") or {}).items():
             out.append(
-                s.yellow(f"  backoff {key}: {e['failures']} failed enter(s), next try at "
-                         f"{iso_time(e['until'])}; last error: {clip(e['last_error'], 160)}")
+                s.yellow(
+                    f"  backoff {key}: {e['failures']} failed enter(s), next try at "
+                    f"{iso_time(e['until'])}; last error: {clip(e['last_error'], 160)}"
+                )
             )
     for f in data["plan"].get("fallbacks") or ():
         out.append(s.yellow(f"  ↺ {f['text']}"))
@@ -359,13 +375,21 @@ def render_status(data: dict[str, Any], s: Style) -> str:
     plan = data["plan"]
     if invalid:
         what = "matches" if data["converged"] else "does not match"
-        out.append(s.red(f"files invalid (exit 1): the host {what} the last valid desired state above; "
-                         "fix the files (`reconciler validate`)"))
+        out.append(
+            s.red(
+                f"files invalid (exit 1): the host {what} the last valid desired state above; "
+                "fix the files (`reconciler validate`)"
+            )
+        )
     elif data["converged"]:
         out.append(s.green("converged: the host matches the manifest"))
     elif plan["unavailable"]:
-        out.append(s.red(f"unknown: {', '.join(plan['unavailable'])} unavailable, so whether the host matches "
-                         "the manifest cannot be told (exit 1)"))
+        out.append(
+            s.red(
+                f"unknown: {', '.join(plan['unavailable'])} unavailable, so whether the host matches "
+                "the manifest cannot be told (exit 1)"
+            )
+        )
     else:
         n = len(plan["actions"])
         state = "blocked" if plan["blocked"] else f"{n} action(s) pending"
@@ -408,15 +432,17 @@ def render_audit(records: list[dict[str, Any]]) -> str:
     for r in records:
         secs = r.get("seconds")
         freed = r.get("bytes_freed")
-        rows.append((
-            iso_time(float(r.get("time") or 0)),
-            str(r.get("front") or "?") + (f" ({r['who']})" if r.get("who") else ""),
-            str(r.get("action") or "?"),
-            str(r.get("outcome") or "?"),
-            f"{secs:.1f}" if isinstance(secs, (int, float)) else "-",
-            human_bytes(freed) if isinstance(freed, int) and freed else "-",
-            one_line(_audit_what(r)),
-        ))
+        rows.append(
+            (
+                iso_time(float(r.get("time") or 0)),
+                str(r.get("front") or "?") + (f" ({r['who']})" if r.get("who") else ""),
+                str(r.get("action") or "?"),
+                str(r.get("outcome") or "?"),
+                f"{secs:.1f}" if isinstance(secs, (int, float)) else "-",
+                human_bytes(freed) if isinstance(freed, int) and freed else "-",
+                one_line(_audit_what(r)),
+            )
+        )
     widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head) - 1)]
     right = {4}  # numbers align on the right
     lines = []

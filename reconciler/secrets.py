@@ -50,7 +50,7 @@ def read_env_file(path: str) -> dict[str, str]:
             # Name the line, never its content: it may be a secret pasted in the wrong place.
             raise SecretError(f"secrets.env_file {path}:{n}: expected NAME=value")
         given, value = value, value.strip()
-        if value[:1] in ("\"", "'"):
+        if value[:1] in ('"', "'"):
             end = value.find(value[0], 1)
             after = value[end + 1 :].strip() if end > 0 else ""
             if end < 0 or (after and not after.startswith("#")):

@@ -114,8 +114,9 @@ def error_object(code: str, message: str, **extra: Any) -> dict[str, Any]:
 
 def sources_error(observed: Observed) -> dict[str, Any]:
     down = {s.name: s.detail for s in observed.unavailable()}
-    return error_object("source_unavailable", "; ".join(f"{n} source unavailable: {d}" for n, d in down.items()),
-                        sources=down)
+    return error_object(
+        "source_unavailable", "; ".join(f"{n} source unavailable: {d}" for n, d in down.items()), sources=down
+    )
 
 
 @dataclass
@@ -203,11 +204,21 @@ class ProbeReport:
         return all(r.ok for r in self.results) and not (self.run is not None and self.run.vram.failed)
 
     def to_json(self) -> dict[str, Any]:
-        out = {"host": self.host, "recipe": self.recipe, "containers": self.containers, "ok": self.ok,
-               "probes": [r.to_json() for r in self.results]}
+        out = {
+            "host": self.host,
+            "recipe": self.recipe,
+            "containers": self.containers,
+            "ok": self.ok,
+            "probes": [r.to_json() for r in self.results],
+        }
         if self.run is not None:
-            out.update(suite=self.run.suite, planned=self.run.planned, passed=sum(r.ok for r in self.results),
-                       seconds=round(self.run.seconds, 3), vram_under_load=self.run.vram.to_json())
+            out.update(
+                suite=self.run.suite,
+                planned=self.run.planned,
+                passed=sum(r.ok for r in self.results),
+                seconds=round(self.run.seconds, 3),
+                vram_under_load=self.run.vram.to_json(),
+            )
         return out
 
     @property
@@ -233,8 +244,10 @@ def loop_view(host: str) -> dict[str, Any]:
         except (KeyError, TypeError, ValueError):
             continue
         if until > now:
-            hold[key] = (f"in backoff after {e.get('failures', '?')} failed enter(s) (the running loop's); next try "
-                         f"in {until - now:.0f} s (last error: {str(e.get('last_error', ''))[:300]})")
+            hold[key] = (
+                f"in backoff after {e.get('failures', '?')} failed enter(s) (the running loop's); next try "
+                f"in {until - now:.0f} s (last error: {str(e.get('last_error', ''))[:300]})"
+            )
             next_attempt[key] = until - now
     if not hold:
         return {}
@@ -294,10 +307,13 @@ def read_plan_document(path: str) -> tuple[dict[str, Any], Fingerprint]:
     except FileNotFoundError:
         raise ReconcilerError(f"{path}: no such plan file (write one with `reconciler plan --out {path}`)") from None
     except fsafe.UnsafePath as exc:
-        raise ReconcilerError(f"{exc}; nothing was applied. Write a plan of your own with `reconciler plan --out "
-                              "FILE`") from None
+        raise ReconcilerError(
+            f"{exc}; nothing was applied. Write a plan of your own with `reconciler plan --out FILE`"
+        ) from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ReconcilerError(f"{path}: not a saved plan ({exc}); write one with `reconciler plan --out FILE`") from None
+        raise ReconcilerError(
+            f"{path}: not a saved plan ({exc}); write one with `reconciler plan --out FILE`"
+        ) from None
     if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
         raise ReconcilerError(f"{path}: not a saved plan of this tool (format {PLAN_FORMAT!r} expected)")
     try:
@@ -359,10 +375,15 @@ class ApplySession:
 def _summary(p: Plan) -> str:
     from reconciler.planner import ActionKind
 
-    return "; ".join(
-        f"reclaim {len(a.paths)} orphan offload file(s)" if a.kind is ActionKind.RECLAIM else f"{a.kind.value} {a.key}"
-        for a in p.actions
-    ) or "nothing to do"
+    return (
+        "; ".join(
+            f"reclaim {len(a.paths)} orphan offload file(s)"
+            if a.kind is ActionKind.RECLAIM
+            else f"{a.kind.value} {a.key}"
+            for a in p.actions
+        )
+        or "nothing to do"
+    )
 
 
 # ---------------------------------------------------------------- the service
@@ -388,8 +409,14 @@ class HostService:
     stdio) they take the host lock file, and are refused while another process, such as a loop, holds it.
     """
 
-    def __init__(self, root: str, *, caller: Caller, pass_lock: contextlib.AbstractContextManager[object] | None = None,
-                 hooks: ActionHooks | None = None):
+    def __init__(
+        self,
+        root: str,
+        *,
+        caller: Caller,
+        pass_lock: contextlib.AbstractContextManager[object] | None = None,
+        hooks: ActionHooks | None = None,
+    ):
         self.root = root
         self.caller = caller
         self.pass_lock = pass_lock
@@ -448,7 +475,8 @@ class HostService:
 
         try:
             audit_log(host or self._host_name or self.host().name).append(
-                {**self.caller.to_json(), "action": action, "outcome": "refused", "reason": reason})
+                {**self.caller.to_json(), "action": action, "outcome": "refused", "reason": reason}
+            )
         except ReconcilerError:
             return
 
@@ -535,8 +563,11 @@ class HostService:
         kept = (read_loop_state(host.name) or {}).get("desired")
         if isinstance(kept, dict):
             source, manifest = "the running loop's last valid desired state", kept.get("manifest")
-            pairs = [(a.get("recipe"), tuple(a.get("gpus") or ())) for a in kept.get("assignments") or ()
-                     if isinstance(a, dict)]
+            pairs = [
+                (a.get("recipe"), tuple(a.get("gpus") or ()))
+                for a in kept.get("assignments") or ()
+                if isinstance(a, dict)
+            ]
         else:
             source, manifest = "the last converged topology (no loop is running)", None
             pairs = list(last_topology(host.name))
@@ -545,13 +576,19 @@ class HostService:
             for r, slots in pairs
             if isinstance(r, str) and r in recipes and slots and all(s in host.gpus for s in slots)
         )
-        desired = DesiredState(host=host, recipes=recipes, assignments=assignments, manifest_path=manifest,
-                               secret_digests=_secret_digests(Path(self.root), host, recipes, []))
+        desired = DesiredState(
+            host=host,
+            recipes=recipes,
+            assignments=assignments,
+            manifest_path=manifest,
+            secret_digests=_secret_digests(Path(self.root), host, recipes, []),
+        )
         observed = observe(host)
         data = status_data(desired, observed, plan(desired, observed, **loop_view(host.name)))
         data["desired_from"] = source if pairs else "none: no loop is running and no topology ever converged"
         data["error"] = error_object(
-            "config_invalid", "the files do not validate; fix them (`reconciler validate` says the same)",
+            "config_invalid",
+            "the files do not validate; fix them (`reconciler validate` says the same)",
             problems=[{"path": p.path, "line": p.line, "message": p.message} for p in exc.problems],
         )
         return StatusResult(data, observed)
@@ -570,23 +607,44 @@ class HostService:
         desired = self.desired()
         r = desired.recipes.get(recipe)
         if r is None:
-            raise ReconcilerError(f"no recipe {recipe!r} in configs/recipes/ (known: {', '.join(sorted(desired.recipes))})")
+            raise ReconcilerError(
+                f"no recipe {recipe!r} in configs/recipes/ (known: {', '.join(sorted(desired.recipes))})"
+            )
         containers, source = DockerObserver.for_host(desired.host).observe()
         from reconciler.observed import LABEL_HOST
 
-        mine = [c for c in containers if c.recipe == recipe and c.active and not c.preserved
-                and c.label(LABEL_HOST) == desired.host.name] if source.ok else []
+        mine = (
+            [
+                c
+                for c in containers
+                if c.recipe == recipe and c.active and not c.preserved and c.label(LABEL_HOST) == desired.host.name
+            ]
+            if source.ok
+            else []
+        )
         slots = tuple(dict.fromkeys(s for c in mine for s in c.slots if s in desired.host.gpus))
         run = run_suite(desired, recipe, suite, slots=slots)
         report = ProbeReport(desired.host.name, recipe, [c.name for c in mine], run.results, run)
         if run.planned:
             record_suite(desired.host.name, run.to_json())
         failed = run.first_failure
-        why = (failed.reason() if failed else run.vram.message() if run.vram.failed
-               else f"{len(run.results)}/{run.planned} probe(s) of suite {suite} passed")
-        self.record("probe", target=recipe, suite=suite, outcome="ok" if report.ok else "failed", reason=why,
-                    seconds=round(run.seconds, 3), probes=[x.to_json() for x in run.results],
-                    vram_under_load=run.vram.to_json())
+        why = (
+            failed.reason()
+            if failed
+            else run.vram.message()
+            if run.vram.failed
+            else f"{len(run.results)}/{run.planned} probe(s) of suite {suite} passed"
+        )
+        self.record(
+            "probe",
+            target=recipe,
+            suite=suite,
+            outcome="ok" if report.ok else "failed",
+            reason=why,
+            seconds=round(run.seconds, 3),
+            probes=[x.to_json() for x in run.results],
+            vram_under_load=run.vram.to_json(),
+        )
         return report
 
     def shm_status(self) -> ShmStatusResult:
@@ -642,8 +700,13 @@ class HostService:
         self._host_name = desired.host.name
         with self.exclusive(desired.host.name, "apply"):
             hooks = self.hooks
-            applier = Applier(desired, progress=progress, cancel=cancel,
-                              on_outcome=hooks.outcome if hooks else None, on_reclaim=hooks.reclaim if hooks else None)
+            applier = Applier(
+                desired,
+                progress=progress,
+                cancel=cancel,
+                on_outcome=hooks.outcome if hooks else None,
+                on_reclaim=hooks.reclaim if hooks else None,
+            )
             yield ApplySession(self, applier, files)
 
     def adopt(self, names: list[str]) -> AdoptResult:
@@ -738,8 +801,17 @@ def _adopt(service: HostService, names: list[str]) -> AdoptResult:
             install_id = state.ensure_install_id(host)
             state.adopt(host, [c.id for c in picked], existing=[c.id for c in containers])
             for a in adopted:
-                state.record(host, {"event": "adopt", "container": a["name"], "id": a["id"], "install_id": install_id,
-                                    "recipe": a["recipe"], "slots": a["slots"]})
+                state.record(
+                    host,
+                    {
+                        "event": "adopt",
+                        "container": a["name"],
+                        "id": a["id"],
+                        "install_id": install_id,
+                        "recipe": a["recipe"],
+                        "slots": a["slots"],
+                    },
+                )
                 service.record("adopt", outcome="ok", reason=f"adopted {a['name']}", container=a["name"], id=a["id"])
     return AdoptResult(host, adopted, notes)
 

@@ -24,7 +24,8 @@ def file_json(f: ShmFile) -> dict[str, Any]:
         "size_bytes": f.size_bytes,
         "allocated_bytes": f.allocated_bytes,
         "owners": [
-            {"pid": o.pid, "container": o.container, "via": o.via, "command": _redact_command(o.command)} for o in f.owners
+            {"pid": o.pid, "container": o.container, "via": o.via, "command": _redact_command(o.command)}
+            for o in f.owners
         ],
         "state": f.state,
         "reason": f.reason,

@@ -204,7 +204,9 @@ def reclaim(
     try:
         dir_id = _dir_identity(cfg.dir)
     except OSError as exc:
-        return ReclaimResult(**base, refused=f"shm.dir {cfg.dir}: {exc.strerror or exc}", elapsed_s=time.monotonic() - t0)
+        return ReclaimResult(
+            **base, refused=f"shm.dir {cfg.dir}: {exc.strerror or exc}", elapsed_s=time.monotonic() - t0
+        )
     refused_mount = tmpfs_mount_refusal(cfg.dir)
     if refused_mount is not None:
         return ReclaimResult(**base, refused=refused_mount, elapsed_s=time.monotonic() - t0)
@@ -296,7 +298,11 @@ def compare_inspections(
         elif (g.dev, g.inode) != (f.dev, f.inode):
             kept.append(KeptFile(f.path, f"replaced between the inspections (inode {f.inode} -> {g.inode})", g.state))
         elif g.size_bytes != f.size_bytes:
-            kept.append(KeptFile(f.path, f"size changed between the inspections ({f.size_bytes} -> {g.size_bytes} bytes)", g.state))
+            kept.append(
+                KeptFile(
+                    f.path, f"size changed between the inspections ({f.size_bytes} -> {g.size_bytes} bytes)", g.state
+                )
+            )
         elif g.allocated_bytes != f.allocated_bytes:
             kept.append(
                 KeptFile(
@@ -447,10 +453,15 @@ def _unlink_agreed(
                 kept.append(KeptFile(f.path, f"cannot re-check before removal: {exc.strerror}", f.state))
                 errors.append(f"{f.path}: {exc.strerror}")
                 continue
-            if not st_mode.S_ISREG(s.st_mode) or s.st_nlink != 1 or (s.st_dev, s.st_ino, s.st_size) != (
-                f.dev,
-                f.inode,
-                f.size_bytes,
+            if (
+                not st_mode.S_ISREG(s.st_mode)
+                or s.st_nlink != 1
+                or (s.st_dev, s.st_ino, s.st_size)
+                != (
+                    f.dev,
+                    f.inode,
+                    f.size_bytes,
+                )
             ):
                 kept.append(KeptFile(f.path, "changed just before removal (not the inspected file any more)", f.state))
                 continue

@@ -148,7 +148,12 @@ def part_hashes(
     """A short hash per part of the rendered container (see ``PARTS``). A secret env value counts by its digest
     (``secret_digests``, made by the loader): rotating it recreates the container, and no value is hashed here."""
     digests = secret_digests or {}
-    r = render(host, recipe, slots, secrets={var: f"sha256:{digests.get(var, '?')}" for var in recipe.container.env_refs().values()})
+    r = render(
+        host,
+        recipe,
+        slots,
+        secrets={var: f"sha256:{digests.get(var, '?')}" for var in recipe.container.env_refs().values()},
+    )
     hc = r["host_config"]
     env = {k: v for k, v in r["environment"].items() if k != "NVIDIA_VISIBLE_DEVICES"}
     return {
@@ -157,7 +162,9 @@ def part_hashes(
         "env": _digest(env, 8),
         "volumes": _digest(hc.get("binds"), 8),
         "gpus": _digest([r["environment"]["NVIDIA_VISIBLE_DEVICES"], hc.get("device_requests")], 8),
-        "runtime": _digest({k: v for k, v in hc.items() if k not in ("binds", "device_requests")} | {"user": r["user"]}, 8),
+        "runtime": _digest(
+            {k: v for k, v in hc.items() if k not in ("binds", "device_requests")} | {"user": r["user"]}, 8
+        ),
         # What the recipe says beyond the container (model, offload, health, stop): editing it recreates too.
         "recipe": recipe.content_hash()[:8],
     }

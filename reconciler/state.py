@@ -49,8 +49,12 @@ def checked_host_dir(host: str, *, create: bool) -> Path:
     """The host's directory, checked like StrictModes (``reconciler.fsafe``), made 0700 where missing when
     ``create``. FileNotFoundError when missing and not ``create``; StateError when unsafe or unusable."""
     try:
-        return fsafe.check_dir(host_dir(host), what="the state directory", create=create,
-                               how=f"set {ENV} to a directory of the running user's own (mode 0700)")
+        return fsafe.check_dir(
+            host_dir(host),
+            what="the state directory",
+            create=create,
+            how=f"set {ENV} to a directory of the running user's own (mode 0700)",
+        )
     except fsafe.UnsafePath as exc:
         raise StateError(str(exc)) from None
     except FileNotFoundError:
@@ -68,8 +72,12 @@ def checked_subdir(host: str, name: str, *, create: bool) -> Path:
     """A directory under the host's (``plans``), checked and made like ``checked_host_dir``."""
     checked_host_dir(host, create=create)
     try:
-        return fsafe.check_dir(host_dir(host) / name, what="the state directory", create=create,
-                               how=f"set {ENV} to a directory of the running user's own (mode 0700)")
+        return fsafe.check_dir(
+            host_dir(host) / name,
+            what="the state directory",
+            create=create,
+            how=f"set {ENV} to a directory of the running user's own (mode 0700)",
+        )
     except fsafe.UnsafePath as exc:
         raise StateError(str(exc)) from None
     except FileNotFoundError:
@@ -106,7 +114,9 @@ def read_record(host: str, name: str) -> dict[str, Any]:
     except fsafe.UnsafePath as exc:
         raise StateError(str(exc)) from None
     except (OSError, ValueError) as exc:
-        raise StateError(f"cannot read {path}: {exc}; move it aside to start over (containers become foreign)") from None
+        raise StateError(
+            f"cannot read {path}: {exc}; move it aside to start over (containers become foreign)"
+        ) from None
     return data if isinstance(data, dict) else {}
 
 

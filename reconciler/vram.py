@@ -122,7 +122,9 @@ class ReserveVerdict:
         }
 
 
-def enter_reserve_verdict(desired: DesiredState, recipe: str | None, gpus: GpuView, slots: tuple[str, ...]) -> ReserveVerdict:
+def enter_reserve_verdict(
+    desired: DesiredState, recipe: str | None, gpus: GpuView, slots: tuple[str, ...]
+) -> ReserveVerdict:
     """The reserve check of an enter: ``slots`` of ``recipe``'s lane, in the GPU view seen once it is healthy
     and settled. The apply layer fails the enter when ``failed``; under ``report`` it only says so."""
     policy = desired.reserve_policy(recipe)
@@ -170,13 +172,21 @@ class LoadLow:
         its 3.00 GiB reserve``."""
         during = f"during probe {self.probe!r}" if self.probe else "between probes"
         where = "below" if self.below_reserve else "within"
-        return (f"{self.slot}: {human_bytes(self.free_bytes)} free of {human_bytes(self.total_bytes)} at its lowest, "
-                f"{during} ({self.at_s:.1f} s in), {where} its {human_bytes(self.reserve_bytes)} reserve")
+        return (
+            f"{self.slot}: {human_bytes(self.free_bytes)} free of {human_bytes(self.total_bytes)} at its lowest, "
+            f"{during} ({self.at_s:.1f} s in), {where} its {human_bytes(self.reserve_bytes)} reserve"
+        )
 
     def to_json(self) -> dict:
-        return {"min_free_bytes": self.free_bytes, "total_bytes": self.total_bytes,
-                "reserve_bytes": self.reserve_bytes, "below_reserve": self.below_reserve, "probe": self.probe,
-                "at_s": round(self.at_s, 3), "samples": self.samples}
+        return {
+            "min_free_bytes": self.free_bytes,
+            "total_bytes": self.total_bytes,
+            "reserve_bytes": self.reserve_bytes,
+            "below_reserve": self.below_reserve,
+            "probe": self.probe,
+            "at_s": round(self.at_s, 3),
+            "samples": self.samples,
+        }
 
 
 class VramSampler:
@@ -185,8 +195,13 @@ class VramSampler:
     raises; ``running(name)`` says which probe runs from now on. Without ``read`` (telemetry none) it samples
     nothing. One sample is taken as it starts and one as it ends, so even a suite of milliseconds has two."""
 
-    def __init__(self, read: Callable[[], Mapping[str, tuple[int, int]]] | None, *,
-                 interval_s: float = SAMPLE_INTERVAL_S, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        read: Callable[[], Mapping[str, tuple[int, int]]] | None,
+        *,
+        interval_s: float = SAMPLE_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self._read = read
         self.interval_s = interval_s
         self._clock = clock
@@ -246,8 +261,10 @@ class VramSampler:
 
     def lows(self, host: HostConfig) -> dict[str, LoadLow]:
         with self._lock:
-            return {slot: LoadLow(slot, free, total, host.reserve_bytes(slot), probe, at, self._count[slot])
-                    for slot, (free, total, probe, at) in self._low.items()}
+            return {
+                slot: LoadLow(slot, free, total, host.reserve_bytes(slot), probe, at, self._count[slot])
+                for slot, (free, total, probe, at) in self._low.items()
+            }
 
 
 @dataclass(frozen=True)
@@ -271,18 +288,28 @@ class LoadVerdict:
         if not self.checked:
             return "free VRAM under load not sampled (gpu_telemetry none, or no card of the lane to sample)"
         parts = [v.describe() for v in self.slots]
-        parts += [f"{slot}: free VRAM not sampled" + (f" ({self.errors[0]})" if self.errors else "")
-                  for slot in self.unknown]
+        parts += [
+            f"{slot}: free VRAM not sampled" + (f" ({self.errors[0]})" if self.errors else "") for slot in self.unknown
+        ]
         return "; ".join(parts)
 
     def to_json(self) -> dict:
-        return {"policy": self.policy, "suite": self.suite, "checked": self.checked, "failed": self.failed,
-                "interval_s": self.interval_s, "below": list(self.below), "unknown": list(self.unknown),
-                "slots": {v.slot: v.to_json() for v in self.slots}, "errors": list(self.errors)}
+        return {
+            "policy": self.policy,
+            "suite": self.suite,
+            "checked": self.checked,
+            "failed": self.failed,
+            "interval_s": self.interval_s,
+            "below": list(self.below),
+            "unknown": list(self.unknown),
+            "slots": {v.slot: v.to_json() for v in self.slots},
+            "errors": list(self.errors),
+        }
 
 
-def load_reserve_verdict(desired: DesiredState, recipe: str | None, suite: str, sampler: VramSampler,
-                         slots: tuple[str, ...]) -> LoadVerdict:
+def load_reserve_verdict(
+    desired: DesiredState, recipe: str | None, suite: str, sampler: VramSampler, slots: tuple[str, ...]
+) -> LoadVerdict:
     """The reserve's verdict on ``slots`` at their lowest while ``suite`` ran. Under ``enforce`` a slot below its
     reserve, or one never sampled, fails it (an enter's preflight: a failed enter)."""
     policy = desired.reserve_policy(recipe)
@@ -290,6 +317,13 @@ def load_reserve_verdict(desired: DesiredState, recipe: str | None, suite: str, 
         return LoadVerdict(policy, suite, (), (), (), checked=False, interval_s=sampler.interval_s)
     lows = sampler.lows(desired.host)
     have = tuple(lows[s] for s in slots if s in lows)
-    return LoadVerdict(policy, suite, have, tuple(v.slot for v in have if v.below_reserve),
-                       tuple(s for s in slots if s not in lows), checked=True, interval_s=sampler.interval_s,
-                       errors=tuple(sampler.errors))
+    return LoadVerdict(
+        policy,
+        suite,
+        have,
+        tuple(v.slot for v in have if v.below_reserve),
+        tuple(s for s in slots if s not in lows),
+        checked=True,
+        interval_s=sampler.interval_s,
+        errors=tuple(sampler.errors),
+    )

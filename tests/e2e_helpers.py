@@ -98,9 +98,15 @@ def running_prometheus(
         config["rule_files"] = [str(r) for r in rule_files]
     cfg.write_text(yaml.safe_dump(config))
     proc = subprocess.Popen(
-        [server, f"--config.file={cfg}", f"--storage.tsdb.path={workdir}/data",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [
+            server,
+            f"--config.file={cfg}",
+            f"--storage.tsdb.path={workdir}/data",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     try:
         yield f"http://127.0.0.1:{port}", proc
@@ -263,9 +269,7 @@ class Root:
             c["env"] = {**c.get("env", {}), **env}
         if drain_timeout_s is not None:
             data.setdefault("drain", {})["timeout_s"] = drain_timeout_s
-        data["health"].update(
-            url=f"http://127.0.0.1:{port}/health", settle_s=settle_s, start_timeout_s=start_timeout_s
-        )
+        data["health"].update(url=f"http://127.0.0.1:{port}/health", settle_s=settle_s, start_timeout_s=start_timeout_s)
         data["stop"]["timeout_s"] = 5
         self.write_recipe(name, data)
         return name
@@ -307,7 +311,11 @@ class Root:
         """The command line on this root; ``env`` adds to the root's environment (``RECONCILER_NO_LOOP=1``: the
         command runs stand-alone even while a loop runs)."""
         proc = subprocess.run(
-            self.cli_args(*args), capture_output=True, text=True, timeout=timeout, env={**self.env, **(env or {})},
+            self.cli_args(*args),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**self.env, **(env or {})},
             check=False,
         )
         return CliResult(args, proc.returncode, proc.stdout, proc.stderr)
@@ -445,9 +453,7 @@ class LoopProcess:
         self.root = root
         self.port = free_port()
         self.addr = f"127.0.0.1:{self.port}"
-        self.args = root.cli_args(
-            "run", "--metrics-addr", self.addr, "--resync", "60", "--log-format", "json", *extra
-        )
+        self.args = root.cli_args("run", "--metrics-addr", self.addr, "--resync", "60", "--log-format", "json", *extra)
         self.events: list[Event] = []
         self.other: list[str] = []  # lines that are not JSON (a traceback would land here)
         self._cond = threading.Condition()

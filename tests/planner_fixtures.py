@@ -140,7 +140,11 @@ def make_observed(case: dict[str, Any], desired: DesiredState) -> Observed:
         )
         used = (obs.get("gpu_memory_used_gib") or {}).get(slot)  # what the card reports in use (WSL2 shapes)
         slots[slot] = GpuSlotView(
-            slot=slot, index=idx, uuid=None, processes=plist, missing=slot in missing,
+            slot=slot,
+            index=idx,
+            uuid=None,
+            processes=plist,
+            missing=slot in missing,
             memory_total_bytes=None if used is None else 80 * GIB,
             memory_used_bytes=None if used is None else int(used * GIB),
         )

@@ -58,8 +58,17 @@ class Api:
         self.base = base
         self.token = token
 
-    def call(self, method: str, path: str, body: Any = None, *, token: str | None = ..., raw: bytes | None = None,  # type: ignore[assignment]
-             headers: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, dict[str, str], Any]:
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        token: str | None = ...,
+        raw: bytes | None = None,  # type: ignore[assignment]
+        headers: dict[str, str] | None = None,
+        timeout: float = 60,
+    ) -> tuple[int, dict[str, str], Any]:
         tok = self.token if token is ... else token
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
         req = urllib.request.Request(self.base + path, data=data, method=method)
@@ -97,8 +106,9 @@ class Holder:
     """A real process that maps an offload file (1 MiB) and keeps it mapped until closed."""
 
     def __init__(self, path: Path):
-        self.proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         assert self.proc.stdout is not None and self.proc.stdout.readline() == "ready\n"
 
     def close(self) -> None:
@@ -142,8 +152,9 @@ def quiet_loop(root: Root, tmp_path: Path, image: str) -> Iterator[tuple[LoopPro
     own holds slot A, so every pass is blocked and changes nothing (not even the orphans a test makes, which an
     unblocked pass would reclaim by itself whenever an engine event, from any container, wakes it)."""
     omni = root.recipe("omni")
-    root.run_unmanaged("holder", "-e", f"NVIDIA_VISIBLE_DEVICES={root.slot_index[A]}", "-v", "/usr:/usr:ro", image,
-                       "sleep", "300")
+    root.run_unmanaged(
+        "holder", "-e", f"NVIDIA_VISIBLE_DEVICES={root.slot_index[A]}", "-v", "/usr:/usr:ro", image, "sleep", "300"
+    )
     root.manifest((omni, [A]))
     tf = token_file(tmp_path)
     lp = LoopProcess(root, "--api-token-file", str(tf))
@@ -167,15 +178,19 @@ READS = ["/v1/status", "/v1/plan", "/v1/plan?save=true", "/v1/shm", "/v1/audit",
 WRITES = ["/v1/shm/reclaim", "/v1/apply"]
 
 
-def test_every_api_and_mcp_route_needs_the_token(quiet_loop: tuple[LoopProcess, Api], root: Root,
-                                                  shm_files: dict[str, Any]) -> None:
+def test_every_api_and_mcp_route_needs_the_token(
+    quiet_loop: tuple[LoopProcess, Api], root: Root, shm_files: dict[str, Any]
+) -> None:
     lp, api = quiet_loop
     before = sorted(p.name for p in root.shm.iterdir())
     for path in READS + WRITES + ["/mcp", "/v1", "/v1/nothing", "/", "//v1/status", "/V1/status"]:
         for method in ("GET", "POST"):
             body = {"confirm": True} if method == "POST" else None
-            for tok, why in ((None, "no bearer token"), ("wrong-" + TOKEN[6:], "wrong token"),
-                             (TOKEN[:-1], "wrong token")):
+            for tok, why in (
+                (None, "no bearer token"),
+                ("wrong-" + TOKEN[6:], "wrong token"),
+                (TOKEN[:-1], "wrong token"),
+            ):
                 status, hdrs, answer = api.call(method, path, body, token=tok)
                 assert status == 401, (method, path, tok, status, answer)
                 assert why in answer["error"], answer
@@ -208,8 +223,9 @@ def test_every_api_and_mcp_route_needs_the_token(quiet_loop: tuple[LoopProcess, 
 # ---------------------------------------------------------------- reads and writes
 
 
-def test_reads_and_writes_with_the_token(quiet_loop: tuple[LoopProcess, Api], root: Root,
-                                         shm_files: dict[str, Any]) -> None:
+def test_reads_and_writes_with_the_token(
+    quiet_loop: tuple[LoopProcess, Api], root: Root, shm_files: dict[str, Any]
+) -> None:
     lp, api = quiet_loop
     mapped, orphans = shm_files["mapped"], shm_files["orphans"]
 
@@ -219,8 +235,11 @@ def test_reads_and_writes_with_the_token(quiet_loop: tuple[LoopProcess, Api], ro
     cli = root.shm_status()
     assert shm == cli, "GET /v1/shm is `shm status --json`"
     states = {Path(f["path"]).name: f["state"] for f in shm["files"]}
-    assert states == {"vllm_offload_live.mmap": "owned", "vllm_offload_dead1.mmap": "orphan",
-                      "vllm_offload_dead2.mmap": "orphan"}, states
+    assert states == {
+        "vllm_offload_live.mmap": "owned",
+        "vllm_offload_dead1.mmap": "orphan",
+        "vllm_offload_dead2.mmap": "orphan",
+    }, states
     [live] = [f for f in shm["files"] if f["path"] == str(mapped)]
     assert shm_files["holder"].proc.pid in [o["pid"] for o in live["owners"]], live
 
@@ -285,8 +304,9 @@ def test_reads_and_writes_with_the_token(quiet_loop: tuple[LoopProcess, Api], ro
     assert (status == 200 and applied["result"] == "converged") or applied["result"] == "stale", applied
 
 
-def test_bad_requests_are_refused_and_change_nothing(quiet_loop: tuple[LoopProcess, Api], root: Root,
-                                                      shm_files: dict[str, Any]) -> None:
+def test_bad_requests_are_refused_and_change_nothing(
+    quiet_loop: tuple[LoopProcess, Api], root: Root, shm_files: dict[str, Any]
+) -> None:
     _, api = quiet_loop
     orphans = shm_files["orphans"]
     cases: list[tuple[str, Any, int]] = [
@@ -303,8 +323,9 @@ def test_bad_requests_are_refused_and_change_nothing(quiet_loop: tuple[LoopProce
         status, _, answer = api.post(path, body)
         assert status == want, (path, body, status, answer)
         assert "error" in answer, answer
-    status, _, answer = api.post("/v1/shm/reclaim", raw=b"confirm=true",
-                                 headers={"Content-Type": "application/x-www-form-urlencoded"})
+    status, _, answer = api.post(
+        "/v1/shm/reclaim", raw=b"confirm=true", headers={"Content-Type": "application/x-www-form-urlencoded"}
+    )
     assert status == 400, answer
     status, _, answer = api.post("/v1/shm/reclaim", raw=b"{not json", headers={"Content-Type": "application/json"})
     assert status == 400, answer
@@ -318,8 +339,7 @@ def test_bad_requests_are_refused_and_change_nothing(quiet_loop: tuple[LoopProce
     assert all(p.exists() for p in orphans), "nothing was removed by a refused request"
 
 
-def test_a_reclaim_while_a_native_offload_container_runs_is_refused(loop: tuple[LoopProcess, Api],
-                                                                     root: Root) -> None:
+def test_a_reclaim_while_a_native_offload_container_runs_is_refused(loop: tuple[LoopProcess, Api], root: Root) -> None:
     lp, api = loop
     lane = root.recipe("deepseek-256k-offload", offload_mib=8)
     mark = lp.mark()
@@ -358,9 +378,22 @@ def test_loopback_unless_allowed_with_a_token_of_ones_own(root: Root, tmp_path: 
     if addr is None:
         pytest.skip("no non-loopback address on this machine")
     tf = token_file(tmp_path, name="remote-token")
-    r = subprocess.Popen(root.cli_args("run", "--metrics-addr", f"{addr}:{port}", "--api-allow-remote",
-                                       "--api-token-file", str(tf), "--log-format", "json"),
-                         env=root.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    r = subprocess.Popen(
+        root.cli_args(
+            "run",
+            "--metrics-addr",
+            f"{addr}:{port}",
+            "--api-allow-remote",
+            "--api-token-file",
+            str(tf),
+            "--log-format",
+            "json",
+        ),
+        env=root.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         api = Api(f"http://{addr}:{port}", TOKEN)
         wait_until(lambda: _answers(api), timeout=20, what="the remote listener")

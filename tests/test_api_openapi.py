@@ -28,7 +28,8 @@ def test_it_is_generated_from_the_routes_and_their_models() -> None:
             ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
             assert ref == f"#/components/schemas/{ep.body.__name__}"
             assert doc["components"]["schemas"][ep.body.__name__] == ep.body.model_json_schema(
-                ref_template="#/components/schemas/{model}")
+                ref_template="#/components/schemas/{model}"
+            )
         if ep.query is not None:
             assert {p["name"] for p in op["parameters"]} == set(ep.query.model_fields)
     reclaim = doc["components"]["schemas"]["ReclaimBody"]

@@ -19,8 +19,6 @@ from reconciler.planner import Action, ActionKind, Plan
 pytestmark = [pytest.mark.docker, pytest.mark.root]
 
 
-
-
 def test_apply_without_a_terminal_or_yes_refuses_and_changes_nothing(root: Root) -> None:
     omni = root.recipe("omni")
     root.manifest((omni, ["dark-compute-b"]))
@@ -74,7 +72,13 @@ def test_saved_plan_applies_exactly_and_a_stale_one_is_refused(root: Root, tmp_p
     # A container with no GPU, no offload and none of our labels cannot change the plan: it is not in the
     # fingerprint, so a busy engine does not make every saved plan stale.
     bystander = root.run_unmanaged(
-        "bystander", "-v", "/usr:/usr:ro", "reconciler/fake-vllm:latest", "python3", "-c", "import time; time.sleep(300)"
+        "bystander",
+        "-v",
+        "/usr:/usr:ro",
+        "reconciler/fake-vllm:latest",
+        "python3",
+        "-c",
+        "import time; time.sleep(300)",
     )
     assert root.cli("plan", "--out", str(tmp_path / "still.json")).rc == 2
     again = json.loads((tmp_path / "still.json").read_text())
@@ -82,8 +86,15 @@ def test_saved_plan_applies_exactly_and_a_stale_one_is_refused(root: Root, tmp_p
     root.api.remove_container(bystander, force=True)
     gpu = f"NVIDIA_VISIBLE_DEVICES={root.slot_index['dark-compute-a']}"
     squatter = root.run_unmanaged(
-        "squatter", "-v", "/usr:/usr:ro", "-e", gpu, "reconciler/fake-vllm:latest",
-        "python3", "-c", "import time; time.sleep(300)",
+        "squatter",
+        "-v",
+        "/usr:/usr:ro",
+        "-e",
+        gpu,
+        "reconciler/fake-vllm:latest",
+        "python3",
+        "-c",
+        "import time; time.sleep(300)",
     )
     r = root.cli("apply", str(saved))
     assert r.rc == 1, r
@@ -113,7 +124,9 @@ def test_a_plan_file_of_another_host_or_garbage_is_a_clear_error(root: Root, tmp
     r = root.cli("apply", str(bad))
     assert r.rc == 1 and "not a saved plan" in r.stderr and "Traceback" not in r.stderr, r
     other = tmp_path / "other.json"
-    other.write_text(json.dumps({"format": "reconciler-plan/1", "host": "elsewhere", "fingerprint": {"files": {}, "parts": {}}}))
+    other.write_text(
+        json.dumps({"format": "reconciler-plan/1", "host": "elsewhere", "fingerprint": {"files": {}, "parts": {}}})
+    )
     r = root.cli("apply", str(other))
     assert r.rc == 1 and "a plan for host 'elsewhere'" in r.stderr, r
     r = root.cli("apply", str(tmp_path / "missing.json"))

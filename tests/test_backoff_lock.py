@@ -121,7 +121,9 @@ def test_a_failing_fallback_backs_off_longer_while_the_lane_it_serves_is_held() 
     assert b.forget_changed(manifest, recipes=recipes) == ["small@b"]
 
 
-def test_a_loop_pass_keeps_the_backoff_of_the_fallback_of_a_held_lane(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_loop_pass_keeps_the_backoff_of_the_fallback_of_a_held_lane(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     import io
 
     from planner_fixtures import make_recipe
@@ -132,10 +134,14 @@ def test_a_loop_pass_keeps_the_backoff_of_the_fallback_of_a_held_lane(monkeypatc
     a, b = "dark-compute-a", "dark-compute-b"
     big, small = make_recipe(tp=2, image="big"), make_recipe(image="small")
     host = HostConfig.model_validate({"name": "h", "gpus": {a: {"index": 0}, b: {"index": 1}}, "gpu_telemetry": "none"})
-    desired = DesiredState(host=host, recipes={"big": big, "small": small},
-                           assignments=(DesiredAssignment("big", (a, b), big.content_hash(), 0),))
-    loop = loop_mod.Loop(str(tmp_path), metrics_addr=None, log=loop_mod.Log("json", io.StringIO()),
-                         backoff=Backoff(clock=Clock()))
+    desired = DesiredState(
+        host=host,
+        recipes={"big": big, "small": small},
+        assignments=(DesiredAssignment("big", (a, b), big.content_hash(), 0),),
+    )
+    loop = loop_mod.Loop(
+        str(tmp_path), metrics_addr=None, log=loop_mod.Log("json", io.StringIO()), backoff=Backoff(clock=Clock())
+    )
     monkeypatch.setattr(loop, "_load", lambda: desired)
 
     class PassEnds(Exception):

@@ -73,7 +73,9 @@ def expectation(case: str) -> tuple[str, list[str]]:
 
 
 def fingerprint(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()
+    }
 
 
 def check(case: str, code: int, out: str, err: str) -> None:
@@ -133,6 +135,10 @@ def test_bad_root_is_refused_by_the_command(case: str, tmp_path: Path, shared_tm
     for command in (["validate"], ["plan"], ["validate", "--json"]):
         proc = subprocess.run(
             [sys.executable, "-m", "reconciler", "--root", str(root), *command],
-            capture_output=True, text=True, timeout=60, env=env, check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            check=False,
         )
         check(case, proc.returncode, proc.stdout, proc.stderr)

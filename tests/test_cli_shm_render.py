@@ -17,12 +17,23 @@ VIEW = ShmView(
     proc=Source("proc", True),
     docker=Source("docker", True),
     files=(
-        ShmFile("/dev/shm/vllm_offload_a.mmap", 41, 7, 8 * GIB, 8 * GIB, (Owner(101, "map", "vllm-exclusive", "vllm serve"),), "owned", "mapped by pid 101"),
+        ShmFile(
+            "/dev/shm/vllm_offload_a.mmap",
+            41,
+            7,
+            8 * GIB,
+            8 * GIB,
+            (Owner(101, "map", "vllm-exclusive", "vllm serve"),),
+            "owned",
+            "mapped by pid 101",
+        ),
         ShmFile("/dev/shm/vllm_offload_[b].mmap", 41, 8, 8 * GIB, 8 * GIB, (), "orphan", "no live process maps it"),
         ShmFile("/dev/shm/vllm_offload_c\nd.mmap", 41, 9, 100, 4096, (), "orphan", "no live process maps it"),
     ),
     deleted_mapped_bytes=GIB,
-    deleted_mapped=(ShmFile("/dev/shm/vllm_offload_z.mmap (deleted)", 41, 10, GIB, GIB, (Owner(102, "map"),), "owned", "unlinked"),),
+    deleted_mapped=(
+        ShmFile("/dev/shm/vllm_offload_z.mmap (deleted)", 41, 10, GIB, GIB, (Owner(102, "map"),), "owned", "unlinked"),
+    ),
     uninspectable=(Uninspectable(1, "/sbin/init " + "x" * 100, "/proc/1/maps: Permission denied", True),),
     skipped=(("/dev/shm/vllm_offload_l.mmap", "a symlink (to '/etc/passwd'): never followed, never removed"),),
 )
@@ -91,7 +102,10 @@ def test_owners_are_grouped_by_container_each_pid_once() -> None:
     from reconciler.cli_shm import _owners
 
     owners = (
-        Owner(7566, "map", "lane"), Owner(7567, "map", "lane"), Owner(7566, "fd", "lane"), Owner(7567, "fd", "lane"),
+        Owner(7566, "map", "lane"),
+        Owner(7567, "map", "lane"),
+        Owner(7566, "fd", "lane"),
+        Owner(7567, "fd", "lane"),
         Owner(42, "fd"),
     )
     f = ShmFile("/dev/shm/vllm_offload_a.mmap", 41, 7, GIB, GIB, owners, "owned", "mapped")

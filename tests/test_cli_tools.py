@@ -34,7 +34,11 @@ def test_the_version_is_written_once_and_reported(capsys: pytest.CaptureFixture[
 
 def completion(shell: str) -> str:
     out = subprocess.run(
-        [sys.executable, "-m", "reconciler", "completion", shell], capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-m", "reconciler", "completion", shell],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     return out.stdout
 

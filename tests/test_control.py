@@ -44,8 +44,18 @@ pytestmark = [pytest.mark.docker, pytest.mark.root]
 A, B = "dark-compute-a", "dark-compute-b"
 ALONE = {"RECONCILER_NO_LOOP": "1"}
 # Never loaded by a command the loop answers: what makes a stand-alone command slow, or could act on the host.
-HEAVY = ("pydantic", "pydantic_core", "docker", "yaml", "rich", "reconciler.model", "reconciler.service",
-         "reconciler.loader", "reconciler.planner", "reconciler.observe")
+HEAVY = (
+    "pydantic",
+    "pydantic_core",
+    "docker",
+    "yaml",
+    "rich",
+    "reconciler.model",
+    "reconciler.service",
+    "reconciler.loader",
+    "reconciler.planner",
+    "reconciler.observe",
+)
 
 # The command line as a whole process (``python -m reconciler ARGS``), listing the modules it loaded at its exit.
 CLIENT = r"""
@@ -81,9 +91,14 @@ def norm(text: str) -> str:
 def client(root: Root, tmp_path: Path) -> Callable[..., tuple[CliResult, list[str]]]:
     def run(*args: str, env: dict[str, str] | None = None, timeout: float = 90) -> tuple[CliResult, list[str]]:
         mods = tmp_path / "client-modules.json"
-        proc = subprocess.run([sys.executable, "-c", CLIENT, "--root", str(root.path), *args], capture_output=True,
-                              text=True, timeout=timeout, env={**root.env, "CLIENT_MODULES": str(mods), **(env or {})},
-                              check=False)
+        proc = subprocess.run(
+            [sys.executable, "-c", CLIENT, "--root", str(root.path), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**root.env, "CLIENT_MODULES": str(mods), **(env or {})},
+            check=False,
+        )
         return CliResult(args, proc.returncode, proc.stdout, proc.stderr), json.loads(mods.read_text())
 
     return run
@@ -111,7 +126,9 @@ def audit(root: Root) -> list[dict[str, Any]]:
     return root.cli("audit", "--json", env=ALONE).data["records"]
 
 
-def same_answer(root: Root, client: Callable[..., tuple[CliResult, list[str]]], *args: str) -> tuple[CliResult, CliResult]:
+def same_answer(
+    root: Root, client: Callable[..., tuple[CliResult, list[str]]], *args: str
+) -> tuple[CliResult, CliResult]:
     """The command answered by the loop and stand-alone; a loop's pass in between (another container's event on a
     shared engine) may change what there is to say, so a difference is looked at again, twice at most."""
     for _ in range(3):
@@ -129,7 +146,8 @@ def same_answer(root: Root, client: Callable[..., tuple[CliResult, list[str]]], 
 
 
 def test_the_loop_answers_each_read_command_as_the_stand_alone_command_prints_it(
-        root: Root, start_loop: Callable[..., LoopProcess], client: Callable[..., tuple[CliResult, list[str]]]) -> None:
+    root: Root, start_loop: Callable[..., LoopProcess], client: Callable[..., tuple[CliResult, list[str]]]
+) -> None:
     omni = root.recipe("omni")
     root.manifest((omni, [B]))
     lp = start_loop("--debounce", "30").started()
@@ -138,8 +156,17 @@ def test_the_loop_answers_each_read_command_as_the_stand_alone_command_prints_it
     held = root.shm / "vllm_offload_held.mmap"
     held.write_bytes(b"\0" * 4096)
     with held.open("rb"):
-        for args in (("plan",), ("plan", "--json"), ("status",), ("status", "--json"), ("shm", "status"),
-                     ("shm", "status", "--json"), ("audit",), ("audit", "--json"), ("audit", "--since", "1h")):
+        for args in (
+            ("plan",),
+            ("plan", "--json"),
+            ("status",),
+            ("status", "--json"),
+            ("shm", "status"),
+            ("shm", "status", "--json"),
+            ("audit",),
+            ("audit", "--json"),
+            ("audit", "--since", "1h"),
+        ):
             via, _ = same_answer(root, client, *args)
             assert via.rc == 0, via
             if "--json" in args:
@@ -148,7 +175,8 @@ def test_the_loop_answers_each_read_command_as_the_stand_alone_command_prints_it
         assert status.data["loop"]["pid"] == lp.proc.pid, status
         shm, _ = client("shm", "status", "--json")
         assert [(f["path"], f["state"], {o["pid"] for o in f["owners"]}) for f in shm.data["files"]] == [
-            (str(held), "owned", {os.getpid()})], shm
+            (str(held), "owned", {os.getpid()})
+        ], shm
     # probe runs the recipe's probes against the running lane (each run is audited and kept as its suite's last).
     for args in (("probe", omni), ("probe", omni, "--json")):
         via, _ = same_answer(root, client, *args)
@@ -170,7 +198,8 @@ def test_the_loop_answers_each_read_command_as_the_stand_alone_command_prints_it
 
 
 def test_apply_and_shm_reclaim_are_carried_out_by_the_loop_that_holds_the_host(
-        root: Root, start_loop: Callable[..., LoopProcess], client: Callable[..., tuple[CliResult, list[str]]]) -> None:
+    root: Root, start_loop: Callable[..., LoopProcess], client: Callable[..., tuple[CliResult, list[str]]]
+) -> None:
     omni = root.recipe("omni")
     lp = start_loop("--debounce", "30").started()
     hold_off(root, lp)
@@ -195,8 +224,14 @@ def test_apply_and_shm_reclaim_are_carried_out_by_the_loop_that_holds_the_host(
     # A saved plan (written by the loop where the client asked, relative to its working directory), applied.
     hold_off(root, lp)
     root.manifest((omni, [A]))
-    saved = subprocess.run(root.cli_args("plan", "--out", "saved.json"), cwd=root.path.parent, env=root.env,
-                           capture_output=True, text=True, check=False)
+    saved = subprocess.run(
+        root.cli_args("plan", "--out", "saved.json"),
+        cwd=root.path.parent,
+        env=root.env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert saved.returncode == 2 and (root.path.parent / "saved.json").exists(), saved
     r = root.cli("apply", str(root.path.parent / "saved.json"), "--json")
     assert r.rc == 0 and [a["kind"] for a in r.data["actions"]] == ["leave", "enter"], r
@@ -221,8 +256,9 @@ def test_apply_and_shm_reclaim_are_carried_out_by_the_loop_that_holds_the_host(
 def _interactive(root: Root, *args: str) -> tuple[subprocess.Popen[bytes], int]:
     """The command line with a pseudo-terminal as its stdin (so apply asks), stdout and stderr piped."""
     leader, follower = pty.openpty()
-    proc = subprocess.Popen(root.cli_args(*args), stdin=follower, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=root.env)
+    proc = subprocess.Popen(
+        root.cli_args(*args), stdin=follower, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=root.env
+    )
     os.close(follower)
     return proc, leader
 
@@ -243,7 +279,8 @@ def _read_until(proc: subprocess.Popen[bytes], text: bytes, timeout: float = 30)
 
 
 def test_an_approval_given_after_a_change_is_refused_and_passes_go_on_while_the_prompt_waits(
-        root: Root, start_loop: Callable[..., LoopProcess]) -> None:
+    root: Root, start_loop: Callable[..., LoopProcess]
+) -> None:
     omni = root.recipe("omni")
     lp = start_loop("--debounce", "30").started()
     hold_off(root, lp)
@@ -289,8 +326,9 @@ def test_ctrl_c_stops_an_apply_in_the_loop_at_a_safe_point(root: Root, start_loo
     lp = start_loop("--debounce", "30").started()
     hold_off(root, lp)
     root.manifest((slow, [B]))
-    proc = subprocess.Popen(root.cli_args("apply", "--yes"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=root.env)
+    proc = subprocess.Popen(
+        root.cli_args("apply", "--yes"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=root.env
+    )
     wait_until(lambda: root.running(), timeout=30, what="the enter's container")
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
@@ -396,16 +434,20 @@ def test_a_planted_socket_is_refused_and_nothing_is_sent_to_it(root: Root, nobod
         listener.wait()
 
 
-def test_the_loop_answers_no_client_of_another_user(root: Root, start_loop: Callable[..., LoopProcess],
-                                                    nobody_dir: Path) -> None:
+def test_the_loop_answers_no_client_of_another_user(
+    root: Root, start_loop: Callable[..., LoopProcess], nobody_dir: Path
+) -> None:
     runtime = nobody_dir.parent / "run"  # under a directory uid 65534 can pass through (pytest's own is 0700)
     root.env["RECONCILER_LOCK_DIR"] = str(runtime)
     lp = start_loop().started()
     sock = runtime / f"reconciler-{root.host}.sock"
     attacker = Attacker()
     # Opened up for this test only: without this, uid 65534 cannot even reach the socket (0700 directory, 0600 socket).
-    denied = attacker.python("import socket, sys\ntry:\n    socket.socket(socket.AF_UNIX).connect(sys.argv[1])\n"
-                             "except OSError as e:\n    print(e.errno)\n", str(sock))
+    denied = attacker.python(
+        "import socket, sys\ntry:\n    socket.socket(socket.AF_UNIX).connect(sys.argv[1])\n"
+        "except OSError as e:\n    print(e.errno)\n",
+        str(sock),
+    )
     assert denied.stdout.strip() == "13", denied
     runtime.chmod(0o711)
     sock.chmod(0o666)
@@ -415,7 +457,10 @@ def test_the_loop_answers_no_client_of_another_user(root: Root, start_loop: Call
             "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
             "s.sendall(json.dumps({'argv': ['plan'], 'root': sys.argv[2]}).encode() + b'\\n')\n"
             "try:\n    print(repr(s.recv(65536)))\n"
-            "except ConnectionResetError:\n    print(repr(b''))\n", str(sock), str(root.path))
+            "except ConnectionResetError:\n    print(repr(b''))\n",
+            str(sock),
+            str(root.path),
+        )
     finally:
         runtime.chmod(0o700)
         sock.chmod(0o600)

@@ -20,7 +20,11 @@ def tracked_text() -> dict[str, str]:
     out = {}
     for name in names:
         path = REPO / name
-        if name in ("docs/design.md", "tests/test_design_doc.py") or not path.is_file() or path.suffix in (".png", ".json"):
+        if (
+            name in ("docs/design.md", "tests/test_design_doc.py")
+            or not path.is_file()
+            or path.suffix in (".png", ".json")
+        ):
             continue
         try:
             out[name] = path.read_text(encoding="utf-8")

@@ -9,7 +9,13 @@ def inspect(env=(), cmd=(), entrypoint=None, device_requests=None, labels=None, 
     return {
         "Name": "/x",
         "Args": list(args),
-        "Config": {"Env": list(env), "Cmd": list(cmd), "Entrypoint": entrypoint, "Labels": labels or {}, "Image": "img"},
+        "Config": {
+            "Env": list(env),
+            "Cmd": list(cmd),
+            "Entrypoint": entrypoint,
+            "Labels": labels or {},
+            "Image": "img",
+        },
         "HostConfig": {"DeviceRequests": device_requests},
     }
 
@@ -65,7 +71,11 @@ def test_parse_container_reads_state_exit_code_and_labels() -> None:
         "Image": "reconciler/fake-vllm:latest",
         "State": "exited",
         "Status": "Exited (137) 3 seconds ago",
-        "Labels": {"io.reconciler.managed": "true", "io.reconciler.slots": "dark-compute-b", "io.reconciler.recipe": "omni"},
+        "Labels": {
+            "io.reconciler.managed": "true",
+            "io.reconciler.slots": "dark-compute-b",
+            "io.reconciler.recipe": "omni",
+        },
     }
     c = parse_container(summary, inspect(env=["NVIDIA_VISIBLE_DEVICES=1"]))
     assert c.name == "reconciler-omni-dark-compute-b" and c.state == "exited" and not c.active

@@ -365,10 +365,7 @@ def test_5b_failures_within_one_second_are_all_kept_under_distinct_names(root: R
 
     ops = DockerOps(root.api)
     base = root.cname(f"quick-{root.tag}", "dark-compute-a")
-    ids = [
-        root.api.create_container(image, command=["true"], labels={LABEL_HOST: root.host})["Id"]
-        for _ in range(3)
-    ]
+    ids = [root.api.create_container(image, command=["true"], labels={LABEL_HOST: root.host})["Id"] for _ in range(3)]
     t0 = time.monotonic()
     names = [ops.preserve(cid, base) for cid in ids]
     assert time.monotonic() - t0 < 1.0, "the three renames should fall within about one second"
@@ -388,8 +385,9 @@ def test_5c_only_the_newest_kept_failures_stay(root: Root, image: str) -> None:
     mine = {LABEL_HOST: root.host, LABEL_MANAGED: "true", LABEL_INSTALL: root.install_id()}
     ids = [root.api.create_container(image, command=["true"], labels=mine)["Id"] for _ in range(4)]
     names = [ops.preserve(cid, base) for cid in ids]
-    other_host = root.api.create_container(image, command=["true"], labels={**mine, LABEL_HOST: "elsewhere"},
-                                           name=base + "-failed-19990101-000000")["Id"]
+    other_host = root.api.create_container(
+        image, command=["true"], labels={**mine, LABEL_HOST: "elsewhere"}, name=base + "-failed-19990101-000000"
+    )["Id"]
     try:
         removed = ops.prune_kept(base, host=root.host, keep=2, install_id=root.install_id())
         assert sorted(removed) == sorted(names)[:2], (removed, names)
@@ -411,7 +409,9 @@ def test_5d_pruning_kept_failures_leaves_what_this_install_did_not_make(root: Ro
     install = root.install_id()
     base = root.cname(f"flaky-{root.tag}", "dark-compute-a")
     mine = {LABEL_HOST: root.host, LABEL_MANAGED: "true", LABEL_INSTALL: install}
-    names = [ops.preserve(root.api.create_container(image, command=["true"], labels=mine)["Id"], base) for _ in range(3)]
+    names = [
+        ops.preserve(root.api.create_container(image, command=["true"], labels=mine)["Id"], base) for _ in range(3)
+    ]
     # Oldest stamps: a prune by name and host alone removes these first.
     strangers = {
         "another install": {**mine, LABEL_INSTALL: "f" * 32},
@@ -419,8 +419,11 @@ def test_5d_pruning_kept_failures_leaves_what_this_install_did_not_make(root: Ro
     }
     made = []
     for i, labels in enumerate(strangers.values()):
-        made.append(root.api.create_container(image, command=["true"], labels=labels,
-                                              name=f"{base}-failed-19990101-00000{i}")["Id"])
+        made.append(
+            root.api.create_container(image, command=["true"], labels=labels, name=f"{base}-failed-19990101-00000{i}")[
+                "Id"
+            ]
+        )
     # An image that carries this install's labels (someone committed one of ours): its containers inherit them.
     tag = f"reconciler/e2e-kept-copy:{root.tag}"
     image_id = root.api.commit(names[0], repository=tag.split(":")[0], tag=root.tag)["Id"]
@@ -557,11 +560,16 @@ def test_7b_killed_between_create_and_start_the_labelled_leftover_is_replaced(ro
     lane = root.recipe("deepseek-256k-offload", offload_mib=16)
     root.manifest((lane, ["dark-compute-a", "dark-compute-b"]))
     slots = ("dark-compute-a", "dark-compute-b")
-    leftover = DockerOps(root.api).create(create_spec(load_desired(root.path), lane, slots, install_id=root.install_id()))
+    leftover = DockerOps(root.api).create(
+        create_spec(load_desired(root.path), lane, slots, install_id=root.install_id())
+    )
     assert [(c["Id"], c["State"]) for c in root.containers()] == [(leftover, "created")]
 
     plan = root.cli("plan", "--json")
-    assert [(a["kind"], a["container_id"]) for a in plan.data["actions"]] == [("leave", leftover), ("enter", None)]
+    assert [(a["kind"], a["container_id"]) for a in plan.data["actions"]] == [
+        ("leave", leftover),
+        ("enter", None),
+    ], str(plan)
     assert "never started" in plan.data["actions"][0]["reason"]
 
     res = apply_ok(root)

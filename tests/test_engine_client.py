@@ -172,8 +172,11 @@ def many_containers(docker_api: Any, image: str) -> Iterator[list[str]]:
     """Enough created (never started) containers that the engine's list no longer fits its write buffer (4 KiB on
     dockerd) and comes chunked, as on any real host."""
     ids = [
-        docker_api.create_container(image, ["/usr/bin/true"], labels={"io.reconciler.test": "engine-client",
-                                                                      "io.reconciler.test.pad": "x" * 300})["Id"]
+        docker_api.create_container(
+            image,
+            ["/usr/bin/true"],
+            labels={"io.reconciler.test": "engine-client", "io.reconciler.test.pad": "x" * 300},
+        )["Id"]
         for _ in range(12)
     ]
     try:
@@ -232,7 +235,8 @@ def test_an_engine_that_keeps_the_connection_open_answers_by_length_and_by_last_
     body = b'[{"Id": "abc"}]'
     answers = [
         b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body),
-        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\nX-Trailer: 1\r\n\r\n" % (len(body), body),
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\nX-Trailer: 1\r\n\r\n"
+        % (len(body), body),
     ]
     requests: list[bytes] = []
 
@@ -318,8 +322,9 @@ def test_a_proxys_refusal_names_the_endpoint(tmp_path: Path) -> None:
 
     def refuses(conn: socket.socket) -> None:
         conn.recv(65536)
-        conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: %d\r\nContent-Type: text/html\r\n\r\n%s"
-                     % (len(page), page))
+        conn.sendall(
+            b"HTTP/1.1 403 Forbidden\r\nContent-Length: %d\r\nContent-Type: text/html\r\n\r\n%s" % (len(page), page)
+        )
         time.sleep(5)
 
     srv = _fake_engine(tmp_path / "e.sock", refuses)

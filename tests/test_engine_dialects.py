@@ -9,10 +9,16 @@ from reconciler.observe.docker_obs import DOCKER, PODMAN, engine_kind, failure_c
 from reconciler.observe.engine import EngineDown, EngineError, EngineSlow
 
 # GET /version of Debian's Podman 4.3 API service and of Debian's docker.io 20.10 (trimmed to what is read).
-PODMAN_VERSION = {"Components": [{"Name": "Podman Engine", "Version": "4.3.1"}, {"Name": "Conmon"}],
-                  "Version": "4.3.1", "ApiVersion": "1.41"}
-DOCKER_VERSION = {"Components": [{"Name": "Engine", "Version": "20.10.24+dfsg1"}, {"Name": "containerd"}],
-                  "Version": "20.10.24+dfsg1", "ApiVersion": "1.41"}
+PODMAN_VERSION = {
+    "Components": [{"Name": "Podman Engine", "Version": "4.3.1"}, {"Name": "Conmon"}],
+    "Version": "4.3.1",
+    "ApiVersion": "1.41",
+}
+DOCKER_VERSION = {
+    "Components": [{"Name": "Engine", "Version": "20.10.24+dfsg1"}, {"Name": "containerd"}],
+    "Version": "20.10.24+dfsg1",
+    "ApiVersion": "1.41",
+}
 UUID = "GPU-5d3e8f0a-8c1e-4a57-9a8e-0c7d1f1a2b30"
 
 
@@ -23,11 +29,18 @@ def test_the_engine_is_told_by_its_version_answer() -> None:
 
 
 def test_gpus_given_by_cdi_name_are_claims() -> None:
-    by_device = {"HostConfig": {"Devices": [{"PathOnHost": f"nvidia.com/gpu={UUID}", "PathInContainer": "",
-                                              "CgroupPermissions": "rwm"}, {"PathOnHost": "/dev/fuse"}]}}
+    by_device = {
+        "HostConfig": {
+            "Devices": [
+                {"PathOnHost": f"nvidia.com/gpu={UUID}", "PathInContainer": "", "CgroupPermissions": "rwm"},
+                {"PathOnHost": "/dev/fuse"},
+            ]
+        }
+    }
     assert gpu_devices_of(by_device) == (UUID,)
-    by_request = {"HostConfig": {"DeviceRequests": [{"Driver": "cdi", "DeviceIDs": ["nvidia.com/gpu=0",
-                                                                                     "vendor.com/fpga=1"]}]}}
+    by_request = {
+        "HostConfig": {"DeviceRequests": [{"Driver": "cdi", "DeviceIDs": ["nvidia.com/gpu=0", "vendor.com/fpga=1"]}]}
+    }
     assert gpu_devices_of(by_request) == ("0",)
     everything = {"HostConfig": {"DeviceRequests": [{"Driver": "cdi", "DeviceIDs": ["nvidia.com/gpu=all"]}]}}
     assert gpu_devices_of(everything) == ("all",)
@@ -44,14 +57,23 @@ def test_failures_read_as_slow_down_or_error() -> None:
 
 
 def test_a_rendered_container_as_podmans_create_body() -> None:
-    host = HostConfig(name="h", gpus={"a": {"uuid": UUID}}, gpu_telemetry="nvml",
-                      docker={"gpu_requests": True})
-    recipe = Recipe.model_validate({
-        "tensor_parallel_size": 1, "model": {"id": "m"},
-        "container": {"image": "img@sha256:" + "a" * 64, "command": ["vllm", "serve", "m"], "env": {"A": "1"},
-                      "volumes": ["/models:/models:ro", "/data:/data"], "ipc": "host", "network": "host",
-                      "init": True, "shm_size": "2g"},
-    })
+    host = HostConfig(name="h", gpus={"a": {"uuid": UUID}}, gpu_telemetry="nvml", docker={"gpu_requests": True})
+    recipe = Recipe.model_validate(
+        {
+            "tensor_parallel_size": 1,
+            "model": {"id": "m"},
+            "container": {
+                "image": "img@sha256:" + "a" * 64,
+                "command": ["vllm", "serve", "m"],
+                "env": {"A": "1"},
+                "volumes": ["/models:/models:ro", "/data:/data"],
+                "ipc": "host",
+                "network": "host",
+                "init": True,
+                "shm_size": "2g",
+            },
+        }
+    )
     create = {**spec.render(host, recipe, ("a",)), "name": "reconciler-x-a", "labels": {"io.reconciler.host": "h"}}
     body = spec.libpod_create_body(create)
     assert body["devices"] == [{"path": f"nvidia.com/gpu={UUID}"}]
@@ -65,7 +87,8 @@ def test_a_rendered_container_as_podmans_create_body() -> None:
     assert body["ipcns"] == {"nsmode": "host"} and body["netns"] == {"nsmode": "host"}
     assert body["init"] is True and body["shm_size"] == 2 << 30 and body["restart_policy"] == "no"
     # A named network and another container's namespace.
-    named = spec.libpod_create_body({**create, "host_config": {**create["host_config"], "network_mode": "vllm-net",
-                                                               "ipc_mode": "container:other"}})
+    named = spec.libpod_create_body(
+        {**create, "host_config": {**create["host_config"], "network_mode": "vllm-net", "ipc_mode": "container:other"}}
+    )
     assert named["netns"] == {"nsmode": "bridge"} and named["networks"] == {"vllm-net": {}}
     assert named["ipcns"] == {"nsmode": "container", "value": "other"}

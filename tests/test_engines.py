@@ -91,12 +91,14 @@ def _haproxy(workdir: Path, upstream: str) -> Iterator[tuple[Path, Path]]:
     cfg = HAPROXY_CFG.read_text().replace("/run/reconciler-proxy/", f"{workdir}/")
     cfg = cfg.replace("server engine /var/run/docker.sock", f"server engine {upstream}")
     (workdir / "haproxy.cfg").write_text(cfg)
-    proc = subprocess.Popen([exe, "-f", str(workdir / "haproxy.cfg"), "-db"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [exe, "-f", str(workdir / "haproxy.cfg"), "-db"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     read, apply = workdir / "read.sock", workdir / "apply.sock"
     try:
-        wait_until(lambda: (read.exists() and apply.exists()) or proc.poll() is not None, timeout=10,
-                   what="haproxy's sockets")
+        wait_until(
+            lambda: (read.exists() and apply.exists()) or proc.poll() is not None, timeout=10, what="haproxy's sockets"
+        )
         assert proc.poll() is None, f"haproxy exited: {proc.stdout.read() if proc.stdout else ''}"
         yield read, apply
     finally:
@@ -141,8 +143,9 @@ def run_unmanaged(r: Root, name: str, *, env: dict[str, str], cmd: list[str]) ->
     """A container started outside the tool on the test's engine (through its API, as the docker CLI would), labelled
     for the cleanup only; its id."""
     hc = r.api.create_host_config(binds=["/usr:/usr:ro"], network_mode="host", ipc_mode="host")
-    cid = r.api.create_container(IMAGE, cmd, name=f"{name}-{r.tag}", environment=env, host_config=hc,
-                                 labels={TEST_LABEL: r.host})["Id"]
+    cid = r.api.create_container(
+        IMAGE, cmd, name=f"{name}-{r.tag}", environment=env, host_config=hc, labels={TEST_LABEL: r.host}
+    )["Id"]
     r.api.start(cid)
     return cid
 
@@ -231,11 +234,17 @@ def test_tp2_offload_lane_its_owners_and_gpu_processes_are_its_container_and_orp
     assert {container_of(pid) for pid in mappers} == {cid}
     assert container_of(os.getpid()) is None
     workers = sorted(mappers)
-    nvml = {**TWO_GPUS, "devices": [{**d, "processes": [{"pid": pid, "used_gpu_memory": 1 << 30}]}
-                                    for d, pid in zip(TWO_GPUS["devices"], workers, strict=True)]}
+    nvml = {
+        **TWO_GPUS,
+        "devices": [
+            {**d, "processes": [{"pid": pid, "used_gpu_memory": 1 << 30}]}
+            for d, pid in zip(TWO_GPUS["devices"], workers, strict=True)
+        ],
+    }
     nvml["devices"][1]["processes"].append({"pid": os.getpid(), "used_gpu_memory": 1 << 20})
-    gpu_host = HostConfig(name=root.host, gpus={A: {"index": 0}, B: {"index": 1}}, gpu_telemetry="nvml",
-                          docker=desired_host.docker)
+    gpu_host = HostConfig(
+        name=root.host, gpus={A: {"index": 0}, B: {"index": 1}}, gpu_telemetry="nvml", docker=desired_host.docker
+    )
     view = observe_gpus(gpu_host, read=lambda _h: nvml)
     assert view.source.ok, view.source
     assert [(p.pid, p.container_id) for p in view.slots[A].processes] == [(workers[0], cid)]
@@ -250,8 +259,9 @@ def test_tp2_offload_lane_its_owners_and_gpu_processes_are_its_container_and_orp
 def test_an_unmanaged_container_on_a_slot_blocks_and_nothing_is_touched(root: Root) -> None:
     omni = root.recipe("omni")
     root.manifest((omni, [B]))
-    squatter = run_unmanaged(root, "squatter", env={"NVIDIA_VISIBLE_DEVICES": str(root.slot_index[B])},
-                             cmd=["sleep", "300"])
+    squatter = run_unmanaged(
+        root, "squatter", env={"NVIDIA_VISIBLE_DEVICES": str(root.slot_index[B])}, cmd=["sleep", "300"]
+    )
     before = root.snapshot()
     plan = root.cli("plan", "--json")
     assert plan.rc == 3 and plan.data["blocked"] is True, str(plan)
@@ -273,9 +283,13 @@ def cdi_gpus(engine: Engine) -> Iterator[list[str]]:
     if engine.kind != "podman":
         pytest.skip("CDI device names are how Podman is given GPUs")
     gpus = [f"GPU-{uuid.uuid4()}" for _ in range(2)]
-    spec = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
-            "devices": [{"name": g, "containerEdits": {"env": [f"RECONCILER_TEST_CDI_GPU_{i}={g}"]}}
-                        for i, g in enumerate(gpus)]}
+    spec = {
+        "cdiVersion": "0.5.0",
+        "kind": "nvidia.com/gpu",
+        "devices": [
+            {"name": g, "containerEdits": {"env": [f"RECONCILER_TEST_CDI_GPU_{i}={g}"]}} for i, g in enumerate(gpus)
+        ],
+    }
     path = Path("/var/run/cdi") / f"reconciler-test-{gpus[0][4:12]}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(spec))
@@ -310,16 +324,24 @@ def test_podman_events_the_loop_follows(engine: Engine, image: str) -> None:
         pytest.skip("Podman's events")
     api = engine.api
     since = int(time.time()) - 1
-    cid = api.create_container(IMAGE, ["true"], host_config=api.create_host_config(binds=["/usr:/usr:ro"]),
-                               labels={TEST_LABEL: "events"})["Id"]
+    cid = api.create_container(
+        IMAGE, ["true"], host_config=api.create_host_config(binds=["/usr:/usr:ro"]), labels={TEST_LABEL: "events"}
+    )["Id"]
     try:
         api.start(cid)
         wait_until(lambda: api.inspect_container(cid)["State"]["Status"] == "exited", timeout=20, what="exit")
     finally:
         api.remove_container(cid, force=True)
-    seen = [ev.get("status") or ev.get("Action") for ev in api.events(
-        since=since, until=int(time.time()) + 1, decode=True,
-        filters={"type": "container", "event": list(EVENT_ACTIONS)}) if ev.get("id") == cid]
+    seen = [
+        ev.get("status") or ev.get("Action")
+        for ev in api.events(
+            since=since,
+            until=int(time.time()) + 1,
+            decode=True,
+            filters={"type": "container", "event": list(EVENT_ACTIONS)},
+        )
+        if ev.get("id") == cid
+    ]
     assert "start" in seen and "die" in seen and set(seen) & GONE_ACTIONS, seen
 
 
@@ -384,8 +406,10 @@ def test_a_slow_engine_and_a_dead_one_read_differently_everywhere(bare_root: Roo
     srv = _silent_engine(tmp_path / "slow.sock")
     dead = tmp_path / "dead.sock"
     try:
-        for url, words, state in ((f"unix://{tmp_path / 'slow.sock'}", "answered too slowly (1 s", "slow"),
-                                  (f"unix://{dead}", "does not answer", "down")):
+        for url, words, state in (
+            (f"unix://{tmp_path / 'slow.sock'}", "answered too slowly (1 s", "slow"),
+            (f"unix://{dead}", "does not answer", "down"),
+        ):
             _set_host(r, url=url, timeout_s=1)
             st = r.cli("status", "--json")
             assert words in st.data["sources"]["docker"], st
@@ -401,8 +425,11 @@ def test_a_slow_engine_and_a_dead_one_read_differently_everywhere(bare_root: Roo
             try:
                 down = lp.wait("source-down", source="docker", timeout=30)[0]
                 assert words in down["detail"], down
-                wait_until(lambda lp=lp, state=state: lp.metric("reconciler_source_state", source="docker", state=state) == 1,
-                           timeout=10, what=f"source_state {state}")
+                wait_until(
+                    lambda lp=lp, state=state: lp.metric("reconciler_source_state", source="docker", state=state) == 1,
+                    timeout=10,
+                    what=f"source_state {state}",
+                )
                 assert lp.metric("reconciler_source_up", source="docker") == 0
                 others = {"slow", "down", "ok"} - {state}
                 assert all(lp.metric("reconciler_source_state", source="docker", state=s) == 0 for s in others)

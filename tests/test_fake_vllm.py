@@ -86,15 +86,20 @@ class HostRun:
         with open(log_path, "wb") as log:  # the child has its own copy of the descriptor
             self.proc = subprocess.Popen(
                 [sys.executable, str(SCRIPT), *args, "--port", "0", "--host", "127.0.0.1"],
-                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
             )
 
     def log(self) -> str:
         return self.log_path.read_text()
 
     def port(self) -> int:
-        found = wait_until(lambda: re.search(r"Uvicorn running on http://[\d.]+:(\d+)", self.log()),
-                           timeout=10, what=f"the listening line in {self.log_path}")
+        found = wait_until(
+            lambda: re.search(r"Uvicorn running on http://[\d.]+:(\d+)", self.log()),
+            timeout=10,
+            what=f"the listening line in {self.log_path}",
+        )
         assert isinstance(found, re.Match)
         return int(found.group(1))
 
@@ -125,8 +130,19 @@ def run_fake(tmp_path: Path) -> Iterator[Callable[..., HostRun]]:
 
 
 def offload_args(shm: Path, engine_id: str, *, size_gib: str = OFFLOAD_GIB, tp: int = 2) -> list[str]:
-    return ["vllm", "serve", "fake/tp", "--tensor-parallel-size", str(tp), "--kv-offloading-size", size_gib,
-            "--shm-dir", str(shm), "--engine-id", engine_id]
+    return [
+        "vllm",
+        "serve",
+        "fake/tp",
+        "--tensor-parallel-size",
+        str(tp),
+        "--kv-offloading-size",
+        size_gib,
+        "--shm-dir",
+        str(shm),
+        "--engine-id",
+        engine_id,
+    ]
 
 
 # --- command line, in process -------------------------------------------------------------------------------
@@ -150,8 +166,9 @@ def test_command_line_reads_vllm_words_fractional_gib_and_env() -> None:
 
 
 def test_unknown_mode_is_a_usage_error_naming_the_switches(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--fake-mode", "crash-later"],
-                          capture_output=True, text=True, timeout=10)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--fake-mode", "crash-later"], capture_output=True, text=True, timeout=10
+    )
     assert proc.returncode == 2
     assert "FAKE_VLLM_MODE/--fake-mode: unknown switch 'crash-later'" in proc.stderr
     assert "crash-after=SECONDS" in proc.stderr
@@ -307,14 +324,17 @@ def test_chat_is_deterministic_structured_and_streams_as_sse(tmpfs_dir: Path, ru
     ask = {"model": "fake/chat", "messages": [{"role": "user", "content": "Reply with the single word: ready"}]}
     answers = [json.loads(post(port, "/v1/chat/completions", ask)[1]) for _ in range(2)]
     assert answers[0]["choices"] == answers[1]["choices"], "the same prompt, the same answer"
-    assert answers[0]["choices"][0]["message"]["content"] == "Fake answer from fake/chat: Reply with the single word: ready"
+    assert (
+        answers[0]["choices"][0]["message"]["content"]
+        == "Fake answer from fake/chat: Reply with the single word: ready"
+    )
     schema = {"type": "object", "properties": {"answer": {"type": "integer", "minimum": 4}}, "required": ["answer"]}
     fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
     structured = json.loads(post(port, "/v1/chat/completions", {**ask, "response_format": fmt})[1])
     assert json.loads(structured["choices"][0]["message"]["content"]) == {"answer": 4}
     status, body, ctype = post(port, "/v1/chat/completions", {**ask, "stream": True})
     assert status == 200 and ctype.startswith("text/event-stream")
-    events = [ln[len("data: "):] for ln in body.decode().split("\n\n") if ln.startswith("data: ")]
+    events = [ln[len("data: ") :] for ln in body.decode().split("\n\n") if ln.startswith("data: ")]
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
@@ -339,9 +359,12 @@ def test_held_requests_show_as_running_and_waiting_until_released(
     got: dict[int, tuple[int, bytes, str]] = {}
 
     def ask(i: int) -> None:
-        got[i] = post(port, "/v1/chat/completions", {"model": "fake/held", "fake_hold_s": 30,
-                                                     "messages": [{"role": "user", "content": f"request {i}"}]},
-                      timeout=40)
+        got[i] = post(
+            port,
+            "/v1/chat/completions",
+            {"model": "fake/held", "fake_hold_s": 30, "messages": [{"role": "user", "content": f"request {i}"}]},
+            timeout=40,
+        )
 
     threads = [threading.Thread(target=ask, args=(i,), daemon=True) for i in (1, 2)]
     for t in threads:
@@ -349,13 +372,16 @@ def test_held_requests_show_as_running_and_waiting_until_released(
     wait_until(lambda: gauges(port) == (1.0, 1.0), timeout=5, what="one running (max-num-seqs 1), one waiting")
 
     def release() -> bool:
-        urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/fake/release", data=b"", method="POST"),
-                               timeout=2).close()
+        urllib.request.urlopen(
+            urllib.request.Request(f"http://127.0.0.1:{port}/fake/release", data=b"", method="POST"), timeout=2
+        ).close()
         return not any(t.is_alive() for t in threads)
 
     wait_until(release, timeout=10, what="both requests released", every=0.2)
     assert {i: json.loads(b)["choices"][0]["message"]["content"] for i, (_, b, _) in got.items()} == {
-        1: "Fake answer from fake/held: request 1", 2: "Fake answer from fake/held: request 2"}
+        1: "Fake answer from fake/held: request 1",
+        2: "Fake answer from fake/held: request 2",
+    }
     assert gauges(port) == (0.0, 0.0)
 
 
@@ -363,8 +389,11 @@ def test_held_requests_show_as_running_and_waiting_until_released(
 PROBES = {
     "models": {"name": "models", "kind": "models"},
     "smoke": {"name": "smoke", "prompt": "Reply with the single word: ready", "matches": "(?i)ready"},
-    "json": {"name": "json", "prompt": "2 + 2 as JSON", "json_schema": {
-        "type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}},
+    "json": {
+        "name": "json",
+        "prompt": "2 + 2 as JSON",
+        "json_schema": {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]},
+    },
     "stream": {"name": "stream", "prompt": "Reply with the single word: ready", "stream": True},
     "latency": {"name": "latency", "prompt": "hi", "max_latency_s": 0.5},
 }
@@ -390,11 +419,15 @@ def test_each_switch_fails_its_probe(
     run = run_fake("serve", "fake/probed", "--shm-dir", str(tmpfs_dir), env={"FAKE_VLLM_MODE": mode})
     port = run.port()
     wait_until(lambda: health(port) == 200, timeout=10, what="health 200")
-    recipe = Recipe.model_validate({
-        "tensor_parallel_size": 1, "model": {"id": "fake/probed"},
-        "container": {"image": "reconciler/fake-vllm:latest", "command": ["vllm"]},
-        "health": {"url": f"http://127.0.0.1:{port}/health"}, "probes": list(PROBES.values()),
-    })
+    recipe = Recipe.model_validate(
+        {
+            "tensor_parallel_size": 1,
+            "model": {"id": "fake/probed"},
+            "container": {"image": "reconciler/fake-vllm:latest", "command": ["vllm"]},
+            "health": {"url": f"http://127.0.0.1:{port}/health"},
+            "probes": list(PROBES.values()),
+        }
+    )
     results = {p.name: run_probe(p, recipe) for p in recipe.probes}
     assert {n for n, r in results.items() if not r.ok} == fails, {n: r.detail for n, r in results.items()}
     assert all(says in results[n].detail for n in fails), {n: results[n].detail for n in fails}
@@ -424,16 +457,43 @@ def test_image_runs_tp2_on_host_usr_and_stop_or_crash_decide_the_file(image: str
     def start(name_part: str, *extra: str) -> str:
         name = f"fake-vllm-test-{name_part}-{uuid.uuid4().hex[:8]}"
         names.append(name)
-        docker("run", "-d", "--name", name, "--init", "-v", "/usr:/usr:ro", "--ipc=host", "--network=host",
-               "-v", f"{tmpfs_dir}:/offload", *extra, image,
-               "vllm", "serve", "fake/tp2", "--tensor-parallel-size", "2", "--kv-offloading-size", OFFLOAD_GIB,
-               "--shm-dir", "/offload", "--engine-id", name_part, "--port", "0")
+        docker(
+            "run",
+            "-d",
+            "--name",
+            name,
+            "--init",
+            "-v",
+            "/usr:/usr:ro",
+            "--ipc=host",
+            "--network=host",
+            "-v",
+            f"{tmpfs_dir}:/offload",
+            *extra,
+            image,
+            "vllm",
+            "serve",
+            "fake/tp2",
+            "--tensor-parallel-size",
+            "2",
+            "--kv-offloading-size",
+            OFFLOAD_GIB,
+            "--shm-dir",
+            "/offload",
+            "--engine-id",
+            name_part,
+            "--port",
+            "0",
+        )
         return name
 
     try:
         name = start("stop")
-        found = wait_until(lambda: re.search(r"Uvicorn running on http://[\d.]+:(\d+)", docker("logs", name)),
-                           timeout=20, what="the container's listening line")
+        found = wait_until(
+            lambda: re.search(r"Uvicorn running on http://[\d.]+:(\d+)", docker("logs", name)),
+            timeout=20,
+            what="the container's listening line",
+        )
         assert isinstance(found, re.Match)
         port = int(found.group(1))
         wait_until(lambda: health(port) == 200, timeout=20, what="the container's health 200")
@@ -447,8 +507,11 @@ def test_image_runs_tp2_on_host_usr_and_stop_or_crash_decide_the_file(image: str
         assert list(tmpfs_dir.iterdir()) == []
 
         crashed = start("crash", "-e", "FAKE_VLLM_MODE=crash-after=0.3")
-        wait_until(lambda: docker("inspect", "-f", "{{.State.Status}}", crashed) == "exited", timeout=20,
-                   what="the crashing container to exit")
+        wait_until(
+            lambda: docker("inspect", "-f", "{{.State.Status}}", crashed) == "exited",
+            timeout=20,
+            what="the crashing container to exit",
+        )
         assert docker("inspect", "-f", "{{.State.ExitCode}}", crashed) == "137"
         orphan = tmpfs_dir / "vllm_offload_crash.mmap"
         assert orphan.stat().st_blocks * 512 == OFFLOAD_BYTES and not mapping_pids(orphan)

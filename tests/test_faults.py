@@ -101,7 +101,9 @@ class SocketRelay:
 
 
 def engine_socket() -> str:
-    assert DOCKER_URL.startswith("unix://"), f"these tests relay a unix socket; RECONCILER_TEST_DOCKER_URL is {DOCKER_URL}"
+    assert DOCKER_URL.startswith("unix://"), (
+        f"these tests relay a unix socket; RECONCILER_TEST_DOCKER_URL is {DOCKER_URL}"
+    )
     return DOCKER_URL[len("unix://") :]
 
 
@@ -117,8 +119,6 @@ def no_traceback(text: str) -> None:
 
 
 # ---------------------------------------------------------------- fixtures
-
-
 
 
 # ---------------------------------------------------------------- 1. apply with the engine down
@@ -171,8 +171,7 @@ def test_run_started_with_the_engine_down_reports_it_waits_and_converges_when_it
         mark = lp.mark()
         relay.start()
         lp.wait("source-up", source="docker", after=mark, timeout=30)
-        lp.wait("action", kind="enter", result="ok", after=mark, timeout=60,
-                target=lambda t: t.startswith(omni + "@"))
+        lp.wait("action", kind="enter", result="ok", after=mark, timeout=60, target=lambda t: t.startswith(omni + "@"))
         assert root.cname(omni, B) in root.running()
         wait_until(lambda: lp.healthz()[0] == 200, timeout=10, what="/healthz 200 once the engine answers")
         assert lp.metric("reconciler_source_up", source="docker") == 1

@@ -87,10 +87,18 @@ def test_the_plan_header_says_gpu_n_a_without_gpu_telemetry() -> None:
     from reconciler.render import Style, render_plan
 
     def header(telemetry: str) -> str:
-        shm = ShmView(dir="/x", pattern="vllm_offload_*.mmap", tmpfs=Tmpfs(1, 0, 1), proc=Source("proc", True),
-                      docker=Source("docker", True))
+        shm = ShmView(
+            dir="/x",
+            pattern="vllm_offload_*.mmap",
+            tmpfs=Tmpfs(1, 0, 1),
+            proc=Source("proc", True),
+            docker=Source("docker", True),
+        )
         obs = Observed(
-            host="demo", containers=(), docker=Source("docker", True), shm=shm,
+            host="demo",
+            containers=(),
+            docker=Source("docker", True),
+            shm=shm,
             gpus=GpuView(telemetry=telemetry, source=Source("gpu", True, "GPU occupancy from Docker alone")),
         )
         return render_plan(Plan(host="demo"), obs, Style(color=False)).splitlines()[0]
@@ -104,21 +112,53 @@ def test_the_audit_table_has_a_header_aligned_columns_the_zone_and_the_failures_
 
     t = 1_796_106_835.3
     records = [
-        {"time": t, "front": "cli", "who": "", "action": "apply", "outcome": "converged", "seconds": 3.21,
-         "bytes_freed": 64 << 20, "reason": "reclaim 2 orphan offload file(s)"},
-        {"time": t, "front": "api", "who": "api-token", "action": "shm-reclaim", "outcome": "ok", "seconds": 0.5,
-         "bytes_freed": 3 << 20, "reason": "1 orphan offload file(s)"},
-        {"time": t, "front": "mcp", "who": "stdio", "action": "shm-reclaim", "outcome": "refused", "seconds": 0.1,
-         "bytes_freed": 0, "reason": "running container(s) with native offload: lane"},
-        {"time": t, "front": "loop", "who": "", "action": "enter", "target": "lane@dark-compute-a",
-         "outcome": "failed", "seconds": 12.0, "reason": "manifest gives dark-compute-a to lane",
-         "detail": "health check did not pass within 10 s"},
+        {
+            "time": t,
+            "front": "cli",
+            "who": "",
+            "action": "apply",
+            "outcome": "converged",
+            "seconds": 3.21,
+            "bytes_freed": 64 << 20,
+            "reason": "reclaim 2 orphan offload file(s)",
+        },
+        {
+            "time": t,
+            "front": "api",
+            "who": "api-token",
+            "action": "shm-reclaim",
+            "outcome": "ok",
+            "seconds": 0.5,
+            "bytes_freed": 3 << 20,
+            "reason": "1 orphan offload file(s)",
+        },
+        {
+            "time": t,
+            "front": "mcp",
+            "who": "stdio",
+            "action": "shm-reclaim",
+            "outcome": "refused",
+            "seconds": 0.1,
+            "bytes_freed": 0,
+            "reason": "running container(s) with native offload: lane",
+        },
+        {
+            "time": t,
+            "front": "loop",
+            "who": "",
+            "action": "enter",
+            "target": "lane@dark-compute-a",
+            "outcome": "failed",
+            "seconds": 12.0,
+            "reason": "manifest gives dark-compute-a to lane",
+            "detail": "health check did not pass within 10 s",
+        },
     ]
     lines = render_audit(records).splitlines()
     assert lines[0].split() == ["TIME", "BY", "ACTION", "OUTCOME", "SECONDS", "FREED", "WHAT"]
     cols = [lines[0].index(h) for h in ("BY", "ACTION", "OUTCOME", "FREED", "WHAT")]
     for row in lines[1:]:
-        assert all(row[c - 2: c] == "  " and row[c] != " " for c in cols), (row, lines)  # aligned under the header
+        assert all(row[c - 2 : c] == "  " and row[c] != " " for c in cols), (row, lines)  # aligned under the header
         assert re.match(ISO_ZONED + "  ", row), row
     assert "api (api-token)" in lines[2] and "mcp (stdio)" in lines[3]
     assert lines[4].endswith("lane@dark-compute-a: health check did not pass within 10 s")  # its own error
@@ -135,15 +175,26 @@ def test_the_apply_summary_names_a_reclaim_once() -> None:
 
 
 def test_run_help_shows_its_defaults() -> None:
-    out = subprocess.run([sys.executable, "-m", "reconciler", "run", "--help"], capture_output=True, text=True,
-                         check=True, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"}).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "reconciler", "run", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    ).stdout
     # each option's entry (its first line starts with two spaces and a dash), wrapped lines joined
     entries = {}
     for chunk in re.split(r"\n(?=  -)", out.split("options:", 1)[1]):
         if chunk.split():
             entries[chunk.split()[0].rstrip(",")] = " ".join(chunk.split())
-    for flag, default in [("--metrics-addr", "127.0.0.1:9464"), ("--resync", "60"), ("--debounce", "0.1"),
-                          ("--log-format", "text"), ("--backoff-base", "10"), ("--backoff-max", "600")]:
+    for flag, default in [
+        ("--metrics-addr", "127.0.0.1:9464"),
+        ("--resync", "60"),
+        ("--debounce", "0.1"),
+        ("--log-format", "text"),
+        ("--backoff-base", "10"),
+        ("--backoff-max", "600"),
+    ]:
         assert entries[flag].endswith(f"(default: {default})"), (flag, out)
 
 
@@ -186,8 +237,10 @@ def test_status_with_invalid_files_shows_the_host_and_the_last_valid_desired_sta
     assert "desired below: the running loop's last valid desired state" in out, out
     name = root.cname(omni, "dark-compute-b")
     assert re.search(rf"dark-compute-b\s+want {re.escape(omni)}\s+has {re.escape(name)} \(managed", out), out
-    assert out.rstrip().endswith("files invalid (exit 1): the host matches the last valid desired state above; "
-                                 "fix the files (`reconciler validate`)"), out
+    assert out.rstrip().endswith(
+        "files invalid (exit 1): the host matches the last valid desired state above; "
+        "fix the files (`reconciler validate`)"
+    ), out
     j = root.cli("status", "--json")
     assert j.rc == 1 and j.data["error"]["code"] == "config_invalid", j
     assert j.data["slots"]["dark-compute-b"]["desired"] == omni and j.data["converged"] is True, j
@@ -218,8 +271,12 @@ def test_actions_through_the_api_and_mcp_count_in_the_loops_metrics(root, start_
     (root.shm / "vllm_offload_dead.mmap").write_bytes(b"\1" * (3 << 20))
 
     def post(path: str, body: dict) -> dict:
-        req = urllib.request.Request(f"http://{lp.addr}{path}", data=json.dumps(body).encode(), method="POST",
-                                     headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"http://{lp.addr}{path}",
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=60) as resp:
             return json.loads(resp.read())
 

@@ -90,8 +90,31 @@ def holds(root: Path) -> None:
 # ---------------------------------------------------------------- strategies
 
 KEYS = st.sampled_from(
-    ["name", "gpus", "dir", "pattern", "host", "assignments", "recipe", "index", "uuid", "image", "command",
-     "volumes", "env", "ipc", "network", "url", "shm", "docker", "offload", "capacity_gib", "enabled", "", "<<"]
+    [
+        "name",
+        "gpus",
+        "dir",
+        "pattern",
+        "host",
+        "assignments",
+        "recipe",
+        "index",
+        "uuid",
+        "image",
+        "command",
+        "volumes",
+        "env",
+        "ipc",
+        "network",
+        "url",
+        "shm",
+        "docker",
+        "offload",
+        "capacity_gib",
+        "enabled",
+        "",
+        "<<",
+    ]
 ) | st.text(max_size=8)
 SCALARS = (
     st.none()
@@ -99,7 +122,9 @@ SCALARS = (
     | st.integers(min_value=-(2**70), max_value=2**70)
     | st.floats(allow_nan=True, allow_infinity=True)
     | st.text(max_size=20)
-    | st.sampled_from(["/", "*", ".*", "..", "/dev/shm", "vllm_offload_*.mmap", "\x00", "container:", "host", "127.0.0.1"])
+    | st.sampled_from(
+        ["/", "*", ".*", "..", "/dev/shm", "vllm_offload_*.mmap", "\x00", "container:", "host", "127.0.0.1"]
+    )
 )
 
 

@@ -156,12 +156,18 @@ def test_two_slots_naming_one_card_block_every_enter(holder: dict[str, Any], gpu
     # the card to itself; the real NVML answer shows it is one card, and the host file is refused until fixed.
     uuid = PROBE["devices"][0]["uuid"]
     a, b = "dark-compute-a", "dark-compute-b"
-    two = HostConfig(name="gpu-test", gpus={a: {"uuid": uuid}, b: {"index": 0}}, gpu_telemetry="nvml",
-                     docker={"gpu_requests": gpu_requests})
+    two = HostConfig(
+        name="gpu-test",
+        gpus={a: {"uuid": uuid}, b: {"index": 0}},
+        gpu_telemetry="nvml",
+        docker={"gpu_requests": gpu_requests},
+    )
     view = observe_gpus(two)
     assert not view.source.ok
-    assert (f"configs/host.yaml gpus: slots '{a}' (uuid {uuid}) and '{b}' (index 0) are one card, GPU 0 ({uuid})"
-            in view.source.detail), view.source.detail
+    assert (
+        f"configs/host.yaml gpus: slots '{a}' (uuid {uuid}) and '{b}' (index 0) are one card, GPU 0 ({uuid})"
+        in view.source.detail
+    ), view.source.detail
     assert "give each slot its own card in configs/host.yaml" in view.source.detail
     assert view.slots[a].index == view.slots[b].index == 0 and view.slots[a].uuid == view.slots[b].uuid == uuid
     for manifest in (((a,), (b,)), ((a, b),)):  # a recipe on each slot; one TP=2 lane on both
@@ -177,7 +183,9 @@ def test_two_slots_naming_one_card_block_every_enter(holder: dict[str, Any], gpu
         assert p.blocked and not p.actions, manifest
         assert p.unavailable == ("gpu",)
         for slots in manifest:  # each enter is blocked by the host error (the holder's pid blocks it too)
-            assert any("are one card" in x.reason for x in p.blockers if x.gpus == slots), [x.reason for x in p.blockers]
+            assert any("are one card" in x.reason for x in p.blockers if x.gpus == slots), [
+                x.reason for x in p.blockers
+            ]
 
 
 @pytest.mark.gpu

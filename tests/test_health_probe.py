@@ -105,8 +105,6 @@ def test_what_answers_a_health_url() -> None:
 # ---------------------------------------------------------------- the enter, against the real engine
 
 
-
-
 @pytest.mark.docker
 @pytest.mark.root
 def test_an_enter_whose_health_url_already_answers_fails_and_nothing_is_reported_healthy(root: Root) -> None:

@@ -53,9 +53,10 @@ class Clients:
             t.start()
 
     def _ask(self, i: int, model: str, hold_s: float) -> None:
-        self.answers[i] = post(f"http://127.0.0.1:{self.port}/v1/chat/completions",
-                               {"model": model, "fake_hold_s": hold_s,
-                                "messages": [{"role": "user", "content": f"request {i}"}]})
+        self.answers[i] = post(
+            f"http://127.0.0.1:{self.port}/v1/chat/completions",
+            {"model": model, "fake_hold_s": hold_s, "messages": [{"role": "user", "content": f"request {i}"}]},
+        )
 
     def release(self) -> bool:
         """Let the held requests go on; True once every client has its answer."""
@@ -78,8 +79,11 @@ def test_an_enter_whose_structured_json_probe_fails_is_a_failed_enter(root: Root
     assert '{"answer": "truncated' in enter["detail"], enter["detail"]
     assert "Kept as reconciler-" in enter["detail"], enter["detail"]
     if "probes" in enter:  # the probes run before it, passed, are in the outcome
-        assert [(p["name"], p["ok"]) for p in enter["probes"]] == [("models", True), ("smoke", True),
-                                                                     ("structured-json", False)]
+        assert [(p["name"], p["ok"]) for p in enter["probes"]] == [
+            ("models", True),
+            ("smoke", True),
+            ("structured-json", False),
+        ]
     # A failed enter: the container is kept, stopped, for its logs; nothing runs on the slot.
     assert root.running() == {}
     kept = [c for c in root.containers() if "-failed-" in c["Names"][0]]
@@ -94,8 +98,16 @@ def test_reconciler_probe_runs_the_recipes_probes_against_its_running_lane(root:
     r = root.cli("probe", omni, "--json")
     assert r.rc == 0, r
     assert [(p["name"], p["ok"]) for p in r.data["probes"]] == [
-        ("models", True), ("smoke", True), ("structured-json", True), ("streaming", True), ("retrieval-8k", True),
-        ("tools", True), ("streaming-tools", True), ("tool-result", True), ("responses", True)], r.data
+        ("models", True),
+        ("smoke", True),
+        ("structured-json", True),
+        ("streaming", True),
+        ("retrieval-8k", True),
+        ("tools", True),
+        ("streaming-tools", True),
+        ("tool-result", True),
+        ("responses", True),
+    ], r.data
     assert r.data["containers"] == [root.cname(omni, B)] and r.data["suite"] == "preflight"
     human = root.cli("probe", omni)
     assert human.rc == 0 and "9/9 probe(s) passed" in human.stdout, human
@@ -120,8 +132,13 @@ def test_a_leave_waits_for_two_held_requests_and_the_clients_get_their_answers(r
 
     root.manifest()  # the split topology no more: omni must leave
     t0 = time.monotonic()
-    proc = subprocess.Popen(root.cli_args("apply", "--yes", "--json"), env=root.env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        root.cli_args("apply", "--yes", "--json"),
+        env=root.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         time.sleep(2.0)
         assert proc.poll() is None, "the leave waits while requests are in flight"
@@ -140,7 +157,9 @@ def test_a_leave_waits_for_two_held_requests_and_the_clients_get_their_answers(r
         assert leave["drain"]["drained"] is True and leave["drain"]["requests_at_start"] == 2, leave["drain"]
     # The clients got their answers, complete.
     assert {i: (s, a["choices"][0]["message"]["content"]) for i, (s, a) in clients.answers.items()} == {
-        0: (200, f"Fake answer from e2e/{omni}: request 0"), 1: (200, f"Fake answer from e2e/{omni}: request 1")}
+        0: (200, f"Fake answer from e2e/{omni}: request 0"),
+        1: (200, f"Fake answer from e2e/{omni}: request 1"),
+    }
     assert root.running() == {}
     # The drain is in the audit trail's record of the apply.
     audit = root.cli("audit", "--json")
@@ -159,8 +178,9 @@ def test_a_drain_that_times_out_stops_the_lane_anyway_and_says_so(root: Root) ->
     assert r.rc == 0, r
     (leave,) = r.data["actions"]
     assert leave["result"] == "ok" and leave["seconds"] >= 1.5, leave
-    assert leave["detail"].startswith(
-        "drain timed out after 1.5 s with 2 running and 0 waiting: stopped anyway; "), leave["detail"]
+    assert leave["detail"].startswith("drain timed out after 1.5 s with 2 running and 0 waiting: stopped anyway; "), (
+        leave["detail"]
+    )
     if "drain" in leave:
         assert leave["drain"]["timed_out"] is True and leave["drain"]["drained"] is False, leave["drain"]
     assert root.running() == {}
@@ -196,7 +216,9 @@ def test_a_lane_with_drain_disabled_or_not_answering_is_stopped_without_a_drain(
     root.manifest()
     r = root.apply()
     (leave,) = r.data["actions"]
-    assert leave["result"] == "ok" and leave["detail"].startswith("not drained: http://127.0.0.1:9/metrics did not answer"), leave
+    assert leave["result"] == "ok" and leave["detail"].startswith(
+        "not drained: http://127.0.0.1:9/metrics did not answer"
+    ), leave
 
 
 # ---------------------------------------------------------------- fallback
@@ -222,11 +244,14 @@ def test_a_failed_tp2_enter_brings_omni_back_in_the_same_pass_and_the_next_attem
     (failed_pass,) = lp.wait("pass", after=mark, result="failed", timeout=90)
     acts = [e for e in lp.find("action", after=mark) if e.at <= failed_pass.at]
     assert [(e["kind"], e["target"], e["result"]) for e in acts] == [
-        ("leave", f"{omni}@{B}", "ok"), ("enter", f"{lane}@{A}+{B}", "failed"), ("enter", f"{omni}@{B}", "ok")
+        ("leave", f"{omni}@{B}", "ok"),
+        ("enter", f"{lane}@{A}+{B}", "failed"),
+        ("enter", f"{omni}@{B}", "ok"),
     ], lp.log()
     assert "fake failure at start" in acts[1]["detail"], acts[1]["detail"]
-    assert acts[2]["reason"].startswith(
-        f"fallback: {omni} on {B} while {lane} on {A},{B} is held (next attempt in "), acts[2]["reason"]
+    assert acts[2]["reason"].startswith(f"fallback: {omni} on {B} while {lane} on {A},{B} is held (next attempt in "), (
+        acts[2]["reason"]
+    )
     assert set(root.running()) == {root.cname(omni, B)}, "omni serves again within the one pass"
     lp.wait("fallback", after=mark, assignment=f"{omni}@{B}", timeout=5)
 
@@ -238,8 +263,11 @@ def test_a_failed_tp2_enter_brings_omni_back_in_the_same_pass_and_the_next_attem
     plan = root.cli("plan", "--json")
     assert [f["recipe"] for f in plan.data["fallbacks"]] == [omni], plan
     assert plan.data["held"] and plan.data["actions"] == [], plan.data
-    wait_until(lambda: lp.metric("reconciler_fallback_active", recipe=omni, slots=B, instead_of=lane) == 1,
-               timeout=5, what="reconciler_fallback_active 1")
+    wait_until(
+        lambda: lp.metric("reconciler_fallback_active", recipe=omni, slots=B, instead_of=lane) == 1,
+        timeout=5,
+        what="reconciler_fallback_active 1",
+    )
 
     # Fixed: the next attempt, after the backoff, leaves omni again and enters the TP=2 lane.
     fault.unlink()
@@ -247,14 +275,23 @@ def test_a_failed_tp2_enter_brings_omni_back_in_the_same_pass_and_the_next_attem
     (entered,) = lp.wait("action", after=mark, kind="enter", result="ok", target=f"{lane}@{A}+{B}", timeout=60)
     acts = [e for e in lp.find("action", after=mark) if e.at <= entered.at]
     assert [(e["kind"], e["target"], e["result"]) for e in acts] == [
-        ("leave", f"{omni}@{B}", "ok"), ("enter", f"{lane}@{A}+{B}", "ok")], lp.log()
+        ("leave", f"{omni}@{B}", "ok"),
+        ("enter", f"{lane}@{A}+{B}", "ok"),
+    ], lp.log()
     assert acts[0].at - failed_pass.at >= 2.5, "the next attempt waited for its backoff"
     assert set(root.running()) == {root.cname(lane, A, B)}
     lp.wait("fallback-ended", after=mark, assignment=f"{omni}@{B}", timeout=10)
-    wait_until(lambda: lp.metric("reconciler_fallback_active", recipe=omni, slots=B, instead_of=lane) is None,
-               timeout=5, what="the fallback series removed")
+    wait_until(
+        lambda: lp.metric("reconciler_fallback_active", recipe=omni, slots=B, instead_of=lane) is None,
+        timeout=5,
+        what="the fallback series removed",
+    )
     # Enters and leaves announce the time their recipe's earlier runs took.
     starts = lp.find("action-start", kind="leave", target=f"{omni}@{B}")
     assert starts and starts[-1]["earlier_runs"] >= 1 and starts[-1]["expected_s"] is not None, starts
     phases = {e["phase"] for e in lp.find("phase")}
-    assert {"starting", "loading", "probes", "draining", "stopping"} <= phases or {"starting", "probes", "stopping"} <= phases, phases
+    assert {"starting", "loading", "probes", "draining", "stopping"} <= phases or {
+        "starting",
+        "probes",
+        "stopping",
+    } <= phases, phases

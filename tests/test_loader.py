@@ -136,7 +136,10 @@ def test_slot_in_two_assignments(root: Path, capsys: pytest.CaptureFixture[str])
     )
     code, err = errors_of(root, capsys)
     assert code == 1
-    assert "manifests/demo.yaml:6: assignments[1].gpus: GPU slot 'dark-compute-b' is already given to assignments[0]" in err
+    assert (
+        "manifests/demo.yaml:6: assignments[1].gpus: GPU slot 'dark-compute-b' is already given to assignments[0]"
+        in err
+    )
 
 
 def test_tp_mismatch(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -147,7 +150,10 @@ def test_tp_mismatch(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_offload_over_tmpfs(root: Path, shared_tmpfs: Path) -> None:
-    write_manifest(root, "host: demo\nassignments:\n  - recipe: deepseek-256k-offload\n    gpus: [dark-compute-a, dark-compute-b]\n")
+    write_manifest(
+        root,
+        "host: demo\nassignments:\n  - recipe: deepseek-256k-offload\n    gpus: [dark-compute-a, dark-compute-b]\n",
+    )
     host = root / "configs/host.yaml"
     host.write_text(re.sub(r"reserve_gib: .*", "reserve_gib: 0.25", host.read_text()))
     load_desired(root, shm_size=1024**3)  # fits: 64 MiB + 256 MiB reserve in 1 GiB
@@ -167,10 +173,14 @@ def test_offload_over_tmpfs_names_every_lane_and_reads_the_real_tmpfs(root: Path
     """Two offload lanes in GiB against the real tmpfs: the sizes are the real ones, each in its own unit."""
     lane = (root / "configs/recipes/deepseek-256k-offload.toml").read_text()
     (root / "configs/recipes/big.toml").write_text(
-        re.sub(r"capacity_gib = .*", "capacity_gib = 1.5", lane).replace("tensor_parallel_size = 2", "tensor_parallel_size = 1")
+        re.sub(r"capacity_gib = .*", "capacity_gib = 1.5", lane).replace(
+            "tensor_parallel_size = 2", "tensor_parallel_size = 1"
+        )
     )
     (root / "configs/recipes/small.toml").write_text(
-        re.sub(r"capacity_gib = .*", "capacity_gib = 0.5", lane).replace("tensor_parallel_size = 2", "tensor_parallel_size = 1")
+        re.sub(r"capacity_gib = .*", "capacity_gib = 0.5", lane).replace(
+            "tensor_parallel_size = 2", "tensor_parallel_size = 1"
+        )
     )
     write_manifest(
         root,
@@ -188,7 +198,11 @@ def test_offload_over_tmpfs_names_every_lane_and_reads_the_real_tmpfs(root: Path
 
 
 def test_unknown_keys_everywhere(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    host = (root / "configs/host.yaml").read_text().replace("gpu_telemetry: none", "gpu_telemetry: none\ngpu_telemtry: nvml")
+    host = (
+        (root / "configs/host.yaml")
+        .read_text()
+        .replace("gpu_telemetry: none", "gpu_telemetry: none\ngpu_telemtry: nvml")
+    )
     (root / "configs/host.yaml").write_text(host)
     recipe = (root / "configs/recipes/omni.toml").read_text().replace("init = true", "init = true\nrestart = 'always'")
     (root / "configs/recipes/omni.toml").write_text(recipe)
@@ -209,7 +223,10 @@ def test_manifest_for_another_host(root: Path, capsys: pytest.CaptureFixture[str
     write_manifest(root, "host: workstation\nassignments: []\n")
     code, err = errors_of(root, capsys)
     assert code == 1
-    assert "manifests/demo.yaml:1: host: manifest is for host 'workstation' but configs/host.yaml names this host 'demo'" in err
+    assert (
+        "manifests/demo.yaml:1: host: manifest is for host 'workstation' but configs/host.yaml names this host 'demo'"
+        in err
+    )
 
 
 @pytest.mark.parametrize("missing", [True, False])
@@ -289,7 +306,9 @@ def test_a_bom_is_not_an_error(root: Path) -> None:
     assert "omni" in load_desired(root).recipes
 
 
-def test_the_assignments_given_twice_is_refused_not_read_as_empty(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_assignments_given_twice_is_refused_not_read_as_empty(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """PyYAML alone keeps the last 'assignments:' (empty), so validate passed with 0 assignments and the loop
     would then stop every lane."""
     write_manifest(root, "host: demo\nassignments:\n  - recipe: omni\n    gpus: [dark-compute-b]\nassignments:\n")
@@ -373,7 +392,10 @@ def test_shm_dir_inside_a_tmpfs_but_not_its_mount_point(shared_tmpfs: Path) -> N
     try:
         problem = shm_dir_mount_problem(str(sub))
         assert problem is not None
-        assert f"is inside the tmpfs mounted at {shared_tmpfs} (/proc/self/mountinfo) but is not its mount point" in problem
+        assert (
+            f"is inside the tmpfs mounted at {shared_tmpfs} (/proc/self/mountinfo) but is not its mount point"
+            in problem
+        )
     finally:
         sub.rmdir()
     assert shm_dir_mount_problem(str(shared_tmpfs)) is None

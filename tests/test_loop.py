@@ -59,9 +59,10 @@ A, B = "dark-compute-a", "dark-compute-b"
 # ---------------------------------------------------------------- fixtures
 
 
-
 @pytest.fixture
-def root(tmp_path: Path, tmpfs_dir: Path, docker_api: Any, image: str, request: pytest.FixtureRequest) -> Iterator[Root]:
+def root(
+    tmp_path: Path, tmpfs_dir: Path, docker_api: Any, image: str, request: pytest.FixtureRequest
+) -> Iterator[Root]:
     r = make_root(tmp_path, shm=tmpfs_dir, api=docker_api, name=request.node.name)
     try:
         yield r
@@ -76,7 +77,9 @@ def enters_ok(lp: LoopProcess, recipe: str, *, after: int = 0) -> list[Event]:
 # ---------------------------------------------------------------- edits on disk converge
 
 
-def test_an_edit_on_disk_converges_and_a_second_edit_switches_topology(root: Root, start_loop: Callable[..., LoopProcess]) -> None:
+def test_an_edit_on_disk_converges_and_a_second_edit_switches_topology(
+    root: Root, start_loop: Callable[..., LoopProcess]
+) -> None:
     omni = root.recipe("omni")
     lane = root.recipe("deepseek-256k-offload", offload_mib=16)
     lp = start_loop().started()
@@ -128,7 +131,11 @@ def _series(lp: LoopProcess, name: str) -> list[dict[str, str]]:
 def _managed_owners(lp: LoopProcess) -> set[tuple[str, str, str]]:
     # Only this host's own containers: on a shared engine, other hosts' managed containers with the same slot
     # names may show up as "unmanaged" owners (see the report on metrics.gpu_owners and claimed_slots(host=)).
-    return {(s["slot"], s["recipe"], s["container"]) for s in _series(lp, "reconciler_gpu_owner_info") if s["owner"] == "managed"}
+    return {
+        (s["slot"], s["recipe"], s["container"])
+        for s in _series(lp, "reconciler_gpu_owner_info")
+        if s["owner"] == "managed"
+    }
 
 
 # ---------------------------------------------------------------- containers that die
@@ -160,7 +167,9 @@ def test_a_killed_container_is_brought_back(root: Root, start_loop: Callable[...
     assert len(kept) == 1 and kept[0]["State"] == "exited" and "-failed-" in kept[0]["Names"][0], kept
 
 
-def test_a_recipe_that_keeps_dying_backs_off_with_growing_gaps(root: Root, start_loop: Callable[..., LoopProcess]) -> None:
+def test_a_recipe_that_keeps_dying_backs_off_with_growing_gaps(
+    root: Root, start_loop: Callable[..., LoopProcess]
+) -> None:
     crashy = root.recipe("omni", mode="crash-after=1.5", settle_s=0.1)
     root.manifest((crashy, [B]))
     key = f"{crashy}@{B}"
@@ -261,7 +270,9 @@ def test_a_broken_manifest_tears_nothing_down_and_is_exported_until_fixed(
 # ---------------------------------------------------------------- one reconciler per host
 
 
-def test_a_second_run_is_refused_by_the_lock_naming_the_holder(root: Root, start_loop: Callable[..., LoopProcess]) -> None:
+def test_a_second_run_is_refused_by_the_lock_naming_the_holder(
+    root: Root, start_loop: Callable[..., LoopProcess]
+) -> None:
     lp = start_loop().started()
     second = root.cli("run", "--metrics-addr", f"127.0.0.1:{free_port()}", "--log-format", "json", timeout=30)
     assert second.rc == 1, str(second)
@@ -373,7 +384,9 @@ def test_a_blocked_plan_counts_its_refusal_and_touches_nothing(
 # ---------------------------------------------------------------- Prometheus
 
 
-def test_promtool_finds_nothing_to_complain_about_in_a_live_scrape(root: Root, start_loop: Callable[..., LoopProcess]) -> None:
+def test_promtool_finds_nothing_to_complain_about_in_a_live_scrape(
+    root: Root, start_loop: Callable[..., LoopProcess]
+) -> None:
     promtool = shutil.which("promtool")
     assert promtool, "promtool not found: install Debian's prometheus package (.ci/setup-host does)"
     omni = root.recipe("omni")
@@ -381,13 +394,17 @@ def test_promtool_finds_nothing_to_complain_about_in_a_live_scrape(root: Root, s
     lp = start_loop().started()
     text = lp.scrape()
     assert "reconciler_reconcile_passes_total" in text and "process_resident_memory_bytes" in text
-    done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30, check=False)
+    done = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30, check=False
+    )
     assert done.returncode == 0 and done.stdout == "" and done.stderr == "", done.stdout + done.stderr
     assert lp.healthz()[0] == 200
     assert http_get(f"http://{lp.addr}/nope")[0] == 401  # fail closed: only /metrics and /healthz need no token
 
 
-def test_a_real_prometheus_scrapes_the_live_loop(root: Root, start_loop: Callable[..., LoopProcess], tmp_path: Path) -> None:
+def test_a_real_prometheus_scrapes_the_live_loop(
+    root: Root, start_loop: Callable[..., LoopProcess], tmp_path: Path
+) -> None:
     omni = root.recipe("omni")
     root.manifest((omni, [B]))
     lp = start_loop().started()
@@ -401,7 +418,10 @@ def test_a_real_prometheus_scrapes_the_live_loop(root: Root, start_loop: Callabl
         up = wait_until(lambda: query('up{job="reconciler"} == 1'), timeout=30, what="up == 1", every=0.3)
         assert up[0]["metric"]["instance"] == lp.addr
         owner = wait_until(
-            lambda: query(f'reconciler_gpu_owner_info{{slot="{B}",owner="managed"}}'), timeout=10, what="owner", every=0.3
+            lambda: query(f'reconciler_gpu_owner_info{{slot="{B}",owner="managed"}}'),
+            timeout=10,
+            what="owner",
+            every=0.3,
         )
         assert owner[0]["metric"]["recipe"] == omni
         valid = query("reconciler_manifest_valid")
@@ -445,7 +465,11 @@ def _file(path: str, *, inode: int = 7, size: int = 4096, state: str = "orphan")
 def _view(*files: ShmFile) -> ShmView:
     ok = Source("proc", True)
     return ShmView(
-        dir="/s", pattern="vllm_offload_*.mmap", tmpfs=Tmpfs(1, 0, 1), proc=ok, docker=Source("docker", True),
+        dir="/s",
+        pattern="vllm_offload_*.mmap",
+        tmpfs=Tmpfs(1, 0, 1),
+        proc=ok,
+        docker=Source("docker", True),
         files=files,
     )
 
@@ -537,8 +561,15 @@ def test_a_crashed_container_counts_once_in_the_backoff_before_its_leave_runs(tm
     desired = DesiredState(host=host, recipes={}, assignments=(DesiredAssignment("omni", (B,), "hash1", 0),))
 
     def leave(cid: str, reason: str, recipe: str = "omni") -> Plan:
-        a = Action(ActionKind.LEAVE, reason, recipe=recipe, gpus=(B,), container=f"c-{cid}", container_id=cid,
-                   recipe_hash="hash1")
+        a = Action(
+            ActionKind.LEAVE,
+            reason,
+            recipe=recipe,
+            gpus=(B,),
+            container=f"c-{cid}",
+            container_id=cid,
+            recipe_hash="hash1",
+        )
         return Plan(host="h", actions=(a,))
 
     crashed = leave("c1", "reconciler-omni-dark-compute-b is exited with code 137")
@@ -580,4 +611,3 @@ def test_a_signal_that_comes_while_the_loop_writes_a_log_line_does_not_deadlock(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[0] == "stopped" and "sighup" in done.stdout, done.stdout
-

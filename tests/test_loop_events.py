@@ -20,10 +20,18 @@ HOST = "h1"
 SCOPE = (HOST, frozenset({"0", "1"}))
 
 
-def inspect(*, env: list[str] = (), labels: dict[str, str] | None = None, cmd: list[str] = (),
-            requests: list[dict[str, Any]] | None = None) -> dict[str, Any]:  # type: ignore[assignment]
-    return {"Config": {"Env": list(env), "Labels": labels or {}, "Cmd": list(cmd), "Entrypoint": None},
-            "Args": [], "HostConfig": {"DeviceRequests": requests}}
+def inspect(
+    *,
+    env: list[str] = (),
+    labels: dict[str, str] | None = None,
+    cmd: list[str] = (),
+    requests: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:  # type: ignore[assignment]
+    return {
+        "Config": {"Env": list(env), "Labels": labels or {}, "Cmd": list(cmd), "Entrypoint": None},
+        "Args": [],
+        "HostConfig": {"DeviceRequests": requests},
+    }
 
 
 def test_which_containers_matter() -> None:
@@ -63,7 +71,13 @@ class FakeObserver:
 
 
 def ev(cid: str, action: str, **attrs: str) -> dict[str, Any]:
-    return {"status": action, "id": cid, "Type": "container", "Action": action, "Actor": {"ID": cid, "Attributes": attrs}}
+    return {
+        "status": action,
+        "id": cid,
+        "Type": "container",
+        "Action": action,
+        "Actor": {"ID": cid, "Attributes": attrs},
+    }
 
 
 def test_events_of_unrelated_containers_are_dropped_and_each_container_is_inspected_once() -> None:
@@ -122,13 +136,18 @@ def test_real_events_of_unrelated_containers_are_dropped_and_a_gpu_claim_is_kept
         time.sleep(0.3)  # one that is gone before its first event is read is unknown, and wakes the loop
         docker_cli("rm", "-f", names[-1])
     slot = root.slot_index["dark-compute-b"]
-    claim = root.run_unmanaged("claims-b", "-e", f"NVIDIA_VISIBLE_DEVICES={slot}", "-v", "/usr:/usr:ro", image,
-                               "/usr/bin/sleep", "30")
-    other_gpu = root.run_unmanaged("claims-other", "-e", "NVIDIA_VISIBLE_DEVICES=1023", "-v", "/usr:/usr:ro", image,
-                                   "/usr/bin/sleep", "30")
+    claim = root.run_unmanaged(
+        "claims-b", "-e", f"NVIDIA_VISIBLE_DEVICES={slot}", "-v", "/usr:/usr:ro", image, "/usr/bin/sleep", "30"
+    )
+    other_gpu = root.run_unmanaged(
+        "claims-other", "-e", "NVIDIA_VISIBLE_DEVICES=1023", "-v", "/usr:/usr:ro", image, "/usr/bin/sleep", "30"
+    )
     mine = {*names, claim, other_gpu}
-    wait_until(lambda: all(len(seen.get(n, ())) == 3 for n in names) and claim in seen and other_gpu in seen,
-               timeout=10, what=f"the events of {sorted(mine)}")
+    wait_until(
+        lambda: all(len(seen.get(n, ())) == 3 for n in names) and claim in seen and other_gpu in seen,
+        timeout=10,
+        what=f"the events of {sorted(mine)}",
+    )
     stream.close()
     assert all(seen[n] == [False, False, False] for n in names), seen  # start, die, destroy: none wakes the loop
     assert seen[claim] == [True] and seen[other_gpu] == [False], seen

@@ -29,9 +29,11 @@ TOOLS = {"host_status", "host_plan", "host_shared_memory", "host_probe", "host_m
 def stdio_params(root: Root) -> Any:
     from mcp.client.stdio import StdioServerParameters
 
-    return StdioServerParameters(command=sys.executable,
-                                 args=["-m", "reconciler", "--root", str(root.path), "mcp"],
-                                 env={k: v for k, v in root.env.items() if k.startswith(("RECONCILER_", "NO_COLOR"))})
+    return StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "reconciler", "--root", str(root.path), "mcp"],
+        env={k: v for k, v in root.env.items() if k.startswith(("RECONCILER_", "NO_COLOR"))},
+    )
 
 
 async def on_stdio(root: Root, check: Any) -> Any:
@@ -48,8 +50,11 @@ async def on_http(url: str, token: str, check: Any) -> Any:
     from mcp.client.session import ClientSession
     from mcp.client.streamable_http import streamable_http_client
 
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as http, \
-            streamable_http_client(url, http_client=http) as (read, write), ClientSession(read, write) as session:
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as http,
+        streamable_http_client(url, http_client=http) as (read, write),
+        ClientSession(read, write) as session,
+    ):
         await session.initialize()
         return await check(session)
 
@@ -90,8 +95,11 @@ async def check_shm_and_reclaim(session: Any, root: Root, files: dict[str, Any])
     shm = structured(await session.call_tool("host_shared_memory", {}))
     assert shm == await anyio.to_thread.run_sync(root.shm_status), "host_shared_memory is `shm status --json`"
     states = {Path(f["path"]).name: f["state"] for f in shm["files"]}
-    assert states == {"vllm_offload_live.mmap": "owned", "vllm_offload_dead1.mmap": "orphan",
-                      "vllm_offload_dead2.mmap": "orphan"}, states
+    assert states == {
+        "vllm_offload_live.mmap": "owned",
+        "vllm_offload_dead1.mmap": "orphan",
+        "vllm_offload_dead2.mmap": "orphan",
+    }, states
     [live] = [f for f in shm["files"] if f["path"] == str(mapped)]
     assert files["holder"].proc.pid in [o["pid"] for o in live["owners"]], live
 
@@ -155,18 +163,26 @@ def test_stdio(root: Root, shm_files: dict[str, Any]) -> None:  # noqa: F811 - t
     assert [r["outcome"] for r in refused] == ["refused"] * 3 and "plan_id" in refused[0]["reason"], refused
     recs = [r for r in recs if r["action"] != "host_manage"]
     assert [(r["who"], r["action"], r["outcome"]) for r in recs if r["outcome"] != "stale"][:1] == [
-        ("stdio", "shm-reclaim", "ok")], recs
+        ("stdio", "shm-reclaim", "ok")
+    ], recs
     assert [r["outcome"] for r in recs[1:]] in (["stale"] * 10, [*["stale"] * (len(recs) - 2), "converged"]), recs
     assert recs[0]["bytes_freed"] == 5 << 20
 
 
-def test_streamable_http_on_the_running_loop(quiet_loop: tuple[LoopProcess, Api], root: Root,  # noqa: F811
-                                            shm_files: dict[str, Any]) -> None:  # noqa: F811
+def test_streamable_http_on_the_running_loop(
+    quiet_loop: tuple[LoopProcess, Api],  # noqa: F811 - the fixture imported above
+    root: Root,
+    shm_files: dict[str, Any],  # noqa: F811 - the fixture imported above
+) -> None:
     lp, api = quiet_loop
     url = f"{api.base}/mcp"
     for token in (None, "wrong-" + TOKEN):
-        status, _, body = api.post("/mcp", {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, token=token,
-                                   headers={"Accept": "application/json, text/event-stream"})
+        status, _, body = api.post(
+            "/mcp",
+            {"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+            token=token,
+            headers={"Accept": "application/json, text/event-stream"},
+        )
         assert status == 401, (token, status, body)
 
     async def stdio_while_the_loop_runs(session: Any) -> None:
@@ -197,6 +213,8 @@ def test_streamable_http_on_the_running_loop(quiet_loop: tuple[LoopProcess, Api]
     assert [r["outcome"] for r in locked] == ["refused"] and "another reconciler holds" in locked[0]["reason"], recs
     recs = [r for r in recs if r["action"] != "host_manage" and r["who"] != "stdio"]
     assert [(r["action"], r["outcome"]) for r in recs if r["outcome"] != "stale"] in (
-        [("shm-reclaim", "ok"), ("apply", "blocked")], [("shm-reclaim", "ok")]), recs
+        [("shm-reclaim", "ok"), ("apply", "blocked")],
+        [("shm-reclaim", "ok")],
+    ), recs
     assert recs[-1]["outcome"] == "stale" and all(r["who"] == "ops-token" for r in recs), recs
     assert lp.find("api-exclusive", front="mcp")

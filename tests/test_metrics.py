@@ -705,7 +705,9 @@ def test_systemd_unit_runs_the_loop_and_keeps_what_it_needs(tmp_path: Path, monk
     unit = (EXAMPLES / "reconciler.service").read_text()
     settings = [ln.split("=", 1) for ln in unit.splitlines() if "=" in ln and not ln.startswith("#")]
     conf = {k: v for k, v in settings}
-    assert conf["ExecStart"] == "/opt/reconciler/bin/reconciler run --root /etc/reconciler --metrics-addr 127.0.0.1:9464"
+    assert (
+        conf["ExecStart"] == "/opt/reconciler/bin/reconciler run --root /etc/reconciler --metrics-addr 127.0.0.1:9464"
+    )
     assert conf["ExecReload"] == "/bin/kill -HUP $MAINPID"
     assert conf["ProtectSystem"] == "strict" and conf["NoNewPrivileges"] == "yes"
     # Under ProtectSystem=strict only listed paths are writable: the host lock's runtime directory is the unit's
@@ -807,9 +809,10 @@ def test_a_real_prometheus_scrapes_the_exposition_and_evaluates_the_rules(metric
     m, target = metrics_server
     m.observe_state(*busy_host())
     m.set_manifest_valid(False, "manifests/workstation.yaml:4: unknown recipe 'nope'")
-    with tempfile.TemporaryDirectory(prefix="reconciler-prom-") as tmp, running_prometheus(
-        target, Path(tmp), rule_files=[ALERTS]
-    ) as (base, proc):
+    with (
+        tempfile.TemporaryDirectory(prefix="reconciler-prom-") as tmp,
+        running_prometheus(target, Path(tmp), rule_files=[ALERTS]) as (base, proc),
+    ):
         deadline = time.monotonic() + 30
         alert = None
         while time.monotonic() < deadline and alert is None:

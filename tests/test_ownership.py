@@ -17,8 +17,6 @@ from reconciler.observe.docker_obs import inherited_labels
 pytestmark = [pytest.mark.docker, pytest.mark.root]
 
 
-
-
 def _labels(root: Root, recipe: str, slot: str, **extra: str) -> list[str]:
     from reconciler.loader import load_desired
 
@@ -40,15 +38,30 @@ def _run_like(root: Root, recipe: str, slot: str, name: str, *labels: str) -> st
     vols = [a for v in spec["volumes"] for a in ("-v", v)]
     gpu = str(root.slot_index[slot])
     docker_cli(
-        "run", "-d", "--name", name, "--init", "--ipc", "host", "--network", "host", *vols, *labels,
-        "-e", f"NVIDIA_VISIBLE_DEVICES={gpu}", spec["image"], *spec["command"],
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--init",
+        "--ipc",
+        "host",
+        "--network",
+        "host",
+        *vols,
+        *labels,
+        "-e",
+        f"NVIDIA_VISIBLE_DEVICES={gpu}",
+        spec["image"],
+        *spec["command"],
     )
     return name
 
 
 def test_legacy_container_is_adopted_only_by_the_explicit_command(root: Root) -> None:
     omni = root.recipe("omni")
-    name = _run_like(root, omni, "dark-compute-b", root.cname(omni, "dark-compute-b"), *_labels(root, omni, "dark-compute-b"))
+    name = _run_like(
+        root, omni, "dark-compute-b", root.cname(omni, "dark-compute-b"), *_labels(root, omni, "dark-compute-b")
+    )
     # Not in the manifest, but not proven ours either: nothing is stopped.
     assert root.cli("plan", "--json").data["actions"] == []
     # Wanted: the plan is blocked and names the command that adopts it.
@@ -97,8 +110,15 @@ def test_labels_inherited_from_an_image_prove_nothing(root: Root, tmp_path: Path
     docker_cli("commit", ours, tag)
     try:
         copy = root.run_unmanaged(
-            "copy", "-v", "/usr:/usr:ro", "-e", f"NVIDIA_VISIBLE_DEVICES={root.slot_index['dark-compute-a']}",
-            tag, "python3", "-c", "import time; time.sleep(300)",
+            "copy",
+            "-v",
+            "/usr:/usr:ro",
+            "-e",
+            f"NVIDIA_VISIBLE_DEVICES={root.slot_index['dark-compute-a']}",
+            tag,
+            "python3",
+            "-c",
+            "import time; time.sleep(300)",
         )
         got = root.api.inspect_container(copy)["Config"]["Labels"]
         assert got["io.reconciler.install"] == install and got["io.reconciler.host"] == root.host

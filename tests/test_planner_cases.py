@@ -51,7 +51,9 @@ def test_plan_case(path: Path) -> None:
 
 
 def test_order_is_leaves_then_reclaim_then_enters() -> None:
-    case = yaml.safe_load((Path(__file__).parent / "cases" / "plan" / "14-orphans-reclaimed-before-enter.yaml").read_text())
+    case = yaml.safe_load(
+        (Path(__file__).parent / "cases" / "plan" / "14-orphans-reclaimed-before-enter.yaml").read_text()
+    )
     case["recipes"]["omni"] = {"tp": 1}
     case["observed"]["containers"] = [
         {"name": "reconciler-omni-dark-compute-b", "managed": True, "recipe": "omni", "slots": ["dark-compute-b"]}

@@ -24,30 +24,66 @@ from reconciler.probes import make_haystack, parse_gauges, parse_samples, run_pr
 FAKE = Path(__file__).resolve().parent.parent / "examples" / "fake-vllm" / "fake_vllm.py"
 MODEL = "fake/kinds"
 
-WEATHER = {"name": "get_weather", "description": "weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-    "required": ["city"], "additionalProperties": False}}
-CLOCK = {"name": "get_time", "parameters": {"type": "object", "properties": {"tz": {"type": "string"}},
-                                            "required": ["tz"]}}
-ORDER = {"name": "lookup_order", "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}},
-                                                 "required": ["order_id"]}}
+WEATHER = {
+    "name": "get_weather",
+    "description": "weather",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
+CLOCK = {
+    "name": "get_time",
+    "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]},
+}
+ORDER = {
+    "name": "lookup_order",
+    "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]},
+}
 ASK = "What is the weather in 'Paris'? Use get_weather."
 
 PROBES: dict[str, dict[str, Any]] = {
     "tools": dict(kind="tools", prompt=ASK, tools=[WEATHER, CLOCK], function="get_weather", contains="Paris"),
     "streaming-tools": dict(kind="tools", prompt=ASK, tools=[WEATHER, CLOCK], function="get_weather", stream=True),
-    "tool-result": dict(kind="tool-result", prompt="Weather in Paris?", tools=[WEATHER], arguments={"city": "Paris"},
-                        tool_result='{"temperature_c": 21, "sky": "clear"}', contains="21"),
+    "tool-result": dict(
+        kind="tool-result",
+        prompt="Weather in Paris?",
+        tools=[WEATHER],
+        arguments={"city": "Paris"},
+        tool_result='{"temperature_c": 21, "sky": "clear"}',
+        contains="21",
+    ),
     "responses": dict(kind="responses", prompt="Reply with the single word: ready", matches="(?i)ready"),
-    "responses-json": dict(kind="responses", prompt="2 + 2 as JSON", json_schema={
-        "type": "object", "properties": {"answer": {"type": "integer", "minimum": 4, "maximum": 4}},
-        "required": ["answer"]}),
+    "responses-json": dict(
+        kind="responses",
+        prompt="2 + 2 as JSON",
+        json_schema={
+            "type": "object",
+            "properties": {"answer": {"type": "integer", "minimum": 4, "maximum": 4}},
+            "required": ["answer"],
+        },
+    ),
     "needle": dict(kind="needle", haystack_tokens=8192, depth=0.25, seed=3),
-    "batch": dict(kind="batch", requests=20, prefix_tokens=2048, prompt="Look up the order 'ORD-{i}'.",
-                  tools=[ORDER], tool_choice="required", contains="ORD-{i}"),
-    "structured-json": dict(prompt="2 + 2 as JSON", json_schema={
-        "type": "object", "properties": {"answer": {"type": "integer", "minimum": 4, "maximum": 4}},
-        "required": ["answer"], "additionalProperties": False}),
+    "batch": dict(
+        kind="batch",
+        requests=20,
+        prefix_tokens=2048,
+        prompt="Look up the order 'ORD-{i}'.",
+        tools=[ORDER],
+        tool_choice="required",
+        contains="ORD-{i}",
+    ),
+    "structured-json": dict(
+        prompt="2 + 2 as JSON",
+        json_schema={
+            "type": "object",
+            "properties": {"answer": {"type": "integer", "minimum": 4, "maximum": 4}},
+            "required": ["answer"],
+            "additionalProperties": False,
+        },
+    ),
 }
 
 
@@ -55,8 +91,11 @@ class Fake:
     def __init__(self, tmp: Path):
         self.log = tmp / "fake.log"
         with open(self.log, "wb") as log:  # the child has its own copy of the descriptor
-            self.proc = subprocess.Popen([sys.executable, str(FAKE), "serve", MODEL, "--host", "127.0.0.1",
-                                          "--port", "0"], stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                [sys.executable, str(FAKE), "serve", MODEL, "--host", "127.0.0.1", "--port", "0"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + 15
         while not (m := re.search(r"Uvicorn running on http://[\d.]+:(\d+)", self.log.read_text())):
             assert time.monotonic() < deadline and self.proc.poll() is None, self.log.read_text()
@@ -72,16 +111,22 @@ class Fake:
                 time.sleep(0.02)
 
     def mode(self, text: str) -> None:
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/fake/mode", method="POST",
-                                     data=json.dumps({"mode": text}).encode())
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/fake/mode", method="POST", data=json.dumps({"mode": text}).encode()
+        )
         with urllib.request.urlopen(req, timeout=5) as r:
             assert r.status == 200
 
     def recipe(self, **probes: dict[str, Any]) -> Recipe:
-        return Recipe.model_validate({
-            "tensor_parallel_size": 1, "model": {"id": MODEL}, "container": {"image": "x", "command": ["x"]},
-            "health": {"url": f"http://127.0.0.1:{self.port}/health"},
-            "probes": [{"name": name, **spec} for name, spec in probes.items()]})
+        return Recipe.model_validate(
+            {
+                "tensor_parallel_size": 1,
+                "model": {"id": MODEL},
+                "container": {"image": "x", "command": ["x"]},
+                "health": {"url": f"http://127.0.0.1:{self.port}/health"},
+                "probes": [{"name": name, **spec} for name, spec in probes.items()],
+            }
+        )
 
 
 @pytest.fixture(scope="module")
@@ -110,18 +155,33 @@ def test_each_kind_passes_on_a_correct_answer(fake: Fake, name: str) -> None:
 
 # (probe, the fake's switch, what the reason must say) — the wrong answers of the report's checks.
 WRONG = [
-    ("tools", "wrong-tool", "the answer calls 'get_time({\"tz\": \"Paris\"})', not get_weather"),
-    ("tools", "bad-tool-args", "the arguments of get_weather break its parameter schema ($: ['fake'] is not of "
-                               "type 'object'): '[\"fake\"]'"),
-    ("tools", "wrong-text,chat-error", "HTTP 500, expected 200: '{\"object\": \"error\""),
-    ("streaming-tools", "broken-stream", "the stream ended without closing its tool call (no finish_reason and no "
-                                         "'data: [DONE]'); reassembled so far: 'get_weather({\"city\":"),
+    ("tools", "wrong-tool", 'the answer calls \'get_time({"tz": "Paris"})\', not get_weather'),
+    (
+        "tools",
+        "bad-tool-args",
+        "the arguments of get_weather break its parameter schema ($: ['fake'] is not of type 'object'): '[\"fake\"]'",
+    ),
+    ("tools", "wrong-text,chat-error", 'HTTP 500, expected 200: \'{"object": "error"'),
+    (
+        "streaming-tools",
+        "broken-stream",
+        "the stream ended without closing its tool call (no finish_reason and no "
+        "'data: [DONE]'); reassembled so far: 'get_weather({\"city\":",
+    ),
     ("streaming-tools", "wrong-tool", "the answer calls 'get_time("),
-    ("tool-result", "ignore-tool-result", "the answer does not use the tool's result (no '21' of "
-                                          "'{\"temperature_c\": 21, \"sky\": \"clear\"}'): "
-                                          "'I could not get that information.'"),
-    ("responses", "responses-empty", "the Responses answer has no output text (status 'completed', output items "
-                                     "['reasoning']): '{\"id\": \"resp_fake"),
+    (
+        "tool-result",
+        "ignore-tool-result",
+        "the answer does not use the tool's result (no '21' of "
+        '\'{"temperature_c": 21, "sky": "clear"}\'): '
+        "'I could not get that information.'",
+    ),
+    (
+        "responses",
+        "responses-empty",
+        "the Responses answer has no output text (status 'completed', output items "
+        "['reasoning']): '{\"id\": \"resp_fake",
+    ),
     ("responses", "wrong-text", "the answer does not match /(?i)ready/: 'I cannot help with that.'"),
     ("needle", "needle-wrong", "the answer misses the needle"),
     ("batch", "fail-request='ORD-7'", "19/20 passed"),
@@ -131,8 +191,9 @@ WRONG = [
 
 
 @pytest.mark.parametrize(("name", "mode", "says"), WRONG, ids=[f"{n}-{m}" for n, m, _ in WRONG])
-def test_each_kind_fails_on_a_wrong_answer_naming_the_probe_and_quoting_it(fake: Fake, name: str, mode: str,
-                                                                          says: str) -> None:
+def test_each_kind_fails_on_a_wrong_answer_naming_the_probe_and_quoting_it(
+    fake: Fake, name: str, mode: str, says: str
+) -> None:
     res = probe(fake, name, mode)
     assert not res.ok, res
     reason = res.reason()
@@ -155,7 +216,9 @@ def test_a_batch_reports_n_of_n_latencies_and_the_prefix_cache(fake: Fake) -> No
     assert f["requests"] == 20 and f["passed"] == 20 and 0 < f["p50_s"] <= f["p95_s"], f
     # Every request after the first finds the shared prefix cached (the fake counts as vLLM does, in blocks).
     assert f["prefix_cache"]["hits_tokens"] >= 19 * 2048 * 0.9, f
-    assert re.search(r"^20/20 passed, p50 [\d.]+ s, p95 [\d.]+ s, prefix cache \d+ of \d+ prompt tokens hit", res.detail)
+    assert re.search(
+        r"^20/20 passed, p50 [\d.]+ s, p95 [\d.]+ s, prefix cache \d+ of \d+ prompt tokens hit", res.detail
+    )
     failed = probe(fake, "batch", "fail-request='ORD-7'")
     assert "request 7 failed: HTTP 500" in failed.detail and "(and" not in failed.detail, failed.detail
 
@@ -178,9 +241,15 @@ def test_the_haystack_is_made_from_its_seed_at_its_size_and_depth() -> None:
 
 
 def test_schema_violations_come_from_jsonschema_with_their_place() -> None:
-    schema = {"type": "object", "properties": {"answer": {"type": "integer", "maximum": 4},
-                                               "items": {"type": "array", "items": {"type": "string"}}},
-              "required": ["answer"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {
+            "answer": {"type": "integer", "maximum": 4},
+            "items": {"type": "array", "items": {"type": "string"}},
+        },
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
     assert schema_violations({"answer": 4, "items": ["a"]}, schema) == []
     wrong = schema_violations({"answer": 5, "items": ["a", 3], "extra": 1}, schema)
     assert "$.answer: 5 is greater than the maximum of 4" in wrong
@@ -191,9 +260,11 @@ def test_schema_violations_come_from_jsonschema_with_their_place() -> None:
 def test_a_recipes_schema_is_checked_by_the_meta_schema_and_misspelt_keywords_are_refused() -> None:
     ok = {"type": "object", "oneOf": [{"required": ["a"]}, {"required": ["b"]}], "$defs": {"x": {"type": "string"}}}
     assert ProbeSpec(name="s", prompt="x", json_schema=ok).json_schema == ok
-    for bad, says in (({"type": "object", "properties": {"a": {"minimum": "4"}}}, "is not a valid JSON Schema"),
-                      ({"type": "object", "properties": {"a": {"maxium": 4}}}, "unknown JSON Schema keyword(s) maxium"),
-                      ({"type": "obj"}, "'obj' is not a JSON Schema type")):
+    for bad, says in (
+        ({"type": "object", "properties": {"a": {"minimum": "4"}}}, "is not a valid JSON Schema"),
+        ({"type": "object", "properties": {"a": {"maxium": 4}}}, "unknown JSON Schema keyword(s) maxium"),
+        ({"type": "obj"}, "'obj' is not a JSON Schema type"),
+    ):
         with pytest.raises(ValueError, match=re.escape(says)):
             ProbeSpec(name="s", prompt="x", json_schema=bad)
 
@@ -239,11 +310,21 @@ def test_the_sampler_keeps_each_cards_lowest_figure_with_the_probe_running_then(
     from reconciler.vram import VramSampler, load_reserve_verdict
 
     gib = 1 << 30
-    host = HostConfig.model_validate({"name": "h", "gpus": {"a": {"index": 0}, "b": {"index": 1}},
-                                      "gpu_telemetry": "nvml", "gpu_reserve": {"free_gib": 3, "policy": "enforce"}})
-    figures = iter([{"a": (100 * gib, 140 * gib), "b": (50 * gib, 140 * gib)},
-                    {"a": (2 * gib, 140 * gib), "b": (40 * gib, 140 * gib)},
-                    {"a": (9 * gib, 140 * gib), "b": (60 * gib, 140 * gib)}])
+    host = HostConfig.model_validate(
+        {
+            "name": "h",
+            "gpus": {"a": {"index": 0}, "b": {"index": 1}},
+            "gpu_telemetry": "nvml",
+            "gpu_reserve": {"free_gib": 3, "policy": "enforce"},
+        }
+    )
+    figures = iter(
+        [
+            {"a": (100 * gib, 140 * gib), "b": (50 * gib, 140 * gib)},
+            {"a": (2 * gib, 140 * gib), "b": (40 * gib, 140 * gib)},
+            {"a": (9 * gib, 140 * gib), "b": (60 * gib, 140 * gib)},
+        ]
+    )
     clock = iter(range(100))
     sampler = VramSampler(lambda: next(figures), interval_s=3600, clock=lambda: float(next(clock)))
     with sampler:  # one sample as it starts...
@@ -260,16 +341,18 @@ def test_the_sampler_keeps_each_cards_lowest_figure_with_the_probe_running_then(
     assert "below its 3.00 GiB reserve" in v.message()
     assert v.to_json()["slots"]["b"]["min_free_bytes"] == 40 * gib
     report = HostConfig.model_validate({**host.model_dump(), "gpu_reserve": {"free_gib": 3, "policy": "report"}})
-    assert not load_reserve_verdict(DesiredState(host=report, recipes={}, assignments=()), None, "regression",
-                                    sampler, ("a", "b")).failed
+    assert not load_reserve_verdict(
+        DesiredState(host=report, recipes={}, assignments=()), None, "regression", sampler, ("a", "b")
+    ).failed
 
 
 def test_a_card_never_sampled_fails_under_enforce_and_without_telemetry_nothing_is_judged() -> None:
     from reconciler.model import DesiredState
     from reconciler.vram import VramSampler, load_reserve_verdict
 
-    host = HostConfig.model_validate({"name": "h", "gpus": {"a": {"index": 0}}, "gpu_telemetry": "nvml",
-                                      "gpu_reserve": {"policy": "enforce"}})
+    host = HostConfig.model_validate(
+        {"name": "h", "gpus": {"a": {"index": 0}}, "gpu_telemetry": "nvml", "gpu_reserve": {"policy": "enforce"}}
+    )
 
     def broken() -> dict[str, tuple[int, int]]:
         raise RuntimeError("NVML: NVMLError_GpuIsLost: GPU is lost")
@@ -277,7 +360,11 @@ def test_a_card_never_sampled_fails_under_enforce_and_without_telemetry_nothing_
     with VramSampler(broken, interval_s=3600) as sampler:
         pass
     v = load_reserve_verdict(DesiredState(host=host, recipes={}, assignments=()), None, "preflight", sampler, ("a",))
-    assert v.failed and v.unknown == ("a",) and "a: free VRAM not sampled (RuntimeError: NVML: NVMLError_GpuIsLost" in v.message()
+    assert (
+        v.failed
+        and v.unknown == ("a",)
+        and "a: free VRAM not sampled (RuntimeError: NVML: NVMLError_GpuIsLost" in v.message()
+    )
     with VramSampler(None) as idle:
         pass
     v = load_reserve_verdict(DesiredState(host=host, recipes={}, assignments=()), None, "preflight", idle, ("a",))

@@ -26,14 +26,16 @@ A, B = "dark-compute-a", "dark-compute-b"
 
 def switch(root: Root, recipe: str, mode: str) -> None:
     """Change the running fake's switches (POST /fake/mode): the lane keeps running, its answers go wrong."""
-    req = urllib.request.Request(f"http://127.0.0.1:{root.port_of(recipe)}/fake/mode", method="POST",
-                                 data=json.dumps({"mode": mode}).encode())
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{root.port_of(recipe)}/fake/mode", method="POST", data=json.dumps({"mode": mode}).encode()
+    )
     with urllib.request.urlopen(req, timeout=5) as resp:
         assert resp.status == 200
 
 
 def test_a_failed_preflight_fails_the_enter_keeps_the_container_frees_the_gpu_and_backs_off(
-        root: Root, tmp_path: Any) -> None:
+    root: Root, tmp_path: Any
+) -> None:
     omni = root.recipe("omni", mode="wrong-tool")
     root.manifest((omni, [B]))
     lp = LoopProcess(root, "--api-token-file", str(token_file(tmp_path)))
@@ -45,10 +47,26 @@ def test_a_failed_preflight_fails_the_enter_keeps_the_container_frees_the_gpu_an
         lp.wait("backoff", timeout=10)
         samples = lp.samples()
         assert samples[("reconciler_recipe_backoff", frozenset({("recipe", omni)}))] == 1.0
-        assert samples[("reconciler_probe_success", frozenset({("recipe", omni), ("suite", "preflight"),
-                                                               ("probe", "tools"), ("kind", "tools")}))] == 0.0
-        assert samples[("reconciler_probe_success", frozenset({("recipe", omni), ("suite", "preflight"),
-                                                               ("probe", "retrieval-8k"), ("kind", "needle")}))] == 1.0
+        assert (
+            samples[
+                (
+                    "reconciler_probe_success",
+                    frozenset({("recipe", omni), ("suite", "preflight"), ("probe", "tools"), ("kind", "tools")}),
+                )
+            ]
+            == 0.0
+        )
+        assert (
+            samples[
+                (
+                    "reconciler_probe_success",
+                    frozenset(
+                        {("recipe", omni), ("suite", "preflight"), ("probe", "retrieval-8k"), ("kind", "needle")}
+                    ),
+                )
+            ]
+            == 1.0
+        )
     finally:
         lp.stop()
     kept = [c for c in root.containers() if "-failed-" in c["Names"][0]]
@@ -93,8 +111,11 @@ def test_the_regression_suite_runs_on_demand_from_the_cli_the_api_and_mcp(root: 
         status, headers, body = api.get(f"/v1/probe?recipe={omni}&suite=regression", timeout=120)
         assert status == 200 and headers["x-reconciler-exit-code"] == "0", (status, body)
         assert body["suite"] == "regression" and body["passed"] == 3, body
-        for query, says in ((f"?recipe={omni}&suite=nightly", "suite"), ("?suite=regression", "recipe"),
-                            ("?recipe=../etc&suite=regression", "recipe")):
+        for query, says in (
+            (f"?recipe={omni}&suite=nightly", "suite"),
+            ("?suite=regression", "recipe"),
+            ("?recipe=../etc&suite=regression", "recipe"),
+        ):
             status, _, body = api.get(f"/v1/probe{query}")
             assert status == 400 and says in json.dumps(body), (query, status, body)
         status, _, _ = api.get(f"/v1/probe?recipe={omni}", token=None)
@@ -107,9 +128,20 @@ def test_the_regression_suite_runs_on_demand_from_the_cli_the_api_and_mcp(root: 
 
         anyio.run(on_http, f"{api.base}/mcp", TOKEN, check, backend="asyncio")
         samples = lp.samples()
-        assert samples[("reconciler_probe_success", frozenset({("recipe", omni), ("suite", "regression"),
-                                                               ("probe", "tool-batch-20"), ("kind", "batch")}))] == 1.0
-        assert samples[("reconciler_probe_suite_success", frozenset({("recipe", omni), ("suite", "regression")}))] == 1.0
+        assert (
+            samples[
+                (
+                    "reconciler_probe_success",
+                    frozenset(
+                        {("recipe", omni), ("suite", "regression"), ("probe", "tool-batch-20"), ("kind", "batch")}
+                    ),
+                )
+            ]
+            == 1.0
+        )
+        assert (
+            samples[("reconciler_probe_suite_success", frozenset({("recipe", omni), ("suite", "regression")}))] == 1.0
+        )
     finally:
         lp.stop()
 

@@ -183,8 +183,14 @@ def test_the_cgroup_data_covers_the_layouts() -> None:
     names = set(CGROUP_FILES)
     assert {"docker-v1-cgroupfs", "dind-v1-cgroupfs-inner", "dind-v2-systemd-inner", "kind-node-containerd"} <= names
     # Podman: cgroupfs (captured), systemd on v2 and v1, rootless, pods.
-    assert {"podman-cgroupfs-v1", "podman-systemd-v2", "podman-systemd-v1", "podman-rootless-systemd-v2",
-            "podman-pod-systemd-v2", "podman-pod-cgroupfs"} <= names
+    assert {
+        "podman-cgroupfs-v1",
+        "podman-systemd-v2",
+        "podman-systemd-v1",
+        "podman-rootless-systemd-v2",
+        "podman-pod-systemd-v2",
+        "podman-pod-cgroupfs",
+    } <= names
     assert all((CGROUP_DATA / f"{n}.ids").exists() for n in names)
 
 
@@ -212,7 +218,10 @@ def test_nested_real_file_the_outer_id_known_only_to_an_outer_engine() -> None:
     # The inner dockerd itself runs in OUTER: a container of no engine this one knows.
     assert innermost_known(parse_cgroup_container_ids(cgroup_text("dind-v1-cgroupfs-outer")), {INNER}) is None
     # Seen from inside the outer container's own cgroup namespace, only the inner id is on the path.
-    assert innermost_known(parse_cgroup_container_ids(cgroup_text("dind-v1-cgroupfs-inner-seen-from-outer")), {INNER}) == INNER
+    assert (
+        innermost_known(parse_cgroup_container_ids(cgroup_text("dind-v1-cgroupfs-inner-seen-from-outer")), {INNER})
+        == INNER
+    )
 
 
 def test_nothing_known_is_no_container() -> None:
@@ -237,7 +246,9 @@ def test_owner_shown_for_a_holder_never_names_an_unknown_id_as_a_container() -> 
     candidates = parse_cgroup_container_ids(cgroup_text("dind-v1-cgroupfs-inner"))
     assert owner_container(candidates, {OUTER: "dind"}, engine_ok=True) == "dind"
     assert owner_container(candidates, {INNER: "inner"}, engine_ok=True) == "inner"
-    assert owner_container(candidates, {OTHER: "x"}, engine_ok=True) == f"a container unknown to this engine: {INNER[:12]}"
+    assert (
+        owner_container(candidates, {OTHER: "x"}, engine_ok=True) == f"a container unknown to this engine: {INNER[:12]}"
+    )
     assert owner_container(candidates, {}, engine_ok=False) == (
         f"a container not confirmed (docker did not answer): {INNER[:12]}"
     )

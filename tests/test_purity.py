@@ -20,8 +20,14 @@ def test_model_and_planner_import_nothing_that_talks_to_the_world() -> None:
     assert out == "", f"pure layers pulled in: {out}"
 
 
-FRONT_ENDS = ("reconciler.cli", "reconciler.cli_apply", "reconciler.cli_shm", "reconciler.control", "reconciler.api",
-              "reconciler.mcp_server")
+FRONT_ENDS = (
+    "reconciler.cli",
+    "reconciler.cli_apply",
+    "reconciler.cli_shm",
+    "reconciler.control",
+    "reconciler.api",
+    "reconciler.mcp_server",
+)
 
 
 def test_front_ends_stand_on_the_service_never_on_each_other() -> None:
@@ -44,19 +50,26 @@ def test_front_ends_stand_on_the_service_never_on_each_other() -> None:
                 names.update(a.name for a in node.names)
         found[mod] = names
     # The one allowed edge: the parser (reconciler.cli) registers the other command-line modules' commands.
-    allowed = {("reconciler.cli", "reconciler.cli_apply"), ("reconciler.cli", "reconciler.cli_shm"),
-               ("reconciler.cli", "reconciler.mcp_server"), ("reconciler.__main__", "reconciler.cli"),
-               # The loop serves the HTTP API (and MCP through it) on its listener.
-               ("reconciler.loop", "reconciler.api"),
-               # The loop answers the command line on its socket by running the command line's own commands; the
-               # socket's two ends are one module, which the parser's entry point hands a command to.
-               ("reconciler.loop", "reconciler.control"), ("reconciler.cli", "reconciler.control"),
-               ("reconciler.control", "reconciler.cli")}
+    allowed = {
+        ("reconciler.cli", "reconciler.cli_apply"),
+        ("reconciler.cli", "reconciler.cli_shm"),
+        ("reconciler.cli", "reconciler.mcp_server"),
+        ("reconciler.__main__", "reconciler.cli"),
+        # The loop serves the HTTP API (and MCP through it) on its listener.
+        ("reconciler.loop", "reconciler.api"),
+        # The loop answers the command line on its socket by running the command line's own commands; the
+        # socket's two ends are one module, which the parser's entry point hands a command to.
+        ("reconciler.loop", "reconciler.control"),
+        ("reconciler.cli", "reconciler.control"),
+        ("reconciler.control", "reconciler.cli"),
+    }
     bad = sorted(
         (mod, imp)
         for mod, imports in found.items()
         for imp in imports
-        if imp in FRONT_ENDS and imp != mod and (mod, imp) not in allowed
+        if imp in FRONT_ENDS
+        and imp != mod
+        and (mod, imp) not in allowed
         and not (mod == "reconciler.api" and imp == "reconciler.mcp_server")  # the API mounts the MCP app at /mcp
     )
     assert bad == [], f"front-ends leaning on each other or the core importing a front-end: {bad}"

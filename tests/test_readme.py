@@ -96,7 +96,7 @@ class Block:
     @property
     def not_run(self) -> str | None:
         first = self.body[0] if self.body else ""
-        return first[len(NOT_RUN):].strip() if first.startswith(NOT_RUN) else None
+        return first[len(NOT_RUN) :].strip() if first.startswith(NOT_RUN) else None
 
     @property
     def file_name(self) -> str | None:
@@ -126,8 +126,8 @@ def read_blocks(page: Path) -> list[Block]:
             while k >= 0 and "<!--" not in lines[k]:
                 k -= 1
             if k >= 0 and lines[k].lstrip().startswith("<!-- example"):
-                comment = lines[k:end + 1]
-        blocks.append(Block(page, start + 1, lang, lines[start + 1:j], comment))
+                comment = lines[k : end + 1]
+        blocks.append(Block(page, start + 1, lang, lines[start + 1 : j], comment))
         i = j + 1
     return blocks
 
@@ -219,19 +219,31 @@ class Tour:
         self.loop: subprocess.Popen[bytes] | None = None
         self.loop_log = base / "loop.log"
         self.env = {
-            "PATH": ROOT_PATH, "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8", "NO_COLOR": "1",
-            "TERM": "dumb", "COLUMNS": "200",
+            "PATH": ROOT_PATH,
+            "HOME": os.environ.get("HOME", "/root"),
+            "LANG": "C.UTF-8",
+            "NO_COLOR": "1",
+            "TERM": "dumb",
+            "COLUMNS": "200",
             # Python's stdout unbuffered, so stdout and stderr interleave as on a terminal.
             "PYTHONUNBUFFERED": "1",
-            "README_REPO": str(REPO), "README_PIDS": str(self.pids),
+            "README_REPO": str(REPO),
+            "README_PIDS": str(self.pids),
         }
         for k in ("RECONCILER_TEST_DOCKER_URL", "DOCKER_HOST"):
             if k in os.environ:
                 self.env[k] = os.environ[k]
 
     def shell(self, script: str, *, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["bash", "-c", f"source {self.helpers}\n{script}"], cwd=self.cwd, env=self.env,
-                              capture_output=True, text=True, timeout=timeout, check=False)
+        return subprocess.run(
+            ["bash", "-c", f"source {self.helpers}\n{script}"],
+            cwd=self.cwd,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
 
     def set_loop(self, want: str) -> None:
         """A fresh loop for each block that shows one (its counters then hold that block's work only), on a tmpfs
@@ -241,8 +253,12 @@ class Tour:
             for f in Path(DEMO_SHM).glob("vllm_offload_*.mmap"):
                 f.unlink()
             self.loop = subprocess.Popen(
-                ["reconciler", "--root", "examples/demo", "run"], cwd=self.cwd, env=self.env,
-                stdout=self.loop_log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
+                ["reconciler", "--root", "examples/demo", "run"],
+                cwd=self.cwd,
+                env=self.env,
+                stdout=self.loop_log.open("wb"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
             deadline = time.monotonic() + 60
             while b" pass " not in self.loop_log.read_bytes():
@@ -335,8 +351,13 @@ def run_block(block: Block, tour: Tour) -> None:
     out_dir = tour.cwd.parent / "out"
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir()
-    script = ["set +e", "__setup() {", *(setup or [":"]), "}",
-              f"__setup >{out_dir}/setup 2>&1 || {{ echo setup failed; cat {out_dir}/setup; exit 99; }}"]
+    script = [
+        "set +e",
+        "__setup() {",
+        *(setup or [":"]),
+        "}",
+        f"__setup >{out_dir}/setup 2>&1 || {{ echo setup failed; cat {out_dir}/setup; exit 99; }}",
+    ]
     for n, (cmd, _) in enumerate(cmds):
         script += [f"{{ {cmd}\n}} >{out_dir}/{n}.out 2>&1 </dev/null", f"echo $? >{out_dir}/{n}.rc"]
     try:
@@ -349,12 +370,17 @@ def run_block(block: Block, tour: Tour) -> None:
         rc = int((out_dir / f"{n}.rc").read_text())
         m = re.search(r"#.*\bexit (\d+)", cmd)
         if m:
-            assert rc == int(m.group(1)), f"{block.where}: `{cmd}` exited {rc}, the page says {m.group(1)}\n" + "\n".join(got)
+            assert rc == int(m.group(1)), (
+                f"{block.where}: `{cmd}` exited {rc}, the page says {m.group(1)}\n" + "\n".join(got)
+            )
         want, have = normalize(shown), normalize(got)
         loop = f"\n--- the loop's log\n{tour.loop_log.read_text()[-3000:]}" if tour.loop is not None else ""
         assert matches(want, have), (
             f"{block.where}: `{cmd}` printed something else than the page shows (exit {rc}).\n"
-            "--- the page (normalized)\n" + "\n".join(want) + "\n--- the command (normalized)\n" + "\n".join(have)
+            "--- the page (normalized)\n"
+            + "\n".join(want)
+            + "\n--- the command (normalized)\n"
+            + "\n".join(have)
             + loop
         )
 
@@ -363,9 +389,11 @@ def run_block(block: Block, tour: Tour) -> None:
 @pytest.mark.root
 def test_the_demo_teardown_leaves_nothing_of_the_demo(tour: Tour, docker_api) -> None:  # type: ignore[no-untyped-def]
     tour.stop_loop()
-    where = tour.shell(".venv/bin/python -c 'from reconciler.lock import HostLock, state_path\n"
-                       "from reconciler.state import host_dir\n"
-                       "print(host_dir(\"demo\"), HostLock(\"demo\", command=\"\").path, state_path(\"demo\"))'")
+    where = tour.shell(
+        ".venv/bin/python -c 'from reconciler.lock import HostLock, state_path\n"
+        "from reconciler.state import host_dir\n"
+        'print(host_dir("demo"), HostLock("demo", command="").path, state_path("demo"))\''
+    )
     demo_state, lock, loop_state = (Path(p) for p in where.stdout.split())
     tour.shell("demo_manifest split; demo_converge")  # something to tear down: a lane, state, a lock file
     assert docker_api.containers(all=True, filters={"label": "io.reconciler.host=demo"})

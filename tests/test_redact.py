@@ -39,19 +39,50 @@ KEY = f"sk-live-{SECRET}"
 
 @pytest.mark.parametrize(
     "flag",
-    ["--api-key", "--hf-token", "--token", "--password", "--secret", "--passwd", "--aws-credential-file",
-     "--db-password", "--ssl-keyfile", "--openai-api-key", "-token"],
+    [
+        "--api-key",
+        "--hf-token",
+        "--token",
+        "--password",
+        "--secret",
+        "--passwd",
+        "--aws-credential-file",
+        "--db-password",
+        "--ssl-keyfile",
+        "--openai-api-key",
+        "-token",
+    ],
 )
 def test_secret_flag_values_are_masked_in_both_forms(flag: str) -> None:
-    assert redact_argv(["vllm", "serve", flag, KEY, "--port", "8000"]) == ["vllm", "serve", flag, MASK, "--port", "8000"]
+    assert redact_argv(["vllm", "serve", flag, KEY, "--port", "8000"]) == [
+        "vllm",
+        "serve",
+        flag,
+        MASK,
+        "--port",
+        "8000",
+    ]
     assert redact_argv(["vllm", f"{flag}={KEY}", "--port", "8000"]) == ["vllm", f"{flag}={MASK}", "--port", "8000"]
     assert redact_cmdline(f"vllm serve {flag} {KEY} --port 8000") == f"vllm serve {flag} {MASK} --port 8000"
     assert redact_cmdline(f"vllm serve {flag}={KEY} --port 8000") == f"vllm serve {flag}={MASK} --port 8000"
 
 
 def test_flags_that_only_look_secret_stay_readable() -> None:
-    argv = ["vllm", "serve", "org/m", "--tokenizer", "org/tok", "--max-num-batched-tokens", "8192", "--port", "8000",
-            "--kv-offloading-size", "8", "--kv-offloading-backend", "native"]
+    argv = [
+        "vllm",
+        "serve",
+        "org/m",
+        "--tokenizer",
+        "org/tok",
+        "--max-num-batched-tokens",
+        "8192",
+        "--port",
+        "8000",
+        "--kv-offloading-size",
+        "8",
+        "--kv-offloading-backend",
+        "native",
+    ]
     assert redact_argv(argv) == argv
     assert redact_cmdline(" ".join(argv)) == " ".join(argv)
 
@@ -63,23 +94,42 @@ def test_a_secret_flag_used_as_a_switch_does_not_eat_the_next_flag() -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "APP_SECRET", "PASSWORD",
-     "DB_PASSWORD", "SMTP_PASS", "GOOGLE_APPLICATION_CREDENTIALS", "hf_token", "Db_Password"],
+    [
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "OPENAI_API_KEY",
+        "AWS_SECRET_ACCESS_KEY",
+        "APP_SECRET",
+        "PASSWORD",
+        "DB_PASSWORD",
+        "SMTP_PASS",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "hf_token",
+        "Db_Password",
+    ],
 )
 def test_env_style_assignments_are_masked(name: str) -> None:
     assert redact_argv(["env", f"{name}={KEY}", "vllm"]) == ["env", f"{name}={MASK}", "vllm"]
     assert redact_cmdline(f"env {name}={KEY} vllm") == f"env {name}={MASK} vllm"
     assert redact_text(f"started with {name}={KEY}, then") == f"started with {name}={MASK}, then"
     assert redact_env({name: KEY, "PATH": "/usr/bin"}) == {name: MASK, "PATH": "/usr/bin"}
-    assert redact_env_list([f"{name}={KEY}", "NVIDIA_VISIBLE_DEVICES=0"]) == [f"{name}={MASK}", "NVIDIA_VISIBLE_DEVICES=0"]
+    assert redact_env_list([f"{name}={KEY}", "NVIDIA_VISIBLE_DEVICES=0"]) == [
+        f"{name}={MASK}",
+        "NVIDIA_VISIBLE_DEVICES=0",
+    ]
     # A value with nothing secret-looking about it: the name alone decides.
     assert redact_cmdline(f"env {name}=plainvalue vllm") == f"env {name}={MASK} vllm"
     assert redact_data({"detail": f"started with {name}=plainvalue"}) == {"detail": f"started with {name}={MASK}"}
 
 
 def test_env_that_is_not_secret_stays() -> None:
-    env = {"VLLM_KV_OFFLOAD_MMAP_PIN_MEMORY": "0", "NVIDIA_VISIBLE_DEVICES": "0,1", "TOKENIZERS_PARALLELISM": "false",
-           "KEYBOARD": "us", "PASSAGE": "x"}
+    env = {
+        "VLLM_KV_OFFLOAD_MMAP_PIN_MEMORY": "0",
+        "NVIDIA_VISIBLE_DEVICES": "0,1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "KEYBOARD": "us",
+        "PASSAGE": "x",
+    }
     assert redact_env(env) == env
     assert redact_argv([f"{k}={v}" for k, v in env.items()]) == [f"{k}={v}" for k, v in env.items()]
 
@@ -93,10 +143,22 @@ def test_bearer_tokens_urls_with_passwords_and_quoted_secrets() -> None:
     assert redact_text("https://ghp_0123456789abcdefghij@github.com/o/r") == f"https://{MASK}@github.com/o/r"
     # vLLM logs its non-default args as a dict: the quoted value under a secret-bearing key goes.
     logged = "non-default args: {'model': 'org/m', 'api_key': 'sk-live-SECRET123', 'max_num_batched_tokens': 8192}"
-    assert redact_text(logged) == f"non-default args: {{'model': 'org/m', 'api_key': '{MASK}', 'max_num_batched_tokens': 8192}}"
-    assert redact_text('{"hf_token": "hf_x", "tokenizer": "org/tok"}') == f'{{"hf_token": "{MASK}", "tokenizer": "org/tok"}}'
-    for token in ("hf_AbCdEfGhIjKlMnOpQrSt", "sk-proj-0123456789abcdefXYZ", "ghp_0123456789abcdefABCD",
-                  "github_pat_11ABCDEFG0123456789_abc", "xoxb-1234567890-abcdef", "glpat-0123456789abcdefABCD"):
+    assert (
+        redact_text(logged)
+        == f"non-default args: {{'model': 'org/m', 'api_key': '{MASK}', 'max_num_batched_tokens': 8192}}"
+    )
+    assert (
+        redact_text('{"hf_token": "hf_x", "tokenizer": "org/tok"}')
+        == f'{{"hf_token": "{MASK}", "tokenizer": "org/tok"}}'
+    )
+    for token in (
+        "hf_AbCdEfGhIjKlMnOpQrSt",
+        "sk-proj-0123456789abcdefXYZ",
+        "ghp_0123456789abcdefABCD",
+        "github_pat_11ABCDEFG0123456789_abc",
+        "xoxb-1234567890-abcdef",
+        "glpat-0123456789abcdefABCD",
+    ):
         assert redact_text(f"run {token} now") == f"run {MASK} now", token
     # What is not a secret: a health URL with a port, a plain login in an ssh URL, a prose "bearer".
     for keep in ("http://127.0.0.1:8000/health", "ssh://git@host/x", "the bearer of bad news"):
@@ -109,11 +171,18 @@ def test_cmdline_text_keeps_its_spacing_and_punctuation_and_is_idempotent() -> N
     assert once == f"pid 4242 (vllm serve --api-key {MASK}) in no container uses GPU slot dark-compute-a"
     assert redact_cmdline(once) == once
     table = f"owned  1.00 MiB  4242 fd  python3 -c x --api-key {KEY}\n  next line\t--token  abc\n"
-    assert redact_cmdline(table) == f"owned  1.00 MiB  4242 fd  python3 -c x --api-key {MASK}\n  next line\t--token  {MASK}\n"
+    assert (
+        redact_cmdline(table)
+        == f"owned  1.00 MiB  4242 fd  python3 -c x --api-key {MASK}\n  next line\t--token  {MASK}\n"
+    )
 
 
 def test_an_argument_with_spaces_is_read_as_a_command_line() -> None:
-    assert redact_argv(["sh", "-c", f"vllm serve --api-key {KEY} --port 1"]) == ["sh", "-c", f"vllm serve --api-key {MASK} --port 1"]
+    assert redact_argv(["sh", "-c", f"vllm serve --api-key {KEY} --port 1"]) == [
+        "sh",
+        "-c",
+        f"vllm serve --api-key {MASK} --port 1",
+    ]
     assert redact_argv([f"vllm: serve --hf-token {KEY}"]) == [f"vllm: serve --hf-token {MASK}"]
 
 
@@ -124,8 +193,12 @@ def test_redact_data_walks_json_like_values() -> None:
 
     data = {"a": [f"--api-key {KEY}", ("t", 1, None, True, 2.5)], "b": {"c": f"HF_TOKEN={KEY}"}, "o": Obj(), "n": 7}
     out = redact_data(data)
-    assert out == {"a": [f"--api-key {MASK}", ["t", 1, None, True, 2.5]], "b": {"c": f"HF_TOKEN={MASK}"},
-                   "o": f"obj --api-key {MASK}", "n": 7}
+    assert out == {
+        "a": [f"--api-key {MASK}", ["t", 1, None, True, 2.5]],
+        "b": {"c": f"HF_TOKEN={MASK}"},
+        "o": f"obj --api-key {MASK}",
+        "n": 7,
+    }
     assert SECRET not in json.dumps(out)
 
 
@@ -171,18 +244,39 @@ def test_gpu_processes_and_the_blocker_built_from_them_carry_no_secret(secret_pr
 
     pid = secret_process.pid
     host = HostConfig(name="w", gpus={"a": {"index": 0}}, gpu_telemetry="nvml")
-    raw = {"error": None, "driver_version": "x", "device_count": 1, "devices": [
-        {"index": 0, "name": "gpu", "uuid": "GPU-0", "memory_total": 1, "memory_used": 1,
-         "processes": [{"pid": pid, "used_gpu_memory": 1}], "errors": {}}]}
+    raw = {
+        "error": None,
+        "driver_version": "x",
+        "device_count": 1,
+        "devices": [
+            {
+                "index": 0,
+                "name": "gpu",
+                "uuid": "GPU-0",
+                "memory_total": 1,
+                "memory_used": 1,
+                "processes": [{"pid": pid, "used_gpu_memory": 1}],
+                "errors": {},
+            }
+        ],
+    }
     gpus = observe_gpus(host, read=lambda h: raw, container_of=lambda p: None)  # command_of: the default read_comm
     [proc] = gpus.slots["a"].processes
     assert proc.pid == pid and SECRET not in proc.command and f"--api-key {MASK}" in proc.command
 
-    recipe = Recipe.model_validate({"tensor_parallel_size": 1, "model": {"id": "m"}, "container": {"image": "i", "command": ["vllm"]}})
-    desired = DesiredState(host=host, recipes={"r": recipe},
-                           assignments=(DesiredAssignment("r", ("a",), recipe.content_hash(), 0),))
-    shm = ShmView(dir="/x", pattern="vllm_offload_*.mmap", tmpfs=Tmpfs(1, 0, 1), proc=Source("proc", True),
-                  docker=Source("docker", True))
+    recipe = Recipe.model_validate(
+        {"tensor_parallel_size": 1, "model": {"id": "m"}, "container": {"image": "i", "command": ["vllm"]}}
+    )
+    desired = DesiredState(
+        host=host, recipes={"r": recipe}, assignments=(DesiredAssignment("r", ("a",), recipe.content_hash(), 0),)
+    )
+    shm = ShmView(
+        dir="/x",
+        pattern="vllm_offload_*.mmap",
+        tmpfs=Tmpfs(1, 0, 1),
+        proc=Source("proc", True),
+        docker=Source("docker", True),
+    )
     observed = Observed(host="w", containers=(), docker=Source("docker", True), gpus=gpus, shm=shm)
     p = plan(desired, observed)
     assert p.blocked and any(f"pid {pid}" in b.reason for b in p.blockers)
@@ -199,8 +293,15 @@ def test_log_lines_carry_no_secret(fmt: str) -> None:
 
     out = io.StringIO()
     log = Log(fmt, stream=out)
-    log("action", kind="enter", detail=f"vllm exited: {{'api_key': '{KEY}'}}", reason=f"pid 7 (x --api-key {KEY})",
-        api_token=KEY, nested={"cmd": ["vllm", f"--hf-token={KEY}"]}, n=3)
+    log(
+        "action",
+        kind="enter",
+        detail=f"vllm exited: {{'api_key': '{KEY}'}}",
+        reason=f"pid 7 (x --api-key {KEY})",
+        api_token=KEY,
+        nested={"cmd": ["vllm", f"--hf-token={KEY}"]},
+        n=3,
+    )
     line = out.getvalue()
     assert SECRET not in line and "pid 7" in line
     if fmt == "text":
@@ -279,10 +380,23 @@ def test_an_unmanaged_container_with_an_api_key_blocks_a_slot_and_leaks_nowhere(
     script = "import mmap,os,time; fd=os.open(os.environ['F'], os.O_RDWR); m=mmap.mmap(fd, 0); time.sleep(300)"
     name = root.run_unmanaged(
         "squatter",
-        "-e", f"NVIDIA_VISIBLE_DEVICES={root.slot_index['dark-compute-a']}",
-        "-e", f"HF_TOKEN=hf-{SECRET}", "-e", f"F={path}",
-        "-v", "/usr:/usr:ro", "-v", f"{root.shm}:{root.shm}",
-        image, "/usr/bin/python3", "-c", script, "--api-key", KEY, f"--hf-token={KEY}",
+        "-e",
+        f"NVIDIA_VISIBLE_DEVICES={root.slot_index['dark-compute-a']}",
+        "-e",
+        f"HF_TOKEN=hf-{SECRET}",
+        "-e",
+        f"F={path}",
+        "-v",
+        "/usr:/usr:ro",
+        "-v",
+        f"{root.shm}:{root.shm}",
+        image,
+        "/usr/bin/python3",
+        "-c",
+        script,
+        "--api-key",
+        KEY,
+        f"--hf-token={KEY}",
     )
     omni = root.recipe("omni")
     root.manifest((omni, ["dark-compute-a"]))

@@ -168,7 +168,7 @@ def root_files(root: Path) -> list[tuple[str, Path]]:
 
 
 def verdict(root: Path) -> str:
-    """"refused" (the schema says no to a file), "unparsed" (a missing or non-regular file, bad encoding or
+    """ "refused" (the schema says no to a file), "unparsed" (a missing or non-regular file, bad encoding or
     syntax: no document to check) or "passes"."""
     for kind, path in root_files(root):
         if not path.is_file():
@@ -205,7 +205,11 @@ def _check_jsonschema(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("XDG_CACHE")}
     return subprocess.run(
         [sys.executable, "-m", "check_jsonschema", "--no-cache", *args],
-        capture_output=True, text=True, timeout=120, env=env, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
     )
 
 

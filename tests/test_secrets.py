@@ -47,7 +47,7 @@ def test_env_file_drops_an_inline_comment(tmp_path: Path) -> None:
         "HASH_IN_WORD=abc#def\n"
         "LEADING_HASH=#abc\n"
         "ONLY_COMMENT= # nothing set\n"
-        "QUOTED=\"a # b\"  # the quotes keep theirs\n"
+        'QUOTED="a # b"  # the quotes keep theirs\n'
         "SINGLE='x y' # and so do single ones\n"
         "export EXPORTED=e # exported\n"
     )
@@ -68,8 +68,6 @@ def test_env_file_drops_an_inline_comment(tmp_path: Path) -> None:
             read_env_file(str(f))
         assert ":2: a quoted value must end with its closing quote" in str(exc.value), n
         assert "secret" not in str(exc.value).split(":2:")[1], "the line's content is never shown"
-
-
 
 
 def _with_secret(root: Root, env_file: Path) -> str:

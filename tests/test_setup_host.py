@@ -37,8 +37,11 @@ def _simulate(packages: list[str], tmp_path: Path, *, recommends: bool) -> list[
 
 
 def test_every_apt_install_of_the_setup_skips_recommends() -> None:
-    lines = [ln for ln in SETUP.read_text().splitlines() if re.search(r"\bapt-get\b.*\binstall\b", ln)
-             and not ln.lstrip().startswith(("#", "echo"))]
+    lines = [
+        ln
+        for ln in SETUP.read_text().splitlines()
+        if re.search(r"\bapt-get\b.*\binstall\b", ln) and not ln.lstrip().startswith(("#", "echo"))
+    ]
     assert lines, "no apt-get install in .ci/setup-host"
     assert all("--no-install-recommends" in ln for ln in lines), lines
 

@@ -216,7 +216,10 @@ def test_orphans_are_removed_verified_and_bytes_reported(shm: Path) -> None:
     assert result.ok and result.verified and result.refused is None
     assert slept == [0.2], "exactly one wait of confirm_interval_s between the two inspections"
     assert result.inspections == 2
-    assert sorted(f.path for f in result.reclaimed) == [str(shm / "vllm_offload_a.mmap"), str(shm / "vllm_offload_b.mmap")]
+    assert sorted(f.path for f in result.reclaimed) == [
+        str(shm / "vllm_offload_a.mmap"),
+        str(shm / "vllm_offload_b.mmap"),
+    ]
     assert result.reclaimed_bytes == (a.st_blocks + b.st_blocks) * 512 == 8 * MIB
     assert not (shm / "vllm_offload_a.mmap").exists() and not (shm / "vllm_offload_b.mmap").exists()
     after = os.statvfs(shm)
@@ -255,7 +258,9 @@ def test_mapped_file_is_owned_and_kept_while_its_orphan_neighbour_goes(shm: Path
     view = view_of(shm)
     f = file_in(view, mapped)
     assert f.state == "owned"
-    assert [(o.pid, o.via) for o in f.owners] == [(p.pid, "map")], "descriptor closed after mmap: owned by the map alone"
+    assert [(o.pid, o.via) for o in f.owners] == [(p.pid, "map")], (
+        "descriptor closed after mmap: owned by the map alone"
+    )
     assert file_in(view, shm / "vllm_offload_orphan.mmap").state == "orphan"
 
     result = run_reclaim(shm)
@@ -466,7 +471,11 @@ def test_only_paths_limits_the_removal(shm: Path) -> None:
     make_file(mine, MIB)
     make_file(other, MIB)
     result = reclaim(
-        config(shm), observe_docker=engine_without_containers, confirm=True, only_paths=[str(mine)], sleep=lambda s: None
+        config(shm),
+        observe_docker=engine_without_containers,
+        confirm=True,
+        only_paths=[str(mine)],
+        sleep=lambda s: None,
     )
     assert [r.path for r in result.reclaimed] == [str(mine)]
     assert other.exists() and "not among the paths" in kept_reason(result, other)
@@ -837,7 +846,9 @@ def containers(docker_api) -> Iterator[Callable[..., str]]:  # type: ignore[no-u
     def run(name_hint: str, command: list[str], *, binds: dict[str, dict[str, str]], **host: object) -> str:
         name = f"reconciler-shm-{name_hint}-{uuid.uuid4().hex[:8]}"
         hc = docker_api.create_host_config(binds={"/usr": {"bind": "/usr", "mode": "ro"}, **binds}, **host)
-        c = docker_api.create_container(IMAGE, command=command, name=name, host_config=hc, labels={"io.reconciler.test": "shm"})
+        c = docker_api.create_container(
+            IMAGE, command=command, name=name, host_config=hc, labels={"io.reconciler.test": "shm"}
+        )
         made.append(c["Id"])
         docker_api.start(c["Id"])
         return name
@@ -886,7 +897,10 @@ def test_container_mapping_a_file_owns_it(shm: Path, tmp_path: Path, test_image:
     assert data["sources"] == {"proc": "ok", "docker": "ok"}
     [jf] = data["files"]
     assert set(jf) >= {"path", "dev", "inode", "size_bytes", "allocated_bytes", "owners", "state", "reason"}
-    assert jf["state"] == "owned" and [(o["container"], o["via"]) for o in jf["owners"]] == [(name, "map"), (name, "fd")]
+    assert jf["state"] == "owned" and [(o["container"], o["via"]) for o in jf["owners"]] == [
+        (name, "map"),
+        (name, "fd"),
+    ]
     human = _cli("--root", str(root), "shm", "status")
     assert human.returncode == 0 and f"({name})" in human.stdout and str(path) in human.stdout
 
@@ -898,7 +912,15 @@ def test_running_offload_container_blocks_every_reclaim(shm: Path, test_image: s
     # vLLM's flags in the container's command: the container is a native-offload owner, running or starting.
     name = containers(
         "flags",
-        ["/usr/bin/python3", "-c", "import time; time.sleep(600)", "--kv-offloading-size", "8", "--kv-offloading-backend", "native"],
+        [
+            "/usr/bin/python3",
+            "-c",
+            "import time; time.sleep(600)",
+            "--kv-offloading-size",
+            "8",
+            "--kv-offloading-backend",
+            "native",
+        ],
         binds={},
         ipc_mode="host",
     )
@@ -935,8 +957,9 @@ def test_star_pattern_in_a_scratch_dir_deletes_nothing_and_says_why(tmp_path: Pa
     scratch.mkdir()
     inodes = _secrets_in(scratch)
     for confirm in (False, True):
-        result = reclaim(raw_config(scratch, "*"), observe_docker=engine_without_containers, confirm=confirm,
-                         sleep=lambda s: None)
+        result = reclaim(
+            raw_config(scratch, "*"), observe_docker=engine_without_containers, confirm=confirm, sleep=lambda s: None
+        )
         assert not result.ok and result.reclaimed == () and result.candidates == ()
         assert result.refused and result.refused.startswith("refusing to reclaim: shm.pattern '*'"), result.refused
         assert {n: os.stat(scratch / n).st_ino for n in inodes} == inodes
@@ -945,8 +968,9 @@ def test_star_pattern_in_a_scratch_dir_deletes_nothing_and_says_why(tmp_path: Pa
 def test_star_pattern_is_refused_even_on_a_real_tmpfs(shm: Path) -> None:
     inodes = _secrets_in(shm)
     for pattern in ("*", "*.conf", "id_*", "vllm_offload_?.mmap", "vllm_offload_[0-9]*.mmap", "a*b*c"):
-        result = reclaim(raw_config(shm, pattern), observe_docker=engine_without_containers, confirm=True,
-                         sleep=lambda s: None)
+        result = reclaim(
+            raw_config(shm, pattern), observe_docker=engine_without_containers, confirm=True, sleep=lambda s: None
+        )
         assert result.reclaimed == () and result.refused and "shm.pattern" in result.refused, (pattern, result)
         assert {n: os.stat(shm / n).st_ino for n in inodes} == inodes, pattern
 
@@ -956,8 +980,9 @@ def test_a_dir_that_is_not_a_tmpfs_is_refused_at_reclaim_time(tmp_path: Path) ->
     scratch.mkdir()
     inodes = _secrets_in(scratch)
     st = make_file(scratch / "vllm_offload_a.mmap", 64 * 1024)
-    result = reclaim(raw_config(scratch, PATTERN), observe_docker=engine_without_containers, confirm=True,
-                     sleep=lambda s: None)
+    result = reclaim(
+        raw_config(scratch, PATTERN), observe_docker=engine_without_containers, confirm=True, sleep=lambda s: None
+    )
     assert result.reclaimed == () and result.refused and "is not a tmpfs (statfs f_type" in result.refused
     assert os.stat(scratch / "vllm_offload_a.mmap").st_ino == st.st_ino
     assert {n: os.stat(scratch / n).st_ino for n in inodes} == inodes
@@ -968,8 +993,9 @@ def test_a_dir_inside_a_tmpfs_that_is_not_its_mount_point_is_refused(shm: Path) 
     sub = shm / "sub"
     sub.mkdir()
     st = make_file(sub / "vllm_offload_a.mmap", 64 * 1024)
-    result = reclaim(raw_config(sub, PATTERN), observe_docker=engine_without_containers, confirm=True,
-                     sleep=lambda s: None)
+    result = reclaim(
+        raw_config(sub, PATTERN), observe_docker=engine_without_containers, confirm=True, sleep=lambda s: None
+    )
     assert result.reclaimed == () and result.refused and "not its mount point" in result.refused, result.refused
     assert os.stat(sub / "vllm_offload_a.mmap").st_ino == st.st_ino
 
@@ -1089,14 +1115,16 @@ def test_a_file_created_after_the_plan_is_not_deleted_when_only_paths_excludes_i
     st = make_file(late, MIB)
     assert file_in(view_of(shm), late).state == "orphan", "unowned and matching: only only_paths keeps it"
 
-    result = reclaim(config(shm), observe_docker=engine_without_containers, confirm=True, only_paths=seen,
-                     sleep=lambda s: None)
+    result = reclaim(
+        config(shm), observe_docker=engine_without_containers, confirm=True, only_paths=seen, sleep=lambda s: None
+    )
     assert [r.path for r in result.reclaimed] == [str(planned)] and result.verified
     assert os.stat(late).st_ino == st.st_ino
     assert "not among the paths" in kept_reason(result, late)
     # An empty set removes nothing at all.
-    nothing = reclaim(config(shm), observe_docker=engine_without_containers, confirm=True, only_paths=[],
-                      sleep=lambda s: None)
+    nothing = reclaim(
+        config(shm), observe_docker=engine_without_containers, confirm=True, only_paths=[], sleep=lambda s: None
+    )
     assert nothing.reclaimed == () and os.stat(late).st_ino == st.st_ino
 
 

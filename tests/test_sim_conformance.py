@@ -89,8 +89,9 @@ def test_the_simulation_plans_as_the_real_host_does(root: Root, image: str) -> N
         assert root.shm_files() == [] and not sim.m.world.files
         # 5: a squatter (not ours) claims dark-compute-a; the manifest gives it a lane: blocked, naming it.
         index = root.slot_index["dark-compute-a"]
-        root.run_unmanaged("squatter", "-e", f"NVIDIA_VISIBLE_DEVICES={index}", "-v", "/usr:/usr:ro", image,
-                           "sleep", "300")
+        root.run_unmanaged(
+            "squatter", "-e", f"NVIDIA_VISIBLE_DEVICES={index}", "-v", "/usr:/usr:ro", image, "sleep", "300"
+        )
         sim.m.world.foreign("squatter", env={"NVIDIA_VISIBLE_DEVICES": "0"})
         root.manifest((real_omni, ["dark-compute-a"]))
         sim.m.edit_manifest("swapped-omni-a")

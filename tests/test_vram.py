@@ -24,8 +24,12 @@ EXCLUSIVE: dict[str, Any] = {
     "manifest": [{"deepseek": ["dark-compute-a", "dark-compute-b"]}],
     "observed": {
         "containers": [
-            {"name": "reconciler-deepseek-dark-compute-a-dark-compute-b", "managed": True, "recipe": "deepseek",
-             "slots": ["dark-compute-a", "dark-compute-b"]}
+            {
+                "name": "reconciler-deepseek-dark-compute-a-dark-compute-b",
+                "managed": True,
+                "recipe": "deepseek",
+                "slots": ["dark-compute-a", "dark-compute-b"],
+            }
         ]
     },
 }
@@ -43,8 +47,11 @@ def _status(case: dict[str, Any]) -> tuple[dict[str, Any], str]:
 
 def test_defaults_and_overrides() -> None:
     host = HostConfig.model_validate(
-        {"name": "h", "gpus": {"a": {"index": 0, "free_gib": 5}, "b": {"index": 1}},
-         "gpu_reserve": {"idle_used_gib": 2}}
+        {
+            "name": "h",
+            "gpus": {"a": {"index": 0, "free_gib": 5}, "b": {"index": 1}},
+            "gpu_reserve": {"idle_used_gib": 2},
+        }
     )
     assert host.gpu_reserve.free_gib == 3.0 and host.gpu_reserve.policy == "report"
     assert host.reserve_bytes("a") == 5 * GIB and host.reserve_bytes("b") == 3 * GIB
@@ -54,8 +61,13 @@ def test_defaults_and_overrides() -> None:
 
 @pytest.mark.parametrize(
     "extra",
-    [{"gpu_reserve": {"policy": "block"}}, {"gpu_reserve": {"free_gib": -1}}, {"gpu_reserve": {"free_gb": 3}},
-     {"page_cache": {"drop_after_leave": "sometimes"}}, {"page_cache": {"drop": True}}],
+    [
+        {"gpu_reserve": {"policy": "block"}},
+        {"gpu_reserve": {"free_gib": -1}},
+        {"gpu_reserve": {"free_gb": 3}},
+        {"page_cache": {"drop_after_leave": "sometimes"}},
+        {"page_cache": {"drop": True}},
+    ],
 )
 def test_bad_keys_are_refused(extra: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
@@ -91,8 +103,13 @@ def test_check_reserve_is_what_enter_calls_enforce_fails_report_stays() -> None:
         desired = make_desired({**EXCLUSIVE, "host": {"gpu_reserve": {"policy": policy}}})
         observed = make_observed(EXCLUSIVE, desired)
         slots = ("dark-compute-a", "dark-compute-b")
-        action = Action(kind=ActionKind.ENTER, reason="t", recipe="deepseek", gpus=slots,
-                        container=container_name("deepseek", slots))
+        action = Action(
+            kind=ActionKind.ENTER,
+            reason="t",
+            recipe="deepseek",
+            gpus=slots,
+            container=container_name("deepseek", slots),
+        )
         applier = Applier(desired, connect=False)
         if fails:
             with pytest.raises(BelowReserve, match="below the free-VRAM reserve"):
@@ -103,8 +120,12 @@ def test_check_reserve_is_what_enter_calls_enforce_fails_report_stays() -> None:
 
 
 def test_h200_capture_below_reserve_and_idle() -> None:
-    case = {"telemetry": "nvml", "nvml": "h200-below-reserve.json", "recipes": {"omni": {"tp": 1}},
-            "manifest": [{"omni": ["dark-compute-a"]}]}
+    case = {
+        "telemetry": "nvml",
+        "nvml": "h200-below-reserve.json",
+        "recipes": {"omni": {"tp": 1}},
+        "manifest": [{"omni": ["dark-compute-a"]}],
+    }
     desired = make_desired(case)
     figures = vram_by_slot(desired.host, make_observed(case, desired).gpus)
     assert figures["dark-compute-a"].free_bytes == 976355328 and figures["dark-compute-a"].below_reserve
@@ -136,8 +157,12 @@ def test_status_wsl2_memory_na_and_below_reserve() -> None:
 
 
 def test_status_unlisted_vram_is_not_free() -> None:
-    case = {"telemetry": "nvml", "nvml": "wsl2-foreign-vram.json", "recipes": {"omni": {"tp": 1}},
-            "manifest": [{"omni": ["dark-compute-b"]}]}
+    case = {
+        "telemetry": "nvml",
+        "nvml": "wsl2-foreign-vram.json",
+        "recipes": {"omni": {"tp": 1}},
+        "manifest": [{"omni": ["dark-compute-b"]}],
+    }
     data, text = _status(case)
     a = data["slots"]["dark-compute-a"]
     assert a["free"] is False and a["unlisted_used_bytes"] == int(14.2 * GIB) // 4096 * 4096
@@ -145,8 +170,12 @@ def test_status_unlisted_vram_is_not_free() -> None:
 
 
 def test_status_unresolved_pid_says_so() -> None:
-    case = {"telemetry": "nvml", "nvml": "wsl2-unresolved-pid.json", "recipes": {"omni": {"tp": 1}},
-            "manifest": [{"omni": ["dark-compute-b"]}]}
+    case = {
+        "telemetry": "nvml",
+        "nvml": "wsl2-unresolved-pid.json",
+        "recipes": {"omni": {"tp": 1}},
+        "manifest": [{"omni": ["dark-compute-b"]}],
+    }
     data, text = _status(case)
     (p,) = data["slots"]["dark-compute-b"]["processes"]
     assert p["resolved"] is False and p["container"] is None
@@ -154,8 +183,13 @@ def test_status_unresolved_pid_says_so() -> None:
 
 
 def test_h200_status_reports_per_process_memory() -> None:
-    case = {"telemetry": "nvml", "nvml": "h200-busy-v2.json", "pids": {470: {"command": "python3 hold_gpu.py"}},
-            "recipes": {"omni": {"tp": 1}}, "manifest": [{"omni": ["dark-compute-a"]}]}
+    case = {
+        "telemetry": "nvml",
+        "nvml": "h200-busy-v2.json",
+        "pids": {470: {"command": "python3 hold_gpu.py"}},
+        "recipes": {"omni": {"tp": 1}},
+        "manifest": [{"omni": ["dark-compute-a"]}],
+    }
     data, text = _status(case)
     assert data["gpu_driver_reports"] == {"process_memory": "reported", "utilization": "reported"}
     assert "not reported by this driver" not in text
@@ -175,8 +209,12 @@ def _samples(m: Metrics) -> dict[tuple[str, str], float]:
 
 
 def test_metrics_free_total_reserve_below_and_unlisted() -> None:
-    case = {"telemetry": "nvml", "nvml": "wsl2-foreign-vram.json", "recipes": {"omni": {"tp": 1}},
-            "manifest": [{"omni": ["dark-compute-b"]}]}
+    case = {
+        "telemetry": "nvml",
+        "nvml": "wsl2-foreign-vram.json",
+        "recipes": {"omni": {"tp": 1}},
+        "manifest": [{"omni": ["dark-compute-b"]}],
+    }
     desired = make_desired(case)
     observed = make_observed(case, desired)
     m = Metrics(desired.host, process_metrics=False)

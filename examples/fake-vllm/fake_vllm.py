@@ -65,8 +65,19 @@ MODE_HELP = (
 )
 # Switches that take no value, each breaking what one kind of functional probe checks (see the README).
 _FLAG_SWITCHES = (
-    "fail-start", "never-healthy", "models-missing", "chat-error", "bad-json", "wrong-text", "broken-stream",
-    "hold-requests", "wrong-tool", "bad-tool-args", "ignore-tool-result", "responses-empty", "needle-wrong",
+    "fail-start",
+    "never-healthy",
+    "models-missing",
+    "chat-error",
+    "bad-json",
+    "wrong-text",
+    "broken-stream",
+    "hold-requests",
+    "wrong-tool",
+    "bad-tool-args",
+    "ignore-tool-result",
+    "responses-empty",
+    "needle-wrong",
 )
 
 _log_prefix = ""
@@ -187,39 +198,49 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     parser.add_argument("--model", default=None, help="model name, shown in logs and /v1/models")
     parser.add_argument(
-        "--tensor-parallel-size", "-tp", type=int,
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
         default=_env_default(environ, "FAKE_VLLM_TENSOR_PARALLEL_SIZE", "1"),
         help="number of worker processes (default $FAKE_VLLM_TENSOR_PARALLEL_SIZE or 1)",
     )
     parser.add_argument(
-        "--kv-offloading-size", type=float,
+        "--kv-offloading-size",
+        type=float,
         default=_env_default(environ, "FAKE_VLLM_KV_OFFLOADING_SIZE", "0"),
         help="offload buffer in GiB, fractions allowed (0.0625 = 64 MiB); 0 = no offload "
         "(default $FAKE_VLLM_KV_OFFLOADING_SIZE or 0)",
     )
     parser.add_argument("--kv-offloading-backend", default="native", help="accepted for vLLM compatibility")
     parser.add_argument(
-        "--shm-dir", default=_env_default(environ, "FAKE_VLLM_SHM_DIR", "/dev/shm"),
+        "--shm-dir",
+        default=_env_default(environ, "FAKE_VLLM_SHM_DIR", "/dev/shm"),
         help="where the offload file goes (default $FAKE_VLLM_SHM_DIR or /dev/shm)",
     )
     parser.add_argument(
-        "--engine-id", default=_env_default(environ, "FAKE_VLLM_ENGINE_ID", ""),
+        "--engine-id",
+        default=_env_default(environ, "FAKE_VLLM_ENGINE_ID", ""),
         help="names the file vllm_offload_<id>.mmap (default $FAKE_VLLM_ENGINE_ID or a fresh uuid per start)",
     )
     parser.add_argument("--host", default="0.0.0.0", help="HTTP bind address (default 0.0.0.0)")
     parser.add_argument("--port", type=int, default=8000, help="HTTP port for /health (default 8000; 0 = any free)")
     parser.add_argument("--fake-mode", default=environ.get(MODE_ENV, ""), help=MODE_HELP)
     parser.add_argument(
-        "--fake-mode-file", default=environ.get(MODE_FILE_ENV, ""),
+        "--fake-mode-file",
+        default=environ.get(MODE_FILE_ENV, ""),
         help="more switches, read from this file at start when it exists: a fault that is fixed on the host, "
         f"without editing the recipe, by removing the file (default ${MODE_FILE_ENV})",
     )
     parser.add_argument(
-        "--max-num-seqs", type=int, default=256,
+        "--max-num-seqs",
+        type=int,
+        default=256,
         help="requests run at once; the rest wait (vLLM's scheduler limit; default 256)",
     )
     parser.add_argument(
-        "--fake-file-wait", type=float, default=60.0,
+        "--fake-file-wait",
+        type=float,
+        default=60.0,
         help="seconds workers 1..N-1 wait for worker 0 to create the file (default 60)",
     )
     return parser
@@ -393,7 +414,7 @@ class Engine:
             chain = 0
             hitting = True
             for start in range(0, len(words) - len(words) % PREFIX_BLOCK, PREFIX_BLOCK):
-                chain = hash((chain, *words[start:start + PREFIX_BLOCK]))
+                chain = hash((chain, *words[start : start + PREFIX_BLOCK]))
                 if hitting and chain in self.blocks:
                     self.prefix_hits += PREFIX_BLOCK
                 else:
@@ -480,7 +501,7 @@ def retrieve(document: str, *, mode: Mode) -> str:
     asked = [i for i, x in enumerate(sentences) if x.endswith("?")] or [len(sentences) - 1]
     question = set(_words(sentences[asked[-1]])) if sentences else set()
     best, score = "", 0
-    for sentence in sentences[:asked[-1]]:
+    for sentence in sentences[: asked[-1]]:
         n = len(question & set(_words(sentence)))
         if n > score:
             best, score = sentence, n
@@ -510,7 +531,11 @@ def tool_call(body: dict[str, object], *, mode: Mode) -> dict[str, object] | Non
     """The function call a request with ``tools`` gets: the named ``tool_choice``, else the first tool named in the
     last user message, else the first tool; string arguments from the message's quoted values, the rest from the
     parameter schema. None when ``tool_choice`` is ``none`` or no tool is usable."""
-    tools = [t.get("function") for t in body.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+    tools = [
+        t.get("function")
+        for t in body.get("tools") or []
+        if isinstance(t, dict) and isinstance(t.get("function"), dict)
+    ]
     choice = body.get("tool_choice")
     if not tools or choice == "none":
         return None
@@ -594,16 +619,36 @@ def responses_body(rid: str, body: dict[str, object], *, model: str, mode: Mode)
     else:
         text = f"Fake answer from {model}: {prompt}"
     item_id = rid.replace("resp_", "msg_")
-    output: list[dict[str, object]] = [{"type": "reasoning", "id": rid.replace("resp_", "rs_"), "summary": [],
-                                        "content": [{"type": "reasoning_text", "text": "Thinking."}]}]
+    output: list[dict[str, object]] = [
+        {
+            "type": "reasoning",
+            "id": rid.replace("resp_", "rs_"),
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": "Thinking."}],
+        }
+    ]
     if not mode.responses_empty:
-        output.append({"type": "message", "id": item_id, "role": "assistant", "status": "completed",
-                       "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": None}]})
+        output.append(
+            {
+                "type": "message",
+                "id": item_id,
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": None}],
+            }
+        )
     words = len(prompt_words(body))
-    return {"id": rid, "object": "response", "created_at": int(time.time()), "model": model,
-            "status": "completed", "output": output, "parallel_tool_calls": True, "tools": [],
-            "usage": {"input_tokens": words, "output_tokens": len(text.split()),
-                      "total_tokens": words + len(text.split())}}
+    return {
+        "id": rid,
+        "object": "response",
+        "created_at": int(time.time()),
+        "model": model,
+        "status": "completed",
+        "output": output,
+        "parallel_tool_calls": True,
+        "tools": [],
+        "usage": {"input_tokens": words, "output_tokens": len(text.split()), "total_tokens": words + len(text.split())},
+    }
 
 
 def make_server(
@@ -621,8 +666,19 @@ def make_server(
             if self.path == "/health":
                 self._answer(200 if health.ready else 503, {} if health.ready else {"status": "starting"})
             elif self.path == "/v1/models" and health.ready:
-                served = [] if self.mode.models_missing else [{"id": health.model, "object": "model", "owned_by": "vllm",
-                                                          "root": health.model, "max_model_len": 262144}]
+                served = (
+                    []
+                    if self.mode.models_missing
+                    else [
+                        {
+                            "id": health.model,
+                            "object": "model",
+                            "owned_by": "vllm",
+                            "root": health.model,
+                            "max_model_len": 262144,
+                        }
+                    ]
+                )
                 self._answer(200, {"object": "list", "data": served})
             elif self.path == "/v1/models":
                 self._answer(503, {"status": "starting"})
@@ -668,8 +724,14 @@ def make_server(
                 self._answer(500, _error(f"fake engine error ({MODE_ENV}=chat-error)", 500, "InternalServerError"))
                 return
             if self.mode.fail_request and self.mode.fail_request in _prompt_text(body):
-                self._answer(500, _error(f"fake engine error ({MODE_ENV}=fail-request={self.mode.fail_request})", 500,
-                                         "InternalServerError"))
+                self._answer(
+                    500,
+                    _error(
+                        f"fake engine error ({MODE_ENV}=fail-request={self.mode.fail_request})",
+                        500,
+                        "InternalServerError",
+                    ),
+                )
                 return
             engine.cache_prompt(prompt_words(body))
             engine.admit()
@@ -738,24 +800,44 @@ def make_server(
                 pieces.append(({"role": "assistant", "content": ""}, None))
             if call is not None:
                 args = str(call["arguments"])
-                pieces.append(({"tool_calls": [{"index": 0, "id": f"chatcmpl-tool-{rid[-8:]}", "type": "function",
-                                                "function": {"name": call["name"], "arguments": ""}}]}, None))
-                pieces += [({"tool_calls": [{"index": 0, "function": {"arguments": args[i:i + 8]}}]}, None)
-                           for i in range(0, len(args), 8)]
+                pieces.append(
+                    (
+                        {
+                            "tool_calls": [
+                                {
+                                    "index": 0,
+                                    "id": f"chatcmpl-tool-{rid[-8:]}",
+                                    "type": "function",
+                                    "function": {"name": call["name"], "arguments": ""},
+                                }
+                            ]
+                        },
+                        None,
+                    )
+                )
+                pieces += [
+                    ({"tool_calls": [{"index": 0, "function": {"arguments": args[i : i + 8]}}]}, None)
+                    for i in range(0, len(args), 8)
+                ]
                 pieces.append(({}, "tool_calls"))
             else:
                 pieces += [({"content": w}, None) for w in words]
                 pieces.append(({}, "stop"))
             if self.mode.broken_stream:
                 # The connection ends mid-answer (a tool call: mid-arguments), without a finish chunk or [DONE].
-                pieces = pieces[:3 if call is not None else 2]
+                pieces = pieces[: 3 if call is not None else 2]
             for delta, finish in pieces:
                 if chat:
                     choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
                 else:
                     choice = {"index": 0, "text": delta.get("content", ""), "logprobs": None, "finish_reason": finish}
-                chunk = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                         "created": int(time.time()), "model": health.model, "choices": [choice]}
+                chunk = {
+                    "id": rid,
+                    "object": "chat.completion.chunk" if chat else "text_completion",
+                    "created": int(time.time()),
+                    "model": health.model,
+                    "choices": [choice],
+                }
                 self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 self.wfile.flush()
             if not self.mode.broken_stream:
@@ -788,22 +870,40 @@ def _error(message: str, code: int, kind: str = "BadRequestError") -> dict[str, 
     return {"object": "error", "message": message, "type": kind, "param": None, "code": code}
 
 
-def _completion(rid: str, text: str, body: dict[str, object], *, model: str, chat: bool,
-                call: dict[str, object] | None = None) -> dict[str, object]:
+def _completion(
+    rid: str, text: str, body: dict[str, object], *, model: str, chat: bool, call: dict[str, object] | None = None
+) -> dict[str, object]:
     prompt_tokens = len(prompt_words(body))
-    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(text.split()),
-             "total_tokens": prompt_tokens + len(text.split())}
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": len(text.split()),
+        "total_tokens": prompt_tokens + len(text.split()),
+    }
     if chat and call is not None:
         calls = [{"id": f"chatcmpl-tool-{rid[-8:]}", "type": "function", "function": call}]
-        choice: dict[str, object] = {"index": 0, "message": {"role": "assistant", "content": None, "tool_calls": calls},
-                                     "logprobs": None, "finish_reason": "tool_calls"}
+        choice: dict[str, object] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": None, "tool_calls": calls},
+            "logprobs": None,
+            "finish_reason": "tool_calls",
+        }
     elif chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
-                  "logprobs": None, "finish_reason": "stop"}
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text, "tool_calls": []},
+            "logprobs": None,
+            "finish_reason": "stop",
+        }
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "stop"}
-    return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": model, "choices": [choice], "usage": usage}
+    return {
+        "id": rid,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": usage,
+    }
 
 
 @dataclasses.dataclass
@@ -865,17 +965,23 @@ def stop_workers(workers: Sequence[Worker], *, grace_s: float) -> None:
 def serve(settings: Settings) -> int:
     """The API-server process: spawn workers, flip /health when all mapped, handle stop and crash."""
     log("INFO", f"vLLM API server version {VERSION}")
-    log("INFO", f"args: model={settings.model!r} tensor_parallel_size={settings.tensor_parallel_size} "
+    log(
+        "INFO",
+        f"args: model={settings.model!r} tensor_parallel_size={settings.tensor_parallel_size} "
         f"kv_offloading_size={settings.offload_bytes / GIB:g} GiB shm_dir={settings.shm_dir!r} "
-        f"engine_id={settings.engine_id!r} mode={settings.mode}")
+        f"engine_id={settings.engine_id!r} mode={settings.mode}",
+    )
     if settings.ignored_args:
         log("WARNING", f"ignoring options this stand-in does not model: {' '.join(settings.ignored_args)}")
     if settings.mode.fail_start:
         log("ERROR", f"Engine core initialization failed: fake failure at start ({MODE_ENV}=fail-start)")
         return 1
     if settings.offload_bytes and not os.path.isdir(settings.shm_dir):
-        log("ERROR", f"shm dir {settings.shm_dir!r} is not a directory: create it or pass --shm-dir "
-            "(or $FAKE_VLLM_SHM_DIR); in a container, mount the host's shm dir there (--ipc=host or -v)")
+        log(
+            "ERROR",
+            f"shm dir {settings.shm_dir!r} is not a directory: create it or pass --shm-dir "
+            "(or $FAKE_VLLM_SHM_DIR); in a container, mount the host's shm dir there (--ipc=host or -v)",
+        )
         return 1
 
     stopping = threading.Event()
@@ -888,13 +994,17 @@ def serve(settings: Settings) -> int:
 
     health = Health(model=settings.model)
     try:
-        server = make_server(host=settings.host, port=settings.port, health=health, mode=settings.mode,
-                             engine=Engine(settings.max_num_seqs))
+        server = make_server(
+            host=settings.host,
+            port=settings.port,
+            health=health,
+            mode=settings.mode,
+            engine=Engine(settings.max_num_seqs),
+        )
     except OSError as exc:
         log("ERROR", f"cannot listen on {settings.host}:{settings.port}: {exc}; pick another --port")
         return 1
-    workers = [spawn_worker(rank=r, settings=settings, server=server)
-               for r in range(settings.tensor_parallel_size)]
+    workers = [spawn_worker(rank=r, settings=settings, server=server) for r in range(settings.tensor_parallel_size)]
     # Started only after the forks so no worker inherits a thread in the middle of a request.
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
     port = server.server_address[1]
@@ -924,8 +1034,11 @@ def serve(settings: Settings) -> int:
                             return worker_died(w, workers)
             if mapped_at is None and all(w.mapped for w in workers):
                 mapped_at = time.monotonic()
-                log("INFO", f"All {len(workers)} workers ready"
-                    + (f"; {settings.offload_path} mapped by each" if settings.offload_bytes else ""))
+                log(
+                    "INFO",
+                    f"All {len(workers)} workers ready"
+                    + (f"; {settings.offload_path} mapped by each" if settings.offload_bytes else ""),
+                )
                 crash_after = settings.mode.crash_after_s
                 if settings.mode.never_healthy:
                     log("WARNING", f"never becoming healthy ({MODE_ENV}=never-healthy)")
@@ -956,14 +1069,19 @@ def worker_died(dead: Worker, workers: Sequence[Worker]) -> int:
     # The file stays: a failed start leaves its (partly prefaulted) buffer behind, as in the field report.
     log("ERROR", f"Worker TP{dead.rank} (pid {dead.pid}) died: {describe_status(dead.exit_status or 0)}")
     stop_workers(workers, grace_s=WORKER_STOP_GRACE_S)
-    log("ERROR", "RuntimeError: Engine core initialization failed. See root cause above. "
-        f"Failed core proc(s): TP{dead.rank}")
+    log(
+        "ERROR",
+        f"RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): TP{dead.rank}",
+    )
     return 1
 
 
 def crash(settings: Settings, workers: Sequence[Worker]) -> None:
-    log("ERROR", f"fake crash ({MODE_ENV}=crash-after={settings.mode.crash_after_s:g}): killing workers, "
-        "exiting without cleanup" + (f"; {settings.offload_path} is left behind" if settings.offload_bytes else ""))
+    log(
+        "ERROR",
+        f"fake crash ({MODE_ENV}=crash-after={settings.mode.crash_after_s:g}): killing workers, "
+        "exiting without cleanup" + (f"; {settings.offload_path} is left behind" if settings.offload_bytes else ""),
+    )
     for w in workers:
         if w.exit_status is None:
             os.kill(w.pid, signal.SIGKILL)

@@ -20,8 +20,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--index", type=int, default=0, help="the GPU's NVML index (as nvidia-smi shows it)")
     ap.add_argument("--mib", type=int, default=1024, help="MiB to allocate on it")
-    ap.add_argument("--leave-free-mib", type=int, default=None,
-                    help="instead of --mib: take all the GPU's free memory but this many MiB (as the driver counts)")
+    ap.add_argument(
+        "--leave-free-mib",
+        type=int,
+        default=None,
+        help="instead of --mib: take all the GPU's free memory but this many MiB (as the driver counts)",
+    )
     ap.add_argument("--seconds", type=float, default=600, help="give up holding after this long")
     args = ap.parse_args()
     # CUDA numbers GPUs fastest first by default; NVML and the container runtime use PCI bus order.

@@ -57,10 +57,19 @@ def write_root(port: int) -> Path:
     shutil.rmtree(root, ignore_errors=True)
     shutil.copytree(HERE / "root", root)
     demo = tomllib.loads((REPO / "examples/demo/configs/recipes/omni.toml").read_text())
-    lines = ['description = "load proof: the demo omni recipe served by the fake vLLM as a plain process"',
-             "tensor_parallel_size = 1", "[model]", 'id = "gpu-proof/fake"', "[container]",
-             'image = "never-started"', 'command = ["sleep", "infinity"]', "[health]",
-             f'url = "http://127.0.0.1:{port}/health"', "settle_s = 0", "start_timeout_s = 60"]
+    lines = [
+        'description = "load proof: the demo omni recipe served by the fake vLLM as a plain process"',
+        "tensor_parallel_size = 1",
+        "[model]",
+        'id = "gpu-proof/fake"',
+        "[container]",
+        'image = "never-started"',
+        'command = ["sleep", "infinity"]',
+        "[health]",
+        f'url = "http://127.0.0.1:{port}/health"',
+        "settle_s = 0",
+        "start_timeout_s = 60",
+    ]
     for p in demo["probes"]:
         lines.append("[[probes]]")
         tools = p.pop("tools", [])
@@ -86,9 +95,19 @@ class Holder:
             # HOLD_GPU: another holder, for a dry run of this script on a machine without a GPU.
             with open(self.out, "wb") as out:  # the child has its own copy of the descriptor
                 self.proc = subprocess.Popen(
-                    [sys.executable, os.environ.get("HOLD_GPU", str(HERE / "hold_gpu.py")), "--index", "0",
-                     "--leave-free-mib", str(self.leave), "--seconds", "300"],
-                    stdin=subprocess.PIPE, stdout=out)
+                    [
+                        sys.executable,
+                        os.environ.get("HOLD_GPU", str(HERE / "hold_gpu.py")),
+                        "--index",
+                        "0",
+                        "--leave-free-mib",
+                        str(self.leave),
+                        "--seconds",
+                        "300",
+                    ],
+                    stdin=subprocess.PIPE,
+                    stdout=out,
+                )
         for _ in range(600 if wait else 0):
             if self.out.read_text().strip():
                 return
@@ -117,10 +136,22 @@ def main() -> int:
     os.environ.setdefault("RECONCILER_LOCK_DIR", str(WORK / "lock"))
 
     with open(WORK / "fake-vllm.log", "wb") as log:  # the child has its own copy of the descriptor
-        fake = subprocess.Popen([sys.executable, str(REPO / "examples/fake-vllm/fake_vllm.py"), "serve",
-                                 "gpu-proof/fake", "--host", "127.0.0.1", "--port", "0",
-                                 "--fake-mode", f"slow-chat={args.slow:g}"],
-                                stdout=log, stderr=subprocess.STDOUT)
+        fake = subprocess.Popen(
+            [
+                sys.executable,
+                str(REPO / "examples/fake-vllm/fake_vllm.py"),
+                "serve",
+                "gpu-proof/fake",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--fake-mode",
+                f"slow-chat={args.slow:g}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     lines: list[dict[str, Any]] = []
     ok = True
     try:
@@ -141,8 +172,14 @@ def main() -> int:
 
         desired = load_desired(str(root))
         (lane,) = desired.assignments
-        action = Action(kind=ActionKind.ENTER, reason="load proof", recipe=lane.recipe, gpus=lane.slots,
-                        container=container_name(lane.recipe, lane.slots), recipe_hash=lane.recipe_hash)
+        action = Action(
+            kind=ActionKind.ENTER,
+            reason="load proof",
+            recipe=lane.recipe,
+            gpus=lane.slots,
+            container=container_name(lane.recipe, lane.slots),
+            recipe_hash=lane.recipe_hash,
+        )
         recipe = desired.recipes[lane.recipe]
 
         def enter_verdict(name: str, holder: Holder | None) -> dict[str, Any]:
@@ -177,16 +214,26 @@ def main() -> int:
         loaded = enter_verdict("preflight-under-load", Holder(args.leave_free_mib))
         lines.append(loaded)
         low = (loaded["vram_under_load"] or {}).get("slots", {}).get("dark-compute-a", {})
-        ok &= (loaded["result"] == "failed: BelowReserve" and "dark-compute-a" in loaded.get("cause", "")
-               and f"probe {low.get('probe')!r}" in loaded.get("cause", "") and bool(low.get("probe")))
+        ok &= (
+            loaded["result"] == "failed: BelowReserve"
+            and "dark-compute-a" in loaded.get("cause", "")
+            and f"probe {low.get('probe')!r}" in loaded.get("cause", "")
+            and bool(low.get("probe"))
+        )
 
         holder = Holder(args.leave_free_mib)
         holder.start(wait=True)
         run = run_suite(desired, lane.recipe, "regression", slots=lane.slots)
         held = holder.stop()
-        reg = {"run": "regression-under-load", "ok": run.ok, "held": held,
-               "probes": [(r.name, r.ok, round(r.seconds, 3), r.figures) for r in run.results],
-               "vram_failed": run.vram.failed, "message": run.vram.message(), "vram_under_load": run.vram.to_json()}
+        reg = {
+            "run": "regression-under-load",
+            "ok": run.ok,
+            "held": held,
+            "probes": [(r.name, r.ok, round(r.seconds, 3), r.figures) for r in run.results],
+            "vram_failed": run.vram.failed,
+            "message": run.vram.message(),
+            "vram_under_load": run.vram.to_json(),
+        }
         lines.append(reg)
         ok &= run.vram.failed and all(r.ok for r in run.results)
     finally:

@@ -24,11 +24,21 @@ def main() -> int:
     root, expect = sys.argv[1], sys.argv[2]
     desired = load_desired(root)
     (lane,) = desired.assignments
-    action = Action(kind=ActionKind.ENTER, reason="reserve proof", recipe=lane.recipe, gpus=lane.slots,
-                    container=container_name(lane.recipe, lane.slots), recipe_hash=lane.recipe_hash)
+    action = Action(
+        kind=ActionKind.ENTER,
+        reason="reserve proof",
+        recipe=lane.recipe,
+        gpus=lane.slots,
+        container=container_name(lane.recipe, lane.slots),
+        recipe_hash=lane.recipe_hash,
+    )
     applier = Applier(desired, connect=False)
     observed = applier.observe()
-    out: dict = {"root": root, "policy": desired.reserve_policy(lane.recipe), "gpu_source": observed.gpus.source.render()}
+    out: dict = {
+        "root": root,
+        "policy": desired.reserve_policy(lane.recipe),
+        "gpu_source": observed.gpus.source.render(),
+    }
     try:
         verdict = applier.check_reserve(action, observed)
         out.update(result="stays", verdict=verdict.to_json(), message=verdict.message())

@@ -319,7 +319,6 @@ def _short(exc: BaseException) -> str:
     return text[:300]
 
 
-
 class EventFilter:
     """Which engine events the loop looks again for: those of containers it cares about.
 

@@ -124,8 +124,9 @@ class EngineClient:
         if u.scheme == "unix" and u.path:
             return cls(socket.AF_UNIX, u.path, timeout=timeout)
         if u.scheme in ("tcp", "http") and u.hostname and not u.path.strip("/"):
-            return cls(socket.AF_INET6 if ":" in u.hostname else socket.AF_INET, (u.hostname, u.port or 2375),
-                       timeout=timeout)
+            return cls(
+                socket.AF_INET6 if ":" in u.hostname else socket.AF_INET, (u.hostname, u.port or 2375), timeout=timeout
+            )
         return None
 
     def close(self) -> None:
@@ -224,8 +225,9 @@ class EngineClient:
             if self.family == socket.AF_UNIX:
                 # A unix socket whose listener does not accept: an engine too busy to take the connection.
                 raise EngineSlow(f"{slow_text(self.timeout)}: it did not accept a connection", self.timeout) from None
-            raise EngineDown(f"the engine does not answer at {self._where()}: no answer to connect within "
-                             f"{self.timeout:g} s") from None
+            raise EngineDown(
+                f"the engine does not answer at {self._where()}: no answer to connect within {self.timeout:g} s"
+            ) from None
         except OSError as exc:
             sock.close()
             raise EngineDown(f"the engine does not answer at {self._where()}: {exc.strerror or exc}") from None
@@ -265,8 +267,9 @@ class EngineClient:
                 raise EngineSlow(f"{slow_text(self.timeout)}: no complete answer to GET {path}", self.timeout) from None
             except OSError as exc:
                 conn.close()
-                raise EngineDown(f"the engine does not answer at {self._where()}: GET {path}: "
-                                 f"{exc.strerror or exc}") from None
+                raise EngineDown(
+                    f"the engine does not answer at {self._where()}: GET {path}: {exc.strerror or exc}"
+                ) from None
             except BaseException:
                 conn.close()
                 raise
@@ -288,16 +291,19 @@ class EngineClient:
         except (BrokenPipeError, ConnectionResetError, _Stale):
             if conn.reused:
                 raise _Stale() from None
-            raise EngineDown(f"the engine does not answer at {self._where()}: it closed the connection before "
-                             f"answering GET {path}") from None
+            raise EngineDown(
+                f"the engine does not answer at {self._where()}: it closed the connection before answering GET {path}"
+            ) from None
 
     def _read_head(self, conn: _Conn, path: str, deadline: float | None) -> tuple[int, dict[str, str]]:
         while True:
             start = conn.line(deadline)
             if start is None:
                 if conn.buf or not conn.reused:
-                    raise EngineDown(f"the engine does not answer at {self._where()}: it closed the connection "
-                                     f"before answering GET {path}")
+                    raise EngineDown(
+                        f"the engine does not answer at {self._where()}: it closed the connection "
+                        f"before answering GET {path}"
+                    )
                 raise _Stale()
             if start:
                 break  # (blank lines before a status line are tolerated, as RFC 9112 allows)
@@ -348,8 +354,10 @@ class EngineClient:
             text = " ".join(body.decode("utf-8", "replace").split())[:200]
             if status in (401, 403, 405):
                 # An engine answers JSON; a bare page here is a proxy's refusal (an allow-list in front of it).
-                message = (f"refused by the proxy in front of the engine ({text or 'no reason given'}); allow "
-                           "GET " + path.split("?")[0] + " there (README: Podman and socket proxies)")
+                message = (
+                    f"refused by the proxy in front of the engine ({text or 'no reason given'}); allow "
+                    "GET " + path.split("?")[0] + " there (README: Podman and socket proxies)"
+                )
             else:
                 message = text
         raise (NotFound if status == 404 else EngineError)(status, f"GET {path}: {message}".strip())

@@ -341,8 +341,9 @@ def _slot_view(
         command = command_of(pid)
         # A pid with no /proc entry here: in another pid namespace (WSL2 lists container pids so), or just gone.
         processes.append(
-            GpuProcess(pid=pid, used_bytes=used[pid], container_id=container_of(pid), command=command,
-                       resolved=bool(command))
+            GpuProcess(
+                pid=pid, used_bytes=used[pid], container_id=container_of(pid), command=command, resolved=bool(command)
+            )
         )
     util = dev.get("utilization_gpu")
     view = GpuSlotView(

@@ -175,7 +175,9 @@ def parse_maps_line(line: bytes) -> MapRecord | None:
         raw = raw[: -len(_DELETED)]
     # The kernel escapes a newline in a path as \012 (and nothing else), so one maps line is one mapping.
     path = os.fsdecode(raw.replace(b"\\012", b"\n"))
-    return MapRecord(start, end, parts[1].decode("ascii", "replace"), offset, dev_major, dev_minor, inode, path, deleted)
+    return MapRecord(
+        start, end, parts[1].decode("ascii", "replace"), offset, dev_major, dev_minor, inode, path, deleted
+    )
 
 
 def parse_maps(text: bytes, *, dev: int | None = None) -> list[MapRecord]:
@@ -467,7 +469,13 @@ def _worker_main(argv: list[str]) -> int:
         scan.pids_scanned,
         [(pid, list(inodes)) for pid, inodes in scan.mapped.items()],
         [
-            (pid, [(r.start, r.end, r.perms, r.offset, r.dev_major, r.dev_minor, r.inode, r.path, r.deleted) for r in recs])
+            (
+                pid,
+                [
+                    (r.start, r.end, r.perms, r.offset, r.dev_major, r.dev_minor, r.inode, r.path, r.deleted)
+                    for r in recs
+                ],
+            )
             for pid, recs in scan.unlinked_maps.items()
         ],
         [(pid, [(f.fd, f.inode, f.size, f.allocated, f.nlink) for f in items]) for pid, items in scan.fds.items()],

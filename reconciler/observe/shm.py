@@ -170,7 +170,10 @@ def build_view(
 
     blocking = tuple(sorted(c.name for c in containers if c.offload and c.active))
     if not docker.ok:
-        unowned_state, unowned_reason = "blocked", f"docker {docker.render()}: a running offload container cannot be ruled out"
+        unowned_state, unowned_reason = (
+            "blocked",
+            f"docker {docker.render()}: a running offload container cannot be ruled out",
+        )
     elif not proc.ok:
         unowned_state, unowned_reason = "blocked", f"proc {proc.render()}"
     elif blocking:
@@ -261,7 +264,14 @@ def inspect_shm(
         empty = DirListing(0, 0, (), Tmpfs(0, 0, 0))
         why = f"shm.dir {cfg.dir}: {exc.strerror or exc} (set shm.dir in {HOST_FILE} to the tmpfs the containers use)"
         return build_view(
-            cfg, listing=empty, holders={}, deleted=(), unreadable={}, containers=containers, docker=docker, proc_error=why
+            cfg,
+            listing=empty,
+            holders={},
+            deleted=(),
+            unreadable={},
+            containers=containers,
+            docker=docker,
+            proc_error=why,
         )
     try:
         scan = scan_holders(listing.dir_dev, proc_root=proc_root, workers=workers)
@@ -395,7 +405,9 @@ def _deleted_files(
                 allocated_bytes=int(alloc) if alloc is not None else 0,  # type: ignore[call-overload]
                 owners=owners,
                 state="owned",
-                reason="unlinked but still " + describe_owners(owners) + ": its bytes return when the last holder exits",
+                reason="unlinked but still "
+                + describe_owners(owners)
+                + ": its bytes return when the last holder exits",
             )
         )
     return out

@@ -17,19 +17,40 @@ PRECIOUS = "root's own data, never to be truncated or overwritten\n"
 class Attacker:
     """Runs commands as uid/gid 65534 with no supplementary groups."""
 
-    def run(self, *argv: str, timeout: float = 60, check: bool = False, input: str | None = None,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def run(
+        self,
+        *argv: str,
+        timeout: float = 60,
+        check: bool = False,
+        input: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
         cmd = ["setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY), "--clear-groups", *argv]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=check, input=input,
-                              env=env or {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+        return subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=check,
+            input=input,
+            env=env or {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+        )
 
-    def python(self, code: str, *args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def python(
+        self, code: str, *args: str, timeout: float = 60, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         return self.run(PYTHON, "-c", code, *args, timeout=timeout, check=check)
 
     def popen(self, code: str, *args: str) -> subprocess.Popen[str]:
         cmd = ["setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY), "--clear-groups", PYTHON, "-c", code, *args]
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.PIPE, text=True,
-                                env={"PATH": "/usr/bin:/bin"})
+        return subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.PIPE,
+            text=True,
+            env={"PATH": "/usr/bin:/bin"},
+        )
 
 
 def no_traceback(text: str) -> None:

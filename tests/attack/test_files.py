@@ -29,16 +29,23 @@ def orphan(root: Root, name: str = "vllm_offload_stale.mmap") -> Path:
 
 
 def test_a_world_writable_lock_directory_is_refused_and_nothing_is_written_through_it(
-        root: Root, attacker: Attacker, public: Path, precious: Path) -> None:
+    root: Root, attacker: Attacker, public: Path, precious: Path
+) -> None:
     root.manifest()
     stale = orphan(root)
     # Before: the lock lived in /run/lock (1777). The attacker plants the lock file as a symlink to root's file,
     # the loop's state file as a forgery, and holds a flock of its own on a lock file it made.
     attacker.run("ln", "-s", str(precious), str(public / f"reconciler-{root.host}.lock"), check=True)
-    forged = {"pid": 1, "host": root.host, "backoff": {f"omni@{B}": {"until": 4e9, "failures": 99,
-                                                                      "last_error": "forged by nobody"}}}
-    attacker.python("import json, sys; open(sys.argv[1], 'w').write(sys.argv[2])",
-                    str(public / f"reconciler-{root.host}.state.json"), json.dumps(forged))
+    forged = {
+        "pid": 1,
+        "host": root.host,
+        "backoff": {f"omni@{B}": {"until": 4e9, "failures": 99, "last_error": "forged by nobody"}},
+    }
+    attacker.python(
+        "import json, sys; open(sys.argv[1], 'w').write(sys.argv[2])",
+        str(public / f"reconciler-{root.host}.state.json"),
+        json.dumps(forged),
+    )
     root.env["RECONCILER_LOCK_DIR"] = str(public)
     for args in (("shm", "reclaim", "--confirm"), ("apply", "--yes")):
         r = root.cli(*args)
@@ -55,7 +62,8 @@ def test_a_world_writable_lock_directory_is_refused_and_nothing_is_written_throu
 
 
 def test_a_runtime_directory_planted_by_another_user_is_refused(
-        root: Root, attacker: Attacker, public: Path, precious: Path) -> None:
+    root: Root, attacker: Attacker, public: Path, precious: Path
+) -> None:
     root.manifest()
     # The attacker makes the directory first (a sticky parent lets it), with a symlink inside.
     planted = public / "reconciler"
@@ -70,7 +78,8 @@ def test_a_runtime_directory_planted_by_another_user_is_refused(
 
 
 def test_the_private_directories_keep_the_unprivileged_user_out(
-        root: Root, attacker: Attacker, scratch: Path, start_loop) -> None:  # type: ignore[no-untyped-def]
+    root: Root, attacker: Attacker, scratch: Path, start_loop
+) -> None:  # type: ignore[no-untyped-def]
     root.manifest()
     runtime, state = scratch / "run" / "reconciler", scratch / "lib" / "reconciler"
     root.env["RECONCILER_LOCK_DIR"], root.env["RECONCILER_STATE_DIR"] = str(runtime), str(state)
@@ -89,7 +98,11 @@ def test_the_private_directories_keep_the_unprivileged_user_out(
         "        fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o666); fcntl.flock(fd, fcntl.LOCK_EX); print('OPENED', p)\n"
         "    except OSError as e:\n"
         "        print('denied', e.errno)\n",
-        str(lock), str(state_file), str(runtime / "planted"), str(state / root.host / "api-token"))
+        str(lock),
+        str(state_file),
+        str(runtime / "planted"),
+        str(state / root.host / "api-token"),
+    )
     assert "OPENED" not in probe.stdout and probe.stdout.count("denied 13") == 4, probe
     r = root.cli("status", "--json")
     assert r.rc == 0 and r.data["loop"]["pid"] == lp.proc.pid, r
@@ -97,13 +110,17 @@ def test_the_private_directories_keep_the_unprivileged_user_out(
 
 
 def test_a_writable_state_directory_and_a_planted_token_are_refused(
-        root: Root, attacker: Attacker, public: Path, start_loop) -> None:  # type: ignore[no-untyped-def]
+    root: Root, attacker: Attacker, public: Path, start_loop
+) -> None:  # type: ignore[no-untyped-def]
     root.manifest()
     # Before: with RECONCILER_STATE_DIR in a writable place, nobody's token file was used ("generated").
     state = public / "state"
     attacker.run("mkdir", "-p", "-m", "0700", str(state / root.host), check=True)
-    attacker.python("import os, sys; fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600); "
-                    "os.write(fd, b'nobody-knows-this-token-0123456789')", str(state / root.host / "api-token"))
+    attacker.python(
+        "import os, sys; fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600); "
+        "os.write(fd, b'nobody-knows-this-token-0123456789')",
+        str(state / root.host / "api-token"),
+    )
     root.env["RECONCILER_STATE_DIR"] = str(state)
     r = root.cli("run", "--metrics-addr", "127.0.0.1:0", "--log-format", "json", timeout=30)
     assert r.rc == 1, r
@@ -119,8 +136,11 @@ def test_a_writable_state_directory_and_a_planted_token_are_refused(
 
 def test_a_secrets_file_of_another_user_is_refused(root: Root, attacker: Attacker, public: Path) -> None:
     env_file = public / "secrets.env"
-    attacker.python("import os, sys; fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600); "
-                    "os.write(fd, b'HF_TOKEN=chosen-by-nobody\\n')", str(env_file))
+    attacker.python(
+        "import os, sys; fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600); "
+        "os.write(fd, b'HF_TOKEN=chosen-by-nobody\\n')",
+        str(env_file),
+    )
     from test_secrets import _with_secret
 
     _with_secret(root, env_file)
@@ -131,7 +151,8 @@ def test_a_secrets_file_of_another_user_is_refused(root: Root, attacker: Attacke
 
 
 def test_plan_out_replaces_a_planted_symlink_and_apply_refuses_a_plan_it_does_not_own(
-        root: Root, attacker: Attacker, public: Path, precious: Path) -> None:
+    root: Root, attacker: Attacker, public: Path, precious: Path
+) -> None:
     root.manifest()
     out = public / "plan.json"
     # Before: `plan --out FILE` wrote FILE.tmpPID with O_CREAT|O_TRUNC, following a symlink planted there.
@@ -140,7 +161,10 @@ def test_plan_out_replaces_a_planted_symlink_and_apply_refuses_a_plan_it_does_no
         "import os, sys\n"
         "base = int(open('/proc/sys/kernel/ns_last_pid').read())\n"
         "for pid in range(base, base + 400):\n"
-        "    os.symlink(sys.argv[2], f'{sys.argv[1]}.tmp{pid}')\n", str(out), str(precious))
+        "    os.symlink(sys.argv[2], f'{sys.argv[1]}.tmp{pid}')\n",
+        str(out),
+        str(precious),
+    )
     r = root.cli("plan", "--out", str(out))
     assert r.rc == 0, r
     assert precious.read_text() == PRECIOUS, "a planted symlink was followed"

@@ -51,9 +51,18 @@ time.sleep(hold)
 """
 
 
-def get(port: int, path: str, *, host: str | None = None, token: str | None = None, timeout: float = 5,
-        addr: str = "127.0.0.1", method: str = "GET", body: bytes | None = None,
-        headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+def get(
+    port: int,
+    path: str,
+    *,
+    host: str | None = None,
+    token: str | None = None,
+    timeout: float = 5,
+    addr: str = "127.0.0.1",
+    method: str = "GET",
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, bytes]:
     c = http.client.HTTPConnection(addr, port, timeout=timeout)
     try:
         h = {"Host": host or f"{addr}:{port}", **(headers or {})}
@@ -79,8 +88,9 @@ class Loop(LoopProcess):
         self.events = []
         self.other = []
         self._cond = threading.Condition()
-        self.proc = subprocess.Popen(self.args, env=root.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, bufsize=1)
+        self.proc = subprocess.Popen(
+            self.args, env=root.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1
+        )
         for stream in (self.proc.stdout, self.proc.stderr):
             threading.Thread(target=self._read, args=(stream,), daemon=True).start()
 
@@ -164,7 +174,10 @@ def test_a_client_that_never_finishes_its_request_is_dropped(root: Root, attacke
         "    closed = s.recv(1) == b''\n"
         "except ConnectionResetError:\n"
         "    closed = True\n"
-        "print(closed, round(time.monotonic() - t, 1))\n", str(lp.port), timeout=90)
+        "print(closed, round(time.monotonic() - t, 1))\n",
+        str(lp.port),
+        timeout=90,
+    )
     closed, after = slow.stdout.split()
     assert closed == "True" and HEAD_TIMEOUT_S - 1 <= float(after) <= HEAD_TIMEOUT_S + 5, slow.stdout
 
@@ -177,9 +190,13 @@ def test_log_injection_host_checks_and_bodies(root: Root, attacker: Attacker, lo
     # A forged line: a newline, a timestamp and an event in the path of an unauthenticated request.
     forged = "2026-01-01T00:00:00.000Z\tsource-up\tsource=docker"
     path = "/x" + urllib.parse.quote("\n" + forged)
-    code = attacker.python("import http.client, sys\n"
-                           "c = http.client.HTTPConnection('127.0.0.1', int(sys.argv[1]), timeout=5)\n"
-                           "c.request('GET', sys.argv[2]); print(c.getresponse().status)\n", str(port), path)
+    code = attacker.python(
+        "import http.client, sys\n"
+        "c = http.client.HTTPConnection('127.0.0.1', int(sys.argv[1]), timeout=5)\n"
+        "c.request('GET', sys.argv[2]); print(c.getresponse().status)\n",
+        str(port),
+        path,
+    )
     assert code.stdout.strip() == "401"
     wait_until(lambda: any("api-refused" in ln for ln in lp.other), timeout=10, what="the refusal's log line")
     assert not any(ln.startswith("2026-01-01") or ln.lstrip().startswith("source-up") for ln in lp.other), lp.other
@@ -212,11 +229,18 @@ def test_log_injection_host_checks_and_bodies(root: Root, attacker: Attacker, lo
     assert r.status == 413, (r.status, r.read())
     c.close()
     deep = b"[" * 5000 + b"]" * 5000
-    status, body = get(port, "/v1/shm/reclaim", method="POST", body=deep, token=TOKEN,
-                       headers={"Content-Type": "application/json"})
+    status, body = get(
+        port, "/v1/shm/reclaim", method="POST", body=deep, token=TOKEN, headers={"Content-Type": "application/json"}
+    )
     assert status == 400 and b"deeper" in body, body
-    status, body = get(port, "/v1/shm/reclaim", method="POST", body=b'{"confirm": false, "confirm": true}',
-                       token=TOKEN, headers={"Content-Type": "application/json"})
+    status, body = get(
+        port,
+        "/v1/shm/reclaim",
+        method="POST",
+        body=b'{"confirm": false, "confirm": true}',
+        token=TOKEN,
+        headers={"Content-Type": "application/json"},
+    )
     assert status == 400 and b"twice" in body, body
     records = root.cli("audit", "--json").data["records"]
     reclaims = [r for r in records if r["front"] == "api" and r["action"] == "shm-reclaim"]
@@ -232,8 +256,15 @@ def test_mcp_answers_on_the_loopback_address_it_is_bound_to(root: Root, loops: A
     lp = loop_with_token(root, "--metrics-addr", f"127.0.0.2:{port}")
     loops.append(lp)
     msg = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
-    status, body = get(port, "/mcp", addr="127.0.0.2", method="POST", body=json.dumps(msg).encode(), token=TOKEN,
-                       headers={"Content-Type": "application/json", "Accept": "application/json, text/event-stream"})
+    status, body = get(
+        port,
+        "/mcp",
+        addr="127.0.0.2",
+        method="POST",
+        body=json.dumps(msg).encode(),
+        token=TOKEN,
+        headers={"Content-Type": "application/json", "Accept": "application/json, text/event-stream"},
+    )
     assert status == 200 and "host_manage" in body.decode(), (status, body)
 
 
@@ -247,6 +278,7 @@ def test_a_password_in_an_invalid_docker_url_reaches_neither_metrics_nor_validat
     mark = lp.mark()
     host.write_text(good.replace("unix:///var/run/docker.sock", f"tcp://admin:{password}@gpu host:2375"))
     lp.wait("config-invalid", after=mark, timeout=30)
+
     def labelled() -> str | None:
         t = lp.scrape()
         return t if "reconciler_manifest_error_info{" in t else None
@@ -302,14 +334,22 @@ def test_a_listener_that_stops_is_started_again_and_says_so() -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    sup = Supervisor(lambda port: app, "127.0.0.1", 0, log=lambda e, **f: lines.append((e, f)),
-                     on_restart=lambda: restarts.append(1), check_every_s=0.1).start()
+    sup = Supervisor(
+        lambda port: app,
+        "127.0.0.1",
+        0,
+        log=lambda e, **f: lines.append((e, f)),
+        on_restart=lambda: restarts.append(1),
+        check_every_s=0.1,
+    ).start()
     try:
         assert _status(sup.port, "/") == 200
         sup.listener.server.should_exit = True  # the thread ends as if its loop had died
         wait_until(lambda: any(e == "http-listener-restarted" for e, _ in lines), timeout=20, what="the restart")
-        assert [e for e, _ in lines if e.startswith("http-listener")] == ["http-listener-died",
-                                                                          "http-listener-restarted"]
+        assert [e for e, _ in lines if e.startswith("http-listener")] == [
+            "http-listener-died",
+            "http-listener-restarted",
+        ]
         assert restarts == [1] and _status(sup.port, "/") == 200
     finally:
         sup.shutdown()

@@ -24,18 +24,26 @@ TOKEN = "mcp-attack-token-" + "z" * 20
 
 
 def call(n: int, arguments: dict[str, Any]) -> str:
-    return json.dumps({"jsonrpc": "2.0", "id": n, "method": "tools/call",
-                       "params": {"name": "host_manage", "arguments": arguments}})
+    return json.dumps(
+        {"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": {"name": "host_manage", "arguments": arguments}}
+    )
 
 
 def bad_lines() -> list[tuple[str, str]]:
     """(why, line) for every refused call: the confirm values, an unknown argument, a duplicate key, deep nesting."""
-    out = [(f"confirm={v!r}", call(i, {"action": "reclaim-shared-memory", "confirm": v}))
-           for i, v in enumerate(BAD_CONFIRMS, start=10)]
+    out = [
+        (f"confirm={v!r}", call(i, {"action": "reclaim-shared-memory", "confirm": v}))
+        for i, v in enumerate(BAD_CONFIRMS, start=10)
+    ]
     out.append(("unknown argument", call(30, {"action": "reclaim-shared-memory", "confirm": True, "force": True})))
-    out.append(("duplicate key", '{"jsonrpc": "2.0", "id": 31, "method": "tools/call", "params": {"name": '
-                                 '"host_manage", "arguments": {"action": "reclaim-shared-memory", "confirm": false, '
-                                 '"confirm": true}}}'))
+    out.append(
+        (
+            "duplicate key",
+            '{"jsonrpc": "2.0", "id": 31, "method": "tools/call", "params": {"name": '
+            '"host_manage", "arguments": {"action": "reclaim-shared-memory", "confirm": false, '
+            '"confirm": true}}}',
+        )
+    )
     nested: Any = True
     for _ in range(40):
         nested = [nested]
@@ -60,12 +68,26 @@ def test_stdio_refuses_every_confirmation_but_json_true(root: Root) -> None:
     root.manifest()
     orphan = root.shm / "vllm_offload_orphan.mmap"
     orphan.write_bytes(b"\0" * 65536)
-    proc = subprocess.Popen([sys.executable, "-m", "reconciler", "--root", str(root.path), "mcp"], env=root.env,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "reconciler", "--root", str(root.path), "mcp"],
+        env=root.env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+    )
     try:
-        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": mcp.types.LATEST_PROTOCOL_VERSION, "capabilities": {},
-            "clientInfo": {"name": "careless", "version": "0"}}}
+        init = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": mcp.types.LATEST_PROTOCOL_VERSION,
+                "capabilities": {},
+                "clientInfo": {"name": "careless", "version": "0"},
+            },
+        }
         proc.stdin.write(json.dumps(init) + "\n")  # type: ignore[union-attr]
         answers(proc, {1})
         proc.stdin.write(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}) + "\n")  # type: ignore[union-attr]
@@ -109,9 +131,16 @@ def test_http_mcp_refuses_them_too(root: Root, start_loop) -> None:  # type: ign
     orphan.write_bytes(b"\0" * 65536)
 
     def post(body: str) -> tuple[int, str]:
-        req = urllib.request.Request(f"http://{lp.addr}/mcp", data=body.encode(), method="POST", headers={
-            "Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json",
-            "Accept": "application/json, text/event-stream"})
+        req = urllib.request.Request(
+            f"http://{lp.addr}/mcp",
+            data=body.encode(),
+            method="POST",
+            headers={
+                "Authorization": f"Bearer {TOKEN}",
+                "Content-Type": "application/json",
+                "Accept": "application/json, text/event-stream",
+            },
+        )
         try:
             with urllib.request.urlopen(req, timeout=30) as r:
                 return r.status, r.read().decode()

@@ -27,8 +27,22 @@ pytestmark = [pytest.mark.docker, pytest.mark.root]
 SECRETS = {f"s{n}cr3t{n}{n}{n}" for n in range(10)}
 S = sorted(SECRETS)
 ARGV = [
-    f"TOKEN={S[0]}", f"SECRET={S[1]}", f"APIKEY={S[2]}", f"MYSQL_PWD={S[3]}", "--passphrase", S[4], "--auth", S[5],
-    "--pwd", S[6], "-H", f"X-API-Key: {S[7]}", "-u", f"admin:{S[8]}", "--api-key", f"sk {S[9]}",
+    f"TOKEN={S[0]}",
+    f"SECRET={S[1]}",
+    f"APIKEY={S[2]}",
+    f"MYSQL_PWD={S[3]}",
+    "--passphrase",
+    S[4],
+    "--auth",
+    S[5],
+    "--pwd",
+    S[6],
+    "-H",
+    f"X-API-Key: {S[7]}",
+    "-u",
+    f"admin:{S[8]}",
+    "--api-key",
+    f"sk {S[9]}",
 ]
 TOKEN = "redaction-token-" + "q" * 20
 
@@ -41,14 +55,32 @@ def test_every_form_through_every_way_out(root: Root, start_loop) -> None:  # ty
     with open(path, "rb") as held:
         holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", *ARGV], stdin=held)
     try:
-        outputs = [root.cli(*args) for args in (("shm", "status", "--json"), ("shm", "status"), ("plan", "--json"),
-                                                 ("status", "--json"), ("shm", "reclaim", "--json"))]
+        outputs = [
+            root.cli(*args)
+            for args in (
+                ("shm", "status", "--json"),
+                ("shm", "status"),
+                ("plan", "--json"),
+                ("status", "--json"),
+                ("shm", "reclaim", "--json"),
+            )
+        ]
         shm = outputs[0].data
         [f] = shm["files"]
         [owner] = f["owners"]
         assert owner["pid"] == holder.pid and "***" in owner["command"], owner
-        for form in ("TOKEN=***", "SECRET=***", "APIKEY=***", "MYSQL_PWD=***", "--passphrase ***", "--auth ***",
-                     "--pwd ***", "X-API-Key: ***", "admin:***", "--api-key ***"):
+        for form in (
+            "TOKEN=***",
+            "SECRET=***",
+            "APIKEY=***",
+            "MYSQL_PWD=***",
+            "--passphrase ***",
+            "--auth ***",
+            "--pwd ***",
+            "X-API-Key: ***",
+            "admin:***",
+            "--api-key ***",
+        ):
             assert form in owner["command"], (form, owner["command"])
         for text_log in (False, True):
             extra = ("--log-format", "text") if text_log else ()
@@ -83,11 +115,19 @@ def test_every_form_through_every_way_out(root: Root, start_loop) -> None:  # ty
 
 
 def _mcp_shared_memory(addr: str) -> str:
-    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                       "params": {"name": "host_shared_memory", "arguments": {}}}).encode()
-    req = urllib.request.Request(f"http://{addr}/mcp", data=body, method="POST", headers={
-        "Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json",
-        "Accept": "application/json, text/event-stream"})
+    body = json.dumps(
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "host_shared_memory", "arguments": {}}}
+    ).encode()
+    req = urllib.request.Request(
+        f"http://{addr}/mcp",
+        data=body,
+        method="POST",
+        headers={
+            "Authorization": f"Bearer {TOKEN}",
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+        },
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
         return r.read().decode()
 

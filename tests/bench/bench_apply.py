@@ -121,8 +121,22 @@ timeout_s = {STOP_TIMEOUT_S}
     def docker_round(self) -> float:
         name = self.docker_name
         run = timed(
-            ["docker", "run", "-d", "--name", name, "--init", "--ipc", "host", "--network", "host",
-             "-v", "/usr:/usr:ro", IMAGE, *self.command]
+            [
+                "docker",
+                "run",
+                "-d",
+                "--name",
+                name,
+                "--init",
+                "--ipc",
+                "host",
+                "--network",
+                "host",
+                "-v",
+                "/usr:/usr:ro",
+                IMAGE,
+                *self.command,
+            ]
         )
         stop = timed(["docker", "stop", "-t", str(STOP_TIMEOUT_S), name])
         return run + stop + timed(["docker", "rm", name])
@@ -158,9 +172,7 @@ timeout_s = {STOP_TIMEOUT_S}
 
 def row(name: str, xs: list[float], goal: str, ok: bool | None) -> str:
     verdict = "" if ok is None else ("ok" if ok else "MISSED")
-    return (
-        f"{name:<44} {statistics.median(xs):>9.3f} {min(xs):>8.3f} {max(xs):>8.3f}  {goal:<14} {verdict}"
-    )
+    return f"{name:<44} {statistics.median(xs):>9.3f} {min(xs):>8.3f} {max(xs):>8.3f}  {goal:<14} {verdict}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -197,8 +209,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{'measure (seconds, whole processes)':<44} {'median':>9} {'min':>8} {'max':>8}  {'goal':<14}")
     print(row("enter+leave via reconciler apply (2 runs)", rec, "", None))
     print(row("same container via docker run/stop/rm", plain, "", None))
-    print(f"{'ratio of medians (apply processes / docker)':<44} {ratio:>9.2f} {'':>8} {'':>8}  "
-          f"{'<= ' + str(RATIO_GOAL) + 'x':<14} {'ok' if ratio <= RATIO_GOAL else 'MISSED'}")
+    print(
+        f"{'ratio of medians (apply processes / docker)':<44} {ratio:>9.2f} {'':>8} {'':>8}  "
+        f"{'<= ' + str(RATIO_GOAL) + 'x':<14} {'ok' if ratio <= RATIO_GOAL else 'MISSED'}"
+    )
     print(row("enter+leave via Applier.converge, in process", inproc, "", None))
     print(f"{'ratio of medians (in process / docker)':<44} {inproc_ratio:>9.2f}")
     print(row("converged apply (nothing to do)", conv, f"< {CONVERGED_GOAL_S} s", conv_med < CONVERGED_GOAL_S))

@@ -84,8 +84,12 @@ children.release()
 
 class Holders:
     def __init__(self, files: list[str], n: int):
-        self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", HOLDERS, str(REPO / "tests" / "bench"), str(n),
-                                      *files], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", HOLDERS, str(REPO / "tests" / "bench"), str(n), *files],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert self.proc.stdout is not None
         if self.proc.stdout.readline().strip() != "ready":
             raise SystemExit("the holder processes did not start")
@@ -115,12 +119,14 @@ def trivial_recipe(port: int, shm: Path) -> dict:  # type: ignore[type-arg]
     }
 
 
-def timed(cmd: list[str] | str, env: dict[str, str] | None = None, *, shell: bool = False,
-          ok: tuple[int, ...] = (0,)) -> tuple[float, str]:
+def timed(
+    cmd: list[str] | str, env: dict[str, str] | None = None, *, shell: bool = False, ok: tuple[int, ...] = (0,)
+) -> tuple[float, str]:
     """Wall time of a whole process and its output (stdout and stderr in one pipe, as fuser -v needs)."""
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, shell=shell, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       check=False)
+    p = subprocess.run(
+        cmd, shell=shell, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False
+    )
     dt = time.perf_counter() - t0
     if p.returncode not in ok:
         raise SystemExit(f"{cmd} exited {p.returncode}:\n{p.stdout[-2000:]}")
@@ -180,8 +186,9 @@ def main() -> int:
     from bench_shm_inspect import parse_fuser
     from e2e_helpers import LoopProcess, build_image, free_port, make_root
 
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "reconciler")], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", str(REPO / "reconciler")], check=True, stdout=subprocess.DEVNULL
+    )
     api = docker.APIClient(base_url="unix:///var/run/docker.sock", version="auto", timeout=60)
     build_image()
     work = Path(tempfile.mkdtemp(prefix="bench-commands-"))
@@ -200,8 +207,10 @@ def main() -> int:
     try:
         timed([*cli, "apply", "--yes"], env)  # converged from here on
         n_containers = len(api.containers(all=True))
-        print(f"host: {os.cpu_count()} CPUs, python {sys.version.split()[0]}, {n_containers} containers in the engine",
-              file=sys.stderr)
+        print(
+            f"host: {os.cpu_count()} CPUs, python {sys.version.split()[0]}, {n_containers} containers in the engine",
+            file=sys.stderr,
+        )
         head = f"{'method (whole processes)':40} {'median':>9} {'min':>8} {'max':>8}   (ms)"
         if args.only in (None, "idle"):
             n_procs = sum(1 for n in os.listdir("/proc") if n.isdigit())
@@ -212,8 +221,13 @@ def main() -> int:
                 "reconciler apply --yes (converged)": lambda: timed([*cli, "apply", "--yes"], env)[0],
             }
             times = rounds(idle, args.rounds)
-            out += [(f"idle host ({n_procs} processes, {n_containers} containers, one of them ours and converged), "
-                     f"medians of {args.rounds} interleaved rounds"), head]
+            out += [
+                (
+                    f"idle host ({n_procs} processes, {n_containers} containers, one of them ours and converged), "
+                    f"medians of {args.rounds} interleaved rounds"
+                ),
+                head,
+            ]
             out += table(times, {"docker ps -a": statistics.median(times["docker ps -a"])})
 
         loop = LoopProcess(root, "--debounce", "1").started(timeout=60)
@@ -229,6 +243,7 @@ def main() -> int:
                         if same_output(text, alone) is not None:
                             mismatches.append(f"{' '.join(cmd)}: {same_output(text, alone)}")
                     return dt
+
                 return go
 
             checked: dict[tuple[str, ...], bool] = {}
@@ -241,8 +256,14 @@ def main() -> int:
             times = rounds(idle_loop, args.rounds)
             out += ["", f"the same host with `reconciler run` running for it, medians of {args.rounds} rounds", head]
             out += table(times, {"docker ps -a": statistics.median(times["docker ps -a"])})
-            out.append("outputs answered by the loop: " + ("identical to stand-alone (times aside)" if not mismatches
-                                                          else "DIFFERENT: " + "; ".join(mismatches)))
+            out.append(
+                "outputs answered by the loop: "
+                + (
+                    "identical to stand-alone (times aside)"
+                    if not mismatches
+                    else "DIFFERENT: " + "; ".join(mismatches)
+                )
+            )
             if mismatches:
                 print("\n".join(out))
                 return 1
@@ -274,13 +295,15 @@ def main() -> int:
                     verdicts.setdefault("states", {f["path"]: f["state"] for f in data["files"]})
                     texts.setdefault(name, text)
                     return dt
+
                 return go
 
             texts: dict[str, str] = {}
 
             busy = {
-                "floor: cat /proc/[0-9]*/maps": lambda: timed("cat /proc/[0-9]*/maps >/dev/null 2>&1", shell=True,
-                                                             ok=(0, 1))[0],
+                "floor: cat /proc/[0-9]*/maps": lambda: timed(
+                    "cat /proc/[0-9]*/maps >/dev/null 2>&1", shell=True, ok=(0, 1)
+                )[0],
                 "fuser -v FILES": fuser,
                 "reconciler shm status": lambda: timed([*cli, "shm", "status"], alone_env)[0],
                 "reconciler shm status --json": ours_json("ours", alone_env),
@@ -290,17 +313,30 @@ def main() -> int:
             same = verdicts["ours"] == verdicts["fuser"] == verdicts["loop"]
             diff = same_output(texts["loop"], texts["ours"])
             pairs = sum(len(p) for p in verdicts["fuser"].values())  # type: ignore[attr-defined]
-            out += ["", (f"busy host ({n_procs} processes; {args.children} children each hold 8 offload files open "
-                         f"and map 4; {N_FILES} files, {pairs} (file, pid) pairs), medians of {args.rounds} rounds"), head]
-            out += table(times, {"fuser -v FILES": statistics.median(times["fuser -v FILES"])},
-                         floor=statistics.median(times["floor: cat /proc/[0-9]*/maps"]))
+            out += [
+                "",
+                (
+                    f"busy host ({n_procs} processes; {args.children} children each hold 8 offload files open "
+                    f"and map 4; {N_FILES} files, {pairs} (file, pid) pairs), medians of {args.rounds} rounds"
+                ),
+                head,
+            ]
+            out += table(
+                times,
+                {"fuser -v FILES": statistics.median(times["fuser -v FILES"])},
+                floor=statistics.median(times["floor: cat /proc/[0-9]*/maps"]),
+            )
             states = verdicts["states"]
-            out.append(f"verdicts: shm status --json {'identical to' if same else 'DIFFERENT from'} fuser -v "
-                       f"(owners of all {N_FILES} files); states: "
-                       f"{sum(s == 'owned' for s in states.values())} owned, "  # type: ignore[attr-defined]
-                       f"{sum(s == 'orphan' for s in states.values())} orphan")  # type: ignore[attr-defined]
-            out.append(f"shm status --json answered by the loop: "
-                       f"{'identical to stand-alone' if diff is None else 'DIFFERENT: ' + diff}")
+            out.append(
+                f"verdicts: shm status --json {'identical to' if same else 'DIFFERENT from'} fuser -v "
+                f"(owners of all {N_FILES} files); states: "
+                f"{sum(s == 'owned' for s in states.values())} owned, "  # type: ignore[attr-defined]
+                f"{sum(s == 'orphan' for s in states.values())} orphan"
+            )  # type: ignore[attr-defined]
+            out.append(
+                f"shm status --json answered by the loop: "
+                f"{'identical to stand-alone' if diff is None else 'DIFFERENT: ' + diff}"
+            )
             if not same or diff is not None:
                 print("\n".join(out))
                 return 1

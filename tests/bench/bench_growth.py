@@ -109,8 +109,12 @@ class Holders:
         self.proc = None
         if not files:
             return
-        self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", HOLDERS, str(n), *files],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", HOLDERS, str(n), *files],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert self.proc.stdout is not None
         if self.proc.stdout.readline().strip() != "ready":
             raise SystemExit(f"the {n} holder processes did not start")
@@ -173,7 +177,9 @@ class Host:
             api.remove_container(self.others.pop(), force=True)  # type: ignore[attr-defined]
         while len(self.others) < want:
             cid = api.create_container(  # type: ignore[attr-defined]
-                image, ["/usr/bin/sleep", "3600"], labels={self.LABEL: str(os.getpid())},
+                image,
+                ["/usr/bin/sleep", "3600"],
+                labels={self.LABEL: str(os.getpid())},
                 host_config=api.create_host_config(binds=["/usr:/usr:ro"]),  # type: ignore[attr-defined]
             )["Id"]
             if len(self.others) % 10 == 0:
@@ -183,13 +189,21 @@ class Host:
     def measure(self, runs: int) -> dict[str, float]:
         shm = [timed([*self.cli, "shm", "status", "--json"], self.env) for _ in range(runs)]
         plan = [timed([*self.cli, "plan", "--json"], self.env) for _ in range(runs)]
-        p = subprocess.run([sys.executable, "-c", CYCLE, str(self.root.path), str(runs)], env=self.env,
-                           capture_output=True, text=True, check=False)
+        p = subprocess.run(
+            [sys.executable, "-c", CYCLE, str(self.root.path), str(runs)],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if p.returncode != 0:
             raise SystemExit(f"the loop pass driver failed: {p.stderr[-2000:]}")
         cyc = json.loads(p.stdout.strip().splitlines()[-1])
-        return {"shm status": statistics.median(shm), "plan": statistics.median(plan),
-                "loop pass": statistics.median(cyc["times"])}
+        return {
+            "shm status": statistics.median(shm),
+            "plan": statistics.median(plan),
+            "loop pass": statistics.median(cyc["times"]),
+        }
 
     def cleanup(self) -> None:
         self.root.manifest()
@@ -217,25 +231,32 @@ def machine() -> str:
                 cpu = line.split(":", 1)[1].strip()
                 break
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    docker = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True,
-                            text=True, check=False).stdout.strip()
-    return (f"{os.cpu_count()} CPUs ({cpu}), {mem:.0f} GiB, Linux {platform.release()}, Python "
-            f"{platform.python_version()}, Docker engine {docker}")
+    docker = subprocess.run(
+        ["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return (
+        f"{os.cpu_count()} CPUs ({cpu}), {mem:.0f} GiB, Linux {platform.release()}, Python "
+        f"{platform.python_version()}, Docker engine {docker}"
+    )
 
 
 def write_docs(results: dict[str, list[tuple[int, dict[str, float]]]], base_procs: int, stamp: str) -> None:
     units = {"processes": "processes", "files": "offload files", "containers": "containers"}
-    intro = (f"Measured {stamp} on {machine()} by `tests/bench/bench_growth.py`; {base_procs} processes on "
-             "the host before the benchmark's own. Medians, milliseconds; whole processes for `shm status --json` "
-             "and `plan --json`, one converged pass for the loop (warm engine cache). Each axis is varied with the "
-             "others at their smallest (500 processes, 10 files, 10 containers). The second table gives the log-log "
-             "slope of each curve's last two points (1 linear, 2 quadratic).")
+    intro = (
+        f"Measured {stamp} on {machine()} by `tests/bench/bench_growth.py`; {base_procs} processes on "
+        "the host before the benchmark's own. Medians, milliseconds; whole processes for `shm status --json` "
+        "and `plan --json`, one converged pass for the loop (warm engine cache). Each axis is varied with the "
+        "others at their smallest (500 processes, 10 files, 10 containers). The second table gives the log-log "
+        "slope of each curve's last two points (1 linear, 2 quadratic)."
+    )
     lines = [BEGIN, "", intro, ""]
     lines += ["| axis | size | shm status --json | plan --json | loop pass |", "| --- | ---: | ---: | ---: | ---: |"]
     for axis, pts in results.items():
         for n, m in pts:
-            lines.append(f"| {units[axis]} | {n:,} | {m['shm status'] * 1000:.0f} | {m['plan'] * 1000:.0f} | "
-                         f"{m['loop pass'] * 1000:.0f} |")
+            lines.append(
+                f"| {units[axis]} | {n:,} | {m['shm status'] * 1000:.0f} | {m['plan'] * 1000:.0f} | "
+                f"{m['loop pass'] * 1000:.0f} |"
+            )
     lines += ["", "| axis | measure | slope of the last two points | growth |", "| --- | --- | ---: | --- |"]
     for axis, pts in results.items():
         for what in ("shm status", "plan", "loop pass"):
@@ -285,8 +306,9 @@ def main() -> int:
     import docker
     from e2e_helpers import build_image
 
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "reconciler")], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", str(REPO / "reconciler")], check=True, stdout=subprocess.DEVNULL
+    )
     image = build_image()
     api = docker.APIClient(base_url="unix:///var/run/docker.sock", version="auto", timeout=120)
     procs = [500, 2000] if args.quick else [500, 2000, 5000, 10000]
@@ -332,8 +354,11 @@ def main() -> int:
     for axis, pts in results.items():
         for what in ("shm status", "plan", "loop pass"):
             series = [(n, m[what]) for n, m in pts]
-            print(f"{axis:10} {what:10} " + "  ".join(f"{n}:{v * 1000:.0f}ms" for n, v in series)
-                  + f"  slope {slope(series):.2f} ({verdict(series)})")
+            print(
+                f"{axis:10} {what:10} "
+                + "  ".join(f"{n}:{v * 1000:.0f}ms" for n, v in series)
+                + f"  slope {slope(series):.2f} ({verdict(series)})"
+            )
     return 0
 
 

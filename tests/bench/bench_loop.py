@@ -115,7 +115,9 @@ def ts_of(event: dict[str, Any]) -> float:
 # ---------------------------------------------------------------- 1. edit -> first action
 
 
-def edit_latency(lp: LoopProcess, root: Root, omni: str, *, edits: int, gap_s: float) -> tuple[list[float], list[float], set[str]]:
+def edit_latency(
+    lp: LoopProcess, root: Root, omni: str, *, edits: int, gap_s: float
+) -> tuple[list[float], list[float], set[str]]:
     """(latencies by read time, latencies by the line's own stamp, triggers seen), in milliseconds."""
     by_read: list[float] = []
     by_stamp: list[float] = []
@@ -154,8 +156,12 @@ class Churn:
         self.api = api
         self.every_s = every_s
         self.ids = [
-            api.create_container(image, ["/usr/bin/sleep", "3600"], labels={self.LABEL: str(os.getpid())},
-                                 host_config=api.create_host_config(binds=["/usr:/usr:ro"]))["Id"]
+            api.create_container(
+                image,
+                ["/usr/bin/sleep", "3600"],
+                labels={self.LABEL: str(os.getpid())},
+                host_config=api.create_host_config(binds=["/usr:/usr:ro"]),
+            )["Id"]
             for _ in range(n)
         ]
         self.names = {api.inspect_container(cid)["Name"].lstrip("/") for cid in self.ids}
@@ -304,11 +310,19 @@ def main() -> int:
         p95 = pct(by_read, 95)
         rows += [
             Row("edit -> action-planned p50 (read)", f"{pct(by_read, 50):.0f} ms", "", None),
-            Row("edit -> action-planned p95 (read)", f"{p95:.0f} ms", f"< {LATENCY_P95_GOAL_MS:.0f} ms",
-                p95 < LATENCY_P95_GOAL_MS),
+            Row(
+                "edit -> action-planned p95 (read)",
+                f"{p95:.0f} ms",
+                f"< {LATENCY_P95_GOAL_MS:.0f} ms",
+                p95 < LATENCY_P95_GOAL_MS,
+            ),
             Row("edit -> action-planned max (read)", f"{max(by_read):.0f} ms", "", None),
-            Row("  same by the line's ms stamp p50/p95", f"{pct(by_stamp, 50):.0f} / {pct(by_stamp, 95):.0f} ms", "",
-                None),
+            Row(
+                "  same by the line's ms stamp p50/p95",
+                f"{pct(by_stamp, 50):.0f} / {pct(by_stamp, 95):.0f} ms",
+                "",
+                None,
+            ),
             Row("  passes started by", ",".join(sorted(triggers)), "file", "file" in triggers),
         ]
 
@@ -328,15 +342,26 @@ def main() -> int:
         woke = [e.get("container", "") for e in lp.find("docker-event", after=mark)]
         by_churn = sum(1 for n in woke if n in churn.names)
         rows += [
-            Row(f"idle CPU over {quiet['wall_s']:.0f} s (omni running)", f"{quiet['cpu_pct']:.2f} % of a core",
+            Row(
+                f"idle CPU over {quiet['wall_s']:.0f} s (omni running)",
+                f"{quiet['cpu_pct']:.2f} % of a core",
                 f"< {IDLE_CPU_GOAL_PCT:g} %",
-                quiet["cpu_pct"] < IDLE_CPU_GOAL_PCT if len(woke) == by_churn else None),  # else judged below
+                quiet["cpu_pct"] < IDLE_CPU_GOAL_PCT if len(woke) == by_churn else None,
+            ),  # else judged below
             Row(f"  unrelated container events in that window ({args.churn} containers)", f"{churned}", "", None),
             Row("  passes in that window", f"{quiet['passes']}", "", None),
-            Row("  engine events that woke it: unrelated churn / other work", f"{by_churn} / {len(woke) - by_churn}",
-                "0 / any", by_churn == 0),
-            Row("idle RSS (peak)", f"{quiet['rss'] / MIB:.1f} MiB ({quiet['hwm'] / MIB:.1f})", f"< {RSS_GOAL_MB:g} MB",
-                quiet["hwm"] < RSS_GOAL_MB * 1e6),
+            Row(
+                "  engine events that woke it: unrelated churn / other work",
+                f"{by_churn} / {len(woke) - by_churn}",
+                "0 / any",
+                by_churn == 0,
+            ),
+            Row(
+                "idle RSS (peak)",
+                f"{quiet['rss'] / MIB:.1f} MiB ({quiet['hwm'] / MIB:.1f})",
+                f"< {RSS_GOAL_MB:g} MB",
+                quiet["hwm"] < RSS_GOAL_MB * 1e6,
+            ),
         ]
 
         times, size = scrapes(lp, args.scrapes)
@@ -357,20 +382,38 @@ def main() -> int:
         growth = (last["rss"] - warm["rss"]) / MIB
         per_cycle_ms = last["s"] / max(1, last["cycle"]) * 1000
         rows += [
-            Row(f"RSS at cycle {warm['cycle']} / {last['cycle']}", f"{warm['rss'] / MIB:.1f} / {last['rss'] / MIB:.1f} MiB",
-                f"< {RSS_GOAL_MB:g} MB", peak < RSS_GOAL_MB * 1e6),
-            Row(f"RSS growth, cycle {warm['cycle']} -> {last['cycle']}", f"{growth:+.2f} MiB",
-                f"<= {RSS_GROWTH_GOAL_MIB:g} MiB", growth <= RSS_GROWTH_GOAL_MIB),
+            Row(
+                f"RSS at cycle {warm['cycle']} / {last['cycle']}",
+                f"{warm['rss'] / MIB:.1f} / {last['rss'] / MIB:.1f} MiB",
+                f"< {RSS_GOAL_MB:g} MB",
+                peak < RSS_GOAL_MB * 1e6,
+            ),
+            Row(
+                f"RSS growth, cycle {warm['cycle']} -> {last['cycle']}",
+                f"{growth:+.2f} MiB",
+                f"<= {RSS_GROWTH_GOAL_MIB:g} MiB",
+                growth <= RSS_GROWTH_GOAL_MIB,
+            ),
             Row("  RSS samples (MiB)", " ".join(f"{s['rss'] / MIB:.1f}" for s in samples), "", None),
-            Row("  one converged cycle", f"{per_cycle_ms:.1f} ms ({last.get('not_converged', 0)} not converged)", "",
-                last.get("not_converged", 0) == 0),
+            Row(
+                "  one converged cycle",
+                f"{per_cycle_ms:.1f} ms ({last.get('not_converged', 0)} not converged)",
+                "",
+                last.get("not_converged", 0) == 0,
+            ),
         ]
         if len(woke) - by_churn and quiet["passes"]:
             # The idle figure without the passes that other work's relevant containers caused (each costs about one
             # converged cycle): what the loop spends on the churn and its own timers.
             own = max(0.0, quiet["cpu_s"] - quiet["passes"] * per_cycle_ms / 1000) / quiet["wall_s"] * 100
-            rows.append(Row("idle CPU less the passes other work caused", f"{own:.2f} % of a core",
-                            f"< {IDLE_CPU_GOAL_PCT:g} %", own < IDLE_CPU_GOAL_PCT))
+            rows.append(
+                Row(
+                    "idle CPU less the passes other work caused",
+                    f"{own:.2f} % of a core",
+                    f"< {IDLE_CPU_GOAL_PCT:g} %",
+                    own < IDLE_CPU_GOAL_PCT,
+                )
+            )
     finally:
         churn.remove()
         if lp is not None and lp.proc.poll() is None:

@@ -40,7 +40,9 @@ def sh(*cmd: str, check: bool = True) -> str:
 
 
 def median_ms(samples: list[float]) -> str:
-    return f"{statistics.median(samples) * 1000:8.1f} ms  (min {min(samples) * 1000:.1f}, max {max(samples) * 1000:.1f})"
+    return (
+        f"{statistics.median(samples) * 1000:8.1f} ms  (min {min(samples) * 1000:.1f}, max {max(samples) * 1000:.1f})"
+    )
 
 
 def setup_root(shm_dir: str) -> Path:
@@ -150,14 +152,19 @@ def main() -> int:
 
         n_containers = len(sh("docker", "ps", "-aq").split())
         n_files = len(list(Path(shm_dir).glob("vllm_offload_*.mmap")))
-        print(f"host: {n_containers} containers in the engine, {n_files} offload files, "
-              f"{len([p for p in os.listdir('/proc') if p.isdigit()])} processes, {os.cpu_count()} cores")
+        print(
+            f"host: {n_containers} containers in the engine, {n_files} offload files, "
+            f"{len([p for p in os.listdir('/proc') if p.isdigit()])} processes, {os.cpu_count()} cores"
+        )
 
         whole = []
         for _ in range(args.runs):
             t0 = time.perf_counter()
-            res = subprocess.run([sys.executable, "-m", "reconciler", "--root", str(root), "plan", "--json"],
-                                 capture_output=True, text=True)
+            res = subprocess.run(
+                [sys.executable, "-m", "reconciler", "--root", str(root), "plan", "--json"],
+                capture_output=True,
+                text=True,
+            )
             whole.append(time.perf_counter() - t0)
             assert res.returncode in (0, 2, 3), res.stderr
         desired = load_desired(root)
@@ -175,8 +182,10 @@ def main() -> int:
             t0 = time.perf_counter()
             plan(desired, observe(desired.host, docker=DockerObserver(desired.host.docker.url)))
             cold.append(time.perf_counter() - t0)
-        print(f"plan: {len(p.actions)} action(s), blocked={p.blocked}, files seen={len(observed.shm.files)}, "
-              f"containers seen={len(observed.containers)}")
+        print(
+            f"plan: {len(p.actions)} action(s), blocked={p.blocked}, files seen={len(observed.shm.files)}, "
+            f"containers seen={len(observed.containers)}"
+        )
         print(f"whole process  `reconciler plan --json`     {median_ms(whole)}")
         print(f"in-process observe+plan, warm observer       {median_ms(warm)}")
         print(f"in-process observe+plan, cold observer       {median_ms(cold)}")

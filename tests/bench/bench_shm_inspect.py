@@ -67,7 +67,10 @@ class Children:
                     for k in range(MAPS_PER_CHILD):
                         fd = os.open(files[(i + FDS_PER_CHILD + k) % N_HELD], os.O_RDWR)
                         # libc's mmap, not Python's: Python's keeps a dup of the descriptor.
-                        if libc.mmap(None, GIB, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) in (None, ctypes.c_void_p(-1).value):
+                        if libc.mmap(None, GIB, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) in (
+                            None,
+                            ctypes.c_void_p(-1).value,
+                        ):
                             os._exit(2)
                         os.close(fd)
                     os.write(ready_w, b".")
@@ -211,7 +214,9 @@ def main() -> int:
             "ours, whole process, 1 worker": whole([*py, "--workers", "1"], lambda o: parse_ours(json.loads(o), files)),
             "ours, in-process": in_process(None),
             "ours, in-process, 1 worker": in_process(1),
-            "python -c 'import reconciler.observe.shm'": whole([sys.executable, "-c", "import reconciler.observe.shm"], None),
+            "python -c 'import reconciler.observe.shm'": whole(
+                [sys.executable, "-c", "import reconciler.observe.shm"], None
+            ),
         }
         times: dict[str, list[float]] = {m: [] for m in methods}
         verdicts: dict[str, Verdict | None] = {}
@@ -231,9 +236,17 @@ def main() -> int:
         ref = verdicts["fuser -v FILES"]
         assert ref is not None
         held = sum(1 for p in ref.values() if p)
-        print(f"\nfuser: {held} files held, {len(ref) - held} orphans, {sum(len(p) for p in ref.values())} (file, pid) pairs")
+        print(
+            f"\nfuser: {held} files held, {len(ref) - held} orphans, {sum(len(p) for p in ref.values())} (file, pid) pairs"
+        )
         same = True
-        for m in ("lsof FILES", "ours, whole process (python -m)", "ours, whole process, 1 worker", "ours, in-process", "ours, in-process, 1 worker"):
+        for m in (
+            "lsof FILES",
+            "ours, whole process (python -m)",
+            "ours, whole process, 1 worker",
+            "ours, in-process",
+            "ours, in-process, 1 worker",
+        ):
             v = verdicts[m]
             match = v == ref
             if m.startswith("ours"):

@@ -71,8 +71,13 @@ def switch(root: Root, to: list[tuple[str, list[str]]], watch: dict[str, str]) -
     dark: dict[str, float] = {}
     for a in res.data["actions"]:
         dark.update(a.get("dark_s") or {})
-    return {"total": total, "leave": max(leaves, default=0.0), "dark": dark, "client": seen,
-            "enters": [a["seconds"] for a in res.data["actions"] if a["kind"] == "enter"]}
+    return {
+        "total": total,
+        "leave": max(leaves, default=0.0),
+        "dark": dark,
+        "client": seen,
+        "enters": [a["seconds"] for a in res.data["actions"] if a["kind"] == "enter"],
+    }
 
 
 def main() -> int:
@@ -112,8 +117,10 @@ def main() -> int:
             root.write_recipe(name, d)
         exclusive = [(big, ["dark-compute-a", "dark-compute-b"])]
         split = [(a, ["dark-compute-a"]), (b, ["dark-compute-b"])]
-        watch_split = {"dark-compute-a": f"http://127.0.0.1:{root.port_of(a)}/health",
-                       "dark-compute-b": f"http://127.0.0.1:{b_port}/health"}
+        watch_split = {
+            "dark-compute-a": f"http://127.0.0.1:{root.port_of(a)}/health",
+            "dark-compute-b": f"http://127.0.0.1:{b_port}/health",
+        }
         watch_excl = {"dark-compute-a+b": f"http://127.0.0.1:{root.port_of(big)}/health"}
         switch(root, exclusive, {})
         to_split, to_excl = [], []
@@ -136,14 +143,20 @@ def main() -> int:
     goal_split = split_leave + L * (1 + SLACK)
     goal_excl = excl_leave + L * (1 + SLACK)
     print(f"load L = {L:g} s, {args.rounds} rounds, medians")
-    print(f"exclusive -> split: {split_total:.2f} s (leave {split_leave:.2f} s; goal <= {goal_split:.2f} s; "
-          f"in sequence it would be >= {split_leave + 2 * L:.2f} s)")
-    print(f"split -> exclusive: {excl_total:.2f} s (two leaves at once, the slower {excl_leave:.2f} s; goal <= "
-          f"{goal_excl:.2f} s)")
+    print(
+        f"exclusive -> split: {split_total:.2f} s (leave {split_leave:.2f} s; goal <= {goal_split:.2f} s; "
+        f"in sequence it would be >= {split_leave + 2 * L:.2f} s)"
+    )
+    print(
+        f"split -> exclusive: {excl_total:.2f} s (two leaves at once, the slower {excl_leave:.2f} s; goal <= "
+        f"{goal_excl:.2f} s)"
+    )
     for r in to_split[-1:]:
         for slot in ("dark-compute-a", "dark-compute-b"):
-            print(f"  dark {slot}: reported {r['dark'].get(slot, float('nan')):.2f} s, a client saw its new lane "
-                  f"answer after {r['client'].get(slot, float('nan')):.2f} s")
+            print(
+                f"  dark {slot}: reported {r['dark'].get(slot, float('nan')):.2f} s, a client saw its new lane "
+                f"answer after {r['client'].get(slot, float('nan')):.2f} s"
+            )
     ok = split_total <= goal_split and excl_total <= goal_excl
     print("goals met" if ok else "goal missed")
     return 0 if ok else 1

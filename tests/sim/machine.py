@@ -72,8 +72,13 @@ class HostMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ set-up and files
 
-    @initialize(seed=st.integers(0, 2**32 - 1), shape=st.sampled_from(HOST_SHAPES), gpu_requests=st.booleans(),
-                wsl2=st.booleans(), tmpfs_gib=st.sampled_from([10.0, 14.0, 20.0]))
+    @initialize(
+        seed=st.integers(0, 2**32 - 1),
+        shape=st.sampled_from(HOST_SHAPES),
+        gpu_requests=st.booleans(),
+        wsl2=st.booleans(),
+        tmpfs_gib=st.sampled_from([10.0, 14.0, 20.0]),
+    )
     def setup(self, seed: int, shape: str, gpu_requests: bool, wsl2: bool, tmpfs_gib: float) -> None:
         self.world = World(seed, tmpfs_gib=tmpfs_gib, wsl2=wsl2)
         self.world.behaviour = {}
@@ -101,7 +106,9 @@ class HostMachine(RuleBasedStateMachine):
             "alias-index-uuid": ({"uuid": u0}, {"index": 0}),
             "alias-uuid-case": ({"uuid": u0}, {"uuid": "GPU-" + u0[4:].upper()}),
         }[shape]
-        gpus = "\n".join(f"  {s}: {{{', '.join(f'{k}: {v}' for k, v in g.items())}}}" for s, g in zip(SLOTS, slots, strict=True))
+        gpus = "\n".join(
+            f"  {s}: {{{', '.join(f'{k}: {v}' for k, v in g.items())}}}" for s, g in zip(SLOTS, slots, strict=True)
+        )
         (self.root / "configs" / "host.yaml").write_text(
             f"name: sim\ngpus:\n{gpus}\ngpu_telemetry: {telemetry}\n"
             f"docker: {{url: 'unix:///sim/docker.sock', gpu_requests: {str(gpu_requests).lower()}, keep_failed: 2}}\n"
@@ -135,8 +142,9 @@ class HostMachine(RuleBasedStateMachine):
 
         w = self.world
         assert w is not None
-        self.loop = Loop(str(self.root), metrics_addr=None, log=Log(stream=self.sink),
-                         backoff=Backoff(clock=lambda: w.now))
+        self.loop = Loop(
+            str(self.root), metrics_addr=None, log=Log(stream=self.sink), backoff=Backoff(clock=lambda: w.now)
+        )
 
     def teardown(self) -> None:
         if self._ctx is not None:
@@ -212,9 +220,12 @@ class HostMachine(RuleBasedStateMachine):
         if running:
             running[pick % len(running)].state = state
 
-    @rule(card=st.integers(0, 1), by=st.sampled_from(["index", "uuid", "none"]),
-          kind=st.sampled_from(["foreign", "named-like-ours", "other-install", "legacy", "image-labels"]),
-          running=st.booleans())
+    @rule(
+        card=st.integers(0, 1),
+        by=st.sampled_from(["index", "uuid", "none"]),
+        kind=st.sampled_from(["foreign", "named-like-ours", "other-install", "legacy", "image-labels"]),
+        running=st.booleans(),
+    )
     def foreign_container(self, card: int, by: str, kind: str, running: bool) -> None:
         w = self.world
         c = w.cards[card]
@@ -225,8 +236,12 @@ class HostMachine(RuleBasedStateMachine):
             recipe, slots = TOPOLOGIES["split"][0]
             name = f"reconciler-{recipe}-{'-'.join(slots)}"
         elif kind in ("other-install", "legacy", "image-labels"):
-            labels = {"io.reconciler.managed": "true", "io.reconciler.host": "sim", "io.reconciler.recipe": "omni",
-                      "io.reconciler.slots": SLOTS[card]}
+            labels = {
+                "io.reconciler.managed": "true",
+                "io.reconciler.host": "sim",
+                "io.reconciler.recipe": "omni",
+                "io.reconciler.slots": SLOTS[card],
+            }
             if kind == "other-install":
                 labels["io.reconciler.install"] = "f" * 32
             if kind == "image-labels" and w.install_id:
@@ -273,6 +288,7 @@ class HostMachine(RuleBasedStateMachine):
     @rule(pick=st.integers(0, 7), via=st.sampled_from(["map", "fd"]), now=st.booleans())
     def process_takes_file(self, pick: int, via: str, now: bool) -> None:
         """A process maps or opens an offload file: now, or between the guard's two inspections."""
+
         def take(w: World) -> None:
             files = sorted(w.files.values(), key=lambda f: f.name)
             if not files:
@@ -281,12 +297,17 @@ class HostMachine(RuleBasedStateMachine):
             from sim.world import Proc
 
             pid = w.new_pid()
-            w.procs[pid] = Proc(pid, "python reader.py", maps={f.inode} if via == "map" else set(),
-                                fds={f.inode} if via == "fd" else set())
+            w.procs[pid] = Proc(
+                pid,
+                "python reader.py",
+                maps={f.inode} if via == "map" else set(),
+                fds={f.inode} if via == "fd" else set(),
+            )
 
         if now:
             take(self.world)
         else:
+
             def once(w: World) -> None:
                 w.on_sleep.remove(once)
                 take(w)
@@ -296,6 +317,7 @@ class HostMachine(RuleBasedStateMachine):
     @rule(now=st.booleans())
     def readers_exit(self, now: bool) -> None:
         """The readers end: now, or between the guard's two inspections."""
+
         def end(w: World) -> None:
             for pid in [p.pid for p in w.procs.values() if p.cmd == "python reader.py"]:
                 del w.procs[pid]
@@ -303,14 +325,18 @@ class HostMachine(RuleBasedStateMachine):
         if now:
             end(self.world)
         else:
+
             def once(w: World) -> None:
                 w.on_sleep.remove(once)
                 end(w)
 
             self.world.on_sleep.append(once)
 
-    @rule(method=st.sampled_from(["list", "inspect", "create", "start", "stop", "remove", "rename", "ping"]),
-          p=st.sampled_from([0.0, 0.3, 1.0]), lost=st.booleans())
+    @rule(
+        method=st.sampled_from(["list", "inspect", "create", "start", "stop", "remove", "rename", "ping"]),
+        p=st.sampled_from([0.0, 0.3, 1.0]),
+        lost=st.booleans(),
+    )
     def engine_fault(self, method: str, p: float, lost: bool) -> None:
         (self.world.lost if lost else self.world.faults)[method] = p
 
@@ -428,7 +454,7 @@ class HostMachine(RuleBasedStateMachine):
         w = self.world
         ours = [c for c in w.containers.values() if c.ours and c.state in ("running", "paused", "restarting")]
         for i, a in enumerate(ours):
-            for b in ours[i + 1:]:
+            for b in ours[i + 1 :]:
                 if w.cards_of(a) & w.cards_of(b):
                     w.violate(f"(a) {a.name} and {b.name} both run on card(s) {sorted(w.cards_of(a) & w.cards_of(b))}")
         if self.loop is not None and self.steps_since_adopt_check >= 10:
@@ -441,8 +467,12 @@ class HostMachine(RuleBasedStateMachine):
                 w.violate(f"(b) adopted without an explicit adopt: {sorted(a[:12] for a in adopted)}")
         self.steps_since_adopt_check += 1
         if w.violations:
-            raise AssertionError("invariant violated:\n  " + "\n  ".join(w.violations) + "\nlast log lines:\n  "
-                                 + "\n  ".join(self.sink.lines))
+            raise AssertionError(
+                "invariant violated:\n  "
+                + "\n  ".join(w.violations)
+                + "\nlast log lines:\n  "
+                + "\n  ".join(self.sink.lines)
+            )
 
     @precondition(lambda self: self.world is not None)
     @rule()
@@ -480,8 +510,10 @@ class HostMachine(RuleBasedStateMachine):
                 w.violate(f"(f) sources still unavailable after faults stopped: {false}")
             return
         if not final.blocked:
-            w.violate(f"(f) not converged after {LIVENESS_PASSES} passes without faults: {result.result}: "
-                      f"{result.message or [a.reason for a in final.actions]}")
+            w.violate(
+                f"(f) not converged after {LIVENESS_PASSES} passes without faults: {result.result}: "
+                f"{result.message or [a.reason for a in final.actions]}"
+            )
             return
         names = {c.name for c in w.containers.values()}
         pids = {f"pid {p}" for p in w.procs}
@@ -490,4 +522,3 @@ class HostMachine(RuleBasedStateMachine):
                 w.violate(f"(f) blocked by {b.holder!r}, which is not on the host: {b.reason}")
             if b.cause == "memory" and not any(c.hidden_used for c in w.cards) and not w.wsl2:
                 w.violate(f"(f) blocked by unlisted VRAM that nothing holds: {b.reason}")
-

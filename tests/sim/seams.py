@@ -84,22 +84,44 @@ class SimApi:
             if any(c.labels.get(k) != v for k, v in want):
                 continue
             status = f"Exited ({c.exit_code}) 1 second ago" if c.state == "exited" else c.state
-            out.append({"Id": c.id, "Names": ["/" + c.name], "State": c.state, "Status": status,
-                        "Image": c.image, "Labels": dict(c.labels)})
+            out.append(
+                {
+                    "Id": c.id,
+                    "Names": ["/" + c.name],
+                    "State": c.state,
+                    "Status": status,
+                    "Image": c.image,
+                    "Labels": dict(c.labels),
+                }
+            )
         return out
 
     @_engine
     def inspect_container(self, ref: str) -> dict[str, Any]:
         self.w._fault("inspect")
         c = self.w.get(ref)
-        reqs = [{"Driver": "nvidia", "DeviceIDs": list(c.device_ids), "Capabilities": [["gpu"]]}] if c.device_ids else None
+        reqs = (
+            [{"Driver": "nvidia", "DeviceIDs": list(c.device_ids), "Capabilities": [["gpu"]]}] if c.device_ids else None
+        )
         return {
-            "Id": c.id, "Name": "/" + c.name, "Image": "sha256:" + c.image.replace(":", ""), "Args": c.command[1:],
-            "State": {"Status": c.state, "Running": c.state == "running", "ExitCode": c.exit_code,
-                      "RestartCount": c.restarts},
+            "Id": c.id,
+            "Name": "/" + c.name,
+            "Image": "sha256:" + c.image.replace(":", ""),
+            "Args": c.command[1:],
+            "State": {
+                "Status": c.state,
+                "Running": c.state == "running",
+                "ExitCode": c.exit_code,
+                "RestartCount": c.restarts,
+            },
             "RestartCount": c.restarts,
-            "Config": {"Env": [f"{k}={v}" for k, v in c.env.items()], "Cmd": c.command, "Entrypoint": None,
-                       "Labels": dict(c.labels), "Image": c.image},
+            "Config": {
+                "Env": [f"{k}={v}" for k, v in c.env.items()],
+                "Cmd": c.command,
+                "Entrypoint": None,
+                "Labels": dict(c.labels),
+                "Image": c.image,
+            },
             "HostConfig": {"DeviceRequests": reqs},
         }
 
@@ -120,12 +142,26 @@ class SimApi:
         return kw
 
     @_engine
-    def create_container(self, *, host_config: dict[str, Any], image: str, name: str, labels: dict[str, str],
-                         environment: dict[str, str] | None = None, command: list[str] | None = None,
-                         **_: Any) -> dict[str, str]:
+    def create_container(
+        self,
+        *,
+        host_config: dict[str, Any],
+        image: str,
+        name: str,
+        labels: dict[str, str],
+        environment: dict[str, str] | None = None,
+        command: list[str] | None = None,
+        **_: Any,
+    ) -> dict[str, str]:
         ids = [d for r in host_config.get("device_requests") or [] for d in r.get("DeviceIDs") or []]
-        c = self.w.create(name=name, image=image, labels=labels, env=dict(environment or {}),
-                          command=list(command or []), device_ids=ids)
+        c = self.w.create(
+            name=name,
+            image=image,
+            labels=labels,
+            env=dict(environment or {}),
+            command=list(command or []),
+            device_ids=ids,
+        )
         return {"Id": c.id}
 
     @_engine
@@ -200,8 +236,9 @@ def sim_shm(world: World, cfg: Any, *, containers: Any, docker: Any) -> Any:
         for via, inodes in (("map", p.maps), ("fd", p.fds)):
             for ino in sorted(inodes):
                 holders.setdefault(ino, []).append(Owner(p.pid, via, ctr, p.cmd))
-    return build_view(cfg, listing=listing, holders=holders, deleted=(), unreadable=unreadable,
-                      containers=containers, docker=docker)
+    return build_view(
+        cfg, listing=listing, holders=holders, deleted=(), unreadable=unreadable, containers=containers, docker=docker
+    )
 
 
 def sim_observe(world: World, host: Any, *, docker: Any = None, **_: Any) -> Any:
@@ -211,11 +248,18 @@ def sim_observe(world: World, host: Any, *, docker: Any = None, **_: Any) -> Any
 
     docker = docker or sim_observer(world, host.docker.url)
     containers, docker_source = docker.observe()
-    gpus = observe_gpus(host, read=lambda _h: world.nvml_raw(), container_of=world.container_of,
-                        command_of=world.command_of)
+    gpus = observe_gpus(
+        host, read=lambda _h: world.nvml_raw(), container_of=world.container_of, command_of=world.command_of
+    )
     shm = sim_shm(world, host.shm, containers=containers, docker=docker_source)
-    return Observed(host=host.name, containers=containers, gpus=gpus, shm=shm, docker=docker_source,
-                    ownership=read_ownership(host.name))
+    return Observed(
+        host=host.name,
+        containers=containers,
+        gpus=gpus,
+        shm=shm,
+        docker=docker_source,
+        ownership=read_ownership(host.name),
+    )
 
 
 def _unlink_agreed(world: World) -> Any:
@@ -309,10 +353,16 @@ def installed(world: World) -> Iterator[str]:
         mp.setattr(guard_mod, "path_refusal", _path_refusal(world))
         mp.setattr(guard_mod, "tmpfs_mount_refusal", lambda *a, **kw: None)
         mp.setattr(guard_mod, "_unlink_agreed", _unlink_agreed(world))
-        mp.setattr(guard_mod, "_verify_absent",
-                   lambda directory, removed: (all(os.path.basename(f.path) not in world.files for f in removed), []))
-        mp.setattr(guard_mod, "_tmpfs_of", lambda path: Tmpfs(world.tmpfs_size, world.tmpfs_size - world.free_bytes(),
-                                                              world.free_bytes()))
+        mp.setattr(
+            guard_mod,
+            "_verify_absent",
+            lambda directory, removed: (all(os.path.basename(f.path) not in world.files for f in removed), []),
+        )
+        mp.setattr(
+            guard_mod,
+            "_tmpfs_of",
+            lambda path: Tmpfs(world.tmpfs_size, world.tmpfs_size - world.free_bytes(), world.free_bytes()),
+        )
         yield state
     finally:
         mp.undo()

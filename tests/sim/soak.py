@@ -37,15 +37,22 @@ def _worker(args: tuple[int, int]) -> tuple[int, int, str]:
         try:
             run_state_machine_as_test(
                 machine,
-                settings=settings(max_examples=examples, stateful_step_count=STEPS_PER_EXAMPLE, deadline=None,
-                                  database=None, suppress_health_check=list(HealthCheck)),
+                settings=settings(
+                    max_examples=examples,
+                    stateful_step_count=STEPS_PER_EXAMPLE,
+                    deadline=None,
+                    database=None,
+                    suppress_health_check=list(HealthCheck),
+                ),
             )
         except BaseException as exc:  # noqa: BLE001 - a violation: report it with hypothesis's shrunk steps
             import traceback
 
-            return STEPS[0], 1, f"batch seed {seed * 100_000 + batch - 1}:\n" + "".join(
-                traceback.format_exception(exc)
-            )[-6000:]
+            return (
+                STEPS[0],
+                1,
+                f"batch seed {seed * 100_000 + batch - 1}:\n" + "".join(traceback.format_exception(exc))[-6000:],
+            )
     return STEPS[0], 0, ""
 
 

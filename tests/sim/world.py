@@ -175,8 +175,17 @@ class World:
         if p and self.rng.random() < p:
             raise ApiError(500, f"simulated lost answer of {method} (it took effect)")
 
-    def create(self, *, name: str, image: str, labels: dict[str, str], env: dict[str, str], command: list[str],
-               device_ids: list[str], ours: bool = True) -> Container:
+    def create(
+        self,
+        *,
+        name: str,
+        image: str,
+        labels: dict[str, str],
+        env: dict[str, str],
+        command: list[str],
+        device_ids: list[str],
+        ours: bool = True,
+    ) -> Container:
         self._fault("create")
         if any(c.name == name for c in self.containers.values()):
             raise ApiError(409, f'Conflict. The container name "/{name}" is already in use')
@@ -245,8 +254,12 @@ class World:
             pid = self.new_pid()
             card = self.cards[idx] if idx is not None else None
             self.procs[pid] = Proc(
-                pid, f"vllm worker {c.name}", container=c.id, maps={inode} if inode else set(),
-                gpu=card.uuid if card and card.present else None, gpu_mem=None if self.wsl2 else 20 * GIB,
+                pid,
+                f"vllm worker {c.name}",
+                container=c.id,
+                maps={inode} if inode else set(),
+                gpu=card.uuid if card and card.present else None,
+                gpu_mem=None if self.wsl2 else 20 * GIB,
                 resolvable=not self.wsl2,
             )
 
@@ -302,10 +315,25 @@ class World:
 
     # ------------------------------------------------------------ the world acting on its own
 
-    def foreign(self, name: str, *, device_ids: list[str] = (), labels: dict[str, str] | None = None,
-                state: str = "running", env: dict[str, str] | None = None) -> Container:
-        c = Container(self.new_id(), name, "sim-other:1", dict(labels or {}), dict(env or {}), ["sleep"],
-                      list(device_ids), ours=False)
+    def foreign(
+        self,
+        name: str,
+        *,
+        device_ids: list[str] = (),
+        labels: dict[str, str] | None = None,
+        state: str = "running",
+        env: dict[str, str] | None = None,
+    ) -> Container:
+        c = Container(
+            self.new_id(),
+            name,
+            "sim-other:1",
+            dict(labels or {}),
+            dict(env or {}),
+            ["sleep"],
+            list(device_ids),
+            ours=False,
+        )
         self.containers[c.id] = c
         if state == "running":
             c.state, c.started_at = "running", self.now
@@ -362,12 +390,18 @@ class World:
         for card in present:
             procs = [p for p in self.procs.values() if p.gpu == card.uuid]
             used = card.hidden_used + sum((p.gpu_mem or 20 * GIB) for p in procs) + GIB // 2
-            devices.append({
-                "index": card.index, "name": "NVIDIA H200", "uuid": card.uuid, "errors": {},
-                "memory_total": card.total, "memory_used": min(used, card.total),
-                "memory_free": max(0, card.total - used),
-                "processes": [{"pid": p.pid, "used_gpu_memory": p.gpu_mem} for p in procs],
-            })
+            devices.append(
+                {
+                    "index": card.index,
+                    "name": "NVIDIA H200",
+                    "uuid": card.uuid,
+                    "errors": {},
+                    "memory_total": card.total,
+                    "memory_used": min(used, card.total),
+                    "memory_free": max(0, card.total - used),
+                    "processes": [{"pid": p.pid, "used_gpu_memory": p.gpu_mem} for p in procs],
+                }
+            )
         return {"error": None, "driver_version": "sim", "device_count": len(present), "devices": devices}
 
     def container_of(self, pid: int) -> str | None:
