@@ -1,4 +1,4 @@
-"""The last run of each recipe's probe suites, kept under ``state.host_dir(host)/probes.json``: each probe's result
+"""The last run of each recipe's probe suites, kept under the host's state directory as ``probes.json`` (``state.read_record`` and ``write_record``): each probe's result
 and duration, and the lane's free VRAM at its lowest while the suite ran.
 
 Written after every suite run: by the apply layer (an enter's preflight) and by the service layer (``reconciler
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reconciler.state import StateError, _read_json, _write_json, host_dir
+from reconciler.state import StateError, read_record, write_record
 
 FILE = "probes.json"
 
@@ -18,12 +18,12 @@ FILE = "probes.json"
 def record_suite(host: str, run: dict[str, Any]) -> None:
     """Keep ``run`` (``SuiteRun.to_json()``) as the last run of its recipe's suite."""
     try:
-        data = _read_json(host_dir(host) / FILE)
+        data = read_record(host, FILE)
         runs = data.setdefault(str(run["recipe"]), {})
         if not isinstance(runs, dict):
             runs = data[str(run["recipe"])] = {}
         runs[str(run["suite"])] = run
-        _write_json(host_dir(host) / FILE, data)
+        write_record(host, FILE, data)
     except StateError:
         return
 
@@ -31,7 +31,7 @@ def record_suite(host: str, run: dict[str, Any]) -> None:
 def last_suites(host: str, recipes: set[str] | None = None) -> dict[str, dict[str, Any]]:
     """``{recipe: {suite: run}}``; with ``recipes``, only those (a recipe removed since is not shown)."""
     try:
-        data = _read_json(host_dir(host) / FILE)
+        data = read_record(host, FILE)
     except StateError:
         return {}
     return {

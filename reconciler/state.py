@@ -120,18 +120,6 @@ def read_record(host: str, name: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    """``read_record`` by path (a file directly under a host's directory)."""
-    return read_record(path.parent.name, path.name) if path.parent.parent == state_dir() else {}
-
-
-def _write_json(path: Path, data: Any) -> None:
-    """``write_record`` by path (a file directly under a host's directory)."""
-    if path.parent.parent != state_dir():
-        raise StateError(f"{path} is not directly under a host's directory in {state_dir()}")
-    write_record(path.parent.name, path.name, data)
-
-
 def read_ownership(host: str) -> Ownership:
     """The install id (None before the first apply) and the adopted and healthy container ids. Read-only."""
     raw = read_record(host, "install.json")
