@@ -64,7 +64,7 @@ def cmd_shm_status(args: argparse.Namespace) -> int:
     if getattr(args, "json", False):
         _emit_json(res.to_json(), con.out)
     else:
-        con.out.write(redact_cmdline(render_status(view, tty=con.out.isatty())))
+        con.out.write(redact_cmdline(render_status(view, tty=con.out.isatty() and not con.no_color)))
     for s in (view.proc, view.docker):
         if not s.ok:
             print(redact_cmdline(f"error: {s.name} source unavailable: {s.detail}"), file=con.err)
@@ -85,7 +85,7 @@ def cmd_shm_reclaim(args: argparse.Namespace) -> int:
     if getattr(args, "json", False):
         _emit_json(res.to_json(), con.out)
     else:
-        con.out.write(redact_cmdline(render_reclaim(result, tty=con.out.isatty())))
+        con.out.write(redact_cmdline(render_reclaim(result, tty=con.out.isatty() and not con.no_color)))
     if result.refused:
         print(redact_cmdline(f"error: reclaim refused: {result.refused}"), file=con.err)
     for e in result.errors:
@@ -133,29 +133,23 @@ def _owners(f: ShmFile) -> str:
     return "; ".join(parts) or "-"
 
 
-_STATE_STYLE = {"owned": "green", "orphan": "yellow", "blocked": "red"}
-
-
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, tty: bool) -> str:
+    """Aligned columns; with ``tty`` (a terminal, and no NO_COLOR) the header bold and each file's state in its colour
+    (``render.Style``: the one helper for colour). Widths are those of the plain text: colour never shifts a column."""
     if not rows:
         return ""
-    if tty:
-        from io import StringIO
+    from reconciler.render import Style
 
-        from rich.console import Console
-        from rich.table import Table
-        from rich.text import Text
-
-        t = Table(*headers, box=None, pad_edge=False, header_style="bold")
-        for r in rows:
-            # Text, not str: a path like "vllm_offload_[1].mmap" must not be read as rich markup.
-            t.add_row(*(Text(c, style=_STATE_STYLE.get(c, "")) for c in r))
-        buf = StringIO()
-        Console(file=buf, force_terminal=True, width=200).print(t)
-        return buf.getvalue()
+    s = Style(color=tty)
+    paint = {"owned": s.green, "orphan": s.yellow, "blocked": s.red}
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+    def line(cells: Sequence[str], style: Any) -> str:
+        padded = [style(c)(c) + " " * (w - len(c)) for c, w in zip(cells, widths, strict=True)]
+        return "  ".join(padded).rstrip()
+
+    lines = [line(headers, lambda _c: s.bold)]
+    lines += [line(r, lambda c: paint.get(c, str)) for r in rows]
     return "\n".join(lines) + "\n"
 
 

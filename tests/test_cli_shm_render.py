@@ -110,3 +110,12 @@ def test_owners_are_grouped_by_container_each_pid_once() -> None:
     )
     f = ShmFile("/dev/shm/vllm_offload_a.mmap", 41, 7, GIB, GIB, owners, "owned", "mapped")
     assert _owners(f) == "7566 map+fd, 7567 map+fd (lane); 42 fd"
+
+
+def test_terminal_colours_never_shift_a_column() -> None:
+    """On a terminal each state is coloured (render.Style), and with the escapes taken out the table is the plain one."""
+    import re
+
+    coloured = render_status(VIEW, tty=True)
+    assert "\x1b[32mowned\x1b[0m" in coloured and "\x1b[1mSTATE\x1b[0m" in coloured
+    assert re.sub(r"\x1b\[[0-9;]*m", "", coloured) == render_status(VIEW, tty=False)
