@@ -1015,8 +1015,12 @@ def openapi() -> dict[str, Any]:
         if ep.command:
             responses["422"] = {**error, "description": "the configuration is invalid (problems with file:line)"}
         for code, text in ep.responses.items():
+            # A refused or failed command answers its own --json (409); /healthz its report either way (503).
+            answer = {"409": command, "503": {"type": "object"}}.get(code)
             responses[code] = (
-                {"description": text} if code == "409" or code == "503" else {**error, "description": text}
+                {"description": text, "content": {"application/json": {"schema": answer}}}
+                if answer is not None
+                else {**error, "description": text}
             )
         op: dict[str, Any] = {"summary": ep.summary, "operationId": ep.handler.__name__, "responses": responses}
         if ep.public:
