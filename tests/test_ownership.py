@@ -143,7 +143,9 @@ def test_moving_a_slot_to_another_gpu_recreates_the_container_and_says_why(root:
     before = root.running()[root.cname(omni, "dark-compute-b")]["Id"]
     host_file = root.path / "configs" / "host.yaml"
     doc = yaml.safe_load(host_file.read_text())
-    moved = 1 + root.slot_index["dark-compute-a"] % 62  # below 64: no root's slots are drawn there
+    # Below 64: no root's slots are drawn there; from 2: the demo host's lanes (GPUs 0 and 1) may still run beside
+    # the tests, and one of them on the moved-to GPU would rightly block the enter.
+    moved = 2 + root.slot_index["dark-compute-a"] % 60
     doc["gpus"]["dark-compute-b"]["index"] = moved
     host_file.write_text(yaml.safe_dump(doc, sort_keys=False))
     p = root.cli("plan", "--json")
