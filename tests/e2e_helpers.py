@@ -406,8 +406,16 @@ def make_root(base_dir: Path, *, shm: Path, api: Any, name: str, confirm_interva
     for f in (path / "configs" / "recipes").glob("*.toml"):
         f.unlink()
     (path / "manifests" / "demo.yaml").write_text(yaml.safe_dump({"host": host, "assignments": []}))
-    # Even indexes drawn at random: another root (this run's or a parallel one's) is unlikely to draw the same.
+    # Even indexes drawn at random: another root (this run's or a parallel one's) is unlikely to draw the same, and
+    # none that a running container of this tool claims (an earlier root's lane whose loop outlived its cleanup
+    # would rightly block this root's enter on the same GPU).
+    claimed: set[str] = set()
+    with contextlib.suppress(Exception):
+        for c in api.containers():
+            claimed.update(((c.get("Labels") or {}).get("io.reconciler.gpus") or "").split(","))
     base = 64 + 2 * random.randrange(480)  # within the host file's bound on a GPU index (0..1023)
+    while str(base) in claimed or str(base + 1) in claimed:
+        base = 64 + 2 * random.randrange(480)
     doc = yaml.safe_load((DEMO / "configs" / "host.yaml").read_text())
     doc["name"] = host
     doc["gpus"] = {"dark-compute-a": {"index": base}, "dark-compute-b": {"index": base + 1}}
