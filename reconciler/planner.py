@@ -187,15 +187,16 @@ class Plan:
 
 
 def device_index(desired: DesiredState, observed: Observed) -> dict[str, str]:
-    """Every id a container may use for a configured GPU (index, UUID) -> slot name."""
+    """Every id a container may use for a configured GPU (index, UUID) -> slot name. UUIDs are kept in lower case
+    (``claimed_slots`` looks them up so): a container may write one in any letter case and still names that card."""
     ids: dict[str, str] = {}
     for slot, gpu in desired.host.gpus.items():
         for dev in gpu.device_ids():
-            ids[dev] = slot
+            ids[dev.lower()] = slot
         seen = observed.gpus.slots.get(slot)
         if seen is not None and not seen.missing:
             if seen.uuid:
-                ids[seen.uuid] = slot
+                ids[seen.uuid.lower()] = slot
             if seen.index is not None:
                 ids[str(seen.index)] = slot
     return ids
@@ -213,7 +214,7 @@ def claimed_slots(
     for dev in c.gpu_devices:
         if dev == "all":
             return all_slots
-        slot = ids.get(dev)
+        slot = ids.get(dev.lower())
         if slot is not None and slot not in slots:
             slots.append(slot)
     return tuple(slots)

@@ -222,14 +222,14 @@ class HostMachine(RuleBasedStateMachine):
 
     @rule(
         card=st.integers(0, 1),
-        by=st.sampled_from(["index", "uuid", "none"]),
+        by=st.sampled_from(["index", "uuid", "uuid-upper", "none"]),
         kind=st.sampled_from(["foreign", "named-like-ours", "other-install", "legacy", "image-labels"]),
         running=st.booleans(),
     )
     def foreign_container(self, card: int, by: str, kind: str, running: bool) -> None:
         w = self.world
         c = w.cards[card]
-        ids = [] if by == "none" else [str(c.index) if by == "index" else c.uuid]
+        ids = [] if by == "none" else [{"index": str(c.index), "uuid": c.uuid, "uuid-upper": c.uuid.upper()}[by]]
         labels: dict[str, str] = {}
         name = f"squatter-{len(w.containers)}"
         if kind == "named-like-ours":
