@@ -48,32 +48,21 @@ class StateError(ReconcilerError):
 def checked_host_dir(host: str, *, create: bool) -> Path:
     """The host's directory, checked like StrictModes (``reconciler.fsafe``), made 0700 where missing when
     ``create``. FileNotFoundError when missing and not ``create``; StateError when unsafe or unusable."""
-    try:
-        return fsafe.check_dir(
-            host_dir(host),
-            what="the state directory",
-            create=create,
-            how=f"set {ENV} to a directory of the running user's own (mode 0700)",
-        )
-    except fsafe.UnsafePath as exc:
-        raise StateError(str(exc)) from None
-    except FileNotFoundError:
-        if create:
-            raise StateError(f"cannot make {host_dir(host)}: a component vanished meanwhile") from None
-        raise
-    except OSError as exc:
-        raise StateError(
-            f"cannot make {host_dir(host)}: {exc.strerror or exc} (the state directory is ${ENV}, default "
-            f"{DEFAULT_DIR}; it must be writable by the reconciler)"
-        ) from None
+    return _checked(host_dir(host), create=create)
 
 
 def checked_subdir(host: str, name: str, *, create: bool) -> Path:
     """A directory under the host's (``plans``), checked and made like ``checked_host_dir``."""
     checked_host_dir(host, create=create)
+    return _checked(host_dir(host) / name, create=create)
+
+
+def _checked(path: Path, *, create: bool) -> Path:
+    """``fsafe.check_dir`` on a directory of the state directory, its failures as StateError (a missing one, when
+    not ``create``, stays FileNotFoundError)."""
     try:
         return fsafe.check_dir(
-            host_dir(host) / name,
+            path,
             what="the state directory",
             create=create,
             how=f"set {ENV} to a directory of the running user's own (mode 0700)",
@@ -82,10 +71,13 @@ def checked_subdir(host: str, name: str, *, create: bool) -> Path:
         raise StateError(str(exc)) from None
     except FileNotFoundError:
         if create:
-            raise StateError(f"cannot make {host_dir(host) / name}: a component vanished meanwhile") from None
+            raise StateError(f"cannot make {path}: a component vanished meanwhile") from None
         raise
     except OSError as exc:
-        raise StateError(f"cannot make {host_dir(host) / name}: {exc.strerror or exc}") from None
+        raise StateError(
+            f"cannot make {path}: {exc.strerror or exc} (the state directory is ${ENV}, default "
+            f"{DEFAULT_DIR}; it must be writable by the reconciler)"
+        ) from None
 
 
 def write_record(host: str, name: str, data: Any) -> None:
