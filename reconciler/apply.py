@@ -32,7 +32,7 @@ from reconciler.planner import Action, ActionKind, Plan, plan, slot_holders
 from reconciler.secrets import SecretError
 from reconciler.secrets import resolve as resolve_secrets
 from reconciler.state import ensure_install_id, mark_healthy, read_ownership
-from reconciler.units import GIB, human_bytes
+from reconciler.units import human_bytes
 from reconciler.vram import ReserveVerdict, enter_reserve_verdict
 
 CLEAN_EXIT_CODES = (0, 143)  # exited by itself, or on the SIGTERM of `docker stop`
@@ -307,7 +307,7 @@ class Applier:
         need = sum(a.bytes for a in group if a.kind is ActionKind.ENTER and not a.container_id)
         if len(group) < 2 or not need:
             return True
-        reserve = int(self.desired.host.shm.reserve_gib * GIB)
+        reserve = self.desired.host.shm.reserve_bytes
         return observed.shm.tmpfs.free_bytes >= need + reserve
 
     def _execute_group(self, group: list[Action], observed: Observed) -> list[Outcome]:
@@ -405,7 +405,7 @@ class Applier:
             )
         self._check_health_url_free(action, recipe)
         need = recipe.offload.capacity_bytes
-        reserve = int(self.desired.host.shm.reserve_gib * GIB) if need else 0
+        reserve = self.desired.host.shm.reserve_bytes if need else 0
         # Orphans were reclaimed by the plan's own reclaim action before any enter; none is removed here that the
         # plan did not list.
         if need and observed.shm.tmpfs.free_bytes < need + reserve:

@@ -21,7 +21,6 @@ from pydantic import BaseModel, ValidationError
 from reconciler import mounts
 from reconciler.errors import ConfigError, ConfigProblem
 from reconciler.model import (
-    GIB,
     DesiredAssignment,
     DesiredState,
     HostConfig,
@@ -844,7 +843,7 @@ def _cross_check(
     if need:
         size = shm_size if shm_size is not None else tmpfs_size(host.shm.dir)
         free = shm_free if shm_free is not None else (None if shm_size is not None else tmpfs_free(host.shm.dir))
-        reserve = int(host.shm.reserve_gib * GIB)
+        reserve = host.shm.reserve_bytes
         if size is None:
             problems.append(
                 ConfigProblem(

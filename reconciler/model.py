@@ -503,6 +503,11 @@ class ShmConfig(_Strict):
         description="Room (GiB) kept free on the tmpfs beyond the offload capacities of all assigned recipes.",
     )
 
+    @property
+    def reserve_bytes(self) -> int:
+        """``reserve_gib`` in bytes: what the loader, the planner and an enter keep free on the tmpfs."""
+        return int(self.reserve_gib * GIB)
+
     @field_validator("dir")
     @classmethod
     def _dir(cls, v: str) -> str:

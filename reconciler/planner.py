@@ -24,7 +24,7 @@ from reconciler.observed import (
     Ownership,
     ShmView,
 )
-from reconciler.units import GIB, human_bytes
+from reconciler.units import human_bytes
 from reconciler.vram import unlisted_used_bytes
 
 
@@ -399,7 +399,7 @@ def plan(
     if blocked_orphans and shm.blocking_containers and all(n in gone for n in shm.blocking_containers):
         freed_by_leaves += sum(f.allocated_bytes for f in blocked_orphans)
     # shm.reserve_gib stays free beyond every offload file: judged here, not only against the tmpfs size at load.
-    reserve = int(desired.host.shm.reserve_gib * GIB)
+    reserve = desired.host.shm.reserve_bytes
     room = shm.tmpfs.free_bytes + (reclaim.bytes if reclaim else 0) + freed_by_leaves
 
     holders = slot_holders(desired, observed, skip=leaving | {c.id for c in finishing.values()})
