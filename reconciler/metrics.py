@@ -37,7 +37,7 @@ from prometheus_client import (
 from reconciler import __version__
 from reconciler.model import HostConfig
 from reconciler.observed import LABEL_HOST, ContainerView, Observed
-from reconciler.planner import ActionKind, Fallback, Plan, claimed_slots
+from reconciler.planner import ActionKind, Fallback, Plan, claimed_slots, slot_ids
 from reconciler.vram import slot_vram, unlisted_used_bytes
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -102,18 +102,7 @@ def gpu_owners(observed: Observed, host: HostConfig | None = None) -> dict[str, 
     """
     slots: list[str] = list(host.gpus) if host is not None else []
     slots += [s for s in observed.gpus.slots if s not in slots]
-    ids: dict[str, str] = {}
-    if host is not None:
-        for slot, gpu in host.gpus.items():
-            for dev in gpu.device_ids():
-                ids[dev] = slot
-    for slot, view in observed.gpus.slots.items():
-        if view.missing:
-            continue
-        if view.uuid:
-            ids[view.uuid] = slot
-        if view.index is not None:
-            ids[str(view.index)] = slot
+    ids = slot_ids(host, observed)
 
     def describe(c: ContainerView) -> SlotOwner:
         ours = c.managed and c.labels.get(LABEL_HOST, observed.host) == observed.host

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from reconciler import spec
-from reconciler.model import DesiredAssignment, DesiredState, assignment_key, container_name
+from reconciler.model import DesiredAssignment, DesiredState, HostConfig, assignment_key, container_name
 from reconciler.observed import (
     LABEL_HOST,
     LABEL_INSTALL,
@@ -187,18 +187,26 @@ class Plan:
 
 
 def device_index(desired: DesiredState, observed: Observed) -> dict[str, str]:
-    """Every id a container may use for a configured GPU (index, UUID) -> slot name. UUIDs are kept in lower case
-    (``claimed_slots`` looks them up so): a container may write one in any letter case and still names that card."""
+    """Every id a container may use for a configured GPU (index, UUID) -> slot name."""
+    return slot_ids(desired.host, observed)
+
+
+def slot_ids(host: HostConfig | None, observed: Observed) -> dict[str, str]:
+    """Every id a container may use for a GPU slot (index, UUID, as configured and as telemetry saw it) -> slot
+    name. UUIDs are kept in lower case (``claimed_slots`` looks them up so): a container may write one in any letter
+    case and still names that card. The planner and the metrics both build their index here."""
     ids: dict[str, str] = {}
-    for slot, gpu in desired.host.gpus.items():
-        for dev in gpu.device_ids():
-            ids[dev.lower()] = slot
-        seen = observed.gpus.slots.get(slot)
-        if seen is not None and not seen.missing:
-            if seen.uuid:
-                ids[seen.uuid.lower()] = slot
-            if seen.index is not None:
-                ids[str(seen.index)] = slot
+    if host is not None:
+        for slot, gpu in host.gpus.items():
+            for dev in gpu.device_ids():
+                ids[dev.lower()] = slot
+    for slot, seen in observed.gpus.slots.items():
+        if seen.missing:
+            continue
+        if seen.uuid:
+            ids[seen.uuid.lower()] = slot
+        if seen.index is not None:
+            ids[str(seen.index)] = slot
     return ids
 
 

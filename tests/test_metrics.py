@@ -414,6 +414,10 @@ def test_gpu_owners_follow_the_planners_claims() -> None:
     owners = gpu_owners(make_observed(containers=(by_uuid,), slots=slots), host)
     assert owners[B] == (SlotOwner("unmanaged", "", "by-uuid"),)
     assert owners[A] == (SlotOwner("free"),)
+    # In any letter case, as the planner reads it (metrics and plan build one index of ids).
+    shouting = dataclasses.replace(by_uuid, name="shouting", gpu_devices=("gpu-AAA",))
+    owners = gpu_owners(make_observed(containers=(shouting,), slots=slots), host)
+    assert owners[A] == (SlotOwner("unmanaged", "", "shouting"),)
 
 
 def test_configure_follows_recipe_and_slot_edits_but_keeps_a_recipe_in_backoff() -> None:
