@@ -27,7 +27,7 @@ from reconciler.model import DesiredState, Recipe
 from reconciler.observe import observe
 from reconciler.observe.docker_obs import DockerObserver
 from reconciler.observe.gpu import slots_of_container, unattributable_slots
-from reconciler.observed import Observed
+from reconciler.observed import ENDED_STATES, NEVER_STARTED_STATES, Observed
 from reconciler.planner import Action, ActionKind, Plan, plan, slot_holders
 from reconciler.secrets import SecretError
 from reconciler.secrets import resolve as resolve_secrets
@@ -500,7 +500,7 @@ class Applier:
             if self.cancel.is_set():
                 raise Cancelled(f"stop requested while waiting for {action.container}; it keeps its labels")
             st = self.ops.inspect(cid).get("State") or {}
-            if st.get("Status") in ("exited", "dead"):
+            if st.get("Status") in ENDED_STATES:
                 raise ActionFailed(f"{action.container} exited with code {st.get('ExitCode')} during start")
             if st.get("Status") == "running":
                 running_since = running_since or time.monotonic()
@@ -657,7 +657,7 @@ class Applier:
             st = self.ops.inspect(cid).get("State") or {}
             status = st.get("Status")
             if status != "running":
-                how = f"exited with code {st.get('ExitCode')}" if status in ("exited", "dead") else f"is {status}"
+                how = f"exited with code {st.get('ExitCode')}" if status in ENDED_STATES else f"is {status}"
                 raise ActionFailed(
                     f"{action.container} {how} {when}: what answered {h.url} was not (only) this container"
                 )
@@ -762,7 +762,7 @@ class Applier:
             self.ops.stop(cid, timeout)
         info = self.ops.inspect(cid)
         code = (info.get("State") or {}).get("ExitCode")
-        never_started = c.state == "created"
+        never_started = c.state in NEVER_STARTED_STATES
         if never_started or code in CLEAN_EXIT_CODES:
             self.ops.remove(cid)
             fate = "removed"

@@ -16,6 +16,7 @@ from reconciler import spec
 from reconciler.errors import ReconcilerError
 from reconciler.model import DesiredState, container_name
 from reconciler.observed import (
+    ENDED_STATES,
     LABEL_GPUS,
     LABEL_HOST,
     LABEL_INSTALL,
@@ -27,6 +28,7 @@ from reconciler.observed import (
     LABEL_SLOTS,
     LABEL_SPEC_HASH,
     LABEL_SPEC_PARTS,
+    NEVER_STARTED_STATES,
     PRESERVED_SUFFIX,
 )
 
@@ -320,7 +322,7 @@ class DockerOps:
             (
                 ((c.get("Names") or ["/"])[0].lstrip("/"), c["Id"])
                 for c in listed
-                if c.get("State") in ("exited", "dead", "created")
+                if c.get("State") in ENDED_STATES | NEVER_STARTED_STATES
                 and pattern.match((c.get("Names") or ["/"])[0].lstrip("/"))
                 and proven(c)
             ),

@@ -29,8 +29,12 @@ LABEL_SPEC_PARTS = LABEL_PREFIX + "spec-parts"
 PRESERVED_SUFFIX = "-failed-"
 _PRESERVED_RE = re.compile(r"-failed-\d{8}-\d{6}$")
 
-# Container states in which a container holds its GPUs and its offload files.
-ACTIVE_STATES = frozenset({"running", "restarting", "paused"})
+# Container states. Docker's, and those Podman's Docker API passes through besides: "configured" (created, never
+# started), "stopping" (a stop in progress: its processes still run), "stopped" (they exited; Podman's clean-up
+# pending), "unknown". A container holds its GPUs and its offload files in every state but these, where its processes
+# never ran or have ended; a state this list does not know (a newer engine's word) holds them too (fail closed).
+NEVER_STARTED_STATES = frozenset({"created", "configured"})
+ENDED_STATES = frozenset({"exited", "dead", "stopped", "removing"})
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,7 @@ class ContainerView:
 
     @property
     def active(self) -> bool:
-        return self.state in ACTIVE_STATES
+        return self.state not in NEVER_STARTED_STATES and self.state not in ENDED_STATES
 
     @property
     def managed(self) -> bool:

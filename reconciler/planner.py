@@ -19,6 +19,7 @@ from reconciler.observed import (
     LABEL_INSTALL,
     LABEL_MANAGED,
     LABEL_SPEC_PARTS,
+    NEVER_STARTED_STATES,
     ContainerView,
     Observed,
     Ownership,
@@ -186,43 +187,75 @@ class Plan:
 # ---------------------------------------------------------------- GPU claims
 
 
-def device_index(desired: DesiredState, observed: Observed) -> dict[str, str]:
+@dataclass(frozen=True)
+class SlotIds:
+    """Every id a container may use for a GPU slot -> slot name, and which kinds of id nothing here resolves.
+
+    Slots named by index under ``gpu_telemetry: none`` cannot tell which card a UUID names (and slots named by UUID
+    cannot tell an index): a container that names a card so may hold any slot, so it holds them all (fail closed).
+    The same holds for a slot whose UUID or index telemetry did not report.
+    """
+
+    ids: Mapping[str, str]
+    blind: frozenset[str] = frozenset()  # "uuid", "index"
+
+    def slot(self, dev: str) -> str | None:
+        return self.ids.get(dev.lower())
+
+    def unresolvable(self, dev: str) -> bool:
+        """A GPU id that may name a slot's card, though nothing here says which."""
+        return dev.lower() not in self.ids and _id_kind(dev) in self.blind
+
+
+def _id_kind(dev: str) -> str:
+    return "index" if dev.isdigit() else "uuid"
+
+
+def device_index(desired: DesiredState, observed: Observed) -> SlotIds:
     """Every id a container may use for a configured GPU (index, UUID) -> slot name."""
     return slot_ids(desired.host, observed)
 
 
-def slot_ids(host: HostConfig | None, observed: Observed) -> dict[str, str]:
+def slot_ids(host: HostConfig | None, observed: Observed) -> SlotIds:
     """Every id a container may use for a GPU slot (index, UUID, as configured and as telemetry saw it) -> slot
     name. UUIDs are kept in lower case (``claimed_slots`` looks them up so): a container may write one in any letter
     case and still names that card. The planner and the metrics both build their index here."""
     ids: dict[str, str] = {}
+    known: dict[str, set[str]] = {}
     if host is not None:
         for slot, gpu in host.gpus.items():
             for dev in gpu.device_ids():
                 ids[dev.lower()] = slot
+                known.setdefault(slot, set()).add(_id_kind(dev))
     for slot, seen in observed.gpus.slots.items():
+        known.setdefault(slot, set())
         if seen.missing:
+            known[slot].update(("uuid", "index"))  # no card: nothing can hold it
             continue
         if seen.uuid:
             ids[seen.uuid.lower()] = slot
+            known[slot].add("uuid")
         if seen.index is not None:
             ids[str(seen.index)] = slot
-    return ids
+            known[slot].add("index")
+    blind = frozenset(kind for kinds in known.values() for kind in ("uuid", "index") if kind not in kinds)
+    return SlotIds(ids, blind)
 
 
 def claimed_slots(
-    c: ContainerView, ids: Mapping[str, str], all_slots: tuple[str, ...], *, host: str | None = None
+    c: ContainerView, ids: SlotIds, all_slots: tuple[str, ...], *, host: str | None = None
 ) -> tuple[str, ...]:
-    """The slots a container holds: by our label, its DeviceRequests / visible-devices env, or 'all'.
+    """The slots a container holds: by our label, its DeviceRequests / visible-devices env, or 'all'; every slot
+    when one of its GPU ids is one nothing here resolves (see ``SlotIds``).
 
     With ``host``, the slot label counts only on a container of that host: another host's slot names are names
     in another host.yaml, and what that container really holds is read from its GPU ids like any other's.
     """
     slots: list[str] = list(c.slots) if (_claims_host(c, host) if host is not None else c.managed) else []
     for dev in c.gpu_devices:
-        if dev == "all":
+        if dev == "all" or ids.unresolvable(dev):
             return all_slots
-        slot = ids.get(dev.lower())
+        slot = ids.slot(dev)
         if slot is not None and slot not in slots:
             slots.append(slot)
     return tuple(slots)
@@ -617,6 +650,7 @@ def _slot_problems(
     """Why the slots of ``d`` are not free once the planned leaves are done (empty: free)."""
     problems: list[tuple[str, ...]] = []
     gpus = observed.gpus
+    ids = device_index(desired, observed)
     going_or_kept = _claimed_by(desired, observed, leaving | kept)
     if not gpus.source.ok:
         problems.append((f"GPU telemetry ({gpus.telemetry}) unavailable: {gpus.source.detail}", ""))
@@ -631,6 +665,13 @@ def _slot_problems(
     for c in order:
         kind = owner_kind(c, desired.host.name, observed.ownership)
         held = f"{_describe(c)} holds GPU slot {','.join(seen[c.id])}"
+        unresolved = [dev for dev in c.gpu_devices if ids.unresolvable(dev)]
+        if unresolved:
+            how = "UUID" if _id_kind(unresolved[0]) == "uuid" else "index"
+            held += (
+                f" (it names GPU {unresolved[0]}, which nothing here matches to a slot without GPU telemetry, so it "
+                f"may be on any: name the slots by {how} in configs/host.yaml, or set gpu_telemetry: nvml)"
+            )
         if kind == "legacy":
             problems.append(
                 (
@@ -739,7 +780,7 @@ def _changed_text(parts: list[str]) -> str:
 
 
 def _stopped_reason(c: ContainerView) -> str:
-    if c.state == "created":
+    if c.state in NEVER_STARTED_STATES:
         return f"{c.name} was created but never started"
     code = "" if c.exit_code is None else f" with code {c.exit_code}"
     return f"{c.name} is {c.state}{code}"

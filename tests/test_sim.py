@@ -4,6 +4,7 @@ one; every failing sequence it finds becomes a case here or in tests/cases/plan/
 
 from __future__ import annotations
 
+import json
 import os
 
 from hypothesis import HealthCheck, settings
@@ -26,9 +27,9 @@ TestSimulatedHost.settings = settings(
 # ---------------------------------------------------------------- sequences the simulation found, kept as cases
 
 
-def _machine(shape: str = "index") -> HostMachine:
+def _machine(shape: str = "index", telemetry: str = "nvml") -> HostMachine:
     m = HostMachine()
-    m.setup(seed=7, shape=shape, gpu_requests=True, wsl2=False, tmpfs_gib=20.0)
+    m.setup(seed=7, shape=shape, gpu_requests=True, wsl2=False, tmpfs_gib=20.0, telemetry=telemetry)
     return m
 
 
@@ -82,6 +83,44 @@ def test_a_failed_enter_whose_container_cannot_be_renamed_still_says_why_it_fail
         assert enter.result == "failed" and "exited with code 1" in enter.detail, enter.detail
         assert "not renamed" in enter.detail, enter.detail
         assert not [c for c in m.world.containers.values() if c.state == "running"]
+        m.no_violation()
+    finally:
+        m.teardown()
+
+
+def test_without_telemetry_a_card_named_by_uuid_holds_every_slot_named_by_index() -> None:
+    """gpu_telemetry none, slots by index, a foreign container given its card by UUID: nothing can tell which slot
+    that is, so it holds them all and the enter waits (it entered on that card before: seed 11 of the soak)."""
+    m = _machine(telemetry="none")
+    try:
+        m.edit_manifest("exclusive")
+        m.foreign_container(card=0, by="uuid", kind="foreign", running=True)
+        m.cli_apply()
+        assert not [c for c in m.world.containers.values() if c.ours], m.world.containers
+        plan = m.plan_json()
+        assert plan["blocked"], plan
+        assert "which nothing here matches to a slot without GPU telemetry" in json.dumps(plan), plan
+        m.no_violation()
+    finally:
+        m.teardown()
+
+
+def test_a_container_podman_is_stopping_still_holds_its_card() -> None:
+    """Podman's API says "stopping" while a stop's grace period runs and the processes still hold the card: under
+    gpu_telemetry none nothing else says so, and the slot is free only once it has exited."""
+    m = _machine(telemetry="none")
+    try:
+        m.foreign_container(card=1, by="index", kind="foreign", running=True)
+        m.loop_pass()
+        m.operator_stops_slowly(pick=0, grace=120.0)
+        m.edit_manifest("split")
+        m.loop_pass()
+        assert not [c for c in m.world.containers.values() if c.ours], m.world.containers
+        m.time_passes(400.0)
+        m.loop_pass()
+        assert [c.name for c in m.world.containers.values() if c.ours and c.state == "running"] == [
+            "reconciler-omni-dark-compute-b"
+        ]
         m.no_violation()
     finally:
         m.teardown()

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from sim.seams import installed
-from sim.world import GIB, World
+from sim.world import GIB, LIVE_STATES, World
 
 SLOTS = ("dark-compute-a", "dark-compute-b")
 RECIPES = {
@@ -78,8 +78,11 @@ class HostMachine(RuleBasedStateMachine):
         gpu_requests=st.booleans(),
         wsl2=st.booleans(),
         tmpfs_gib=st.sampled_from([10.0, 14.0, 20.0]),
+        telemetry=st.sampled_from(["nvml", "nvml", "none"]),
     )
-    def setup(self, seed: int, shape: str, gpu_requests: bool, wsl2: bool, tmpfs_gib: float) -> None:
+    def setup(
+        self, seed: int, shape: str, gpu_requests: bool, wsl2: bool, tmpfs_gib: float, telemetry: str = "nvml"
+    ) -> None:
         self.world = World(seed, tmpfs_gib=tmpfs_gib, wsl2=wsl2)
         self.world.behaviour = {}
         self.world.ports = {r: port for r, (_, _, port) in RECIPES.items()}
@@ -89,7 +92,12 @@ class HostMachine(RuleBasedStateMachine):
         self.root = Path(state) / "root"
         (self.root / "configs" / "recipes").mkdir(parents=True)
         (self.root / "manifests").mkdir()
-        self._write_host(shape, gpu_requests)
+        # Without telemetry only the engine says who holds a card (the loader refuses slots named by index and UUID
+        # side by side then: nothing could tell whether they are one card).
+        if shape in ("mixed", "alias-index-uuid"):
+            telemetry = "nvml"
+        self.telemetry = telemetry
+        self._write_host(shape, gpu_requests, telemetry)
         for r in RECIPES:
             self._write_recipe(r)
         self._write_manifest("empty")
@@ -219,6 +227,16 @@ class HostMachine(RuleBasedStateMachine):
         running = [c for c in self.world.containers.values() if c.state == "running" and c.ours]
         if running:
             running[pick % len(running)].state = state
+
+    @rule(pick=st.integers(0, 7), grace=st.sampled_from([5.0, 30.0, 120.0]))
+    def operator_stops_slowly(self, pick: int, grace: float) -> None:
+        """`podman stop -t GRACE` by someone else, in progress: Podman's API says "stopping" while the processes
+        still run (and hold their cards and files) until they exit at the end of the grace period."""
+        w = self.world
+        running = [c for c in w.containers.values() if c.state == "running"]
+        if running:
+            c = running[pick % len(running)]
+            c.state, c.stops_at = "stopping", w.now + grace
 
     @rule(
         card=st.integers(0, 1),
@@ -452,7 +470,7 @@ class HostMachine(RuleBasedStateMachine):
         if self.world is None:
             return
         w = self.world
-        ours = [c for c in w.containers.values() if c.ours and c.state in ("running", "paused", "restarting")]
+        ours = [c for c in w.containers.values() if c.ours and c.state in LIVE_STATES]
         for i, a in enumerate(ours):
             for b in ours[i + 1 :]:
                 if w.cards_of(a) & w.cards_of(b):

@@ -64,6 +64,11 @@ class File:
         return f"{SHM_DIR}/{self.name}"
 
 
+# The states in which a container's processes still run. Podman's Docker API adds "stopping" to Docker's: a stop in
+# progress (`podman stop` with a grace period), the processes alive, their cards and files held until they exit.
+LIVE_STATES = ("running", "paused", "restarting", "stopping")
+
+
 @dataclass
 class Container:
     id: str
@@ -84,6 +89,7 @@ class Container:
     boot_s: float = 2.0
     port: int | None = None
     offload_bytes: int = 0
+    stops_at: float = 0.0  # in state "stopping": when its processes exit
 
 
 @dataclass
@@ -136,6 +142,8 @@ class World:
         for c in self.containers.values():
             if c.state == "running" and c.behaviour == "crash" and self.now - c.started_at >= c.crash_after_s:
                 self._exit(c, 1)
+            elif c.state == "stopping" and self.now >= c.stops_at:
+                self._exit(c, 143)
 
     # ------------------------------------------------------------ ids and resolution
 
@@ -228,7 +236,7 @@ class World:
             return
         mine = self.cards_of(c)
         for other in self.containers.values():
-            if other.id == c.id or other.state not in ("running", "paused", "restarting"):
+            if other.id == c.id or other.state not in LIVE_STATES:
                 continue
             shared = mine & self.cards_of(other)
             if shared:
@@ -273,7 +281,7 @@ class World:
         c = self.get(ref)
         self.writes.append(Write("stop", c.id, c.name))
         self._check_ours(c, "stop")
-        if c.state in ("running", "paused", "restarting"):
+        if c.state in LIVE_STATES:
             self._exit(c, 143 if c.behaviour != "hang" else 137)
         self._lost("stop")
 
@@ -282,7 +290,7 @@ class World:
         c = self.get(ref)
         self.writes.append(Write("kill", c.id, c.name))
         self._check_ours(c, "kill")
-        if c.state in ("running", "paused", "restarting"):
+        if c.state in LIVE_STATES:
             self._exit(c, 137)
 
     def remove(self, ref: str) -> None:
@@ -290,7 +298,7 @@ class World:
         c = self.get(ref)
         self.writes.append(Write("remove", c.id, c.name))
         self._check_ours(c, "remove")
-        if c.state in ("running", "paused", "restarting"):
+        if c.state in LIVE_STATES:
             raise ApiError(409, f"You cannot remove a running container {c.id}")
         del self.containers[c.id]
         self._lost("remove")
