@@ -79,11 +79,20 @@ class HostMachine(RuleBasedStateMachine):
         wsl2=st.booleans(),
         tmpfs_gib=st.sampled_from([10.0, 14.0, 20.0]),
         telemetry=st.sampled_from(["nvml", "nvml", "none"]),
+        podman=st.booleans(),
     )
     def setup(
-        self, seed: int, shape: str, gpu_requests: bool, wsl2: bool, tmpfs_gib: float, telemetry: str = "nvml"
+        self,
+        seed: int,
+        shape: str,
+        gpu_requests: bool,
+        wsl2: bool,
+        tmpfs_gib: float,
+        telemetry: str = "nvml",
+        podman: bool = False,
     ) -> None:
         self.world = World(seed, tmpfs_gib=tmpfs_gib, wsl2=wsl2)
+        self.world.podman = podman
         self.world.behaviour = {}
         self.world.ports = {r: port for r, (_, _, port) in RECIPES.items()}
         self.shape = shape

@@ -83,7 +83,7 @@ class SimApi:
         for c in self.w.containers.values():
             if any(c.labels.get(k) != v for k, v in want):
                 continue
-            status = f"Exited ({c.exit_code}) 1 second ago" if c.state == "exited" else c.state
+            status = f"Exited ({c.exit_code}) 1 second ago" if c.state in ("exited", "stopped") else c.state
             out.append(
                 {
                     "Id": c.id,

@@ -113,6 +113,9 @@ class World:
         self.containers: dict[str, Container] = {}
         self.images = {"sim-vllm:1": {}, "sim-other:1": {}}
         self.wsl2 = wsl2
+        # Podman's Docker API: a container whose process ended reads "stopped" until Podman's clean-up has run (the
+        # next time the clock moves here), then "exited".
+        self.podman = False
         self.next_pid = 1000
         self.next_inode = 100
         # Faults: method -> probability of a 5xx; "lost" answers: the call takes effect, the answer is an error.
@@ -140,6 +143,8 @@ class World:
     def advance(self, seconds: float) -> None:
         self.now += seconds
         for c in self.containers.values():
+            if c.state == "stopped" and seconds > 0:
+                c.state = "exited"
             if c.state == "running" and c.behaviour == "crash" and self.now - c.started_at >= c.crash_after_s:
                 self._exit(c, 1)
             elif c.state == "stopping" and self.now >= c.stops_at:
@@ -272,7 +277,7 @@ class World:
             )
 
     def _exit(self, c: Container, code: int) -> None:
-        c.state, c.exit_code = "exited", code
+        c.state, c.exit_code = ("stopped" if self.podman else "exited"), code
         for pid in [p.pid for p in self.procs.values() if p.container == c.id]:
             del self.procs[pid]
 
