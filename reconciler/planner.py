@@ -664,13 +664,13 @@ def _slot_problems(
             seen[c.id].append(slot)
     for c in order:
         kind = owner_kind(c, desired.host.name, observed.ownership)
-        held = f"{_describe(c)} holds GPU slot {','.join(seen[c.id])}"
         unresolved = [dev for dev in c.gpu_devices if ids.unresolvable(dev)]
+        held = f"{_describe(c)} {'may hold' if unresolved else 'holds'} GPU slot {','.join(seen[c.id])}"
         if unresolved:
             how = "UUID" if _id_kind(unresolved[0]) == "uuid" else "index"
             held += (
-                f" (it names GPU {unresolved[0]}, which nothing here matches to a slot without GPU telemetry, so it "
-                f"may be on any: name the slots by {how} in configs/host.yaml, or set gpu_telemetry: nvml)"
+                f" (it names GPU {unresolved[0]}, which nothing here matches to a slot without GPU telemetry: name "
+                f"the slots by {how} in configs/host.yaml, or set gpu_telemetry: nvml)"
             )
         if kind == "legacy":
             problems.append(
