@@ -16,7 +16,7 @@ from reconciler import spec
 from reconciler.errors import ReconcilerError
 from reconciler.model import DesiredState, container_name
 from reconciler.observed import (
-    ENDED_STATES,
+    INACTIVE_STATES,
     LABEL_GPUS,
     LABEL_HOST,
     LABEL_INSTALL,
@@ -28,7 +28,6 @@ from reconciler.observed import (
     LABEL_SLOTS,
     LABEL_SPEC_HASH,
     LABEL_SPEC_PARTS,
-    NEVER_STARTED_STATES,
     PRESERVED_SUFFIX,
 )
 
@@ -322,7 +321,7 @@ class DockerOps:
             (
                 ((c.get("Names") or ["/"])[0].lstrip("/"), c["Id"])
                 for c in listed
-                if c.get("State") in ENDED_STATES | NEVER_STARTED_STATES
+                if c.get("State") in INACTIVE_STATES
                 and pattern.match((c.get("Names") or ["/"])[0].lstrip("/"))
                 and proven(c)
             ),

@@ -35,6 +35,7 @@ _PRESERVED_RE = re.compile(r"-failed-\d{8}-\d{6}$")
 # never ran or have ended; a state this list does not know (a newer engine's word) holds them too (fail closed).
 NEVER_STARTED_STATES = frozenset({"created", "configured"})
 ENDED_STATES = frozenset({"exited", "dead", "stopped", "removing"})
+INACTIVE_STATES = NEVER_STARTED_STATES | ENDED_STATES
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class ContainerView:
 
     @property
     def active(self) -> bool:
-        return self.state not in NEVER_STARTED_STATES and self.state not in ENDED_STATES
+        return self.state not in INACTIVE_STATES
 
     @property
     def managed(self) -> bool:

@@ -651,7 +651,7 @@ def _slot_problems(
     problems: list[tuple[str, ...]] = []
     gpus = observed.gpus
     ids = device_index(desired, observed)
-    going_or_kept = _claimed_by(desired, observed, leaving | kept)
+    going_or_kept = _claimed_by(ids, desired, observed, leaving | kept)
     if not gpus.source.ok:
         problems.append((f"GPU telemetry ({gpus.telemetry}) unavailable: {gpus.source.detail}", ""))
     seen: dict[str, list[str]] = {}
@@ -705,7 +705,7 @@ def _slot_problems(
             where = f"container {owner.name}" if owner else ("a container" if p.container_id else "no container")
             cmd = f" ({p.command})" if p.command else ""
             problems.append((f"pid {p.pid}{cmd} in {where} uses GPU slot {slot}", f"pid {p.pid}"))
-    problems.extend(_memory_problems(d, observed, holders, leaving | kept, desired))
+    problems.extend(_memory_problems(d, observed, holders, leaving | kept, desired, ids))
     return problems
 
 
@@ -715,6 +715,7 @@ def _memory_problems(
     holders: Mapping[str, list[ContainerView]],
     leaving: set[str | None],
     desired: DesiredState,
+    ids: SlotIds,
 ) -> list[tuple[str, ...]]:
     """Occupancy by memory: a slot no container holds and whose card lists no process, yet reports more VRAM in
     use than its idle baseline, is held by something NVML does not show (on WSL2: a Windows program, a process of
@@ -723,7 +724,7 @@ def _memory_problems(
     gpus = observed.gpus
     if gpus.telemetry != "nvml" or not gpus.source.ok:
         return []
-    going = _claimed_by(desired, observed, leaving)
+    going = _claimed_by(ids, desired, observed, leaving)
     problems: list[tuple[str, ...]] = []
     for slot in d.slots:
         if slot in going or holders.get(slot):
@@ -743,14 +744,15 @@ def _memory_problems(
     return problems
 
 
-def _claimed_by(desired: DesiredState, observed: Observed, ids_: Collection[str | None]) -> set[str]:
-    """The slots the active containers in ``ids_`` claim."""
-    ids = device_index(desired, observed)
+def _claimed_by(
+    ids: SlotIds, desired: DesiredState, observed: Observed, containers: Collection[str | None]
+) -> set[str]:
+    """The slots the active containers whose ids are in ``containers`` claim."""
     all_slots = tuple(desired.host.gpus)
     return {
         slot
         for c in observed.containers
-        if c.id in ids_ and c.active
+        if c.id in containers and c.active
         for slot in claimed_slots(c, ids, all_slots, host=desired.host.name)
     }
 
