@@ -1,14 +1,18 @@
 # The two commands of the README. Both are idempotent on a fresh Debian machine, as root: `make demo`, `make test`.
-# `make setup` installs the Debian packages and creates .venv/ (the project's own virtual environment);
-# everything else runs its Python.
-.PHONY: setup demo test bench fresh soak schemas
+# `make setup` installs the Debian packages the tests need and creates .venv/ (the project's own virtual
+# environment); `make demo` installs only what the demo needs (the engine, the venv, curl, jq). Everything else runs
+# .venv's Python.
+.PHONY: setup setup-demo demo test bench fresh soak schemas
 
 PY := .venv/bin/python
 
 setup:
 	bash .ci/setup-host
 
-demo: setup
+setup-demo:
+	bash .ci/setup-host --demo
+
+demo: setup-demo
 	PYTHON=$(PY) bash examples/demo/run.sh
 
 test: setup

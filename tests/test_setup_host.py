@@ -65,3 +65,17 @@ def test_reconciler_is_on_the_path_and_is_this_checkouts() -> None:
     )
     out = subprocess.run([found, "--version"], capture_output=True, text=True, check=True).stdout
     assert out.startswith("reconciler ")
+
+
+def test_the_demos_setup_brings_no_test_tool(tmp_path: Path) -> None:
+    out = subprocess.run(["bash", str(SETUP), "--demo", "--packages"], capture_output=True, text=True, check=True)
+    demo = set(out.stdout.split())
+    assert {"docker.io", "python3-venv", "curl", "jq"} <= demo, demo
+    full = set(_packages())
+    # The test tools are the full set-up's alone: a workstation running the demo gets no Podman, proxy or Prometheus.
+    test_tools = {"podman", "catatonit", "haproxy", "prometheus", "debootstrap", "busybox-static", "systemd"}
+    assert test_tools <= full, full
+    assert not demo & test_tools, sorted(demo & test_tools)
+    pulled = _simulate(sorted(demo), tmp_path, recommends=False)
+    assert not {"podman", "haproxy", "prometheus"} & set(pulled), sorted(set(pulled))
+    assert "setup-host --demo" in (REPO / "Makefile").read_text()
