@@ -181,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="directory holding configs/ and manifests/ (default: $RECONCILER_ROOT or .)",
     )
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+    # `mcp` speaks JSON-RPC on stdio whatever is asked: it takes --root alone.
+    root_only = argparse.ArgumentParser(add_help=False)
+    root_only.add_argument("--root", default=argparse.SUPPRESS, help=common._actions[0].help)
 
     parser = argparse.ArgumentParser(
         prog="reconciler",
@@ -214,9 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_audit)
     p = sub.add_parser(
         "mcp",
-        parents=[common],
+        parents=[root_only],
         help="MCP server over stdio (host_status, host_plan, "
-        "host_shared_memory, host_manage) until its client closes it",
+        "host_shared_memory, host_probe, host_manage) until its client closes it",
     )
     p.set_defaults(func=cmd_mcp)
 
@@ -228,7 +231,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_apply(sub, parents=[common])
     add_shm(sub, parents=[common])
     add_tools(sub, root=parser)
+    _describe(parser)
     return parser
+
+
+def _describe(parser: argparse.ArgumentParser) -> None:
+    """Each subcommand's ``--help`` opens with the line the command list shows for it, where it has no longer
+    description of its own."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help for a in action._choices_actions}
+            for name, sub in action.choices.items():
+                if sub.description is None and helps.get(name):
+                    sub.description = helps[name]
+                _describe(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

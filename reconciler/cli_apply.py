@@ -161,8 +161,15 @@ def cmd_probe(args: argparse.Namespace) -> int:
     print(f"recipe {res.recipe} on host {res.host}, suite {args.suite}: {where}", file=out)
     if not res.results:
         print(f'  no probes in suite {args.suite}: add [[probes]] with suite = "{args.suite}" to the recipe', file=out)
-    for r in res.results:
-        print(f"  {'ok  ' if r.ok else 'FAIL'} {r.name:<16} {r.kind:<11} {r.seconds:6.2f}s  {r.detail}", file=out)
+    if not res.containers and res.results and not any(r.ok for r in res.results):
+        # No lane runs and nothing answered: one line, not the same connection error once per probe.
+        print(
+            f"  FAIL not running: none of the {len(res.results)} probe(s) was answered ({res.results[0].detail})",
+            file=out,
+        )
+    else:
+        for r in res.results:
+            print(f"  {'ok  ' if r.ok else 'FAIL'} {r.name:<16} {r.kind:<11} {r.seconds:6.2f}s  {r.detail}", file=out)
     vram = res.run.vram if res.run is not None else None
     if vram is not None and vram.checked:
         for low in vram.slots:
@@ -239,6 +246,9 @@ def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
         "run",
         parents=parents,
         help="the loop: watch and converge; serve /metrics, /healthz, the HTTP API (/v1) and MCP (/mcp)",
+        epilog="Signals: SIGHUP looks again now (a pass, as an edit does); SIGTERM or SIGINT ends the loop once the "
+        "action in flight has finished or been abandoned safely. The lanes keep running when the loop stops: it "
+        "never stops a lane on its own exit (to stop them, assign nothing and apply).",
     )
     p.add_argument(
         "--metrics-addr",

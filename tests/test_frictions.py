@@ -184,7 +184,9 @@ def test_run_help_shows_its_defaults() -> None:
     ).stdout
     # each option's entry (its first line starts with two spaces and a dash), wrapped lines joined
     entries = {}
-    for chunk in re.split(r"\n(?=  -)", out.split("options:", 1)[1]):
+    options, _, epilog = out.split("options:", 1)[1].partition("\nSignals:")
+    assert "SIGHUP" in epilog and "SIGTERM" in epilog and "lanes keep running" in " ".join(epilog.split()), out
+    for chunk in re.split(r"\n(?=  -)", options):
         if chunk.split():
             entries[chunk.split()[0].rstrip(",")] = " ".join(chunk.split())
     for flag, default in [
@@ -309,3 +311,45 @@ def test_actions_through_the_api_and_mcp_count_in_the_loops_metrics(root, start_
     assert lp.metric("reconciler_actions_total", kind="reclaim", result="ok") == 1 + len(loop_reclaims)
     freed = sum(r.get("bytes_freed") or 0 for r in records)
     assert freed >= 4 << 20 and lp.metric("reconciler_reclaimed_bytes_total") == freed, records
+
+
+def _help(*argv: str) -> str:
+    return subprocess.run(
+        [sys.executable, "-m", "reconciler", *argv, "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    ).stdout
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("validate",),
+        ("plan",),
+        ("apply",),
+        ("status",),
+        ("audit",),
+        ("probe",),
+        ("adopt",),
+        ("run",),
+        ("mcp",),
+        ("shm", "status"),
+        ("shm", "reclaim"),
+        ("shm",),
+    ],
+)
+def test_every_subcommand_help_says_what_it_does(argv: tuple[str, ...]) -> None:
+    out = _help(*argv)
+    usage, _, rest = out.partition("\n\n")
+    assert usage.startswith("usage: reconciler"), out
+    # the line after the usage is a description, not straight into the options
+    assert rest.split("\n", 1)[0] and not rest.startswith(("options:", "positional arguments:")), out
+
+
+def test_mcp_takes_no_json_flag_and_the_top_level_help_names_every_mcp_tool() -> None:
+    assert "--json" not in _help("mcp")
+    top = " ".join(_help().split())
+    for tool in ("host_status", "host_plan", "host_shared_memory", "host_probe", "host_manage"):
+        assert tool in top, tool

@@ -116,6 +116,9 @@ def test_reconciler_probe_runs_the_recipes_probes_against_its_running_lane(root:
     r = root.cli("probe", idle, "--json")
     assert r.rc == 1 and r.data["containers"] == [] and not any(p["ok"] for p in r.data["probes"]), r
     assert all("no answer from http://127.0.0.1:" in p["detail"] for p in r.data["probes"]), r.data
+    human = root.cli("probe", idle)
+    assert human.rc == 1 and human.stdout.count("no answer from") == 1, human
+    assert "FAIL not running: none of the" in human.stdout and "no running container of it" in human.stdout, human
     assert root.cli("probe", "no-such-recipe").rc == 1
 
 
