@@ -131,6 +131,10 @@ class GpuSlotView:
     # NVML's own free figure (total - used where it is not given); None where memory is not known.
     memory_free_bytes: int | None = None
     utilization_percent: int | None = None  # None: not reported by this driver (WSL2: N/A), or not read
+    # The card's other names, as NVML reports them: its device node's minor number (/dev/nvidiaN) and the UUIDs of
+    # its MIG devices (empty with MIG off). None: not known (telemetry none, or NVML did not say).
+    minor: int | None = None
+    mig_uuids: tuple[str, ...] | None = None
 
     @property
     def free_bytes(self) -> int | None:

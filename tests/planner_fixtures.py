@@ -139,6 +139,9 @@ def make_observed(case: dict[str, Any], desired: DesiredState) -> Observed:
             for p in procs.get(slot, [])
         )
         used = (obs.get("gpu_memory_used_gib") or {}).get(slot)  # what the card reports in use (WSL2 shapes)
+        # A card's other names as NVML reports them: its device node's minor number, the UUIDs of its MIG devices.
+        minor = (obs.get("gpu_minor") or {}).get(slot)
+        migs = (obs.get("mig") or {}).get(slot)
         slots[slot] = GpuSlotView(
             slot=slot,
             index=idx,
@@ -147,6 +150,8 @@ def make_observed(case: dict[str, Any], desired: DesiredState) -> Observed:
             missing=slot in missing,
             memory_total_bytes=None if used is None else 80 * GIB,
             memory_used_bytes=None if used is None else int(used * GIB),
+            minor=minor,
+            mig_uuids=None if migs is None else tuple(migs),
         )
     gpus = GpuView(telemetry=desired.host.gpu_telemetry, source=_source("gpu", obs.get("gpu")), slots=slots)
     if case.get("nvml"):
