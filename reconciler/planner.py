@@ -16,6 +16,7 @@ from enum import Enum
 from reconciler import spec
 from reconciler.model import DesiredAssignment, DesiredState, HostConfig, assignment_key, container_name
 from reconciler.observed import (
+    LABEL_CREATE_TOKEN,
     LABEL_HOST,
     LABEL_INSTALL,
     LABEL_MANAGED,
@@ -344,10 +345,13 @@ def _claims_host(c: ContainerView, host: str) -> bool:
 
 
 def owner_kind(c: ContainerView, host: str, own: Ownership) -> str:
-    """Whose a container is: ``ours`` (this host's name and this install's id, or adopted by the operator),
-    ``legacy`` (this host's name but no install id: made before install ids, or labelled by hand; adopted only
-    by ``reconciler adopt``), or ``foreign`` (anything else, however it is labelled). Labels a container inherited
-    from its image prove nothing: every container made from that image carries them."""
+    """Whose a container is: ``ours`` (this host's name and this install's id, and its id in this install's record
+    of the containers it created, or adopted by the operator), ``copied`` (this install's labels, but an id this
+    install never created: a copy made from a lane's labels, by hand or by a tool that recreates containers from
+    ``docker inspect``; adopted only by ``reconciler adopt``), ``legacy`` (this host's name but no install id: made
+    before install ids, or labelled by hand; adopted only by ``reconciler adopt``), or ``foreign`` (anything else,
+    however it is labelled). Labels a container inherited from its image prove nothing: every container made from
+    that image carries them. docs/design.md, safety rule 9."""
     if not _claims_host(c, host):
         return "foreign"
     if c.id in own.adopted:
@@ -355,7 +359,14 @@ def owner_kind(c: ContainerView, host: str, own: Ownership) -> str:
     install = c.label(LABEL_INSTALL)
     if install is None:
         return "foreign" if LABEL_INSTALL in c.labels else "legacy"
-    return "ours" if own.install_id is not None and install == own.install_id else "foreign"
+    if own.install_id is None or install != own.install_id:
+        return "foreign"
+    if own.created is None or c.id in own.created:
+        return "ours"  # created None: an install from before the record, whose first apply records its containers
+    token = c.label(LABEL_CREATE_TOKEN)
+    if token is not None and (c.name, token) in own.pending:
+        return "ours"  # a create of this install whose answer was lost: its name and token are in the record
+    return "copied"
 
 
 def _ours(c: ContainerView, host: str, own: Ownership) -> bool:
@@ -741,6 +752,17 @@ def _slot_problems(
                 (
                     f"{held} and carries this host's labels but not this install's id (made by an earlier version "
                     f"of this tool, or labelled by hand): if it is this host's lane, adopt it with "
+                    f"`reconciler adopt {c.name}`; otherwise remove it",
+                    c.name,
+                    "adopt",
+                )
+            )
+            continue
+        if kind == "copied":
+            problems.append(
+                (
+                    f"{held} and carries this install's labels but was not created by it (a copy made from a lane's "
+                    f"labels): it is never stopped unasked; if it is this host's lane, adopt it with "
                     f"`reconciler adopt {c.name}`; otherwise remove it",
                     c.name,
                     "adopt",
