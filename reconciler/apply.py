@@ -13,6 +13,7 @@ interrupted pass never leaves an unowned container behind.
 from __future__ import annotations
 
 import functools
+import secrets
 import socket
 import threading
 import time
@@ -27,11 +28,19 @@ from reconciler.model import DesiredState, Recipe
 from reconciler.observe import observe
 from reconciler.observe.docker_obs import DockerObserver
 from reconciler.observe.gpu import slots_of_container, unattributable_slots
-from reconciler.observed import ENDED_STATES, NEVER_STARTED_STATES, Observed
-from reconciler.planner import Action, ActionKind, Plan, plan, slot_holders
+from reconciler.observed import ENDED_STATES, LABEL_CREATE_TOKEN, NEVER_STARTED_STATES, Observed
+from reconciler.planner import Action, ActionKind, Plan, owner_kind, plan, slot_holders
 from reconciler.secrets import SecretError
 from reconciler.secrets import resolve as resolve_secrets
-from reconciler.state import ensure_install_id, mark_healthy, read_ownership
+from reconciler.state import (
+    ensure_install_id,
+    mark_healthy,
+    migrate_created,
+    read_ownership,
+    record_created,
+    record_pending,
+    settle_created,
+)
 from reconciler.units import human_bytes
 from reconciler.vram import ReserveVerdict, enter_reserve_verdict
 
@@ -212,10 +221,29 @@ class Applier:
         ``changed`` instead of being done unseen. Without it (the loop) every step of the new plan runs.
         """
         t0 = time.monotonic()
+        self._settle_ownership()
         observed, first = start or self.plan_now()
         result = self._converge_from(observed, first, max_steps=max_steps, approved=approved)
         result.seconds = time.monotonic() - t0
         return result
+
+    def _settle_ownership(self) -> None:
+        """Before a pass acts, under the host lock: the record of the containers this install created is brought up
+        to date (docs/design.md, safety rule 9). An install from before that record records, once, the containers
+        that carry its labels now; a create whose answer was lost gets its container's id recorded (found by its
+        name and create token); ids of containers that are gone are forgotten. Nothing is written while the engine
+        does not answer."""
+        host = self.desired.host.name
+        own = read_ownership(host)
+        if own.install_id is None:
+            return
+        containers, source = self.observer.observe()
+        if not source.ok:
+            return
+        with self._files_lock:
+            if own.created is None:
+                migrate_created(host, [c.id for c in containers if owner_kind(c, host, own) == "ours"])
+            settle_created(host, [(c.id, c.name, c.label(LABEL_CREATE_TOKEN)) for c in containers])
 
     def _converge_from(
         self, observed: Observed, first: Plan, *, max_steps: int | None, approved: Plan | None = None
@@ -429,7 +457,17 @@ class Applier:
         # The offload files there before the create: one that appears from here on is this enter's own (a crash
         # before anything could be seen mapping it leaves it unowned), and only those go if the enter fails.
         before = frozenset((f.path, f.inode) for f in observed.shm.files)
-        cid = self.ops.create(create_spec(self.desired, action.recipe, slots, install_id=install_id, secrets=values))
+        create = create_spec(self.desired, action.recipe, slots, install_id=install_id, secrets=values)
+        # The proof of ownership: the create's token is recorded before the create (a lost answer still names the
+        # container by its name and token), its id once the engine answers (docs/design.md, safety rule 9).
+        token = secrets.token_hex(16)
+        create["labels"] = {**create["labels"], LABEL_CREATE_TOKEN: token}
+        host = self.desired.host.name
+        with self._files_lock:
+            record_pending(host, create["name"], token)
+        cid = self.ops.create(create)
+        with self._files_lock:
+            record_created(host, cid, token=token)
         return self._bring_up(action, recipe, cid, start=True, freed=freed, files_before=before)
 
     def _bring_up(
@@ -740,8 +778,11 @@ class Applier:
         """A recipe that keeps failing must not pile up stopped containers: keep the newest ``keep_failed``."""
         docker = self.desired.host.docker
         try:
-            install_id = read_ownership(self.desired.host.name).install_id
-            self.ops.prune_kept(name, host=self.desired.host.name, keep=docker.keep_failed, install_id=install_id)
+            own = read_ownership(self.desired.host.name)
+            owned = None if own.created is None else own.created | own.adopted
+            self.ops.prune_kept(
+                name, host=self.desired.host.name, keep=docker.keep_failed, install_id=own.install_id, owned=owned
+            )
         except Exception:  # noqa: BLE001 - pruning old evidence must never fail the action that made new evidence
             return
 

@@ -37,7 +37,7 @@ from prometheus_client import (
 from reconciler import __version__
 from reconciler.model import HostConfig
 from reconciler.observed import LABEL_HOST, ContainerView, Observed
-from reconciler.planner import ActionKind, Fallback, Plan, claimed_slots, slot_ids
+from reconciler.planner import ActionKind, Fallback, Plan, claimed_slots, owner_kind, slot_ids
 from reconciler.vram import slot_vram, unlisted_used_bytes
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -106,7 +106,7 @@ def gpu_owners(observed: Observed, host: HostConfig | None = None) -> dict[str, 
 
     def describe(c: ContainerView) -> SlotOwner:
         ours = c.managed and c.labels.get(LABEL_HOST, observed.host) == observed.host
-        if ours:
+        if ours and owner_kind(c, observed.host, observed.ownership) != "copied":
             return SlotOwner("managed", c.recipe or "", c.name)
         return SlotOwner("unmanaged", "", c.name)
 

@@ -21,6 +21,9 @@ LABEL_OFFLOAD = LABEL_PREFIX + "offload"
 LABEL_PRESERVED = LABEL_PREFIX + "preserved"
 # This install's id (reconciler.state): with the host's name, the proof that a container is ours.
 LABEL_INSTALL = LABEL_PREFIX + "install"
+# A random token per create, also kept in the install's record until the create's answer gives the container's id:
+# a create whose answer was lost is still known for this install's by its name and this token (reconciler.state).
+LABEL_CREATE_TOKEN = LABEL_PREFIX + "create-token"
 # The hash of the whole rendered container (reconciler.spec), and the hash of each of its parts.
 LABEL_SPEC_HASH = LABEL_PREFIX + "spec-hash"
 LABEL_SPEC_PARTS = LABEL_PREFIX + "spec-parts"
@@ -131,6 +134,10 @@ class GpuSlotView:
     # NVML's own free figure (total - used where it is not given); None where memory is not known.
     memory_free_bytes: int | None = None
     utilization_percent: int | None = None  # None: not reported by this driver (WSL2: N/A), or not read
+    # The card's other names, as NVML reports them: its device node's minor number (/dev/nvidiaN) and the UUIDs of
+    # its MIG devices (empty with MIG off). None: not known (telemetry none, or NVML did not say).
+    minor: int | None = None
+    mig_uuids: tuple[str, ...] | None = None
 
     @property
     def free_bytes(self) -> int | None:
@@ -218,12 +225,19 @@ class ShmView:
 
 @dataclass(frozen=True)
 class Ownership:
-    """What this install keeps about the host (``reconciler.state``): its id, and the containers an operator
-    adopted and those that passed their health check."""
+    """What this install keeps about the host (``reconciler.state``): its id, the containers it created (their ids,
+    recorded at create: the proof, beside the labels anyone can copy), those an operator adopted and those that
+    passed their health check.
+
+    ``created`` is None for an install whose record predates created ids: until its first apply records the
+    containers that carry its labels then (docs/design.md, safety rule 9), the labels decide as they did.
+    ``pending`` holds (container name, create token) of creates whose answer has not given an id yet."""
 
     install_id: str | None = None
     adopted: frozenset[str] = frozenset()
     healthy: frozenset[str] = frozenset()
+    created: frozenset[str] | None = None
+    pending: frozenset[tuple[str, str]] = frozenset()
 
 
 @dataclass(frozen=True)

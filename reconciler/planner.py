@@ -8,6 +8,7 @@ same Plan object. Nothing here imports Docker, NVML or metrics (an import contra
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -15,6 +16,7 @@ from enum import Enum
 from reconciler import spec
 from reconciler.model import DesiredAssignment, DesiredState, HostConfig, assignment_key, container_name
 from reconciler.observed import (
+    LABEL_CREATE_TOKEN,
     LABEL_HOST,
     LABEL_INSTALL,
     LABEL_MANAGED,
@@ -191,24 +193,60 @@ class Plan:
 class SlotIds:
     """Every id a container may use for a GPU slot -> slot name, and which kinds of id nothing here resolves.
 
-    Slots named by index under ``gpu_telemetry: none`` cannot tell which card a UUID names (and slots named by UUID
-    cannot tell an index): a container that names a card so may hold any slot, so it holds them all (fail closed).
-    The same holds for a slot whose UUID or index telemetry did not report.
+    The kinds (``id_kind``): an ``index`` (also ``i:j``, MIG device j of card i), a ``uuid`` (also an old-style MIG id,
+    ``MIG-GPU-<uuid>/gi/ci``, by its card's UUID), a ``mig`` device's own UUID, a device node ``minor``
+    (``/dev/nvidiaN``), and ``unknown`` (any other text; never resolved). Slots named by index under ``gpu_telemetry:
+    none`` cannot tell which card a UUID names (and slots named by UUID cannot tell an index); only NVML tells a card's
+    minor number and its MIG devices: a container that names a card so may hold any slot, so it holds them all (fail
+    closed, docs/design.md safety rule 11). The same holds for a slot whose ids telemetry did not report.
     """
 
     ids: Mapping[str, str]
-    blind: frozenset[str] = frozenset()  # "uuid", "index"
+    blind: frozenset[str] = frozenset()  # "uuid", "index", "minor", "mig"
 
     def slot(self, dev: str) -> str | None:
-        return self.ids.get(dev.lower())
+        found = self.ids.get(dev.lower())
+        return found if found is not None else self.ids.get(_id_key(dev))
 
     def unresolvable(self, dev: str) -> bool:
         """A GPU id that may name a slot's card, though nothing here says which."""
-        return dev.lower() not in self.ids and _id_kind(dev) in self.blind
+        if self.slot(dev) is not None:
+            return False
+        kind = id_kind(dev)
+        return kind == "unknown" or kind in self.blind
 
 
-def _id_kind(dev: str) -> str:
-    return "index" if dev.isdigit() else "uuid"
+_MIG_INDEX = re.compile(r"^(\d+):(\d+)$")
+_CARD_NODE = re.compile(r"^/dev/nvidia(\d+)$")
+_OLD_MIG = re.compile(r"^mig-(gpu-[0-9a-f-]+)/\d+/\d+$")
+# The id of a container that sees every card (``reconciler.observe.docker_obs.PRIVILEGED``).
+PRIVILEGED = "privileged"
+
+
+def id_kind(dev: str) -> str:
+    """Pure: what kind of GPU id a container's ``dev`` is (see ``SlotIds``)."""
+    low = dev.lower()
+    if low.isdigit() or _MIG_INDEX.match(low):
+        return "index"
+    if low.startswith("gpu-") or _OLD_MIG.match(low):
+        return "uuid"
+    if low.startswith("mig-"):
+        return "mig"
+    if _CARD_NODE.match(dev):
+        return "minor"
+    return "unknown"
+
+
+def _id_key(dev: str) -> str:
+    """The id a slot is looked up by: an ``i:j`` by card i, an old-style MIG id by its card's UUID."""
+    low = dev.lower()
+    m = _MIG_INDEX.match(low)
+    if m is not None:
+        return str(int(m.group(1)))
+    m = _OLD_MIG.match(low)
+    if m is not None:
+        return m.group(1)
+    return low if not _CARD_NODE.match(dev) else dev
 
 
 def device_index(desired: DesiredState, observed: Observed) -> SlotIds:
@@ -217,20 +255,21 @@ def device_index(desired: DesiredState, observed: Observed) -> SlotIds:
 
 
 def slot_ids(host: HostConfig | None, observed: Observed) -> SlotIds:
-    """Every id a container may use for a GPU slot (index, UUID, as configured and as telemetry saw it) -> slot
-    name. UUIDs are kept in lower case (``claimed_slots`` looks them up so): a container may write one in any letter
-    case and still names that card. The planner and the metrics both build their index here."""
+    """Every id a container may use for a GPU slot (index, UUID, as configured and as telemetry saw it; the card's
+    device node and MIG devices as NVML saw them) -> slot name. UUIDs are kept in lower case (``claimed_slots`` looks
+    them up so): a container may write one in any letter case and still names that card. The planner and the metrics
+    both build their index here."""
     ids: dict[str, str] = {}
     known: dict[str, set[str]] = {}
     if host is not None:
         for slot, gpu in host.gpus.items():
             for dev in gpu.device_ids():
                 ids[dev.lower()] = slot
-                known.setdefault(slot, set()).add(_id_kind(dev))
+                known.setdefault(slot, set()).add(id_kind(dev))
     for slot, seen in observed.gpus.slots.items():
         known.setdefault(slot, set())
         if seen.missing:
-            known[slot].update(("uuid", "index"))  # no card: nothing can hold it
+            known[slot].update(("uuid", "index", "minor", "mig"))  # no card: nothing can hold it
             continue
         if seen.uuid:
             ids[seen.uuid.lower()] = slot
@@ -238,8 +277,32 @@ def slot_ids(host: HostConfig | None, observed: Observed) -> SlotIds:
         if seen.index is not None:
             ids[str(seen.index)] = slot
             known[slot].add("index")
-    blind = frozenset(kind for kinds in known.values() for kind in ("uuid", "index") if kind not in kinds)
+        if seen.minor is not None:
+            ids[f"/dev/nvidia{seen.minor}"] = slot
+            known[slot].add("minor")
+        if seen.mig_uuids is not None:
+            ids.update({u.lower(): slot for u in seen.mig_uuids})
+            known[slot].add("mig")
+    kinds = ("uuid", "index", "minor", "mig")
+    blind = frozenset(kind for got in known.values() for kind in kinds if kind not in got)
     return SlotIds(ids, blind)
+
+
+def unresolved_text(dev: str, telemetry: str) -> str:
+    """Pure: why a GPU id that nothing here resolves holds every slot, and what would tell its card."""
+    kind = id_kind(dev)
+    fix = "set gpu_telemetry: nvml" if telemetry != "nvml" else "NVML did not report it for every slot's card"
+    if kind == "minor":
+        return f"it is given the device node {dev}, and only NVML's minor numbers tell which card that is: {fix}"
+    if kind == "mig":
+        return f"it names the MIG device {dev}, and only NVML tells which card holds it: {fix}"
+    if kind == "unknown":
+        return f"it names GPU {dev!r}, which is no id of a card this tool knows (index, UUID, MIG id, /dev/nvidiaN)"
+    how = "UUID" if kind == "uuid" else "index"
+    return (
+        f"it names GPU {dev}, which nothing here matches to a slot without GPU telemetry: name the slots by {how} "
+        "in configs/host.yaml, or set gpu_telemetry: nvml"
+    )
 
 
 def claimed_slots(
@@ -253,7 +316,7 @@ def claimed_slots(
     """
     slots: list[str] = list(c.slots) if (_claims_host(c, host) if host is not None else c.managed) else []
     for dev in c.gpu_devices:
-        if dev == "all" or ids.unresolvable(dev):
+        if dev in ("all", PRIVILEGED) or ids.unresolvable(dev):
             return all_slots
         slot = ids.slot(dev)
         if slot is not None and slot not in slots:
@@ -282,10 +345,13 @@ def _claims_host(c: ContainerView, host: str) -> bool:
 
 
 def owner_kind(c: ContainerView, host: str, own: Ownership) -> str:
-    """Whose a container is: ``ours`` (this host's name and this install's id, or adopted by the operator),
-    ``legacy`` (this host's name but no install id: made before install ids, or labelled by hand; adopted only
-    by ``reconciler adopt``), or ``foreign`` (anything else, however it is labelled). Labels a container inherited
-    from its image prove nothing: every container made from that image carries them."""
+    """Whose a container is: ``ours`` (this host's name and this install's id, and its id in this install's record
+    of the containers it created, or adopted by the operator), ``copied`` (this install's labels, but an id this
+    install never created: a copy made from a lane's labels, by hand or by a tool that recreates containers from
+    ``docker inspect``; adopted only by ``reconciler adopt``), ``legacy`` (this host's name but no install id: made
+    before install ids, or labelled by hand; adopted only by ``reconciler adopt``), or ``foreign`` (anything else,
+    however it is labelled). Labels a container inherited from its image prove nothing: every container made from
+    that image carries them. docs/design.md, safety rule 9."""
     if not _claims_host(c, host):
         return "foreign"
     if c.id in own.adopted:
@@ -293,7 +359,14 @@ def owner_kind(c: ContainerView, host: str, own: Ownership) -> str:
     install = c.label(LABEL_INSTALL)
     if install is None:
         return "foreign" if LABEL_INSTALL in c.labels else "legacy"
-    return "ours" if own.install_id is not None and install == own.install_id else "foreign"
+    if own.install_id is None or install != own.install_id:
+        return "foreign"
+    if own.created is None or c.id in own.created:
+        return "ours"  # created None: an install from before the record, whose first apply records its containers
+    token = c.label(LABEL_CREATE_TOKEN)
+    if token is not None and (c.name, token) in own.pending:
+        return "ours"  # a create of this install whose answer was lost: its name and token are in the record
+    return "copied"
 
 
 def _ours(c: ContainerView, host: str, own: Ownership) -> bool:
@@ -664,19 +737,32 @@ def _slot_problems(
             seen[c.id].append(slot)
     for c in order:
         kind = owner_kind(c, desired.host.name, observed.ownership)
-        unresolved = [dev for dev in c.gpu_devices if ids.unresolvable(dev)]
+        unresolved = [dev for dev in c.gpu_devices if dev not in ("all", PRIVILEGED) and ids.unresolvable(dev)]
         held = f"{_describe(c)} {'may hold' if unresolved else 'holds'} GPU slot {','.join(seen[c.id])}"
-        if unresolved:
-            how = "UUID" if _id_kind(unresolved[0]) == "uuid" else "index"
-            held += (
-                f" (it names GPU {unresolved[0]}, which nothing here matches to a slot without GPU telemetry: name "
-                f"the slots by {how} in configs/host.yaml, or set gpu_telemetry: nvml)"
-            )
+        if PRIVILEGED in c.gpu_devices:
+            held += " (it runs privileged: every card of the host is in it)"
+        elif unresolved:
+            held += f" ({unresolved_text(unresolved[0], gpus.telemetry)})"
+        else:
+            nodes = [dev for dev in c.gpu_devices if id_kind(dev) == "minor" and ids.slot(dev) in seen[c.id]]
+            if nodes:
+                held += f" (by its device node {nodes[0]})"
         if kind == "legacy":
             problems.append(
                 (
                     f"{held} and carries this host's labels but not this install's id (made by an earlier version "
                     f"of this tool, or labelled by hand): if it is this host's lane, adopt it with "
+                    f"`reconciler adopt {c.name}`; otherwise remove it",
+                    c.name,
+                    "adopt",
+                )
+            )
+            continue
+        if kind == "copied":
+            problems.append(
+                (
+                    f"{held} and carries this install's labels but was not created by it (a copy made from a lane's "
+                    f"labels): it is never stopped unasked; if it is this host's lane, adopt it with "
                     f"`reconciler adopt {c.name}`; otherwise remove it",
                     c.name,
                     "adopt",

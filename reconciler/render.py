@@ -249,6 +249,10 @@ def _whose(c: dict[str, Any]) -> str:
         return f"managed {c['recipe'] or ''}" + ("" if c.get("healthy", True) else ", never healthy")
     if c["owner"] == "legacy":
         return f"not adopted: {c['recipe'] or 'no recipe'}; `reconciler adopt {c['name']}`"
+    if c["owner"] == "copied":
+        return (
+            f"not created by this install (copied labels): {c['recipe'] or 'no recipe'}; `reconciler adopt {c['name']}`"
+        )
     return "unmanaged"
 
 

@@ -789,6 +789,12 @@ def _adopt(service: HostService, names: list[str]) -> AdoptResult:
             kind = owner_kind(c, host, own)
             if kind == "ours":
                 notes.append(f"{c.name} ({c.id[:12]}) is this install's already")
+            elif kind == "copied":
+                notes.append(
+                    f"{c.name} ({c.id[:12]}) carries this install's labels but was not created by it: adopted as "
+                    "the operator says it is this host's lane"
+                )
+                picked.append(c)
             elif kind == "foreign":
                 raise ReconcilerError(
                     f"{c.name} ({c.id[:12]}) is not a container this tool made for host {host!r} (it lacks this "

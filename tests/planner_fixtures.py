@@ -10,6 +10,7 @@ from reconciler import spec
 from reconciler.model import GIB, DesiredAssignment, DesiredState, HostConfig, Recipe
 from reconciler.observe.gpu import parse_nvml
 from reconciler.observed import (
+    LABEL_CREATE_TOKEN,
     LABEL_HOST,
     LABEL_INSTALL,
     LABEL_MANAGED,
@@ -104,6 +105,8 @@ def make_observed(case: dict[str, Any], desired: DesiredState) -> Observed:
                 labels[LABEL_INSTALL] = install
             if c.get("preserved"):
                 labels[LABEL_PRESERVED] = "true"
+            if c.get("token"):
+                labels[LABEL_CREATE_TOKEN] = c["token"]
         containers.append(
             ContainerView(
                 id=c.get("id", f"{n:02d}" + "c" * 62),
@@ -139,6 +142,9 @@ def make_observed(case: dict[str, Any], desired: DesiredState) -> Observed:
             for p in procs.get(slot, [])
         )
         used = (obs.get("gpu_memory_used_gib") or {}).get(slot)  # what the card reports in use (WSL2 shapes)
+        # A card's other names as NVML reports them: its device node's minor number, the UUIDs of its MIG devices.
+        minor = (obs.get("gpu_minor") or {}).get(slot)
+        migs = (obs.get("mig") or {}).get(slot)
         slots[slot] = GpuSlotView(
             slot=slot,
             index=idx,
@@ -147,6 +153,8 @@ def make_observed(case: dict[str, Any], desired: DesiredState) -> Observed:
             missing=slot in missing,
             memory_total_bytes=None if used is None else 80 * GIB,
             memory_used_bytes=None if used is None else int(used * GIB),
+            minor=minor,
+            mig_uuids=None if migs is None else tuple(migs),
         )
     gpus = GpuView(telemetry=desired.host.gpu_telemetry, source=_source("gpu", obs.get("gpu")), slots=slots)
     if case.get("nvml"):
@@ -191,5 +199,16 @@ def make_observed(case: dict[str, Any], desired: DesiredState) -> Observed:
         files=tuple(files),
         blocking_containers=tuple(shm_spec.get("blocking") or ()),
     )
-    ownership = Ownership(install_id=obs.get("install_id", INSTALL_ID), adopted=adopted, healthy=healthy | adopted)
+    # This install's record of the containers it created: every managed one but a `copied:` one (a copy of a lane
+    # made from its labels); `record: none`: an install from before the record (its first apply records them).
+    created = frozenset(
+        containers[n].id for n, c in enumerate(obs.get("containers") or []) if c.get("managed") and not c.get("copied")
+    )
+    ownership = Ownership(
+        install_id=obs.get("install_id", INSTALL_ID),
+        adopted=adopted,
+        healthy=healthy | adopted,
+        created=None if obs.get("record") == "none" else created,
+        pending=frozenset((name, token) for name, token in obs.get("pending") or ()),
+    )
     return Observed(host="h", containers=tuple(containers), gpus=gpus, shm=shm, docker=docker, ownership=ownership)

@@ -552,17 +552,31 @@ def test_7b_killed_between_create_and_start_the_labelled_leftover_is_replaced(ro
     """The narrowest kill point: the container was created (with its labels, in the create call) but never started.
 
     A SIGKILL cannot be timed into that gap reliably, so the state it leaves is made with the very calls an enter
-    makes (``create_spec`` + ``DockerOps.create``), and the real command line then has to clean it up.
+    makes (``create_spec``, the create token recorded, ``DockerOps.create``; killed before the id was recorded), and
+    the real command line then has to clean it up: the container is known for this install's by its name and token.
     """
+    from reconciler import state
     from reconciler.docker_ops import DockerOps, create_spec
     from reconciler.loader import load_desired
+    from reconciler.observed import LABEL_CREATE_TOKEN
 
     lane = root.recipe("deepseek-256k-offload", offload_mib=16)
     root.manifest((lane, ["dark-compute-a", "dark-compute-b"]))
     slots = ("dark-compute-a", "dark-compute-b")
-    leftover = DockerOps(root.api).create(
-        create_spec(load_desired(root.path), lane, slots, install_id=root.install_id())
+    create = create_spec(load_desired(root.path), lane, slots, install_id=root.install_id())
+    create["labels"][LABEL_CREATE_TOKEN] = "7b" * 16
+    os.environ["RECONCILER_STATE_DIR"], before = (
+        root.env["RECONCILER_STATE_DIR"],
+        os.environ.get("RECONCILER_STATE_DIR"),
     )
+    try:
+        state.record_pending(root.host, create["name"], "7b" * 16)
+    finally:
+        if before is None:
+            del os.environ["RECONCILER_STATE_DIR"]
+        else:
+            os.environ["RECONCILER_STATE_DIR"] = before
+    leftover = DockerOps(root.api).create(create)
     assert [(c["Id"], c["State"]) for c in root.containers()] == [(leftover, "created")]
 
     plan = root.cli("plan", "--json")

@@ -124,3 +124,61 @@ def test_a_container_podman_is_stopping_still_holds_its_card() -> None:
         m.no_violation()
     finally:
         m.teardown()
+
+
+def test_an_idle_privileged_container_holds_every_card() -> None:
+    """A foreign container run with --privileged that runs nothing on any card (NVML lists no process of it): only
+    the engine says it sees every card, and no lane is entered beside it (the soak's seed 8 entered one on the code
+    before)."""
+    m = _machine()
+    try:
+        m.foreign_container(card=0, by="privileged", kind="foreign", running=True, idle=True)
+        m.edit_manifest("split")
+        m.faults_stop_and_host_settles()
+        assert not [c for c in m.world.containers.values() if c.ours], m.world.containers
+        assert "it runs privileged" in json.dumps(m.plan_json())
+        m.no_violation()
+    finally:
+        m.teardown()
+
+
+def test_device_nodes_and_mig_ids_hold_their_cards_idle_or_not() -> None:
+    """Idle foreign containers given card 1 by its device node, a CDI name and a MIG device: the lane on the card of
+    dark-compute-b is blocked by it, and under NVML (which tells each card's minor number and MIG devices) the other
+    card is free: its lane is planned."""
+    for by in ("device-node", "cdi", "mig-uuid", "mig-index"):
+        m = _machine()
+        try:
+            m.foreign_container(card=1, by=by, kind="foreign", running=True, idle=True)
+            m.edit_manifest("swapped")
+            m.loop_pass()
+            assert not [c for c in m.world.containers.values() if c.ours], (by, m.world.containers)
+            plan = m.plan_json()
+            assert [(b["recipe"], b["gpus"], b["cause"]) for b in plan["blockers"]] == [
+                ("small", ["dark-compute-b"], "held")
+            ], (by, plan)
+            assert [(a["kind"], a["gpus"]) for a in plan["actions"]] == [("enter", ["dark-compute-a"])], (by, plan)
+            m.no_violation()
+        finally:
+            m.teardown()
+
+
+def test_a_copy_of_a_lane_with_every_label_is_never_touched() -> None:
+    """A copy of this install's running lane made from its labels (its install id and create token included), on
+    the same card: not a duplicate to remove, and an empty manifest stops the lane, never the copy."""
+    m = _machine()
+    try:
+        m.edit_manifest("split")
+        m.loop_pass()
+        m.foreign_container(card=0, by="none", kind="copied", running=True)
+        copies = [c for c in m.world.containers.values() if not c.ours]
+        assert len(copies) == 1 and copies[0].labels.get("io.reconciler.install") == m.world.install_id
+        m.loop_pass()
+        m.edit_manifest("empty")
+        m.loop_pass()
+        m.cli_apply()
+        assert copies[0].id in m.world.containers and copies[0].state == "running"
+        assert not [c for c in m.world.containers.values() if c.ours and c.state == "running"]
+        m.no_violation()
+    finally:
+        m.teardown()

@@ -5,6 +5,8 @@ here, not in a soak that no longer proves anything."""
 
 from __future__ import annotations
 
+import os
+import stat
 from typing import Any
 
 import pytest
@@ -12,6 +14,8 @@ from e2e_helpers import Root, docker_cli
 from sim.machine import HostMachine
 from sim.world import GIB
 from test_e2e_apply import wait_for_no_offload_container
+
+from reconciler.observe.docker_obs import NVIDIA_MAJOR
 
 MIB = 1 << 20
 
@@ -103,5 +107,17 @@ def test_the_simulation_plans_as_the_real_host_does(root: Root, image: str) -> N
             fh.write(b"\0" * MIB)
         sim.m.world.add_file(GIB)
         compare("an orphan while nothing offloads")
+        # 7: a device-node squatter: a container given a card's node (--device; made with mknod, numbered 195:N, under
+        # a name that is no card's), no GPU request, nothing running on the card. Without telemetry no minor number
+        # is known: it may be any slot's card, and the enter is blocked.
+        node = root.path / "gpu-node"
+        os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(NVIDIA_MAJOR, index % 254))
+        root.run_unmanaged(
+            "node-squatter", "--device", f"{node}:/dev/accel0", "-v", "/usr:/usr:ro", image, "sleep", "300"
+        )
+        sim.m.world.foreign("node-squatter", devices=[f"/dev/nvidia{sim.m.world.cards[0].minor}"], idle=True)
+        compare("a device-node squatter")
+        assert steps[-1][1]["blocked"] and steps[-1][1]["causes"] == ["held"], steps[-1]
+        docker_cli("rm", "-f", f"node-squatter-{root.tag}")
     finally:
         sim.m.teardown()

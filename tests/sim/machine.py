@@ -80,6 +80,7 @@ class HostMachine(RuleBasedStateMachine):
         tmpfs_gib=st.sampled_from([10.0, 14.0, 20.0]),
         telemetry=st.sampled_from(["nvml", "nvml", "none"]),
         podman=st.booleans(),
+        nvml_hides_identity=st.booleans(),
     )
     def setup(
         self,
@@ -90,9 +91,11 @@ class HostMachine(RuleBasedStateMachine):
         tmpfs_gib: float,
         telemetry: str = "nvml",
         podman: bool = False,
+        nvml_hides_identity: bool = False,
     ) -> None:
         self.world = World(seed, tmpfs_gib=tmpfs_gib, wsl2=wsl2)
         self.world.podman = podman
+        self.world.nvml_hides_identity = nvml_hides_identity
         self.world.behaviour = {}
         self.world.ports = {r: port for r, (_, _, port) in RECIPES.items()}
         self.shape = shape
@@ -249,14 +252,27 @@ class HostMachine(RuleBasedStateMachine):
 
     @rule(
         card=st.integers(0, 1),
-        by=st.sampled_from(["index", "uuid", "uuid-upper", "none"]),
-        kind=st.sampled_from(["foreign", "named-like-ours", "other-install", "legacy", "image-labels"]),
+        by=st.sampled_from(
+            ["index", "uuid", "uuid-upper", "none", "device-node", "cdi", "privileged", "mig-uuid", "mig-index"]
+        ),
+        kind=st.sampled_from(["foreign", "named-like-ours", "other-install", "legacy", "image-labels", "copied"]),
         running=st.booleans(),
+        idle=st.booleans(),
     )
-    def foreign_container(self, card: int, by: str, kind: str, running: bool) -> None:
+    def foreign_container(self, card: int, by: str, kind: str, running: bool, idle: bool = False) -> None:
+        """A container this install did not create. It names its card by index or UUID (a GPU request), by a CDI
+        name, by its device node (docker run --device /dev/nvidiaN), by a MIG device (UUID or i:j), or is privileged
+        (every card); an idle one runs nothing on its card, so only the engine says it holds it."""
         w = self.world
         c = w.cards[card]
-        ids = [] if by == "none" else [{"index": str(c.index), "uuid": c.uuid, "uuid-upper": c.uuid.upper()}[by]]
+        ids = {
+            "index": [str(c.index)],
+            "uuid": [c.uuid],
+            "uuid-upper": [c.uuid.upper()],
+            "mig-uuid": [c.migs[0]],
+            "mig-index": [f"{c.index}:0"],
+        }.get(by, [])
+        devices = {"device-node": [f"/dev/nvidia{c.minor}"], "cdi": [f"nvidia.com/gpu={c.index}"]}.get(by, [])
         labels: dict[str, str] = {}
         name = f"squatter-{len(w.containers)}"
         if kind == "named-like-ours":
@@ -274,9 +290,33 @@ class HostMachine(RuleBasedStateMachine):
             if kind == "image-labels" and w.install_id:
                 labels["io.reconciler.install"] = w.install_id
             name = f"reconciler-omni-{SLOTS[card]}-failed-20260101-00000{len(w.containers) % 10}"
+        if kind == "copied":
+            # A copy of one of this install's containers made from its `docker inspect` (runlike, a generated compose
+            # file): every label, this install's id and create token included, and the same GPU; another name (the
+            # lane's is taken), or a kept failed container's.
+            mine = sorted((c for c in w.containers.values() if c.ours), key=lambda c: c.name)
+            if not mine:
+                return
+            src = mine[card % len(mine)]
+            labels = dict(src.labels)
+            ids, devices = list(src.device_ids), []
+            env = {k: v for k, v in src.env.items() if k == "NVIDIA_VISIBLE_DEVICES"}
+            stamp = f"2026010{len(w.containers) % 10}-000000"
+            name = f"{src.name}-copy-{len(w.containers)}" if running else f"{src.name}-failed-{stamp}"
+        else:
+            env = {}
         if any(x.name == name for x in w.containers.values()):
             return
-        f = w.foreign(name, device_ids=ids, labels=labels, state="running" if running else "exited")
+        f = w.foreign(
+            name,
+            device_ids=ids,
+            devices=devices,
+            privileged=by == "privileged",
+            idle=idle,
+            labels=labels,
+            env=env,
+            state="running" if running else "exited",
+        )
         if kind == "image-labels":
             f.image = "sim-labelled:1"
             w.images["sim-labelled:1"] = dict(labels)

@@ -122,7 +122,11 @@ class SimApi:
                 "Labels": dict(c.labels),
                 "Image": c.image,
             },
-            "HostConfig": {"DeviceRequests": reqs},
+            "HostConfig": {
+                "DeviceRequests": reqs,
+                "Devices": [{"PathOnHost": d, "PathInContainer": d, "CgroupPermissions": "rwm"} for d in c.devices],
+                "Privileged": c.privileged,
+            },
         }
 
     @_engine

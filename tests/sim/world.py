@@ -38,6 +38,9 @@ class Card:
     total: int = 80 * GIB
     # VRAM held by something no process list shows (WSL2, another pid namespace).
     hidden_used: int = 0
+    # Its device node's minor number (/dev/nvidiaN; not always its index) and the UUIDs of its MIG devices.
+    minor: int = 0
+    migs: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -90,6 +93,11 @@ class Container:
     port: int | None = None
     offload_bytes: int = 0
     stops_at: float = 0.0  # in state "stopping": when its processes exit
+    # Cards given other than by a GPU request: device nodes mapped in (/dev/nvidiaN), --privileged (every card).
+    devices: list[str] = field(default_factory=list)
+    privileged: bool = False
+    # A foreign container that holds its cards without running anything on them (no process NVML would list).
+    idle: bool = False
 
 
 @dataclass
@@ -107,6 +115,13 @@ class World:
         self.rng = random.Random(seed)
         self.now = 1_800_000_000.0  # wall clock; monotonic is the same number (both only move forward)
         self.cards = [Card(i, _uuid(seed, i)) for i in range(cards)]
+        # Minor numbers follow the driver's probe order, not always NVML's index; each card has two MIG devices.
+        minors = list(range(cards)) if seed % 2 == 0 else list(reversed(range(cards)))
+        for card, minor in zip(self.cards, minors, strict=True):
+            card.minor = minor
+            card.migs = [_uuid(seed, 100 + 10 * card.index + j).replace("GPU-", "MIG-") for j in range(2)]
+        # NVML did not answer the minor-number and MIG queries (an older driver): those ids resolve to no card.
+        self.nvml_hides_identity = False
         self.tmpfs_size = int(tmpfs_gib * GIB)
         self.files: dict[str, File] = {}
         self.procs: dict[int, Proc] = {}
@@ -153,16 +168,24 @@ class World:
     # ------------------------------------------------------------ ids and resolution
 
     def card_of_id(self, dev: str) -> Card | None:
-        """What a container's GPU id (index or UUID, any case) is, on this host: the physical card."""
+        """What a container's GPU id (index, UUID in any case, ``i:j`` MIG index, MIG UUID, device node) is, on this
+        host: the physical card."""
+        dev = dev.removeprefix("nvidia.com/gpu=")
         for card in self.cards:
             if dev == str(card.index) or dev.lower() == card.uuid.lower():
+                return card
+            if dev.split(":")[0] == str(card.index) and ":" in dev:
+                return card
+            if dev.lower() in (m.lower() for m in card.migs) or dev == f"/dev/nvidia{card.minor}":
                 return card
         return None
 
     def cards_of(self, c: Container) -> set[int]:
-        ids = list(c.device_ids)
-        if not ids and c.env.get("NVIDIA_VISIBLE_DEVICES"):
-            ids = [d for d in c.env["NVIDIA_VISIBLE_DEVICES"].split(",") if d]
+        if c.privileged:
+            return {card.index for card in self.cards}
+        ids = list(c.device_ids) + list(c.devices)
+        if not c.device_ids and c.env.get("NVIDIA_VISIBLE_DEVICES"):
+            ids += [d for d in c.env["NVIDIA_VISIBLE_DEVICES"].split(",") if d]
         if "all" in ids:
             return {card.index for card in self.cards}
         return {card.index for d in ids if (card := self.card_of_id(d)) is not None}
@@ -252,7 +275,7 @@ class World:
 
     def _spawn(self, c: Container) -> None:
         """The processes of a started container: one per card (TP workers), mapping the offload file if any."""
-        if not c.ours and not c.device_ids:
+        if not c.ours and (c.idle or not self.cards_of(c)):
             pid = self.new_pid()
             self.procs[pid] = Proc(pid, f"{c.name} main", container=c.id)
             return
@@ -336,6 +359,9 @@ class World:
         labels: dict[str, str] | None = None,
         state: str = "running",
         env: dict[str, str] | None = None,
+        devices: list[str] = (),
+        privileged: bool = False,
+        idle: bool = False,
     ) -> Container:
         c = Container(
             self.new_id(),
@@ -346,6 +372,9 @@ class World:
             ["sleep"],
             list(device_ids),
             ours=False,
+            devices=list(devices),
+            privileged=privileged,
+            idle=idle,
         )
         self.containers[c.id] = c
         if state == "running":
@@ -403,11 +432,17 @@ class World:
         for card in present:
             procs = [p for p in self.procs.values() if p.gpu == card.uuid]
             used = card.hidden_used + sum((p.gpu_mem or 20 * GIB) for p in procs) + GIB // 2
+            identity: dict[str, Any] = (
+                {"identity_errors": {"minor": "NVMLError_NotSupported: simulated"}}
+                if self.nvml_hides_identity
+                else {"minor": card.minor, "mig": list(card.migs)}
+            )
             devices.append(
                 {
                     "index": card.index,
                     "name": "NVIDIA H200",
                     "uuid": card.uuid,
+                    **identity,
                     "errors": {},
                     "memory_total": card.total,
                     "memory_used": min(used, card.total),
