@@ -28,7 +28,7 @@ from reconciler.observe import observe
 from reconciler.observe.docker_obs import DockerObserver
 from reconciler.observe.gpu import slots_of_container, unattributable_slots
 from reconciler.observed import ENDED_STATES, NEVER_STARTED_STATES, Observed
-from reconciler.planner import Action, ActionKind, Plan, plan, slot_holders
+from reconciler.planner import Action, ActionKind, Plan, enter_needs, plan, slot_holders
 from reconciler.secrets import SecretError
 from reconciler.secrets import resolve as resolve_secrets
 from reconciler.state import ensure_install_id, mark_healthy, read_ownership
@@ -175,11 +175,13 @@ class Applier:
         # How a group of actions runs: each in a thread of its own. The simulation replaces it with one that runs
         # them in order, so a run replays from its seed.
         self.run_group: Callable[[list[Callable[[], Outcome]]], list[Outcome]] = run_in_threads
+        # What each observation looks up for the planner's checks of an enter's knowable failures.
+        self._needs = enter_needs(desired)
 
     # ------------------------------------------------------------ observe + plan
 
     def observe(self) -> Observed:
-        return observe(self.desired.host, docker=self.observer)
+        return observe(self.desired.host, docker=self.observer, **self._needs)
 
     def plan_now(self, extra_hold: Mapping[str, str] | None = None) -> tuple[Observed, Plan]:
         observed = self.observe()
@@ -223,8 +225,10 @@ class Applier:
         if first.unavailable:
             srcs = ", ".join(f"{s.name} ({s.detail})" for s in observed.unavailable())
             return PassResult("error", first, first, message=f"source unavailable: {srcs}; nothing changed")
-        if first.blocked:
+        if first.blocked and not first.actions:
             return PassResult("blocked", first, first, message="; ".join(b.reason for b in first.blockers))
+        # Blockers are scoped to their slots (the planner plans nothing on a blocked slot): what they do not touch
+        # runs, and the pass ends blocked.
         outcomes: list[Outcome] = []
         failed: dict[str, str] = {}
         current = first
@@ -281,7 +285,7 @@ class Applier:
                 return PassResult("interrupted", first, current, outcomes, stop.detail)
             if any(o.result in ("failed", "refused") for o in done):
                 observed, current = self.plan_now(failed)
-            if current.blocked or current.unavailable:
+            if current.unavailable:
                 break
         bad = [o for o in outcomes if o.result in ("failed", "refused")]
         if bad:

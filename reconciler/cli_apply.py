@@ -73,7 +73,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
                     print(render_plan(session.plan, session.observed, con.style()), file=con.out)
                     con.out.flush()  # the plan comes before the progress lines (stderr), also when piped
                 first = session.plan
-                acts = bool(first.actions) and not first.blocked and not first.unavailable
+                acts = bool(first.actions) and not first.unavailable
                 if acts and not args.yes:
                     if args.json or not con.stdin_tty:
                         why = "--json never prompts" if args.json else "no terminal to ask on"

@@ -495,12 +495,12 @@ class HostService:
         """A dry run. ``save`` keeps it under the state dir and gives it a ``plan_id`` (for ``apply_saved``);
         ``out`` writes it to a file (``reconciler plan --out``). Either way with the fingerprint of its inputs."""
         from reconciler.observe import observe
-        from reconciler.planner import plan
+        from reconciler.planner import enter_needs, plan
 
         files = file_digests(self.root)  # before loading: an edit in between makes the saved plan stale
         desired = self.desired()
         self._host_name = desired.host.name
-        observed = observe(desired.host)
+        observed = observe(desired.host, **enter_needs(desired))
         p = plan(desired, observed, **loop_view(desired.host.name))
         fingerprint = Fingerprint(files, observed_parts(observed))
         result = PlanResult(desired, observed, p, fingerprint=fingerprint)
@@ -521,14 +521,14 @@ class HostService:
     def status(self) -> StatusResult:
         from reconciler.errors import ConfigError
         from reconciler.observe import observe
-        from reconciler.planner import plan
+        from reconciler.planner import enter_needs, plan
         from reconciler.render import status_data
 
         try:
             desired = self.desired()
         except ConfigError as exc:
             return self._status_of_invalid_files(exc)
-        observed = observe(desired.host)
+        observed = observe(desired.host, **enter_needs(desired))
         data = status_data(desired, observed, plan(desired, observed, **loop_view(desired.host.name)))
         from reconciler.probe_history import last_suites
 
