@@ -526,9 +526,14 @@ class Applier:
                     f"({'GET ' + h.url if h.url else 'running for settle_s'}); raise health.start_timeout_s "
                     "in the recipe if it needs longer"
                 )
-            self.progress.phase(
-                action, "loading: waiting for its health URL", elapsed=elapsed, timeout=h.start_timeout_s
+            # Without a health URL the lane is serving once it ran, not restarted, for settle_s: say that, not a
+            # wait for a URL it does not have.
+            waiting = (
+                "waiting for its health URL"
+                if h.url
+                else f"no health URL: serving once running and not restarted for settle_s ({h.settle_s:g} s)"
             )
+            self.progress.phase(action, f"loading: {waiting}", elapsed=elapsed, timeout=h.start_timeout_s)
             time.sleep(self.poll_s)
 
     def _run_probes(self, action: Action, recipe: Recipe) -> None:

@@ -240,3 +240,25 @@ def test_under_run_a_missing_image_for_the_tp2_lane_stops_nothing_pass_after_pas
     assert not lp.find("action"), lp.log()
     assert [c["Names"][0].lstrip("/") for c in root.containers()] == [name], "nothing created"
     assert lp.stop() == 0
+
+
+@pytest.mark.docker
+@pytest.mark.root
+def test_a_recipe_without_health_enters_once_running_for_settle_s(root: Root) -> None:
+    """[health] is optional: without a URL a lane is serving once it runs, not restarted, for settle_s."""
+    omni = root.recipe("omni")
+    data = root.recipe_data(omni)
+    data.pop("probes", None)
+    data["health"] = {"settle_s": 1, "start_timeout_s": 20}
+    root.write_recipe(omni, data)
+    root.manifest((omni, [B]))
+    data["health"]["settle_s"] = 3
+    root.write_recipe(omni, data)
+    t0 = time.monotonic()
+    res = root.cli("apply", "--yes")
+    assert res.rc == 0 and "converged" in res.stdout, str(res)
+    assert time.monotonic() - t0 < 15, "the enter waited for a health URL it does not have"
+    assert "waiting for its health URL" not in res.stderr, str(res)
+    assert "no health URL" in res.stderr, str(res)
+    assert root.cname(omni, B) in root.running()
+    assert root.cli("plan", "--json").rc == 0
