@@ -27,7 +27,7 @@ from reconciler.model import DesiredState, Recipe
 from reconciler.observe import observe
 from reconciler.observe.docker_obs import DockerObserver
 from reconciler.observe.gpu import slots_of_container, unattributable_slots
-from reconciler.observed import ENDED_STATES, NEVER_STARTED_STATES, Observed
+from reconciler.observed import ENDED_STATES, INACTIVE_STATES, NEVER_STARTED_STATES, Observed
 from reconciler.planner import Action, ActionKind, Plan, enter_needs, plan, slot_holders
 from reconciler.secrets import SecretError
 from reconciler.secrets import resolve as resolve_secrets
@@ -333,6 +333,8 @@ class Applier:
                 detail, freed = self.enter(action, observed)
             elif action.kind is ActionKind.LEAVE:
                 detail, freed = self.leave(action, observed)
+            elif action.kind is ActionKind.PRUNE:
+                detail, freed = self.prune(action, observed)
             else:
                 detail, freed = self.reclaim(action)
             result = "ok"
@@ -347,7 +349,7 @@ class Applier:
         except Exception as exc:  # noqa: BLE001 - a Docker API error etc.: the action failed, say why
             detail, freed, result = f"{type(exc).__name__}: {exc}", 0, "failed"
         seconds = time.monotonic() - t0
-        if result == "ok" and action.recipe and action.kind is not ActionKind.RECLAIM:
+        if result == "ok" and action.recipe and action.kind in (ActionKind.ENTER, ActionKind.LEAVE):
             from reconciler.history import record_duration
 
             with self._files_lock:
@@ -635,7 +637,7 @@ class Applier:
     def _announce(self, action: Action) -> None:
         """Tell the progress how long this recipe's earlier enters or leaves took (none for a reclaim)."""
         expect = getattr(self.progress, "expect", None)
-        if expect is None or action.kind is ActionKind.RECLAIM or not action.recipe:
+        if expect is None or action.kind not in (ActionKind.ENTER, ActionKind.LEAVE) or not action.recipe:
             return
         from reconciler.history import expected
 
@@ -753,6 +755,27 @@ class Applier:
             self.ops.prune_kept(name, host=self.desired.host.name, keep=docker.keep_failed, install_id=install_id)
         except Exception:  # noqa: BLE001 - pruning old evidence must never fail the action that made new evidence
             return
+
+    # ------------------------------------------------------------ prune
+
+    def prune(self, action: Action, observed: Observed) -> tuple[str, int]:
+        """Remove a failed container of ours kept for its logs, once the plan says it goes (its assignment gone, or
+        older than the newest ``docker.keep_failed``). Only while it is still stopped: one started meanwhile (by
+        hand) is left as it is."""
+        cid = action.container_id
+        assert cid is not None
+        if not any(c.id == cid for c in observed.containers):
+            return f"{action.container} already gone", 0
+        import docker.errors
+
+        try:
+            status = (self.ops.inspect(cid).get("State") or {}).get("Status")
+        except docker.errors.NotFound:
+            return f"{action.container} already gone", 0
+        if status not in INACTIVE_STATES:
+            raise ActionFailed(f"{action.container} is {status} now, no longer a stopped kept container: left as it is")
+        self.ops.remove(cid)
+        return f"{action.container} removed (a failed container kept for its logs)", 0
 
     # ------------------------------------------------------------ leave
 
@@ -925,6 +948,8 @@ def within(approved: Plan, action: Action) -> Action | None:
             paths = tuple(p for p in action.paths if p in set(a.paths))
             if paths:
                 return replace(action, paths=paths) if paths != action.paths else action
+        if action.kind is ActionKind.PRUNE and a.container_id == action.container_id:
+            return action
     return None
 
 
@@ -937,6 +962,8 @@ def _still_wanted(action: Action, current: Plan) -> bool:
         if action.kind is ActionKind.ENTER and a.key == action.key:
             return True
         if action.kind is ActionKind.RECLAIM and set(a.paths) & set(action.paths):
+            return True
+        if action.kind is ActionKind.PRUNE and a.container_id == action.container_id:
             return True
     return False
 

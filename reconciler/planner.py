@@ -35,6 +35,7 @@ class ActionKind(str, Enum):
     LEAVE = "leave"
     RECLAIM = "reclaim"
     ENTER = "enter"
+    PRUNE = "prune"  # remove a failed container kept for its logs (stopped; it holds no slot and no file)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,8 @@ class Action:
         """What this action is about: the assignment (recipe@slots) or, for reclaim, the shm dir."""
         if self.kind is ActionKind.RECLAIM:
             return "reclaim"
+        if self.kind is ActionKind.PRUNE:
+            return self.container or ""
         return f"{self.recipe}@{'+'.join(self.gpus)}"
 
     def to_json(self) -> dict:
@@ -591,6 +594,7 @@ def _plan_once(
     if reclaim is not None:
         actions.append(reclaim)
     actions.extend(enter_actions)
+    actions.extend(_prunes(desired, observed, {d.key for d in wanted}))
     placed = {a.key for a in enter_actions} | {assignment_key(c.recipe or "", c.slots) for c in satisfied}
     return Plan(
         host=host,
@@ -602,6 +606,43 @@ def _plan_once(
         # Only the fallbacks that run or are entered in this plan (one that cannot be placed is not in force).
         fallbacks=tuple(f for f in fallbacks if assignment_key(f.recipe, f.gpus) in placed),
     )
+
+
+def kept_failed(host: str, containers: Sequence[ContainerView], own: Ownership) -> list[ContainerView]:
+    """Pure: the failed containers of this install kept for their logs (stopped, named ``NAME-failed-STAMP``),
+    newest first; only those whose own labels prove them ours (``owner_kind``). What ``reconciler prune`` removes."""
+    found = [c for c in containers if c.preserved and not c.active and _ours(c, host, own)]
+    return sorted(found, key=lambda c: c.name, reverse=True)
+
+
+def _prunes(desired: DesiredState, observed: Observed, wanted: Collection[str]) -> list[Action]:
+    """The failed containers of ours kept for their logs that go: all of an assignment the manifest no longer
+    has, and of one it has, all but the newest ``docker.keep_failed`` (their names end in the time they failed).
+    Only stopped ones whose own labels prove them this install's (``owner_kind``)."""
+    kept: dict[str, list[ContainerView]] = {}
+    for c in kept_failed(desired.host.name, observed.containers, observed.ownership):  # newest first
+        kept.setdefault(assignment_key(c.recipe or "", c.slots), []).append(c)
+    out: list[Action] = []
+    for key, cs in sorted(kept.items()):
+        assigned = key in wanted
+        for c in cs[desired.host.docker.keep_failed :] if assigned else cs:
+            why = (
+                f"{c.name} is a failed container kept for its logs, and {key} is no longer in the manifest: remove"
+                if not assigned
+                else f"{c.name} is older than the newest {desired.host.docker.keep_failed} failed container(s) kept "
+                f"for {key} (docker.keep_failed): remove"
+            )
+            out.append(
+                Action(
+                    kind=ActionKind.PRUNE,
+                    reason=why,
+                    recipe=c.recipe,
+                    container=c.name,
+                    container_id=c.id,
+                    recipe_hash=c.recipe_hash,
+                )
+            )
+    return out
 
 
 # ---------------------------------------------------------------- knowable failures of an enter

@@ -44,12 +44,16 @@ class Style:
         return self._c("2", t)
 
 
-_SIGN = {ActionKind.LEAVE: "-", ActionKind.RECLAIM: "~", ActionKind.ENTER: "+"}
+_SIGN = {ActionKind.LEAVE: "-", ActionKind.RECLAIM: "~", ActionKind.ENTER: "+", ActionKind.PRUNE: "x"}
 
 
 def _action_line(a: Action, s: Style) -> list[str]:
     sign = _SIGN[a.kind]
-    paint = {ActionKind.LEAVE: s.red, ActionKind.RECLAIM: s.yellow, ActionKind.ENTER: s.green}[a.kind]
+    paint = {ActionKind.LEAVE: s.red, ActionKind.RECLAIM: s.yellow, ActionKind.ENTER: s.green, ActionKind.PRUNE: s.dim}[
+        a.kind
+    ]
+    if a.kind is ActionKind.PRUNE:
+        return [paint(f"{sign} prune   {a.container}"), f"      why: {a.reason}"]
     if a.kind is ActionKind.RECLAIM:
         head = f"{sign} reclaim {len(a.paths)} orphan offload file(s), {human_bytes(a.bytes)}"
         lines = [paint(head), f"      why: {a.reason}"]
@@ -110,7 +114,8 @@ def render_plan(plan: Plan, observed: Observed | None, s: Style) -> str:
         out.append(
             s.bold(
                 f"Plan: {counts[ActionKind.ENTER]} to enter, {counts[ActionKind.LEAVE]} to leave, "
-                f"{counts[ActionKind.RECLAIM]} reclaim."
+                f"{counts[ActionKind.RECLAIM]} reclaim"
+                + (f", {counts[ActionKind.PRUNE]} to prune." if counts[ActionKind.PRUNE] else ".")
             )
         )
     elif not plan.unavailable and not plan.held:

@@ -262,3 +262,55 @@ def test_a_recipe_without_health_enters_once_running_for_settle_s(root: Root) ->
     assert "no health URL" in res.stderr, str(res)
     assert root.cname(omni, B) in root.running()
     assert root.cli("plan", "--json").rc == 0
+
+
+# ---------------------------------------------------------------- kept failed containers
+
+
+def _fail_once(root: Root) -> tuple[str, str]:
+    """A lane on dark-compute-a whose start crashes at once: its container is kept for its logs. Returns the recipe
+    and the kept container's name."""
+    crashy = root.recipe("omni", mode="crash-after=0")
+    root.manifest((crashy, [A]))
+    res = root.apply()
+    assert res.rc == 1 and res.data["result"] == "failed", str(res)
+    kept = [c["Names"][0].lstrip("/") for c in root.containers() if "-failed-" in c["Names"][0]]
+    assert len(kept) == 1, root.containers()
+    return crashy, kept[0]
+
+
+@pytest.mark.docker
+@pytest.mark.root
+def test_kept_failed_containers_are_pruned_by_the_plan_once_their_assignment_is_gone(root: Root) -> None:
+    _, kept = _fail_once(root)
+    plan = root.cli("plan", "--json")
+    assert "prune" not in [a["kind"] for a in plan.data["actions"]], "kept while its assignment stays"
+    root.manifest()
+    plan = root.cli("plan", "--json")
+    assert plan.rc == 2, str(plan)
+    assert [(a["kind"], a["container"]) for a in plan.data["actions"]] == [("prune", kept)], str(plan)
+    assert "no longer in the manifest" in plan.data["actions"][0]["reason"]
+    assert f"x prune   {kept}" in root.cli("plan").stdout
+    res = root.apply()
+    assert res.rc == 0 and [(a["kind"], a["result"]) for a in res.data["actions"]] == [("prune", "ok")], str(res)
+    assert root.containers() == []
+    assert root.cli("plan", "--json").rc == 0
+
+
+@pytest.mark.docker
+@pytest.mark.root
+def test_reconciler_prune_shows_the_kept_failed_containers_and_removes_them_only_with_confirm(
+    root: Root, image: str
+) -> None:
+    _, kept = _fail_once(root)
+    foreign = root.run_unmanaged("stopped-foreign", "-v", "/usr:/usr:ro", image, "true")
+    dry = root.cli("prune")
+    assert dry.rc == 0 and kept in dry.stdout and "prune --confirm" in dry.stdout, str(dry)
+    assert kept in {c["Names"][0].lstrip("/") for c in root.containers()}
+    data = root.cli("prune", "--json").data
+    assert data["confirmed"] is False and [c["name"] for c in data["kept_failed"]] == [kept]
+    done = root.cli("prune", "--confirm", "--json")
+    assert done.rc == 0 and done.data["removed"] == [kept], str(done)
+    assert root.containers() == []
+    assert [c["Names"][0].lstrip("/") for c in root.unmanaged()] == [foreign], "what is not ours stays"
+    assert "no failed containers kept" in root.cli("prune").stdout
