@@ -72,7 +72,9 @@ def _holders(inodes: Collection[int], proc_root: str) -> dict[int, int]:
         pids = [int(n) for n in os.listdir(proc_root) if n.isdigit()]
     except OSError:
         return found
-    for pid in sorted(pids):
+    # Newest first: the lanes' servers (and a stale one) are younger than the system's daemons, so the scan ends
+    # sooner on a host whose listeners are found.
+    for pid in sorted(pids, reverse=True):
         fd_dir = f"{proc_root}/{pid}/fd"
         try:
             fds = os.listdir(fd_dir)
