@@ -28,8 +28,8 @@ from reconciler.model import DesiredState, Recipe
 from reconciler.observe import observe
 from reconciler.observe.docker_obs import DockerObserver
 from reconciler.observe.gpu import slots_of_container, unattributable_slots
-from reconciler.observed import ENDED_STATES, LABEL_CREATE_TOKEN, NEVER_STARTED_STATES, Observed
-from reconciler.planner import Action, ActionKind, Plan, owner_kind, plan, slot_holders
+from reconciler.observed import ENDED_STATES, INACTIVE_STATES, LABEL_CREATE_TOKEN, NEVER_STARTED_STATES, Observed
+from reconciler.planner import Action, ActionKind, Plan, enter_needs, owner_kind, plan, slot_holders
 from reconciler.secrets import SecretError
 from reconciler.secrets import resolve as resolve_secrets
 from reconciler.state import (
@@ -184,11 +184,13 @@ class Applier:
         # How a group of actions runs: each in a thread of its own. The simulation replaces it with one that runs
         # them in order, so a run replays from its seed.
         self.run_group: Callable[[list[Callable[[], Outcome]]], list[Outcome]] = run_in_threads
+        # What each observation looks up for the planner's checks of an enter's knowable failures.
+        self._needs = enter_needs(desired)
 
     # ------------------------------------------------------------ observe + plan
 
     def observe(self) -> Observed:
-        return observe(self.desired.host, docker=self.observer)
+        return observe(self.desired.host, docker=self.observer, **self._needs)
 
     def plan_now(self, extra_hold: Mapping[str, str] | None = None) -> tuple[Observed, Plan]:
         observed = self.observe()
@@ -251,8 +253,10 @@ class Applier:
         if first.unavailable:
             srcs = ", ".join(f"{s.name} ({s.detail})" for s in observed.unavailable())
             return PassResult("error", first, first, message=f"source unavailable: {srcs}; nothing changed")
-        if first.blocked:
+        if first.blocked and not first.actions:
             return PassResult("blocked", first, first, message="; ".join(b.reason for b in first.blockers))
+        # Blockers are scoped to their slots (the planner plans nothing on a blocked slot): what they do not touch
+        # runs, and the pass ends blocked.
         outcomes: list[Outcome] = []
         failed: dict[str, str] = {}
         current = first
@@ -309,7 +313,7 @@ class Applier:
                 return PassResult("interrupted", first, current, outcomes, stop.detail)
             if any(o.result in ("failed", "refused") for o in done):
                 observed, current = self.plan_now(failed)
-            if current.blocked or current.unavailable:
+            if current.unavailable:
                 break
         bad = [o for o in outcomes if o.result in ("failed", "refused")]
         if bad:
@@ -357,6 +361,8 @@ class Applier:
                 detail, freed = self.enter(action, observed)
             elif action.kind is ActionKind.LEAVE:
                 detail, freed = self.leave(action, observed)
+            elif action.kind is ActionKind.PRUNE:
+                detail, freed = self.prune(action, observed)
             else:
                 detail, freed = self.reclaim(action)
             result = "ok"
@@ -371,7 +377,7 @@ class Applier:
         except Exception as exc:  # noqa: BLE001 - a Docker API error etc.: the action failed, say why
             detail, freed, result = f"{type(exc).__name__}: {exc}", 0, "failed"
         seconds = time.monotonic() - t0
-        if result == "ok" and action.recipe and action.kind is not ActionKind.RECLAIM:
+        if result == "ok" and action.recipe and action.kind in (ActionKind.ENTER, ActionKind.LEAVE):
             from reconciler.history import record_duration
 
             with self._files_lock:
@@ -560,9 +566,14 @@ class Applier:
                     f"({'GET ' + h.url if h.url else 'running for settle_s'}); raise health.start_timeout_s "
                     "in the recipe if it needs longer"
                 )
-            self.progress.phase(
-                action, "loading: waiting for its health URL", elapsed=elapsed, timeout=h.start_timeout_s
+            # Without a health URL the lane is serving once it ran, not restarted, for settle_s: say that, not a
+            # wait for a URL it does not have.
+            waiting = (
+                "waiting for its health URL"
+                if h.url
+                else f"no health URL: serving once running and not restarted for settle_s ({h.settle_s:g} s)"
             )
+            self.progress.phase(action, f"loading: {waiting}", elapsed=elapsed, timeout=h.start_timeout_s)
             time.sleep(self.poll_s)
 
     def _run_probes(self, action: Action, recipe: Recipe) -> None:
@@ -664,7 +675,7 @@ class Applier:
     def _announce(self, action: Action) -> None:
         """Tell the progress how long this recipe's earlier enters or leaves took (none for a reclaim)."""
         expect = getattr(self.progress, "expect", None)
-        if expect is None or action.kind is ActionKind.RECLAIM or not action.recipe:
+        if expect is None or action.kind not in (ActionKind.ENTER, ActionKind.LEAVE) or not action.recipe:
             return
         from reconciler.history import expected
 
@@ -785,6 +796,27 @@ class Applier:
             )
         except Exception:  # noqa: BLE001 - pruning old evidence must never fail the action that made new evidence
             return
+
+    # ------------------------------------------------------------ prune
+
+    def prune(self, action: Action, observed: Observed) -> tuple[str, int]:
+        """Remove a failed container of ours kept for its logs, once the plan says it goes (its assignment gone, or
+        older than the newest ``docker.keep_failed``). Only while it is still stopped: one started meanwhile (by
+        hand) is left as it is."""
+        cid = action.container_id
+        assert cid is not None
+        if not any(c.id == cid for c in observed.containers):
+            return f"{action.container} already gone", 0
+        import docker.errors
+
+        try:
+            status = (self.ops.inspect(cid).get("State") or {}).get("Status")
+        except docker.errors.NotFound:
+            return f"{action.container} already gone", 0
+        if status not in INACTIVE_STATES:
+            raise ActionFailed(f"{action.container} is {status} now, no longer a stopped kept container: left as it is")
+        self.ops.remove(cid)
+        return f"{action.container} removed (a failed container kept for its logs)", 0
 
     # ------------------------------------------------------------ leave
 
@@ -957,6 +989,8 @@ def within(approved: Plan, action: Action) -> Action | None:
             paths = tuple(p for p in action.paths if p in set(a.paths))
             if paths:
                 return replace(action, paths=paths) if paths != action.paths else action
+        if action.kind is ActionKind.PRUNE and a.container_id == action.container_id:
+            return action
     return None
 
 
@@ -969,6 +1003,8 @@ def _still_wanted(action: Action, current: Plan) -> bool:
         if action.kind is ActionKind.ENTER and a.key == action.key:
             return True
         if action.kind is ActionKind.RECLAIM and set(a.paths) & set(action.paths):
+            return True
+        if action.kind is ActionKind.PRUNE and a.container_id == action.container_id:
             return True
     return False
 

@@ -349,7 +349,7 @@ class Loop:
         self.metrics.observe_state(observed, plan)  # free VRAM per slot against its reserve, every pass
         self._reserve_changed(desired, observed)
         self._settle(desired, plan)
-        if plan.actions and not plan.blocked and not plan.unavailable:
+        if plan.actions and not plan.unavailable:
             self.log("pass-start", trigger=",".join(sorted(reasons)), actions=len(plan.actions))
             for a in plan.actions:
                 self.log("action-planned", kind=a.kind.value, target=a.key, reason=a.reason)

@@ -452,7 +452,8 @@ class DockerConfig(_Strict):
         ge=1,
         le=1000,
         description="Failed containers kept per assignment for their logs (stopped, renamed NAME-failed-STAMP); "
-        "older ones are removed.",
+        "older ones are removed, and all of them once the assignment is gone from the manifest (`reconciler prune "
+        "--confirm` removes them at once).",
     )
     # The Docker SDK's own default; a busy engine listing thousands of exited containers can take several.
     timeout_s: float = Field(

@@ -72,6 +72,8 @@ class ContainerView:
     offload: bool = False
     # Label keys whose value the container inherited from its image's labels: never proof of anything.
     inherited: frozenset[str] = frozenset()
+    # Host ports the engine publishes for it (a bridged container's ports, served by the engine's proxy process).
+    published_ports: tuple[int, ...] = ()
 
     @property
     def active(self) -> bool:
@@ -241,6 +243,48 @@ class Ownership:
 
 
 @dataclass(frozen=True)
+class Listener:
+    """A TCP socket listening in this host's network namespace (``/proc/net/tcp``, ``/proc/net/tcp6``), with the
+    process holding it where /proc tells (``pid`` None: no process of this /proc could be found holding it)."""
+
+    address: str  # "0.0.0.0", "127.0.0.1", "::", "::1", ...
+    port: int
+    inode: int
+    pid: int | None = None
+    command: str = ""
+    container_id: str | None = None  # full id when the pid runs in a container the engine lists
+
+    @property
+    def reachable_from_loopback(self) -> bool:
+        """Whether a connection to a loopback address on its port would reach it (bound to any or to loopback)."""
+        a = self.address
+        return a in ("0.0.0.0", "::", "::1") or a.startswith("127.") or a.startswith("::ffff:127.")
+
+
+@dataclass(frozen=True)
+class EnterFacts:
+    """What decides, before anything stops, whether an enter can start at all (docs/design.md, "Knowable
+    failures of an enter"): whether each image the recipes name is on the engine, whether the engine has NVIDIA's
+    runtime, and what listens on the recipes' ports. The default is "not observed": then nothing is judged by it."""
+
+    images: tuple[tuple[str, bool], ...] = ()  # (image as the recipe names it, present on the engine)
+    gpu_runtime: str = "unknown"  # "present" | "absent" | "unknown" (not asked, or the engine cannot tell)
+    gpu_runtime_detail: str = ""  # what the engine listed, for the message
+    ports: frozenset[int] = frozenset()  # the ports whose listeners were looked up
+    listeners: tuple[Listener, ...] = ()
+
+    def image_present(self, image: str) -> bool | None:
+        """True or False where the engine was asked, None where it was not."""
+        return next((present for name, present in self.images if name == image), None)
+
+    def listening(self, port: int) -> tuple[Listener, ...] | None:
+        """The listeners a loopback URL on ``port`` would reach; None where the port was not looked up."""
+        if port not in self.ports:
+            return None
+        return tuple(x for x in self.listeners if x.port == port and x.reachable_from_loopback)
+
+
+@dataclass(frozen=True)
 class Observed:
     """Everything one observation pass saw. Sources that failed are recorded, never papered over."""
 
@@ -250,6 +294,7 @@ class Observed:
     shm: ShmView
     docker: Source
     ownership: Ownership = Ownership()
+    enter: EnterFacts = EnterFacts()
 
     @property
     def sources(self) -> dict[str, Source]:

@@ -12,9 +12,11 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import TypedDict
+from urllib.parse import urlsplit
 
 from reconciler import spec
-from reconciler.model import DesiredAssignment, DesiredState, HostConfig, assignment_key, container_name
+from reconciler.model import DesiredAssignment, DesiredState, HostConfig, Recipe, assignment_key, container_name
 from reconciler.observed import (
     LABEL_CREATE_TOKEN,
     LABEL_HOST,
@@ -35,6 +37,7 @@ class ActionKind(str, Enum):
     LEAVE = "leave"
     RECLAIM = "reclaim"
     ENTER = "enter"
+    PRUNE = "prune"  # remove a failed container kept for its logs (stopped; it holds no slot and no file)
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,8 @@ class Action:
         """What this action is about: the assignment (recipe@slots) or, for reclaim, the shm dir."""
         if self.kind is ActionKind.RECLAIM:
             return "reclaim"
+        if self.kind is ActionKind.PRUNE:
+            return self.container or ""
         return f"{self.recipe}@{'+'.join(self.gpus)}"
 
     def to_json(self) -> dict:
@@ -86,8 +91,10 @@ class Blocker:
         """What kind of problem this is, for the advice that goes with it: ``held`` (something not ours, or
         another assignment of ours, holds a slot), ``adopt`` (a container carries this host's labels but not this
         install's id), ``memory`` (the card has VRAM in use and lists no process), ``tmpfs`` (no room for the
-        offload file) or ``source`` (a source could not vouch for the slots or the offload files: telemetry down,
-        GPU not found, /proc unreadable)."""
+        offload file), ``source`` (a source could not vouch for the slots or the offload files: telemetry down,
+        GPU not found, /proc unreadable), or a knowable failure of the enter itself: ``image`` (not on the engine),
+        ``runtime`` (no NVIDIA runtime for ``docker.gpu_requests``), ``port`` (its port taken), ``recipe`` (its
+        command contradicts it)."""
         if self.kind:
             return self.kind
         if self.holder == "tmpfs":
@@ -404,7 +411,59 @@ def plan(
     ``last_good`` is the last converged topology as (recipe, slots) pairs, and ``next_attempt`` the seconds until
     each held assignment's next attempt: while an assignment is held, the lanes of ``last_good`` that fit within
     its slots (and nobody else's) serve them meanwhile, unless the manifest says ``fallback: false``.
+
+    Blockers are scoped to their slots: what touches no blocked slot is planned and runs; a running lane of ours on
+    a blocked slot does not leave (it keeps serving while what would replace it cannot enter). Keeping it may hold
+    another enter's slot in turn, so the plan is made again with those lanes kept until nothing more is kept.
     """
+    keep: frozenset[str] = frozenset()
+    blocked_before: frozenset[str] = frozenset()
+    while True:
+        p = _plan_once(
+            desired,
+            observed,
+            hold=hold,
+            last_good=last_good,
+            next_attempt=next_attempt,
+            kept_lanes=keep,
+            blocked_before=blocked_before,
+        )
+        blocked_slots = {s for b in p.blockers for s in b.gpus}
+        active = {c.id for c in observed.containers if c.active}
+        more = {
+            a.container_id
+            for a in p.actions
+            if a.kind is ActionKind.LEAVE
+            and a.container_id in active
+            and set(_leave_slots(a, desired, observed)) & blocked_slots
+        }
+        if not more - keep:
+            return p
+        keep = keep | {c for c in more if c is not None}
+        blocked_before = blocked_before | {assignment_key(b.recipe, b.gpus) for b in p.blockers}
+
+
+def _leave_slots(a: Action, desired: DesiredState, observed: Observed) -> tuple[str, ...]:
+    """The slots a leave frees: its container's slot label and whatever its GPU ids claim."""
+    c = next((x for x in observed.containers if x.id == a.container_id), None)
+    if c is None:
+        return a.gpus
+    ids = device_index(desired, observed)
+    return tuple(dict.fromkeys((*a.gpus, *claimed_slots(c, ids, tuple(desired.host.gpus), host=desired.host.name))))
+
+
+def _plan_once(
+    desired: DesiredState,
+    observed: Observed,
+    *,
+    hold: Mapping[str, str] | None,
+    last_good: Sequence[tuple[str, tuple[str, ...]]],
+    next_attempt: Mapping[str, float] | None,
+    kept_lanes: frozenset[str],
+    blocked_before: frozenset[str],
+) -> Plan:
+    """One round of ``plan``: ``kept_lanes`` are running lanes of ours that stay (a blocker is on their slots), and
+    ``blocked_before`` the assignments the round before found blocked (a lane kept for them is no cause of theirs)."""
     hold = hold or {}
     host = desired.host.name
     unavailable = tuple(s.name for s in observed.unavailable())
@@ -475,10 +534,11 @@ def plan(
                 why = f"{c.name} never passed its health check and another container of it is finished: remove"
             else:
                 why = _stopped_reason(c)
-            leaves.append(_leave(c, why, desired))
+            if c.id not in kept_lanes:
+                leaves.append(_leave(c, why, desired))
 
     for c in ours:
-        if c.id in claimed:
+        if c.id in claimed or c.id in kept_lanes:
             continue
         if c.active:
             why = f"{c.recipe or 'container'} on {','.join(c.slots) or 'no slot'} is not in the manifest"
@@ -489,7 +549,7 @@ def plan(
     shm = observed.shm
     leaves = _with_paths(leaves, observed)
     leaving = {a.container_id for a in leaves}
-    kept_ids = {c.id for c in satisfied} | {c.id for c in finishing.values()}
+    kept_ids = {c.id for c in satisfied} | {c.id for c in finishing.values()} | set(kept_lanes)
 
     # Offload files: orphans are reclaimed through the guard; what leaving containers own goes with them.
     reclaim: Action | None = None
@@ -537,8 +597,28 @@ def plan(
             for why, holder, *kind in problems:
                 blockers.append(Blocker(recipe=d.recipe, gpus=d.slots, reason=why, holder=holder, kind="".join(kind)))
             continue
-        problems = _slot_problems(d, observed, holders, by_id, leaving, kept_ids, desired)
+        # A lane of ours kept on a slot because a blocker is there: no cause of the enter the round before found
+        # blocked (its own causes are said), and for any other enter a cause said as such.
+        d_holders = {s: [c for c in cs if c.id not in kept_lanes] for s, cs in holders.items()}
+        problems = _slot_problems(d, observed, d_holders, by_id, leaving, kept_ids, desired)
+        if d.key not in blocked_before:
+            problems += [
+                (
+                    f"{_describe(c)} holds GPU slot {s} and keeps serving it: the lane that would replace it there "
+                    "is blocked",
+                    c.name,
+                )
+                for s in d.slots
+                for c in holders.get(s, ())
+                if c.id in kept_lanes
+            ]
         problems += _identity_problems(d, desired, observed, unsound, leaving)
+        if d.key not in finishing and d.key not in hold:
+            # The lane's own containers, those leaving first, and lanes kept on its slots may hold its ports.
+            own_ids = {c.id for c in by_assignment.get((d.recipe, d.slots), [])} | {
+                c.id for s in d.slots for c in holders.get(s, ()) if c.id in kept_lanes
+            }
+            problems += enter_problems(d, desired, observed, own=leaving | own_ids)
         if d.offload_bytes and d.key not in finishing:  # a container being finished has its offload file already
             if not proc_ok:
                 problems.append(("offload files cannot be inspected: " + _sources(shm), ""))
@@ -587,6 +667,7 @@ def plan(
     if reclaim is not None:
         actions.append(reclaim)
     actions.extend(enter_actions)
+    actions.extend(_prunes(desired, observed, {d.key for d in wanted}))
     placed = {a.key for a in enter_actions} | {assignment_key(c.recipe or "", c.slots) for c in satisfied}
     return Plan(
         host=host,
@@ -598,6 +679,175 @@ def plan(
         # Only the fallbacks that run or are entered in this plan (one that cannot be placed is not in force).
         fallbacks=tuple(f for f in fallbacks if assignment_key(f.recipe, f.gpus) in placed),
     )
+
+
+def kept_failed(host: str, containers: Sequence[ContainerView], own: Ownership) -> list[ContainerView]:
+    """Pure: the failed containers of this install kept for their logs (stopped, named ``NAME-failed-STAMP``),
+    newest first; only those whose own labels prove them ours (``owner_kind``). What ``reconciler prune`` removes."""
+    found = [c for c in containers if c.preserved and not c.active and _ours(c, host, own)]
+    return sorted(found, key=lambda c: c.name, reverse=True)
+
+
+def _prunes(desired: DesiredState, observed: Observed, wanted: Collection[str]) -> list[Action]:
+    """The failed containers of ours kept for their logs that go: all of an assignment the manifest no longer
+    has, and of one it has, all but the newest ``docker.keep_failed`` (their names end in the time they failed).
+    Only stopped ones whose own labels prove them this install's (``owner_kind``)."""
+    kept: dict[str, list[ContainerView]] = {}
+    for c in kept_failed(desired.host.name, observed.containers, observed.ownership):  # newest first
+        kept.setdefault(assignment_key(c.recipe or "", c.slots), []).append(c)
+    out: list[Action] = []
+    for key, cs in sorted(kept.items()):
+        assigned = key in wanted
+        for c in cs[desired.host.docker.keep_failed :] if assigned else cs:
+            why = (
+                f"{c.name} is a failed container kept for its logs, and {key} is no longer in the manifest: remove"
+                if not assigned
+                else f"{c.name} is older than the newest {desired.host.docker.keep_failed} failed container(s) kept "
+                f"for {key} (docker.keep_failed): remove"
+            )
+            out.append(
+                Action(
+                    kind=ActionKind.PRUNE,
+                    reason=why,
+                    recipe=c.recipe,
+                    container=c.name,
+                    container_id=c.id,
+                    recipe_hash=c.recipe_hash,
+                )
+            )
+    return out
+
+
+# ---------------------------------------------------------------- knowable failures of an enter
+
+
+class EnterNeeds(TypedDict):
+    images: tuple[str, ...]
+    ports: tuple[int, ...]
+
+
+def enter_needs(desired: DesiredState) -> EnterNeeds:
+    """What observation must look up for ``enter_problems``: the images the recipes name and the ports of their
+    health and probe URLs. Keyword arguments of ``reconciler.observe.observe``."""
+    images: dict[str, None] = {}
+    ports: dict[int, None] = {}
+    for name in dict.fromkeys(a.recipe for a in desired.assignments):
+        r = desired.recipes.get(name)
+        if r is None:
+            continue
+        images[r.container.image] = None
+        ports.update(dict.fromkeys(recipe_ports(r)))
+    return {"images": tuple(images), "ports": tuple(ports)}
+
+
+def recipe_ports(recipe: Recipe) -> tuple[int, ...]:
+    """Pure: the loopback ports a recipe's lane answers on, by its health URL and its probes' origins."""
+    urls = [recipe.health.url, *(p.base_url for p in recipe.probes)]
+    out: list[int] = []
+    for url in urls:
+        if not url:
+            continue
+        try:
+            parts = urlsplit(url)
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            continue
+        if port not in out:
+            out.append(port)
+    return tuple(out)
+
+
+def command_tensor_parallel_size(command: Sequence[str]) -> int | None:
+    """Pure: the ``--tensor-parallel-size`` (or ``-tp``) a vLLM command line gives, or None when it gives none; the
+    last one given, as vLLM's parser reads it."""
+    found: int | None = None
+    for i, arg in enumerate(command):
+        for flag in ("--tensor-parallel-size", "-tp"):
+            value = None
+            if arg == flag and i + 1 < len(command):
+                value = command[i + 1]
+            elif arg.startswith(flag + "="):
+                value = arg[len(flag) + 1 :]
+            if value is not None:
+                found = int(value) if value.strip().isdigit() else None
+    return found
+
+
+def enter_problems(
+    d: DesiredAssignment, desired: DesiredState, observed: Observed, *, own: Collection[str | None]
+) -> list[tuple[str, ...]]:
+    """Why an enter would fail however free its slots are, known before anything stops for it: its image is not on
+    the engine (the tool never pulls), the engine cannot give GPUs by DeviceRequest under ``docker.gpu_requests:
+    true``, something other than its own lane (``own``: its containers and those leaving first) listens on its
+    health or probe port, or its command's ``--tensor-parallel-size`` is not the recipe's. Each says the fix."""
+    recipe = desired.recipes[d.recipe]
+    facts = observed.enter
+    problems: list[tuple[str, ...]] = []
+    image = recipe.container.image
+    if facts.image_present(image) is False:
+        problems.append(
+            (
+                f"image {image} is not present on this host: pull or build it (recipe {d.recipe}, "
+                "container.image); the tool never pulls",
+                "",
+                "image",
+            )
+        )
+    host = desired.host
+    if host.docker.gpu_requests and facts.gpu_runtime == "absent":
+        problems.append(
+            (
+                f"the engine at {host.docker.url} has no NVIDIA runtime ({facts.gpu_runtime_detail}), and "
+                "docker.gpu_requests: true asks it for GPUs by DeviceRequest: install the NVIDIA container toolkit "
+                "(nvidia-container-toolkit, then `nvidia-ctk runtime configure --runtime=docker` and restart the "
+                "engine), or set docker.gpu_requests: false in configs/host.yaml on a host without it",
+                "",
+                "runtime",
+            )
+        )
+    tp = command_tensor_parallel_size(recipe.container.command)
+    if tp is not None and tp != recipe.tensor_parallel_size:
+        problems.append(
+            (
+                f"recipe {d.recipe}: its command says --tensor-parallel-size {tp} but tensor_parallel_size = "
+                f"{recipe.tensor_parallel_size}: make them equal in configs/recipes/{d.recipe}.toml",
+                "",
+                "recipe",
+            )
+        )
+    by_id = {c.id: c for c in observed.containers}
+    mine = [c for c in observed.containers if c.id in own and c.active]
+    for port in recipe_ports(recipe):
+        listeners = facts.listening(port)
+        for x in listeners or ():
+            owner = by_id.get(x.container_id) if x.container_id else None
+            if owner is None and x.pid is not None:
+                # The engine's proxy process serves a bridged container's published port.
+                owner = next((c for c in observed.containers if c.active and port in c.published_ports), None)
+            if owner is not None and owner.id in own:
+                continue
+            if owner is None and x.pid is None and mine:
+                continue  # a socket no readable process holds, while its own lane runs: judged after its leave
+            who = (
+                f"container {owner.name}"
+                if owner is not None
+                else f"pid {x.pid} ({x.command or 'a process'}) in no container of this engine"
+                if x.pid is not None
+                else "a socket no process here can be seen holding"
+            )
+            url = recipe.health.url or ""
+            problems.append(
+                (
+                    f"port {port} of recipe {d.recipe} ({url or 'probes'}) is already listened on ({x.address}:{port}"
+                    f", {who}) before {container_name(d.recipe, d.slots)} is started: its health check could not "
+                    "tell the new engine from it. Stop what listens there, or give the recipe another port and "
+                    "health.url; nothing was created",
+                    owner.name if owner is not None else (f"pid {x.pid}" if x.pid is not None else f"port {port}"),
+                    "port",
+                )
+            )
+            break
+    return problems
 
 
 def _fallbacks(

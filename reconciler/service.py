@@ -495,12 +495,12 @@ class HostService:
         """A dry run. ``save`` keeps it under the state dir and gives it a ``plan_id`` (for ``apply_saved``);
         ``out`` writes it to a file (``reconciler plan --out``). Either way with the fingerprint of its inputs."""
         from reconciler.observe import observe
-        from reconciler.planner import plan
+        from reconciler.planner import enter_needs, plan
 
         files = file_digests(self.root)  # before loading: an edit in between makes the saved plan stale
         desired = self.desired()
         self._host_name = desired.host.name
-        observed = observe(desired.host)
+        observed = observe(desired.host, **enter_needs(desired))
         p = plan(desired, observed, **loop_view(desired.host.name))
         fingerprint = Fingerprint(files, observed_parts(observed))
         result = PlanResult(desired, observed, p, fingerprint=fingerprint)
@@ -521,14 +521,14 @@ class HostService:
     def status(self) -> StatusResult:
         from reconciler.errors import ConfigError
         from reconciler.observe import observe
-        from reconciler.planner import plan
+        from reconciler.planner import enter_needs, plan
         from reconciler.render import status_data
 
         try:
             desired = self.desired()
         except ConfigError as exc:
             return self._status_of_invalid_files(exc)
-        observed = observe(desired.host)
+        observed = observe(desired.host, **enter_needs(desired))
         data = status_data(desired, observed, plan(desired, observed, **loop_view(desired.host.name)))
         from reconciler.probe_history import last_suites
 
@@ -713,6 +713,11 @@ class HostService:
         """Record containers that carry this host's labels but no install id as this install's (logged)."""
         return _adopt(self, names)
 
+    def prune(self, *, confirm: bool) -> PruneResult:
+        """The failed containers of this install kept for their logs: listed (a dry run), or with ``confirm``
+        removed, all of them at once, each only while it is still stopped (logged in the audit trail)."""
+        return _prune(self, confirm=confirm)
+
     def saved_plan(self, source: str) -> tuple[str, dict[str, Any], Fingerprint]:
         """A saved plan by its ``plan_id`` (from ``plan(save=True)``) or by file path."""
         if _PLAN_ID.match(source):
@@ -749,6 +754,77 @@ class HostService:
                 self.record("apply", outcome="stale", reason=message, plan=source, changes=changes[:40])
                 return ApplyResult(host, changes=changes, message=message, now=s.plan, observed=s.observed)
             return ApplyResult(host, passed=s.run(source=source))
+
+
+@dataclass
+class PruneResult:
+    host: str
+    confirmed: bool
+    kept_failed: list[dict[str, Any]]
+    removed: list[str] = field(default_factory=list)
+    failed: list[dict[str, str]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "confirmed": self.confirmed,
+            "kept_failed": self.kept_failed,
+            "removed": self.removed,
+            "failed": self.failed,
+        }
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_ERROR if self.failed else EXIT_OK
+
+
+def _prune(service: HostService, *, confirm: bool) -> PruneResult:
+    from reconciler import state
+    from reconciler.docker_ops import DockerOps
+    from reconciler.observe.docker_obs import DockerObserver
+    from reconciler.observed import INACTIVE_STATES
+    from reconciler.planner import kept_failed
+
+    desired = service.desired()
+    host = desired.host.name
+    service._host_name = host
+    observer = DockerObserver.for_host(desired.host)
+
+    def look() -> list[Any]:
+        containers, source = observer.observe()
+        if not source.ok:
+            raise ReconcilerError(f"docker source unavailable: {source.detail}; nothing pruned")
+        return kept_failed(host, containers, state.read_ownership(host))
+
+    def describe(c: Any) -> dict[str, Any]:
+        return {
+            "name": c.name,
+            "id": c.id,
+            "recipe": c.recipe,
+            "gpus": list(c.slots),
+            "state": c.state,
+            "exit_code": c.exit_code,
+        }
+
+    if not confirm:
+        return PruneResult(host, False, [describe(c) for c in look()])
+    with service.exclusive(host, "prune"):
+        found = look()
+        ops = DockerOps(connect=lambda: observer.api, url=observer.url, ping=observer.ping)
+        res = PruneResult(host, True, [describe(c) for c in found])
+        for c in found:
+            try:
+                status = (ops.inspect(c.id).get("State") or {}).get("Status")
+                if status not in INACTIVE_STATES:
+                    res.failed.append({"name": c.name, "reason": f"it is {status} now: left as it is"})
+                    continue
+                ops.remove(c.id)
+            except Exception as exc:  # noqa: BLE001 - say which one could not be removed, and go on
+                res.failed.append({"name": c.name, "reason": f"{type(exc).__name__}: {exc}"})
+                continue
+            res.removed.append(c.name)
+            service.record("prune", outcome="ok", reason=f"removed kept failed container {c.name}", container=c.name)
+        return res
 
 
 @dataclass

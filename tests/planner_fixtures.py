@@ -21,9 +21,11 @@ from reconciler.observed import (
     LABEL_SPEC_HASH,
     LABEL_SPEC_PARTS,
     ContainerView,
+    EnterFacts,
     GpuProcess,
     GpuSlotView,
     GpuView,
+    Listener,
     Observed,
     Owner,
     Ownership,
@@ -38,13 +40,16 @@ NVML_DATA = Path(__file__).parent / "data" / "nvml"
 INSTALL_ID = "1" * 32  # this install's id in every case; a container's `install:` overrides it (`none`: no label)
 
 
-def make_recipe(tp: int = 1, offload_gib: float = 0, image: str = "img") -> Recipe:
+def make_recipe(
+    tp: int = 1, offload_gib: float = 0, image: str = "img", command: list[str] | None = None, port: int | None = None
+) -> Recipe:
     return Recipe.model_validate(
         {
             "tensor_parallel_size": tp,
             "model": {"id": "m"},
-            "container": {"image": image, "command": ["serve"]},
+            "container": {"image": image, "command": command or ["serve"]},
             "offload": {"enabled": bool(offload_gib), "capacity_gib": offload_gib},
+            **({"health": {"url": f"http://127.0.0.1:{port}/health"}} if port else {}),
         }
     )
 
@@ -211,4 +216,27 @@ def make_observed(case: dict[str, Any], desired: DesiredState) -> Observed:
         created=None if obs.get("record") == "none" else created,
         pending=frozenset((name, token) for name, token in obs.get("pending") or ()),
     )
-    return Observed(host="h", containers=tuple(containers), gpus=gpus, shm=shm, docker=docker, ownership=ownership)
+    # What the engine and /proc/net say for the enters' knowable failures: `images` (name -> present),
+    # `gpu_runtime` (present | absent | unknown), `listeners` ([{port, container | pid, address}]) on `ports`.
+    e = obs.get("enter") or {}
+    listeners = tuple(
+        Listener(
+            address=x.get("address", "0.0.0.0"),
+            port=x["port"],
+            inode=5000 + n,
+            pid=x.get("pid", 7000 + n) if x.get("pid", 0) is not None else None,
+            command=x.get("command", ""),
+            container_id=by_name[x["container"]].id if x.get("container") in by_name else None,
+        )
+        for n, x in enumerate(e.get("listeners") or [])
+    )
+    enter = EnterFacts(
+        images=tuple((k, bool(v)) for k, v in (e.get("images") or {}).items()),
+        gpu_runtime=e.get("gpu_runtime", "unknown"),
+        gpu_runtime_detail=e.get("gpu_runtime_detail", "runtimes: runc; no CDI device nvidia.com/gpu=*"),
+        ports=frozenset(e.get("ports") or {x.port for x in listeners}),
+        listeners=listeners,
+    )
+    return Observed(
+        host="h", containers=tuple(containers), gpus=gpus, shm=shm, docker=docker, ownership=ownership, enter=enter
+    )

@@ -151,13 +151,15 @@ def test_device_nodes_and_mig_ids_hold_their_cards_idle_or_not() -> None:
         try:
             m.foreign_container(card=1, by=by, kind="foreign", running=True, idle=True)
             m.edit_manifest("swapped")
-            m.loop_pass()
-            assert not [c for c in m.world.containers.values() if c.ours], (by, m.world.containers)
             plan = m.plan_json()
             assert [(b["recipe"], b["gpus"], b["cause"]) for b in plan["blockers"]] == [
                 ("small", ["dark-compute-b"], "held")
             ], (by, plan)
             assert [(a["kind"], a["gpus"]) for a in plan["actions"]] == [("enter", ["dark-compute-a"])], (by, plan)
+            # Blockers are scoped to their slots: the free card's lane enters, nothing of ours lands on card 1.
+            m.loop_pass()
+            ours = [c for c in m.world.containers.values() if c.ours and c.state == "running"]
+            assert [c.name for c in ours] == ["reconciler-omni-dark-compute-a"], (by, m.world.containers)
             m.no_violation()
         finally:
             m.teardown()

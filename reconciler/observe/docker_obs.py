@@ -165,7 +165,45 @@ def parse_container(summary: Mapping[str, Any], inspect: Mapping[str, Any]) -> C
         gpu_devices=gpu_devices_of(inspect),
         offload=offload_configured(inspect),
         inherited=inherited_labels((inspect.get("Config") or {}).get("Labels") or {}, inspect.get("ImageLabels") or {}),
+        published_ports=published_ports_of(summary),
     )
+
+
+def published_ports_of(summary: Mapping[str, Any]) -> tuple[int, ...]:
+    """Pure: the host ports the list API says a container publishes (``Ports[].PublicPort``)."""
+    out: list[int] = []
+    for p in summary.get("Ports") or []:
+        if isinstance(p, Mapping) and isinstance(p.get("PublicPort"), int) and p["PublicPort"] not in out:
+            out.append(p["PublicPort"])
+    return tuple(out)
+
+
+# Where NVIDIA's container toolkit puts the hook through which Docker registers its "nvidia" device driver at start
+# (without an "nvidia" runtime in daemon.json, the engine's /info does not show it).
+NVIDIA_HOOK_PATHS = ("/usr/bin/nvidia-container-runtime-hook", "/usr/local/bin/nvidia-container-runtime-hook")
+
+
+def gpu_runtime_of(info: Mapping[str, Any], *, engine: str, hook_installed: bool = False) -> tuple[str, str]:
+    """Pure: whether the engine's /info answer shows a way to give a container NVIDIA GPUs by DeviceRequest:
+    ("present" | "absent" | "unknown", what it listed). An "nvidia" runtime (``nvidia-ctk runtime configure``), a
+    CDI device ``nvidia.com/gpu=...`` (Docker 28's ``DiscoveredDevices``) or the toolkit's hook on a local engine's
+    host is present. Podman gives GPUs by CDI specs that its /info does not list: unknown, never absent."""
+    runtimes = sorted(str(k) for k in (info.get("Runtimes") or {}))
+    devices = [
+        str(d.get("ID") or "")
+        for d in info.get("DiscoveredDevices") or []
+        if isinstance(d, Mapping) and str(d.get("ID") or "").startswith(CDI_GPU_PREFIX)
+    ]
+    detail = f"runtimes: {', '.join(runtimes) or 'none'}; no CDI device {CDI_GPU_PREFIX}*"
+    if any("nvidia" in r for r in runtimes):
+        return "present", f"runtimes: {', '.join(runtimes)}"
+    if devices:
+        return "present", f"CDI devices: {', '.join(devices)}"
+    if hook_installed:
+        return "present", "nvidia-container-runtime-hook installed"
+    if engine == "podman":
+        return "unknown", "Podman gives GPUs by CDI specs its /info does not list"
+    return "absent", detail
 
 
 def inherited_labels(labels: Mapping[str, str], image_labels: Mapping[str, str]) -> frozenset[str]:
@@ -329,6 +367,34 @@ class DockerObserver:
         The set a pid's cgroup is confirmed against (``procfs.innermost_known``): only these are its containers.
         """
         return frozenset(s["Id"] for s in self.reader.containers(all=True, quiet=True))
+
+    def images_present(self, images: Iterable[str]) -> tuple[tuple[str, bool], ...]:
+        """Whether each image is on the engine, by the engine's own resolution of its name (an inspect each); an
+        image the engine could not be asked about is left out (not judged)."""
+        out: list[tuple[str, bool]] = []
+        for image in dict.fromkeys(images):
+            try:
+                self.reader.inspect_image(image)
+                out.append((image, True))
+            except Exception as exc:  # noqa: BLE001 - an engine that does not answer: not judged here
+                if _not_found(exc):
+                    out.append((image, False))
+        return tuple(out)
+
+    def gpu_runtime(self) -> tuple[str, str]:
+        """Whether the engine can give NVIDIA GPUs by DeviceRequest (``gpu_runtime_of``); unknown when it does not
+        answer. The toolkit's hook counts only for an engine on this host (a unix socket)."""
+        import os
+
+        try:
+            reader = self.reader
+            info = reader.info() if hasattr(reader, "info") else reader.get("/info")
+            engine = self.engine()
+        except Exception as exc:  # noqa: BLE001 - not answered: not judged
+            return "unknown", f"the engine's /info did not answer: {_short(exc)}"
+        local = self.url.startswith("unix://")
+        hook = local and any(os.path.exists(p) for p in NVIDIA_HOOK_PATHS)
+        return gpu_runtime_of(info if isinstance(info, Mapping) else {}, engine=engine, hook_installed=hook)
 
     def observe(self) -> tuple[tuple[ContainerView, ...], Source]:
         """All containers, or an empty tuple and an unavailable source when the engine does not answer."""

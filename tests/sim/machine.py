@@ -68,6 +68,7 @@ class HostMachine(RuleBasedStateMachine):
         self.sink = _Sink()
         self.topology = "empty"
         self.edits = {r: 0 for r in RECIPES}
+        self.images = {r: "sim-vllm:1" for r in RECIPES}  # the image each recipe names
         self.steps_since_adopt_check = 0
 
     # ------------------------------------------------------------ set-up and files
@@ -141,7 +142,7 @@ class HostMachine(RuleBasedStateMachine):
         text = (
             f'description = "simulated {name}"\ntensor_parallel_size = {tp}\n'
             f'[model]\nid = "sim/{name}"\n'
-            f'[container]\nimage = "sim-vllm:1"\ncommand = ["vllm", "serve", "sim/{name}"]\n'
+            f'[container]\nimage = "{self.images[name]}"\ncommand = ["vllm", "serve", "sim/{name}"]\n'
             f'env = {{SIM_OFFLOAD_BYTES = "{int(offload * GIB)}", SIM_BOOT_S = "3", SIM_EDIT = "{self.edits[name]}"}}\n'
             f"[offload]\nenabled = {'true' if offload else 'false'}\ncapacity_gib = {offload}\n"
             f'[health]\nurl = "http://127.0.0.1:{port}/health"\nsettle_s = 1\nstart_timeout_s = 30\n'
@@ -419,6 +420,49 @@ class HostMachine(RuleBasedStateMachine):
     def card_presence(self, card: int, present: bool) -> None:
         self.world.cards[card].present = present
 
+    # ------------------------------------------------------------ an enter's knowable failures
+
+    @rule(recipe=st.sampled_from(sorted(RECIPES)), missing=st.booleans())
+    def recipe_names_an_image(self, recipe: str, missing: bool) -> None:
+        """The operator points a recipe at an image the engine does not have (or back at one it has)."""
+        self.images[recipe] = "sim-missing:1" if missing else "sim-vllm:1"
+        self.edits[recipe] += 1
+        self._write_recipe(recipe)
+
+    @rule(present=st.booleans())
+    def missing_image_pulled(self, present: bool) -> None:
+        w = self.world
+        assert w is not None
+        if present:
+            w.images.setdefault("sim-missing:1", {})
+        elif not any(c.image == "sim-missing:1" for c in w.containers.values()):
+            w.images.pop("sim-missing:1", None)
+
+    @rule(present=st.booleans())
+    def engine_gpu_runtime(self, present: bool) -> None:
+        """NVIDIA's container toolkit installed on the engine, or not (matters under docker.gpu_requests)."""
+        self.world.gpu_runtime = present
+
+    @rule(recipe=st.sampled_from(sorted(RECIPES)), listening=st.booleans())
+    def port_squatter(self, recipe: str, listening: bool) -> None:
+        """A process outside any container listens on a recipe's port (a stale server), or stops."""
+        port = RECIPES[recipe][2]
+        if listening:
+            self.world.squatted_ports.add(port)
+        else:
+            self.world.squatted_ports.discard(port)
+
+    def _knowable_failures(self, result: Any) -> None:
+        """Invariant (h): no enter fails for what the plan could know before it (its image missing, the engine
+        without GPU runtime, its port taken): such an enter is blocked, and nothing is stopped for it."""
+        if result is None:
+            return
+        for o in result.outcomes:
+            if o.action.kind.value == "enter" and o.result in ("failed", "refused"):
+                for why in ("is not present on this host", "already answers", "could not select device driver"):
+                    if why in o.detail:
+                        self.world.violate(f"(h) enter {o.action.key} failed for a knowable failure: {o.detail}")
+
     @rule(seconds=st.sampled_from([1.0, 5.0, 30.0, 400.0]))
     def time_passes(self, seconds: float) -> None:
         self.world.advance(seconds)
@@ -427,10 +471,12 @@ class HostMachine(RuleBasedStateMachine):
 
     def _pass(self) -> Any:
         try:
-            return self.loop.cycle({"resync"})
+            result = self.loop.cycle({"resync"})
         except Exception as exc:  # noqa: BLE001 - invariant (e): nothing escapes a pass
             self.world.violate(f"(e) {type(exc).__name__} escaped a pass: {exc}")
             return None
+        self._knowable_failures(result)
+        return result
 
     @rule()
     def loop_pass(self) -> None:
@@ -480,10 +526,11 @@ class HostMachine(RuleBasedStateMachine):
             observed, shown = applier.plan_now()
             mark = len(w.writes)
             files_before = {f.name: f.inode for f in w.files.values()}
-            applier.converge(start=(observed, shown), approved=shown)
+            result = applier.converge(start=(observed, shown), approved=shown)
         except Exception as exc:  # noqa: BLE001
             w.violate(f"(e) {type(exc).__name__} escaped apply: {exc}")
             return
+        self._knowable_failures(result)
         self._check_within(shown, w.writes[mark:], files_before)
 
     def _check_within(self, shown: Any, writes: list[Any], files_before: dict[str, int]) -> None:
@@ -589,3 +636,10 @@ class HostMachine(RuleBasedStateMachine):
                 w.violate(f"(f) blocked by {b.holder!r}, which is not on the host: {b.reason}")
             if b.cause == "memory" and not any(c.hidden_used for c in w.cards) and not w.wsl2:
                 w.violate(f"(f) blocked by unlisted VRAM that nothing holds: {b.reason}")
+            if b.cause == "image" and self.images.get(b.recipe, "sim-vllm:1") in w.images:
+                w.violate(f"(f) blocked by a missing image that the engine has: {b.reason}")
+            if b.cause == "runtime" and w.gpu_runtime:
+                w.violate(f"(f) blocked by a GPU runtime the engine has: {b.reason}")
+            port = RECIPES.get(b.recipe, (0, 0, 0))[2]
+            if b.cause == "port" and not w.listeners(port):
+                w.violate(f"(f) blocked by a port nothing listens on: {b.reason}")

@@ -245,9 +245,29 @@ def sim_shm(world: World, cfg: Any, *, containers: Any, docker: Any) -> Any:
     )
 
 
-def sim_observe(world: World, host: Any, *, docker: Any = None, **_: Any) -> Any:
+def sim_enter_facts(world: World, host: Any, images: Any, ports: Any) -> Any:
+    """What ``observe`` looks up for an enter's knowable failures, from the world: its images, its GPU runtime, and
+    who listens on the recipes' ports."""
+    from reconciler.observed import EnterFacts, Listener
+
+    runtime = ("present" if world.gpu_runtime else "absent") if host.docker.gpu_requests and host.gpus else "unknown"
+    listeners = tuple(
+        Listener("0.0.0.0", port, 1, pid, "sim squatter" if cid is None else "vllm serve", cid)
+        for port in ports
+        for pid, cid in world.listeners(port)
+    )
+    return EnterFacts(
+        images=tuple((i, i in world.images) for i in images),
+        gpu_runtime=runtime,
+        gpu_runtime_detail="runtimes: runc (simulated)",
+        ports=frozenset(ports),
+        listeners=listeners,
+    )
+
+
+def sim_observe(world: World, host: Any, *, docker: Any = None, images: Any = (), ports: Any = (), **_: Any) -> Any:
     from reconciler.observe.gpu import observe_gpus
-    from reconciler.observed import Observed
+    from reconciler.observed import EnterFacts, Observed
     from reconciler.state import read_ownership
 
     docker = docker or sim_observer(world, host.docker.url)
@@ -263,6 +283,7 @@ def sim_observe(world: World, host: Any, *, docker: Any = None, **_: Any) -> Any
         shm=shm,
         docker=docker_source,
         ownership=read_ownership(host.name),
+        enter=sim_enter_facts(world, host, images, ports) if docker_source.ok and (images or ports) else EnterFacts(),
     )
 
 
@@ -328,7 +349,7 @@ def installed(world: World) -> Iterator[str]:
         os.makedirs(os.path.join(state, "run"), mode=0o700)
         for mod in (apply_mod, loop_mod, guard_mod, ops_mod):
             mp.setattr(mod, "time", clock)
-        mp.setattr(apply_mod, "observe", lambda host, docker=None, **kw: sim_observe(world, host, docker=docker))
+        mp.setattr(apply_mod, "observe", lambda host, docker=None, **kw: sim_observe(world, host, docker=docker, **kw))
         # Actions on disjoint slots run one after the other, in the group's order: the same decisions, and a run
         # that replays from its seed.
         mp.setattr(apply_mod, "run_in_threads", lambda calls: [call() for call in calls])

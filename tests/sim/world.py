@@ -147,6 +147,10 @@ class World:
         self.on_sleep: list[Any] = []
         self.ports: dict[str, int] = {}
         self.behaviour: dict[str, str] = {}  # recipe -> how its containers behave once started
+        # Whether the engine can give GPUs by DeviceRequest (NVIDIA's runtime installed), and the ports a process
+        # outside any container listens on (a stale server): an enter's knowable failures.
+        self.gpu_runtime = True
+        self.squatted_ports: set[int] = set()
 
     # ------------------------------------------------------------ the clock
 
@@ -253,6 +257,8 @@ class World:
         if c.state == "running":
             self._lost("start")
             return
+        if c.device_ids and not self.gpu_runtime:
+            raise ApiError(500, 'could not select device driver "nvidia" with capabilities: [[gpu]]')
         self._check_start(c)
         c.state, c.started_at, c.exit_code = "running", self.now, 0
         self._spawn(c)
@@ -414,13 +420,25 @@ class World:
     # ------------------------------------------------------------ health (what answers a recipe's port)
 
     def answers(self, port: int) -> str | None:
-        """'ok' when a booted container of ours listens on ``port``, 'boot' while it loads, None: nothing."""
+        """'ok' when a booted container of ours (or a squatter) listens on ``port``, 'boot' while it loads, None:
+        nothing."""
+        if port in self.squatted_ports:
+            return "ok"
         for c in self.containers.values():
             if c.port == port and c.state == "running":
                 if c.behaviour == "hang" or self.now - c.started_at < c.boot_s:
                     return "boot"
                 return "ok"
         return None
+
+    def listeners(self, port: int) -> list[tuple[int, str | None]]:
+        """(pid, container id or None) of what listens on ``port``: containers of ours whose processes run, and a
+        squatter outside any container."""
+        out: list[tuple[int, str | None]] = [(99999, None)] if port in self.squatted_ports else []
+        for c in self.containers.values():
+            if c.port == port and c.state in LIVE_STATES:
+                out.append((90000 + len(out), c.id))
+        return out
 
     # ------------------------------------------------------------ NVML's answer (read_nvml's shape)
 
