@@ -32,8 +32,8 @@ def default_root() -> str:
 
 
 class Terminal:
-    """The one boundary of text a command prints: every write is redacted (``reconciler.redact.redact_text``: URL
-    passwords, the secret values this process learned, ...) and its control characters are shown escaped
+    """The one boundary of text a command prints: every write is redacted (``reconciler.redact.redact_output``: URL
+    passwords, the secret values this process learned) and its control characters are shown escaped
     (``reconciler.units.terminal_text``: a file name or a container's log line with ESC or U+009B cannot drive the
     terminal), the tool's own colour and redraw sequences kept. JSON goes out through ``write_json`` as it is: it
     was redacted whole by ``redact_json``, and JSON escapes every control character itself."""
@@ -44,10 +44,10 @@ class Terminal:
         self.stream = stream
 
     def write(self, text: str) -> int:
-        from reconciler.redact import redact_text
+        from reconciler.redact import redact_output
         from reconciler.units import terminal_text
 
-        self.stream.write(terminal_text(redact_text(text)))
+        self.stream.write(terminal_text(redact_output(text)))
         return len(text)
 
     def write_json(self, text: str) -> int:

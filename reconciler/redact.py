@@ -200,18 +200,43 @@ def secret_env_name(name: str) -> bool:
 
 def redact_text(text: str) -> str:
     """The inline rules (learned secret values, URL passwords, bearer tokens, quoted secret values, ``NAME=value``
-    and ``NAME: value``, token shapes)."""
+    and ``NAME: value``, token shapes).
+
+    A text without any marker of ``_MAYBE`` is returned as it is, and a rule is run only where the character it
+    needs is there (a quote, ``=``, ``:``): the rules cost a second for each megabyte of text they scan, and every
+    text a command prints passes here (a busy host's ``shm status`` table is megabytes)."""
+    if not _MAYBE.search(text):
+        return text
     text = _strip_needles(text)
     if _NAMED is not None:
         text = _NAMED.sub(_named_sub, text)
-    text = _URL_USERINFO.sub(_url_sub, text)
+    colon, eq = ":" in text, "=" in text
+    if colon and "@" in text:
+        text = _URL_USERINFO.sub(_url_sub, text)
     text = _BEARER.sub(lambda m: m.group("pre") + MASK, text)
-    text = _AUTH_HEADER.sub(_auth_sub, text)
-    text = _HEADER.sub(_header_sub, text)
-    text = _QUOTED_KV.sub(_quoted_sub, text)
-    text = _ENV_IN_TEXT.sub(lambda m: m.group("name") + "=" + MASK, text)
-    text = _ENV_COLON.sub(lambda m: m.group("pre") + MASK, text)
+    if colon:
+        text = _AUTH_HEADER.sub(_auth_sub, text)
+        text = _HEADER.sub(_header_sub, text)
+        text = _ENV_COLON.sub(lambda m: m.group("pre") + MASK, text)
+    if ('"' in text or "'" in text) and (colon or eq):
+        text = _QUOTED_KV.sub(_quoted_sub, text)
+    if eq:
+        text = _ENV_IN_TEXT.sub(lambda m: m.group("name") + "=" + MASK, text)
     return _KNOWN_TOKENS.sub(MASK, text)
+
+
+def redact_output(text: str) -> str:
+    """What the terminal boundary applies to every text a command prints: the learned secret values (bare and
+    after their names) and URL passwords, which any text may quote (a failed enter's cause, an engine's error
+    naming ``docker.url``). The other rules run where the text is made (a command line read, an error's text, a
+    JSON value), so a table of megabytes is not scanned by all of them again."""
+    if _NEEDLES:
+        text = _strip_needles(text)
+    if _NAMED is not None and any(m in text.lower() for m in _NAME_MARKERS):
+        text = _NAMED.sub(_named_sub, text)
+    if "://" in text and "@" in text:
+        text = _URL_USERINFO.sub(_url_sub, text)
+    return text
 
 
 def _auth_sub(m: re.Match[str]) -> str:

@@ -38,16 +38,23 @@ def test_hostile_file_names_are_shown_escaped(root: Root) -> None:
     root.manifest()
     for name in NAMES:
         (root.shm / name).write_bytes(b"\0" * 4096)
-    for args in (("shm", "status"), ("shm", "reclaim"), ("plan",), ("status",)):
+    escaped = ("\\x1b]0;owned\\x07\\x1b[2J", "\\u009b31mred", "\\x7f\\rfake")
+    for args in (("shm", "status"), ("plan",), ("status",)):
         r = root.cli(*args)
-        assert r.rc in (0, 2), r
+        assert "Traceback" not in r.stderr, r
         _no_raw(" ".join(args), r.stdout + r.stderr)
         if args[0] == "shm":
-            out = r.stdout
-            assert "\\x1b]0;owned\\x07\\x1b[2J" in out and "\\u009b31mred" in out and "\\x7f\\rfake" in out, out
-    # The dry run's hint names the files to pass to --path: shown escaped too.
-    hint = root.cli("shm", "reclaim")
-    assert "--path" in hint.stdout + hint.stderr, hint
+            assert all(e in r.stdout for e in escaped), r.stdout
+    # The dry run's hint names the files to pass to --path, escaped too. A native-offload lane running anywhere on
+    # the engine (another root's) refuses every reclaim: wait for it to go, then read the hint.
+    deadline = time.monotonic() + 120
+    while True:
+        hint = root.cli("shm", "reclaim")
+        _no_raw("shm reclaim", hint.stdout + hint.stderr)
+        if "native offload" not in hint.stdout + hint.stderr or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert hint.rc == 0 and "--path" in hint.stdout and all(e in hint.stdout for e in escaped), hint
     # JSON is unchanged: the names as they are, escaped by JSON itself.
     data = root.cli("shm", "status", "--json")
     _no_raw("shm status --json", data.stdout)
