@@ -100,8 +100,9 @@ def _emit_json(data: Any, out: TextIO | None = None) -> None:
     from reconciler.redact import redact_json
 
     out = out or sys.stdout
-    # One write (json.dump writes piece by piece), after a last redaction pass over every string.
-    out.write(redact_json(data, indent=2) + "\n")
+    # One write (json.dump writes piece by piece), after a last redaction pass over every string; past the
+    # terminal boundary as it is (JSON escapes control characters itself).
+    getattr(out, "write_json", out.write)(redact_json(data, indent=2) + "\n")
 
 
 # ---------------------------------------------------------------- human output

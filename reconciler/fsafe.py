@@ -16,7 +16,8 @@ group or others, with one name, and for secrets not readable by them either.
 
 Callers: ``reconciler.lock`` (the runtime directory: the host lock and the loop's state), ``reconciler.state``
 (the state directory: install id, ownership, history, saved plans, the audit trail), ``reconciler.audit``,
-``reconciler.service`` (``plan --out``, ``apply FILE``), ``reconciler.api`` (the token) and ``reconciler.secrets``.
+``reconciler.service`` (``plan --out`` through ``write_out``, which writes to a terminal or pipe rather than
+replace it; ``apply FILE``), ``reconciler.api`` (the token) and ``reconciler.secrets``.
 """
 
 from __future__ import annotations
@@ -241,6 +242,62 @@ def _fsync_dir(d: Path) -> None:
 def write_json(path: str | Path, data: Any, *, indent: int | None = 1, sort_keys: bool = True) -> None:
     """``write_atomic`` of ``data`` as JSON (one trailing newline), mode 0600."""
     write_atomic(path, json.dumps(data, indent=indent, sort_keys=sort_keys, default=str) + "\n")
+
+
+def _links_trusted(path: str) -> bool:
+    """Whether every symlink ``path`` goes through, itself first, was made by root or the running user. A link of
+    the kernel's own (``/proc/self/fd/1`` naming ``pipe:[…]``) ends the walk: the process's own, trusted."""
+    cur = path
+    for _ in range(_MAX_SYMLINKS):
+        try:
+            st = os.lstat(cur)
+        except OSError:
+            return True  # what it names is no path of the file system (a pipe, a socket): the kernel's own
+        if not stat.S_ISLNK(st.st_mode):
+            return True
+        if not _trusted_owner(st.st_uid):
+            return False
+        cur = os.path.join(os.path.dirname(cur), os.readlink(cur))
+    return False
+
+
+def write_out(path: str | Path, data: bytes | str, *, what: str, mode: int = 0o600) -> None:
+    """Write a file the operator names (``plan --out``). A path that is, or is a symlink of root's or the running
+    user's to, a character device or a FIFO (``/dev/stdout`` on a terminal or a pipe, ``/dev/null``) is written
+    to, never replaced: renaming over it would swap ``/dev/stdout`` for a regular file. Such a symlink to a regular
+    file (``/dev/stdout`` redirected to a file) writes that file, safely. A block device, a socket or a directory is
+    refused (``UnsafePath``, naming it); anything else, a missing path and a symlink another user planted included,
+    goes through ``write_atomic`` (replaced, never followed)."""
+    p = str(path)
+    try:
+        st = os.lstat(p)
+        if stat.S_ISLNK(st.st_mode):
+            if not _links_trusted(p):
+                write_atomic(p, data, mode=mode)
+                return
+            st = os.stat(p)
+    except FileNotFoundError:  # nothing there, or a dangling symlink: made (or replaced) safely
+        write_atomic(p, data, mode=mode)
+        return
+    if stat.S_ISREG(st.st_mode):
+        write_atomic(os.path.realpath(p) if os.path.islink(p) else p, data, mode=mode)
+        return
+    if not (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+        kind = (
+            "a block device" if stat.S_ISBLK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode) else "a socket"
+        )
+        raise UnsafePath(f"refusing {what} {p}: it is {kind}; name a file, or a terminal or pipe such as /dev/stdout")
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    fd = os.open(p, os.O_WRONLY | os.O_NOCTTY | os.O_CLOEXEC)  # no O_CREAT, no O_TRUNC: written to, as it is
+    try:
+        now = os.fstat(fd)
+        if not (stat.S_ISCHR(now.st_mode) or stat.S_ISFIFO(now.st_mode)):
+            raise UnsafePath(f"refusing {what} {p}: it changed while it was opened; try again")
+        view = memoryview(raw)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
 
 
 def read_json(path: str | Path, *, what: str) -> Any:

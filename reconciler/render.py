@@ -14,7 +14,7 @@ from reconciler.lock import read_loop_state
 from reconciler.model import DesiredState
 from reconciler.observed import Observed
 from reconciler.planner import Action, ActionKind, Plan, owner_kind, slot_holders
-from reconciler.units import clip, human_bytes, iso_time
+from reconciler.units import clip, human_bytes, iso_time, own
 from reconciler.vram import slot_vram, unlisted_used_bytes
 
 
@@ -26,7 +26,8 @@ class Style:
         self.color = color
 
     def _c(self, code: str, text: str) -> str:
-        return f"\x1b[{code}m{text}\x1b[0m" if self.color else text
+        # Marked as the tool's own: the console writes these raw and escapes every other control character.
+        return own("\x1b[" + code + "m") + text + own("\x1b[0m") if self.color else text
 
     def red(self, t: str) -> str:
         return self._c("31", t)

@@ -287,12 +287,14 @@ def plan_document(p: Plan, fingerprint: Fingerprint, *, plan_id: str | None = No
 
 
 def write_private(path: str, data: dict[str, Any]) -> None:
-    """Write a plan as JSON, 0600, through the one safe writer (``reconciler.fsafe.write_atomic``): a planted
-    symlink or file at ``path`` is replaced, never followed."""
+    """Write a plan as JSON, 0600, through the one safe writer (``reconciler.fsafe.write_out``): a planted
+    symlink or file at ``path`` is replaced, never followed; a terminal or a pipe (``/dev/stdout``) is written to."""
+    import json
+
     from reconciler import fsafe
 
     try:
-        fsafe.write_json(path, data, indent=2, sort_keys=False)
+        fsafe.write_out(path, json.dumps(data, indent=2, default=str) + "\n", what="the plan file")
     except OSError as exc:
         raise ReconcilerError(f"cannot write the plan to {path}: {exc.strerror or exc}") from None
 
