@@ -18,7 +18,7 @@ from typing import Any, TypeVar, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from reconciler import mounts
+from reconciler import fsafe, mounts
 from reconciler.errors import ConfigError, ConfigProblem
 from reconciler.model import (
     DesiredAssignment,
@@ -229,6 +229,10 @@ def _read_text(root: Path, path: Path, what: str) -> str:
     or a directory is refused instead of hanging or filling memory."""
     rel = _rel(root, path)
     try:
+        fsafe.check_trusted(path, what=what, last=None)  # the way to it; the file itself on the open descriptor
+    except fsafe.UnsafePath as exc:
+        raise ConfigError([ConfigProblem(rel, None, str(exc))]) from None
+    try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise ConfigError([ConfigProblem(rel, None, "file not found")]) from None
@@ -239,6 +243,7 @@ def _read_text(root: Path, path: Path, what: str) -> str:
         if not stat.S_ISREG(st.st_mode):
             kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
             raise ConfigError([ConfigProblem(rel, None, f"{what} is {kind}; it must be a regular file of text")])
+        fsafe.check_owner(st, path, what=what)
         chunks: list[bytes] = []
         size = 0
         while size <= MAX_FILE_BYTES:
@@ -247,6 +252,8 @@ def _read_text(root: Path, path: Path, what: str) -> str:
                 break
             chunks.append(chunk)
             size += len(chunk)
+    except fsafe.UnsafePath as exc:
+        raise ConfigError([ConfigProblem(rel, None, str(exc))]) from None
     except OSError as exc:
         raise ConfigError([ConfigProblem(rel, None, f"cannot read {what}: {exc.strerror or exc}")]) from None
     finally:
@@ -522,6 +529,26 @@ def tmpfs_free(directory: str) -> int | None:
     return st.f_frsize * st.f_bavail
 
 
+# ---------------------------------------------------------------- the root itself
+
+
+def check_root(r: Path) -> None:
+    """The root and its directories checked like the tool's own files (docs/design.md, safety rule 12) before
+    anything is read from them: owned by root (or the running user) and not writable by group or others, along
+    their whole real path. A ConfigError naming the first that is not, and the fix."""
+    for rel, what in (
+        (".", "--root"),
+        ("configs", "the configs directory"),
+        (RECIPES_DIR, "the recipes directory"),
+        (MANIFESTS_DIR, "the manifests directory"),
+    ):
+        path = r if rel == "." else r / rel
+        try:
+            fsafe.check_trusted(path, what=what)
+        except fsafe.UnsafePath as exc:
+            raise ConfigError([ConfigProblem(str(r) if rel == "." else rel, None, str(exc))]) from None
+
+
 # ---------------------------------------------------------------- the three kinds of file
 
 
@@ -540,6 +567,7 @@ def _load_host(r: Path) -> tuple[HostConfig, yaml.Node | None]:
 
 def load_host(root: str | os.PathLike[str]) -> HostConfig:
     """The host file, validated, with shm.dir checked to be an existing tmpfs mount point."""
+    check_root(Path(root))
     return _load_host(Path(root))[0]
 
 
@@ -587,6 +615,11 @@ def load_recipe(root: Path, path: Path) -> Recipe:
 
 
 def load_recipes(root: Path) -> dict[str, Recipe]:
+    check_root(root)
+    return _load_recipes(root)
+
+
+def _load_recipes(root: Path) -> dict[str, Recipe]:
     rdir = root / RECIPES_DIR
     recipes: dict[str, Recipe] = {}
     problems: list[ConfigProblem] = []
@@ -624,6 +657,7 @@ def load_desired(
 
     ``shm_size`` and ``shm_free`` stand in for the tmpfs's real figures (tests)."""
     r = Path(root)
+    check_root(r)
     problems: list[ConfigProblem] = []
     host: HostConfig | None = None
     host_node: yaml.Node | None = None
@@ -633,7 +667,7 @@ def load_desired(
     except ConfigError as exc:
         problems.extend(exc.problems)
     try:
-        recipes = load_recipes(r)
+        recipes = _load_recipes(r)
     except ConfigError as exc:
         problems.extend(exc.problems)
 
