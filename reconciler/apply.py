@@ -20,14 +20,16 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from reconciler import direct_http, pagecache
 from reconciler.docker_ops import DockerOps, create_spec
 from reconciler.errors import ReconcilerError
 from reconciler.model import DesiredState, Recipe
-from reconciler.observe import observe
+from reconciler.observe import observe, procfs
 from reconciler.observe.docker_obs import DockerObserver
 from reconciler.observe.gpu import slots_of_container, unattributable_slots
+from reconciler.observe.net import TcpListener, read_comm, read_tcp_listeners, socket_holders
 from reconciler.observed import ENDED_STATES, INACTIVE_STATES, LABEL_CREATE_TOKEN, NEVER_STARTED_STATES, Observed
 from reconciler.planner import Action, ActionKind, Plan, enter_needs, owner_kind, plan, slot_holders
 from reconciler.secrets import SecretError
@@ -63,6 +65,10 @@ class BelowReserve(ActionFailed):
 
 class ProbeFailed(ActionFailed):
     """A lane healthy by its health URL that failed one of its recipe's functional probes."""
+
+
+class PortSquatted(ActionFailed):
+    """A lane's health or probe port is held by a process outside its container: nothing was asked there."""
 
 
 class ActionRefused(ActionFailed):
@@ -172,6 +178,7 @@ class Applier:
         # Sees every guarded reclaim's ReclaimResult (the loop counts the files it kept as refusals).
         self.on_reclaim = on_reclaim
         self.poll_s = poll_s
+        self._unknown_listeners: dict[str, str] = {}  # container id -> why its ports are not yet its own
         # The loop's view for the fallback: () -> (last converged topology, seconds to each held lane's next attempt).
         # None (``reconciler apply``): no fallback; a failed enter leaves its slots as they are.
         self.fallback_view: Callable[[], tuple[Any, Mapping[str, float]]] | None = None
@@ -437,6 +444,7 @@ class Applier:
                 f"image {recipe.container.image} is not present on this host: pull or build it "
                 f"(recipe {action.recipe}, container.image)"
             )
+        self._check_ports_free(action, recipe)
         self._check_health_url_free(action, recipe)
         need = recipe.offload.capacity_bytes
         reserve = self.desired.host.shm.reserve_bytes if need else 0
@@ -553,18 +561,23 @@ class Applier:
                     running_since = time.monotonic()
                 restarts = count
                 if h.url:
-                    if _http_ok(h.url):
+                    # Asked only once every listener on its ports is the container's own: a squatter is named,
+                    # never asked (it would answer the health check and receive the probes' prompts).
+                    if self._ports_ours(action, cid, recipe) and _http_ok(h.url):
                         self._settle_after_health(action, cid, recipe, restarts)
+                        self._require_ports_ours(action, cid, recipe)
                         self._run_probes(action, recipe)
                         return
                 elif time.monotonic() - running_since >= h.settle_s:
+                    self._require_ports_ours(action, cid, recipe)
                     self._run_probes(action, recipe)
                     return
             if elapsed >= h.start_timeout_s:
+                unknown = self._unknown_listeners.pop(cid, None)
                 raise ActionFailed(
                     f"{action.container} not healthy within {h.start_timeout_s:g} s "
                     f"({'GET ' + h.url if h.url else 'running for settle_s'}); raise health.start_timeout_s "
-                    "in the recipe if it needs longer"
+                    "in the recipe if it needs longer" + (f" ({unknown}; it was never asked)" if unknown else "")
                 )
             # Without a health URL the lane is serving once it ran, not restarted, for settle_s: say that, not a
             # wait for a URL it does not have.
@@ -682,6 +695,68 @@ class Applier:
         past = expected(self.desired.host.name, action.recipe, action.kind.value)
         expect(action, past[0] if past else None, past[1] if past else 0)
 
+    def _check_ports_free(self, action: Action, recipe: Recipe) -> None:
+        """Preflight: nothing listens on the lane's health and probe ports before its container exists; whatever
+        does is named (read from /proc, never asked: a squatter must not receive a request)."""
+        ports = lane_ports(recipe)
+        if not ports:
+            return
+        view = _port_listeners(ports)
+        if view is None:
+            return  # /proc/net unreadable here: the HTTP check below still refuses anything that answers
+        for port, held in sorted(view.items()):
+            if held:
+                raise PortSquatted(
+                    f"port {port} ({ports[port]}) of recipe {action.recipe} is already bound before "
+                    f"{action.container} is started: {_holders_text(held)}. Its health check and probes could not "
+                    "tell the new engine from it, so nothing was asked there and nothing was created. Stop what "
+                    "listens there, or give the recipe another port and health.url"
+                )
+
+    def _port_verdict(self, action: Action, cid: str, recipe: Recipe) -> tuple[bool, str]:
+        """Whether every listener on the lane's health and probe ports is a process of container ``cid``:
+        (True, "") when each port has listeners and all are its own; (False, why) while one is not listening yet
+        or its holder is not known. A listener of another process raises PortSquatted, naming it."""
+        ports = lane_ports(recipe)
+        if not ports or recipe.container.network != "host":
+            return True, ""  # off the host's network, the host's sockets are not where its ports are
+        view = _port_listeners(ports)
+        if view is None:
+            return False, "the listening sockets could not be read from /proc/net/tcp"
+        for port, held in sorted(view.items()):
+            if not held:
+                return False, f"nothing listens on port {port} ({ports[port]}) yet"
+            for listener, holders in held:
+                if not holders:
+                    return False, (
+                        f"port {port} ({ports[port]}) is held by a socket of uid {listener.uid} "
+                        f"({listener.where}, inode {listener.inode}) that no readable process holds"
+                    )
+                foreign = [h for h in holders if not h.of(cid)]
+                if foreign:
+                    raise PortSquatted(
+                        f"port {port} ({ports[port]}) of {action.container} is held by "
+                        f"{_holders_text([(listener, foreign)])}, not by a process of the container: another "
+                        "process took the lane's port while it started, so its health answer and probes would "
+                        "come from that process. Nothing was asked there; stop what listens there, or give the "
+                        "recipe another port and health.url"
+                    )
+        return True, ""
+
+    def _ports_ours(self, action: Action, cid: str, recipe: Recipe) -> bool:
+        ok, why = self._port_verdict(action, cid, recipe)
+        if ok:
+            self._unknown_listeners.pop(cid, None)
+        elif why:
+            self._unknown_listeners[cid] = why
+        return ok
+
+    def _require_ports_ours(self, action: Action, cid: str, recipe: Recipe) -> None:
+        """Before the probes: the ports are still the container's own (PortSquatted names a holder that is not)."""
+        ok, why = self._port_verdict(action, cid, recipe)
+        if not ok:
+            raise PortSquatted(f"{action.container}'s probes were not sent: {why}")
+
     def _check_health_url_free(self, action: Action, recipe: Recipe) -> None:
         """Preflight: nothing may answer the health URL before the container starts. If something does (a stale
         server on the port, another lane with host networking), a health check would pass for it and report a
@@ -779,7 +854,11 @@ class Applier:
             freed_note = f"; its offload file was not reclaimed: {res.refused}"
         observed = self.observe()
         still = [c.name for c in observed.containers if c.id == cid and c.active]
-        cause = exc.cause if isinstance(exc, (BelowReserve, ProbeFailed)) else (_cause_from_logs(logs) or exc.cause)
+        cause = (
+            exc.cause
+            if isinstance(exc, (BelowReserve, ProbeFailed, PortSquatted))
+            else (_cause_from_logs(logs) or exc.cause)
+        )
         msg = f"enter {action.recipe} on {','.join(action.gpus)} failed: {cause}. Kept as {kept} (docker logs {kept}){freed_note}"
         if still:
             msg += f"; WARNING: {still[0]} is still running"
@@ -876,6 +955,82 @@ class Applier:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _url_port(url: str) -> int | None:
+    parts = urlsplit(url)
+    try:
+        return parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return None
+
+
+def lane_ports(recipe: Recipe) -> dict[int, str]:
+    """port -> what asks there (its health URL, a probe's base URL), of every port an enter sends a request to."""
+    out: dict[int, str] = {}
+    urls = [("health.url", recipe.health.url)]
+    origin = recipe.api_origin()
+    urls += [(f"probe {p.name!r}", p.base_url or origin) for p in recipe.suite("preflight")]
+    for what, url in urls:
+        port = _url_port(url) if url else None
+        if port is not None:
+            out.setdefault(port, what)
+    return out
+
+
+@dataclass(frozen=True)
+class PortHolder:
+    """A process holding a listening socket: its pid, program and the container ids on its cgroup path."""
+
+    pid: int
+    comm: str
+    containers: tuple[str, ...]
+
+    def of(self, cid: str) -> bool:
+        """In container ``cid`` (its cgroup path names it, as offload holders are attributed)."""
+        return any(c == cid or (len(cid) >= 12 and c.startswith(cid)) for c in self.containers)
+
+
+PortView = dict[int, list[tuple[TcpListener, list[PortHolder]]]]
+
+
+def _port_listeners(ports: Mapping[int, str]) -> PortView | None:
+    """port -> each socket listening on it (any local address) with the processes that hold it, from /proc; None
+    when /proc/net/tcp cannot be read. The simulation replaces this seam."""
+    try:
+        listeners = [sock for sock in read_tcp_listeners() if sock.port in ports]
+    except OSError:
+        return None
+    pids = socket_holders([sock.inode for sock in listeners]) if listeners else {}
+    view: PortView = {port: [] for port in ports}
+    for sock in listeners:
+        holders = [
+            PortHolder(pid, read_comm(pid), procfs.container_candidates_of_pid(pid))
+            for pid in sorted(pids.get(sock.inode, ()))
+        ]
+        view[sock.port].append((sock, holders))
+    return view
+
+
+def _holders_text(held: list[tuple[TcpListener, list[PortHolder]]]) -> str:
+    """The holders of listening sockets in words: pid, program, user, container, address."""
+    parts = []
+    for sock, holders in held:
+        if not holders:
+            parts.append(f"a socket of uid {sock.uid} on {sock.where} that no readable process holds")
+        for h in holders:
+            where = f" in container {h.containers[0][:12]}" if h.containers else ""
+            parts.append(f"pid {h.pid} ({h.comm}, {_user_name(sock.uid)}){where} listening on {sock.where}")
+    return "; ".join(parts)
+
+
+def _user_name(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except (KeyError, ImportError):
+        return f"uid {uid}"
 
 
 def _http_ok(url: str) -> bool:

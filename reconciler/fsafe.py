@@ -14,6 +14,10 @@ lock, the loop's state, saved plans, the API token, the secrets file) are opened
 on the open descriptor by ``open_trusted``: a regular file, owned by the running user (or root), not writable by
 group or others, with one name, and for secrets not readable by them either.
 
+The operator's root (``--root``, its ``configs/``, ``manifests/`` and every file read from them) is checked the
+same way by ``check_trusted`` and ``check_owner``, called by ``reconciler.loader``: a recipe decides an image and
+its mounts, so a root another user can write would let that user run anything as root.
+
 Callers: ``reconciler.lock`` (the runtime directory: the host lock and the loop's state), ``reconciler.state``
 (the state directory: install id, ownership, history, saved plans, the audit trail), ``reconciler.audit``,
 ``reconciler.service`` (``plan --out`` through ``write_out``, which writes to a terminal or pipe rather than
@@ -53,8 +57,8 @@ def _trusted_owner(uid: int) -> bool:
     return uid in (0, os.geteuid())
 
 
-def _ancestor_problem(path: str, st: os.stat_result) -> str | None:
-    if not stat.S_ISDIR(st.st_mode):
+def _ancestor_problem(path: str, st: os.stat_result, *, types: bool = True) -> str | None:
+    if types and not stat.S_ISDIR(st.st_mode):
         return f"{path} is not a directory"
     if not _trusted_owner(st.st_uid):
         return f"{path} is owned by {_user(st.st_uid)}, who could replace what lies under it"
@@ -66,7 +70,7 @@ def _ancestor_problem(path: str, st: os.stat_result) -> str | None:
     return None
 
 
-def _own_problem(path: str, st: os.stat_result, *, kind: str = "directory") -> str | None:
+def _own_problem(path: str, st: os.stat_result, *, kind: str | None = "directory") -> str | None:
     if kind == "directory" and not stat.S_ISDIR(st.st_mode):
         return f"{path} is not a directory"
     if kind == "file" and not stat.S_ISREG(st.st_mode):
@@ -88,11 +92,15 @@ def _fix(path: str, problem: str) -> str:
     return "give a directory of the running user's own"
 
 
-def _walk(path: Path, *, create: bool, mode: int) -> tuple[str | None, str]:
+def _walk(
+    path: Path, *, create: bool, mode: int, last: str | None = "directory", types: bool = True
+) -> tuple[str | None, str]:
     """Walk ``path`` from ``/``; returns (problem, the component it is about), or (None, the real path).
 
     Missing components are made (``mode``) when ``create``; one made meanwhile by someone else is checked like any
-    other, so a race to plant it first loses."""
+    other, so a race to plant it first loses. ``last`` is what the final component must be ("directory"; "any":
+    its owner and mode only; None: not checked, only the way to it); without ``types`` no component's file type is
+    checked (the caller reports a wrong one in its own words)."""
     if not path.is_absolute():
         path = Path.cwd() / path
     todo = list(path.parts[1:])
@@ -125,8 +133,11 @@ def _walk(path: Path, *, create: bool, mode: int) -> tuple[str | None, str]:
                 cur = "/"
             todo = [p for p in target.split("/") if p] + todo
             continue
-        last = not any(p not in ("", ".") for p in todo)
-        problem = _own_problem(nxt, st) if last else _ancestor_problem(nxt, st)
+        final = not any(p not in ("", ".") for p in todo)
+        if final:
+            problem = _own_problem(nxt, st, kind=None if last == "any" or not types else last) if last else None
+        else:
+            problem = _ancestor_problem(nxt, st, types=types)
         if problem:
             return problem, nxt
         cur = nxt
@@ -144,6 +155,36 @@ def check_dir(path: str | Path, *, what: str, create: bool = False, mode: int = 
         alt = f", or {how}" if how else ""
         raise UnsafePath(f"refusing {what} {path}: {problem}; {_fix(where, problem)}{alt}")
     return Path(where)
+
+
+def check_trusted(path: str | Path, *, what: str, last: str | None = "any") -> None:
+    """``path``, a file or directory the tool trusts but the operator writes (the root and its files), checked like
+    StrictModes: every component of its real path from ``/`` owned by root or the running user and not writable by
+    group or others (a sticky one may stand above), a symlink on the way only root's or the running user's, and the
+    path itself (unless ``last`` is None) owned and not writable the same way. Its file type is not checked, and a
+    missing component is no problem here: the caller reports those in its own words. UnsafePath names the path and
+    the fix (``chown root:root PATH; chmod go-w PATH``)."""
+    try:
+        problem, where = _walk(Path(path), create=False, mode=0, last=last, types=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError as exc:
+        raise UnsafePath(f"refusing {what} {path}: cannot check it: {exc.strerror or exc}") from None
+    if problem is None:
+        return
+    if "symlink" in problem:
+        fix = f"`chown -h root:root {where}`, or replace the symlink by the real path"
+    else:
+        fix = f"`chown root:root {where}; chmod go-w {where}`"
+    raise UnsafePath(f"refusing {what} {path}: {problem}; {fix}")
+
+
+def check_owner(st: os.stat_result, path: str | Path, *, what: str) -> None:
+    """An opened file's ``st`` (from ``path``) owned by root or the running user and not writable by group or
+    others, as ``check_trusted`` wants it; UnsafePath with the fix otherwise."""
+    problem = _own_problem(str(path), st, kind=None)
+    if problem:
+        raise UnsafePath(f"refusing {what} {path}: {problem}; `chown root:root {path}; chmod go-w {path}`")
 
 
 def check_fd(fd: int, path: str | Path, *, what: str, secret: bool = False) -> os.stat_result:

@@ -367,11 +367,13 @@ def _ok(problem: str | None, value: _T) -> _T:
 
 
 class _Strict(BaseModel):
-    """Unknown keys are errors: a typo must not silently fall back to a default. No inf or nan anywhere."""
+    """Unknown keys are errors: a typo must not silently fall back to a default. No inf or nan anywhere. Types are
+    strict: YAML and TOML give real integers, booleans and numbers, so a quoted ``"1"`` where a number belongs is
+    a mistake to name, not a string to convert (an integer is still a number where a float is asked for)."""
 
     # defer_build: a model's validator is built when it first validates, not when this module is imported; the
     # nested models are then built once, inside the file models' schemas (about 15 ms of every command's start).
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True, strict=True)
 
 
 # ---------------------------------------------------------------- configs/host.yaml

@@ -118,6 +118,19 @@ def _blocked_and_untouched(root: Root, name: str, *needles: str) -> None:
     assert root.snapshot() == snapshot
 
 
+def _refused_and_untouched(root: Root, name: str, needle: str) -> None:
+    """An edit the loader refuses: plan and apply exit 1 naming it, and the running lane is left as it was."""
+    before = _cid(root, name)
+    snapshot = root.snapshot()
+    plan = root.cli("plan", "--json")
+    assert plan.rc == 1 and plan.data["error"]["code"] == "config_invalid", str(plan)
+    assert needle in " | ".join(p["message"] for p in plan.data["error"]["problems"]), str(plan)
+    res = root.apply()
+    assert res.rc == 1, str(res)
+    assert _cid(root, name) == before, "the running lane was left untouched"
+    assert root.snapshot() == snapshot
+
+
 @pytest.mark.docker
 @pytest.mark.root
 def test_a_recipe_edited_to_a_missing_image_is_blocked_by_plan_and_the_lane_keeps_serving(root: Root) -> None:
@@ -137,7 +150,8 @@ def test_a_recipe_with_a_mismatched_tensor_parallel_size_is_blocked_and_the_lane
     data = root.recipe_data(omni)
     data["container"]["command"] = [*data["container"]["command"], "--tensor-parallel-size", "2"]
     root.write_recipe(omni, data)
-    _blocked_and_untouched(root, name, "its command says --tensor-parallel-size 2 but tensor_parallel_size = 1")
+    # The loader already refuses the edit (a broken edit changes nothing); the planner's own check stays behind it.
+    _refused_and_untouched(root, name, "the server is told --tensor-parallel-size 2")
 
 
 @pytest.mark.docker
@@ -161,7 +175,8 @@ def test_a_recipe_moved_onto_another_lanes_port_is_blocked_and_both_lanes_keep_s
     data["container"]["command"] = set_flag(data["container"]["command"], "--port", str(taken))
     data["health"]["url"] = f"http://127.0.0.1:{taken}/health"
     root.write_recipe(coder, data)
-    _blocked_and_untouched(root, coder_name, f"port {taken} of recipe {coder}", f"container {omni_name}")
+    # Two host-network lanes of one manifest on one port: the loader refuses the edit, and nothing is touched.
+    _refused_and_untouched(root, coder_name, f"both listen on port {taken}")
     assert _cid(root, omni_name) == omni_id
 
 

@@ -130,14 +130,17 @@ def test_an_enter_whose_health_url_already_answers_is_blocked_and_nothing_is_rep
         applier = Applier(desired, connect=False)
         action = Action(ActionKind.ENTER, "test", recipe=omni, gpus=(B,), container=root.cname(omni, B))
         with pytest.raises(ActionFailed) as failed:
-            applier._check_health_url_free(action, desired.recipes[omni])
+            applier._check_ports_free(action, desired.recipes[omni])
     assert plan.rc == 3, plan
     reasons = " | ".join(b["reason"] for b in plan.data["blockers"])
     assert f"port {port} of recipe {omni} ({url})" in reasons and f"pid {os.getpid()}" in reasons, reasons
     assert r.rc == 3 and r.data["result"] == "blocked" and r.data["actions"] == [], r
     assert "healthy" not in r.stdout and "converged" not in r.stdout, r
-    assert f"health URL {url}" in failed.value.cause and "already answers (HTTP 200)" in failed.value.cause
-    assert "something else serves on its port" in failed.value.cause
+    # The enter's own preflight, should the squatter appear after the plan: the holder is named from /proc (this
+    # test's own process), never asked.
+    cause = failed.value.cause
+    assert f"port {port} (health.url)" in cause and "already bound" in cause, cause
+    assert f"pid {os.getpid()} (" in cause and f"listening on 127.0.0.1:{port}" in cause, cause
     assert root.containers() == [], "refused before create: no container, kept or running"
 
     # The squatter is gone: the same apply converges, and the health check now hears the engine itself.

@@ -327,6 +327,18 @@ def _health(world: World, url: str) -> str | None:
     return world.answers(port) if port is not None else None
 
 
+def _listeners(world: World, ports: Any) -> Any:
+    """Who listens on each port, as /proc would say: every running container's server, from its start on."""
+    from reconciler.apply import PortHolder
+    from reconciler.observe.net import TcpListener
+
+    view: dict[int, list[Any]] = {port: [] for port in ports}
+    for n, c in enumerate(world.containers.values()):
+        if c.port in view and c.state == "running":
+            view[c.port].append((TcpListener("0.0.0.0", c.port, 0, 1000 + n), [PortHolder(1000 + n, "vllm", (c.id,))]))
+    return view
+
+
 @contextlib.contextmanager
 def installed(world: World) -> Iterator[str]:
     """Put the world under the project's code; yields a fresh state directory (the caller writes the root)."""
@@ -355,6 +367,7 @@ def installed(world: World) -> Iterator[str]:
         mp.setattr(apply_mod, "run_in_threads", lambda calls: [call() for call in calls])
         mp.setattr(apply_mod, "_http_ok", lambda url: _health(world, url) == "ok")
         mp.setattr(apply_mod, "_http_answer", lambda url, **kw: None if _health(world, url) is None else "HTTP 200")
+        mp.setattr(apply_mod, "_port_listeners", lambda ports: _listeners(world, ports))
         mp.setattr(probes_mod, "read_gauges", lambda url, **kw: (0.0, 0.0))
         factory = _ObserverFactory(world)
         mp.setattr(loop_mod, "DockerObserver", factory)
