@@ -407,6 +407,18 @@ class ApplySession:
         return result
 
 
+def viewed_applier(desired: DesiredState, view: dict[str, Any], **kwargs: Any) -> Applier:
+    """An applier that plans as ``plan`` does: with a running loop's ``view`` (``loop_view``: the lanes it holds, the
+    last converged topology its fallback serves, the seconds to each next attempt). ``kwargs`` go to ``Applier``."""
+    from reconciler.apply import Applier
+
+    applier = Applier(desired, hold=view.get("hold"), **kwargs)
+    if view:
+        last_good, next_attempt = view.get("last_good", ()), view.get("next_attempt", {})
+        applier.fallback_view = lambda: (last_good, next_attempt)
+    return applier
+
+
 def _summary(p: Plan) -> str:
     from reconciler.planner import ActionKind
 
@@ -733,25 +745,20 @@ class HostService:
         The plan is made as ``plan`` makes it: with a running loop's view (the lanes it holds in backoff, the last
         converged topology its fallback serves), so an apply the loop serves (the command line over its socket, the
         HTTP API, MCP) neither enters a held lane nor takes its fallback down."""
-        from reconciler.apply import Applier
-
         files = file_digests(self.root)  # before loading: an edit in between makes the plan look stale, not fresh
         desired = self.desired()
         self._host_name = desired.host.name
         with self.exclusive(desired.host.name, "apply"):
             hooks = self.hooks
             view = loop_view(desired.host.name)
-            applier = Applier(
+            applier = viewed_applier(
                 desired,
+                view,
                 progress=progress,
                 cancel=cancel,
-                hold=view.get("hold"),
                 on_outcome=hooks.outcome if hooks else None,
                 on_reclaim=hooks.reclaim if hooks else None,
             )
-            if view:
-                last_good, next_attempt = view.get("last_good", ()), view.get("next_attempt", {})
-                applier.fallback_view = lambda: (last_good, next_attempt)
             yield ApplySession(self, applier, files, view)
 
     def adopt(self, names: list[str]) -> AdoptResult:
