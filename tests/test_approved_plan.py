@@ -438,3 +438,53 @@ def test_loop_served_saved_plans_are_stale_once_a_secret_is_rotated(
     assert m["result"] == "stale", m
     assert "9876543210" not in json.dumps(stale) + json.dumps(m)
     assert _ids(root) == before, "not recreated"
+
+
+def test_every_input_of_the_planner_is_in_the_fingerprint_and_small_jitter_is_not() -> None:
+    from dataclasses import replace as r
+
+    from planner_fixtures import make_desired, make_observed
+
+    from reconciler.fingerprint import input_parts
+    from reconciler.observed import Owner, Ownership, ShmFile, Tmpfs
+
+    case = {"recipes": {"omni": {}}, "manifest": [{"omni": [B]}], "telemetry": "nvml", "observed": {}}
+    desired = make_desired(case)
+    observed = make_observed(case, desired)
+    slot = observed.gpus.slots[B]
+    base_view: dict[str, Any] = {}
+    base = input_parts(desired, observed, base_view)
+    f = ShmFile("/s/vllm_offload_1.mmap", 1, 2, 3, 3)
+    with_file = r(observed, shm=r(observed.shm, files=(f,)))
+    moved = {
+        "gpu_memory": r(
+            observed,
+            gpus=r(
+                observed.gpus,
+                slots={
+                    **observed.gpus.slots,
+                    B: r(slot, memory_used_bytes=20 * GIB, memory_free_bytes=60 * GIB, memory_total_bytes=80 * GIB),
+                },
+            ),
+        ),
+        "tmpfs": r(observed, shm=r(observed.shm, tmpfs=Tmpfs(80 * GIB, GIB, 79 * GIB))),
+        "holders": r(with_file, shm=r(with_file.shm, files=(r(f, owners=(Owner(42, "map"),)),))),
+        "ownership": r(observed, ownership=Ownership(install_id="a" * 32, adopted=frozenset({"b" * 64}))),
+    }
+    for part, obs in moved.items():
+        now = input_parts(desired, obs, base_view)
+        assert now[part] != (input_parts(desired, with_file, base_view) if part == "holders" else base)[part], part
+    rotated = r(desired, secret_digests={"HF_TOKEN": "0" * 64})
+    assert input_parts(rotated, observed, base_view)["secrets"] != base["secrets"]
+    held = input_parts(desired, observed, {"hold": {f"omni@{B}": "backoff"}, "last_good": [("omni", (B,))]})
+    assert held["loop"] != base["loop"] and any("holds omni@" in x for x in held["loop"])
+    # A few pages more or less in use, on the card or the tmpfs, move no figure: 256 MiB and 64 MiB steps.
+    t = observed.shm.tmpfs
+    jitter = r(
+        observed, shm=r(observed.shm, tmpfs=Tmpfs(t.size_bytes, t.used_bytes + 8192, max(0, t.free_bytes - 8192)))
+    )
+    assert input_parts(desired, jitter, base_view)["tmpfs"] == base["tmpfs"]
+    # A countdown is no part of the loop's view.
+    a = input_parts(desired, observed, {"hold": {"k": "next try in 59 s"}, "next_attempt": {"k": 59.0}})
+    b = input_parts(desired, observed, {"hold": {"k": "next try in 3 s"}, "next_attempt": {"k": 3.0}})
+    assert a["loop"] == b["loop"]
