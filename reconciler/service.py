@@ -20,7 +20,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from reconciler.errors import ReconcilerError
-from reconciler.fingerprint import PLAN_FORMAT, Fingerprint, file_digests, observed_parts
+from reconciler.fingerprint import (
+    FINGERPRINT_VERSION,
+    PLAN_FORMAT,
+    Fingerprint,
+    file_digests,
+    fingerprint,
+    plan_differences,
+    plan_from_json,
+)
 
 if TYPE_CHECKING:
     from reconciler.apply import Applier, PassResult, Progress
@@ -329,28 +337,55 @@ def read_plan_document(path: str) -> tuple[dict[str, Any], Fingerprint]:
 
 class ApplySession:
     """One apply under the host's lock: the plan to show, a way to see whether anything changed since it was
-    shown, and ``run()`` to carry out exactly that plan. Made by ``HostService.apply_session``."""
+    shown, and ``run()`` to carry out exactly that plan. Made by ``HostService.apply_session``.
 
-    def __init__(self, service: HostService, applier: Applier, files: dict[str, str]):
+    ``approved`` is the plan the operator saw (shown here, or saved earlier): ``run`` passes it to the applier as the
+    contract, and ``refresh``/``changes_since`` compare the plan made now with it, besides the fingerprint."""
+
+    def __init__(self, service: HostService, applier: Applier, files: dict[str, str], view: dict[str, Any]):
         self.service = service
         self.applier = applier
+        self.view = view
         self.observed, self.plan = applier.plan_now()
-        self.shown = Fingerprint(files, observed_parts(self.observed))
+        self.shown = fingerprint(files, applier.desired, self.observed, view)
+        self.approved: Plan = self.plan
         self.started = time.monotonic()
 
-    def changes_since(self, before: Fingerprint) -> list[str]:
-        return self.shown.changes_since(before)
+    def changes_since(self, before: Fingerprint, approved: dict[str, Any] | None = None) -> list[str]:
+        """What changed since ``before`` was taken, and, given the approved plan's JSON, how the plan made now
+        differs from it. Taking ``approved`` makes it the plan ``run`` holds to."""
+        from reconciler.redact import redact_data
+
+        if before.version < FINGERPRINT_VERSION:
+            return [
+                f"the plan was saved by an earlier version of reconciler (fingerprint {before.version}, "
+                f"{FINGERPRINT_VERSION} now), which did not record every input of the plan; save it again"
+            ]
+        changes = self.shown.changes_since(before)
+        if approved is not None:
+            changes += plan_differences(approved, redact_data(self.plan.to_json()))
+            try:
+                self.approved = plan_from_json(approved)
+            except ValueError as exc:
+                changes.append(f"the saved plan cannot be read back ({exc}); save it again")
+        return changes
 
     def refresh(self) -> list[str]:
-        """Observe and plan again; what changed since the plan was shown (then the new plan is the one to show)."""
+        """Observe and plan again; what changed since the plan was shown, the plan itself included (then the new
+        plan is the one to show)."""
+        from reconciler.redact import redact_data
+
         self.observed, self.plan = self.applier.plan_now()
-        now = Fingerprint(file_digests(self.service.root), observed_parts(self.observed))
+        now = fingerprint(file_digests(self.service.root), self.applier.desired, self.observed, self.view)
         changes = now.changes_since(self.shown)
+        changes += plan_differences(redact_data(self.approved.to_json()), redact_data(self.plan.to_json()))
         self.shown = now
+        if changes:
+            self.approved = self.plan  # what is shown next
         return changes
 
     def run(self, *, source: str = "") -> PassResult:
-        result = self.applier.converge(start=(self.observed, self.plan), approved=self.plan)
+        result = self.applier.converge(start=(self.observed, self.plan), approved=self.approved)
         self.service.record(
             "apply",
             outcome=result.result,
@@ -372,6 +407,18 @@ class ApplySession:
             ],
         )
         return result
+
+
+def viewed_applier(desired: DesiredState, view: dict[str, Any], **kwargs: Any) -> Applier:
+    """An applier that plans as ``plan`` does: with a running loop's ``view`` (``loop_view``: the lanes it holds, the
+    last converged topology its fallback serves, the seconds to each next attempt). ``kwargs`` go to ``Applier``."""
+    from reconciler.apply import Applier
+
+    applier = Applier(desired, hold=view.get("hold"), **kwargs)
+    if view:
+        last_good, next_attempt = view.get("last_good", ()), view.get("next_attempt", {})
+        applier.fallback_view = lambda: (last_good, next_attempt)
+    return applier
 
 
 def _summary(p: Plan) -> str:
@@ -503,9 +550,10 @@ class HostService:
         desired = self.desired()
         self._host_name = desired.host.name
         observed = observe(desired.host, **enter_needs(desired))
-        p = plan(desired, observed, **loop_view(desired.host.name))
-        fingerprint = Fingerprint(files, observed_parts(observed))
-        result = PlanResult(desired, observed, p, fingerprint=fingerprint)
+        view = loop_view(desired.host.name)
+        p = plan(desired, observed, **view)
+        fp = fingerprint(files, desired, observed, view)
+        result = PlanResult(desired, observed, p, fingerprint=fp)
         if save:
             import uuid  # here: with platform, 3 ms of every command's start, for a saved plan's name
 
@@ -514,10 +562,10 @@ class HostService:
             plan_id = uuid.uuid4().hex
             d = checked_subdir(desired.host.name, "plans", create=True)
             _prune_plans(d)
-            write_private(str(d / f"{plan_id}.json"), plan_document(p, fingerprint, plan_id=plan_id))
+            write_private(str(d / f"{plan_id}.json"), plan_document(p, fp, plan_id=plan_id))
             result.plan_id = plan_id
         if out:
-            write_private(out, plan_document(p, fingerprint))
+            write_private(out, plan_document(p, fp))
         return result
 
     def status(self) -> StatusResult:
@@ -694,22 +742,26 @@ class HostService:
     def apply_session(
         self, *, progress: Progress | None = None, cancel: threading.Event | None = None
     ) -> Iterator[ApplySession]:
-        """Hold the host for one apply: observe and plan under the lock, then let the caller show, approve, run."""
-        from reconciler.apply import Applier
+        """Hold the host for one apply: observe and plan under the lock, then let the caller show, approve, run.
 
+        The plan is made as ``plan`` makes it: with a running loop's view (the lanes it holds in backoff, the last
+        converged topology its fallback serves), so an apply the loop serves (the command line over its socket, the
+        HTTP API, MCP) neither enters a held lane nor takes its fallback down."""
         files = file_digests(self.root)  # before loading: an edit in between makes the plan look stale, not fresh
         desired = self.desired()
         self._host_name = desired.host.name
         with self.exclusive(desired.host.name, "apply"):
             hooks = self.hooks
-            applier = Applier(
+            view = loop_view(desired.host.name)
+            applier = viewed_applier(
                 desired,
+                view,
                 progress=progress,
                 cancel=cancel,
                 on_outcome=hooks.outcome if hooks else None,
                 on_reclaim=hooks.reclaim if hooks else None,
             )
-            yield ApplySession(self, applier, files)
+            yield ApplySession(self, applier, files, view)
 
     def adopt(self, names: list[str]) -> AdoptResult:
         """Record containers that carry this host's labels but no install id as this install's (logged)."""
@@ -750,7 +802,9 @@ class HostService:
         if doc.get("host") != host:
             raise ReconcilerError(f"{path}: a plan for host {doc.get('host')!r}, but {self.root} is host {host!r}")
         with self.apply_session(progress=progress, cancel=cancel) as s:
-            changes = s.changes_since(fp)
+            # The saved plan is the contract: rebuilt, compared with the plan made now, and the one the pass holds to.
+            saved = doc.get("plan")
+            changes = s.changes_since(fp, saved if isinstance(saved, dict) else {"host": host, "actions": None})
             if changes:
                 message = f"the saved plan {source} is stale"
                 self.record("apply", outcome="stale", reason=message, plan=source, changes=changes[:40])

@@ -184,3 +184,32 @@ def test_a_copy_of_a_lane_with_every_label_is_never_touched() -> None:
         m.no_violation()
     finally:
         m.teardown()
+
+
+def test_a_plan_saved_before_the_host_changed_is_stale_and_writes_nothing() -> None:
+    """A second terminal saves a plan, an orphan appears and a reader lets go of a file meanwhile, and the plan is
+    applied steps later: stale, nothing written; saved again and applied at once, it runs exactly its steps."""
+    m = _machine()
+    try:
+        m.edit_manifest("split")
+        m.plan_saved()
+        m.orphan_appears(1)
+        mark = len(m.world.writes)
+        m.saved_plan_applied(0)
+        m.no_violation()
+        assert m.world.writes[mark:] == [], "a stale saved plan wrote"
+        assert m.world.containers == {} or all(not c.ours for c in m.world.containers.values())
+        m.plan_saved()
+        m.saved_plan_applied(1)
+        m.no_violation()
+        assert [c.name for c in m.world.containers.values() if c.ours], "the fresh saved plan ran"
+        # The prompt: shown, the host changes (another orphan), answered: stale, nothing written.
+        m.edit_manifest("empty")
+        m.prompt_shown()
+        m.orphan_appears(1)
+        mark = len(m.world.writes)
+        m.prompt_answered()
+        m.no_violation()
+        assert m.world.writes[mark:] == []
+    finally:
+        m.teardown()

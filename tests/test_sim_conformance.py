@@ -107,7 +107,23 @@ def test_the_simulation_plans_as_the_real_host_does(root: Root, image: str) -> N
             fh.write(b"\0" * MIB)
         sim.m.world.add_file(GIB)
         compare("an orphan while nothing offloads")
-        # 7: a device-node squatter: a container given a card's node (--device; made with mknod, numbered 195:N, under
+        # 7: a plan saved now (its reclaim and enter), then another orphan: applied later, it is stale on both hosts
+        # and changes nothing; the plan both make then lists both orphans.
+        saved = root.path.parent / "saved-plan.json"
+        assert root.cli("plan", "--out", str(saved)).rc == 2
+        sim.m.plan_saved()
+        before, sim_writes = root.snapshot(), len(sim.m.world.writes)
+        with open(root.shm / "vllm_offload_later.mmap", "wb") as fh:
+            fh.write(b"\0" * MIB)
+        sim.m.world.add_file(GIB)
+        real = root.cli("apply", str(saved), "--json")
+        assert real.rc == 1 and real.data["result"] == "stale", str(real)
+        sim.m.saved_plan_applied(len(sim.m.saved) - 1)
+        sim.m.no_violation()
+        assert root.snapshot() == before and len(root.shm_files()) == 2, "the stale plan changed nothing"
+        assert sim.m.world.writes[sim_writes:] == [] and len(sim.m.world.files) == 2
+        compare("a saved plan gone stale")
+        # 8: a device-node squatter: a container given a card's node (--device; made with mknod, numbered 195:N, under
         # a name that is no card's), no GPU request, nothing running on the card. Without telemetry no minor number
         # is known: it may be any slot's card, and the enter is blocked.
         node = root.path / "gpu-node"

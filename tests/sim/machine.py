@@ -70,6 +70,10 @@ class HostMachine(RuleBasedStateMachine):
         self.edits = {r: 0 for r in RECIPES}
         self.images = {r: "sim-vllm:1" for r in RECIPES}  # the image each recipe names
         self.steps_since_adopt_check = 0
+        # Plans a second terminal saved (``plan --out FILE``), as their files hold them, newest last.
+        self.saved: deque[dict[str, Any]] = deque(maxlen=4)
+        # An interactive ``apply`` whose prompt waits for its answer while the host goes on.
+        self.prompt: Any = None
 
     # ------------------------------------------------------------ set-up and files
 
@@ -532,6 +536,110 @@ class HostMachine(RuleBasedStateMachine):
             return
         self._knowable_failures(result)
         self._check_within(shown, w.writes[mark:], files_before)
+
+    def _desired_and_applier(self) -> tuple[Any, Any, dict[str, str]] | None:
+        """The files' digests (read first, as the command reads them), the desired state and an applier that plans
+        as ``reconciler apply`` does, with the loop's view; None while the files do not load."""
+        from reconciler.errors import ReconcilerError
+        from reconciler.fingerprint import file_digests
+        from reconciler.loader import load_desired
+        from reconciler.service import loop_view, viewed_applier
+
+        w = self.world
+        files = file_digests(self.root)
+        try:
+            desired = load_desired(str(self.root))
+        except ReconcilerError:
+            return None
+        observer = self.loop.observer
+        if observer is None:
+            from sim.seams import sim_observer
+
+            observer = sim_observer(w, desired.host.docker.url)
+        view = loop_view(desired.host.name)
+        return desired, viewed_applier(desired, view, observer=observer, connect=False), files
+
+    def _session(self, applier: Any, files: dict[str, str]) -> Any:
+        from reconciler.service import ApplySession, Caller, HostService, loop_view
+
+        svc = HostService(str(self.root), caller=Caller("cli", "second terminal"))
+        return ApplySession(svc, applier, files, loop_view(applier.desired.host.name))
+
+    @precondition(lambda self: self.world is not None)
+    @rule()
+    def plan_saved(self) -> None:
+        """``reconciler plan --out FILE`` in a second terminal: the plan and its fingerprint, as the file holds them."""
+        import json
+
+        from reconciler.fingerprint import fingerprint
+        from reconciler.service import loop_view, plan_document
+
+        made = self._desired_and_applier()
+        if made is None:
+            return
+        desired, applier, files = made
+        observed, p = applier.plan_now()
+        fp = fingerprint(files, desired, observed, loop_view(desired.host.name))
+        self.saved.append(json.loads(json.dumps(plan_document(p, fp))))
+
+    @precondition(lambda self: self.world is not None and self.saved)
+    @rule(pick=st.integers(0, 3))
+    def saved_plan_applied(self, pick: int) -> None:
+        """``reconciler apply FILE`` of a plan saved some steps before, as ``HostService.apply_saved`` runs it: stale
+        (anything changed since, the plan made now not the saved one) writes nothing; else only the saved steps run."""
+        from reconciler.fingerprint import Fingerprint
+
+        w = self.world
+        doc = self.saved[pick % len(self.saved)]
+        made = self._desired_and_applier()
+        if made is None:
+            return
+        _desired, applier, files = made
+        mark = len(w.writes)
+        files_before = {f.name: f.inode for f in w.files.values()}
+        try:
+            session = self._session(applier, files)
+            changes = session.changes_since(Fingerprint.from_json(doc["fingerprint"]), doc["plan"])
+            if not changes:
+                session.run(source="saved")
+        except Exception as exc:  # noqa: BLE001
+            w.violate(f"(e) {type(exc).__name__} escaped apply FILE: {exc}")
+            return
+        if changes and w.writes[mark:]:
+            w.violate(f"(d) a stale saved plan wrote: {[wr.kind for wr in w.writes[mark:]]}")
+        if not changes:
+            self._check_within(session.approved, w.writes[mark:], files_before)
+
+    @precondition(lambda self: self.world is not None and self.prompt is None)
+    @rule()
+    def prompt_shown(self) -> None:
+        """An interactive ``apply`` shows its plan and waits at its prompt; the host and the loop go on meanwhile."""
+        made = self._desired_and_applier()
+        if made is None:
+            return
+        _desired, applier, files = made
+        self.prompt = self._session(applier, files)
+
+    @precondition(lambda self: self.world is not None and self.prompt is not None)
+    @rule()
+    def prompt_answered(self) -> None:
+        """The operator answers yes, steps after the plan was shown: as ``cmd_apply``, the host is planned again and
+        a change since the plan was shown is stale (nothing written); else only the shown plan's steps run."""
+        w = self.world
+        session, self.prompt = self.prompt, None
+        mark = len(w.writes)
+        files_before = {f.name: f.inode for f in w.files.values()}
+        try:
+            changes = session.refresh()
+            if not changes:
+                session.run()
+        except Exception as exc:  # noqa: BLE001
+            w.violate(f"(e) {type(exc).__name__} escaped an approved apply: {exc}")
+            return
+        if changes and w.writes[mark:]:
+            w.violate(f"(d) an approval gone stale wrote: {[wr.kind for wr in w.writes[mark:]]}")
+        if not changes:
+            self._check_within(session.approved, w.writes[mark:], files_before)
 
     def _check_within(self, shown: Any, writes: list[Any], files_before: dict[str, int]) -> None:
         """Invariant (d): every write of the apply belongs to an action of the plan it showed."""
