@@ -664,6 +664,10 @@ def _fake_proc(root: Path, real_file: Path, dev: int, inode: int) -> None:
     line = f"7f0000000000-7f0000100000 rw-s 00000000 {os.major(dev):02x}:{os.minor(dev):02x} {inode}    {real_file}\n"
     (root / "4444" / "maps").write_text("55ef93536000-55ef936c5000 rw-p 00000000 00:00 0    [heap]\n" + line)
     (root / "4444" / "fd" / "7").symlink_to(real_file)  # stat follows it to the very file, like /proc's links
+    for pid in (4242, 4444):  # a live process's stat: its start time (field 22) read before its maps
+        (root / str(pid) / "stat").write_text(
+            f"{pid} (python3) S 1 {pid} {pid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 777 0 0\n"
+        )
     (root / "self").mkdir()
 
 

@@ -286,6 +286,17 @@ def inspect_shm(
             docker=docker,
             proc_error=f"{proc_root}: {exc.strerror or exc}",
         )
+    if scan.unstable:
+        return build_view(
+            cfg,
+            listing=listing,
+            holders={},
+            deleted=(),
+            unreadable={},
+            containers=containers,
+            docker=docker,
+            proc_error=f"{proc_root}: {scan.unstable}",
+        )
     names = {c.id: c.name for c in containers}
     resolve = _Resolver(proc_root, names, engine_ok=docker.ok)
     holders = {ino: [resolve.owner(pid, via) for pid, via in pairs] for ino, pairs in scan.holders().items()}
