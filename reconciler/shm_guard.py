@@ -7,7 +7,8 @@ The safety rules 4 and 5 of docs/design.md, on top of the inspection's rules 1-3
 - Without ``confirm``: one inspection, nothing removed; the result names what would go and what stays.
 - With ``confirm``: two full inspections ``confirm_interval_s`` apart, Docker observed afresh for each. A file
   is removed only when both call it ``orphan`` with the same path, device, inode, size and allocation. Any
-  unavailable source, or a running native-offload container, refuses the whole reclaim.
+  unavailable source, or a running native-offload container that could own an unowned file (one not settled
+  and seen holding its own: ``observe.shm.offload_blockers``), refuses the whole reclaim.
 - Each removal opens ``shm.dir`` once (checked to be the directory inspected), opens the name relative to it
   (``O_RDONLY|O_NOFOLLOW``) and takes the kernel's write lease on it (``take_lease``): the kernel grants one only
   while no other open file description of the file exists, one that a mapping alone keeps included, so a holder
@@ -182,9 +183,11 @@ def _sources(view: ShmView) -> dict[str, str]:
     return {"proc": view.proc.render(), "docker": view.docker.render()}
 
 
-def _inspect(cfg: ShmConfig, observe_docker: DockerObservation, proc_root: str) -> ShmView:
+def _inspect(
+    cfg: ShmConfig, observe_docker: DockerObservation, proc_root: str, *, settled: Collection[str] = ()
+) -> ShmView:
     containers, docker = observe_docker()
-    return inspect_shm(cfg, containers=containers, docker=docker, proc_root=proc_root)
+    return inspect_shm(cfg, containers=containers, docker=docker, proc_root=proc_root, settled=settled)
 
 
 def reclaim(
@@ -195,11 +198,14 @@ def reclaim(
     only_paths: Collection[str] | None = None,
     sleep: Callable[[float], None] | None = None,
     proc_root: str = "/proc",
+    settled: Callable[[], Collection[str]] | None = None,
 ) -> ReclaimResult:
     """Remove the orphan offload files (all, or those in ``only_paths``), guarded as the module says.
 
     Never raises for a source that fails: the result is ``refused`` with the source named. ``sleep`` is the
-    wait between the inspections (tests inject one that changes files meanwhile).
+    wait between the inspections (tests inject one that changes files meanwhile). ``settled`` reads, for each
+    inspection afresh, the ids of the containers this install recorded healthy (``Ownership.healthy``): a running
+    offload container among them that is seen holding its file does not keep the unowned ones (safety rule 2).
     """
     t0 = time.monotonic()
     wanted = None if only_paths is None else set(only_paths)
@@ -221,7 +227,10 @@ def reclaim(
     if refused_mount is not None:
         return ReclaimResult(**base, refused=refused_mount, elapsed_s=time.monotonic() - t0)
 
-    first = _in_scope(cfg, _inspect(cfg, observe_docker, proc_root))
+    def inspect() -> ShmView:
+        return _in_scope(cfg, _inspect(cfg, observe_docker, proc_root, settled=settled() if settled else ()))
+
+    first = inspect()
     common: dict[str, Any] = dict(base, tmpfs_before=first.tmpfs, blocking_containers=first.blocking_containers)
     candidates = [f for f in first.files if f.state == "orphan" and selected(f)]
     refused = refusal_of(first)
@@ -251,7 +260,7 @@ def reclaim(
         )
 
     (sleep or time.sleep)(cfg.confirm_interval_s)  # looked up now: a simulated clock replaces the module's time
-    second = _in_scope(cfg, _inspect(cfg, observe_docker, proc_root))
+    second = inspect()
     common["blocking_containers"] = tuple(sorted(set(first.blocking_containers) | set(second.blocking_containers)))
     refused = refusal_of(second)
     if refused is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,8 @@ from reconciler.observe.procfs import (
     parse_maps,
     parse_maps_line,
 )
-from reconciler.observe.shm import describe_owners, owner_container
-from reconciler.observed import Owner
+from reconciler.observe.shm import DirEntry, DirListing, build_view, describe_owners, owner_container
+from reconciler.observed import ContainerView, Owner, Source, Tmpfs
 
 TMPFS = os.makedev(0, 41)  # printed "00:29"
 
@@ -257,3 +258,71 @@ def test_owner_shown_for_a_holder_never_names_an_unknown_id_as_a_container() -> 
     assert describe_owners(owners) == (
         f"mapped by pid 7 in a container unknown to this engine: {INNER[:12]}; held open by pid 8 in container dind"
     )
+
+
+# ---------------------------------------------------------------- which running offload container keeps unowned files
+
+
+@dataclass
+class _Cfg:
+    dir: str = "/dev/shm"
+    pattern: str = "vllm_offload_*.mmap"
+    ignore_uninspectable_pids: list[int] = field(default_factory=list)
+
+
+def _view(containers: list[ContainerView], holders: dict[int, list[Owner]], settled: set[str]):  # type: ignore[no-untyped-def]
+    entries = (
+        DirEntry("vllm_offload_a.mmap", 0o100600, TMPFS, 7, 4096, 4096, 1),  # lane a's own, mapped by it
+        DirEntry("vllm_offload_dead.mmap", 0o100600, TMPFS, 8, 4096, 4096, 1),  # a dead lane's: nothing holds it
+    )
+    listing = DirListing(TMPFS, 2, entries, Tmpfs(1 << 30, 8192, (1 << 30) - 8192))
+    return build_view(
+        _Cfg(),
+        listing=listing,
+        holders=holders,
+        deleted=(),
+        unreadable={},
+        containers=containers,
+        docker=Source("docker", True),
+        settled=settled,
+    )
+
+
+LANE_A = ContainerView(id="a" * 64, name="reconciler-small-a", state="running", image="i", offload=True)
+LANE_A_HOLDS = {7: [Owner(1001, "map", "reconciler-small-a", "vllm")]}
+
+
+def test_a_settled_offload_lane_seen_holding_its_file_keeps_no_other_file() -> None:
+    view = _view([LANE_A], LANE_A_HOLDS, {LANE_A.id})
+    assert view.blocking_containers == ()
+    assert {f.path.rsplit("/", 1)[1]: f.state for f in view.files} == {
+        "vllm_offload_a.mmap": "owned",
+        "vllm_offload_dead.mmap": "orphan",
+    }
+
+
+@pytest.mark.parametrize(
+    ("settled", "holders", "why"),
+    [
+        (set(), LANE_A_HOLDS, "not recorded healthy: may still be making its file"),
+        ({LANE_A.id}, {}, "seen holding nothing: its processes may not be visible, or its file not made yet"),
+        (
+            {LANE_A.id},
+            {7: [Owner(1001, "map", "reconciler-other", "vllm")]},
+            "the file it would hold is another container's",
+        ),
+    ],
+)
+def test_an_offload_lane_not_accounted_for_keeps_every_unowned_file(
+    settled: set[str], holders: dict[int, list[Owner]], why: str
+) -> None:
+    view = _view([LANE_A], holders, settled)
+    assert view.blocking_containers == ("reconciler-small-a",), why
+    assert view.by_state("orphan") == (), why
+
+
+def test_a_foreign_offload_container_keeps_every_unowned_file_beside_a_settled_lane() -> None:
+    foreign = ContainerView(id="f" * 64, name="someone-vllm", state="running", image="i", offload=True)
+    view = _view([LANE_A, foreign], LANE_A_HOLDS, {LANE_A.id})
+    assert view.blocking_containers == ("someone-vllm",)
+    assert [f.state for f in view.files if f.path.endswith("dead.mmap")] == ["blocked"]

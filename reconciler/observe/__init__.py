@@ -27,12 +27,15 @@ def observe(host: HostConfig, *, docker: DockerObserver | None = None, proc_root
     containers, docker_source = docker.observe()
     known = {c.id for c in containers} if docker_source.ok else None
     gpus = observe_gpus(host, known_containers=known)
-    shm = inspect_shm(host.shm, containers=containers, docker=docker_source, proc_root=proc_root)
+    ownership = read_ownership(host.name)
+    shm = inspect_shm(
+        host.shm, containers=containers, docker=docker_source, proc_root=proc_root, settled=ownership.healthy
+    )
     return Observed(
         host=host.name,
         containers=containers,
         gpus=gpus,
         shm=shm,
         docker=docker_source,
-        ownership=read_ownership(host.name),
+        ownership=ownership,
     )
