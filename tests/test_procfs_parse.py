@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from reconciler.observe.procfs import (
     parse_cgroup_container_ids,
     parse_maps,
     parse_maps_line,
+    scan_holders,
+    settle_scan,
 )
 from reconciler.observe.shm import DirEntry, DirListing, build_view, describe_owners, owner_container
 from reconciler.observed import ContainerView, Owner, Source, Tmpfs
@@ -326,3 +329,100 @@ def test_a_foreign_offload_container_keeps_every_unowned_file_beside_a_settled_l
     view = _view([LANE_A, foreign], LANE_A_HOLDS, {LANE_A.id})
     assert view.blocking_containers == ("someone-vllm",)
     assert [f.state for f in view.files if f.path.endswith("dead.mmap")] == ["blocked"]
+
+
+# ---------------------------------------------------------------- the scan's listings (settle_scan, on plain values)
+
+
+class _Proc:
+    """A /proc of plain values: pid -> (start time, inodes mapped); ``on_read`` moves it before each read."""
+
+    def __init__(self, procs: dict[int, tuple[int, set[int]]]):
+        self.procs = procs
+        self.reads: list[int] = []
+        self.on_read: list[Callable[[], None]] = []
+
+    def list_pids(self) -> list[str]:
+        for hook in list(self.on_read):
+            hook()
+        return [str(p) for p in sorted(self.procs)]
+
+    def start_time(self, pid: int) -> int | None:
+        return self.procs[pid][0] if pid in self.procs else None
+
+    def scan_names(self, names: list[str], scan: HolderScan) -> None:
+        for name in names:
+            for hook in list(self.on_read):
+                hook()
+            pid = int(name)
+            if pid not in self.procs:
+                continue
+            self.reads.append(pid)
+            start, maps = self.procs[pid]
+            scan.seen[pid] = start
+            if maps:
+                scan.mapped.setdefault(pid, set()).update(maps)
+
+    def scan(self, max_rounds: int = 16) -> HolderScan:
+        scan = HolderScan(dev=TMPFS)
+        self.scan_names(self.list_pids(), scan)
+        return settle_scan(
+            scan,
+            list_pids=self.list_pids,
+            start_time=self.start_time,
+            scan_names=self.scan_names,
+            max_rounds=max_rounds,
+        )
+
+
+def test_a_child_born_after_the_listing_is_read_at_the_next_one() -> None:
+    """The holder forks (the child has the mapping) and exits before it is read: one listing missed the file."""
+    proc = _Proc({10: (1, set()), 20: (2, {7})})
+
+    def hand_down() -> None:
+        if 20 in proc.procs and proc.reads == [10]:
+            proc.procs[30] = (3, {7})
+            del proc.procs[20]
+
+    proc.on_read.append(hand_down)
+    scan = proc.scan()
+    assert scan.rounds == 2 and not scan.unstable
+    assert scan.holders() == {7: [(30, "map")]}
+
+
+def test_a_reused_pid_number_is_read_again() -> None:
+    """Pid 20 exits after it was read and its number goes to the holder's child (another start time)."""
+    proc = _Proc({10: (1, {7}), 20: (2, set())})
+
+    def reuse() -> None:
+        if proc.reads == [10, 20] and proc.procs.get(10, (0,))[0] == 1:
+            proc.procs[20] = (5, {7})  # the child of 10, under 20's number
+            del proc.procs[10]
+
+    proc.on_read.append(reuse)
+    scan = proc.scan()
+    assert proc.reads == [10, 20, 20] and scan.seen[20] == 5 and scan.rounds == 2
+
+
+def test_a_listed_pid_that_cannot_be_read_does_not_keep_the_scan_going(tmp_path: Path) -> None:
+    """A zombie (its stat there, its maps and fds not) is listed at every listing: read once, not a new process."""
+    for pid, files in ((10, ("stat", "maps")), (11, ("stat",))):
+        (tmp_path / str(pid)).mkdir()
+        for name in files:
+            (tmp_path / str(pid) / name).write_text(f"{pid} (x) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {pid} 0 0\n")
+    (tmp_path / "10" / "fd").mkdir()
+    scan = scan_holders(TMPFS, proc_root=str(tmp_path), workers=1)
+    assert scan.rounds == 1 and scan.unstable == "" and set(scan.seen) == {10, 11}
+
+
+def test_processes_that_keep_appearing_leave_the_scan_incomplete() -> None:
+    proc = _Proc({10: (1, set())})
+    born = [100]
+
+    def fork() -> None:
+        born[0] += 1
+        proc.procs[born[0]] = (born[0], set())
+
+    proc.on_read.append(fork)
+    scan = proc.scan(max_rounds=4)
+    assert scan.rounds == 4 and "processes kept appearing" in scan.unstable
