@@ -16,7 +16,7 @@ import functools
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -364,7 +364,7 @@ class Applier:
 
     # ------------------------------------------------------------ reclaim (through the one guard)
 
-    def _guarded_reclaim(self, *, only_paths: list[str] | None = None) -> Any:
+    def _guarded_reclaim(self, *, only_paths: list[str] | None = None, claimed: Collection[str] = ()) -> Any:
         from reconciler.shm_guard import reclaim
 
         with self._guard_lock:
@@ -374,6 +374,7 @@ class Applier:
                 confirm=True,
                 only_paths=only_paths,
                 settled=lambda: read_ownership(self.desired.host.name).healthy,
+                claimed=claimed,
             )
         if self.on_reclaim:
             self.on_reclaim(res)
@@ -722,7 +723,7 @@ class Applier:
             kept = f"{action.container or cid[:12]} (not renamed: {type(err).__name__}: {err})"
         self._prune_kept(action.container or cid[:12])
         freed_note = ""
-        res = self._guarded_reclaim(only_paths=its_files)
+        res = self._guarded_reclaim(only_paths=its_files, claimed=its_files)
         if res.reclaimed_bytes:
             freed_note = f"; reclaimed {res.reclaimed_bytes} bytes of its offload file"
         elif res.refused:
@@ -774,7 +775,14 @@ class Applier:
         paths = list(action.paths)
         if paths:
             self.progress.phase(action, "reclaiming its offload files")
-            freed = int(self._guarded_reclaim(only_paths=paths).reclaimed_bytes)
+            # Those it was the only one seen holding are its own: no running offload container keeps them.
+            names = {c.name, c.id, c.id[:12]}
+            own = [
+                f.path
+                for f in observed.shm.files
+                if f.path in paths and f.owners and all(o.container in names for o in f.owners)
+            ]
+            freed = int(self._guarded_reclaim(only_paths=paths, claimed=own).reclaimed_bytes)
         # Postcondition: not running, its slots free of every container, none of its listed files left unowned (one
         # that another process took meanwhile is that process's now, and the next plan sees it so).
         after = self.observe()

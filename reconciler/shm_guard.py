@@ -164,6 +164,36 @@ def refusal_of(view: ShmView) -> str | None:
     return None
 
 
+def _with_claims(view: ShmView, claimed: Collection[str]) -> ShmView:
+    """The view with each claimed file that only a running offload container kept ``blocked`` made an orphan (both
+    sources answered; a file with a holder stays owned)."""
+    if not claimed or not view.sources_ok or not view.blocking_containers:
+        return view
+    files = tuple(
+        replace(
+            f,
+            state="orphan",
+            reason="no live process holds it; a stopped container of this install was the only one seen holding it",
+        )
+        if f.state == "blocked" and f.path in claimed
+        else f
+        for f in view.files
+    )
+    return replace(view, files=files)
+
+
+def _refusal(view: ShmView, selected: Callable[[ShmFile], bool]) -> str | None:
+    """``refusal_of``, except that running offload containers refuse nothing when no file asked for is one they
+    keep (every such file claimed: ``_with_claims``)."""
+    refused = refusal_of(view)
+    if refused is None or not view.sources_ok:
+        return refused
+    asked = [f for f in view.files if selected(f)]
+    if not any(f.state == "blocked" for f in asked) and any(f.state == "orphan" for f in asked):
+        return None
+    return refused
+
+
 def _kept_from(
     view: ShmView, skip: Collection[str] = (), selected: Callable[[ShmFile], bool] = lambda f: True
 ) -> list[KeptFile]:
@@ -199,6 +229,7 @@ def reclaim(
     sleep: Callable[[float], None] | None = None,
     proc_root: str = "/proc",
     settled: Callable[[], Collection[str]] | None = None,
+    claimed: Collection[str] = (),
 ) -> ReclaimResult:
     """Remove the orphan offload files (all, or those in ``only_paths``), guarded as the module says.
 
@@ -206,6 +237,9 @@ def reclaim(
     wait between the inspections (tests inject one that changes files meanwhile). ``settled`` reads, for each
     inspection afresh, the ids of the containers this install recorded healthy (``Ownership.healthy``): a running
     offload container among them that is seen holding its file does not keep the unowned ones (safety rule 2).
+    ``claimed``: paths of files a stopped container of this install was the only one seen holding (a failed
+    enter's, a leave's own); no running offload container can be making such a file, so none keeps it blocked
+    (it must still be unowned, unchanged, in both inspections, and its lease granted).
     """
     t0 = time.monotonic()
     wanted = None if only_paths is None else set(only_paths)
@@ -228,12 +262,13 @@ def reclaim(
         return ReclaimResult(**base, refused=refused_mount, elapsed_s=time.monotonic() - t0)
 
     def inspect() -> ShmView:
-        return _in_scope(cfg, _inspect(cfg, observe_docker, proc_root, settled=settled() if settled else ()))
+        view = _in_scope(cfg, _inspect(cfg, observe_docker, proc_root, settled=settled() if settled else ()))
+        return _with_claims(view, claimed)
 
     first = inspect()
     common: dict[str, Any] = dict(base, tmpfs_before=first.tmpfs, blocking_containers=first.blocking_containers)
     candidates = [f for f in first.files if f.state == "orphan" and selected(f)]
-    refused = refusal_of(first)
+    refused = _refusal(first, selected)
     if refused is not None:
         # Refused only matters when something could have gone: with no unowned file there is nothing to do.
         unowned = [f for f in first.files if f.state != "owned" and selected(f)]
@@ -262,7 +297,7 @@ def reclaim(
     (sleep or time.sleep)(cfg.confirm_interval_s)  # looked up now: a simulated clock replaces the module's time
     second = inspect()
     common["blocking_containers"] = tuple(sorted(set(first.blocking_containers) | set(second.blocking_containers)))
-    refused = refusal_of(second)
+    refused = _refusal(second, selected)
     if refused is not None:
         return ReclaimResult(
             **common,

@@ -186,10 +186,13 @@ def test_shm_reclaim_never_unlinks_a_file_a_fork_chain_keeps_mapped(shm: Path, t
     an orphan beside it shows that each run could remove what it should."""
     held = shm / "vllm_offload_chain.mmap"
     st = make_file(held)
-    chain(held, 0.004)
+    # A hop of 20 ms: slower than a re-listing round takes even on a loaded machine (so the scan settles, and the
+    # orphan beside it can go), faster than one pass over /proc (so one listing misses the chain).
+    chain(held, 0.02)
     root = tmp_path / "root"
     _write_root(root, shm)
     reclaimed_orphans = 0
+    outs = []
     for i in range(6):
         orphan = shm / f"vllm_offload_orphan{i}.mmap"
         make_file(orphan)
@@ -203,8 +206,9 @@ def test_shm_reclaim_never_unlinks_a_file_a_fork_chain_keeps_mapped(shm: Path, t
         )
         assert os.stat(held).st_ino == st.st_ino, f"run {i} unlinked the file the chain maps: {out.stdout}"
         data = json.loads(out.stdout)
+        outs.append({k: data[k] for k in ("refused", "sources", "blocking_containers")})
         reclaimed_orphans += str(orphan) in {f["path"] for f in data["reclaimed"]}
-    assert reclaimed_orphans, "no run reclaimed an orphan: the test proved nothing (every reclaim refused)"
+    assert reclaimed_orphans, f"no run reclaimed an orphan: the test proved nothing (every reclaim refused): {outs}"
 
 
 def test_the_write_lease_alone_refuses_while_a_hidden_holder_maps_the_file(shm: Path, tmp_path: Path) -> None:

@@ -255,3 +255,39 @@ def test_a_failed_enter_leaves_a_pattern_file_another_program_wrote_meanwhile() 
         m.no_violation()
     finally:
         m.teardown()
+
+
+def test_a_leave_reclaims_its_own_file_while_a_foreign_offload_container_runs() -> None:
+    """Someone else's native-offload vLLM runs beside our offload lane; our lane leaves: the file only its container
+    was seen holding goes (no running container can be making it), the foreign one's stays, and the pass converges
+    (it failed on every pass: the foreign container kept our lane's file blocked)."""
+    m = _machine()
+    try:
+        m.edit_manifest("one-offload")
+        m.loop_pass()
+        m.foreign_offload_container(holds_file=True)
+        m.edit_manifest("empty")
+        result = m._pass()
+        assert result is not None and result.result == "converged", (result.result, result.message)
+        assert set(_files_by_maker(m).values()) == {
+            f"container:{c.id}" for c in m.world.containers.values() if not c.ours
+        }, _files_by_maker(m)
+        m.no_violation()
+    finally:
+        m.teardown()
+
+
+def test_two_fork_chains_together_keep_the_scan_from_settling_and_that_is_a_true_cause() -> None:
+    """Two chains, each handing down at every other read of /proc, hand down at every read together: no listing
+    settles, /proc stays unavailable while they run (fail closed), and the liveness check counts them as the real
+    cause (the soak's seed 424242 found the check calling it false)."""
+    m = _machine()
+    try:
+        m.orphan_appears(1)
+        m.fork_chain_maps_file(pick=0, every=2, reuse=False)
+        m.fork_chain_maps_file(pick=0, every=2, reuse=False)
+        m.faults_stop_and_host_settles()
+        assert len(m.world.files) == 1
+        m.no_violation()
+    finally:
+        m.teardown()

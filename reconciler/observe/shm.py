@@ -184,7 +184,7 @@ def build_view(
         unowned_state = "blocked"
         unowned_reason = (
             f"running container(s) with native offload configured: {', '.join(blocking)}; "
-            "nothing is reclaimed while one runs that is not yet seen holding its offload file"
+            "it could be making its offload file (not recorded healthy and seen holding one), so no unowned file goes"
         )
     else:
         unowned_state, unowned_reason = "orphan", "no live process maps it or holds it open"
