@@ -17,7 +17,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -279,15 +279,19 @@ class Applier:
                 shown = within(approved, group[0])
                 if shown is None:
                     action = group[0]
-                    return PassResult(
-                        "changed",
-                        first,
-                        current,
-                        outcomes,
+                    unseen = (
                         f"the host changed after the plan was shown: the next step ({action.kind.value} "
                         f"{action.key}: {action.reason}) was not in it, so it was not done. "
-                        "Run `reconciler plan` to see the new plan",
+                        "Run `reconciler plan` to see the new plan"
                     )
+                    # A step of the shown plan that failed is the news (a failed enter leaves its crash's file to
+                    # the next plan, whose reclaim is such an unseen step): the pass failed, and says both.
+                    bad = [o for o in outcomes if o.result in ("failed", "refused")]
+                    if bad:
+                        return PassResult(
+                            "failed", first, current, outcomes, "; ".join([*(o.detail for o in bad), unseen])
+                        )
+                    return PassResult("changed", first, current, outcomes, unseen)
                 # The rest of the group runs only as far as the approved plan holds it; a step it does not hold
                 # comes first in a later round and ends the pass there, unseen steps never run.
                 group = [shown, *(a for a in (within(approved, b) for b in group[1:]) if a is not None)]
@@ -401,12 +405,17 @@ class Applier:
 
     # ------------------------------------------------------------ reclaim (through the one guard)
 
-    def _guarded_reclaim(self, *, only_paths: list[str] | None = None) -> Any:
+    def _guarded_reclaim(self, *, only_paths: list[str] | None = None, claimed: Collection[str] = ()) -> Any:
         from reconciler.shm_guard import reclaim
 
         with self._guard_lock:
             res = reclaim(
-                self.desired.host.shm, observe_docker=self.observer.observe, confirm=True, only_paths=only_paths
+                self.desired.host.shm,
+                observe_docker=self.observer.observe,
+                confirm=True,
+                only_paths=only_paths,
+                settled=lambda: read_ownership(self.desired.host.name).healthy,
+                claimed=claimed,
             )
         if self.on_reclaim:
             self.on_reclaim(res)
@@ -468,9 +477,6 @@ class Applier:
             values = resolve_secrets(self.desired.host.secrets.env_file, refs) if refs else None
         except SecretError as exc:
             raise ActionFailed(f"recipe {action.recipe}: secret env value {exc}") from None
-        # The offload files there before the create: one that appears from here on is this enter's own (a crash
-        # before anything could be seen mapping it leaves it unowned), and only those go if the enter fails.
-        before = frozenset((f.path, f.inode) for f in observed.shm.files)
         create = create_spec(self.desired, action.recipe, slots, install_id=install_id, secrets=values)
         # The proof of ownership: the create's token is recorded before the create (a lost answer still names the
         # container by its name and token), its id once the engine answers (docs/design.md, safety rule 9).
@@ -482,7 +488,7 @@ class Applier:
         cid = self.ops.create(create)
         with self._files_lock:
             record_created(host, cid, token=token)
-        return self._bring_up(action, recipe, cid, start=True, freed=freed, files_before=before)
+        return self._bring_up(action, recipe, cid, start=True, freed=freed)
 
     def _bring_up(
         self,
@@ -492,7 +498,6 @@ class Applier:
         *,
         start: bool,
         freed: int,
-        files_before: frozenset[tuple[str, int]] | None = None,
     ) -> tuple[str, int]:
         """Start (unless it runs already), wait for health, check, and record the container as healthy."""
         slots = action.gpus
@@ -506,13 +511,13 @@ class Applier:
                 after = self._check_enter(action, cid)
             verdict = self.check_reserve(action, after)
         except ActionFailed as exc:
-            self._fail_enter(action, cid, exc, files_before)
+            self._fail_enter(action, cid, exc)
         except Cancelled:
             raise
         except Exception as exc:  # noqa: BLE001 - an engine error once the container exists (a 5xx on inspect
             # after its retries): the same failed-enter path, so the container is stopped and kept, never left running
             # while the loop backs off and a fallback could be entered on its cards
-            self._fail_enter(action, cid, ActionFailed(f"{type(exc).__name__}: {exc}"), files_before)
+            self._fail_enter(action, cid, ActionFailed(f"{type(exc).__name__}: {exc}"))
         # Only now does it count as satisfied: one left waiting by an interrupt is finished by the next pass.
         containers, docker_ok = self.observer.observe()
         with self._files_lock:
@@ -821,22 +826,17 @@ class Applier:
                 )
         return observed
 
-    def _fail_enter(
-        self, action: Action, cid: str, exc: ActionFailed, files_before: frozenset[tuple[str, int]] | None = None
-    ) -> None:
+    def _fail_enter(self, action: Action, cid: str, exc: ActionFailed) -> None:
         """Keep the failed container for its logs, reclaim its unmapped shm, free the GPUs; then raise."""
         self.progress.phase(action, "failed: keeping the container, reclaiming its shm")
         logs = self.ops.logs_tail(cid)
-        # Its own offload files: those only it holds now, and those that appeared since its create. The only ones
-        # this failed enter reclaims (the guard still proves each unowned, twice).
+        # Its own offload files: those its container is seen holding now, and no other process. The only ones this
+        # failed enter reclaims (the guard still proves each unowned, twice). A file that merely appeared since its
+        # create may be another program's: a crash before its container was seen mapping it leaves it to the next
+        # plan, which reclaims it as an orphan once nothing can own it.
         now = self.observe()
         names = {c.name for c in now.containers if c.id == cid} | {cid, cid[:12]}
-        its_files = [
-            f.path
-            for f in now.shm.files
-            if (f.owners and all(o.container in names for o in f.owners))
-            or (files_before is not None and (f.path, f.inode) not in files_before)
-        ]
+        its_files = [f.path for f in now.shm.files if f.owners and all(o.container in names for o in f.owners)]
         try:
             self.ops.stop(cid, 5)
         except Exception:  # noqa: BLE001 - a stop that fails for good: kill it, and say so below if it still runs
@@ -847,7 +847,7 @@ class Applier:
             kept = f"{action.container or cid[:12]} (not renamed: {type(err).__name__}: {err})"
         self._prune_kept(action.container or cid[:12])
         freed_note = ""
-        res = self._guarded_reclaim(only_paths=its_files)
+        res = self._guarded_reclaim(only_paths=its_files, claimed=its_files)
         if res.reclaimed_bytes:
             freed_note = f"; reclaimed {res.reclaimed_bytes} bytes of its offload file"
         elif res.refused:
@@ -907,7 +907,6 @@ class Applier:
             return f"{action.container} already gone", 0
         recipe = self.desired.recipes.get(c.recipe or "")
         timeout = recipe.stop.timeout_s if recipe else DEFAULT_STOP_TIMEOUT_S
-        its_files = [f.path for f in observed.shm.files if any(o.container in (c.name, c.id) for o in f.owners)]
         drained = self._drain(action, c, recipe, observed)
         if c.active:
             self.progress.phase(action, "stopping", timeout=timeout)
@@ -923,11 +922,21 @@ class Applier:
             self._prune_kept(c.name)
             fate = f"exited with code {code}: kept as {kept} for its logs"
         freed = 0
-        if action.offload or its_files or c.offload or action.paths:
+        # Exactly the files its plan listed (safety rule 13): those only its container held, and on the last leave
+        # of the running offload containers the orphans they kept; a file it shared with another holder stays.
+        paths = list(action.paths)
+        if paths:
             self.progress.phase(action, "reclaiming its offload files")
-            paths = list(dict.fromkeys([*action.paths, *its_files]))
-            freed = int(self._guarded_reclaim(only_paths=paths).reclaimed_bytes) if paths else 0
-        # Postcondition: not running, its slots free of every container, none of its offload files left.
+            # Those it was the only one seen holding are its own: no running offload container keeps them.
+            names = {c.name, c.id, c.id[:12]}
+            own = [
+                f.path
+                for f in observed.shm.files
+                if f.path in paths and f.owners and all(o.container in names for o in f.owners)
+            ]
+            freed = int(self._guarded_reclaim(only_paths=paths, claimed=own).reclaimed_bytes)
+        # Postcondition: not running, its slots free of every container, none of its listed files left unowned (one
+        # that another process took meanwhile is that process's now, and the next plan sees it so).
         after = self.observe()
         if any(x.id == cid and x.active for x in after.containers):
             raise ActionFailed(f"{c.name} is still running after stop")
@@ -935,11 +944,11 @@ class Applier:
         holders = sorted({x.name for slot in c.slots for x in held.get(slot, ())})
         if holders:
             raise ActionFailed(f"slots {','.join(c.slots)} still held by {', '.join(holders)} after leave")
-        left = [f.path for f in after.shm.files if f.path in its_files]
+        left = [f for f in after.shm.files if f.path in paths and f.state != "owned"]
         if left:
             raise ActionFailed(
-                f"offload file(s) of {c.name} still present after leave: {', '.join(left)} "
-                f"({'; '.join(f.reason or f.state for f in after.shm.files if f.path in left)})"
+                f"offload file(s) of {c.name} still present after leave: {', '.join(f.path for f in left)} "
+                f"({'; '.join(f.reason or f.state for f in left)})"
             )
         detail = f"{drained}; {c.name} {fate}"
         if freed:

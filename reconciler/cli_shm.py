@@ -167,7 +167,7 @@ def render_status(view: ShmView, *, tty: bool = False) -> str:
         out.append(
             "blocked: running native-offload container(s) "
             + ", ".join(view.blocking_containers)
-            + " (nothing is reclaimed while one runs)"
+            + " (no unowned file is reclaimed while one runs that could be making its file)"
         )
     counts = {s: len(view.by_state(s)) for s in ("owned", "orphan", "blocked")}
     out.append(

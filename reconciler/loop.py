@@ -783,7 +783,8 @@ def reclaim_refusals(res: Any) -> list[str]:
 
     Pure. A whole reclaim refused names its cause in ``refused``; a file kept out of the reclaim is a refusal
     when it was a candidate of the first inspection (it changed or gained an owner before its unlink), when it
-    turned orphan only at the second inspection, or when it is a pattern match that is no plain file. Files
+    turned orphan only at the second inspection, when the kernel refused the write lease before its unlink, or
+    when it is a pattern match that is no plain file. Files
     owned all along, and orphans the reclaim was not asked for, are not refusals.
     """
     found = set()
@@ -797,7 +798,9 @@ def reclaim_refusals(res: Any) -> list[str]:
     candidates = {f.path for f in res.candidates}
     removed = {f.path for f in res.reclaimed}
     for k in res.kept:
-        if k.state == "skipped":
+        if k.code == "lease_refused":
+            found.add("lease_refused")  # the last gate said no: counted whatever the inspections said
+        elif k.state == "skipped":
             found.add("invalid_entry")
         elif k.path in candidates and k.path not in removed and not refused:
             if k.state == "gone":

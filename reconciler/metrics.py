@@ -69,6 +69,7 @@ REFUSAL_REASONS: Mapping[str, str] = {
     "offload_container_running": "a running container has native offload configured (Safety 2)",
     "inspections_disagree": "the two inspections before a delete did not see the same files (Safety 4)",
     "file_owned": "a file gained an owner or changed inode before its unlink (Safety 4)",
+    "lease_refused": "the kernel refused the write lease before an unlink: something holds the file (Safety 4)",
     "invalid_entry": "a pattern match that is a symlink, a directory or outside shm.dir (Safety 1)",
     "gpu_held": "a GPU is held by a process or container this tool does not own (blocked)",
     "tmpfs_room": "the tmpfs has no room for the recipe's offload file (Safety 6)",

@@ -700,10 +700,12 @@ class HostService:
     def shm_status(self) -> ShmStatusResult:
         from reconciler.observe.docker_obs import DockerObserver
         from reconciler.observe.shm import inspect_shm
+        from reconciler.state import read_ownership
 
         host = self.host()
         containers, docker = DockerObserver.for_host(host).observe()
-        return ShmStatusResult(inspect_shm(host.shm, containers=containers, docker=docker))
+        settled = read_ownership(host.name).healthy
+        return ShmStatusResult(inspect_shm(host.shm, containers=containers, docker=docker, settled=settled))
 
     def audit(self, *, since: float | None = None) -> AuditResult:
         from reconciler.audit import audit_log
@@ -717,15 +719,19 @@ class HostService:
         """The guarded cleanup: a dry run unless ``confirm``; with ``paths``, nothing outside them is removed."""
         from reconciler.observe.docker_obs import DockerObserver
         from reconciler.shm_guard import reclaim
+        from reconciler.state import read_ownership
 
         host = self.host()
         self._host_name = host.name
         observer = DockerObserver.for_host(host)
+        settled = lambda: read_ownership(host.name).healthy  # noqa: E731 - read afresh for each inspection
         if not confirm:
-            return ReclaimOutcome(reclaim(host.shm, observe_docker=observer.observe, confirm=False, only_paths=paths))
+            return ReclaimOutcome(
+                reclaim(host.shm, observe_docker=observer.observe, confirm=False, only_paths=paths, settled=settled)
+            )
         t0 = time.monotonic()
         with self.exclusive(host.name, "shm reclaim"):
-            result = reclaim(host.shm, observe_docker=observer.observe, confirm=True, only_paths=paths)
+            result = reclaim(host.shm, observe_docker=observer.observe, confirm=True, only_paths=paths, settled=settled)
         if self.hooks:
             self.hooks.shm_reclaim(result)
         self.record(

@@ -79,12 +79,14 @@ def test_the_simulation_plans_as_the_real_host_does(root: Root, image: str) -> N
         compare("split to exclusive")
         both_apply()
         compare("exclusive converged")
-        # 3: an orphan appears while the offload lane runs: kept (blocked), listed by nothing.
+        # 3: an orphan appears while the offload lane runs: the lane is settled and seen holding its own file, so
+        # the orphan is no file it could own, and a reclaim lists it (safety rule 2).
         with open(root.shm / "vllm_offload_crashed.mmap", "wb") as fh:
             fh.write(b"\0" * MIB)
         sim.m.world.add_file(GIB)
         compare("an orphan beside a running offload lane")
-        # 4: back to split: the leave lists its own file and the orphan its lane kept from reclaim.
+        assert ("reclaim", None, (), 1) in steps[-1][1]["actions"], steps[-1]
+        # 4: back to split: the reclaim lists the orphan, the leave its own file.
         root.manifest((real_omni, ["dark-compute-b"]))
         sim.m.edit_manifest("split")
         compare("exclusive to split")

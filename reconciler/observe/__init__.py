@@ -37,7 +37,10 @@ def observe(
     containers, docker_source = docker.observe()
     known = {c.id for c in containers} if docker_source.ok else None
     gpus = observe_gpus(host, known_containers=known)
-    shm = inspect_shm(host.shm, containers=containers, docker=docker_source, proc_root=proc_root)
+    ownership = read_ownership(host.name)
+    shm = inspect_shm(
+        host.shm, containers=containers, docker=docker_source, proc_root=proc_root, settled=ownership.healthy
+    )
     enter = EnterFacts()
     if docker_source.ok and (images or ports):
         from reconciler.observe.listeners import read_listeners
@@ -57,6 +60,6 @@ def observe(
         gpus=gpus,
         shm=shm,
         docker=docker_source,
-        ownership=read_ownership(host.name),
+        ownership=ownership,
         enter=enter,
     )

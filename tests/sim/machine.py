@@ -3,7 +3,10 @@ loader, planner, apply layer and loop on top, and checks the invariants after ev
 
 Invariants (docs/design.md, safety rule 11): (a) never two containers running on one physical card because of the
 tool; (b) nothing this install did not create is stopped, removed, renamed or killed; (c) no file mapped or held by a
-live process, and nothing outside shm.dir + pattern, is unlinked; (d) ``apply`` of a shown plan does nothing outside
+live process, and nothing outside shm.dir + pattern, is unlinked, and the /proc scan (which the world changes while
+it reads: forks, exits, mappings handed down by fork, reused pids) never misses a holder that held its file all
+through it: the kernel's write lease, the last gate, is modelled from the truth and must never be the only thing
+that kept a file; (d) ``apply`` of a shown plan does nothing outside
 it; (e) no exception escapes a pass; (f) once faults stop, the host converges or is blocked by something that is
 really there, within a bounded number of passes; (g) no fallback starts while a container of the held lane runs
 (a fallback's start is judged by (a)).
@@ -12,7 +15,6 @@ really there, within a bounded number of passes; (g) no fallback starts while a 
 from __future__ import annotations
 
 import io
-import os
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ RECIPES = {
     "omni": (1, 0, 18001),
     "small": (1, 4, 18002),
     "big": (2, 8, 18003),
+    "medium": (1, 2, 18004),
 }
 TOPOLOGIES = {
     "empty": [],
@@ -38,6 +41,9 @@ TOPOLOGIES = {
     "exclusive": [("big", ["dark-compute-a", "dark-compute-b"])],
     "exclusive-rev": [("big", ["dark-compute-b", "dark-compute-a"])],
     "swapped-omni-a": [("omni", ["dark-compute-a"])],
+    # Two native-offload lanes side by side: when one leaves or dies, its file must go while the other serves.
+    "two-offload": [("small", ["dark-compute-a"]), ("medium", ["dark-compute-b"])],
+    "one-offload": [("small", ["dark-compute-a"])],
 }
 # How the two slots name their cards: by index, by UUID, mixed, or (a host error) both naming card 0.
 HOST_SHAPES = ("index", "uuid", "mixed", "alias-index-uuid", "alias-uuid-case")
@@ -222,10 +228,9 @@ class HostMachine(RuleBasedStateMachine):
 
         w = self.world
         if excused:
-            w.procs[1] = Proc(1, "/sbin/init", inspectable=False)
+            w.add_proc(Proc(1, "/sbin/init", inspectable=False))
         else:
-            pid = w.new_pid()
-            w.procs[pid] = Proc(pid, "python reader.py", inspectable=False)
+            w.add_proc(Proc(w.new_pid(), "python reader.py", inspectable=False))
 
     @rule(recipe=st.sampled_from(sorted(RECIPES)), behaviour=st.sampled_from(["ok", "ok", "crash", "hang"]))
     def recipe_behaves(self, recipe: str, behaviour: str) -> None:
@@ -326,6 +331,23 @@ class HostMachine(RuleBasedStateMachine):
             f.image = "sim-labelled:1"
             w.images["sim-labelled:1"] = dict(labels)
 
+    @rule(holds_file=st.booleans())
+    def foreign_offload_container(self, holds_file: bool) -> None:
+        """Someone else's vLLM with native offload (its flags in its command), on no card of ours: it may be making
+        its file at any time, so it keeps every unowned file but those a stopped container of ours was the only one
+        seen holding."""
+        from sim.world import Proc
+
+        w = self.world
+        name = f"someone-vllm-{len(w.containers)}"
+        c = w.foreign(name, state="exited")
+        c.command = ["vllm", "serve", "x", "--kv-offloading-size", "1", "--kv-offloading-backend", "native"]
+        c.state, c.started_at = "running", w.now
+        maps: set[int] = set()
+        if holds_file and w.free_bytes() >= GIB:
+            maps = {w.add_file(GIB, maker=f"container:{c.id}").inode}
+        w.add_proc(Proc(w.new_pid(), f"{name} main", container=c.id, maps=maps))
+
     @rule(pick=st.integers(0, 7))
     def operator_removes_foreign(self, pick: int) -> None:
         foreign = [c for c in self.world.containers.values() if not c.ours]
@@ -340,10 +362,11 @@ class HostMachine(RuleBasedStateMachine):
         if hidden:
             w.cards[card].hidden_used = 6 * GIB
         else:
-            pid = w.new_pid()
             from sim.world import Proc
 
-            w.procs[pid] = Proc(pid, "python train.py", gpu=w.cards[card].uuid, gpu_mem=None if w.wsl2 else 4 * GIB)
+            w.add_proc(
+                Proc(w.new_pid(), "python train.py", gpu=w.cards[card].uuid, gpu_mem=None if w.wsl2 else 4 * GIB)
+            )
 
     @rule()
     def foreign_gpu_processes_end(self) -> None:
@@ -351,7 +374,7 @@ class HostMachine(RuleBasedStateMachine):
         for card in w.cards:
             card.hidden_used = 0
         for pid in [p.pid for p in w.procs.values() if p.container is None and p.gpu]:
-            del w.procs[pid]
+            w.end_proc(pid)
 
     @rule(gib=st.sampled_from([1, 3, 8]))
     def orphan_appears(self, gib: int) -> None:
@@ -368,12 +391,13 @@ class HostMachine(RuleBasedStateMachine):
             f = files[pick % len(files)]
             from sim.world import Proc
 
-            pid = w.new_pid()
-            w.procs[pid] = Proc(
-                pid,
-                "python reader.py",
-                maps={f.inode} if via == "map" else set(),
-                fds={f.inode} if via == "fd" else set(),
+            w.add_proc(
+                Proc(
+                    w.new_pid(),
+                    "python reader.py",
+                    maps={f.inode} if via == "map" else set(),
+                    fds={f.inode} if via == "fd" else set(),
+                )
             )
 
         if now:
@@ -392,7 +416,7 @@ class HostMachine(RuleBasedStateMachine):
 
         def end(w: World) -> None:
             for pid in [p.pid for p in w.procs.values() if p.cmd == "python reader.py"]:
-                del w.procs[pid]
+                w.end_proc(pid)
 
         if now:
             end(self.world)
@@ -401,6 +425,83 @@ class HostMachine(RuleBasedStateMachine):
             def once(w: World) -> None:
                 w.on_sleep.remove(once)
                 end(w)
+
+            self.world.on_sleep.append(once)
+
+    @rule(pick=st.integers(0, 7), every=st.sampled_from([1, 2, 5]), reuse=st.booleans())
+    def fork_chain_maps_file(self, pick: int, every: int, reuse: bool) -> None:
+        """A prefork recycler (or a daemonising double fork, over and over) maps an offload file and, while /proc is
+        scanned, forks a child that inherits the mapping and exits, every ``every`` reads of a process: the file is
+        held without a break by a pid the scan's first listing never showed; with ``reuse`` the new pid may be a
+        number an exited process had (a wrapped pid space)."""
+        from sim.world import Proc
+
+        w = self.world
+        files = sorted(w.files.values(), key=lambda f: f.name)
+        if not files:
+            return
+        w.pid_reuse = w.pid_reuse or reuse
+        head = [w.add_proc(Proc(w.new_pid(), "python reader.py", maps={files[pick % len(files)].inode})).pid]
+        reads = [0]
+
+        def hand_down(world: World) -> None:
+            if head[0] not in world.procs:
+                world.scan_hooks.remove(hand_down)  # the chain ended (the readers exited)
+                return
+            reads[0] += 1
+            if reads[0] % every == 0:
+                child = world.fork_handoff(head[0])
+                if child is not None:
+                    head[0] = child.pid
+
+        # Handing down at every read (one chain every read, or several together), it is never read before its next
+        # fork: no listing settles, and the scan rightly stays incomplete (fail closed) while a chain runs.
+        hand_down.chain = True  # type: ignore[attr-defined]
+        w.scan_hooks.append(hand_down)
+
+    @rule(pick=st.integers(0, 7))
+    def processes_come_and_go_during_scans(self, pick: int) -> None:
+        """Short-lived processes start and exit while /proc is scanned (a build, a cron job), now and then holding
+        an offload file for a moment."""
+        from sim.world import Proc
+
+        w = self.world
+        born: list[int] = []
+
+        def churn(world: World) -> None:
+            if len(born) > 40:
+                world.scan_hooks.remove(churn)
+                for pid in born:
+                    world.end_proc(pid)
+                return
+            if born and world.rng.random() < 0.5:
+                world.end_proc(born.pop(0))
+            files = sorted(world.files.values(), key=lambda f: f.name)
+            maps = {files[(pick + len(born)) % len(files)].inode} if files and world.rng.random() < 0.3 else set()
+            born.append(world.add_proc(Proc(world.new_pid(), "sh -c true", maps=maps)).pid)
+
+        w.scan_hooks.append(churn)
+
+    @rule(held=st.booleans(), now=st.booleans(), gib=st.sampled_from([1, 2]))
+    def other_program_writes_pattern_file(self, held: bool, now: bool, gib: int) -> None:
+        """A program that is no container of this tool writes a file matching shm.pattern: now, or while the tool
+        waits (an enter's health wait); it keeps it open (``held``) or closes it and leaves it."""
+        from sim.world import Proc
+
+        def write(w: World) -> None:
+            if w.free_bytes() < gib * GIB:
+                return
+            f = w.add_file(gib * GIB, maker="program:writer")
+            if held:
+                w.add_proc(Proc(w.new_pid(), "python reader.py", fds={f.inode}))
+
+        if now:
+            write(self.world)
+        else:
+
+            def once(w: World) -> None:
+                w.on_sleep.remove(once)
+                write(w)
 
             self.world.on_sleep.append(once)
 
@@ -529,13 +630,12 @@ class HostMachine(RuleBasedStateMachine):
             applier = Applier(desired, observer=observer, connect=False)
             observed, shown = applier.plan_now()
             mark = len(w.writes)
-            files_before = {f.name: f.inode for f in w.files.values()}
             result = applier.converge(start=(observed, shown), approved=shown)
         except Exception as exc:  # noqa: BLE001
             w.violate(f"(e) {type(exc).__name__} escaped apply: {exc}")
             return
         self._knowable_failures(result)
-        self._check_within(shown, w.writes[mark:], files_before)
+        self._check_within(shown, w.writes[mark:])
 
     def _desired_and_applier(self) -> tuple[Any, Any, dict[str, str]] | None:
         """The files' digests (read first, as the command reads them), the desired state and an applier that plans
@@ -596,7 +696,6 @@ class HostMachine(RuleBasedStateMachine):
             return
         _desired, applier, files = made
         mark = len(w.writes)
-        files_before = {f.name: f.inode for f in w.files.values()}
         try:
             session = self._session(applier, files)
             changes = session.changes_since(Fingerprint.from_json(doc["fingerprint"]), doc["plan"])
@@ -608,7 +707,7 @@ class HostMachine(RuleBasedStateMachine):
         if changes and w.writes[mark:]:
             w.violate(f"(d) a stale saved plan wrote: {[wr.kind for wr in w.writes[mark:]]}")
         if not changes:
-            self._check_within(session.approved, w.writes[mark:], files_before)
+            self._check_within(session.approved, w.writes[mark:])
 
     @precondition(lambda self: self.world is not None and self.prompt is None)
     @rule()
@@ -628,7 +727,6 @@ class HostMachine(RuleBasedStateMachine):
         w = self.world
         session, self.prompt = self.prompt, None
         mark = len(w.writes)
-        files_before = {f.name: f.inode for f in w.files.values()}
         try:
             changes = session.refresh()
             if not changes:
@@ -639,9 +737,9 @@ class HostMachine(RuleBasedStateMachine):
         if changes and w.writes[mark:]:
             w.violate(f"(d) an approval gone stale wrote: {[wr.kind for wr in w.writes[mark:]]}")
         if not changes:
-            self._check_within(session.approved, w.writes[mark:], files_before)
+            self._check_within(session.approved, w.writes[mark:])
 
-    def _check_within(self, shown: Any, writes: list[Any], files_before: dict[str, int]) -> None:
+    def _check_within(self, shown: Any, writes: list[Any]) -> None:
         """Invariant (d): every write of the apply belongs to an action of the plan it showed."""
         from reconciler.planner import ActionKind
 
@@ -649,6 +747,7 @@ class HostMachine(RuleBasedStateMachine):
         enters = {a.container for a in shown.actions if a.kind is ActionKind.ENTER}
         # The containers the plan's actions name: its leaves', and an enter's that finishes one left waiting.
         leaves = {a.container_id for a in shown.actions if a.container_id}
+        finishing = {a.container_id for a in shown.actions if a.kind is ActionKind.ENTER and a.container_id}
         names = {a.container for a in shown.actions if a.kind is not ActionKind.RECLAIM}
         paths = {p for a in shown.actions for p in a.paths}
         created: set[str] = set()
@@ -658,9 +757,12 @@ class HostMachine(RuleBasedStateMachine):
                     w.violate(f"(d) apply created {wr.name}, not an enter of the plan it showed")
                 created.add(wr.target)
             elif wr.kind == "unlink":
-                name = os.path.basename(wr.target)
-                if wr.target not in paths and name in files_before:
-                    w.violate(f"(d) apply unlinked {wr.target}, not listed by the plan it showed")
+                # Judged by who made the file (the world's truth), never by its age: outside the plan's paths only a
+                # failed enter's own file may go, one its container made (created by this apply, or the one an
+                # enter finishes).
+                maker = wr.name.removeprefix("container:") if wr.name.startswith("container:") else None
+                if wr.target not in paths and not (maker and (maker in created or maker in finishing)):
+                    w.violate(f"(d) apply unlinked {wr.target} (made by {wr.name}), not listed by the plan it showed")
             elif wr.target not in created and wr.target not in leaves:
                 kept = any(wr.name.startswith(f"{n}-failed-") for n in names if n)
                 if not (wr.kind == "remove" and kept):
@@ -725,7 +827,11 @@ class HostMachine(RuleBasedStateMachine):
             # Each source may stay down only for a cause that is really there.
             true_cause = {
                 "gpu": self.shape.startswith("alias"),
-                "proc": any(not p.inspectable and p.pid != 1 for p in w.procs.values()),
+                "proc": any(not p.inspectable and p.pid != 1 for p in w.procs.values())
+                or (
+                    any(getattr(h, "chain", False) for h in w.scan_hooks)
+                    and "processes kept appearing" in (result.message or "")
+                ),
             }
             false = [s for s in final.unavailable if not true_cause.get(s, False)]
             if false:
@@ -739,7 +845,13 @@ class HostMachine(RuleBasedStateMachine):
             return
         names = {c.name for c in w.containers.values()}
         pids = {f"pid {p}" for p in w.procs}
+        # A running offload container that is not ours keeps every unowned file: the room they take is really held.
+        foreign_offload = any(
+            not c.ours and c.state in LIVE_STATES and "--kv-offloading-size" in c.command for c in w.containers.values()
+        )
         for b in final.blockers:
+            if b.holder == "tmpfs" and foreign_offload:
+                continue
             if b.cause == "held" and b.holder not in names and b.holder not in pids:
                 w.violate(f"(f) blocked by {b.holder!r}, which is not on the host: {b.reason}")
             if b.cause == "memory" and not any(c.hidden_used for c in w.cards) and not w.wsl2:

@@ -54,6 +54,12 @@ class Proc:
     gpu_mem: int | None = 0  # None: the driver does not say (WSL2)
     resolvable: bool = True  # False: not in this /proc (another pid namespace)
     inspectable: bool = True
+    start: int = 0  # its start time (/proc/PID/stat): with the pid, one process; a reused pid number has another
+
+
+# The /proc of a scan: how the world moves while the tool reads it. Each hook runs before each read of one process
+# (a fork, an exit, a hand-off of a mapping to a child born after the listing).
+ScanHook = Any
 
 
 @dataclass
@@ -61,6 +67,9 @@ class File:
     name: str
     inode: int
     size: int
+    # Who made it, the ground truth the checker judges an unlink by: "container:<id>", "program:<what>" (another
+    # program writing a pattern file), or "orphan" (left on the host before the run, or by a crash long ago).
+    maker: str = "orphan"
 
     @property
     def path(self) -> str:
@@ -132,6 +141,15 @@ class World:
         # next time the clock moves here), then "exited".
         self.podman = False
         self.next_pid = 1000
+        self.next_start = 1
+        # Pid numbers freed by exits; with ``pid_reuse`` a new process may get one of them again (a wrapped pid space).
+        self.freed_pids: list[int] = []
+        self.pid_reuse = False
+        # Run before each read of one process during a /proc scan (seams.sim_scan): the world moving under the scan.
+        self.scan_hooks: list[ScanHook] = []
+        # The inodes held without a break all through the last /proc scan: the lease gate refusing one of them means
+        # the scan missed a holder it should have seen (the checker's (c)).
+        self.held_through_scan: set[int] = set()
         self.next_inode = 100
         # Faults: method -> probability of a 5xx; "lost" answers: the call takes effect, the answer is an error.
         self.faults: dict[str, float] = {}
@@ -198,8 +216,49 @@ class World:
         return hashlib.sha256(f"{self.seed}-{self.rng.random()}".encode()).hexdigest()
 
     def new_pid(self) -> int:
+        self.next_start += 1
+        free = [p for p in self.freed_pids if p not in self.procs]
+        if self.pid_reuse and free and self.rng.random() < 0.5:
+            pid = free[self.rng.randrange(len(free))]
+            self.freed_pids.remove(pid)
+            return pid
         self.next_pid += self.rng.randint(1, 7)
         return self.next_pid
+
+    def add_proc(self, proc: Proc) -> Proc:
+        proc.start = self.next_start
+        self.procs[proc.pid] = proc
+        return proc
+
+    def end_proc(self, pid: int) -> None:
+        if self.procs.pop(pid, None) is not None:
+            self.freed_pids.append(pid)
+
+    def fork_handoff(self, pid: int) -> Proc | None:
+        """The process forks a child that inherits its mappings and descriptors, and exits (a daemonising double
+        fork, a prefork recycler): the same files held without a break, by a pid born just now."""
+        p = self.procs.get(pid)
+        if p is None:
+            return None
+        child = Proc(
+            self.new_pid(),
+            p.cmd,
+            container=p.container,
+            maps=set(p.maps),
+            fds=set(p.fds),
+            gpu=p.gpu,
+            gpu_mem=p.gpu_mem,
+            resolvable=p.resolvable,
+            inspectable=p.inspectable,
+        )
+        self.add_proc(child)
+        self.end_proc(pid)
+        return child
+
+    def lease_refused(self, inode: int) -> list[int]:
+        """The kernel's write lease, from the truth: refused (the pids that hold the file) while any process maps
+        or holds it."""
+        return [p.pid for p in self.procs.values() if inode in (p.maps | p.fds)]
 
     # ------------------------------------------------------------ the engine (called through seams.SimApi)
 
@@ -282,8 +341,7 @@ class World:
     def _spawn(self, c: Container) -> None:
         """The processes of a started container: one per card (TP workers), mapping the offload file if any."""
         if not c.ours and (c.idle or not self.cards_of(c)):
-            pid = self.new_pid()
-            self.procs[pid] = Proc(pid, f"{c.name} main", container=c.id)
+            self.add_proc(Proc(self.new_pid(), f"{c.name} main", container=c.id))
             return
         cards = sorted(self.cards_of(c))
         inode = None
@@ -291,24 +349,26 @@ class World:
             if self.free_bytes() < c.offload_bytes:
                 self._exit(c, 1)  # the seed's Errno 14: no room for the offload file
                 return
-            inode = self.add_file(c.offload_bytes).inode
+            inode = self.add_file(c.offload_bytes, maker=f"container:{c.id}").inode
         for idx in cards or [None]:
             pid = self.new_pid()
             card = self.cards[idx] if idx is not None else None
-            self.procs[pid] = Proc(
-                pid,
-                f"vllm worker {c.name}",
-                container=c.id,
-                maps={inode} if inode else set(),
-                gpu=card.uuid if card and card.present else None,
-                gpu_mem=None if self.wsl2 else 20 * GIB,
-                resolvable=not self.wsl2,
+            self.add_proc(
+                Proc(
+                    pid,
+                    f"vllm worker {c.name}",
+                    container=c.id,
+                    maps={inode} if inode else set(),
+                    gpu=card.uuid if card and card.present else None,
+                    gpu_mem=None if self.wsl2 else 20 * GIB,
+                    resolvable=not self.wsl2,
+                )
             )
 
     def _exit(self, c: Container, code: int) -> None:
         c.state, c.exit_code = ("stopped" if self.podman else "exited"), code
         for pid in [p.pid for p in self.procs.values() if p.container == c.id]:
-            del self.procs[pid]
+            self.end_proc(pid)
 
     def stop(self, ref: str) -> None:
         self._fault("stop")
@@ -390,10 +450,10 @@ class World:
             c.state, c.exit_code = state, 0
         return c
 
-    def add_file(self, size: int, name: str | None = None) -> File:
+    def add_file(self, size: int, name: str | None = None, *, maker: str = "orphan") -> File:
         self.next_inode += 1
         name = name or f"{PATTERN_PREFIX}{self.next_inode:x}{PATTERN_SUFFIX}"
-        f = File(name, self.next_inode, size)
+        f = File(name, self.next_inode, size, maker)
         self.files[name] = f
         return f
 
@@ -414,7 +474,7 @@ class World:
         if holders:
             self.violate(f"(c) unlinked {name} while pid(s) {holders} map or hold it")
         del self.files[name]
-        self.writes.append(Write("unlink", f.path))
+        self.writes.append(Write("unlink", f.path, f.maker))
         return True
 
     # ------------------------------------------------------------ health (what answers a recipe's port)
