@@ -286,24 +286,26 @@ def plan_document(p: Plan, fingerprint: Fingerprint, *, plan_id: str | None = No
     return redact_data(doc)
 
 
-def write_private(path: str, data: dict[str, Any]) -> None:
+def write_private(path: str, data: dict[str, Any], *, files: Any = None) -> None:
     """Write a plan as JSON, 0600, through the one safe writer (``reconciler.fsafe.write_atomic``): a planted
-    symlink or file at ``path`` is replaced, never followed."""
+    symlink or file at ``path`` is replaced, never followed. ``files``: the caller's own (``reconciler.control``),
+    written where the caller lives, else this process's."""
     from reconciler import fsafe
 
     try:
-        fsafe.write_json(path, data, indent=2, sort_keys=False)
+        (files or fsafe).write_json(path, data, indent=2, sort_keys=False)
     except OSError as exc:
         raise ReconcilerError(f"cannot write the plan to {path}: {exc.strerror or exc}") from None
 
 
-def read_plan_document(path: str) -> tuple[dict[str, Any], Fingerprint]:
+def read_plan_document(path: str, *, files: Any = None) -> tuple[dict[str, Any], Fingerprint]:
     """A saved plan and its fingerprint; ReconcilerError when the file is not one, or when it is not the running
-    user's own (another user could have written or could change what is applied)."""
+    user's own (another user could have written or could change what is applied). ``files``: as for
+    ``write_private``."""
     from reconciler import fsafe
 
     try:
-        data = fsafe.read_json(path, what="the plan file")
+        data = (files or fsafe).read_json(path, what="the plan file")
     except FileNotFoundError:
         raise ReconcilerError(f"{path}: no such plan file (write one with `reconciler plan --out {path}`)") from None
     except fsafe.UnsafePath as exc:
@@ -416,11 +418,15 @@ class HostService:
         caller: Caller,
         pass_lock: contextlib.AbstractContextManager[object] | None = None,
         hooks: ActionHooks | None = None,
+        files: Any = None,
     ):
         self.root = root
         self.caller = caller
         self.pass_lock = pass_lock
         self.hooks = hooks
+        # The caller's files (``plan --out FILE``, ``apply FILE``) when the loop serves a command line for it:
+        # read and written by that process, where it lives (``reconciler.control.ClientFiles``).
+        self.files = files
 
     # ------------------------------------------------------------ helpers
 
@@ -515,7 +521,7 @@ class HostService:
             write_private(str(d / f"{plan_id}.json"), plan_document(p, fingerprint, plan_id=plan_id))
             result.plan_id = plan_id
         if out:
-            write_private(out, plan_document(p, fingerprint))
+            write_private(out, plan_document(p, fingerprint), files=self.files)
         return result
 
     def status(self) -> StatusResult:
@@ -725,9 +731,10 @@ class HostService:
                 path = str(host_dir(host) / "plans" / f"{source}.json")
             if not os.path.lexists(path):
                 raise ReconcilerError(f"no saved plan {source} on this host (plans are kept for a day; make a new one)")
+            doc, fp = read_plan_document(path)  # the host's own store, not the caller's file
         else:
             path = source
-        doc, fp = read_plan_document(path)
+            doc, fp = read_plan_document(path, files=self.files)
         return path, doc, fp
 
     def apply_saved(
