@@ -40,13 +40,34 @@ _PLAN_ID = re.compile(r"^[0-9a-f]{32}$")
 
 @dataclass(frozen=True)
 class Caller:
-    """Who asks: the front-end (``cli``, ``api``, ``mcp``, ``loop``) and, over the API, the token's name."""
+    """Who asks: the front-end (``cli``, ``api``, ``mcp``, ``loop``) and, over the API, the token's name; on the
+    command line the user (``who``: ``root``, or ``root (sudo from alice)``), with ``uid`` and ``sudo_user``."""
 
     front: str
     who: str = ""
+    uid: int | None = None
+    sudo_user: str = ""
 
-    def to_json(self) -> dict[str, str]:
-        return {"front": self.front, "who": self.who}
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"front": self.front, "who": self.who}
+        if self.uid is not None:
+            data["uid"] = self.uid
+        if self.sudo_user:
+            data["sudo_user"] = self.sudo_user
+        return data
+
+
+def user_caller(front: str, *, uid: int, sudo_user: str = "") -> Caller:
+    """The caller a command-line user is: the name of ``uid`` (the uid itself where it has none) and, run through
+    sudo, whose sudo it was."""
+    import pwd
+
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = f"uid {uid}"
+    who = f"{name} (sudo from {sudo_user})" if sudo_user else name
+    return Caller(front, who, uid=uid, sudo_user=sudo_user)
 
 
 SINCE_HELP = "give an age (90s, 15m, 2h, 7d), an ISO time (2026-11-30T18:00) or epoch seconds"
