@@ -412,7 +412,13 @@ class _Client:
         try:
             _send(self.sock, request, _ACK_S)
         except OSError as exc:
-            # The request's last byte, its newline, never went: the loop cannot have taken it.
+            # The request's last byte, its newline, never went: the loop cannot have taken it. It may have said
+            # why before it closed (busy).
+            with contextlib.suppress(EOFError, OSError, _Garbled):
+                kind, msg = self._next(time.monotonic() + 1.0)
+                if kind in ("other", "busy"):
+                    self.said = str(msg[kind])
+                    return kind
             raise _Unanswered(f"took no request ({exc.strerror or type(exc).__name__})", sent=False) from None
         try:
             kind, msg = self._next(time.monotonic() + _ACK_S)
