@@ -312,8 +312,13 @@ def destructive(args: Any) -> bool:
     return args.command in _DESTRUCTIVE
 
 
+def _shown(text: str) -> str:
+    """What the loop said, fit for a terminal: control characters escaped (a reason is the loop's to choose)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _note(path: Path, why: str) -> None:
-    print(f"note: the running loop at {path} {why}; running it stand-alone", file=sys.stderr)
+    print(f"note: the running loop at {path} {_shown(why)}; running it stand-alone", file=sys.stderr)
     sys.stderr.flush()
 
 
@@ -444,7 +449,7 @@ class _Client:
         report_error(
             self.args,
             "loop_unclear",
-            f"the running loop at {self.path} {why} {when}: it may have carried the command out or not, so it was "
+            f"the running loop at {self.path} {_shown(why)} {when}: it may have carried the command out or not, so it was "
             f"not run stand-alone; see `reconciler audit` for what ran, then run it again if needed (stand-alone "
             f"with {NO_LOOP_ENV}=1 if no loop runs there)",
         )

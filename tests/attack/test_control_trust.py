@@ -154,6 +154,11 @@ def test_a_garbled_first_answer_makes_a_read_only_command_run_stand_alone_saying
         notes = stderr_lines(r)
         assert len(notes) == 1 and FALLBACK in notes[0] and str(fake.path) in notes[0], (what, r)
         assert len(fake.requests) == 1, (what, fake.requests)
+    # Busy, with a reason that would drive the terminal: said, escaped.
+    fake_loop(b'{"busy": "\\u001b[2J\\u009b31m wiped"}\n')
+    r = root.cli("plan")
+    assert (r.rc, r.stdout) == (alone.rc, alone.stdout), r
+    assert "is busy (\\x1b[2J\\x9b31m wiped)" in r.stderr and "\x1b" not in r.stderr and "\x9b" not in r.stderr, r
 
 
 def test_a_garbled_first_answer_fails_a_destructive_command_and_it_is_never_run_twice(
