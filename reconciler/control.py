@@ -499,6 +499,8 @@ class _Client:
         if not self.shown and not destructive(self.args):
             self.said = "closed the connection before it answered"
             return None
+        if destructive(self.args):
+            return self.unclear("closed the connection before the command's end", taken=True)
         from reconciler.cli import report_error
 
         sys.stdout.flush()

@@ -205,6 +205,8 @@ def test_garbage_after_the_loop_took_the_command_is_an_error_never_a_wrong_exit_
             no_traceback(r.stdout + r.stderr)
             assert r.rc == 1 and r.stdout == "shown\n", (what, args, r)
             assert "error: " in r.stderr and FALLBACK not in r.stderr, (what, args, r)
+            if args[0] == "apply":  # it may have run: never "run it again" without looking
+                assert "not run stand-alone" in r.stderr and "reconciler audit" in r.stderr, (what, r)
 
 
 def test_a_loop_that_takes_the_request_and_says_nothing_makes_no_command_hang(
