@@ -385,6 +385,11 @@ def submit(args: Any, argv: list[str]) -> int | None:
 
         report_error(args, "unsafe_path", str(exc))
         return 1
+    except KeyboardInterrupt:  # Ctrl-C before the loop took the command: closed, the loop does not run it
+        from reconciler.cli import report_error
+
+        report_error(args, "interrupted", "interrupted")
+        return 130
     return None
 
 

@@ -22,6 +22,7 @@ import contextlib
 import copy
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -213,8 +214,6 @@ def test_a_loop_that_takes_the_request_and_says_nothing_makes_no_command_hang(
     root: Root, fake_loop: Callable[[bytes | None], FakeLoop]
 ) -> None:
     root.manifest()
-    stale = root.shm / "vllm_offload_stale.mmap"
-    stale.write_bytes(b"\0" * 4096)
     alone = root.cli("plan", env=ALONE)
     fake = fake_loop(None)
     t0 = time.monotonic()
@@ -224,12 +223,20 @@ def test_a_loop_that_takes_the_request_and_says_nothing_makes_no_command_hang(
     assert (r.rc, r.stdout) == (alone.rc, alone.stdout), r
     notes = stderr_lines(r)
     assert len(notes) == 1 and FALLBACK in notes[0] and f"within {ACK_DEADLINE_S} s" in notes[0], r
+    stale = root.shm / "vllm_offload_stale.mmap"
+    stale.write_bytes(b"\0" * 4096)
     t0 = time.monotonic()
     r = root.cli("shm", "reclaim", "--confirm", timeout=60)
     assert time.monotonic() - t0 < ACK_DEADLINE_S + 15, r
     no_traceback(r.stderr)
     assert r.rc == 1 and "not run stand-alone" in r.stderr and stale.exists(), r
     assert len(fake.requests) == 2
+    # Ctrl-C while it waits: interrupted, as stand-alone (exit 130), never a traceback.
+    proc = subprocess.Popen(root.cli_args("plan"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=root.env)
+    wait_until(lambda: len(fake.requests) == 3, timeout=20, what="the request")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130 and err.decode().strip() == "interrupted", err
 
 
 # ---------------------------------------------------------------- silent clients of a real loop
