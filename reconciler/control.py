@@ -933,13 +933,17 @@ class ControlServer:
         sudo = req.get("sudo_user")
         args.peer = {"uid": uid, "sudo_user": sudo if isinstance(sudo, str) and _text(sudo) else ""}
         args.serve = {**self.serve(), "files": ClientFiles(ch)}
-        threading.Thread(target=ch.read_client, name="control-read", daemon=True).start()
-        threading.Thread(target=ch.beat, name="control-beat", daemon=True).start()
+        helpers = [
+            threading.Thread(target=ch.read_client, name="control-read", daemon=True),
+            threading.Thread(target=ch.beat, name="control-beat", daemon=True),
+        ]
         with self._channels_lock:
             self._channels.add(ch)
         if self.stop.is_set():
             ch.cancel.set()
         try:
+            for t in helpers:
+                t.start()
             try:
                 rc = run_command(args)
             except Exception as exc:  # noqa: BLE001 - an answer, never a traceback, and the loop goes on
@@ -959,6 +963,13 @@ class ControlServer:
             ch.done.set()
             with self._channels_lock:
                 self._channels.discard(ch)
+            # The helpers end before the connection is closed: a thread still reading or writing its descriptor
+            # would otherwise meet the next connection given the same number. The shutdown wakes the reader.
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            for t in helpers:
+                if t.ident is not None:
+                    t.join()
 
     def _args(self, req: dict[str, Any]) -> tuple[Any, str]:
         """The parsed command of a request, or None and why this loop does not answer it."""
