@@ -360,7 +360,14 @@ class Applier:
             return [self._execute(group[0], observed)]
         if any(a.kind is ActionKind.ENTER for a in group):
             ensure_install_id(self.desired.host.name)  # made once, before the threads that would race to make it
-        return self.run_group([functools.partial(self._execute, a, observed) for a in group])
+        try:
+            return self.run_group([functools.partial(self._execute, a, observed) for a in group])
+        except GroupNotStarted as exc:
+            # Those that ran have ended (their outcomes stand); those that never ran failed, saying why.
+            return [
+                o if o is not None else Outcome(a, "failed", 0.0, f"not started: {exc}")
+                for a, o in zip(group, exc.results, strict=True)
+            ]
 
     def _execute(self, action: Action, observed: Observed) -> Outcome:
         t0 = time.monotonic()
@@ -1120,18 +1127,38 @@ def concurrent_group(actions: tuple[Action, ...]) -> list[Action]:
     return group
 
 
+class GroupNotStarted(ReconcilerError):
+    """A thread of a group could not be started: raised by ``run_in_threads`` once every thread it did start has
+    ended. ``results``: each call's outcome in the calls' order, None for those that never ran."""
+
+    def __init__(self, message: str, results: list[Outcome | None]):
+        super().__init__(message)
+        self.results = results
+
+
 def run_in_threads(calls: list[Callable[[], Outcome]]) -> list[Outcome]:
-    """Run each call in a thread of its own; their results in the calls' order."""
+    """Run each call in a thread of its own; their results in the calls' order. A thread that cannot be started
+    (the process at its limit) starts no later one, and the group still ends only when each started thread has
+    ended (a pass never leaves an action running behind it): then GroupNotStarted says which."""
     results: list[Outcome | None] = [None] * len(calls)
 
     def run(i: int) -> None:
         results[i] = calls[i]()
 
     threads = [threading.Thread(target=run, args=(i,), name=f"action-{i}", daemon=True) for i in range(len(calls))]
-    for t in threads:
-        t.start()
-    for t in threads:
+    started: list[threading.Thread] = []
+    failure = ""
+    for i, t in enumerate(threads):
+        try:
+            t.start()
+        except RuntimeError as exc:
+            failure = f"action {i + 1} of {len(calls)} could not be given a thread ({type(exc).__name__}: {exc})"
+            break
+        started.append(t)
+    for t in started:
         t.join()
+    if failure:
+        raise GroupNotStarted(failure, results)
     return [r for r in results if r is not None]
 
 

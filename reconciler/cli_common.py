@@ -135,6 +135,9 @@ def service(args: argparse.Namespace) -> HostService:
     """The service for this command. Inside a running loop (``reconciler.control``) it carries the loop's pass
     lock and action hooks, like the loop's HTTP API: destructive calls then wait for a pass to end rather than
     meeting the host lock the loop holds."""
-    from reconciler.service import Caller, HostService
+    from reconciler.service import HostService, user_caller
 
-    return HostService(args.root, caller=Caller("cli"), **getattr(args, "serve", {}))
+    # The user: the peer's on the loop's socket (its SO_PEERCRED uid, and the SUDO_USER it came with), else ours.
+    peer = getattr(args, "peer", None) or {"uid": os.getuid(), "sudo_user": os.environ.get("SUDO_USER") or ""}
+    caller = user_caller("cli", uid=peer["uid"], sudo_user=peer["sudo_user"])
+    return HostService(args.root, caller=caller, **getattr(args, "serve", {}))

@@ -48,13 +48,34 @@ _PLAN_ID = re.compile(r"^[0-9a-f]{32}$")
 
 @dataclass(frozen=True)
 class Caller:
-    """Who asks: the front-end (``cli``, ``api``, ``mcp``, ``loop``) and, over the API, the token's name."""
+    """Who asks: the front-end (``cli``, ``api``, ``mcp``, ``loop``) and, over the API, the token's name; on the
+    command line the user (``who``: ``root``, or ``root (sudo from alice)``), with ``uid`` and ``sudo_user``."""
 
     front: str
     who: str = ""
+    uid: int | None = None
+    sudo_user: str = ""
 
-    def to_json(self) -> dict[str, str]:
-        return {"front": self.front, "who": self.who}
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"front": self.front, "who": self.who}
+        if self.uid is not None:
+            data["uid"] = self.uid
+        if self.sudo_user:
+            data["sudo_user"] = self.sudo_user
+        return data
+
+
+def user_caller(front: str, *, uid: int, sudo_user: str = "") -> Caller:
+    """The caller a command-line user is: the name of ``uid`` (the uid itself where it has none) and, run through
+    sudo, whose sudo it was."""
+    import pwd
+
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = f"uid {uid}"
+    who = f"{name} (sudo from {sudo_user})" if sudo_user else name
+    return Caller(front, who, uid=uid, sudo_user=sudo_user)
 
 
 SINCE_HELP = "give an age (90s, 15m, 2h, 7d), an ISO time (2026-11-30T18:00) or epoch seconds"
@@ -294,26 +315,31 @@ def plan_document(p: Plan, fingerprint: Fingerprint, *, plan_id: str | None = No
     return redact_data(doc)
 
 
-def write_private(path: str, data: dict[str, Any]) -> None:
+def write_private(path: str, data: dict[str, Any], *, files: Any = None) -> None:
     """Write a plan as JSON, 0600, through the one safe writer (``reconciler.fsafe.write_out``): a planted
-    symlink or file at ``path`` is replaced, never followed; a terminal or a pipe (``/dev/stdout``) is written to."""
+    symlink or file at ``path`` is replaced, never followed; a terminal or a pipe (``/dev/stdout``) is written to.
+    ``files``: the caller's own (``reconciler.control``), written where the caller lives, else this process's."""
     import json
 
     from reconciler import fsafe
 
     try:
-        fsafe.write_out(path, json.dumps(data, indent=2, default=str) + "\n", what="the plan file")
+        if files is not None:
+            files.write_json(path, data, indent=2, sort_keys=False)
+        else:
+            fsafe.write_out(path, json.dumps(data, indent=2, default=str) + "\n", what="the plan file")
     except OSError as exc:
         raise ReconcilerError(f"cannot write the plan to {path}: {exc.strerror or exc}") from None
 
 
-def read_plan_document(path: str) -> tuple[dict[str, Any], Fingerprint]:
+def read_plan_document(path: str, *, files: Any = None) -> tuple[dict[str, Any], Fingerprint]:
     """A saved plan and its fingerprint; ReconcilerError when the file is not one, or when it is not the running
-    user's own (another user could have written or could change what is applied)."""
+    user's own (another user could have written or could change what is applied). ``files``: as for
+    ``write_private``."""
     from reconciler import fsafe
 
     try:
-        data = fsafe.read_json(path, what="the plan file")
+        data = (files or fsafe).read_json(path, what="the plan file")
     except FileNotFoundError:
         raise ReconcilerError(f"{path}: no such plan file (write one with `reconciler plan --out {path}`)") from None
     except fsafe.UnsafePath as exc:
@@ -465,11 +491,15 @@ class HostService:
         caller: Caller,
         pass_lock: contextlib.AbstractContextManager[object] | None = None,
         hooks: ActionHooks | None = None,
+        files: Any = None,
     ):
         self.root = root
         self.caller = caller
         self.pass_lock = pass_lock
         self.hooks = hooks
+        # The caller's files (``plan --out FILE``, ``apply FILE``) when the loop serves a command line for it:
+        # read and written by that process, where it lives (``reconciler.control.ClientFiles``).
+        self.files = files
 
     # ------------------------------------------------------------ helpers
 
@@ -565,7 +595,7 @@ class HostService:
             write_private(str(d / f"{plan_id}.json"), plan_document(p, fp, plan_id=plan_id))
             result.plan_id = plan_id
         if out:
-            write_private(out, plan_document(p, fp))
+            write_private(out, plan_document(p, fp), files=self.files)
         return result
 
     def status(self) -> StatusResult:
@@ -790,9 +820,10 @@ class HostService:
                 path = str(host_dir(host) / "plans" / f"{source}.json")
             if not os.path.lexists(path):
                 raise ReconcilerError(f"no saved plan {source} on this host (plans are kept for a day; make a new one)")
+            doc, fp = read_plan_document(path)  # the host's own store, not the caller's file
         else:
             path = source
-        doc, fp = read_plan_document(path)
+            doc, fp = read_plan_document(path, files=self.files)
         return path, doc, fp
 
     def apply_saved(
