@@ -1644,6 +1644,12 @@ def guarded_protocol(
         def _drop(self, reason: str) -> None:
             self._release()
             self._disarm()
+            sock = self.transport.get_extra_info("socket")
+            if sock is not None:
+                # A reset, and the kernel's buffer freed with it: closed plainly, the kernel would keep trying to
+                # send what a client that never reads will not take, and that client would see its connection open.
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self.transport.abort()
             if refusals is not None:
                 refusals.connection_dropped(reason)

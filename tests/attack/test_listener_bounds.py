@@ -302,3 +302,31 @@ def test_every_refusal_is_counted_and_audited_within_a_limit(root: Root, attacke
     lines = lp.find("api-refusals-dropped", after=mark, peer="uid 65534")
     assert sum(e["count"] for e in lines) == sum(r["count"] for r in summed), lines
     assert lp.proc.poll() is None and "Traceback" not in "\n".join(lp.other)
+
+
+# One connection of uid 65534 that pipelines GET /metrics and never reads: when does the listener reset it? Its TCP
+# state says, without a byte read.
+ONE_NON_READER = r"""
+import socket, sys, time
+port = int(sys.argv[1])
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+s.connect(("127.0.0.1", port))
+s.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % port * 50)
+t = time.monotonic()
+while time.monotonic() - t < 60 and s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == 1:
+    time.sleep(0.2)  # ESTABLISHED, the first byte of TCP_INFO; a reset makes it CLOSE
+print(round(time.monotonic() - t, 1))
+"""
+
+
+def test_a_client_that_does_not_take_its_answer_is_dropped(root: Root, attacker: Attacker, loops: Any) -> None:
+    from reconciler.api import WRITE_TIMEOUT_S
+
+    root.manifest()
+    lp = loop_with_token(root)
+    loops.append(lp)
+    after = float(attacker.python(ONE_NON_READER, str(lp.port), timeout=90).stdout)
+    assert WRITE_TIMEOUT_S - 1 <= after <= WRITE_TIMEOUT_S + 4, after
+    [line] = [ln for ln in lp.scrape().splitlines() if 'dropped_total{reason="write-timeout"}' in ln]
+    assert float(line.rsplit(" ", 1)[1]) == 1, line
