@@ -702,6 +702,8 @@ class Loop:
                 health=self.health,
                 cancel=self.cancel,
                 hooks=hooks,
+                on_refusal=self.metrics.record_http_refusal,
+                on_drop=self.metrics.record_http_drop,
             )
 
         try:

@@ -76,6 +76,22 @@ REFUSAL_REASONS: Mapping[str, str] = {
     "postcondition": "an earlier step's postcondition did not hold, so the next step was not taken",
 }
 
+# What the HTTP listener refuses, by the status answered and why (reconciler.api's Guard and its protocol).
+HTTP_REFUSALS: Mapping[tuple[int, str], str] = {
+    (400, "header"): "a header sent twice, or a Content-Length that is not a number",
+    (400, "body-json"): "a body that is not strict JSON (a duplicate key, nested too deep, not JSON)",
+    (401, "token"): "no bearer token, or a wrong one",
+    (403, "origin"): "a web page of another origin",
+    (408, "body-timeout"): "a body that did not arrive in time",
+    (413, "body-size"): "a body over the limit",
+    (400, "content-type"): "a body not sent as application/json, with one Content-Type header",
+    (421, "host"): "a Host header this listener does not answer to (DNS rebinding)",
+    (429, "connections"): "a peer, or the listener, past its bound of connections",
+    (429, "streams"): "event streams (GET /mcp) past their bound",
+}
+# Why the listener closed a connection itself: an answer its client did not take, an idle one closed for room.
+HTTP_DROPS: tuple[str, ...] = ("write-timeout", "evicted")
+
 # A converged pass is tens of milliseconds; a pass with an enter waits minutes for health.
 PASS_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600, 1200)
 # An enter waits for health up to the recipe's start timeout (the seed's TP=2 enter took 234 s).
@@ -283,6 +299,19 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.http_refusals = Counter(
+            f"{p}_http_refusals",
+            "Requests and connections the HTTP listener refused, by the status answered and the reason (a fixed set).",
+            ["status", "reason"],
+            registry=r,
+        )
+        self.http_drops = Counter(
+            f"{p}_http_connections_dropped",
+            "Connections the HTTP listener closed itself: write-timeout (an answer its client did not take) or "
+            "evicted (an idle one, for room).",
+            ["reason"],
+            registry=r,
+        )
         self.listener_restarts = Counter(
             f"{p}_http_listener_restarts",
             "Times the HTTP listener (/metrics, /healthz, /v1, /mcp) stopped and was started again.",
@@ -452,6 +481,10 @@ class Metrics:
                 self.action_duration.labels(kind=kind, result=result)
         for reason in REFUSAL_REASONS:
             self.refusals.labels(reason=reason)
+        for status, reason in HTTP_REFUSALS:
+            self.http_refusals.labels(status=str(status), reason=reason)
+        for reason in HTTP_DROPS:
+            self.http_drops.labels(reason=reason)
         for state in OFFLOAD_STATES:
             self.offload_files.labels(state=state)
             self.offload_bytes.labels(state=state)
@@ -572,6 +605,17 @@ class Metrics:
 
     def record_listener_restart(self) -> None:
         self.listener_restarts.inc()
+
+    def record_http_refusal(self, status: int, reason: str) -> None:
+        """Count one refusal of the HTTP listener; (status, reason) is a key of HTTP_REFUSALS."""
+        if (status, reason) not in HTTP_REFUSALS:
+            raise ValueError(f"unknown HTTP refusal {status} {reason!r}; expected one of {sorted(HTTP_REFUSALS)}")
+        self.http_refusals.labels(status=str(status), reason=reason).inc()
+
+    def record_http_drop(self, reason: str) -> None:
+        """Count one connection the listener closed itself; ``reason`` is one of HTTP_DROPS."""
+        _check(reason, HTTP_DROPS, "connection drop reason")
+        self.http_drops.labels(reason=reason).inc()
 
     def record_pass(self, result: str, seconds: float) -> None:
         """Count one finished pass and its duration; moves the last-pass and last-success timestamps."""
