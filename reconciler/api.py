@@ -68,7 +68,6 @@ import resource
 import secrets
 import socket
 import struct
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -359,40 +358,6 @@ def strict_json(raw: bytes) -> Any:
 # ---------------------------------------------------------------- who a peer is
 
 
-def _hex4(packed: bytes) -> str:
-    return "".join(f"{int.from_bytes(packed[i : i + 4], sys.byteorder):08X}" for i in range(0, len(packed), 4))
-
-
-def tcp_endpoints(ip: str, port: int) -> list[tuple[str, str]]:
-    """One TCP endpoint as ``/proc/net/tcp`` and ``tcp6`` write it: (table, ``ADDR:PORT`` in hex, each 32-bit word
-    in the host's byte order). A v4-mapped IPv6 address is looked for in both (the client's socket may be either).
-    Pure."""
-    try:
-        addr = ipaddress.ip_address(ip.split("%")[0])
-    except ValueError:
-        return []
-    if addr.version == 4:
-        return [("tcp", f"{_hex4(addr.packed)}:{port:04X}")]
-    out = [("tcp6", f"{_hex4(addr.packed)}:{port:04X}")]
-    if addr.ipv4_mapped is not None:
-        out.insert(0, ("tcp", f"{_hex4(addr.ipv4_mapped.packed)}:{port:04X}"))
-    return out
-
-
-def socket_owner(table: str, local: str, remote: str) -> int | None:
-    """The uid that owns the socket of ``table`` (``/proc/net/tcp{,6}`` text) from ``local`` to ``remote``; None when
-    there is none, or when it is a socket no process holds any more (its inode 0, its uid then root's). Pure."""
-    at = table.find(f" {local} {remote} ")
-    if at < 0:
-        return None
-    end = table.find("\n", at)
-    fields = table[at : end if end >= 0 else len(table)].split()
-    # local remote st tx:rx tr:when retrnsmt uid timeout inode
-    if len(fields) < 9 or not fields[6].isdigit() or fields[8] == "0":
-        return None
-    return int(fields[6])
-
-
 _NETLINK_SOCK_DIAG = 4
 _SOCK_DIAG_BY_FAMILY = 20
 _NLMSG_ERROR = 2
@@ -438,20 +403,11 @@ def _diag_lookup(client: tuple[str, int], server: tuple[str, int]) -> int | None
         return diag_owner(nl.recv(8192))
 
 
-def _read_table(name: str) -> str:
-    try:
-        with open(f"/proc/net/{name}", encoding="ascii", errors="replace") as fh:
-            return fh.read()
-    except OSError:
-        return ""
-
-
 def peer_of(
     client: tuple[Any, ...] | None,
     server: tuple[Any, ...] | None,
     *,
     diag: Callable[[tuple[str, int], tuple[str, int]], int | None] | None = _diag_lookup,
-    read: Callable[[str], str] = _read_table,
 ) -> str:
     """Who a connection is, for its bounds and its refusals: ``uid N`` when the connecting socket is this machine's
     (the kernel's ``sock_diag`` finds the socket going from the client's address to ours, or else
@@ -473,12 +429,14 @@ def peer_of(
         except OSError:
             pass  # no netlink here: the tables say it (slower: each read lists every socket)
     if server:
-        mine = dict(tcp_endpoints(str(server[0]), int(server[1])))
-        for table, local in tcp_endpoints(ip, port):
-            if table in mine:
-                uid = socket_owner(read(table), local, mine[table])
-                if uid is not None:
-                    return f"uid {uid}"
+        from reconciler.observe.net import read_tcp_sockets, socket_owner
+
+        try:
+            uid = socket_owner(read_tcp_sockets(local_port=port), (ip, port), (str(server[0]), int(server[1])))
+        except OSError:
+            uid = None  # /proc/net unreadable: its address says who it is
+        if uid is not None:
+            return f"uid {uid}"
     addr = _ip(ip.split("%")[0])
     if addr is not None and addr.version == 6 and addr.ipv4_mapped is None:
         return str(ipaddress.ip_network(f"{addr}/64", strict=False))

@@ -1,6 +1,7 @@
 """An enter's knowable failures are found by ``plan`` before any leave, and blockers are scoped to their slots
 (docs/design.md, "Knowable failures of an enter" and safety rule 6): on the real engine, with real fake-vllm lanes
-listening on real ports, through the real command line and loop; the pure parses on captured text.
+listening on real ports, through the real command line and loop; the pure parses on captured text (those of
+/proc/net/tcp in tests/test_net_parse.py).
 """
 
 from __future__ import annotations
@@ -14,22 +15,9 @@ import yaml
 from e2e_helpers import LoopProcess, Root, free_port, set_flag
 
 from reconciler.observe.docker_obs import gpu_runtime_of, published_ports_of
-from reconciler.observe.listeners import parse_proc_net_tcp, read_listeners, socket_inode
 from reconciler.planner import command_tensor_parallel_size
 
 A, B = "dark-compute-a", "dark-compute-b"
-
-# /proc/net/tcp and tcp6 as this machine's kernel wrote them (a listener on 0.0.0.0:2024, one on 127.0.0.1:8000,
-# an established connection; tcp6: one on [::]:8001 and one on [::ffff:127.0.0.1]:8002).
-TCP = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   0: 00000000:07E8 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 580 1 000000000835ba18 100 0 0 10 0
-   1: 0100007F:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 9001 1 0000000000000000 100 0 0 10 0
-   2: 0100007F:AE93 0100007F:E9BC 06 00000000:00000000 03:0000046E 00000000     0        0 0 3 000000008c88ec2c
-"""
-TCP6 = """  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   0: 00000000000000000000000000000000:1F41 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 9002 1 0000000000000000 100 0 0 10 0
-   1: 0000000000000000FFFF00000100007F:1F42 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 9003 1 0000000000000000 100 0 0 10 0
-"""
 
 # This engine's /info (Docker 20.10 from Debian, no NVIDIA toolkit), cut to what is read; and one after
 # `nvidia-ctk runtime configure --runtime=docker`.
@@ -42,15 +30,6 @@ INFO_CDI = {"Runtimes": {"runc": {}}, "DiscoveredDevices": [{"Source": "cdi", "I
 
 
 # ---------------------------------------------------------------- the pure parses
-
-
-def test_proc_net_tcp_gives_the_listening_sockets_with_address_port_and_inode() -> None:
-    v4 = [(x.address, x.port, x.inode) for x in parse_proc_net_tcp(TCP)]
-    assert v4 == [("0.0.0.0", 2024, 580), ("127.0.0.1", 8000, 9001)], "the established connection is no listener"
-    v6 = [(x.address, x.port, x.inode) for x in parse_proc_net_tcp(TCP6, v6=True)]
-    assert v6 == [("::", 8001, 9002), ("::ffff:127.0.0.1", 8002, 9003)]
-    assert all(x.reachable_from_loopback for x in parse_proc_net_tcp(TCP) + parse_proc_net_tcp(TCP6, v6=True))
-    assert socket_inode("socket:[9001]") == 9001 and socket_inode("/dev/null") is None
 
 
 def test_the_engine_info_tells_whether_gpus_can_be_requested() -> None:
@@ -69,19 +48,6 @@ def test_the_command_line_tensor_parallel_size_is_read_in_both_spellings() -> No
     assert command_tensor_parallel_size(["vllm", "serve", "m"]) is None
     assert command_tensor_parallel_size(["vllm", "--tensor-parallel-size", "1", "--tensor-parallel-size", "2"]) == 2
     assert published_ports_of({"Ports": [{"PrivatePort": 8000, "PublicPort": 18000, "Type": "tcp"}, {}]}) == (18000,)
-
-
-def test_a_real_listener_is_found_with_its_pid() -> None:
-    import os
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        port = s.getsockname()[1]
-        looked_up, found = read_listeners([port], known_containers=frozenset())
-    assert port in looked_up
-    assert [(x.port, x.pid) for x in found] == [(port, os.getpid())]
 
 
 # ---------------------------------------------------------------- on the real engine

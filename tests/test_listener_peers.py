@@ -1,5 +1,6 @@
-"""Who a peer of the listener is (``reconciler.api.peer_of``): the parse of ``/proc/net/tcp`` text captured on this
-project's machines, the ``sock_diag`` answer, and a real loopback connection from another address than 127.0.0.1."""
+"""Who a peer of the listener is (``reconciler.api.peer_of``): the ``sock_diag`` request and answer, and a real
+loopback connection from another address than 127.0.0.1, found by netlink and through /proc/net/tcp (whose parse,
+on captured text, is tests/test_net_parse.py's)."""
 
 from __future__ import annotations
 
@@ -7,24 +8,7 @@ import os
 import socket
 import struct
 
-from reconciler.api import diag_owner, diag_request, peer_of, socket_owner, tcp_endpoints
-
-TABLE = """\
-  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   0: 0100007F:9C41 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 81234 1 0 100 0 0 10 0
-   1: 0500007F:D431 0100007F:9C41 01 00000000:00000000 00:00000000 00000000 65534        0 81301 1 0 20 4 30 10 -1
-   2: 0600007F:D432 0100007F:9C41 06 00000000:00000000 03:00001770 00000000     0        0 0 3 0
-"""
-
-
-def test_the_client_end_names_its_owner_and_a_socket_no_one_holds_names_no_one() -> None:
-    [(table, local)] = tcp_endpoints("127.0.0.5", 0xD431)
-    assert (table, local) == ("tcp", "0500007F:D431")  # little-endian words, as the kernel writes them here
-    [(_, server)] = tcp_endpoints("127.0.0.1", 0x9C41)
-    assert socket_owner(TABLE, local, server) == 65534
-    assert socket_owner(TABLE, "0600007F:D432", server) is None  # TIME_WAIT: inode 0, its uid root's
-    assert socket_owner(TABLE, "0700007F:D433", server) is None
-    assert [t for t, _ in tcp_endpoints("::ffff:127.0.0.1", 80)] == ["tcp", "tcp6"]
+from reconciler.api import diag_owner, diag_request, peer_of
 
 
 def test_the_sock_diag_request_and_answer() -> None:
