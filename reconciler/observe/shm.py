@@ -219,6 +219,30 @@ def build_view(
     )
 
 
+def unavailable_view(
+    cfg: ShmSettings,
+    *,
+    listing: DirListing,
+    containers: Sequence[ContainerView],
+    docker: Source,
+    proc_error: str,
+    settled: Collection[str] = (),
+) -> ShmView:
+    """Pure: the view of an inspection whose holders could not be known (``proc_error`` says why: the dir or /proc
+    unreadable, a scan that did not settle): no file is owned and every unowned one is blocked."""
+    return build_view(
+        cfg,
+        listing=listing,
+        holders={},
+        deleted=(),
+        unreadable={},
+        containers=containers,
+        docker=docker,
+        proc_error=proc_error,
+        settled=settled,
+    )
+
+
 def offload_blockers(
     containers: Sequence[ContainerView], holders: Mapping[int, Sequence[Owner]], settled: Collection[str]
 ) -> tuple[str, ...]:
@@ -292,39 +316,16 @@ def inspect_shm(
     except OSError as exc:
         empty = DirListing(0, 0, (), Tmpfs(0, 0, 0))
         why = f"shm.dir {cfg.dir}: {exc.strerror or exc} (set shm.dir in {HOST_FILE} to the tmpfs the containers use)"
-        return build_view(
-            cfg,
-            listing=empty,
-            holders={},
-            deleted=(),
-            unreadable={},
-            containers=containers,
-            docker=docker,
-            proc_error=why,
-        )
+        return unavailable_view(cfg, listing=empty, containers=containers, docker=docker, proc_error=why)
     try:
         scan = scan_holders(listing.dir_dev, proc_root=proc_root, workers=workers)
     except OSError as exc:
-        return build_view(
-            cfg,
-            listing=listing,
-            holders={},
-            deleted=(),
-            unreadable={},
-            containers=containers,
-            docker=docker,
-            proc_error=f"{proc_root}: {exc.strerror or exc}",
+        return unavailable_view(
+            cfg, listing=listing, containers=containers, docker=docker, proc_error=f"{proc_root}: {exc.strerror or exc}"
         )
     if scan.unstable:
-        return build_view(
-            cfg,
-            listing=listing,
-            holders={},
-            deleted=(),
-            unreadable={},
-            containers=containers,
-            docker=docker,
-            proc_error=f"{proc_root}: {scan.unstable}",
+        return unavailable_view(
+            cfg, listing=listing, containers=containers, docker=docker, proc_error=f"{proc_root}: {scan.unstable}"
         )
     names = {c.id: c.name for c in containers}
     resolve = _Resolver(proc_root, names, engine_ok=docker.ok)

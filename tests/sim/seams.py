@@ -262,7 +262,7 @@ def sim_scan(world: World) -> Any:
 
 def sim_shm(world: World, cfg: Any, *, containers: Any, docker: Any, settled: Any = ()) -> Any:
     """One inspection of shm.dir and every process, as ``inspect_shm`` makes it, from the world's truth."""
-    from reconciler.observe.shm import DirEntry, DirListing, build_view, owner_container
+    from reconciler.observe.shm import DirEntry, DirListing, build_view, owner_container, unavailable_view
     from reconciler.observed import Owner, Tmpfs
 
     entries = tuple(
@@ -273,12 +273,9 @@ def sim_shm(world: World, cfg: Any, *, containers: Any, docker: Any, settled: An
     listing = DirListing(1, 1, entries, Tmpfs(world.tmpfs_size, used, world.tmpfs_size - used))
     scan = sim_scan(world)
     if scan.unstable:
-        return build_view(
+        return unavailable_view(
             cfg,
             listing=listing,
-            holders={},
-            deleted=(),
-            unreadable={},
             containers=containers,
             docker=docker,
             proc_error=f"/proc: {scan.unstable}",
