@@ -53,6 +53,9 @@ REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "examples" / "demo"
 BUILD = REPO / "examples" / "fake-vllm" / "build.sh"
 IMAGE = "reconciler/fake-vllm:latest"
+# The tail of ``docker run`` for a container that only sleeps (no server, no GPU, no offload): the image's Python
+# from the host's /usr. Flags that must come before the image go before it.
+SLEEP = ("-v", "/usr:/usr:ro", IMAGE, "python3", "-c", "import time; time.sleep(300)")
 LABEL_HOST = "io.reconciler.host"
 # On the containers a test starts by hand (not through the tool), valued with the root's host, for the cleanup.
 TEST_LABEL = "io.reconciler-e2e.test"
@@ -111,12 +114,53 @@ def running_prometheus(
     try:
         yield f"http://127.0.0.1:{port}", proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
+    """SIGTERM a helper process the test started, and wait for it; killed if it does not end within ``timeout``."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+MIB = 1 << 20
+OFFLOAD_PATTERN = "vllm_offload_*.mmap"
+
+
+def make_file(path: Path, size: int = MIB, *, fill: bool = True) -> os.stat_result:
+    """A file of ``size`` bytes; ``fill`` writes every byte (allocated on the tmpfs), else it stays sparse."""
+    with open(path, "wb") as fh:
+        if fill:
+            chunk = b"\xab" * MIB
+            left = size
+            while left > 0:
+                fh.write(chunk[: min(left, MIB)])
+                left -= MIB
+        else:
+            fh.truncate(size)
+    return os.stat(path)
+
+
+def shm_config(d: Path, **kw: object) -> Any:
+    """The shm guard's settings for a test's tmpfs ``d`` (``reconciler.model.ShmConfig``), ``kw`` over these.
+
+    pid 1 is excused where it is unreadable even by root (e.g. a microVM init, as on the machines this project is
+    built on; docs/design.md, safety rule 3), or the scans would fail closed. Where pid 1 is readable the excuse
+    changes nothing: only a pid that could not be inspected is ever excused."""
+    from reconciler.model import ShmConfig
+
+    values: dict[str, object] = {
+        "dir": str(d),
+        "pattern": OFFLOAD_PATTERN,
+        "confirm_interval_s": 0.2,
+        "ignore_uninspectable_pids": [1],
+    }
+    values.update(kw)
+    return ShmConfig(**values)  # type: ignore[arg-type]
 
 
 def http_get(url: str, *, timeout: float = 2.0) -> tuple[int, bytes]:
@@ -306,6 +350,49 @@ class Root:
 
     def cli_args(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "reconciler", "--root", str(self.path), *args]
+
+    def on_a_terminal(
+        self, *args: str, timeout: float = 60, on_prompt: Callable[[], bytes] | None = None
+    ) -> tuple[int, str, bool]:
+        """The command line on this root with its stdin and stdout on a real terminal (a pty), read until it ends
+        or ``timeout``: (exit code, output, whether it asked ``[y/N]``). At the prompt ``on_prompt`` is called
+        once, and what it returns is typed."""
+        import pty
+
+        argv = self.cli_args(*args)
+        pid, fd = pty.fork()
+        if pid == 0:  # the child: stdin/stdout on the terminal
+            os.execvpe(argv[0], argv, self.env)
+        out = b""
+        deadline = time.monotonic() + timeout
+        asked = False
+        while time.monotonic() < deadline:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+            if on_prompt is not None and not asked and b"[y/N]" in out:
+                asked = True
+                os.write(fd, on_prompt())
+        _, status = os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(status), out.decode(errors="replace"), asked
+
+    def with_secret(self, env_file: Path, slot: str = "dark-compute-b") -> str:
+        """omni on ``slot`` with HF_TOKEN in its environment, a secret read from ``env_file`` (host.yaml's
+        secrets.env_file); returns the recipe's name."""
+        omni = self.recipe("omni")
+        data = self.recipe_data(omni)
+        data["container"]["env"] = {**data["container"].get("env", {}), "HF_TOKEN": "${HF_TOKEN}"}
+        self.write_recipe(omni, data)
+        host_file = self.path / "configs" / "host.yaml"
+        doc = yaml.safe_load(host_file.read_text())
+        doc["secrets"] = {"env_file": str(env_file)}
+        host_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+        self.manifest((omni, [slot]))
+        return omni
 
     def cli(self, *args: str, timeout: float = 90, env: dict[str, str] | None = None) -> CliResult:
         """The command line on this root; ``env`` adds to the root's environment (``RECONCILER_NO_LOOP=1``: the

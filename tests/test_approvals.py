@@ -5,13 +5,10 @@ saved, and a stale one is refused with what changed; after approval only the sho
 from __future__ import annotations
 
 import json
-import os
-import pty
-import time
 from pathlib import Path
 
 import pytest
-from e2e_helpers import Root
+from e2e_helpers import SLEEP, Root
 
 from reconciler.apply import within
 from reconciler.planner import Action, ActionKind, Plan
@@ -38,22 +35,8 @@ def test_apply_without_a_terminal_or_yes_refuses_and_changes_nothing(root: Root)
 def test_json_on_a_terminal_never_prompts(root: Root) -> None:
     omni = root.recipe("omni")
     root.manifest((omni, ["dark-compute-b"]))
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: stdin/stdout on a real terminal
-        os.execvpe(root.cli_args("apply", "--json")[0], root.cli_args("apply", "--json"), root.env)
-    out = b""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            chunk = os.read(fd, 4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        out += chunk
-    _, status = os.waitpid(pid, 0)
-    text = out.decode(errors="replace")
-    assert os.waitstatus_to_exitcode(status) == 1, text
+    rc, text, asked = root.on_a_terminal("apply", "--json")
+    assert rc == 1 and not asked, text
     assert "[y/N]" not in text and "--json never prompts" in text
     assert root.running() == {}
 
@@ -71,31 +54,13 @@ def test_saved_plan_applies_exactly_and_a_stale_one_is_refused(root: Root, tmp_p
     # Nothing is running, and that is a fact of the fingerprint too: a container started since makes it stale.
     # A container with no GPU, no offload and none of our labels cannot change the plan: it is not in the
     # fingerprint, so a busy engine does not make every saved plan stale.
-    bystander = root.run_unmanaged(
-        "bystander",
-        "-v",
-        "/usr:/usr:ro",
-        "reconciler/fake-vllm:latest",
-        "python3",
-        "-c",
-        "import time; time.sleep(300)",
-    )
+    bystander = root.run_unmanaged("bystander", *SLEEP)
     assert root.cli("plan", "--out", str(tmp_path / "still.json")).rc == 2
     again = json.loads((tmp_path / "still.json").read_text())
     assert not any(bystander in line for line in again["fingerprint"]["parts"]["containers"])
     root.api.remove_container(bystander, force=True)
     gpu = f"NVIDIA_VISIBLE_DEVICES={root.slot_index['dark-compute-a']}"
-    squatter = root.run_unmanaged(
-        "squatter",
-        "-v",
-        "/usr:/usr:ro",
-        "-e",
-        gpu,
-        "reconciler/fake-vllm:latest",
-        "python3",
-        "-c",
-        "import time; time.sleep(300)",
-    )
+    squatter = root.run_unmanaged("squatter", "-e", gpu, *SLEEP)
     r = root.cli("apply", str(saved))
     assert r.rc == 1, r
     assert "stale" in r.stderr and "containers: now " + squatter in r.stderr, r.stderr

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -131,29 +129,14 @@ def _ids(root: Root) -> dict[str, str]:
 
 def _apply_on_a_terminal(root: Root, during: Callable[[], None], *, answer: bytes = b"y\n") -> tuple[int, str]:
     """``reconciler apply`` on a real terminal: wait for its prompt, run ``during`` while it waits, then answer."""
-    args = root.cli_args("apply")
-    pid, fd = pty.fork()
-    if pid == 0:
-        os.execvpe(args[0], args, root.env)
-    out = b""
-    deadline = time.monotonic() + 90
-    asked = False
-    while time.monotonic() < deadline:
-        try:
-            chunk = os.read(fd, 4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        out += chunk
-        if not asked and b"[y/N]" in out:
-            asked = True
-            during()
-            os.write(fd, answer)
-    _, status = os.waitpid(pid, 0)
-    text = out.decode(errors="replace")
+
+    def at_prompt() -> bytes:
+        during()
+        return answer
+
+    rc, text, asked = root.on_a_terminal("apply", timeout=90, on_prompt=at_prompt)
     assert asked, text
-    return os.waitstatus_to_exitcode(status), text
+    return rc, text
 
 
 # ---------------------------------------------------------------- saved plans, stand-alone
@@ -181,16 +164,7 @@ def _with_secret(root: Root, tmp_path: Path) -> tuple[str, Path]:
     env_file = tmp_path / "secrets.env"
     env_file.write_text("HF_TOKEN=hf_first_0123456789\n")
     env_file.chmod(0o600)
-    omni = root.recipe("omni")
-    data = root.recipe_data(omni)
-    data["container"]["env"] = {**data["container"].get("env", {}), "HF_TOKEN": "${HF_TOKEN}"}
-    root.write_recipe(omni, data)
-    host_file = root.path / "configs" / "host.yaml"
-    doc = yaml.safe_load(host_file.read_text())
-    doc["secrets"] = {"env_file": str(env_file)}
-    host_file.write_text(yaml.safe_dump(doc, sort_keys=False))
-    root.manifest((omni, [B]))
-    return omni, env_file
+    return root.with_secret(env_file, B), env_file
 
 
 @pytest.mark.docker

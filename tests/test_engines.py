@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import DOCKER_URL, _require_docker
-from e2e_helpers import IMAGE, TEST_LABEL, LoopProcess, Root, http_status, make_root, wait_until
+from e2e_helpers import IMAGE, TEST_LABEL, LoopProcess, Root, http_status, make_root, stop_process, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
 
@@ -102,12 +102,7 @@ def _haproxy(workdir: Path, upstream: str) -> Iterator[tuple[Path, Path]]:
         assert proc.poll() is None, f"haproxy exited: {proc.stdout.read() if proc.stdout else ''}"
         yield read, apply
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 @pytest.fixture(scope="module", params=["podman", "haproxy"])

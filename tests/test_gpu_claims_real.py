@@ -9,14 +9,12 @@ import stat
 from pathlib import Path
 
 import pytest
-from e2e_helpers import TEST_LABEL, Root, docker_cli
+from e2e_helpers import SLEEP, TEST_LABEL, Root, docker_cli
 
 from reconciler.loader import load_desired
 from reconciler.observe.docker_obs import NVIDIA_MAJOR, PRIVILEGED, DockerObserver
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
-
-SLEEP = ("-v", "/usr:/usr:ro", "reconciler/fake-vllm:latest", "python3", "-c", "import time; time.sleep(300)")
 
 
 def _card_node(tmp_path: Path, minor: int) -> Path:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e_helpers import Root, docker_cli
+from e2e_helpers import SLEEP, Root, docker_cli
 
 from reconciler.observe.docker_obs import inherited_labels
 
@@ -87,9 +87,7 @@ def test_legacy_container_is_adopted_only_by_the_explicit_command(root: Root) ->
 
 
 def test_adopt_refuses_what_this_tool_did_not_make_for_this_host(root: Root) -> None:
-    other = root.run_unmanaged(
-        "plain", "-v", "/usr:/usr:ro", "reconciler/fake-vllm:latest", "python3", "-c", "import time; time.sleep(300)"
-    )
+    other = root.run_unmanaged("plain", *SLEEP)
     r = root.cli("adopt", other)
     assert r.rc == 1 and "cannot be adopted" in r.stderr and "Traceback" not in r.stderr, r
     r = root.cli("adopt", "no-such-container-here")
@@ -154,12 +152,7 @@ def test_a_copy_made_from_a_lanes_labels_is_not_ours(root: Root) -> None:
         "copy",
         *[a for k, v in labels.items() for a in ("--label", f"{k}={v}")],
         *[a for e in env for a in ("-e", e)],
-        "-v",
-        "/usr:/usr:ro",
-        "reconciler/fake-vllm:latest",
-        "python3",
-        "-c",
-        "import time; time.sleep(300)",
+        *SLEEP,
     )
     try:
         st = root.cli("status", "--json").data
@@ -213,16 +206,7 @@ def test_an_install_from_before_the_record_keeps_its_lane_and_records_it_once(ro
     log = [json.loads(line) for line in (host_dir / "ownership.log").read_text().splitlines()]
     assert [(e["event"], e["ids"]) for e in log] == [("record-created", [lane])]
     labels = root.api.inspect_container(lane)["Config"]["Labels"]
-    copy = root.run_unmanaged(
-        "copy",
-        *[a for k, v in labels.items() for a in ("--label", f"{k}={v}")],
-        "-v",
-        "/usr:/usr:ro",
-        "reconciler/fake-vllm:latest",
-        "python3",
-        "-c",
-        "import time; time.sleep(300)",
-    )
+    copy = root.run_unmanaged("copy", *[a for k, v in labels.items() for a in ("--label", f"{k}={v}")], *SLEEP)
     try:
         owners = {c["name"]: c["owner"] for c in root.cli("status", "--json").data["containers"]}
         assert owners == {ours: "ours", copy: "copied"}, owners

@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 
 import pytest
-import yaml
 from e2e_helpers import Root, make_root
 
 from reconciler.secrets import SecretError, read_env_file, resolve
@@ -70,24 +69,11 @@ def test_env_file_drops_an_inline_comment(tmp_path: Path) -> None:
         assert "secret" not in str(exc.value).split(":2:")[1], "the line's content is never shown"
 
 
-def _with_secret(root: Root, env_file: Path) -> str:
-    omni = root.recipe("omni")
-    data = root.recipe_data(omni)
-    data["container"]["env"] = {**data["container"].get("env", {}), "HF_TOKEN": "${HF_TOKEN}"}
-    root.write_recipe(omni, data)
-    host_file = root.path / "configs" / "host.yaml"
-    doc = yaml.safe_load(host_file.read_text())
-    doc["secrets"] = {"env_file": str(env_file)}
-    host_file.write_text(yaml.safe_dump(doc, sort_keys=False))
-    root.manifest((omni, ["dark-compute-b"]))
-    return omni
-
-
 @pytest.mark.docker
 @pytest.mark.root
 def test_a_secret_reaches_the_container_and_nothing_else(root: Root, tmp_path: Path) -> None:
     env_file = tmp_path / "secrets.env"
-    omni = _with_secret(root, env_file)
+    omni = root.with_secret(env_file)
     v = root.cli("validate")
     assert v.rc == 1 and f"secrets.env_file {env_file}: No such file" in v.stderr, v
     env_file.write_text("# nothing yet\n")

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from e2e_helpers import MIB, make_file, shm_config
 
 from reconciler.model import ShmConfig
 from reconciler.observe.docker_obs import DockerObserver
@@ -28,7 +29,6 @@ from reconciler.observed import ContainerView, ShmView, Source
 from reconciler.shm_guard import ReclaimResult, reclaim
 
 PATTERN = "vllm_offload_*.mmap"
-MIB = 1 << 20
 REPO = Path(__file__).resolve().parents[1]
 # The fake vLLM image is a bare skeleton too: with the host's /usr mounted, /usr/bin/python3 runs inside.
 IMAGE = "reconciler/fake-vllm:latest"
@@ -66,31 +66,7 @@ def shm(tmp_path: Path) -> Iterator[Path]:
 
 
 def config(d: Path, **kw: object) -> ShmConfig:
-    # pid 1 is excused where it is unreadable even by root (e.g. a microVM init, as on the machines this project
-    # is built on; docs/design.md, safety rule 3), or the scans here would fail closed. Where pid 1 is readable the
-    # excuse changes nothing: only a pid that could not be inspected is ever excused.
-    values: dict[str, object] = {
-        "dir": str(d),
-        "pattern": PATTERN,
-        "confirm_interval_s": 0.2,
-        "ignore_uninspectable_pids": [1],
-    }
-    values.update(kw)
-    return ShmConfig(**values)  # type: ignore[arg-type]
-
-
-def make_file(path: Path, size: int, *, fill: bool = True) -> os.stat_result:
-    """A file of ``size`` bytes; ``fill`` writes every byte (allocated on the tmpfs), else it stays sparse."""
-    with open(path, "wb") as fh:
-        if fill:
-            chunk = b"\xab" * MIB
-            left = size
-            while left > 0:
-                fh.write(chunk[: min(left, MIB)])
-                left -= MIB
-        else:
-            fh.truncate(size)
-    return os.stat(path)
+    return shm_config(d, **kw)  # type: ignore[no-any-return]
 
 
 HOLDER = textwrap.dedent(

@@ -16,14 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from e2e_helpers import make_file, shm_config
 
 from reconciler.model import ShmConfig
 from reconciler.observe.procfs import scan_holders
 from reconciler.observed import Source
 from reconciler.shm_guard import reclaim
 
-PATTERN = "vllm_offload_*.mmap"
-MIB = 1 << 20
 REPO = Path(__file__).resolve().parents[1]
 DOCKER_URL = os.environ.get("RECONCILER_TEST_DOCKER_URL", "unix:///var/run/docker.sock")
 
@@ -59,22 +58,8 @@ CHAIN = textwrap.dedent(
 
 
 @pytest.fixture
-def shm(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.fail("the shm tests mount tmpfs and need root")
-    d = tmp_path / "shm"
-    d.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(d)], check=True)
-    try:
-        yield d
-    finally:
-        subprocess.run(["umount", "-l", str(d)], check=False)
-
-
-def make_file(path: Path, size: int = MIB) -> os.stat_result:
-    with open(path, "wb") as fh:
-        fh.write(b"\xab" * size)
-    return os.stat(path)
+def shm(tmpfs_dir: Path) -> Path:
+    return tmpfs_dir
 
 
 @pytest.fixture
@@ -135,14 +120,7 @@ def map_only(path: Path) -> subprocess.Popen[str]:
 
 
 def config(d: Path, **kw: object) -> ShmConfig:
-    values: dict[str, object] = {
-        "dir": str(d),
-        "pattern": PATTERN,
-        "confirm_interval_s": 0.05,
-        "ignore_uninspectable_pids": [1],
-    }
-    values.update(kw)
-    return ShmConfig(**values)  # type: ignore[arg-type]
+    return shm_config(d, **{"confirm_interval_s": 0.05, **kw})  # type: ignore[no-any-return]
 
 
 def no_containers() -> tuple[tuple[()], Source]:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e_helpers import Root, wait_until
+from e2e_helpers import Root, stop_process, wait_until
 
 from attack.helpers import Attacker, no_traceback
 
@@ -54,15 +54,6 @@ def squat(attacker: Attacker, port: int, record: Path) -> subprocess.Popen[str]:
     return proc
 
 
-def stop(proc: subprocess.Popen[str]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def failed_enter(res: object, data: dict) -> dict:  # type: ignore[type-arg]
     assert data["result"] == "failed", res
     [enter] = [a for a in data["actions"] if a["kind"] == "enter"]
@@ -81,7 +72,7 @@ def test_a_port_squatted_before_the_enter_fails_its_preflight_naming_the_squatte
     try:
         res = root.apply()
     finally:
-        stop(proc)
+        stop_process(proc)
     assert res.rc == 1, res
     no_traceback(res.stdout + res.stderr)
     enter = failed_enter(res, res.data)
@@ -121,7 +112,7 @@ def test_a_port_squatted_while_the_engine_starts_fails_the_enter_and_no_probe_re
         if apply.poll() is None:
             apply.kill()
         if proc is not None:
-            stop(proc)
+            stop_process(proc)
     assert apply.returncode == 1, (out, err)
     no_traceback(out + err)
     enter = failed_enter(out, json.loads(out))
