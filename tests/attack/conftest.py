@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from e2e_helpers import LoopProcess, stop_process
 
 from attack.helpers import PRECIOUS, PYTHON, Attacker
 
@@ -60,3 +61,13 @@ def precious(scratch: Path) -> Path:
     p.write_text(PRECIOUS)
     p.chmod(0o600)
     return p
+
+
+@pytest.fixture
+def loops() -> Iterator[list[LoopProcess]]:
+    """The loops a test starts (it appends each): stopped afterwards, killed if they do not end within 30 s."""
+    started: list[LoopProcess] = []
+    yield started
+    for lp in started:
+        if lp.proc.poll() is None:
+            stop_process(lp.proc, timeout=30)

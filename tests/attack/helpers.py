@@ -42,15 +42,20 @@ class Attacker:
         return self.run(PYTHON, "-c", code, *args, timeout=timeout, check=check)
 
     def popen(self, code: str, *args: str) -> subprocess.Popen[str]:
-        cmd = ["setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY), "--clear-groups", PYTHON, "-c", code, *args]
-        return subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            stdin=subprocess.PIPE,
-            text=True,
-            env={"PATH": "/usr/bin:/bin"},
-        )
+        return as_user(NOBODY, code, *args)
+
+
+def as_user(uid: int, code: str, *args: str) -> subprocess.Popen[str]:
+    """The system's Python running ``code`` as ``uid`` (no groups), its stdin and stdout piped."""
+    cmd = ["setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups", PYTHON, "-c", code, *args]
+    return subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.PIPE,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+    )
 
 
 def no_traceback(text: str) -> None:

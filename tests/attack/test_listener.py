@@ -104,19 +104,6 @@ def loop_with_token(root: Root, *extra: str, prlimit: str | None = None, text: b
     return lp.started()
 
 
-@pytest.fixture
-def loops() -> Any:
-    started: list[LoopProcess] = []
-    yield started
-    for lp in started:
-        if lp.proc.poll() is None:
-            lp.proc.terminate()
-            try:
-                lp.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                lp.proc.kill()
-
-
 def test_a_thousand_idle_connections_do_not_silence_the_listener(root: Root, attacker: Attacker, loops: Any) -> None:
     root.manifest()
     lp = loop_with_token(root, prlimit="1024:20000")

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from e2e_helpers import LoopProcess, Root, wait_until
+from e2e_helpers import Root, wait_until
 
-from attack.helpers import PYTHON, Attacker
+from attack.helpers import PYTHON, Attacker, as_user
 from attack.test_listener import TOKEN, get, loop_with_token
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
@@ -121,32 +120,6 @@ print("seen", " ".join("%s=%d" % kv for kv in sorted(seen.items())), flush=True)
 """
 
 HOLD_S = 24.0
-
-
-@pytest.fixture
-def loops() -> Iterator[list[LoopProcess]]:
-    started: list[LoopProcess] = []
-    yield started
-    for lp in started:
-        if lp.proc.poll() is None:
-            lp.proc.terminate()
-            try:
-                lp.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                lp.proc.kill()
-
-
-def as_user(uid: int, code: str, *args: str) -> subprocess.Popen[str]:
-    """The system's Python running ``code`` as ``uid`` (no groups), its stdin and stdout piped."""
-    cmd = ["setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups", PYTHON, "-c", code, *args]
-    return subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.PIPE,
-        text=True,
-        env={"PATH": "/usr/bin:/bin"},
-    )
 
 
 def _timed(port: int, path: str, *, addr: str = "127.0.0.1") -> tuple[int, float]:

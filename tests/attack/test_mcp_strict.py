@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import Root
+from e2e_helpers import LoopProcess, Root
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
 
@@ -120,15 +121,22 @@ def test_stdio_refuses_every_confirmation_but_json_true(root: Root) -> None:
     assert [r["outcome"] for r in confirmed] == ["ok"], confirmed
 
 
-def test_http_mcp_refuses_them_too(root: Root, start_loop) -> None:  # type: ignore[no-untyped-def]
-    import urllib.error
-    import urllib.request
-
+def loop_with_an_orphan(root: Root, start_loop: Any) -> tuple[LoopProcess, Path]:
+    """A loop with the API token on an empty manifest, past its first pass; then an orphan offload file, the one
+    thing a reclaim there would delete."""
     root.manifest()
     root.env["RECONCILER_API_TOKEN"] = TOKEN
     lp = start_loop().started()
     orphan = root.shm / "vllm_offload_orphan.mmap"
     orphan.write_bytes(b"\0" * 65536)
+    return lp, orphan
+
+
+def test_http_mcp_refuses_them_too(root: Root, start_loop) -> None:  # type: ignore[no-untyped-def]
+    import urllib.error
+    import urllib.request
+
+    lp, orphan = loop_with_an_orphan(root, start_loop)
 
     def post(body: str) -> tuple[int, str]:
         req = urllib.request.Request(
@@ -185,11 +193,7 @@ def _raw_post(port: int, path: str, body: bytes, ctypes: list[str]) -> tuple[int
 
 
 def test_the_strict_checks_hold_whatever_the_content_type_headers_say(root: Root, start_loop) -> None:  # type: ignore[no-untyped-def]
-    root.manifest()
-    root.env["RECONCILER_API_TOKEN"] = TOKEN
-    lp = start_loop().started()
-    orphan = root.shm / "vllm_offload_orphan.mmap"
-    orphan.write_bytes(b"\0" * 65536)
+    lp, orphan = loop_with_an_orphan(root, start_loop)
     dup = (
         b'{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "host_manage", "arguments": '
         b'{"action": "reclaim-shared-memory", "confirm": false, "confirm": true}}}'
