@@ -25,18 +25,30 @@ Security, in the order the ``Guard`` checks a request, before any route sees it:
   any address literal on a wildcard bind) or a name given with ``--api-host``; else 421. A web page that rebinds
   its own name to 127.0.0.1 reads nothing, not even ``/metrics`` or ``/healthz``;
 - every path but ``/metrics`` and ``/healthz`` needs ``Authorization: Bearer TOKEN`` (compared in constant time),
-  reads included; a failure is logged and audited (at most ``AUTH_AUDIT_BURST`` records a minute, the rest
-  counted in the next one). The token comes from ``--api-token-file``, ``$RECONCILER_API_TOKEN``, or a file
-  generated on first start (0600, ``$RECONCILER_STATE_DIR/HOST/api-token``), each file trusted by owner and mode;
-  its name (the file's name, or ``env``) is the caller in the audit trail, its value is never logged or answered;
-- a body is read whole first, within ``BODY_TIMEOUT_S``: over ``MAX_BODY`` bytes is 413, chunked or not; a JSON
-  body (the API's and MCP's) with a duplicate key or nested too deep (``reconciler.jsonstrict``) is 400.
+  reads included. The token comes from ``--api-token-file``, ``$RECONCILER_API_TOKEN``, or a file generated on first
+  start (0600, ``$RECONCILER_STATE_DIR/HOST/api-token``), each file trusted by owner and mode; its name (the file's
+  name, or ``env``) is the caller in the audit trail, its value is never logged or answered;
+- event streams (``GET /mcp``) are bounded: ``MAX_STREAMS`` open, ``MAX_STREAMS_PER_TOKEN`` a token; past them 429;
+- a body is read whole first, within ``BODY_TIMEOUT_S``: over ``MAX_BODY`` bytes is 413, chunked or not. Every body
+  is JSON, read by one strict parser (``reconciler.jsonstrict``: a duplicate key or nesting too deep is 400) whatever
+  the headers say: it needs exactly one ``Content-Type`` header, ``application/json`` (parameters allowed), else 400;
+  a header that must be single (Host, Authorization, Content-Length, Origin, Content-Type) sent twice is 400.
+
+Every refusal (400, 401, 403, 408, 413, 421, 429) is counted in ``reconciler_http_refusals_total`` by status and
+reason, and logged (``api-refused``) and audited at most ``REFUSALS_AUDITED`` times a peer in ``REFUSAL_WINDOW_S``;
+what is dropped beyond is summed up when the window ends ("N more refusals from PEER dropped in the last M s").
 
 The listener is loopback unless ``--api-allow-remote`` is given, and then only with a token given explicitly. It
-cannot be silenced for good: its connections are bounded (past ``max_connections`` the oldest idle one is closed),
-a client must send its request head within ``HEAD_TIMEOUT_S``, the service calls run in a bounded pool of worker
-threads, the open-file limit is raised at start, an error in its event loop is logged and never ends
-it, and a listener that stops anyway is started again (or the loop exits 1 for its supervisor to restart it).
+cannot be silenced (``guarded_protocol``): a peer is a local user (the uid owning the connecting socket, found by
+the kernel's ``sock_diag``; a local user has every loopback address, so an address says nothing) or a remote
+address; each peer holds at most a ``PEER_SHARE``-th of the connections and all of them ``max_connections`` (past
+either the oldest idle one is closed for the new one); a client must send its request head within
+``HEAD_TIMEOUT_S``; an answer whose bytes the client does not take for ``WRITE_TIMEOUT_S`` drops its connection (and
+a request pipelined behind an answer not taken waits for it); /healthz and /metrics have a small pool of their own
+(``HEALTH_SLOTS``, ``HEALTH_PER_PEER`` a peer) for connections past those bounds; /metrics is rendered in a worker
+thread, once for all the scrapes waiting; the service calls run in a bounded pool of worker threads, the open-file
+limit is raised at start, an error in its event loop is logged and never ends it, and a listener that stops anyway
+is started again (or the loop exits 1 for its supervisor to restart it).
 
 A destructive call (a confirmed reclaim, an apply) takes the loop's pass lock: it waits for a pass to end, and no
 pass starts while it runs.
@@ -55,6 +67,8 @@ import re
 import resource
 import secrets
 import socket
+import struct
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -85,9 +99,34 @@ HEAD_TIMEOUT_S = 10.0  # from connecting (or the previous answer) to a complete 
 BODY_TIMEOUT_S = 10.0  # to receive the whole body once the head is in
 KEEP_ALIVE_S = 5.0  # an idle kept-alive connection is closed after this
 MAX_CONNECTIONS = 256  # open connections at most (fewer under a low open-file limit: ``connection_cap``)
+# Connections the kernel completes before the listener accepts them (capped by net.core.somaxconn). Past it the
+# kernel drops a new connection's SYN and the client sends it again a second or more later: with 128, clients that
+# reconnected as fast as they were refused kept it full, and a health check waited up to 3 s to be accepted.
+BACKLOG = 1024
 MAX_HEAD_BYTES = 16 << 10  # a request line and headers larger than this are refused by h11
-AUTH_AUDIT_BURST = 10  # failed authentications audited per minute; the rest are counted in the next record
 RESTARTS_PER_HOUR = 5  # listener restarts before the loop gives up and exits 1
+# A client that does not take its answer: once the bytes waiting to be sent to it have not gone down for this long,
+# its connection is dropped (an answer is one write; a client that reads slowly but steadily is never cut off).
+WRITE_TIMEOUT_S = 10.0
+# A peer is a local user (the uid owning the connecting socket, whatever loopback address it connects from) or a
+# remote address (an IPv6 one by its /64). Each holds at most this share of the connections (``peer_cap``).
+PEER_SHARE = 8
+# /healthz and /metrics have a small pool of their own: a connection past the bounds above may still ask one of
+# them, once, within HEALTH_TIMEOUT_S (its head and its answer), at most HEALTH_PER_PEER of them a peer.
+HEALTH_SLOTS = 16
+HEALTH_PER_PEER = 2
+HEALTH_TIMEOUT_S = 2.0
+# Event streams (GET /mcp): open at most, in all and per token.
+MAX_STREAMS = 32
+MAX_STREAMS_PER_TOKEN = 16
+# Refusals (401, 403, 408, 413, 421, 429, a bad header, type or body) are all counted; each peer's are logged and
+# audited at most REFUSALS_AUDITED a window, the rest summed up in one record and one line when the window ends.
+REFUSALS_AUDITED = 10
+REFUSAL_WINDOW_S = 60.0
+REFUSAL_PEERS = 256  # peers tracked at once; past them, refusals share one "other peers" account
+# The scope's state keys by which the protocol tells the Guard who a connection's peer is and which pool it is in.
+STATE_PEER = "reconciler.peer"
+STATE_POOL = "reconciler.pool"
 
 
 class ApiSetupError(ReconcilerError):
@@ -204,7 +243,7 @@ def bind(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(128)
+        sock.listen(BACKLOG)
     except BaseException:
         sock.close()
         raise
@@ -317,6 +356,139 @@ def strict_json(raw: bytes) -> Any:
         raise _BadRequest("the body is not JSON" if msg == "not JSON" else f"the body: {msg}") from None
 
 
+# ---------------------------------------------------------------- who a peer is
+
+
+def _hex4(packed: bytes) -> str:
+    return "".join(f"{int.from_bytes(packed[i : i + 4], sys.byteorder):08X}" for i in range(0, len(packed), 4))
+
+
+def tcp_endpoints(ip: str, port: int) -> list[tuple[str, str]]:
+    """One TCP endpoint as ``/proc/net/tcp`` and ``tcp6`` write it: (table, ``ADDR:PORT`` in hex, each 32-bit word
+    in the host's byte order). A v4-mapped IPv6 address is looked for in both (the client's socket may be either).
+    Pure."""
+    try:
+        addr = ipaddress.ip_address(ip.split("%")[0])
+    except ValueError:
+        return []
+    if addr.version == 4:
+        return [("tcp", f"{_hex4(addr.packed)}:{port:04X}")]
+    out = [("tcp6", f"{_hex4(addr.packed)}:{port:04X}")]
+    if addr.ipv4_mapped is not None:
+        out.insert(0, ("tcp", f"{_hex4(addr.ipv4_mapped.packed)}:{port:04X}"))
+    return out
+
+
+def socket_owner(table: str, local: str, remote: str) -> int | None:
+    """The uid that owns the socket of ``table`` (``/proc/net/tcp{,6}`` text) from ``local`` to ``remote``; None when
+    there is none, or when it is a socket no process holds any more (its inode 0, its uid then root's). Pure."""
+    at = table.find(f" {local} {remote} ")
+    if at < 0:
+        return None
+    end = table.find("\n", at)
+    fields = table[at : end if end >= 0 else len(table)].split()
+    # local remote st tx:rx tr:when retrnsmt uid timeout inode
+    if len(fields) < 9 or not fields[6].isdigit() or fields[8] == "0":
+        return None
+    return int(fields[6])
+
+
+_NETLINK_SOCK_DIAG = 4
+_SOCK_DIAG_BY_FAMILY = 20
+_NLMSG_ERROR = 2
+_NO_COOKIE = 0xFFFFFFFF
+
+
+def diag_request(client: tuple[str, int], server: tuple[str, int], seq: int = 1) -> bytes | None:
+    """The netlink ``sock_diag`` request that looks up the one TCP socket going from ``client`` to ``server`` (the
+    client's end, whose owner is the question). None for an address that is not one. Pure."""
+    try:
+        src, dst = ipaddress.ip_address(client[0].split("%")[0]), ipaddress.ip_address(server[0].split("%")[0])
+    except ValueError:
+        return None
+    if src.version != dst.version:
+        return None
+    family = socket.AF_INET if src.version == 4 else socket.AF_INET6
+    req = struct.pack("=BBBxI", family, socket.IPPROTO_TCP, 0, 0xFFFFFFFF)
+    req += struct.pack("!HH", client[1], server[1]) + src.packed.ljust(16, b"\0") + dst.packed.ljust(16, b"\0")
+    req += struct.pack("=III", 0, _NO_COOKIE, _NO_COOKIE)
+    return struct.pack("=IHHII", 16 + len(req), _SOCK_DIAG_BY_FAMILY, 1, seq, 0) + req  # NLM_F_REQUEST
+
+
+def diag_owner(answer: bytes) -> int | None:
+    """The uid in a ``sock_diag`` answer (an ``inet_diag_msg``); None when the kernel found no such socket, or one
+    no process holds any more (inode 0). Pure."""
+    if len(answer) < 16:
+        return None
+    _, kind, _, _, _ = struct.unpack_from("=IHHII", answer)
+    if kind != _SOCK_DIAG_BY_FAMILY or len(answer) < 16 + 72:
+        return None
+    uid, inode = struct.unpack_from("=II", answer, 16 + 64)
+    return uid if inode else None
+
+
+def _diag_lookup(client: tuple[str, int], server: tuple[str, int]) -> int | None:
+    """Ask the kernel (one exact lookup, however many sockets there are; OSError where netlink is not to be had)."""
+    req = diag_request(client, server)
+    if req is None:
+        return None
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
+        nl.settimeout(1.0)
+        nl.sendto(req, (0, 0))
+        return diag_owner(nl.recv(8192))
+
+
+def _read_table(name: str) -> str:
+    try:
+        with open(f"/proc/net/{name}", encoding="ascii", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+def peer_of(
+    client: tuple[Any, ...] | None,
+    server: tuple[Any, ...] | None,
+    *,
+    diag: Callable[[tuple[str, int], tuple[str, int]], int | None] | None = _diag_lookup,
+    read: Callable[[str], str] = _read_table,
+) -> str:
+    """Who a connection is, for its bounds and its refusals: ``uid N`` when the connecting socket is this machine's
+    (the kernel's ``sock_diag`` finds the socket going from the client's address to ours, or else
+    ``/proc/net/tcp{,6}`` lists it; a local user has every loopback address,
+    127.0.0.2 as much as 127.0.0.1, so its address says nothing), else its address (an IPv6 one by its /64)."""
+    if not client:
+        return "?"
+    ip, port = str(client[0]), int(client[1])
+    if server and diag:
+        try:
+            uid = diag((ip, port), (str(server[0]), int(server[1])))
+            if uid is None and ":" in ip:  # a v4-mapped peer: the client's socket may be an IPv4 one
+                v4 = [_ip(ip.split("%")[0]), _ip(str(server[0]).split("%")[0])]
+                if all(a is not None and a.version == 6 and a.ipv4_mapped for a in v4):
+                    uid = diag((str(v4[0].ipv4_mapped), port), (str(v4[1].ipv4_mapped), int(server[1])))  # type: ignore[union-attr]
+            if uid is not None:
+                return f"uid {uid}"
+            server = None  # the kernel knows no such local socket: a remote peer
+        except OSError:
+            pass  # no netlink here: the tables say it (slower: each read lists every socket)
+    if server:
+        mine = dict(tcp_endpoints(str(server[0]), int(server[1])))
+        for table, local in tcp_endpoints(ip, port):
+            if table in mine:
+                uid = socket_owner(read(table), local, mine[table])
+                if uid is not None:
+                    return f"uid {uid}"
+    addr = _ip(ip.split("%")[0])
+    if addr is not None and addr.version == 6 and addr.ipv4_mapped is None:
+        return str(ipaddress.ip_network(f"{addr}/64", strict=False))
+    return str(addr.ipv4_mapped if addr is not None and addr.version == 6 and addr.ipv4_mapped else ip)
+
+
+def _address(client: tuple[Any, ...] | None) -> str:
+    return f"{client[0]}:{client[1]}" if client else "?"
+
+
 # ---------------------------------------------------------------- the guard
 
 
@@ -345,9 +517,143 @@ class _RateLimit:
             return True, suppressed
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """One request (or connection) the listener refused, as it is counted, logged and audited."""
+
+    status: int  # what the client got: 400, 401, 403, 408, 413, 421, 429
+    reason: str  # the label of ``reconciler_http_refusals_total`` (a fixed set: host, origin, token, ...)
+    detail: str  # what the client was told
+    peer: str  # ``peer_of``: whose bounds and whose account
+    address: str  # ADDR:PORT
+    path: str = "-"
+    front: str = "api"
+    action: str = "request"
+    who: str | None = None  # the caller in the audit trail: the token's name once it was shown, else the address
+
+
+@dataclass
+class _Window:
+    start: float
+    recorded: int = 0
+    dropped: int = 0
+    timer: threading.Timer | None = None
+
+
+class Refusals:
+    """Every refusal of the listener, counted (``on_count(status, reason)``, the loop's metrics) and logged
+    (``api-refused``) and audited at most ``burst`` times a peer in a ``window_s``: what is dropped beyond is summed
+    up when that window ends, in one log line (``api-refusals-dropped``) and one record (action
+    ``refusals-dropped``), "N more refusals from PEER dropped in the last M s". A connection the listener drops
+    (``connection_dropped``: an answer not taken, an idle one closed for room) is counted only."""
+
+    def __init__(
+        self,
+        *,
+        log: Callable[..., None] | None = None,
+        audit: Callable[[dict[str, Any]], None] | None = None,
+        on_count: Callable[[int, str], None] | None = None,
+        on_drop: Callable[[str], None] | None = None,
+        burst: int = REFUSALS_AUDITED,
+        window_s: float = REFUSAL_WINDOW_S,
+    ):
+        self.log = log
+        self.audit = audit
+        self.on_count = on_count
+        self.on_drop = on_drop
+        self.burst = burst
+        self.window_s = window_s
+        self._peers: dict[str, _Window] = {}
+        self._lock = threading.Lock()
+
+    def refuse(self, r: Refusal) -> None:
+        if self.on_count is not None:
+            with contextlib.suppress(ValueError):  # a reason the metrics do not know is still logged
+                self.on_count(r.status, r.reason)
+        now = time.monotonic()
+        with self._lock:
+            peer = r.peer
+            if peer not in self._peers and len(self._peers) >= REFUSAL_PEERS:
+                for p in [p for p, w in self._peers.items() if now - w.start >= self.window_s and not w.dropped]:
+                    del self._peers[p]
+                if len(self._peers) >= REFUSAL_PEERS:
+                    peer = "other peers"
+            w = self._peers.get(peer)
+            if w is None or (now - w.start >= self.window_s and not w.dropped):
+                w = self._peers[peer] = _Window(now)
+            if w.recorded < self.burst:
+                w.recorded += 1
+                record = True
+            else:
+                w.dropped += 1
+                record = False
+                if w.timer is None:
+                    w.timer = threading.Timer(max(0.0, w.start + self.window_s - now), self._summarise, (peer,))
+                    w.timer.daemon = True
+                    w.timer.start()
+        if record:
+            self._write(r)
+
+    def connection_dropped(self, reason: str) -> None:
+        if self.on_drop is not None:
+            with contextlib.suppress(ValueError):
+                self.on_drop(reason)
+
+    def flush(self) -> None:
+        """Sum up every window with refusals dropped now (the listener stops)."""
+        with self._lock:
+            peers = [p for p, w in self._peers.items() if w.dropped]
+        for p in peers:
+            self._summarise(p)
+
+    def _summarise(self, peer: str) -> None:
+        with self._lock:
+            w = self._peers.pop(peer, None)
+        if w is None or not w.dropped:
+            return
+        if w.timer is not None:
+            w.timer.cancel()
+        seconds = max(1, round(time.monotonic() - w.start))
+        text = f"{w.dropped} more refusals from {peer} dropped in the last {seconds} s"
+        with contextlib.suppress(Exception):  # a log that cannot be written must not end the timer's thread
+            if self.log is not None:
+                self.log("api-refusals-dropped", peer=peer, count=w.dropped, seconds=seconds, message=text)
+            if self.audit is not None:
+                self.audit(
+                    {
+                        "front": "api",
+                        "who": peer,
+                        "peer": peer,
+                        "action": "refusals-dropped",
+                        "outcome": "refused",
+                        "count": w.dropped,
+                        "seconds": seconds,
+                        "reason": text,
+                    }
+                )
+
+    def _write(self, r: Refusal) -> None:
+        if self.log is not None:
+            self.log("api-refused", status=r.status, reason=r.detail, path=r.path, peer=r.peer, address=r.address)
+        if self.audit is not None:
+            self.audit(
+                {
+                    "front": r.front,
+                    "who": r.who or r.address,
+                    "action": r.action,
+                    "outcome": "refused",
+                    "status": r.status,
+                    "reason": r.detail,
+                    "path": r.path,
+                    "peer": r.peer,
+                }
+            )
+
+
 class Guard:
     """Pure ASGI middleware in front of every route: ``Host:``/``Origin:``, the bearer token on every path but
-    ``PUBLIC``, the body read whole within its limits and, when it is JSON, parsed strictly."""
+    ``PUBLIC``, the event streams within their bounds, and the body read whole within its limits and parsed strictly
+    as JSON, whatever its headers say. Every refusal goes to ``refusals``."""
 
     def __init__(
         self,
@@ -356,70 +662,104 @@ class Guard:
         token: ApiToken,
         allowed: AllowedHosts,
         max_body: int = MAX_BODY,
-        on_refused: Callable[[str, str, str], None] | None = None,
+        refusals: Refusals | None = None,
         body_timeout_s: float = BODY_TIMEOUT_S,
-        on_bad_body: Callable[[str, str], None] | None = None,
+        max_streams: int = MAX_STREAMS,
+        max_streams_per_token: int = MAX_STREAMS_PER_TOKEN,
     ):
         self.app = app
-        self.on_bad_body = on_bad_body
         self.token = token
         self.allowed = allowed
         self.max_body = max_body
-        self.on_refused = on_refused
+        self.refusals = refusals or Refusals()
         self.body_timeout_s = body_timeout_s
+        self.max_streams = max_streams
+        self.max_streams_per_token = max_streams_per_token
+        self._streams: dict[str, int] = {}
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        state = scope.get("state") or {}
+        if state.get(STATE_POOL) == "health":
+            send = _closing(send)  # one answer on a connection of the health pool
+        req = _Req(scope, str(state.get(STATE_PEER) or peer_of(scope.get("client"), None)))
         headers: dict[bytes, bytes] = {}
         for k, v in scope.get("headers") or []:
-            if k in headers and k in (b"host", b"authorization", b"content-length", b"origin"):
-                await _send_json(send, 400, {"error": f"the {k.decode()} header is sent twice"})
+            if k in headers and k in (b"host", b"authorization", b"content-length", b"origin", b"content-type"):
+                await self._refuse(send, req, 400, "header", f"the {k.decode()} header is sent twice")
                 return
             headers[k] = v
-        path = scope.get("path", "")
+        path = req.path
         host = headers.get(b"host", b"").decode("latin-1")
         if not self.allowed.permits(host):
-            await _send_json(
-                send,
-                421,
-                {
-                    "error": f"this listener does not answer to Host {host[:100]!r}; it "
-                    f"answers to {self.allowed.describe()} (--api-host NAME adds a name)"
-                },
+            why = (
+                f"this listener does not answer to Host {host[:100]!r}; it "
+                f"answers to {self.allowed.describe()} (--api-host NAME adds a name)"
             )
+            await self._refuse(send, req, 421, "host", why)
             return
         origin = headers.get(b"origin")
         if origin is not None and not self.allowed.permits_origin(origin.decode("latin-1")):
-            await _send_json(send, 403, {"error": "requests from web pages of another origin are refused"})
+            await self._refuse(send, req, 403, "origin", "requests from web pages of another origin are refused")
+            return
+        if state.get(STATE_POOL) == "health" and path not in PUBLIC:
+            why = (
+                f"too many connections from {req.peer}: only /healthz and /metrics are answered on this one; "
+                "close some, or retry later"
+            )
+            await self._refuse(send, req, 429, "connections", why, extra=[(b"retry-after", b"5")])
             return
         if path not in PUBLIC:
             auth = headers.get(b"authorization", b"")
             scheme, _, presented = auth.partition(b" ")
+            why = ""
             if not auth or scheme.lower() != b"bearer":
-                await self._refuse(send, scope, "no bearer token: send Authorization: Bearer TOKEN")
+                why = "no bearer token: send Authorization: Bearer TOKEN"
+            elif not self.token.matches(presented.strip()):
+                why = "wrong token"
+            if why:
+                bearer = [(b"www-authenticate", b'Bearer realm="reconciler"')]
+                await self._refuse(send, req, 401, "token", why, action="authenticate", extra=bearer)
                 return
-            if not self.token.matches(presented.strip()):
-                await self._refuse(send, scope, "wrong token")
-                return
+            req.who = self.token.name
         if b"content-length" in headers or b"transfer-encoding" in headers:
-            body = await self._read_body(headers, receive, send, path)
+            body = await self._read_body(headers, receive, send, req)
             if body is None:
                 return
             receive = _replay(body, receive)
+        if path == "/mcp" and req.method == "GET":
+            await self._stream(scope, receive, send, req)
+            return
         await self.app(scope, receive, send)
 
-    async def _read_body(self, headers: dict[bytes, bytes], receive: Any, send: Any, path: str) -> bytes | None:
-        """The whole body, or None once an error was answered (413, 408, 400; each reported to ``on_bad_body``)."""
-        send = self._reporting(send, path)
+    async def _stream(self, scope: Any, receive: Any, send: Any, req: _Req) -> None:
+        """An event stream (GET /mcp), within ``max_streams`` open in all and ``max_streams_per_token`` a token."""
+        key = self.token.name
+        total = sum(self._streams.values())
+        if total >= self.max_streams or self._streams.get(key, 0) >= self.max_streams_per_token:
+            why = (
+                f"too many event streams open ({total}; at most {self.max_streams}, "
+                f"{self.max_streams_per_token} a token): close one, or retry later"
+            )
+            await self._refuse(send, req, 429, "streams", why, extra=[(b"retry-after", b"30")])
+            return
+        self._streams[key] = self._streams.get(key, 0) + 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self._streams[key] -= 1
+
+    async def _read_body(self, headers: dict[bytes, bytes], receive: Any, send: Any, req: _Req) -> bytes | None:
+        """The whole body, strictly JSON when there is one; None once a refusal was answered (413, 408, 400)."""
         length = headers.get(b"content-length")
         if length is not None:
             if not length.isdigit():
-                await _send_json(send, 400, {"error": "Content-Length is not a number"})
+                await self._refuse_body(send, req, 400, "header", "Content-Length is not a number")
                 return None
             if int(length) > self.max_body:
-                await _send_json(send, 413, {"error": f"request body over {self.max_body} bytes"})
+                await self._refuse_body(send, req, 413, "body-size", f"request body over {self.max_body} bytes")
                 return None
         chunks: list[bytes] = []
         size = 0
@@ -433,39 +773,33 @@ class Guard:
                     size += len(chunk)
                     if size > self.max_body:
                         await self._drain(receive, message, size)
-                        await _send_json(send, 413, {"error": f"request body over {self.max_body} bytes"}, close=True)
+                        why = f"request body over {self.max_body} bytes"
+                        await self._refuse_body(send, req, 413, "body-size", why, close=True)
                         return None
                     chunks.append(chunk)
                     if not message.get("more_body", False):
                         break
         except TimeoutError:
-            await _send_json(
-                send, 408, {"error": f"the body did not arrive within {self.body_timeout_s:.0f} s"}, close=True
-            )
+            why = f"the body did not arrive within {self.body_timeout_s:.0f} s"
+            await self._refuse_body(send, req, 408, "body-timeout", why, close=True)
             return None
         body = b"".join(chunks)
-        ctype = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
-        if body.strip() and ctype in (b"application/json", b""):
+        if body.strip():
+            # Every body here is JSON, read by one strict parser whatever the header says: the header must say
+            # exactly that, once (a list of types, or a second header, would leave a reader to pick one).
+            ctype = headers.get(b"content-type")
+            media = (ctype or b"").split(b";")[0].strip().lower()
+            if media != b"application/json":
+                shown = ctype.decode("latin-1")[:100] if ctype is not None else "none"
+                why = f"send the body as JSON with one header 'Content-Type: application/json', not {shown!r}"
+                await self._refuse_body(send, req, 400, "content-type", why)
+                return None
             try:
                 strict_json(body)
             except _BadRequest as exc:
-                await _send_json(send, 400, {"error": str(exc)})
+                await self._refuse_body(send, req, 400, "body-json", str(exc))
                 return None
         return body
-
-    def _reporting(self, send: Any, path: str) -> Any:
-        """``send``, telling ``on_bad_body`` of an error it answers (the body refused before any route read it)."""
-        if self.on_bad_body is None:
-            return send
-        report = self.on_bad_body
-
-        async def reporting(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.body" and message.get("body"):
-                with contextlib.suppress(ValueError, AttributeError):
-                    report(path, str(json.loads(message["body"]).get("error", "")))
-            await send(message)
-
-        return reporting
 
     async def _drain(self, receive: Any, message: dict[str, Any], size: int) -> None:
         """Read and drop the rest of an oversized body (up to 16 times the limit), so the 413 reaches the client
@@ -476,11 +810,70 @@ class Guard:
                 return
             size += len(message.get("body", b""))
 
-    async def _refuse(self, send: Any, scope: Any, why: str) -> None:
-        if self.on_refused is not None:
-            client = scope.get("client") or ("?", 0)
-            self.on_refused(str(scope.get("path", ""))[:200], why, f"{client[0]}:{client[1]}")
-        await _send_json(send, 401, {"error": why}, extra=[(b"www-authenticate", b'Bearer realm="reconciler"')])
+    async def _refuse_body(
+        self, send: Any, req: _Req, status: int, reason: str, why: str, *, close: bool = False
+    ) -> None:
+        """A body refused before any route read it: audited as a refused call of its route (a destructive one by
+        its name, /mcp as an MCP request)."""
+        front, action = _BODY_ACTIONS.get(req.path, ("api", "request"))
+        await self._refuse(
+            send, req, status, reason, why, front=front, action=action, audit=f"bad request: {why}", close=close
+        )
+
+    async def _refuse(
+        self,
+        send: Any,
+        req: _Req,
+        status: int,
+        reason: str,
+        why: str,
+        *,
+        front: str = "api",
+        action: str = "request",
+        audit: str | None = None,
+        extra: Sequence[tuple[bytes, bytes]] = (),
+        close: bool = False,
+    ) -> None:
+        self.refusals.refuse(
+            Refusal(
+                status,
+                reason,
+                audit or why,
+                req.peer,
+                req.address,
+                req.path,
+                front=front,
+                action=action,
+                who=req.who,
+            )
+        )
+        await _send_json(send, status, {"error": why}, extra=extra, close=close)
+
+
+_BODY_ACTIONS = {"/v1/shm/reclaim": ("api", "shm-reclaim"), "/v1/apply": ("api", "apply"), "/mcp": ("mcp", "request")}
+
+
+class _Req:
+    """What the Guard knows of a request while it checks it."""
+
+    def __init__(self, scope: Any, peer: str):
+        self.path = str(scope.get("path", ""))[:200]
+        self.method = str(scope.get("method", ""))
+        self.peer = peer
+        self.address = _address(scope.get("client"))
+        self.who: str | None = None
+
+
+def _closing(send: Any) -> Any:
+    """``send`` with ``Connection: close`` on the answer."""
+
+    async def closing(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
+            message = {**message, "headers": [*headers, (b"connection", b"close")]}
+        await send(message)
+
+    return closing
 
 
 def anyio_fail_after(seconds: float) -> Any:
@@ -684,8 +1077,7 @@ class AppContext:
     health: Callable[[], tuple[int, dict[str, Any]]] | None = None
     cancel: threading.Event | None = None
     hooks: Any = None
-    auth_audit: _RateLimit = field(default_factory=lambda: _RateLimit(AUTH_AUDIT_BURST))
-    body_audit: _RateLimit = field(default_factory=lambda: _RateLimit(AUTH_AUDIT_BURST))
+    scrape: SharedScrape = field(default_factory=lambda: SharedScrape())
 
     def service(self, front: str) -> HostService:
         from reconciler.service import Caller, HostService
@@ -710,49 +1102,40 @@ class AppContext:
             if self.log:
                 self.log("audit-error", error=str(exc))
 
-    def refused_auth(self, path: str, why: str, peer: str) -> None:
-        if self.log:
-            self.log("api-refused", path=path, reason=why, peer=peer)
-        ok, suppressed = self.auth_audit.take()
-        if ok:
-            self.audit(
-                {
-                    "front": "api",
-                    "who": peer,
-                    "action": "authenticate",
-                    "outcome": "refused",
-                    "reason": why,
-                    "path": path,
-                    "suppressed_before": suppressed,
-                }
-            )
-
-    def bad_body(self, path: str, reason: str) -> None:
-        """A body refused by the Guard (too large, too slow, duplicate keys, too deep): audited when it was for a
-        destructive route, at most ``AUTH_AUDIT_BURST`` a minute."""
-        action = {
-            "/v1/shm/reclaim": ("api", "shm-reclaim"),
-            "/v1/apply": ("api", "apply"),
-            "/mcp": ("mcp", "request"),
-        }.get(path)
-        if action is None:
-            return
-        ok, suppressed = self.body_audit.take()
-        if ok:
-            self.audit(
-                {
-                    "front": action[0],
-                    "who": self.token.name,
-                    "action": action[1],
-                    "outcome": "refused",
-                    "reason": f"bad request: {reason}",
-                    "suppressed_before": suppressed,
-                }
-            )
-
     def refused_request(self, front: str, action: str, reason: str) -> None:
         """A destructive request refused before it reached the service (a bad body): audited with why."""
         self.audit({"front": front, "who": self.token.name, "action": action, "outcome": "refused", "reason": reason})
+
+
+class SharedScrape:
+    """``/metrics`` rendered in a worker thread, once for all the scrapes waiting for it: a scrape joins the next
+    render to start (never one begun before it arrived, so it sees everything counted before it asked). A render
+    takes tens of milliseconds; made in the event loop for each request, a few dozen clients asking for it over and
+    over kept /healthz waiting for seconds."""
+
+    def __init__(self) -> None:
+        self._next: asyncio.Future[bytes] | None = None
+        self._running = False
+
+    async def get(self, render: Callable[[], bytes]) -> bytes:
+        if self._next is None:
+            self._next = asyncio.get_running_loop().create_future()
+            if not self._running:
+                asyncio.get_running_loop().create_task(self._run(render))
+        return await asyncio.shield(self._next)
+
+    async def _run(self, render: Callable[[], bytes]) -> None:
+        import anyio.to_thread
+
+        while self._next is not None:
+            fut, self._next = self._next, None
+            self._running = True
+            try:
+                fut.set_result(await anyio.to_thread.run_sync(render))
+            except Exception as exc:  # noqa: BLE001 - every scrape waiting for this render gets its error
+                fut.set_exception(exc)
+            finally:
+                self._running = False
 
 
 def _ctx(request: Request) -> AppContext:
@@ -897,7 +1280,7 @@ async def get_metrics(request: Request) -> Response:
         return JSONResponse({"error": "no metrics here"}, status_code=404)
     from reconciler.metrics import CONTENT_TYPE
 
-    return Response(metrics(), media_type=CONTENT_TYPE)
+    return Response(await _ctx(request).scrape.get(metrics), media_type=CONTENT_TYPE)
 
 
 async def get_healthz(request: Request) -> Response:
@@ -1090,9 +1473,12 @@ def build_app(
     cancel: threading.Event | None = None,
     max_body: int = MAX_BODY,
     hooks: Any = None,
+    on_refusal: Callable[[int, str], None] | None = None,
+    on_drop: Callable[[str], None] | None = None,
 ) -> Any:
     """The ASGI app (the ``Guard`` around Starlette): ``ENDPOINTS``, and MCP at /mcp. ``host``: the host's name, for
-    the audit records of refused requests; ``port``: the listener's (the Host check)."""
+    the audit records of refused requests; ``port``: the listener's (the Host check); ``on_refusal(status, reason)``
+    and ``on_drop(reason)``: the metrics of refused requests and dropped connections."""
     from starlette.applications import Starlette
     from starlette.routing import Route
 
@@ -1123,9 +1509,8 @@ def build_app(
         lifespan=lifespan,
     )
     app.state.ctx = ctx
-    return Guard(
-        app, token=token, allowed=allowed, max_body=max_body, on_refused=ctx.refused_auth, on_bad_body=ctx.bad_body
-    )
+    refusals = Refusals(log=log, audit=ctx.audit, on_count=on_refusal, on_drop=on_drop)
+    return Guard(app, token=token, allowed=allowed, max_body=max_body, refusals=refusals)
 
 
 # ---------------------------------------------------------------- serving it, and keeping it served
@@ -1155,29 +1540,132 @@ def connection_cap(nofile: int) -> int:
     return max(16, min(MAX_CONNECTIONS, nofile // 4))
 
 
-def guarded_protocol(*, max_connections: int, head_timeout_s: float) -> type:
-    """uvicorn's h11 protocol with two bounds it lacks: a connection must send a complete request head within
-    ``head_timeout_s`` (after connecting, and after each answer), and past ``max_connections`` open ones the oldest
-    idle connection (or else the new one) is closed at once, so idle clients cannot take every descriptor."""
+def peer_cap(max_connections: int) -> int:
+    """The connections one peer may hold: a ``PEER_SHARE``-th of the listener's, at least 4."""
+    return max(4, max_connections // PEER_SHARE)
+
+
+def guarded_protocol(
+    *,
+    max_connections: int,
+    head_timeout_s: float,
+    per_peer: int | None = None,
+    health_slots: int = HEALTH_SLOTS,
+    health_per_peer: int = HEALTH_PER_PEER,
+    health_timeout_s: float = HEALTH_TIMEOUT_S,
+    write_timeout_s: float = WRITE_TIMEOUT_S,
+    refusals: Refusals | None = None,
+    peer: Callable[[Any, Any], str] = peer_of,
+) -> type:
+    """uvicorn's h11 protocol with the bounds it lacks:
+
+    - a connection must send a complete request head within ``head_timeout_s`` (after connecting, and after each
+      answer);
+    - each peer (``peer_of``) holds at most ``per_peer`` connections and all of them ``max_connections``; past
+      either, the oldest idle connection of that peer (or of any, for the total) is closed for the new one;
+    - past them with none idle, the connection joins the health pool (``health_slots``, ``health_per_peer`` a
+      peer): one request for /healthz or /metrics (others are refused, 429), head and answer within
+      ``health_timeout_s``; past that pool too it is closed at once (429, counted);
+    - an answer the client does not take (the bytes waiting for it not gone down in ``write_timeout_s``) drops its
+      connection: a connection in the middle of an answer is never idle, so without this a client that never
+      reads held its connection, and its share of the bounds, for good."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    cap = per_peer or peer_cap(max_connections)
+    pools: dict[str, dict[str, int]] = {"main": {}, "health": {}}
+    sweeping: list[bool] = []
+
+    def count(pool: str, who: str, n: int) -> None:
+        held = pools[pool]
+        held[who] = held.get(who, 0) + n
+        if held[who] <= 0:
+            del held[who]
 
     class GuardedH11Protocol(H11Protocol):
         _head_timer: asyncio.TimerHandle | None = None
         _since = 0.0
+        _peer = "?"
+        _pool: str | None = None  # "main" | "health"; None once released
+        _stall: float | None = None  # since when the bytes waiting to be sent have not gone down
+        _waiting = 0
+        _after_drain = False
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
+            # Writing pauses as soon as a byte waits beyond the kernel's buffer, and resumes once none does.
+            transport.set_write_buffer_limits(high=0)
             self._since = self.loop.time()
-            if len(self.connections) > max_connections:
-                # ws="none": every connection of this server is one of these
-                idle = [
-                    c for c in self.connections if c is not self and isinstance(c, GuardedH11Protocol) and c._idle()
-                ]
-                victim = min(idle, key=lambda c: c._since) if idle else self
-                victim.transport.abort()
-                if victim is self:
-                    return
+            self._peer = peer(self.client, self.server)
+            pool = self._admit()
+            if pool is None:
+                transport.abort()
+                if refusals is not None:
+                    refusals.refuse(
+                        Refusal(
+                            429,
+                            "connections",
+                            f"too many connections from {self._peer} (at most {cap}, and {health_per_peer} "
+                            "more for /healthz and /metrics): closed at once",
+                            self._peer,
+                            _address(self.client),
+                        )
+                    )
+                return
+            self._pool = pool
+            count(pool, self._peer, 1)
+            self.app_state = {**self.app_state, STATE_PEER: self._peer, STATE_POOL: pool}
+            if not sweeping:
+                sweeping.append(True)
+                self.loop.call_later(1.0, _sweep, self.loop, self.connections)
             self._arm()
+
+        def _admit(self) -> str | None:
+            main = pools["main"]
+            others = [c for c in self.connections if c is not self and isinstance(c, GuardedH11Protocol)]
+            if main.get(self._peer, 0) >= cap:
+                idle = [c for c in others if c._pool == "main" and c._peer == self._peer and c._idle()]
+            elif sum(main.values()) >= max_connections:
+                idle = [c for c in others if c._pool == "main" and c._idle()]
+            else:
+                return "main"
+            if idle:
+                min(idle, key=lambda c: c._since)._drop("evicted")
+                return "main"
+            held = pools["health"]
+            if sum(held.values()) < health_slots and held.get(self._peer, 0) < health_per_peer:
+                return "health"
+            return None
+
+        def _release(self) -> None:
+            if self._pool is not None:
+                count(self._pool, self._peer, -1)
+                self._pool = None
+
+        def _drop(self, reason: str) -> None:
+            self._release()
+            self._disarm()
+            sock = self.transport.get_extra_info("socket")
+            if sock is not None:
+                # A reset, and the kernel's buffer freed with it: closed plainly, the kernel would keep trying to
+                # send what a client that never reads will not take, and that client would see its connection open.
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.transport.abort()
+            if refusals is not None:
+                refusals.connection_dropped(reason)
+
+        def _check_write(self, now: float) -> None:
+            """Called every second: drop the connection once its waiting bytes have not gone down for too long."""
+            if self._pool is None or self.transport is None:
+                return
+            waiting = self.transport.get_write_buffer_size()
+            if waiting == 0:
+                self._stall = None
+            elif self._stall is None or waiting < self._waiting:
+                self._stall = now
+            elif now - self._stall >= (health_timeout_s if self._pool == "health" else write_timeout_s):
+                self._drop("write-timeout")
+            self._waiting = waiting
 
         def _idle(self) -> bool:
             cycle = getattr(self, "cycle", None)
@@ -1185,7 +1673,8 @@ def guarded_protocol(*, max_connections: int, head_timeout_s: float) -> type:
 
         def _arm(self) -> None:
             self._disarm()
-            self._head_timer = self.loop.call_later(head_timeout_s, self._head_timeout)
+            wait = health_timeout_s if self._pool == "health" else head_timeout_s
+            self._head_timer = self.loop.call_later(wait, self._head_timeout)
 
         def _disarm(self) -> None:
             if self._head_timer is not None:
@@ -1195,16 +1684,35 @@ def guarded_protocol(*, max_connections: int, head_timeout_s: float) -> type:
         def _head_timeout(self) -> None:
             self._head_timer = None
             if self._idle() and not self.transport.is_closing():
-                self.transport.close()
+                self.transport.close()  # what is still waiting to be sent goes, or the write deadline drops it
 
         def on_response_complete(self) -> None:
+            if self.flow is not None and self.flow.write_paused and not self.transport.is_closing():
+                # The answer is not taken yet: a request pipelined behind it waits (a client that never reads gets
+                # one answer made, not one for every request it sent), and the write deadline runs.
+                self._after_drain = True
+                return
             super().on_response_complete()
             if not self.transport.is_closing():
                 self._arm()
 
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            if self._after_drain:
+                self._after_drain = False
+                self.on_response_complete()
+
         def connection_lost(self, exc: Exception | None) -> None:
+            self._release()
             self._disarm()
             super().connection_lost(exc)
+
+    def _sweep(loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
+        now = loop.time()
+        for c in list(connections):
+            if isinstance(c, GuardedH11Protocol):
+                c._check_write(now)
+        loop.call_later(1.0, _sweep, loop, connections)
 
     return GuardedH11Protocol
 
@@ -1269,6 +1777,7 @@ class Listener:
 
         self.sock = sock
         self.log = log
+        self.refusals: Refusals | None = getattr(app, "refusals", None)  # the Guard's: one account per listener
         config = uvicorn.Config(
             app,
             log_config=None,
@@ -1281,9 +1790,11 @@ class Listener:
             # (anyio's pool) that run the service calls.
             timeout_graceful_shutdown=3,
             timeout_keep_alive=int(KEEP_ALIVE_S),
-            backlog=128,
+            backlog=BACKLOG,
             h11_max_incomplete_event_size=MAX_HEAD_BYTES,
-            http=guarded_protocol(max_connections=max_connections, head_timeout_s=HEAD_TIMEOUT_S),
+            http=guarded_protocol(
+                max_connections=max_connections, head_timeout_s=HEAD_TIMEOUT_S, refusals=self.refusals
+            ),
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self._serve, name="http", daemon=True)
@@ -1343,6 +1854,8 @@ class Listener:
         self.stopping = True
         self.server.should_exit = True
         self.thread.join(timeout=5)
+        if self.refusals is not None:
+            self.refusals.flush()
         with contextlib.suppress(OSError):
             self.sock.close()
 

@@ -13,25 +13,36 @@ interrupted pass never leaves an unowned container behind.
 from __future__ import annotations
 
 import functools
+import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from reconciler import direct_http, pagecache
 from reconciler.docker_ops import DockerOps, create_spec
 from reconciler.errors import ReconcilerError
 from reconciler.model import DesiredState, Recipe
-from reconciler.observe import observe
+from reconciler.observe import observe, procfs
 from reconciler.observe.docker_obs import DockerObserver
 from reconciler.observe.gpu import slots_of_container, unattributable_slots
-from reconciler.observed import ENDED_STATES, NEVER_STARTED_STATES, Observed
-from reconciler.planner import Action, ActionKind, Plan, plan, slot_holders
+from reconciler.observe.net import TcpListener, read_comm, read_tcp_listeners, socket_holders
+from reconciler.observed import ENDED_STATES, INACTIVE_STATES, LABEL_CREATE_TOKEN, NEVER_STARTED_STATES, Observed
+from reconciler.planner import Action, ActionKind, Plan, enter_needs, owner_kind, plan, slot_holders
 from reconciler.secrets import SecretError
 from reconciler.secrets import resolve as resolve_secrets
-from reconciler.state import ensure_install_id, mark_healthy, read_ownership
+from reconciler.state import (
+    ensure_install_id,
+    mark_healthy,
+    migrate_created,
+    read_ownership,
+    record_created,
+    record_pending,
+    settle_created,
+)
 from reconciler.units import human_bytes
 from reconciler.vram import ReserveVerdict, enter_reserve_verdict
 
@@ -54,6 +65,10 @@ class BelowReserve(ActionFailed):
 
 class ProbeFailed(ActionFailed):
     """A lane healthy by its health URL that failed one of its recipe's functional probes."""
+
+
+class PortSquatted(ActionFailed):
+    """A lane's health or probe port is held by a process outside its container: nothing was asked there."""
 
 
 class ActionRefused(ActionFailed):
@@ -163,6 +178,7 @@ class Applier:
         # Sees every guarded reclaim's ReclaimResult (the loop counts the files it kept as refusals).
         self.on_reclaim = on_reclaim
         self.poll_s = poll_s
+        self._unknown_listeners: dict[str, str] = {}  # container id -> why its ports are not yet its own
         # The loop's view for the fallback: () -> (last converged topology, seconds to each held lane's next attempt).
         # None (``reconciler apply``): no fallback; a failed enter leaves its slots as they are.
         self.fallback_view: Callable[[], tuple[Any, Mapping[str, float]]] | None = None
@@ -175,11 +191,13 @@ class Applier:
         # How a group of actions runs: each in a thread of its own. The simulation replaces it with one that runs
         # them in order, so a run replays from its seed.
         self.run_group: Callable[[list[Callable[[], Outcome]]], list[Outcome]] = run_in_threads
+        # What each observation looks up for the planner's checks of an enter's knowable failures.
+        self._needs = enter_needs(desired)
 
     # ------------------------------------------------------------ observe + plan
 
     def observe(self) -> Observed:
-        return observe(self.desired.host, docker=self.observer)
+        return observe(self.desired.host, docker=self.observer, **self._needs)
 
     def plan_now(self, extra_hold: Mapping[str, str] | None = None) -> tuple[Observed, Plan]:
         observed = self.observe()
@@ -212,10 +230,29 @@ class Applier:
         ``changed`` instead of being done unseen. Without it (the loop) every step of the new plan runs.
         """
         t0 = time.monotonic()
+        self._settle_ownership()
         observed, first = start or self.plan_now()
         result = self._converge_from(observed, first, max_steps=max_steps, approved=approved)
         result.seconds = time.monotonic() - t0
         return result
+
+    def _settle_ownership(self) -> None:
+        """Before a pass acts, under the host lock: the record of the containers this install created is brought up
+        to date (docs/design.md, safety rule 9). An install from before that record records, once, the containers
+        that carry its labels now; a create whose answer was lost gets its container's id recorded (found by its
+        name and create token); ids of containers that are gone are forgotten. Nothing is written while the engine
+        does not answer."""
+        host = self.desired.host.name
+        own = read_ownership(host)
+        if own.install_id is None:
+            return
+        containers, source = self.observer.observe()
+        if not source.ok:
+            return
+        with self._files_lock:
+            if own.created is None:
+                migrate_created(host, [c.id for c in containers if owner_kind(c, host, own) == "ours"])
+            settle_created(host, [(c.id, c.name, c.label(LABEL_CREATE_TOKEN)) for c in containers])
 
     def _converge_from(
         self, observed: Observed, first: Plan, *, max_steps: int | None, approved: Plan | None = None
@@ -223,8 +260,10 @@ class Applier:
         if first.unavailable:
             srcs = ", ".join(f"{s.name} ({s.detail})" for s in observed.unavailable())
             return PassResult("error", first, first, message=f"source unavailable: {srcs}; nothing changed")
-        if first.blocked:
+        if first.blocked and not first.actions:
             return PassResult("blocked", first, first, message="; ".join(b.reason for b in first.blockers))
+        # Blockers are scoped to their slots (the planner plans nothing on a blocked slot): what they do not touch
+        # runs, and the pass ends blocked.
         outcomes: list[Outcome] = []
         failed: dict[str, str] = {}
         current = first
@@ -240,15 +279,19 @@ class Applier:
                 shown = within(approved, group[0])
                 if shown is None:
                     action = group[0]
-                    return PassResult(
-                        "changed",
-                        first,
-                        current,
-                        outcomes,
+                    unseen = (
                         f"the host changed after the plan was shown: the next step ({action.kind.value} "
                         f"{action.key}: {action.reason}) was not in it, so it was not done. "
-                        "Run `reconciler plan` to see the new plan",
+                        "Run `reconciler plan` to see the new plan"
                     )
+                    # A step of the shown plan that failed is the news (a failed enter leaves its crash's file to
+                    # the next plan, whose reclaim is such an unseen step): the pass failed, and says both.
+                    bad = [o for o in outcomes if o.result in ("failed", "refused")]
+                    if bad:
+                        return PassResult(
+                            "failed", first, current, outcomes, "; ".join([*(o.detail for o in bad), unseen])
+                        )
+                    return PassResult("changed", first, current, outcomes, unseen)
                 # The rest of the group runs only as far as the approved plan holds it; a step it does not hold
                 # comes first in a later round and ends the pass there, unseen steps never run.
                 group = [shown, *(a for a in (within(approved, b) for b in group[1:]) if a is not None)]
@@ -281,7 +324,7 @@ class Applier:
                 return PassResult("interrupted", first, current, outcomes, stop.detail)
             if any(o.result in ("failed", "refused") for o in done):
                 observed, current = self.plan_now(failed)
-            if current.blocked or current.unavailable:
+            if current.unavailable:
                 break
         bad = [o for o in outcomes if o.result in ("failed", "refused")]
         if bad:
@@ -317,7 +360,14 @@ class Applier:
             return [self._execute(group[0], observed)]
         if any(a.kind is ActionKind.ENTER for a in group):
             ensure_install_id(self.desired.host.name)  # made once, before the threads that would race to make it
-        return self.run_group([functools.partial(self._execute, a, observed) for a in group])
+        try:
+            return self.run_group([functools.partial(self._execute, a, observed) for a in group])
+        except GroupNotStarted as exc:
+            # Those that ran have ended (their outcomes stand); those that never ran failed, saying why.
+            return [
+                o if o is not None else Outcome(a, "failed", 0.0, f"not started: {exc}")
+                for a, o in zip(group, exc.results, strict=True)
+            ]
 
     def _execute(self, action: Action, observed: Observed) -> Outcome:
         t0 = time.monotonic()
@@ -329,6 +379,8 @@ class Applier:
                 detail, freed = self.enter(action, observed)
             elif action.kind is ActionKind.LEAVE:
                 detail, freed = self.leave(action, observed)
+            elif action.kind is ActionKind.PRUNE:
+                detail, freed = self.prune(action, observed)
             else:
                 detail, freed = self.reclaim(action)
             result = "ok"
@@ -343,7 +395,7 @@ class Applier:
         except Exception as exc:  # noqa: BLE001 - a Docker API error etc.: the action failed, say why
             detail, freed, result = f"{type(exc).__name__}: {exc}", 0, "failed"
         seconds = time.monotonic() - t0
-        if result == "ok" and action.recipe and action.kind is not ActionKind.RECLAIM:
+        if result == "ok" and action.recipe and action.kind in (ActionKind.ENTER, ActionKind.LEAVE):
             from reconciler.history import record_duration
 
             with self._files_lock:
@@ -360,12 +412,17 @@ class Applier:
 
     # ------------------------------------------------------------ reclaim (through the one guard)
 
-    def _guarded_reclaim(self, *, only_paths: list[str] | None = None) -> Any:
+    def _guarded_reclaim(self, *, only_paths: list[str] | None = None, claimed: Collection[str] = ()) -> Any:
         from reconciler.shm_guard import reclaim
 
         with self._guard_lock:
             res = reclaim(
-                self.desired.host.shm, observe_docker=self.observer.observe, confirm=True, only_paths=only_paths
+                self.desired.host.shm,
+                observe_docker=self.observer.observe,
+                confirm=True,
+                only_paths=only_paths,
+                settled=lambda: read_ownership(self.desired.host.name).healthy,
+                claimed=claimed,
             )
         if self.on_reclaim:
             self.on_reclaim(res)
@@ -403,6 +460,7 @@ class Applier:
                 f"image {recipe.container.image} is not present on this host: pull or build it "
                 f"(recipe {action.recipe}, container.image)"
             )
+        self._check_ports_free(action, recipe)
         self._check_health_url_free(action, recipe)
         need = recipe.offload.capacity_bytes
         reserve = self.desired.host.shm.reserve_bytes if need else 0
@@ -426,11 +484,18 @@ class Applier:
             values = resolve_secrets(self.desired.host.secrets.env_file, refs) if refs else None
         except SecretError as exc:
             raise ActionFailed(f"recipe {action.recipe}: secret env value {exc}") from None
-        # The offload files there before the create: one that appears from here on is this enter's own (a crash
-        # before anything could be seen mapping it leaves it unowned), and only those go if the enter fails.
-        before = frozenset((f.path, f.inode) for f in observed.shm.files)
-        cid = self.ops.create(create_spec(self.desired, action.recipe, slots, install_id=install_id, secrets=values))
-        return self._bring_up(action, recipe, cid, start=True, freed=freed, files_before=before)
+        create = create_spec(self.desired, action.recipe, slots, install_id=install_id, secrets=values)
+        # The proof of ownership: the create's token is recorded before the create (a lost answer still names the
+        # container by its name and token), its id once the engine answers (docs/design.md, safety rule 9).
+        token = secrets.token_hex(16)
+        create["labels"] = {**create["labels"], LABEL_CREATE_TOKEN: token}
+        host = self.desired.host.name
+        with self._files_lock:
+            record_pending(host, create["name"], token)
+        cid = self.ops.create(create)
+        with self._files_lock:
+            record_created(host, cid, token=token)
+        return self._bring_up(action, recipe, cid, start=True, freed=freed)
 
     def _bring_up(
         self,
@@ -440,7 +505,6 @@ class Applier:
         *,
         start: bool,
         freed: int,
-        files_before: frozenset[tuple[str, int]] | None = None,
     ) -> tuple[str, int]:
         """Start (unless it runs already), wait for health, check, and record the container as healthy."""
         slots = action.gpus
@@ -454,13 +518,13 @@ class Applier:
                 after = self._check_enter(action, cid)
             verdict = self.check_reserve(action, after)
         except ActionFailed as exc:
-            self._fail_enter(action, cid, exc, files_before)
+            self._fail_enter(action, cid, exc)
         except Cancelled:
             raise
         except Exception as exc:  # noqa: BLE001 - an engine error once the container exists (a 5xx on inspect
             # after its retries): the same failed-enter path, so the container is stopped and kept, never left running
             # while the loop backs off and a fallback could be entered on its cards
-            self._fail_enter(action, cid, ActionFailed(f"{type(exc).__name__}: {exc}"), files_before)
+            self._fail_enter(action, cid, ActionFailed(f"{type(exc).__name__}: {exc}"))
         # Only now does it count as satisfied: one left waiting by an interrupt is finished by the next pass.
         containers, docker_ok = self.observer.observe()
         with self._files_lock:
@@ -509,22 +573,32 @@ class Applier:
                     running_since = time.monotonic()
                 restarts = count
                 if h.url:
-                    if _http_ok(h.url):
+                    # Asked only once every listener on its ports is the container's own: a squatter is named,
+                    # never asked (it would answer the health check and receive the probes' prompts).
+                    if self._ports_ours(action, cid, recipe) and _http_ok(h.url):
                         self._settle_after_health(action, cid, recipe, restarts)
+                        self._require_ports_ours(action, cid, recipe)
                         self._run_probes(action, recipe)
                         return
                 elif time.monotonic() - running_since >= h.settle_s:
+                    self._require_ports_ours(action, cid, recipe)
                     self._run_probes(action, recipe)
                     return
             if elapsed >= h.start_timeout_s:
+                unknown = self._unknown_listeners.pop(cid, None)
                 raise ActionFailed(
                     f"{action.container} not healthy within {h.start_timeout_s:g} s "
                     f"({'GET ' + h.url if h.url else 'running for settle_s'}); raise health.start_timeout_s "
-                    "in the recipe if it needs longer"
+                    "in the recipe if it needs longer" + (f" ({unknown}; it was never asked)" if unknown else "")
                 )
-            self.progress.phase(
-                action, "loading: waiting for its health URL", elapsed=elapsed, timeout=h.start_timeout_s
+            # Without a health URL the lane is serving once it ran, not restarted, for settle_s: say that, not a
+            # wait for a URL it does not have.
+            waiting = (
+                "waiting for its health URL"
+                if h.url
+                else f"no health URL: serving once running and not restarted for settle_s ({h.settle_s:g} s)"
             )
+            self.progress.phase(action, f"loading: {waiting}", elapsed=elapsed, timeout=h.start_timeout_s)
             time.sleep(self.poll_s)
 
     def _run_probes(self, action: Action, recipe: Recipe) -> None:
@@ -626,12 +700,74 @@ class Applier:
     def _announce(self, action: Action) -> None:
         """Tell the progress how long this recipe's earlier enters or leaves took (none for a reclaim)."""
         expect = getattr(self.progress, "expect", None)
-        if expect is None or action.kind is ActionKind.RECLAIM or not action.recipe:
+        if expect is None or action.kind not in (ActionKind.ENTER, ActionKind.LEAVE) or not action.recipe:
             return
         from reconciler.history import expected
 
         past = expected(self.desired.host.name, action.recipe, action.kind.value)
         expect(action, past[0] if past else None, past[1] if past else 0)
+
+    def _check_ports_free(self, action: Action, recipe: Recipe) -> None:
+        """Preflight: nothing listens on the lane's health and probe ports before its container exists; whatever
+        does is named (read from /proc, never asked: a squatter must not receive a request)."""
+        ports = lane_ports(recipe)
+        if not ports:
+            return
+        view = _port_listeners(ports)
+        if view is None:
+            return  # /proc/net unreadable here: the HTTP check below still refuses anything that answers
+        for port, held in sorted(view.items()):
+            if held:
+                raise PortSquatted(
+                    f"port {port} ({ports[port]}) of recipe {action.recipe} is already bound before "
+                    f"{action.container} is started: {_holders_text(held)}. Its health check and probes could not "
+                    "tell the new engine from it, so nothing was asked there and nothing was created. Stop what "
+                    "listens there, or give the recipe another port and health.url"
+                )
+
+    def _port_verdict(self, action: Action, cid: str, recipe: Recipe) -> tuple[bool, str]:
+        """Whether every listener on the lane's health and probe ports is a process of container ``cid``:
+        (True, "") when each port has listeners and all are its own; (False, why) while one is not listening yet
+        or its holder is not known. A listener of another process raises PortSquatted, naming it."""
+        ports = lane_ports(recipe)
+        if not ports or recipe.container.network != "host":
+            return True, ""  # off the host's network, the host's sockets are not where its ports are
+        view = _port_listeners(ports)
+        if view is None:
+            return False, "the listening sockets could not be read from /proc/net/tcp"
+        for port, held in sorted(view.items()):
+            if not held:
+                return False, f"nothing listens on port {port} ({ports[port]}) yet"
+            for listener, holders in held:
+                if not holders:
+                    return False, (
+                        f"port {port} ({ports[port]}) is held by a socket of uid {listener.uid} "
+                        f"({listener.where}, inode {listener.inode}) that no readable process holds"
+                    )
+                foreign = [h for h in holders if not h.of(cid)]
+                if foreign:
+                    raise PortSquatted(
+                        f"port {port} ({ports[port]}) of {action.container} is held by "
+                        f"{_holders_text([(listener, foreign)])}, not by a process of the container: another "
+                        "process took the lane's port while it started, so its health answer and probes would "
+                        "come from that process. Nothing was asked there; stop what listens there, or give the "
+                        "recipe another port and health.url"
+                    )
+        return True, ""
+
+    def _ports_ours(self, action: Action, cid: str, recipe: Recipe) -> bool:
+        ok, why = self._port_verdict(action, cid, recipe)
+        if ok:
+            self._unknown_listeners.pop(cid, None)
+        elif why:
+            self._unknown_listeners[cid] = why
+        return ok
+
+    def _require_ports_ours(self, action: Action, cid: str, recipe: Recipe) -> None:
+        """Before the probes: the ports are still the container's own (PortSquatted names a holder that is not)."""
+        ok, why = self._port_verdict(action, cid, recipe)
+        if not ok:
+            raise PortSquatted(f"{action.container}'s probes were not sent: {why}")
 
     def _check_health_url_free(self, action: Action, recipe: Recipe) -> None:
         """Preflight: nothing may answer the health URL before the container starts. If something does (a stale
@@ -697,22 +833,17 @@ class Applier:
                 )
         return observed
 
-    def _fail_enter(
-        self, action: Action, cid: str, exc: ActionFailed, files_before: frozenset[tuple[str, int]] | None = None
-    ) -> None:
+    def _fail_enter(self, action: Action, cid: str, exc: ActionFailed) -> None:
         """Keep the failed container for its logs, reclaim its unmapped shm, free the GPUs; then raise."""
         self.progress.phase(action, "failed: keeping the container, reclaiming its shm")
         logs = self.ops.logs_tail(cid)
-        # Its own offload files: those only it holds now, and those that appeared since its create. The only ones
-        # this failed enter reclaims (the guard still proves each unowned, twice).
+        # Its own offload files: those its container is seen holding now, and no other process. The only ones this
+        # failed enter reclaims (the guard still proves each unowned, twice). A file that merely appeared since its
+        # create may be another program's: a crash before its container was seen mapping it leaves it to the next
+        # plan, which reclaims it as an orphan once nothing can own it.
         now = self.observe()
         names = {c.name for c in now.containers if c.id == cid} | {cid, cid[:12]}
-        its_files = [
-            f.path
-            for f in now.shm.files
-            if (f.owners and all(o.container in names for o in f.owners))
-            or (files_before is not None and (f.path, f.inode) not in files_before)
-        ]
+        its_files = [f.path for f in now.shm.files if f.owners and all(o.container in names for o in f.owners)]
         try:
             self.ops.stop(cid, 5)
         except Exception:  # noqa: BLE001 - a stop that fails for good: kill it, and say so below if it still runs
@@ -723,14 +854,18 @@ class Applier:
             kept = f"{action.container or cid[:12]} (not renamed: {type(err).__name__}: {err})"
         self._prune_kept(action.container or cid[:12])
         freed_note = ""
-        res = self._guarded_reclaim(only_paths=its_files)
+        res = self._guarded_reclaim(only_paths=its_files, claimed=its_files)
         if res.reclaimed_bytes:
             freed_note = f"; reclaimed {res.reclaimed_bytes} bytes of its offload file"
         elif res.refused:
             freed_note = f"; its offload file was not reclaimed: {res.refused}"
         observed = self.observe()
         still = [c.name for c in observed.containers if c.id == cid and c.active]
-        cause = exc.cause if isinstance(exc, (BelowReserve, ProbeFailed)) else (_cause_from_logs(logs) or exc.cause)
+        cause = (
+            exc.cause
+            if isinstance(exc, (BelowReserve, ProbeFailed, PortSquatted))
+            else (_cause_from_logs(logs) or exc.cause)
+        )
         msg = f"enter {action.recipe} on {','.join(action.gpus)} failed: {cause}. Kept as {kept} (docker logs {kept}){freed_note}"
         if still:
             msg += f"; WARNING: {still[0]} is still running"
@@ -740,10 +875,34 @@ class Applier:
         """A recipe that keeps failing must not pile up stopped containers: keep the newest ``keep_failed``."""
         docker = self.desired.host.docker
         try:
-            install_id = read_ownership(self.desired.host.name).install_id
-            self.ops.prune_kept(name, host=self.desired.host.name, keep=docker.keep_failed, install_id=install_id)
+            own = read_ownership(self.desired.host.name)
+            owned = None if own.created is None else own.created | own.adopted
+            self.ops.prune_kept(
+                name, host=self.desired.host.name, keep=docker.keep_failed, install_id=own.install_id, owned=owned
+            )
         except Exception:  # noqa: BLE001 - pruning old evidence must never fail the action that made new evidence
             return
+
+    # ------------------------------------------------------------ prune
+
+    def prune(self, action: Action, observed: Observed) -> tuple[str, int]:
+        """Remove a failed container of ours kept for its logs, once the plan says it goes (its assignment gone, or
+        older than the newest ``docker.keep_failed``). Only while it is still stopped: one started meanwhile (by
+        hand) is left as it is."""
+        cid = action.container_id
+        assert cid is not None
+        if not any(c.id == cid for c in observed.containers):
+            return f"{action.container} already gone", 0
+        import docker.errors
+
+        try:
+            status = (self.ops.inspect(cid).get("State") or {}).get("Status")
+        except docker.errors.NotFound:
+            return f"{action.container} already gone", 0
+        if status not in INACTIVE_STATES:
+            raise ActionFailed(f"{action.container} is {status} now, no longer a stopped kept container: left as it is")
+        self.ops.remove(cid)
+        return f"{action.container} removed (a failed container kept for its logs)", 0
 
     # ------------------------------------------------------------ leave
 
@@ -755,7 +914,6 @@ class Applier:
             return f"{action.container} already gone", 0
         recipe = self.desired.recipes.get(c.recipe or "")
         timeout = recipe.stop.timeout_s if recipe else DEFAULT_STOP_TIMEOUT_S
-        its_files = [f.path for f in observed.shm.files if any(o.container in (c.name, c.id) for o in f.owners)]
         drained = self._drain(action, c, recipe, observed)
         if c.active:
             self.progress.phase(action, "stopping", timeout=timeout)
@@ -771,11 +929,21 @@ class Applier:
             self._prune_kept(c.name)
             fate = f"exited with code {code}: kept as {kept} for its logs"
         freed = 0
-        if action.offload or its_files or c.offload or action.paths:
+        # Exactly the files its plan listed (safety rule 13): those only its container held, and on the last leave
+        # of the running offload containers the orphans they kept; a file it shared with another holder stays.
+        paths = list(action.paths)
+        if paths:
             self.progress.phase(action, "reclaiming its offload files")
-            paths = list(dict.fromkeys([*action.paths, *its_files]))
-            freed = int(self._guarded_reclaim(only_paths=paths).reclaimed_bytes) if paths else 0
-        # Postcondition: not running, its slots free of every container, none of its offload files left.
+            # Those it was the only one seen holding are its own: no running offload container keeps them.
+            names = {c.name, c.id, c.id[:12]}
+            own = [
+                f.path
+                for f in observed.shm.files
+                if f.path in paths and f.owners and all(o.container in names for o in f.owners)
+            ]
+            freed = int(self._guarded_reclaim(only_paths=paths, claimed=own).reclaimed_bytes)
+        # Postcondition: not running, its slots free of every container, none of its listed files left unowned (one
+        # that another process took meanwhile is that process's now, and the next plan sees it so).
         after = self.observe()
         if any(x.id == cid and x.active for x in after.containers):
             raise ActionFailed(f"{c.name} is still running after stop")
@@ -783,11 +951,11 @@ class Applier:
         holders = sorted({x.name for slot in c.slots for x in held.get(slot, ())})
         if holders:
             raise ActionFailed(f"slots {','.join(c.slots)} still held by {', '.join(holders)} after leave")
-        left = [f.path for f in after.shm.files if f.path in its_files]
+        left = [f for f in after.shm.files if f.path in paths and f.state != "owned"]
         if left:
             raise ActionFailed(
-                f"offload file(s) of {c.name} still present after leave: {', '.join(left)} "
-                f"({'; '.join(f.reason or f.state for f in after.shm.files if f.path in left)})"
+                f"offload file(s) of {c.name} still present after leave: {', '.join(f.path for f in left)} "
+                f"({'; '.join(f.reason or f.state for f in left)})"
             )
         detail = f"{drained}; {c.name} {fate}"
         if freed:
@@ -803,6 +971,82 @@ class Applier:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _url_port(url: str) -> int | None:
+    parts = urlsplit(url)
+    try:
+        return parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return None
+
+
+def lane_ports(recipe: Recipe) -> dict[int, str]:
+    """port -> what asks there (its health URL, a probe's base URL), of every port an enter sends a request to."""
+    out: dict[int, str] = {}
+    urls = [("health.url", recipe.health.url)]
+    origin = recipe.api_origin()
+    urls += [(f"probe {p.name!r}", p.base_url or origin) for p in recipe.suite("preflight")]
+    for what, url in urls:
+        port = _url_port(url) if url else None
+        if port is not None:
+            out.setdefault(port, what)
+    return out
+
+
+@dataclass(frozen=True)
+class PortHolder:
+    """A process holding a listening socket: its pid, program and the container ids on its cgroup path."""
+
+    pid: int
+    comm: str
+    containers: tuple[str, ...]
+
+    def of(self, cid: str) -> bool:
+        """In container ``cid`` (its cgroup path names it, as offload holders are attributed)."""
+        return any(c == cid or (len(cid) >= 12 and c.startswith(cid)) for c in self.containers)
+
+
+PortView = dict[int, list[tuple[TcpListener, list[PortHolder]]]]
+
+
+def _port_listeners(ports: Mapping[int, str]) -> PortView | None:
+    """port -> each socket listening on it (any local address) with the processes that hold it, from /proc; None
+    when /proc/net/tcp cannot be read. The simulation replaces this seam."""
+    try:
+        listeners = [sock for sock in read_tcp_listeners() if sock.port in ports]
+    except OSError:
+        return None
+    pids = socket_holders([sock.inode for sock in listeners]) if listeners else {}
+    view: PortView = {port: [] for port in ports}
+    for sock in listeners:
+        holders = [
+            PortHolder(pid, read_comm(pid), procfs.container_candidates_of_pid(pid))
+            for pid in sorted(pids.get(sock.inode, ()))
+        ]
+        view[sock.port].append((sock, holders))
+    return view
+
+
+def _holders_text(held: list[tuple[TcpListener, list[PortHolder]]]) -> str:
+    """The holders of listening sockets in words: pid, program, user, container, address."""
+    parts = []
+    for sock, holders in held:
+        if not holders:
+            parts.append(f"a socket of uid {sock.uid} on {sock.where} that no readable process holds")
+        for h in holders:
+            where = f" in container {h.containers[0][:12]}" if h.containers else ""
+            parts.append(f"pid {h.pid} ({h.comm}, {_user_name(sock.uid)}){where} listening on {sock.where}")
+    return "; ".join(parts)
+
+
+def _user_name(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except (KeyError, ImportError):
+        return f"uid {uid}"
 
 
 def _http_ok(url: str) -> bool:
@@ -883,18 +1127,38 @@ def concurrent_group(actions: tuple[Action, ...]) -> list[Action]:
     return group
 
 
+class GroupNotStarted(ReconcilerError):
+    """A thread of a group could not be started: raised by ``run_in_threads`` once every thread it did start has
+    ended. ``results``: each call's outcome in the calls' order, None for those that never ran."""
+
+    def __init__(self, message: str, results: list[Outcome | None]):
+        super().__init__(message)
+        self.results = results
+
+
 def run_in_threads(calls: list[Callable[[], Outcome]]) -> list[Outcome]:
-    """Run each call in a thread of its own; their results in the calls' order."""
+    """Run each call in a thread of its own; their results in the calls' order. A thread that cannot be started
+    (the process at its limit) starts no later one, and the group still ends only when each started thread has
+    ended (a pass never leaves an action running behind it): then GroupNotStarted says which."""
     results: list[Outcome | None] = [None] * len(calls)
 
     def run(i: int) -> None:
         results[i] = calls[i]()
 
     threads = [threading.Thread(target=run, args=(i,), name=f"action-{i}", daemon=True) for i in range(len(calls))]
-    for t in threads:
-        t.start()
-    for t in threads:
+    started: list[threading.Thread] = []
+    failure = ""
+    for i, t in enumerate(threads):
+        try:
+            t.start()
+        except RuntimeError as exc:
+            failure = f"action {i + 1} of {len(calls)} could not be given a thread ({type(exc).__name__}: {exc})"
+            break
+        started.append(t)
+    for t in started:
         t.join()
+    if failure:
+        raise GroupNotStarted(failure, results)
     return [r for r in results if r is not None]
 
 
@@ -916,6 +1180,8 @@ def within(approved: Plan, action: Action) -> Action | None:
             paths = tuple(p for p in action.paths if p in set(a.paths))
             if paths:
                 return replace(action, paths=paths) if paths != action.paths else action
+        if action.kind is ActionKind.PRUNE and a.container_id == action.container_id:
+            return action
     return None
 
 
@@ -928,6 +1194,8 @@ def _still_wanted(action: Action, current: Plan) -> bool:
         if action.kind is ActionKind.ENTER and a.key == action.key:
             return True
         if action.kind is ActionKind.RECLAIM and set(a.paths) & set(action.paths):
+            return True
+        if action.kind is ActionKind.PRUNE and a.container_id == action.container_id:
             return True
     return False
 

@@ -100,7 +100,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     else:
         print(
             f"valid: host {desired.host.name}, {len(desired.recipes)} recipe(s), "
-            f"{len(desired.assignments)} assignment(s) in {desired.manifest_path}"
+            f"{len(desired.assignments)} assignment(s) in {desired.manifest_path}",
+            file=console(args).out,
         )
     return EXIT_OK
 

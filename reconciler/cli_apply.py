@@ -73,7 +73,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
                     print(render_plan(session.plan, session.observed, con.style()), file=con.out)
                     con.out.flush()  # the plan comes before the progress lines (stderr), also when piped
                 first = session.plan
-                acts = bool(first.actions) and not first.blocked and not first.unavailable
+                acts = bool(first.actions) and not first.unavailable
                 if acts and not args.yes:
                     if args.json or not con.stdin_tty:
                         why = "--json never prompts" if args.json else "no terminal to ask on"
@@ -145,6 +145,33 @@ def cmd_adopt(args: argparse.Namespace) -> int:
                 f"{','.join(c['slots']) or 'no slot'})",
                 file=con.out,
             )
+    return res.exit_code
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    """The failed containers kept for their logs: shown (a dry run), removed with ``--confirm``. Exit 0 done or
+    nothing to do, 1 when one could not be removed."""
+    con = console(args)
+    res = service(args).prune(confirm=args.confirm)
+    if args.json:
+        emit_json(res.to_json(), con.out)
+        return res.exit_code
+    if not res.kept_failed:
+        print("no failed containers kept", file=con.out)
+        return res.exit_code
+    for c in res.kept_failed:
+        code = "" if c["exit_code"] is None else f" with code {c['exit_code']}"
+        where = f"{c['recipe'] or 'no recipe'} on {','.join(c['gpus']) or 'no slot'}"
+        gone = " - removed" if c["name"] in res.removed else ""
+        print(f"  {c['name']} ({c['id'][:12]}, {where}, {c['state']}{code}){gone}", file=con.out)
+    for f in res.failed:
+        print(f"error: {f['name']}: {f['reason']}", file=con.err)
+    if not res.confirmed:
+        print(
+            f"{len(res.kept_failed)} failed container(s) kept for their logs; dry run: "
+            "`reconciler prune --confirm` removes them",
+            file=con.out,
+        )
     return res.exit_code
 
 
@@ -227,6 +254,14 @@ def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("containers", nargs="+", metavar="CONTAINER", help="name or id")
     p.set_defaults(func=cmd_adopt)
+
+    p = sub.add_parser(
+        "prune",
+        parents=parents,
+        help="the failed containers kept for their logs: a dry run unless --confirm removes them (0 done, 1 failed)",
+    )
+    p.add_argument("--confirm", action="store_true", help="remove them (default: only show them)")
+    p.set_defaults(func=cmd_prune)
 
     p = sub.add_parser(
         "probe",

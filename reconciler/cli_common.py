@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 if TYPE_CHECKING:
     import threading
@@ -29,6 +29,43 @@ EXIT_BLOCKED = 3
 def default_root() -> str:
     """``--root`` when not given: ``$RECONCILER_ROOT``, else the working directory."""
     return os.environ.get("RECONCILER_ROOT") or os.getcwd()
+
+
+class Terminal:
+    """The one boundary of text a command prints: every write is redacted (``reconciler.redact.redact_output``: URL
+    passwords, the secret values this process learned) and its control characters are shown escaped
+    (``reconciler.units.terminal_text``: a file name or a container's log line with ESC or U+009B cannot drive the
+    terminal), the tool's own colour and redraw sequences kept. JSON goes out through ``write_json`` as it is: it
+    was redacted whole by ``redact_json``, and JSON escapes every control character itself."""
+
+    __slots__ = ("stream",)
+
+    def __init__(self, stream: TextIO):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        from reconciler.redact import redact_output
+        from reconciler.units import terminal_text
+
+        self.stream.write(terminal_text(redact_output(text)))
+        return len(text)
+
+    def write_json(self, text: str) -> int:
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+def terminal(stream: TextIO) -> TextIO:
+    """``stream`` behind the terminal boundary (once: a stream already behind it is returned as it is)."""
+    return stream if isinstance(stream, Terminal) else cast("TextIO", Terminal(stream))
 
 
 class Console:
@@ -56,8 +93,8 @@ class Console:
         local: bool = True,
         cancel: threading.Event | None = None,
     ):
-        self.out = out
-        self.err = err
+        self.out = terminal(out)  # everything printed passes the one boundary (``Terminal``)
+        self.err = terminal(err)
         self.stdin_tty = stdin_tty
         self.no_color = no_color
         self.ask = ask
@@ -90,13 +127,17 @@ def emit_json(data: Any, out: TextIO | None = None) -> None:
     from reconciler.redact import redact_json
 
     # A last pass over every string on its way out: a command line missed at its source is masked here.
-    (out or sys.stdout).write(redact_json(data, indent=2, sort_keys=False, default=str) + "\n")
+    out = out or sys.stdout
+    getattr(out, "write_json", out.write)(redact_json(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
 def service(args: argparse.Namespace) -> HostService:
     """The service for this command. Inside a running loop (``reconciler.control``) it carries the loop's pass
     lock and action hooks, like the loop's HTTP API: destructive calls then wait for a pass to end rather than
     meeting the host lock the loop holds."""
-    from reconciler.service import Caller, HostService
+    from reconciler.service import HostService, user_caller
 
-    return HostService(args.root, caller=Caller("cli"), **getattr(args, "serve", {}))
+    # The user: the peer's on the loop's socket (its SO_PEERCRED uid, and the SUDO_USER it came with), else ours.
+    peer = getattr(args, "peer", None) or {"uid": os.getuid(), "sudo_user": os.environ.get("SUDO_USER") or ""}
+    caller = user_caller("cli", uid=peer["uid"], sudo_user=peer["sudo_user"])
+    return HostService(args.root, caller=caller, **getattr(args, "serve", {}))

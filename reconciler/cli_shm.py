@@ -100,8 +100,9 @@ def _emit_json(data: Any, out: TextIO | None = None) -> None:
     from reconciler.redact import redact_json
 
     out = out or sys.stdout
-    # One write (json.dump writes piece by piece), after a last redaction pass over every string.
-    out.write(redact_json(data, indent=2) + "\n")
+    # One write (json.dump writes piece by piece), after a last redaction pass over every string; past the
+    # terminal boundary as it is (JSON escapes control characters itself).
+    getattr(out, "write_json", out.write)(redact_json(data, indent=2) + "\n")
 
 
 # ---------------------------------------------------------------- human output
@@ -166,7 +167,7 @@ def render_status(view: ShmView, *, tty: bool = False) -> str:
         out.append(
             "blocked: running native-offload container(s) "
             + ", ".join(view.blocking_containers)
-            + " (nothing is reclaimed while one runs)"
+            + " (no unowned file is reclaimed while one runs that could be making its file)"
         )
     counts = {s: len(view.by_state(s)) for s in ("owned", "orphan", "blocked")}
     out.append(

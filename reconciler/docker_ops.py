@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
 
 from reconciler import spec
@@ -282,13 +282,23 @@ class DockerOps:
             "are taken; remove old kept containers (docker rm NAME)"
         )
 
-    def prune_kept(self, name: str, *, host: str, keep: int, install_id: str | None = None) -> list[str]:
+    def prune_kept(
+        self,
+        name: str,
+        *,
+        host: str,
+        keep: int,
+        install_id: str | None = None,
+        owned: Collection[str] | None = None,
+    ) -> list[str]:
         """Remove all but the newest ``keep`` stopped failed containers kept under ``name``; returns the removed.
 
         Only stopped containers named ``name-failed-STAMP`` that carry, on themselves, this tool's labels for
         ``host`` and ``install_id`` (this install's) are touched. Another install's, one from before install ids,
         and one that has those labels only from its image (every container made from that image carries them:
-        ``docker_obs.inherited_labels``) are not proven ours and stay. Without ``install_id`` nothing is removed."""
+        ``docker_obs.inherited_labels``) are not proven ours and stay; with ``owned`` (the ids this install recorded as
+        its own) so does one whose id is not among them, a copy that carries the labels. Without ``install_id``
+        nothing is removed."""
         import re
 
         import docker.errors
@@ -306,6 +316,8 @@ class DockerOps:
             labels = c.get("Labels") or {}
             if any(labels.get(k) != v for k, v in own.items()):
                 return False  # an engine that ignored the filter
+            if owned is not None and c["Id"] not in owned:
+                return False  # this install's labels, copied: not a container it created
             image = c.get("ImageID")  # the image's id, never its name: a name may since point at another image
             if not image:
                 try:

@@ -14,9 +14,14 @@ lock, the loop's state, saved plans, the API token, the secrets file) are opened
 on the open descriptor by ``open_trusted``: a regular file, owned by the running user (or root), not writable by
 group or others, with one name, and for secrets not readable by them either.
 
+The operator's root (``--root``, its ``configs/``, ``manifests/`` and every file read from them) is checked the
+same way by ``check_trusted`` and ``check_owner``, called by ``reconciler.loader``: a recipe decides an image and
+its mounts, so a root another user can write would let that user run anything as root.
+
 Callers: ``reconciler.lock`` (the runtime directory: the host lock and the loop's state), ``reconciler.state``
 (the state directory: install id, ownership, history, saved plans, the audit trail), ``reconciler.audit``,
-``reconciler.service`` (``plan --out``, ``apply FILE``), ``reconciler.api`` (the token) and ``reconciler.secrets``.
+``reconciler.service`` (``plan --out`` through ``write_out``, which writes to a terminal or pipe rather than
+replace it; ``apply FILE``), ``reconciler.api`` (the token) and ``reconciler.secrets``.
 """
 
 from __future__ import annotations
@@ -52,8 +57,8 @@ def _trusted_owner(uid: int) -> bool:
     return uid in (0, os.geteuid())
 
 
-def _ancestor_problem(path: str, st: os.stat_result) -> str | None:
-    if not stat.S_ISDIR(st.st_mode):
+def _ancestor_problem(path: str, st: os.stat_result, *, types: bool = True) -> str | None:
+    if types and not stat.S_ISDIR(st.st_mode):
         return f"{path} is not a directory"
     if not _trusted_owner(st.st_uid):
         return f"{path} is owned by {_user(st.st_uid)}, who could replace what lies under it"
@@ -65,7 +70,7 @@ def _ancestor_problem(path: str, st: os.stat_result) -> str | None:
     return None
 
 
-def _own_problem(path: str, st: os.stat_result, *, kind: str = "directory") -> str | None:
+def _own_problem(path: str, st: os.stat_result, *, kind: str | None = "directory") -> str | None:
     if kind == "directory" and not stat.S_ISDIR(st.st_mode):
         return f"{path} is not a directory"
     if kind == "file" and not stat.S_ISREG(st.st_mode):
@@ -87,11 +92,15 @@ def _fix(path: str, problem: str) -> str:
     return "give a directory of the running user's own"
 
 
-def _walk(path: Path, *, create: bool, mode: int) -> tuple[str | None, str]:
+def _walk(
+    path: Path, *, create: bool, mode: int, last: str | None = "directory", types: bool = True
+) -> tuple[str | None, str]:
     """Walk ``path`` from ``/``; returns (problem, the component it is about), or (None, the real path).
 
     Missing components are made (``mode``) when ``create``; one made meanwhile by someone else is checked like any
-    other, so a race to plant it first loses."""
+    other, so a race to plant it first loses. ``last`` is what the final component must be ("directory"; "any":
+    its owner and mode only; None: not checked, only the way to it); without ``types`` no component's file type is
+    checked (the caller reports a wrong one in its own words)."""
     if not path.is_absolute():
         path = Path.cwd() / path
     todo = list(path.parts[1:])
@@ -124,8 +133,11 @@ def _walk(path: Path, *, create: bool, mode: int) -> tuple[str | None, str]:
                 cur = "/"
             todo = [p for p in target.split("/") if p] + todo
             continue
-        last = not any(p not in ("", ".") for p in todo)
-        problem = _own_problem(nxt, st) if last else _ancestor_problem(nxt, st)
+        final = not any(p not in ("", ".") for p in todo)
+        if final:
+            problem = _own_problem(nxt, st, kind=None if last == "any" or not types else last) if last else None
+        else:
+            problem = _ancestor_problem(nxt, st, types=types)
         if problem:
             return problem, nxt
         cur = nxt
@@ -143,6 +155,36 @@ def check_dir(path: str | Path, *, what: str, create: bool = False, mode: int = 
         alt = f", or {how}" if how else ""
         raise UnsafePath(f"refusing {what} {path}: {problem}; {_fix(where, problem)}{alt}")
     return Path(where)
+
+
+def check_trusted(path: str | Path, *, what: str, last: str | None = "any") -> None:
+    """``path``, a file or directory the tool trusts but the operator writes (the root and its files), checked like
+    StrictModes: every component of its real path from ``/`` owned by root or the running user and not writable by
+    group or others (a sticky one may stand above), a symlink on the way only root's or the running user's, and the
+    path itself (unless ``last`` is None) owned and not writable the same way. Its file type is not checked, and a
+    missing component is no problem here: the caller reports those in its own words. UnsafePath names the path and
+    the fix (``chown root:root PATH; chmod go-w PATH``)."""
+    try:
+        problem, where = _walk(Path(path), create=False, mode=0, last=last, types=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError as exc:
+        raise UnsafePath(f"refusing {what} {path}: cannot check it: {exc.strerror or exc}") from None
+    if problem is None:
+        return
+    if "symlink" in problem:
+        fix = f"`chown -h root:root {where}`, or replace the symlink by the real path"
+    else:
+        fix = f"`chown root:root {where}; chmod go-w {where}`"
+    raise UnsafePath(f"refusing {what} {path}: {problem}; {fix}")
+
+
+def check_owner(st: os.stat_result, path: str | Path, *, what: str) -> None:
+    """An opened file's ``st`` (from ``path``) owned by root or the running user and not writable by group or
+    others, as ``check_trusted`` wants it; UnsafePath with the fix otherwise."""
+    problem = _own_problem(str(path), st, kind=None)
+    if problem:
+        raise UnsafePath(f"refusing {what} {path}: {problem}; `chown root:root {path}; chmod go-w {path}`")
 
 
 def check_fd(fd: int, path: str | Path, *, what: str, secret: bool = False) -> os.stat_result:
@@ -241,6 +283,62 @@ def _fsync_dir(d: Path) -> None:
 def write_json(path: str | Path, data: Any, *, indent: int | None = 1, sort_keys: bool = True) -> None:
     """``write_atomic`` of ``data`` as JSON (one trailing newline), mode 0600."""
     write_atomic(path, json.dumps(data, indent=indent, sort_keys=sort_keys, default=str) + "\n")
+
+
+def _links_trusted(path: str) -> bool:
+    """Whether every symlink ``path`` goes through, itself first, was made by root or the running user. A link of
+    the kernel's own (``/proc/self/fd/1`` naming ``pipe:[…]``) ends the walk: the process's own, trusted."""
+    cur = path
+    for _ in range(_MAX_SYMLINKS):
+        try:
+            st = os.lstat(cur)
+        except OSError:
+            return True  # what it names is no path of the file system (a pipe, a socket): the kernel's own
+        if not stat.S_ISLNK(st.st_mode):
+            return True
+        if not _trusted_owner(st.st_uid):
+            return False
+        cur = os.path.join(os.path.dirname(cur), os.readlink(cur))
+    return False
+
+
+def write_out(path: str | Path, data: bytes | str, *, what: str, mode: int = 0o600) -> None:
+    """Write a file the operator names (``plan --out``). A path that is, or is a symlink of root's or the running
+    user's to, a character device or a FIFO (``/dev/stdout`` on a terminal or a pipe, ``/dev/null``) is written
+    to, never replaced: renaming over it would swap ``/dev/stdout`` for a regular file. Such a symlink to a regular
+    file (``/dev/stdout`` redirected to a file) writes that file, safely. A block device, a socket or a directory is
+    refused (``UnsafePath``, naming it); anything else, a missing path and a symlink another user planted included,
+    goes through ``write_atomic`` (replaced, never followed)."""
+    p = str(path)
+    try:
+        st = os.lstat(p)
+        if stat.S_ISLNK(st.st_mode):
+            if not _links_trusted(p):
+                write_atomic(p, data, mode=mode)
+                return
+            st = os.stat(p)
+    except FileNotFoundError:  # nothing there, or a dangling symlink: made (or replaced) safely
+        write_atomic(p, data, mode=mode)
+        return
+    if stat.S_ISREG(st.st_mode):
+        write_atomic(os.path.realpath(p) if os.path.islink(p) else p, data, mode=mode)
+        return
+    if not (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+        kind = (
+            "a block device" if stat.S_ISBLK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode) else "a socket"
+        )
+        raise UnsafePath(f"refusing {what} {p}: it is {kind}; name a file, or a terminal or pipe such as /dev/stdout")
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    fd = os.open(p, os.O_WRONLY | os.O_NOCTTY | os.O_CLOEXEC)  # no O_CREAT, no O_TRUNC: written to, as it is
+    try:
+        now = os.fstat(fd)
+        if not (stat.S_ISCHR(now.st_mode) or stat.S_ISFIFO(now.st_mode)):
+            raise UnsafePath(f"refusing {what} {p}: it changed while it was opened; try again")
+        view = memoryview(raw)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
 
 
 def read_json(path: str | Path, *, what: str) -> Any:

@@ -7,18 +7,21 @@ whole desired state is valid.
 
 from __future__ import annotations
 
+import math
 import os
 import re
+import shlex
 import stat
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar, get_args, get_origin
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from reconciler import mounts
+from reconciler import fsafe, mounts
 from reconciler.errors import ConfigError, ConfigProblem
 from reconciler.model import (
     DesiredAssignment,
@@ -179,6 +182,24 @@ def _field_name(loc: Sequence[Any]) -> str:
     return out or "(top level)"
 
 
+def _unquoted(kind: str, got: Any) -> str | None:
+    """A value written in quotes where the file models want a number or a boolean (their types are strict), as
+    it is written without them; None when it is no such value."""
+    if not isinstance(got, str):
+        return None
+    text = got.strip()
+    if kind == "bool_type" and text.lower() in ("true", "false"):
+        return text.lower()
+    try:
+        if kind == "int_type" and str(int(text)):
+            return str(int(text))
+        if kind == "float_type" and math.isfinite(float(text)):
+            return text
+    except ValueError:
+        return None
+    return None
+
+
 def _problems_from(
     exc: ValidationError, *, path: str, model: type[BaseModel], line_of: Any, what: str
 ) -> list[ConfigProblem]:
@@ -197,6 +218,10 @@ def _problems_from(
             text = err["msg"].removeprefix("Value error, ")
             got = err.get("input")
             shown = "" if isinstance(got, (dict, list)) or got is None or repr(got) in text else f" (got {_short(got)})"
+            bare = _unquoted(kind, got)
+            if bare is not None:
+                sep = " = " if what == "a recipe" else ": "
+                shown += f"; a number or boolean is written without quotes: {loc[-1]}{sep}{bare}"
             if "env" in loc:
                 shown = ""  # an env value may be a secret: the message names the key, never the value
             msg = f"{text}{shown}" if text.startswith(field) else f"{field}: {text}{shown}"
@@ -229,6 +254,10 @@ def _read_text(root: Path, path: Path, what: str) -> str:
     or a directory is refused instead of hanging or filling memory."""
     rel = _rel(root, path)
     try:
+        fsafe.check_trusted(path, what=what, last=None)  # the way to it; the file itself on the open descriptor
+    except fsafe.UnsafePath as exc:
+        raise ConfigError([ConfigProblem(rel, None, str(exc))]) from None
+    try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise ConfigError([ConfigProblem(rel, None, "file not found")]) from None
@@ -239,6 +268,7 @@ def _read_text(root: Path, path: Path, what: str) -> str:
         if not stat.S_ISREG(st.st_mode):
             kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
             raise ConfigError([ConfigProblem(rel, None, f"{what} is {kind}; it must be a regular file of text")])
+        fsafe.check_owner(st, path, what=what)
         chunks: list[bytes] = []
         size = 0
         while size <= MAX_FILE_BYTES:
@@ -247,6 +277,8 @@ def _read_text(root: Path, path: Path, what: str) -> str:
                 break
             chunks.append(chunk)
             size += len(chunk)
+    except fsafe.UnsafePath as exc:
+        raise ConfigError([ConfigProblem(rel, None, str(exc))]) from None
     except OSError as exc:
         raise ConfigError([ConfigProblem(rel, None, f"cannot read {what}: {exc.strerror or exc}")]) from None
     finally:
@@ -339,6 +371,13 @@ class _Loader(yaml.SafeLoader):
             if not taken:
                 mapping[key] = self.construct_object(value_node, deep=deep)
         return mapping
+
+
+# YAML 1.2 reads 1e30 and 5E-3 as numbers; PyYAML's YAML 1.1 resolver wants a dot in them and gave a string,
+# which the file models' strict types would refuse as "not a number" for what the operator wrote as one.
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
 
 
 def _expanded_size(node: yaml.Node | None) -> int:
@@ -522,6 +561,26 @@ def tmpfs_free(directory: str) -> int | None:
     return st.f_frsize * st.f_bavail
 
 
+# ---------------------------------------------------------------- the root itself
+
+
+def check_root(r: Path) -> None:
+    """The root and its directories checked like the tool's own files (docs/design.md, safety rule 12) before
+    anything is read from them: owned by root (or the running user) and not writable by group or others, along
+    their whole real path. A ConfigError naming the first that is not, and the fix."""
+    for rel, what in (
+        (".", "--root"),
+        ("configs", "the configs directory"),
+        (RECIPES_DIR, "the recipes directory"),
+        (MANIFESTS_DIR, "the manifests directory"),
+    ):
+        path = r if rel == "." else r / rel
+        try:
+            fsafe.check_trusted(path, what=what)
+        except fsafe.UnsafePath as exc:
+            raise ConfigError([ConfigProblem(str(r) if rel == "." else rel, None, str(exc))]) from None
+
+
 # ---------------------------------------------------------------- the three kinds of file
 
 
@@ -540,6 +599,7 @@ def _load_host(r: Path) -> tuple[HostConfig, yaml.Node | None]:
 
 def load_host(root: str | os.PathLike[str]) -> HostConfig:
     """The host file, validated, with shm.dir checked to be an existing tmpfs mount point."""
+    check_root(Path(root))
     return _load_host(Path(root))[0]
 
 
@@ -582,11 +642,86 @@ def load_recipe(root: Path, path: Path) -> Recipe:
         ) from None
     except RecursionError:
         raise ConfigError([ConfigProblem(rel, None, "the recipe is nested too deeply; flatten it")]) from None
+    problem = _command_tp_problem(recipe)
+    if problem:
+        raise ConfigError([ConfigProblem(rel, _toml_line(text, ("container", "command")), problem)])
     _remember(_RECIPES, text, recipe)
     return recipe
 
 
+def _argv_words(recipe: Recipe) -> list[str]:
+    """The words of the recipe's program and arguments; an argument holding spaces (``sh -c "vllm serve ..."``)
+    split as a shell would, where it can be."""
+    words: list[str] = []
+    for arg in [*(recipe.container.entrypoint or ()), *recipe.container.command]:
+        if any(c.isspace() for c in arg):
+            try:
+                words.extend(shlex.split(arg))
+                continue
+            except ValueError:
+                pass
+        words.append(arg)
+    return words
+
+
+def command_flag(words: Sequence[str], *names: str) -> tuple[str, str] | None:
+    """(the flag as written, its value) of the last of ``names`` given in ``words`` (``--flag V``, ``--flag=V``),
+    as argparse reads a flag given twice; None when none is given."""
+    found: tuple[str, str] | None = None
+    for i, w in enumerate(words):
+        for name in names:
+            if w == name and i + 1 < len(words):
+                found = (f"{name} {words[i + 1]}", words[i + 1])
+            elif w.startswith(name + "="):
+                found = (w, w[len(name) + 1 :])
+    return found
+
+
+def _command_tp_problem(recipe: Recipe) -> str | None:
+    """The server's own --tensor-parallel-size (or -tp) against the recipe's tensor_parallel_size: a lane given
+    fewer GPU slots than its server shards over fails at start (or runs on cards it was not given)."""
+    flag = command_flag(_argv_words(recipe), "--tensor-parallel-size", "-tp")
+    if flag is None:
+        return None
+    written, value = flag
+    tp = recipe.tensor_parallel_size
+    if value.strip().isdigit() and int(value) == tp:
+        return None
+    return (
+        f"container.command: the server is told {written}, but the recipe has tensor_parallel_size = {tp} (the GPU "
+        f"slots an assignment gives it); make them agree: tensor_parallel_size = {value} or "
+        f"--tensor-parallel-size {tp}"
+    )
+
+
+def _host_ports(recipe: Recipe) -> list[tuple[int, str]]:
+    """(port, where it is said) of every port the lane listens on or is asked at, on the host's network: its
+    command's --port and the ports of its health, probe and drain URLs. None for a lane off the host's network."""
+    if recipe.container.network != "host":
+        return []
+    out: list[tuple[int, str]] = []
+    flag = command_flag(_argv_words(recipe), "--port")
+    if flag is not None and flag[1].strip().isdigit():
+        out.append((int(flag[1]), f"its command's {flag[0]}"))
+    urls = [("health.url", recipe.health.url), ("drain.metrics_url", recipe.drain.metrics_url)]
+    urls += [(f"probes {p.name!r} base_url", p.base_url) for p in recipe.probes]
+    for what, url in urls:
+        if url:
+            u = urlsplit(url)
+            try:
+                port = u.port or (443 if u.scheme == "https" else 80)
+            except ValueError:
+                continue
+            out.append((port, f"its {what} {url}"))
+    return out
+
+
 def load_recipes(root: Path) -> dict[str, Recipe]:
+    check_root(root)
+    return _load_recipes(root)
+
+
+def _load_recipes(root: Path) -> dict[str, Recipe]:
     rdir = root / RECIPES_DIR
     recipes: dict[str, Recipe] = {}
     problems: list[ConfigProblem] = []
@@ -624,6 +759,7 @@ def load_desired(
 
     ``shm_size`` and ``shm_free`` stand in for the tmpfs's real figures (tests)."""
     r = Path(root)
+    check_root(r)
     problems: list[ConfigProblem] = []
     host: HostConfig | None = None
     host_node: yaml.Node | None = None
@@ -633,7 +769,7 @@ def load_desired(
     except ConfigError as exc:
         problems.extend(exc.problems)
     try:
-        recipes = load_recipes(r)
+        recipes = _load_recipes(r)
     except ConfigError as exc:
         problems.extend(exc.problems)
 
@@ -771,6 +907,43 @@ def _toml_line_of_file(root: Path, name: str, loc: Sequence[Any]) -> int | None:
         return None
 
 
+def _port_clashes(
+    path: str, manifest: Manifest, node: yaml.Node | None, recipes: dict[str, Recipe], problems: list[ConfigProblem]
+) -> None:
+    """Two lanes of one manifest on the host's network that listen on (or are asked at) one port: the second
+    cannot bind it, or its health check and probes would be answered by the first."""
+    taken: dict[int, tuple[int, str, str]] = {}  # port -> (assignment, recipe, where its recipe says it)
+    for i, a in enumerate(manifest.assignments):
+        recipe = recipes.get(a.recipe)
+        if recipe is None:
+            continue
+        mine: dict[int, str] = {}
+        for port, where in _host_ports(recipe):
+            mine.setdefault(port, where)
+        for port, where in mine.items():
+            if port not in taken:
+                taken[port] = (i, a.recipe, where)
+                continue
+            j, other, other_where = taken[port]
+            fix = (
+                "Give one recipe another port (its --port, health.url and probes), or a network other than host"
+                if other != a.recipe
+                else "A recipe on the host's network runs once at a time: give the second assignment a copy of the "
+                "recipe with a port of its own (--port, health.url and probes), or the recipe a network other than host"
+            )
+            problems.append(
+                ConfigProblem(
+                    path,
+                    _yaml_lines(node, ("assignments", i, "recipe")),
+                    f"assignments[{i}].recipe: recipe {a.recipe!r} and assignments[{j}]'s recipe {other!r} both "
+                    f"listen on port {port} of the host's network ({where} in {recipe_file(a.recipe)}; {other_where} "
+                    f"in {recipe_file(other)}): one of them could not bind it, or would have its health checked and "
+                    f"its probes answered by the other. {fix}",
+                )
+            )
+            break
+
+
 def _cross_check(
     path: str,
     manifest: Manifest,
@@ -839,6 +1012,7 @@ def _cross_check(
                     offload_bytes=recipe.offload.capacity_bytes,
                 )
             )
+    _port_clashes(path, manifest, node, recipes, problems)
     need = sum(a.offload_bytes for a in out)
     if need:
         size = shm_size if shm_size is not None else tmpfs_size(host.shm.dir)

@@ -175,6 +175,7 @@ class Loop:
         self._crashed: set[str] = set()  # ids of crashed containers already counted in the backoff
         self._held: set[str] = set()  # assignments whose enter the last pass held: wake when their backoff ends
         self._down: dict[str, str] = {}  # sources the last pass could not read, with why: logged when this changes
+        self._down_codes: dict[str, str] = {}  # the same sources, each with its short cause: slow, down or error
         self._fallbacks: set[str] = set()  # fallback lanes in force after the last pass: logged when this changes
         self._fallback_json: list[dict[str, Any]] = []
         self._below: set[str] = set()  # slots below their free-VRAM reserve in the last pass: logged when this changes
@@ -349,7 +350,7 @@ class Loop:
         self.metrics.observe_state(observed, plan)  # free VRAM per slot against its reserve, every pass
         self._reserve_changed(desired, observed)
         self._settle(desired, plan)
-        if plan.actions and not plan.blocked and not plan.unavailable:
+        if plan.actions and not plan.unavailable:
             self.log("pass-start", trigger=",".join(sorted(reasons)), actions=len(plan.actions))
             for a in plan.actions:
                 self.log("action-planned", kind=a.kind.value, target=a.key, reason=a.reason)
@@ -438,6 +439,11 @@ class Loop:
         for name in sorted(set(self._down) - set(down)):
             self.log("source-up", source=name)
         self._down = down
+        self._down_codes = {
+            name: src.cause if src.cause in ("slow", "down") else "error"
+            for name, src in observed.sources.items()
+            if not src.ok
+        }
 
     def _count_outcome(self, o: Outcome) -> None:
         """One action's metrics, whoever took it: this loop, or its HTTP API or MCP (``ActionHooks``)."""
@@ -696,6 +702,8 @@ class Loop:
                 health=self.health,
                 cancel=self.cancel,
                 hooks=hooks,
+                on_refusal=self.metrics.record_http_refusal,
+                on_drop=self.metrics.record_http_drop,
             )
 
         try:
@@ -728,13 +736,27 @@ class Loop:
 
     def health(self) -> tuple[int, dict[str, Any]]:
         """``/healthz``: a recent pass that could read every source. A loop waiting for an engine that does not
-        answer is alive but cannot act: 503, with the source and why in "unavailable"."""
+        answer is alive but cannot act: 503, with the source and its short cause (slow, down, error) in
+        "unavailable". Answered without a token, so it quotes no cause: a failed enter's cause quotes its
+        container's log, a source's error its engine's words. The last pass's message is its result's word;
+        ``status`` and ``GET /v1/status`` say the rest."""
         age = time.time() - self.last_pass_at if self.last_pass_at else None
         fresh = age is not None and age < max(3 * self.resync_s, 300)
-        down = dict(self._down)
+        down = dict(self._down_codes)
         ok = fresh and not down
+        last = self.last_pass
+        last_pass = (
+            {
+                "result": last["result"],
+                "message": last["result"],
+                "at": last["at"],
+                "unavailable": {name: self._down_codes.get(name, "error") for name in last.get("unavailable", {})},
+            }
+            if last
+            else {}
+        )
         return (200 if ok else 503), redact_data(
-            {"ok": ok, "passes": self.passes, "last_pass_age_s": age, "unavailable": down, "last_pass": self.last_pass}
+            {"ok": ok, "passes": self.passes, "last_pass_age_s": age, "unavailable": down, "last_pass": last_pass}
         )
 
 
@@ -763,7 +785,8 @@ def reclaim_refusals(res: Any) -> list[str]:
 
     Pure. A whole reclaim refused names its cause in ``refused``; a file kept out of the reclaim is a refusal
     when it was a candidate of the first inspection (it changed or gained an owner before its unlink), when it
-    turned orphan only at the second inspection, or when it is a pattern match that is no plain file. Files
+    turned orphan only at the second inspection, when the kernel refused the write lease before its unlink, or
+    when it is a pattern match that is no plain file. Files
     owned all along, and orphans the reclaim was not asked for, are not refusals.
     """
     found = set()
@@ -777,7 +800,9 @@ def reclaim_refusals(res: Any) -> list[str]:
     candidates = {f.path for f in res.candidates}
     removed = {f.path for f in res.reclaimed}
     for k in res.kept:
-        if k.state == "skipped":
+        if k.code == "lease_refused":
+            found.add("lease_refused")  # the last gate said no: counted whatever the inspections said
+        elif k.state == "skipped":
             found.add("invalid_entry")
         elif k.path in candidates and k.path not in removed and not refused:
             if k.state == "gone":

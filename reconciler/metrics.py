@@ -37,7 +37,7 @@ from prometheus_client import (
 from reconciler import __version__
 from reconciler.model import HostConfig
 from reconciler.observed import LABEL_HOST, ContainerView, Observed
-from reconciler.planner import ActionKind, Fallback, Plan, claimed_slots, slot_ids
+from reconciler.planner import ActionKind, Fallback, Plan, claimed_slots, owner_kind, slot_ids
 from reconciler.vram import slot_vram, unlisted_used_bytes
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -69,11 +69,28 @@ REFUSAL_REASONS: Mapping[str, str] = {
     "offload_container_running": "a running container has native offload configured (Safety 2)",
     "inspections_disagree": "the two inspections before a delete did not see the same files (Safety 4)",
     "file_owned": "a file gained an owner or changed inode before its unlink (Safety 4)",
+    "lease_refused": "the kernel refused the write lease before an unlink: something holds the file (Safety 4)",
     "invalid_entry": "a pattern match that is a symlink, a directory or outside shm.dir (Safety 1)",
     "gpu_held": "a GPU is held by a process or container this tool does not own (blocked)",
     "tmpfs_room": "the tmpfs has no room for the recipe's offload file (Safety 6)",
     "postcondition": "an earlier step's postcondition did not hold, so the next step was not taken",
 }
+
+# What the HTTP listener refuses, by the status answered and why (reconciler.api's Guard and its protocol).
+HTTP_REFUSALS: Mapping[tuple[int, str], str] = {
+    (400, "header"): "a header sent twice, or a Content-Length that is not a number",
+    (400, "body-json"): "a body that is not strict JSON (a duplicate key, nested too deep, not JSON)",
+    (401, "token"): "no bearer token, or a wrong one",
+    (403, "origin"): "a web page of another origin",
+    (408, "body-timeout"): "a body that did not arrive in time",
+    (413, "body-size"): "a body over the limit",
+    (400, "content-type"): "a body not sent as application/json, with one Content-Type header",
+    (421, "host"): "a Host header this listener does not answer to (DNS rebinding)",
+    (429, "connections"): "a peer, or the listener, past its bound of connections",
+    (429, "streams"): "event streams (GET /mcp) past their bound",
+}
+# Why the listener closed a connection itself: an answer its client did not take, an idle one closed for room.
+HTTP_DROPS: tuple[str, ...] = ("write-timeout", "evicted")
 
 # A converged pass is tens of milliseconds; a pass with an enter waits minutes for health.
 PASS_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600, 1200)
@@ -106,7 +123,7 @@ def gpu_owners(observed: Observed, host: HostConfig | None = None) -> dict[str, 
 
     def describe(c: ContainerView) -> SlotOwner:
         ours = c.managed and c.labels.get(LABEL_HOST, observed.host) == observed.host
-        if ours:
+        if ours and owner_kind(c, observed.host, observed.ownership) != "copied":
             return SlotOwner("managed", c.recipe or "", c.name)
         return SlotOwner("unmanaged", "", c.name)
 
@@ -282,6 +299,19 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.http_refusals = Counter(
+            f"{p}_http_refusals",
+            "Requests and connections the HTTP listener refused, by the status answered and the reason (a fixed set).",
+            ["status", "reason"],
+            registry=r,
+        )
+        self.http_drops = Counter(
+            f"{p}_http_connections_dropped",
+            "Connections the HTTP listener closed itself: write-timeout (an answer its client did not take) or "
+            "evicted (an idle one, for room).",
+            ["reason"],
+            registry=r,
+        )
         self.listener_restarts = Counter(
             f"{p}_http_listener_restarts",
             "Times the HTTP listener (/metrics, /healthz, /v1, /mcp) stopped and was started again.",
@@ -451,6 +481,10 @@ class Metrics:
                 self.action_duration.labels(kind=kind, result=result)
         for reason in REFUSAL_REASONS:
             self.refusals.labels(reason=reason)
+        for status, reason in HTTP_REFUSALS:
+            self.http_refusals.labels(status=str(status), reason=reason)
+        for reason in HTTP_DROPS:
+            self.http_drops.labels(reason=reason)
         for state in OFFLOAD_STATES:
             self.offload_files.labels(state=state)
             self.offload_bytes.labels(state=state)
@@ -571,6 +605,17 @@ class Metrics:
 
     def record_listener_restart(self) -> None:
         self.listener_restarts.inc()
+
+    def record_http_refusal(self, status: int, reason: str) -> None:
+        """Count one refusal of the HTTP listener; (status, reason) is a key of HTTP_REFUSALS."""
+        if (status, reason) not in HTTP_REFUSALS:
+            raise ValueError(f"unknown HTTP refusal {status} {reason!r}; expected one of {sorted(HTTP_REFUSALS)}")
+        self.http_refusals.labels(status=str(status), reason=reason).inc()
+
+    def record_http_drop(self, reason: str) -> None:
+        """Count one connection the listener closed itself; ``reason`` is one of HTTP_DROPS."""
+        _check(reason, HTTP_DROPS, "connection drop reason")
+        self.http_drops.labels(reason=reason).inc()
 
     def record_pass(self, result: str, seconds: float) -> None:
         """Count one finished pass and its duration; moves the last-pass and last-success timestamps."""

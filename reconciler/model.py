@@ -367,11 +367,13 @@ def _ok(problem: str | None, value: _T) -> _T:
 
 
 class _Strict(BaseModel):
-    """Unknown keys are errors: a typo must not silently fall back to a default. No inf or nan anywhere."""
+    """Unknown keys are errors: a typo must not silently fall back to a default. No inf or nan anywhere. Types are
+    strict: YAML and TOML give real integers, booleans and numbers, so a quoted ``"1"`` where a number belongs is
+    a mistake to name, not a string to convert (an integer is still a number where a float is asked for)."""
 
     # defer_build: a model's validator is built when it first validates, not when this module is imported; the
     # nested models are then built once, inside the file models' schemas (about 15 ms of every command's start).
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True, strict=True)
 
 
 # ---------------------------------------------------------------- configs/host.yaml
@@ -452,7 +454,8 @@ class DockerConfig(_Strict):
         ge=1,
         le=1000,
         description="Failed containers kept per assignment for their logs (stopped, renamed NAME-failed-STAMP); "
-        "older ones are removed.",
+        "older ones are removed, and all of them once the assignment is gone from the manifest (`reconciler prune "
+        "--confirm` removes them at once).",
     )
     # The Docker SDK's own default; a busy engine listing thousands of exited containers can take several.
     timeout_s: float = Field(
@@ -996,7 +999,49 @@ def check_json_schema(schema: object, where: str) -> str | None:
                 return problem
         return None
 
-    return walk(schema, where)
+    return walk(schema, where) or _unresolved_ref(schema, where)
+
+
+def _unresolved_ref(schema: dict[str, object], where: str) -> str | None:
+    """The first ``$ref`` (or ``$dynamicRef``) of a schema that does not resolve within it, as a problem; None when
+    all do. A probe checks answers offline: a reference to another document, or to a definition the schema lacks,
+    would fail only when an enter's probe first reaches it. Resolved as jsonschema resolves them (its ``referencing``
+    library), each from the base URI of the schema object it stands in."""
+    from referencing import Registry, Resource
+    from referencing.exceptions import Unresolvable
+    from referencing.jsonschema import DRAFT202012
+
+    root = Resource.from_contents(schema, default_specification=DRAFT202012)
+    base = root.id() or "urn:reconciler:probe-schema"
+    resolver = Registry().with_resource(base, root).resolver(base_uri=base)
+    skip = {"enum", "const", "default", "examples"}  # values, not schemas
+
+    def walk(node: object, path: str, resolver: Any) -> str | None:
+        if isinstance(node, list):
+            for i, sub in enumerate(node):
+                if problem := walk(sub, f"{path}[{i}]", resolver):
+                    return problem
+            return None
+        if not isinstance(node, dict):
+            return None
+        if node is not schema and isinstance(node.get("$id"), str):
+            resolver = resolver.in_subresource(Resource.from_contents(node, default_specification=DRAFT202012))
+        for key in ("$ref", "$dynamicRef"):
+            ref = node.get(key)
+            if isinstance(ref, str):
+                try:
+                    resolver.lookup(ref)
+                except Unresolvable:
+                    return (
+                        f"{path}.{key} {ref!r} does not resolve within the schema: a probe's schema is checked "
+                        "offline, so each reference must point into it (#/$defs/NAME, with NAME defined under $defs)"
+                    )
+        for k, v in node.items():
+            if k not in skip and (problem := walk(v, f"{path}.{k}", resolver)):
+                return problem
+        return None
+
+    return walk(schema, where, resolver)
 
 
 class ToolSpec(_Strict):

@@ -21,6 +21,9 @@ LABEL_OFFLOAD = LABEL_PREFIX + "offload"
 LABEL_PRESERVED = LABEL_PREFIX + "preserved"
 # This install's id (reconciler.state): with the host's name, the proof that a container is ours.
 LABEL_INSTALL = LABEL_PREFIX + "install"
+# A random token per create, also kept in the install's record until the create's answer gives the container's id:
+# a create whose answer was lost is still known for this install's by its name and this token (reconciler.state).
+LABEL_CREATE_TOKEN = LABEL_PREFIX + "create-token"
 # The hash of the whole rendered container (reconciler.spec), and the hash of each of its parts.
 LABEL_SPEC_HASH = LABEL_PREFIX + "spec-hash"
 LABEL_SPEC_PARTS = LABEL_PREFIX + "spec-parts"
@@ -69,6 +72,8 @@ class ContainerView:
     offload: bool = False
     # Label keys whose value the container inherited from its image's labels: never proof of anything.
     inherited: frozenset[str] = frozenset()
+    # Host ports the engine publishes for it (a bridged container's ports, served by the engine's proxy process).
+    published_ports: tuple[int, ...] = ()
 
     @property
     def active(self) -> bool:
@@ -131,6 +136,10 @@ class GpuSlotView:
     # NVML's own free figure (total - used where it is not given); None where memory is not known.
     memory_free_bytes: int | None = None
     utilization_percent: int | None = None  # None: not reported by this driver (WSL2: N/A), or not read
+    # The card's other names, as NVML reports them: its device node's minor number (/dev/nvidiaN) and the UUIDs of
+    # its MIG devices (empty with MIG off). None: not known (telemetry none, or NVML did not say).
+    minor: int | None = None
+    mig_uuids: tuple[str, ...] | None = None
 
     @property
     def free_bytes(self) -> int | None:
@@ -218,12 +227,61 @@ class ShmView:
 
 @dataclass(frozen=True)
 class Ownership:
-    """What this install keeps about the host (``reconciler.state``): its id, and the containers an operator
-    adopted and those that passed their health check."""
+    """What this install keeps about the host (``reconciler.state``): its id, the containers it created (their ids,
+    recorded at create: the proof, beside the labels anyone can copy), those an operator adopted and those that
+    passed their health check.
+
+    ``created`` is None for an install whose record predates created ids: until its first apply records the
+    containers that carry its labels then (docs/design.md, safety rule 9), the labels decide as they did.
+    ``pending`` holds (container name, create token) of creates whose answer has not given an id yet."""
 
     install_id: str | None = None
     adopted: frozenset[str] = frozenset()
     healthy: frozenset[str] = frozenset()
+    created: frozenset[str] | None = None
+    pending: frozenset[tuple[str, str]] = frozenset()
+
+
+@dataclass(frozen=True)
+class Listener:
+    """A TCP socket listening in this host's network namespace (``/proc/net/tcp``, ``/proc/net/tcp6``), with the
+    process holding it where /proc tells (``pid`` None: no process of this /proc could be found holding it)."""
+
+    address: str  # "0.0.0.0", "127.0.0.1", "::", "::1", ...
+    port: int
+    inode: int
+    pid: int | None = None
+    command: str = ""
+    container_id: str | None = None  # full id when the pid runs in a container the engine lists
+
+    @property
+    def reachable_from_loopback(self) -> bool:
+        """Whether a connection to a loopback address on its port would reach it (bound to any or to loopback)."""
+        a = self.address
+        return a in ("0.0.0.0", "::", "::1") or a.startswith("127.") or a.startswith("::ffff:127.")
+
+
+@dataclass(frozen=True)
+class EnterFacts:
+    """What decides, before anything stops, whether an enter can start at all (docs/design.md, "Knowable
+    failures of an enter"): whether each image the recipes name is on the engine, whether the engine has NVIDIA's
+    runtime, and what listens on the recipes' ports. The default is "not observed": then nothing is judged by it."""
+
+    images: tuple[tuple[str, bool], ...] = ()  # (image as the recipe names it, present on the engine)
+    gpu_runtime: str = "unknown"  # "present" | "absent" | "unknown" (not asked, or the engine cannot tell)
+    gpu_runtime_detail: str = ""  # what the engine listed, for the message
+    ports: frozenset[int] = frozenset()  # the ports whose listeners were looked up
+    listeners: tuple[Listener, ...] = ()
+
+    def image_present(self, image: str) -> bool | None:
+        """True or False where the engine was asked, None where it was not."""
+        return next((present for name, present in self.images if name == image), None)
+
+    def listening(self, port: int) -> tuple[Listener, ...] | None:
+        """The listeners a loopback URL on ``port`` would reach; None where the port was not looked up."""
+        if port not in self.ports:
+            return None
+        return tuple(x for x in self.listeners if x.port == port and x.reachable_from_loopback)
 
 
 @dataclass(frozen=True)
@@ -236,6 +294,7 @@ class Observed:
     shm: ShmView
     docker: Source
     ownership: Ownership = Ownership()
+    enter: EnterFacts = EnterFacts()
 
     @property
     def sources(self) -> dict[str, Source]:

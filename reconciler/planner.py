@@ -8,13 +8,17 @@ same Plan object. Nothing here imports Docker, NVML or metrics (an import contra
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import TypedDict
+from urllib.parse import urlsplit
 
 from reconciler import spec
-from reconciler.model import DesiredAssignment, DesiredState, HostConfig, assignment_key, container_name
+from reconciler.model import DesiredAssignment, DesiredState, HostConfig, Recipe, assignment_key, container_name
 from reconciler.observed import (
+    LABEL_CREATE_TOKEN,
     LABEL_HOST,
     LABEL_INSTALL,
     LABEL_MANAGED,
@@ -33,6 +37,7 @@ class ActionKind(str, Enum):
     LEAVE = "leave"
     RECLAIM = "reclaim"
     ENTER = "enter"
+    PRUNE = "prune"  # remove a failed container kept for its logs (stopped; it holds no slot and no file)
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,8 @@ class Action:
         """What this action is about: the assignment (recipe@slots) or, for reclaim, the shm dir."""
         if self.kind is ActionKind.RECLAIM:
             return "reclaim"
+        if self.kind is ActionKind.PRUNE:
+            return self.container or ""
         return f"{self.recipe}@{'+'.join(self.gpus)}"
 
     def to_json(self) -> dict:
@@ -84,8 +91,10 @@ class Blocker:
         """What kind of problem this is, for the advice that goes with it: ``held`` (something not ours, or
         another assignment of ours, holds a slot), ``adopt`` (a container carries this host's labels but not this
         install's id), ``memory`` (the card has VRAM in use and lists no process), ``tmpfs`` (no room for the
-        offload file) or ``source`` (a source could not vouch for the slots or the offload files: telemetry down,
-        GPU not found, /proc unreadable)."""
+        offload file), ``source`` (a source could not vouch for the slots or the offload files: telemetry down,
+        GPU not found, /proc unreadable), or a knowable failure of the enter itself: ``image`` (not on the engine),
+        ``runtime`` (no NVIDIA runtime for ``docker.gpu_requests``), ``port`` (its port taken), ``recipe`` (its
+        command contradicts it)."""
         if self.kind:
             return self.kind
         if self.holder == "tmpfs":
@@ -191,24 +200,60 @@ class Plan:
 class SlotIds:
     """Every id a container may use for a GPU slot -> slot name, and which kinds of id nothing here resolves.
 
-    Slots named by index under ``gpu_telemetry: none`` cannot tell which card a UUID names (and slots named by UUID
-    cannot tell an index): a container that names a card so may hold any slot, so it holds them all (fail closed).
-    The same holds for a slot whose UUID or index telemetry did not report.
+    The kinds (``id_kind``): an ``index`` (also ``i:j``, MIG device j of card i), a ``uuid`` (also an old-style MIG id,
+    ``MIG-GPU-<uuid>/gi/ci``, by its card's UUID), a ``mig`` device's own UUID, a device node ``minor``
+    (``/dev/nvidiaN``), and ``unknown`` (any other text; never resolved). Slots named by index under ``gpu_telemetry:
+    none`` cannot tell which card a UUID names (and slots named by UUID cannot tell an index); only NVML tells a card's
+    minor number and its MIG devices: a container that names a card so may hold any slot, so it holds them all (fail
+    closed, docs/design.md safety rule 11). The same holds for a slot whose ids telemetry did not report.
     """
 
     ids: Mapping[str, str]
-    blind: frozenset[str] = frozenset()  # "uuid", "index"
+    blind: frozenset[str] = frozenset()  # "uuid", "index", "minor", "mig"
 
     def slot(self, dev: str) -> str | None:
-        return self.ids.get(dev.lower())
+        found = self.ids.get(dev.lower())
+        return found if found is not None else self.ids.get(_id_key(dev))
 
     def unresolvable(self, dev: str) -> bool:
         """A GPU id that may name a slot's card, though nothing here says which."""
-        return dev.lower() not in self.ids and _id_kind(dev) in self.blind
+        if self.slot(dev) is not None:
+            return False
+        kind = id_kind(dev)
+        return kind == "unknown" or kind in self.blind
 
 
-def _id_kind(dev: str) -> str:
-    return "index" if dev.isdigit() else "uuid"
+_MIG_INDEX = re.compile(r"^(\d+):(\d+)$")
+_CARD_NODE = re.compile(r"^/dev/nvidia(\d+)$")
+_OLD_MIG = re.compile(r"^mig-(gpu-[0-9a-f-]+)/\d+/\d+$")
+# The id of a container that sees every card (``reconciler.observe.docker_obs.PRIVILEGED``).
+PRIVILEGED = "privileged"
+
+
+def id_kind(dev: str) -> str:
+    """Pure: what kind of GPU id a container's ``dev`` is (see ``SlotIds``)."""
+    low = dev.lower()
+    if low.isdigit() or _MIG_INDEX.match(low):
+        return "index"
+    if low.startswith("gpu-") or _OLD_MIG.match(low):
+        return "uuid"
+    if low.startswith("mig-"):
+        return "mig"
+    if _CARD_NODE.match(dev):
+        return "minor"
+    return "unknown"
+
+
+def _id_key(dev: str) -> str:
+    """The id a slot is looked up by: an ``i:j`` by card i, an old-style MIG id by its card's UUID."""
+    low = dev.lower()
+    m = _MIG_INDEX.match(low)
+    if m is not None:
+        return str(int(m.group(1)))
+    m = _OLD_MIG.match(low)
+    if m is not None:
+        return m.group(1)
+    return low if not _CARD_NODE.match(dev) else dev
 
 
 def device_index(desired: DesiredState, observed: Observed) -> SlotIds:
@@ -217,20 +262,21 @@ def device_index(desired: DesiredState, observed: Observed) -> SlotIds:
 
 
 def slot_ids(host: HostConfig | None, observed: Observed) -> SlotIds:
-    """Every id a container may use for a GPU slot (index, UUID, as configured and as telemetry saw it) -> slot
-    name. UUIDs are kept in lower case (``claimed_slots`` looks them up so): a container may write one in any letter
-    case and still names that card. The planner and the metrics both build their index here."""
+    """Every id a container may use for a GPU slot (index, UUID, as configured and as telemetry saw it; the card's
+    device node and MIG devices as NVML saw them) -> slot name. UUIDs are kept in lower case (``claimed_slots`` looks
+    them up so): a container may write one in any letter case and still names that card. The planner and the metrics
+    both build their index here."""
     ids: dict[str, str] = {}
     known: dict[str, set[str]] = {}
     if host is not None:
         for slot, gpu in host.gpus.items():
             for dev in gpu.device_ids():
                 ids[dev.lower()] = slot
-                known.setdefault(slot, set()).add(_id_kind(dev))
+                known.setdefault(slot, set()).add(id_kind(dev))
     for slot, seen in observed.gpus.slots.items():
         known.setdefault(slot, set())
         if seen.missing:
-            known[slot].update(("uuid", "index"))  # no card: nothing can hold it
+            known[slot].update(("uuid", "index", "minor", "mig"))  # no card: nothing can hold it
             continue
         if seen.uuid:
             ids[seen.uuid.lower()] = slot
@@ -238,8 +284,32 @@ def slot_ids(host: HostConfig | None, observed: Observed) -> SlotIds:
         if seen.index is not None:
             ids[str(seen.index)] = slot
             known[slot].add("index")
-    blind = frozenset(kind for kinds in known.values() for kind in ("uuid", "index") if kind not in kinds)
+        if seen.minor is not None:
+            ids[f"/dev/nvidia{seen.minor}"] = slot
+            known[slot].add("minor")
+        if seen.mig_uuids is not None:
+            ids.update({u.lower(): slot for u in seen.mig_uuids})
+            known[slot].add("mig")
+    kinds = ("uuid", "index", "minor", "mig")
+    blind = frozenset(kind for got in known.values() for kind in kinds if kind not in got)
     return SlotIds(ids, blind)
+
+
+def unresolved_text(dev: str, telemetry: str) -> str:
+    """Pure: why a GPU id that nothing here resolves holds every slot, and what would tell its card."""
+    kind = id_kind(dev)
+    fix = "set gpu_telemetry: nvml" if telemetry != "nvml" else "NVML did not report it for every slot's card"
+    if kind == "minor":
+        return f"it is given the device node {dev}, and only NVML's minor numbers tell which card that is: {fix}"
+    if kind == "mig":
+        return f"it names the MIG device {dev}, and only NVML tells which card holds it: {fix}"
+    if kind == "unknown":
+        return f"it names GPU {dev!r}, which is no id of a card this tool knows (index, UUID, MIG id, /dev/nvidiaN)"
+    how = "UUID" if kind == "uuid" else "index"
+    return (
+        f"it names GPU {dev}, which nothing here matches to a slot without GPU telemetry: name the slots by {how} "
+        "in configs/host.yaml, or set gpu_telemetry: nvml"
+    )
 
 
 def claimed_slots(
@@ -253,7 +323,7 @@ def claimed_slots(
     """
     slots: list[str] = list(c.slots) if (_claims_host(c, host) if host is not None else c.managed) else []
     for dev in c.gpu_devices:
-        if dev == "all" or ids.unresolvable(dev):
+        if dev in ("all", PRIVILEGED) or ids.unresolvable(dev):
             return all_slots
         slot = ids.slot(dev)
         if slot is not None and slot not in slots:
@@ -282,10 +352,13 @@ def _claims_host(c: ContainerView, host: str) -> bool:
 
 
 def owner_kind(c: ContainerView, host: str, own: Ownership) -> str:
-    """Whose a container is: ``ours`` (this host's name and this install's id, or adopted by the operator),
-    ``legacy`` (this host's name but no install id: made before install ids, or labelled by hand; adopted only
-    by ``reconciler adopt``), or ``foreign`` (anything else, however it is labelled). Labels a container inherited
-    from its image prove nothing: every container made from that image carries them."""
+    """Whose a container is: ``ours`` (this host's name and this install's id, and its id in this install's record
+    of the containers it created, or adopted by the operator), ``copied`` (this install's labels, but an id this
+    install never created: a copy made from a lane's labels, by hand or by a tool that recreates containers from
+    ``docker inspect``; adopted only by ``reconciler adopt``), ``legacy`` (this host's name but no install id: made
+    before install ids, or labelled by hand; adopted only by ``reconciler adopt``), or ``foreign`` (anything else,
+    however it is labelled). Labels a container inherited from its image prove nothing: every container made from
+    that image carries them. docs/design.md, safety rule 9."""
     if not _claims_host(c, host):
         return "foreign"
     if c.id in own.adopted:
@@ -293,7 +366,14 @@ def owner_kind(c: ContainerView, host: str, own: Ownership) -> str:
     install = c.label(LABEL_INSTALL)
     if install is None:
         return "foreign" if LABEL_INSTALL in c.labels else "legacy"
-    return "ours" if own.install_id is not None and install == own.install_id else "foreign"
+    if own.install_id is None or install != own.install_id:
+        return "foreign"
+    if own.created is None or c.id in own.created:
+        return "ours"  # created None: an install from before the record, whose first apply records its containers
+    token = c.label(LABEL_CREATE_TOKEN)
+    if token is not None and (c.name, token) in own.pending:
+        return "ours"  # a create of this install whose answer was lost: its name and token are in the record
+    return "copied"
 
 
 def _ours(c: ContainerView, host: str, own: Ownership) -> bool:
@@ -331,7 +411,59 @@ def plan(
     ``last_good`` is the last converged topology as (recipe, slots) pairs, and ``next_attempt`` the seconds until
     each held assignment's next attempt: while an assignment is held, the lanes of ``last_good`` that fit within
     its slots (and nobody else's) serve them meanwhile, unless the manifest says ``fallback: false``.
+
+    Blockers are scoped to their slots: what touches no blocked slot is planned and runs; a running lane of ours on
+    a blocked slot does not leave (it keeps serving while what would replace it cannot enter). Keeping it may hold
+    another enter's slot in turn, so the plan is made again with those lanes kept until nothing more is kept.
     """
+    keep: frozenset[str] = frozenset()
+    blocked_before: frozenset[str] = frozenset()
+    while True:
+        p = _plan_once(
+            desired,
+            observed,
+            hold=hold,
+            last_good=last_good,
+            next_attempt=next_attempt,
+            kept_lanes=keep,
+            blocked_before=blocked_before,
+        )
+        blocked_slots = {s for b in p.blockers for s in b.gpus}
+        active = {c.id for c in observed.containers if c.active}
+        more = {
+            a.container_id
+            for a in p.actions
+            if a.kind is ActionKind.LEAVE
+            and a.container_id in active
+            and set(_leave_slots(a, desired, observed)) & blocked_slots
+        }
+        if not more - keep:
+            return p
+        keep = keep | {c for c in more if c is not None}
+        blocked_before = blocked_before | {assignment_key(b.recipe, b.gpus) for b in p.blockers}
+
+
+def _leave_slots(a: Action, desired: DesiredState, observed: Observed) -> tuple[str, ...]:
+    """The slots a leave frees: its container's slot label and whatever its GPU ids claim."""
+    c = next((x for x in observed.containers if x.id == a.container_id), None)
+    if c is None:
+        return a.gpus
+    ids = device_index(desired, observed)
+    return tuple(dict.fromkeys((*a.gpus, *claimed_slots(c, ids, tuple(desired.host.gpus), host=desired.host.name))))
+
+
+def _plan_once(
+    desired: DesiredState,
+    observed: Observed,
+    *,
+    hold: Mapping[str, str] | None,
+    last_good: Sequence[tuple[str, tuple[str, ...]]],
+    next_attempt: Mapping[str, float] | None,
+    kept_lanes: frozenset[str],
+    blocked_before: frozenset[str],
+) -> Plan:
+    """One round of ``plan``: ``kept_lanes`` are running lanes of ours that stay (a blocker is on their slots), and
+    ``blocked_before`` the assignments the round before found blocked (a lane kept for them is no cause of theirs)."""
     hold = hold or {}
     host = desired.host.name
     unavailable = tuple(s.name for s in observed.unavailable())
@@ -402,10 +534,11 @@ def plan(
                 why = f"{c.name} never passed its health check and another container of it is finished: remove"
             else:
                 why = _stopped_reason(c)
-            leaves.append(_leave(c, why, desired))
+            if c.id not in kept_lanes:
+                leaves.append(_leave(c, why, desired))
 
     for c in ours:
-        if c.id in claimed:
+        if c.id in claimed or c.id in kept_lanes:
             continue
         if c.active:
             why = f"{c.recipe or 'container'} on {','.join(c.slots) or 'no slot'} is not in the manifest"
@@ -416,7 +549,7 @@ def plan(
     shm = observed.shm
     leaves = _with_paths(leaves, observed)
     leaving = {a.container_id for a in leaves}
-    kept_ids = {c.id for c in satisfied} | {c.id for c in finishing.values()}
+    kept_ids = {c.id for c in satisfied} | {c.id for c in finishing.values()} | set(kept_lanes)
 
     # Offload files: orphans are reclaimed through the guard; what leaving containers own goes with them.
     reclaim: Action | None = None
@@ -464,8 +597,28 @@ def plan(
             for why, holder, *kind in problems:
                 blockers.append(Blocker(recipe=d.recipe, gpus=d.slots, reason=why, holder=holder, kind="".join(kind)))
             continue
-        problems = _slot_problems(d, observed, holders, by_id, leaving, kept_ids, desired)
+        # A lane of ours kept on a slot because a blocker is there: no cause of the enter the round before found
+        # blocked (its own causes are said), and for any other enter a cause said as such.
+        d_holders = {s: [c for c in cs if c.id not in kept_lanes] for s, cs in holders.items()}
+        problems = _slot_problems(d, observed, d_holders, by_id, leaving, kept_ids, desired)
+        if d.key not in blocked_before:
+            problems += [
+                (
+                    f"{_describe(c)} holds GPU slot {s} and keeps serving it: the lane that would replace it there "
+                    "is blocked",
+                    c.name,
+                )
+                for s in d.slots
+                for c in holders.get(s, ())
+                if c.id in kept_lanes
+            ]
         problems += _identity_problems(d, desired, observed, unsound, leaving)
+        if d.key not in finishing and d.key not in hold:
+            # The lane's own containers, those leaving first, and lanes kept on its slots may hold its ports.
+            own_ids = {c.id for c in by_assignment.get((d.recipe, d.slots), [])} | {
+                c.id for s in d.slots for c in holders.get(s, ()) if c.id in kept_lanes
+            }
+            problems += enter_problems(d, desired, observed, own=leaving | own_ids)
         if d.offload_bytes and d.key not in finishing:  # a container being finished has its offload file already
             if not proc_ok:
                 problems.append(("offload files cannot be inspected: " + _sources(shm), ""))
@@ -514,6 +667,7 @@ def plan(
     if reclaim is not None:
         actions.append(reclaim)
     actions.extend(enter_actions)
+    actions.extend(_prunes(desired, observed, {d.key for d in wanted}))
     placed = {a.key for a in enter_actions} | {assignment_key(c.recipe or "", c.slots) for c in satisfied}
     return Plan(
         host=host,
@@ -525,6 +679,175 @@ def plan(
         # Only the fallbacks that run or are entered in this plan (one that cannot be placed is not in force).
         fallbacks=tuple(f for f in fallbacks if assignment_key(f.recipe, f.gpus) in placed),
     )
+
+
+def kept_failed(host: str, containers: Sequence[ContainerView], own: Ownership) -> list[ContainerView]:
+    """Pure: the failed containers of this install kept for their logs (stopped, named ``NAME-failed-STAMP``),
+    newest first; only those whose own labels prove them ours (``owner_kind``). What ``reconciler prune`` removes."""
+    found = [c for c in containers if c.preserved and not c.active and _ours(c, host, own)]
+    return sorted(found, key=lambda c: c.name, reverse=True)
+
+
+def _prunes(desired: DesiredState, observed: Observed, wanted: Collection[str]) -> list[Action]:
+    """The failed containers of ours kept for their logs that go: all of an assignment the manifest no longer
+    has, and of one it has, all but the newest ``docker.keep_failed`` (their names end in the time they failed).
+    Only stopped ones whose own labels prove them this install's (``owner_kind``)."""
+    kept: dict[str, list[ContainerView]] = {}
+    for c in kept_failed(desired.host.name, observed.containers, observed.ownership):  # newest first
+        kept.setdefault(assignment_key(c.recipe or "", c.slots), []).append(c)
+    out: list[Action] = []
+    for key, cs in sorted(kept.items()):
+        assigned = key in wanted
+        for c in cs[desired.host.docker.keep_failed :] if assigned else cs:
+            why = (
+                f"{c.name} is a failed container kept for its logs, and {key} is no longer in the manifest: remove"
+                if not assigned
+                else f"{c.name} is older than the newest {desired.host.docker.keep_failed} failed container(s) kept "
+                f"for {key} (docker.keep_failed): remove"
+            )
+            out.append(
+                Action(
+                    kind=ActionKind.PRUNE,
+                    reason=why,
+                    recipe=c.recipe,
+                    container=c.name,
+                    container_id=c.id,
+                    recipe_hash=c.recipe_hash,
+                )
+            )
+    return out
+
+
+# ---------------------------------------------------------------- knowable failures of an enter
+
+
+class EnterNeeds(TypedDict):
+    images: tuple[str, ...]
+    ports: tuple[int, ...]
+
+
+def enter_needs(desired: DesiredState) -> EnterNeeds:
+    """What observation must look up for ``enter_problems``: the images the recipes name and the ports of their
+    health and probe URLs. Keyword arguments of ``reconciler.observe.observe``."""
+    images: dict[str, None] = {}
+    ports: dict[int, None] = {}
+    for name in dict.fromkeys(a.recipe for a in desired.assignments):
+        r = desired.recipes.get(name)
+        if r is None:
+            continue
+        images[r.container.image] = None
+        ports.update(dict.fromkeys(recipe_ports(r)))
+    return {"images": tuple(images), "ports": tuple(ports)}
+
+
+def recipe_ports(recipe: Recipe) -> tuple[int, ...]:
+    """Pure: the loopback ports a recipe's lane answers on, by its health URL and its probes' origins."""
+    urls = [recipe.health.url, *(p.base_url for p in recipe.probes)]
+    out: list[int] = []
+    for url in urls:
+        if not url:
+            continue
+        try:
+            parts = urlsplit(url)
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            continue
+        if port not in out:
+            out.append(port)
+    return tuple(out)
+
+
+def command_tensor_parallel_size(command: Sequence[str]) -> int | None:
+    """Pure: the ``--tensor-parallel-size`` (or ``-tp``) a vLLM command line gives, or None when it gives none; the
+    last one given, as vLLM's parser reads it."""
+    found: int | None = None
+    for i, arg in enumerate(command):
+        for flag in ("--tensor-parallel-size", "-tp"):
+            value = None
+            if arg == flag and i + 1 < len(command):
+                value = command[i + 1]
+            elif arg.startswith(flag + "="):
+                value = arg[len(flag) + 1 :]
+            if value is not None:
+                found = int(value) if value.strip().isdigit() else None
+    return found
+
+
+def enter_problems(
+    d: DesiredAssignment, desired: DesiredState, observed: Observed, *, own: Collection[str | None]
+) -> list[tuple[str, ...]]:
+    """Why an enter would fail however free its slots are, known before anything stops for it: its image is not on
+    the engine (the tool never pulls), the engine cannot give GPUs by DeviceRequest under ``docker.gpu_requests:
+    true``, something other than its own lane (``own``: its containers and those leaving first) listens on its
+    health or probe port, or its command's ``--tensor-parallel-size`` is not the recipe's. Each says the fix."""
+    recipe = desired.recipes[d.recipe]
+    facts = observed.enter
+    problems: list[tuple[str, ...]] = []
+    image = recipe.container.image
+    if facts.image_present(image) is False:
+        problems.append(
+            (
+                f"image {image} is not present on this host: pull or build it (recipe {d.recipe}, "
+                "container.image); the tool never pulls",
+                "",
+                "image",
+            )
+        )
+    host = desired.host
+    if host.docker.gpu_requests and facts.gpu_runtime == "absent":
+        problems.append(
+            (
+                f"the engine at {host.docker.url} has no NVIDIA runtime ({facts.gpu_runtime_detail}), and "
+                "docker.gpu_requests: true asks it for GPUs by DeviceRequest: install the NVIDIA container toolkit "
+                "(nvidia-container-toolkit, then `nvidia-ctk runtime configure --runtime=docker` and restart the "
+                "engine), or set docker.gpu_requests: false in configs/host.yaml on a host without it",
+                "",
+                "runtime",
+            )
+        )
+    tp = command_tensor_parallel_size(recipe.container.command)
+    if tp is not None and tp != recipe.tensor_parallel_size:
+        problems.append(
+            (
+                f"recipe {d.recipe}: its command says --tensor-parallel-size {tp} but tensor_parallel_size = "
+                f"{recipe.tensor_parallel_size}: make them equal in configs/recipes/{d.recipe}.toml",
+                "",
+                "recipe",
+            )
+        )
+    by_id = {c.id: c for c in observed.containers}
+    mine = [c for c in observed.containers if c.id in own and c.active]
+    for port in recipe_ports(recipe):
+        listeners = facts.listening(port)
+        for x in listeners or ():
+            owner = by_id.get(x.container_id) if x.container_id else None
+            if owner is None and x.pid is not None:
+                # The engine's proxy process serves a bridged container's published port.
+                owner = next((c for c in observed.containers if c.active and port in c.published_ports), None)
+            if owner is not None and owner.id in own:
+                continue
+            if owner is None and x.pid is None and mine:
+                continue  # a socket no readable process holds, while its own lane runs: judged after its leave
+            who = (
+                f"container {owner.name}"
+                if owner is not None
+                else f"pid {x.pid} ({x.command or 'a process'}) in no container of this engine"
+                if x.pid is not None
+                else "a socket no process here can be seen holding"
+            )
+            url = recipe.health.url or ""
+            problems.append(
+                (
+                    f"port {port} of recipe {d.recipe} ({url or 'probes'}) is already listened on ({x.address}:{port}"
+                    f", {who}) before {container_name(d.recipe, d.slots)} is started: its health check could not "
+                    "tell the new engine from it. Stop what listens there, or give the recipe another port and "
+                    "health.url; nothing was created",
+                    owner.name if owner is not None else (f"pid {x.pid}" if x.pid is not None else f"port {port}"),
+                    "port",
+                )
+            )
+            break
+    return problems
 
 
 def _fallbacks(
@@ -664,19 +987,32 @@ def _slot_problems(
             seen[c.id].append(slot)
     for c in order:
         kind = owner_kind(c, desired.host.name, observed.ownership)
-        unresolved = [dev for dev in c.gpu_devices if ids.unresolvable(dev)]
+        unresolved = [dev for dev in c.gpu_devices if dev not in ("all", PRIVILEGED) and ids.unresolvable(dev)]
         held = f"{_describe(c)} {'may hold' if unresolved else 'holds'} GPU slot {','.join(seen[c.id])}"
-        if unresolved:
-            how = "UUID" if _id_kind(unresolved[0]) == "uuid" else "index"
-            held += (
-                f" (it names GPU {unresolved[0]}, which nothing here matches to a slot without GPU telemetry: name "
-                f"the slots by {how} in configs/host.yaml, or set gpu_telemetry: nvml)"
-            )
+        if PRIVILEGED in c.gpu_devices:
+            held += " (it runs privileged: every card of the host is in it)"
+        elif unresolved:
+            held += f" ({unresolved_text(unresolved[0], gpus.telemetry)})"
+        else:
+            nodes = [dev for dev in c.gpu_devices if id_kind(dev) == "minor" and ids.slot(dev) in seen[c.id]]
+            if nodes:
+                held += f" (by its device node {nodes[0]})"
         if kind == "legacy":
             problems.append(
                 (
                     f"{held} and carries this host's labels but not this install's id (made by an earlier version "
                     f"of this tool, or labelled by hand): if it is this host's lane, adopt it with "
+                    f"`reconciler adopt {c.name}`; otherwise remove it",
+                    c.name,
+                    "adopt",
+                )
+            )
+            continue
+        if kind == "copied":
+            problems.append(
+                (
+                    f"{held} and carries this install's labels but was not created by it (a copy made from a lane's "
+                    f"labels): it is never stopped unasked; if it is this host's lane, adopt it with "
                     f"`reconciler adopt {c.name}`; otherwise remove it",
                     c.name,
                     "adopt",

@@ -9,6 +9,10 @@ from collections.abc import Callable
 from typing import TextIO
 
 from reconciler.planner import Action
+from reconciler.units import own
+
+# The progress line's redraw (back to the line's start, clear it): the tool's own, written raw by the console.
+_REDRAW = own("\r\x1b[K")
 
 
 def _label(action: Action) -> str:
@@ -54,7 +58,7 @@ class TerminalProgress:
             return
         line = f"  {_label(action)}: {expectation(seconds, runs)}"
         if self.tty:
-            self.stream.write("\r\x1b[K" + line + "\n")
+            self.stream.write(_REDRAW + line + "\n")
         else:
             self.stream.write(line + "\n")
         self.stream.flush()
@@ -71,7 +75,7 @@ class TerminalProgress:
             tail = f" {elapsed:5.1f}s / {timeout:g}s" if timeout else ""
             if self._expected is not None:
                 tail += f"  [{_dur(now - self._started)} of ~{_dur(self._expected)}]"
-            self.stream.write("\r\x1b[K" + line + tail)
+            self.stream.write(_REDRAW + line + tail)
             self.stream.flush()
         elif phase != self._last:
             self.stream.write(line + "\n")
@@ -84,7 +88,7 @@ class TerminalProgress:
         if self.quiet:
             return
         mark = {"ok": "ok", "failed": "FAILED", "interrupted": "interrupted"}.get(result, result)
-        prefix = "\r\x1b[K" if self.tty else ""
+        prefix = _REDRAW if self.tty else ""
         self.stream.write(f"{prefix}  {_label(action)}: {mark} in {seconds:.1f}s - {detail}\n")
         self.stream.flush()
 

@@ -14,7 +14,12 @@ What is replaced by ``***`` (the name or flag itself stays, so an operator still
   ``PASSWORD``, ``PASSWD``, ``_PASS``, ``_CREDENTIAL(S)`` (case-insensitive), as an argument or in text;
 - the token after ``Bearer`` / ``Basic``, the password of a URL's ``user:password@`` (or a bare token used as
   the URL's user), a quoted value under a secret-bearing key (``'api_key': 'sk-…'``, as vLLM logs its args),
-  and well-known token shapes (``hf_…``, ``sk-…``, ``ghp_…``, ``github_pat_…``, ``xox?-…``, ``glpat-…``).
+  and well-known token shapes (``hf_…``, ``sk-…``, ``ghp_…``, ``github_pat_…``, ``xox?-…``, ``glpat-…``);
+- every secret value the process has learned (``learn_secrets``: each value of ``secrets.env_file``, and each value
+  of the environment a recipe's ``"${NAME}"`` takes), wherever it appears, bare or not: a lane that prints its
+  environment or its arguments quotes them in its logs, and those are quoted in causes, status and the API. A value
+  shorter than ``MIN_SECRET_CHARS`` is not searched for bare (see there); under its name (``NAME=value``,
+  ``NAME: value``, ``"NAME": "value"``) it is masked at any length.
 """
 
 from __future__ import annotations
@@ -63,6 +68,12 @@ _ENV_IN_TEXT = re.compile(
     r"|_credentials?)|token|secret|key)"
     r"=(?P<val>[^\s\"',;)\]}]+)"
 )
+# ``HF_TOKEN: value`` (a lane printing its settings, YAML): an env-style secret name, a colon, the value (not a
+# recipe's ``"${NAME}"`` reference, which names where the value comes from).
+_ENV_COLON = re.compile(
+    r"(?i)(?<![\w-])(?P<pre>[A-Za-z0-9_]*(?:_token|_key|_secret|password|passwd|_pass|_pwd|passphrase|apikey"
+    r"|_credentials?)[ \t]*:[ \t]+)(?!\*\*\*|\$\{)(?P<val>[^\s\"',;]+)"
+)
 # A header written out (curl -H 'X-API-Key: …', a logged request): a hyphenated name holding a secret word, or
 # Cookie; Authorization's scheme stays and its credentials go.
 _HEADER = re.compile(r"(?i)(?<![\w-])(?P<name>[a-z][a-z0-9]*(?:-[a-z0-9]+)+|cookie)[ \t]*:[ \t]*(?P<val>[^\s\"',;]+)")
@@ -102,13 +113,68 @@ _MARKERS = (
 )
 
 
+# A learned secret value shorter than this is not searched for in free text: so short a value turns up by chance in
+# ordinary output (a port, a pid, a word, a piece of a hash), and each chance mask would garble that output and, by
+# where the masks fall, point at the value itself. Six characters keep chance matches rare (about one in 10^9 per
+# position for a random alphanumeric value) while still finding a short password; a shorter value is still masked
+# under its own name.
+MIN_SECRET_CHARS = 6
+# The learned values, longest first (a value inside another is masked with it), with their JSON-escaped forms.
+_NEEDLES: tuple[str, ...] = ()
+# The learned names whose values are masked in ``NAME=value`` / ``NAME: value`` text, and their lowercased forms
+# (markers of the cheap test).
+_NAMES: frozenset[str] = frozenset()
+_NAME_MARKERS: tuple[str, ...] = ()
+_NAMED: re.Pattern[str] | None = None
+
+
+def learn_secrets(values: Mapping[str, str]) -> None:
+    """Remember ``values`` (NAME -> secret value) as needles: from now on every redaction in this process masks
+    each value wherever it appears, and the value after its NAME. Called where secret values are read
+    (``reconciler.secrets``); a rotated value is added, the old one stays masked."""
+    global _NEEDLES, _NAMES, _NAME_MARKERS, _NAMED
+    import json
+
+    needles = set(_NEEDLES)
+    for value in values.values():
+        if len(value) >= MIN_SECRET_CHARS:
+            needles.add(value)
+            needles.add(json.dumps(value)[1:-1])  # as it reads inside JSON text quoted by a lane
+    names = _NAMES | {n for n in values if _ENV_NAME.match(n)}
+    if needles != set(_NEEDLES):
+        _NEEDLES = tuple(sorted(needles, key=lambda v: (-len(v), v)))
+    if names != _NAMES:
+        alternation = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+        _NAMED = re.compile(
+            rf"(?<![\w-])(?P<pre>[\"']?(?:{alternation})[\"']?[ \t]*[:=][ \t]*)(?P<q>[\"']?)(?!\$\{{)(?P<val>[^\s\"',;]+)"
+        )
+        _NAME_MARKERS = tuple(sorted({n.lower() for n in names}))
+        _NAMES = frozenset(names)
+
+
+def _strip_needles(text: str) -> str:
+    for needle in _NEEDLES:
+        if needle in text:
+            text = text.replace(needle, MASK)
+    return text
+
+
+def _named_sub(m: re.Match[str]) -> str:
+    return m.group(0) if m.group("val") == MASK else m.group("pre") + m.group("q") + MASK
+
+
 class _Maybe:
     """``search(text)``: whether ``text`` may hold something to redact (substring tests: fast on long text)."""
 
     @staticmethod
     def search(text: str) -> bool:
         low = text.lower()
-        return any(m in low for m in _MARKERS) or ("://" in low and "@" in low)
+        return (
+            any(m in low for m in _MARKERS)
+            or ("://" in low and "@" in low)
+            or any(n in text for n in _NEEDLES)
+            or any(m in low for m in _NAME_MARKERS)
+        )
 
 
 _MAYBE = _Maybe()
@@ -133,14 +199,44 @@ def secret_env_name(name: str) -> bool:
 
 
 def redact_text(text: str) -> str:
-    """The inline rules (URL passwords, bearer tokens, quoted secret values, ``NAME=value``, token shapes)."""
-    text = _URL_USERINFO.sub(_url_sub, text)
+    """The inline rules (learned secret values, URL passwords, bearer tokens, quoted secret values, ``NAME=value``
+    and ``NAME: value``, token shapes).
+
+    A text without any marker of ``_MAYBE`` is returned as it is, and a rule is run only where the character it
+    needs is there (a quote, ``=``, ``:``): the rules cost a second for each megabyte of text they scan, and every
+    text a command prints passes here (a busy host's ``shm status`` table is megabytes)."""
+    if not _MAYBE.search(text):
+        return text
+    text = _strip_needles(text)
+    if _NAMED is not None:
+        text = _NAMED.sub(_named_sub, text)
+    colon, eq = ":" in text, "=" in text
+    if colon and "@" in text:
+        text = _URL_USERINFO.sub(_url_sub, text)
     text = _BEARER.sub(lambda m: m.group("pre") + MASK, text)
-    text = _AUTH_HEADER.sub(_auth_sub, text)
-    text = _HEADER.sub(_header_sub, text)
-    text = _QUOTED_KV.sub(_quoted_sub, text)
-    text = _ENV_IN_TEXT.sub(lambda m: m.group("name") + "=" + MASK, text)
+    if colon:
+        text = _AUTH_HEADER.sub(_auth_sub, text)
+        text = _HEADER.sub(_header_sub, text)
+        text = _ENV_COLON.sub(lambda m: m.group("pre") + MASK, text)
+    if ('"' in text or "'" in text) and (colon or eq):
+        text = _QUOTED_KV.sub(_quoted_sub, text)
+    if eq:
+        text = _ENV_IN_TEXT.sub(lambda m: m.group("name") + "=" + MASK, text)
     return _KNOWN_TOKENS.sub(MASK, text)
+
+
+def redact_output(text: str) -> str:
+    """What the terminal boundary applies to every text a command prints: the learned secret values (bare and
+    after their names) and URL passwords, which any text may quote (a failed enter's cause, an engine's error
+    naming ``docker.url``). The other rules run where the text is made (a command line read, an error's text, a
+    JSON value), so a table of megabytes is not scanned by all of them again."""
+    if _NEEDLES:
+        text = _strip_needles(text)
+    if _NAMED is not None and any(m in text.lower() for m in _NAME_MARKERS):
+        text = _NAMED.sub(_named_sub, text)
+    if "://" in text and "@" in text:
+        text = _URL_USERINFO.sub(_url_sub, text)
+    return text
 
 
 def _auth_sub(m: re.Match[str]) -> str:
@@ -220,6 +316,7 @@ def redact_cmdline(cmdline: str) -> str:
     """
     if not cmdline or not _MAYBE.search(cmdline):
         return cmdline
+    cmdline = _strip_needles(cmdline)  # first: a value with a space in it is masked whole
     parts = re.split(r"(\s+)", cmdline)
     words = parts[0::2]
     out = list(parts)

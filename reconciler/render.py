@@ -14,7 +14,7 @@ from reconciler.lock import read_loop_state
 from reconciler.model import DesiredState
 from reconciler.observed import Observed
 from reconciler.planner import Action, ActionKind, Plan, owner_kind, slot_holders
-from reconciler.units import clip, human_bytes, iso_time
+from reconciler.units import clip, human_bytes, iso_time, own
 from reconciler.vram import slot_vram, unlisted_used_bytes
 
 
@@ -26,7 +26,8 @@ class Style:
         self.color = color
 
     def _c(self, code: str, text: str) -> str:
-        return f"\x1b[{code}m{text}\x1b[0m" if self.color else text
+        # Marked as the tool's own: the console writes these raw and escapes every other control character.
+        return own("\x1b[" + code + "m") + text + own("\x1b[0m") if self.color else text
 
     def red(self, t: str) -> str:
         return self._c("31", t)
@@ -44,12 +45,16 @@ class Style:
         return self._c("2", t)
 
 
-_SIGN = {ActionKind.LEAVE: "-", ActionKind.RECLAIM: "~", ActionKind.ENTER: "+"}
+_SIGN = {ActionKind.LEAVE: "-", ActionKind.RECLAIM: "~", ActionKind.ENTER: "+", ActionKind.PRUNE: "x"}
 
 
 def _action_line(a: Action, s: Style) -> list[str]:
     sign = _SIGN[a.kind]
-    paint = {ActionKind.LEAVE: s.red, ActionKind.RECLAIM: s.yellow, ActionKind.ENTER: s.green}[a.kind]
+    paint = {ActionKind.LEAVE: s.red, ActionKind.RECLAIM: s.yellow, ActionKind.ENTER: s.green, ActionKind.PRUNE: s.dim}[
+        a.kind
+    ]
+    if a.kind is ActionKind.PRUNE:
+        return [paint(f"{sign} prune   {a.container}"), f"      why: {a.reason}"]
     if a.kind is ActionKind.RECLAIM:
         head = f"{sign} reclaim {len(a.paths)} orphan offload file(s), {human_bytes(a.bytes)}"
         lines = [paint(head), f"      why: {a.reason}"]
@@ -96,13 +101,22 @@ def render_plan(plan: Plan, observed: Observed | None, s: Style) -> str:
         out.append(s.yellow(f"  ↺ {f.text}"))
     counts = {k: sum(1 for a in plan.actions if a.kind is k) for k in ActionKind}
     if plan.blocked:
-        out.append(s.red(f"Blocked: {len(plan.blockers)} problem(s); apply would change nothing."))
+        if plan.actions:
+            out.append(
+                s.red(
+                    f"Blocked: {len(plan.blockers)} problem(s); apply runs the {len(plan.actions)} action(s) above "
+                    "and leaves the blocked slots as they are."
+                )
+            )
+        else:
+            out.append(s.red(f"Blocked: {len(plan.blockers)} problem(s); apply would change nothing."))
         out.extend("  " + line for line in blocked_advice(plan))
     elif plan.actions:
         out.append(
             s.bold(
                 f"Plan: {counts[ActionKind.ENTER]} to enter, {counts[ActionKind.LEAVE]} to leave, "
-                f"{counts[ActionKind.RECLAIM]} reclaim."
+                f"{counts[ActionKind.RECLAIM]} reclaim"
+                + (f", {counts[ActionKind.PRUNE]} to prune." if counts[ActionKind.PRUNE] else ".")
             )
         )
     elif not plan.unavailable and not plan.held:
@@ -119,6 +133,13 @@ _ADVICE = {
     "idle_used_gib) in configs/host.yaml if that is the card's idle use.",
     "adopt": "A container with this host's labels but without this install's id is never stopped unasked: "
     "adopt it (`reconciler adopt NAME`, logged) if it is this host's lane, or remove it.",
+    "image": "The tool never pulls: pull or build the image on this host (docker pull IMAGE), or name one it has; "
+    "the lane it would replace keeps serving meanwhile.",
+    "runtime": "GPUs by DeviceRequest need NVIDIA's container toolkit on the engine's host; on a host without NVIDIA "
+    "GPUs set docker.gpu_requests: false in configs/host.yaml.",
+    "port": "Another process or lane listens on the recipe's port: stop it, or give the recipe a port of its own "
+    "(its command and health.url); the lane it would replace keeps serving meanwhile.",
+    "recipe": "The recipe contradicts itself: make its command agree with its keys.",
     "source": "A source could not vouch for the slots or the offload files, so nothing that needs it is changed: "
     "fix the source named above.",
 }
@@ -127,7 +148,8 @@ _ADVICE = {
 def blocked_advice(plan: Plan) -> list[str]:
     """One line of advice per kind of blocker in the plan, in a fixed order: what the operator can do."""
     causes = {b.cause for b in plan.blockers}
-    return [_ADVICE[c] for c in ("source", "adopt", "held", "memory", "tmpfs") if c in causes]
+    order = ("source", "adopt", "held", "memory", "tmpfs", "image", "runtime", "port", "recipe")
+    return [_ADVICE[c] for c in order if c in causes]
 
 
 # ---------------------------------------------------------------- status
@@ -249,6 +271,10 @@ def _whose(c: dict[str, Any]) -> str:
         return f"managed {c['recipe'] or ''}" + ("" if c.get("healthy", True) else ", never healthy")
     if c["owner"] == "legacy":
         return f"not adopted: {c['recipe'] or 'no recipe'}; `reconciler adopt {c['name']}`"
+    if c["owner"] == "copied":
+        return (
+            f"not created by this install (copied labels): {c['recipe'] or 'no recipe'}; `reconciler adopt {c['name']}`"
+        )
     return "unmanaged"
 
 

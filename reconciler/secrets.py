@@ -1,7 +1,9 @@
 """Secret env values of recipes, kept out of the recipes: ``env = {HF_TOKEN = "${HF_TOKEN}"}`` takes the value from
 ``secrets.env_file`` (configs/host.yaml; ``NAME=value`` lines, owned by the running user or root, readable by its
 owner only) or, failing that, from
-the reconciler's own environment. Values are read here and nowhere else, never printed, never logged.
+the reconciler's own environment. Values are read here and nowhere else, never printed, never logged: each value
+read is handed to the redaction boundary (``reconciler.redact.learn_secrets``), which masks it in every string that
+leaves the process, however it got there (a lane that prints its environment, a cause quoting its log).
 
 The loader calls ``digests`` (each referenced value's sha256, so that a rotated secret recreates its container
 through the spec hash without the value appearing anywhere); the apply layer calls ``resolve`` at create time.
@@ -65,6 +67,9 @@ def read_env_file(path: str) -> dict[str, str]:
                     value = given[:i].strip()
                     break
         out[name] = value
+    from reconciler.redact import learn_secrets
+
+    learn_secrets(out)  # every value of the file is a secret, referenced by a recipe or not
     return out
 
 
@@ -81,6 +86,9 @@ def resolve(env_file: str | None, names: Iterable[str], *, environ: Mapping[str,
             out[name] = environ[name]
         else:
             missing.append(name)
+    from reconciler.redact import learn_secrets
+
+    learn_secrets(out)
     if missing:
         where = f"{env_file} or the reconciler's environment" if env_file else "the reconciler's environment"
         raise SecretError(f"not set in {where}: {', '.join(sorted(missing))}")

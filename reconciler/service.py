@@ -20,7 +20,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from reconciler.errors import ReconcilerError
-from reconciler.fingerprint import PLAN_FORMAT, Fingerprint, file_digests, observed_parts
+from reconciler.fingerprint import (
+    FINGERPRINT_VERSION,
+    PLAN_FORMAT,
+    Fingerprint,
+    file_digests,
+    fingerprint,
+    plan_differences,
+    plan_from_json,
+)
 
 if TYPE_CHECKING:
     from reconciler.apply import Applier, PassResult, Progress
@@ -40,13 +48,34 @@ _PLAN_ID = re.compile(r"^[0-9a-f]{32}$")
 
 @dataclass(frozen=True)
 class Caller:
-    """Who asks: the front-end (``cli``, ``api``, ``mcp``, ``loop``) and, over the API, the token's name."""
+    """Who asks: the front-end (``cli``, ``api``, ``mcp``, ``loop``) and, over the API, the token's name; on the
+    command line the user (``who``: ``root``, or ``root (sudo from alice)``), with ``uid`` and ``sudo_user``."""
 
     front: str
     who: str = ""
+    uid: int | None = None
+    sudo_user: str = ""
 
-    def to_json(self) -> dict[str, str]:
-        return {"front": self.front, "who": self.who}
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"front": self.front, "who": self.who}
+        if self.uid is not None:
+            data["uid"] = self.uid
+        if self.sudo_user:
+            data["sudo_user"] = self.sudo_user
+        return data
+
+
+def user_caller(front: str, *, uid: int, sudo_user: str = "") -> Caller:
+    """The caller a command-line user is: the name of ``uid`` (the uid itself where it has none) and, run through
+    sudo, whose sudo it was."""
+    import pwd
+
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = f"uid {uid}"
+    who = f"{name} (sudo from {sudo_user})" if sudo_user else name
+    return Caller(front, who, uid=uid, sudo_user=sudo_user)
 
 
 SINCE_HELP = "give an age (90s, 15m, 2h, 7d), an ISO time (2026-11-30T18:00) or epoch seconds"
@@ -286,24 +315,31 @@ def plan_document(p: Plan, fingerprint: Fingerprint, *, plan_id: str | None = No
     return redact_data(doc)
 
 
-def write_private(path: str, data: dict[str, Any]) -> None:
-    """Write a plan as JSON, 0600, through the one safe writer (``reconciler.fsafe.write_atomic``): a planted
-    symlink or file at ``path`` is replaced, never followed."""
+def write_private(path: str, data: dict[str, Any], *, files: Any = None) -> None:
+    """Write a plan as JSON, 0600, through the one safe writer (``reconciler.fsafe.write_out``): a planted
+    symlink or file at ``path`` is replaced, never followed; a terminal or a pipe (``/dev/stdout``) is written to.
+    ``files``: the caller's own (``reconciler.control``), written where the caller lives, else this process's."""
+    import json
+
     from reconciler import fsafe
 
     try:
-        fsafe.write_json(path, data, indent=2, sort_keys=False)
+        if files is not None:
+            files.write_json(path, data, indent=2, sort_keys=False)
+        else:
+            fsafe.write_out(path, json.dumps(data, indent=2, default=str) + "\n", what="the plan file")
     except OSError as exc:
         raise ReconcilerError(f"cannot write the plan to {path}: {exc.strerror or exc}") from None
 
 
-def read_plan_document(path: str) -> tuple[dict[str, Any], Fingerprint]:
+def read_plan_document(path: str, *, files: Any = None) -> tuple[dict[str, Any], Fingerprint]:
     """A saved plan and its fingerprint; ReconcilerError when the file is not one, or when it is not the running
-    user's own (another user could have written or could change what is applied)."""
+    user's own (another user could have written or could change what is applied). ``files``: as for
+    ``write_private``."""
     from reconciler import fsafe
 
     try:
-        data = fsafe.read_json(path, what="the plan file")
+        data = (files or fsafe).read_json(path, what="the plan file")
     except FileNotFoundError:
         raise ReconcilerError(f"{path}: no such plan file (write one with `reconciler plan --out {path}`)") from None
     except fsafe.UnsafePath as exc:
@@ -327,28 +363,55 @@ def read_plan_document(path: str) -> tuple[dict[str, Any], Fingerprint]:
 
 class ApplySession:
     """One apply under the host's lock: the plan to show, a way to see whether anything changed since it was
-    shown, and ``run()`` to carry out exactly that plan. Made by ``HostService.apply_session``."""
+    shown, and ``run()`` to carry out exactly that plan. Made by ``HostService.apply_session``.
 
-    def __init__(self, service: HostService, applier: Applier, files: dict[str, str]):
+    ``approved`` is the plan the operator saw (shown here, or saved earlier): ``run`` passes it to the applier as the
+    contract, and ``refresh``/``changes_since`` compare the plan made now with it, besides the fingerprint."""
+
+    def __init__(self, service: HostService, applier: Applier, files: dict[str, str], view: dict[str, Any]):
         self.service = service
         self.applier = applier
+        self.view = view
         self.observed, self.plan = applier.plan_now()
-        self.shown = Fingerprint(files, observed_parts(self.observed))
+        self.shown = fingerprint(files, applier.desired, self.observed, view)
+        self.approved: Plan = self.plan
         self.started = time.monotonic()
 
-    def changes_since(self, before: Fingerprint) -> list[str]:
-        return self.shown.changes_since(before)
+    def changes_since(self, before: Fingerprint, approved: dict[str, Any] | None = None) -> list[str]:
+        """What changed since ``before`` was taken, and, given the approved plan's JSON, how the plan made now
+        differs from it. Taking ``approved`` makes it the plan ``run`` holds to."""
+        from reconciler.redact import redact_data
+
+        if before.version < FINGERPRINT_VERSION:
+            return [
+                f"the plan was saved by an earlier version of reconciler (fingerprint {before.version}, "
+                f"{FINGERPRINT_VERSION} now), which did not record every input of the plan; save it again"
+            ]
+        changes = self.shown.changes_since(before)
+        if approved is not None:
+            changes += plan_differences(approved, redact_data(self.plan.to_json()))
+            try:
+                self.approved = plan_from_json(approved)
+            except ValueError as exc:
+                changes.append(f"the saved plan cannot be read back ({exc}); save it again")
+        return changes
 
     def refresh(self) -> list[str]:
-        """Observe and plan again; what changed since the plan was shown (then the new plan is the one to show)."""
+        """Observe and plan again; what changed since the plan was shown, the plan itself included (then the new
+        plan is the one to show)."""
+        from reconciler.redact import redact_data
+
         self.observed, self.plan = self.applier.plan_now()
-        now = Fingerprint(file_digests(self.service.root), observed_parts(self.observed))
+        now = fingerprint(file_digests(self.service.root), self.applier.desired, self.observed, self.view)
         changes = now.changes_since(self.shown)
+        changes += plan_differences(redact_data(self.approved.to_json()), redact_data(self.plan.to_json()))
         self.shown = now
+        if changes:
+            self.approved = self.plan  # what is shown next
         return changes
 
     def run(self, *, source: str = "") -> PassResult:
-        result = self.applier.converge(start=(self.observed, self.plan), approved=self.plan)
+        result = self.applier.converge(start=(self.observed, self.plan), approved=self.approved)
         self.service.record(
             "apply",
             outcome=result.result,
@@ -370,6 +433,18 @@ class ApplySession:
             ],
         )
         return result
+
+
+def viewed_applier(desired: DesiredState, view: dict[str, Any], **kwargs: Any) -> Applier:
+    """An applier that plans as ``plan`` does: with a running loop's ``view`` (``loop_view``: the lanes it holds, the
+    last converged topology its fallback serves, the seconds to each next attempt). ``kwargs`` go to ``Applier``."""
+    from reconciler.apply import Applier
+
+    applier = Applier(desired, hold=view.get("hold"), **kwargs)
+    if view:
+        last_good, next_attempt = view.get("last_good", ()), view.get("next_attempt", {})
+        applier.fallback_view = lambda: (last_good, next_attempt)
+    return applier
 
 
 def _summary(p: Plan) -> str:
@@ -416,11 +491,15 @@ class HostService:
         caller: Caller,
         pass_lock: contextlib.AbstractContextManager[object] | None = None,
         hooks: ActionHooks | None = None,
+        files: Any = None,
     ):
         self.root = root
         self.caller = caller
         self.pass_lock = pass_lock
         self.hooks = hooks
+        # The caller's files (``plan --out FILE``, ``apply FILE``) when the loop serves a command line for it:
+        # read and written by that process, where it lives (``reconciler.control.ClientFiles``).
+        self.files = files
 
     # ------------------------------------------------------------ helpers
 
@@ -495,15 +574,16 @@ class HostService:
         """A dry run. ``save`` keeps it under the state dir and gives it a ``plan_id`` (for ``apply_saved``);
         ``out`` writes it to a file (``reconciler plan --out``). Either way with the fingerprint of its inputs."""
         from reconciler.observe import observe
-        from reconciler.planner import plan
+        from reconciler.planner import enter_needs, plan
 
         files = file_digests(self.root)  # before loading: an edit in between makes the saved plan stale
         desired = self.desired()
         self._host_name = desired.host.name
-        observed = observe(desired.host)
-        p = plan(desired, observed, **loop_view(desired.host.name))
-        fingerprint = Fingerprint(files, observed_parts(observed))
-        result = PlanResult(desired, observed, p, fingerprint=fingerprint)
+        observed = observe(desired.host, **enter_needs(desired))
+        view = loop_view(desired.host.name)
+        p = plan(desired, observed, **view)
+        fp = fingerprint(files, desired, observed, view)
+        result = PlanResult(desired, observed, p, fingerprint=fp)
         if save:
             import uuid  # here: with platform, 3 ms of every command's start, for a saved plan's name
 
@@ -512,23 +592,23 @@ class HostService:
             plan_id = uuid.uuid4().hex
             d = checked_subdir(desired.host.name, "plans", create=True)
             _prune_plans(d)
-            write_private(str(d / f"{plan_id}.json"), plan_document(p, fingerprint, plan_id=plan_id))
+            write_private(str(d / f"{plan_id}.json"), plan_document(p, fp, plan_id=plan_id))
             result.plan_id = plan_id
         if out:
-            write_private(out, plan_document(p, fingerprint))
+            write_private(out, plan_document(p, fp), files=self.files)
         return result
 
     def status(self) -> StatusResult:
         from reconciler.errors import ConfigError
         from reconciler.observe import observe
-        from reconciler.planner import plan
+        from reconciler.planner import enter_needs, plan
         from reconciler.render import status_data
 
         try:
             desired = self.desired()
         except ConfigError as exc:
             return self._status_of_invalid_files(exc)
-        observed = observe(desired.host)
+        observed = observe(desired.host, **enter_needs(desired))
         data = status_data(desired, observed, plan(desired, observed, **loop_view(desired.host.name)))
         from reconciler.probe_history import last_suites
 
@@ -650,10 +730,12 @@ class HostService:
     def shm_status(self) -> ShmStatusResult:
         from reconciler.observe.docker_obs import DockerObserver
         from reconciler.observe.shm import inspect_shm
+        from reconciler.state import read_ownership
 
         host = self.host()
         containers, docker = DockerObserver.for_host(host).observe()
-        return ShmStatusResult(inspect_shm(host.shm, containers=containers, docker=docker))
+        settled = read_ownership(host.name).healthy
+        return ShmStatusResult(inspect_shm(host.shm, containers=containers, docker=docker, settled=settled))
 
     def audit(self, *, since: float | None = None) -> AuditResult:
         from reconciler.audit import audit_log
@@ -667,15 +749,19 @@ class HostService:
         """The guarded cleanup: a dry run unless ``confirm``; with ``paths``, nothing outside them is removed."""
         from reconciler.observe.docker_obs import DockerObserver
         from reconciler.shm_guard import reclaim
+        from reconciler.state import read_ownership
 
         host = self.host()
         self._host_name = host.name
         observer = DockerObserver.for_host(host)
+        settled = lambda: read_ownership(host.name).healthy  # noqa: E731 - read afresh for each inspection
         if not confirm:
-            return ReclaimOutcome(reclaim(host.shm, observe_docker=observer.observe, confirm=False, only_paths=paths))
+            return ReclaimOutcome(
+                reclaim(host.shm, observe_docker=observer.observe, confirm=False, only_paths=paths, settled=settled)
+            )
         t0 = time.monotonic()
         with self.exclusive(host.name, "shm reclaim"):
-            result = reclaim(host.shm, observe_docker=observer.observe, confirm=True, only_paths=paths)
+            result = reclaim(host.shm, observe_docker=observer.observe, confirm=True, only_paths=paths, settled=settled)
         if self.hooks:
             self.hooks.shm_reclaim(result)
         self.record(
@@ -692,26 +778,35 @@ class HostService:
     def apply_session(
         self, *, progress: Progress | None = None, cancel: threading.Event | None = None
     ) -> Iterator[ApplySession]:
-        """Hold the host for one apply: observe and plan under the lock, then let the caller show, approve, run."""
-        from reconciler.apply import Applier
+        """Hold the host for one apply: observe and plan under the lock, then let the caller show, approve, run.
 
+        The plan is made as ``plan`` makes it: with a running loop's view (the lanes it holds in backoff, the last
+        converged topology its fallback serves), so an apply the loop serves (the command line over its socket, the
+        HTTP API, MCP) neither enters a held lane nor takes its fallback down."""
         files = file_digests(self.root)  # before loading: an edit in between makes the plan look stale, not fresh
         desired = self.desired()
         self._host_name = desired.host.name
         with self.exclusive(desired.host.name, "apply"):
             hooks = self.hooks
-            applier = Applier(
+            view = loop_view(desired.host.name)
+            applier = viewed_applier(
                 desired,
+                view,
                 progress=progress,
                 cancel=cancel,
                 on_outcome=hooks.outcome if hooks else None,
                 on_reclaim=hooks.reclaim if hooks else None,
             )
-            yield ApplySession(self, applier, files)
+            yield ApplySession(self, applier, files, view)
 
     def adopt(self, names: list[str]) -> AdoptResult:
         """Record containers that carry this host's labels but no install id as this install's (logged)."""
         return _adopt(self, names)
+
+    def prune(self, *, confirm: bool) -> PruneResult:
+        """The failed containers of this install kept for their logs: listed (a dry run), or with ``confirm``
+        removed, all of them at once, each only while it is still stopped (logged in the audit trail)."""
+        return _prune(self, confirm=confirm)
 
     def saved_plan(self, source: str) -> tuple[str, dict[str, Any], Fingerprint]:
         """A saved plan by its ``plan_id`` (from ``plan(save=True)``) or by file path."""
@@ -725,9 +820,10 @@ class HostService:
                 path = str(host_dir(host) / "plans" / f"{source}.json")
             if not os.path.lexists(path):
                 raise ReconcilerError(f"no saved plan {source} on this host (plans are kept for a day; make a new one)")
+            doc, fp = read_plan_document(path)  # the host's own store, not the caller's file
         else:
             path = source
-        doc, fp = read_plan_document(path)
+            doc, fp = read_plan_document(path, files=self.files)
         return path, doc, fp
 
     def apply_saved(
@@ -743,12 +839,85 @@ class HostService:
         if doc.get("host") != host:
             raise ReconcilerError(f"{path}: a plan for host {doc.get('host')!r}, but {self.root} is host {host!r}")
         with self.apply_session(progress=progress, cancel=cancel) as s:
-            changes = s.changes_since(fp)
+            # The saved plan is the contract: rebuilt, compared with the plan made now, and the one the pass holds to.
+            saved = doc.get("plan")
+            changes = s.changes_since(fp, saved if isinstance(saved, dict) else {"host": host, "actions": None})
             if changes:
                 message = f"the saved plan {source} is stale"
                 self.record("apply", outcome="stale", reason=message, plan=source, changes=changes[:40])
                 return ApplyResult(host, changes=changes, message=message, now=s.plan, observed=s.observed)
             return ApplyResult(host, passed=s.run(source=source))
+
+
+@dataclass
+class PruneResult:
+    host: str
+    confirmed: bool
+    kept_failed: list[dict[str, Any]]
+    removed: list[str] = field(default_factory=list)
+    failed: list[dict[str, str]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "confirmed": self.confirmed,
+            "kept_failed": self.kept_failed,
+            "removed": self.removed,
+            "failed": self.failed,
+        }
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_ERROR if self.failed else EXIT_OK
+
+
+def _prune(service: HostService, *, confirm: bool) -> PruneResult:
+    from reconciler import state
+    from reconciler.docker_ops import DockerOps
+    from reconciler.observe.docker_obs import DockerObserver
+    from reconciler.observed import INACTIVE_STATES
+    from reconciler.planner import kept_failed
+
+    desired = service.desired()
+    host = desired.host.name
+    service._host_name = host
+    observer = DockerObserver.for_host(desired.host)
+
+    def look() -> list[Any]:
+        containers, source = observer.observe()
+        if not source.ok:
+            raise ReconcilerError(f"docker source unavailable: {source.detail}; nothing pruned")
+        return kept_failed(host, containers, state.read_ownership(host))
+
+    def describe(c: Any) -> dict[str, Any]:
+        return {
+            "name": c.name,
+            "id": c.id,
+            "recipe": c.recipe,
+            "gpus": list(c.slots),
+            "state": c.state,
+            "exit_code": c.exit_code,
+        }
+
+    if not confirm:
+        return PruneResult(host, False, [describe(c) for c in look()])
+    with service.exclusive(host, "prune"):
+        found = look()
+        ops = DockerOps(connect=lambda: observer.api, url=observer.url, ping=observer.ping)
+        res = PruneResult(host, True, [describe(c) for c in found])
+        for c in found:
+            try:
+                status = (ops.inspect(c.id).get("State") or {}).get("Status")
+                if status not in INACTIVE_STATES:
+                    res.failed.append({"name": c.name, "reason": f"it is {status} now: left as it is"})
+                    continue
+                ops.remove(c.id)
+            except Exception as exc:  # noqa: BLE001 - say which one could not be removed, and go on
+                res.failed.append({"name": c.name, "reason": f"{type(exc).__name__}: {exc}"})
+                continue
+            res.removed.append(c.name)
+            service.record("prune", outcome="ok", reason=f"removed kept failed container {c.name}", container=c.name)
+        return res
 
 
 @dataclass
@@ -789,6 +958,12 @@ def _adopt(service: HostService, names: list[str]) -> AdoptResult:
             kind = owner_kind(c, host, own)
             if kind == "ours":
                 notes.append(f"{c.name} ({c.id[:12]}) is this install's already")
+            elif kind == "copied":
+                notes.append(
+                    f"{c.name} ({c.id[:12]}) carries this install's labels but was not created by it: adopted as "
+                    "the operator says it is this host's lane"
+                )
+                picked.append(c)
             elif kind == "foreign":
                 raise ReconcilerError(
                     f"{c.name} ({c.id[:12]}) is not a container this tool made for host {host!r} (it lacks this "

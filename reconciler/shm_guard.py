@@ -7,9 +7,14 @@ The safety rules 4 and 5 of docs/design.md, on top of the inspection's rules 1-3
 - Without ``confirm``: one inspection, nothing removed; the result names what would go and what stays.
 - With ``confirm``: two full inspections ``confirm_interval_s`` apart, Docker observed afresh for each. A file
   is removed only when both call it ``orphan`` with the same path, device, inode, size and allocation. Any
-  unavailable source, or a running native-offload container, refuses the whole reclaim.
-- Each removal opens ``shm.dir`` once (checked to be the directory inspected), ``lstat``s the name relative to
-  it just before ``unlink`` relative to it, and skips the name if it is no longer that same file.
+  unavailable source, or a running native-offload container that could own an unowned file (one not settled
+  and seen holding its own: ``observe.shm.offload_blockers``), refuses the whole reclaim.
+- Each removal opens ``shm.dir`` once (checked to be the directory inspected), opens the name relative to it
+  (``O_RDONLY|O_NOFOLLOW``) and takes the kernel's write lease on it (``take_lease``): the kernel grants one only
+  while no other open file description of the file exists, one that a mapping alone keeps included, so a holder
+  that every inspection missed still stops the unlink. Under the granted lease the name is checked to be that
+  same file, unlinked relative to the directory, and the lease released. A refused lease keeps the file with the
+  reason code ``lease_refused``.
 - Afterwards every removed name is checked to be absent, and the bytes freed are reported.
 
 Scope (docs/design.md, safety rule 1, enforced here again whatever the loader let through): the whole reclaim is
@@ -24,8 +29,12 @@ outside that exact set is ever unlinked, even a matching unowned file that appea
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import fnmatch
 import os
+import signal
 import stat as st_mode
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -66,9 +75,11 @@ class KeptFile:
     path: str
     reason: str
     state: str = ""  # the file's state in the last inspection; "skipped" for refused entries
+    # Why in one word where the last gate said no: "lease_refused" (the kernel's write lease, safety rule 4).
+    code: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "reason": self.reason, "state": self.state}
+        return {"path": self.path, "reason": self.reason, "state": self.state, "code": self.code}
 
 
 @dataclass(frozen=True)
@@ -153,6 +164,36 @@ def refusal_of(view: ShmView) -> str | None:
     return None
 
 
+def _with_claims(view: ShmView, claimed: Collection[str]) -> ShmView:
+    """The view with each claimed file that only a running offload container kept ``blocked`` made an orphan (both
+    sources answered; a file with a holder stays owned)."""
+    if not claimed or not view.sources_ok or not view.blocking_containers:
+        return view
+    files = tuple(
+        replace(
+            f,
+            state="orphan",
+            reason="no live process holds it; a stopped container of this install was the only one seen holding it",
+        )
+        if f.state == "blocked" and f.path in claimed
+        else f
+        for f in view.files
+    )
+    return replace(view, files=files)
+
+
+def _refusal(view: ShmView, selected: Callable[[ShmFile], bool]) -> str | None:
+    """``refusal_of``, except that running offload containers refuse nothing when no file asked for is one they
+    keep (every such file claimed: ``_with_claims``)."""
+    refused = refusal_of(view)
+    if refused is None or not view.sources_ok:
+        return refused
+    asked = [f for f in view.files if selected(f)]
+    if not any(f.state == "blocked" for f in asked) and any(f.state == "orphan" for f in asked):
+        return None
+    return refused
+
+
 def _kept_from(
     view: ShmView, skip: Collection[str] = (), selected: Callable[[ShmFile], bool] = lambda f: True
 ) -> list[KeptFile]:
@@ -172,9 +213,11 @@ def _sources(view: ShmView) -> dict[str, str]:
     return {"proc": view.proc.render(), "docker": view.docker.render()}
 
 
-def _inspect(cfg: ShmConfig, observe_docker: DockerObservation, proc_root: str) -> ShmView:
+def _inspect(
+    cfg: ShmConfig, observe_docker: DockerObservation, proc_root: str, *, settled: Collection[str] = ()
+) -> ShmView:
     containers, docker = observe_docker()
-    return inspect_shm(cfg, containers=containers, docker=docker, proc_root=proc_root)
+    return inspect_shm(cfg, containers=containers, docker=docker, proc_root=proc_root, settled=settled)
 
 
 def reclaim(
@@ -185,11 +228,18 @@ def reclaim(
     only_paths: Collection[str] | None = None,
     sleep: Callable[[float], None] | None = None,
     proc_root: str = "/proc",
+    settled: Callable[[], Collection[str]] | None = None,
+    claimed: Collection[str] = (),
 ) -> ReclaimResult:
     """Remove the orphan offload files (all, or those in ``only_paths``), guarded as the module says.
 
     Never raises for a source that fails: the result is ``refused`` with the source named. ``sleep`` is the
-    wait between the inspections (tests inject one that changes files meanwhile).
+    wait between the inspections (tests inject one that changes files meanwhile). ``settled`` reads, for each
+    inspection afresh, the ids of the containers this install recorded healthy (``Ownership.healthy``): a running
+    offload container among them that is seen holding its file does not keep the unowned ones (safety rule 2).
+    ``claimed``: paths of files a stopped container of this install was the only one seen holding (a failed
+    enter's, a leave's own); no running offload container can be making such a file, so none keeps it blocked
+    (it must still be unowned, unchanged, in both inspections, and its lease granted).
     """
     t0 = time.monotonic()
     wanted = None if only_paths is None else set(only_paths)
@@ -211,10 +261,14 @@ def reclaim(
     if refused_mount is not None:
         return ReclaimResult(**base, refused=refused_mount, elapsed_s=time.monotonic() - t0)
 
-    first = _in_scope(cfg, _inspect(cfg, observe_docker, proc_root))
+    def inspect() -> ShmView:
+        view = _in_scope(cfg, _inspect(cfg, observe_docker, proc_root, settled=settled() if settled else ()))
+        return _with_claims(view, claimed)
+
+    first = inspect()
     common: dict[str, Any] = dict(base, tmpfs_before=first.tmpfs, blocking_containers=first.blocking_containers)
     candidates = [f for f in first.files if f.state == "orphan" and selected(f)]
-    refused = refusal_of(first)
+    refused = _refusal(first, selected)
     if refused is not None:
         # Refused only matters when something could have gone: with no unowned file there is nothing to do.
         unowned = [f for f in first.files if f.state != "owned" and selected(f)]
@@ -241,9 +295,9 @@ def reclaim(
         )
 
     (sleep or time.sleep)(cfg.confirm_interval_s)  # looked up now: a simulated clock replaces the module's time
-    second = _in_scope(cfg, _inspect(cfg, observe_docker, proc_root))
+    second = inspect()
     common["blocking_containers"] = tuple(sorted(set(first.blocking_containers) | set(second.blocking_containers)))
-    refused = refusal_of(second)
+    refused = _refusal(second, selected)
     if refused is not None:
         return ReclaimResult(
             **common,
@@ -419,6 +473,102 @@ def _tmpfs_of(path: str) -> Tmpfs:
     return Tmpfs(v.f_blocks * v.f_frsize, (v.f_blocks - v.f_bfree) * v.f_frsize, v.f_bavail * v.f_frsize)
 
 
+# ---------------------------------------------------------------- the last gate: the kernel's write lease
+#
+# fcntl(2): F_SETLEASE with F_WRLCK is granted only when no other open file description of the file exists (a
+# mapping keeps its own, so a process that mapped the file and closed every descriptor still counts); checked on
+# tmpfs by tests/test_shm_handoff.py. Leases need the file's owner or CAP_LEASE (root), and
+# /proc/sys/fs/leases-enable set. An opener while the lease is held waits for its release (at most
+# /proc/sys/fs/lease-break-time) and the owner gets a signal: SIGIO unless F_SETSIG names another, and SIGIO's
+# default action ends the process, so the gate names SIGURG, whose default is to ignore it.
+F_SETLEASE = 1024
+F_GETLEASE = 1025
+F_SETSIG = 10
+LEASE_SIGNAL = signal.SIGURG
+LEASES_ENABLE = "/proc/sys/fs/leases-enable"
+LEASE_REFUSED = "lease_refused"
+
+
+class LeaseRefused(Exception):
+    """The kernel did not grant the write lease: the file is kept. ``code`` is the refusal's reason key."""
+
+    def __init__(self, message: str, code: str = LEASE_REFUSED):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Lease:
+    """A granted write lease on one open file (``take_lease``); ``release`` ends it and closes the descriptor."""
+
+    fd: int
+    stat: os.stat_result
+
+    def intact(self) -> bool:
+        """Still the write lease: no opener has started to break it."""
+        try:
+            return fcntl.fcntl(self.fd, F_GETLEASE) == fcntl.F_WRLCK
+        except OSError:
+            return False
+
+    def release(self) -> None:
+        with contextlib.suppress(OSError):  # closing the descriptor ends the lease all the same
+            fcntl.fcntl(self.fd, F_SETLEASE, fcntl.F_UNLCK)
+        os.close(self.fd)
+
+
+def _leases_off() -> bool:
+    try:
+        with open(LEASES_ENABLE, encoding="ascii") as fh:
+            return fh.read().strip() == "0"
+    except OSError:
+        return False
+
+
+def take_lease(dfd: int, name: str) -> Lease:
+    """A write lease on the file ``name`` of the opened directory ``dfd``, or LeaseRefused saying why.
+
+    Opened ``O_RDONLY`` (a descriptor open for writing would itself count against a write lease),
+    ``O_NOFOLLOW`` (never a symlink's target) and ``O_NONBLOCK`` (a lease someone else holds refuses at once,
+    rather than waiting out its break time). FileNotFoundError passes through: the name is gone.
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, dir_fd=dfd)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise LeaseRefused("another process holds a lease on it: it is in use") from None
+        raise LeaseRefused(f"cannot open it for the write lease: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not st_mode.S_ISREG(st.st_mode):
+            raise LeaseRefused("not a regular file when opened for the write lease")
+        fcntl.fcntl(fd, F_SETSIG, LEASE_SIGNAL)
+        fcntl.fcntl(fd, F_SETLEASE, fcntl.F_WRLCK)
+    except LeaseRefused:
+        os.close(fd)
+        raise
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EAGAIN, errno.EBUSY):
+            why = "the kernel refused the write lease: another open file description of it exists (a process maps it or holds it open)"
+        elif exc.errno in (errno.EACCES, errno.EPERM):
+            why = "the kernel refused the write lease: leases need the file's owner or CAP_LEASE (run as root)"
+        elif exc.errno == errno.EINVAL and _leases_off():
+            why = f"the kernel refused the write lease: leases are off ({LEASES_ENABLE} is 0; set it to 1)"
+        else:
+            why = f"the kernel refused the write lease: {exc.strerror or exc}"
+        raise LeaseRefused(why) from None
+    return Lease(fd, st)
+
+
+def lease_kept(f: ShmFile, exc: LeaseRefused) -> KeptFile:
+    """The kept entry for a file whose lease was refused (the simulation's unlink builds it here too)."""
+    return KeptFile(f.path, f"{exc}; not removed", f.state, code=exc.code)
+
+
 def _unlink_agreed(
     directory: str, dir_id: tuple[int, int], agreed: Sequence[ShmFile], *, pattern: str | None = None
 ) -> tuple[list[RemovedFile], list[KeptFile], list[str]]:
@@ -445,35 +595,46 @@ def _unlink_agreed(
                 kept.append(KeptFile(f.path, "not a name of shm.dir matching shm.pattern: never removed", "skipped"))
                 continue
             try:
-                s = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                lease = take_lease(dfd, name)
             except FileNotFoundError:
                 kept.append(KeptFile(f.path, "gone before removal (removed by someone else)", "gone"))
                 continue
-            except OSError as exc:
-                kept.append(KeptFile(f.path, f"cannot re-check before removal: {exc.strerror}", f.state))
-                errors.append(f"{f.path}: {exc.strerror}")
-                continue
-            if (
-                not st_mode.S_ISREG(s.st_mode)
-                or s.st_nlink != 1
-                or (s.st_dev, s.st_ino, s.st_size)
-                != (
-                    f.dev,
-                    f.inode,
-                    f.size_bytes,
-                )
-            ):
-                kept.append(KeptFile(f.path, "changed just before removal (not the inspected file any more)", f.state))
+            except LeaseRefused as exc:
+                kept.append(lease_kept(f, exc))
                 continue
             try:
-                os.unlink(name, dir_fd=dfd)
-            except FileNotFoundError:
-                kept.append(KeptFile(f.path, "gone before removal (removed by someone else)", "gone"))
-                continue
-            except OSError as exc:
-                kept.append(KeptFile(f.path, f"unlink failed: {exc.strerror}", f.state))
-                errors.append(f"{f.path}: unlink failed: {exc.strerror}")
-                continue
+                s = lease.stat
+                try:
+                    named = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                except FileNotFoundError:
+                    kept.append(KeptFile(f.path, "gone before removal (removed by someone else)", "gone"))
+                    continue
+                if (
+                    not st_mode.S_ISREG(s.st_mode)
+                    or s.st_nlink != 1
+                    or (named.st_dev, named.st_ino) != (s.st_dev, s.st_ino)
+                    or (s.st_dev, s.st_ino, s.st_size) != (f.dev, f.inode, f.size_bytes)
+                ):
+                    kept.append(
+                        KeptFile(f.path, "changed just before removal (not the inspected file any more)", f.state)
+                    )
+                    continue
+                if not lease.intact():
+                    kept.append(
+                        lease_kept(f, LeaseRefused("a process opened it while the write lease was held: in use"))
+                    )
+                    continue
+                try:
+                    os.unlink(name, dir_fd=dfd)
+                except FileNotFoundError:
+                    kept.append(KeptFile(f.path, "gone before removal (removed by someone else)", "gone"))
+                    continue
+                except OSError as exc:
+                    kept.append(KeptFile(f.path, f"unlink failed: {exc.strerror}", f.state))
+                    errors.append(f"{f.path}: unlink failed: {exc.strerror}")
+                    continue
+            finally:
+                lease.release()
             removed.append(RemovedFile(f.path, s.st_size, s.st_blocks * 512, s.st_dev, s.st_ino))
     finally:
         os.close(dfd)

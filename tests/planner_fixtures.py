@@ -10,6 +10,7 @@ from reconciler import spec
 from reconciler.model import GIB, DesiredAssignment, DesiredState, HostConfig, Recipe
 from reconciler.observe.gpu import parse_nvml
 from reconciler.observed import (
+    LABEL_CREATE_TOKEN,
     LABEL_HOST,
     LABEL_INSTALL,
     LABEL_MANAGED,
@@ -20,9 +21,11 @@ from reconciler.observed import (
     LABEL_SPEC_HASH,
     LABEL_SPEC_PARTS,
     ContainerView,
+    EnterFacts,
     GpuProcess,
     GpuSlotView,
     GpuView,
+    Listener,
     Observed,
     Owner,
     Ownership,
@@ -37,13 +40,16 @@ NVML_DATA = Path(__file__).parent / "data" / "nvml"
 INSTALL_ID = "1" * 32  # this install's id in every case; a container's `install:` overrides it (`none`: no label)
 
 
-def make_recipe(tp: int = 1, offload_gib: float = 0, image: str = "img") -> Recipe:
+def make_recipe(
+    tp: int = 1, offload_gib: float = 0, image: str = "img", command: list[str] | None = None, port: int | None = None
+) -> Recipe:
     return Recipe.model_validate(
         {
             "tensor_parallel_size": tp,
             "model": {"id": "m"},
-            "container": {"image": image, "command": ["serve"]},
+            "container": {"image": image, "command": command or ["serve"]},
             "offload": {"enabled": bool(offload_gib), "capacity_gib": offload_gib},
+            **({"health": {"url": f"http://127.0.0.1:{port}/health"}} if port else {}),
         }
     )
 
@@ -104,6 +110,8 @@ def make_observed(case: dict[str, Any], desired: DesiredState) -> Observed:
                 labels[LABEL_INSTALL] = install
             if c.get("preserved"):
                 labels[LABEL_PRESERVED] = "true"
+            if c.get("token"):
+                labels[LABEL_CREATE_TOKEN] = c["token"]
         containers.append(
             ContainerView(
                 id=c.get("id", f"{n:02d}" + "c" * 62),
@@ -139,6 +147,9 @@ def make_observed(case: dict[str, Any], desired: DesiredState) -> Observed:
             for p in procs.get(slot, [])
         )
         used = (obs.get("gpu_memory_used_gib") or {}).get(slot)  # what the card reports in use (WSL2 shapes)
+        # A card's other names as NVML reports them: its device node's minor number, the UUIDs of its MIG devices.
+        minor = (obs.get("gpu_minor") or {}).get(slot)
+        migs = (obs.get("mig") or {}).get(slot)
         slots[slot] = GpuSlotView(
             slot=slot,
             index=idx,
@@ -147,6 +158,8 @@ def make_observed(case: dict[str, Any], desired: DesiredState) -> Observed:
             missing=slot in missing,
             memory_total_bytes=None if used is None else 80 * GIB,
             memory_used_bytes=None if used is None else int(used * GIB),
+            minor=minor,
+            mig_uuids=None if migs is None else tuple(migs),
         )
     gpus = GpuView(telemetry=desired.host.gpu_telemetry, source=_source("gpu", obs.get("gpu")), slots=slots)
     if case.get("nvml"):
@@ -191,5 +204,39 @@ def make_observed(case: dict[str, Any], desired: DesiredState) -> Observed:
         files=tuple(files),
         blocking_containers=tuple(shm_spec.get("blocking") or ()),
     )
-    ownership = Ownership(install_id=obs.get("install_id", INSTALL_ID), adopted=adopted, healthy=healthy | adopted)
-    return Observed(host="h", containers=tuple(containers), gpus=gpus, shm=shm, docker=docker, ownership=ownership)
+    # This install's record of the containers it created: every managed one but a `copied:` one (a copy of a lane
+    # made from its labels); `record: none`: an install from before the record (its first apply records them).
+    created = frozenset(
+        containers[n].id for n, c in enumerate(obs.get("containers") or []) if c.get("managed") and not c.get("copied")
+    )
+    ownership = Ownership(
+        install_id=obs.get("install_id", INSTALL_ID),
+        adopted=adopted,
+        healthy=healthy | adopted,
+        created=None if obs.get("record") == "none" else created,
+        pending=frozenset((name, token) for name, token in obs.get("pending") or ()),
+    )
+    # What the engine and /proc/net say for the enters' knowable failures: `images` (name -> present),
+    # `gpu_runtime` (present | absent | unknown), `listeners` ([{port, container | pid, address}]) on `ports`.
+    e = obs.get("enter") or {}
+    listeners = tuple(
+        Listener(
+            address=x.get("address", "0.0.0.0"),
+            port=x["port"],
+            inode=5000 + n,
+            pid=x.get("pid", 7000 + n) if x.get("pid", 0) is not None else None,
+            command=x.get("command", ""),
+            container_id=by_name[x["container"]].id if x.get("container") in by_name else None,
+        )
+        for n, x in enumerate(e.get("listeners") or [])
+    )
+    enter = EnterFacts(
+        images=tuple((k, bool(v)) for k, v in (e.get("images") or {}).items()),
+        gpu_runtime=e.get("gpu_runtime", "unknown"),
+        gpu_runtime_detail=e.get("gpu_runtime_detail", "runtimes: runc; no CDI device nvidia.com/gpu=*"),
+        ports=frozenset(e.get("ports") or {x.port for x in listeners}),
+        listeners=listeners,
+    )
+    return Observed(
+        host="h", containers=tuple(containers), gpus=gpus, shm=shm, docker=docker, ownership=ownership, enter=enter
+    )

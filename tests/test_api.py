@@ -201,10 +201,11 @@ def test_every_api_and_mcp_route_needs_the_token(
     assert sorted(p.name for p in root.shm.iterdir()) == before, "nothing was removed without the token"
     records = audit(api, front="api")
     assert [r for r in records if r["action"] != "authenticate"] == [], "no call without the token reached the service"
-    # Each failed authentication is audited with its reason and peer, at most AUTH_AUDIT_BURST a minute (96 here).
-    from reconciler.api import AUTH_AUDIT_BURST
+    # Each failed authentication is audited with its reason and peer, at most REFUSALS_AUDITED a peer in a window
+    # (96 here, all of root's).
+    from reconciler.api import REFUSALS_AUDITED
 
-    assert len(records) == AUTH_AUDIT_BURST and {r["outcome"] for r in records} == {"refused"}, records
+    assert len(records) == REFUSALS_AUDITED and {r["outcome"] for r in records} == {"refused"}, records
     assert {r["reason"] for r in records} >= {"wrong token"} and all(r["who"].startswith("127.0.0.1:") for r in records)
     # /metrics and /healthz stay open, as before (Prometheus and supervisors).
     status, _, text = api.get("/metrics", token=None)
@@ -339,20 +340,26 @@ def test_bad_requests_are_refused_and_change_nothing(
     assert all(p.exists() for p in orphans), "nothing was removed by a refused request"
 
 
-def test_a_reclaim_while_a_native_offload_container_runs_is_refused(loop: tuple[LoopProcess, Api], root: Root) -> None:
+def test_a_reclaim_while_a_settled_offload_lane_runs_removes_an_orphan_and_never_the_lanes_file(
+    loop: tuple[LoopProcess, Api], root: Root
+) -> None:
+    """docs/design.md, safety rule 2: a running offload lane that this install saw healthy and that is seen holding
+    its own file keeps nothing else from reclaim: another lane's orphan goes, its own file stays (owned)."""
     lp, api = loop
     lane = root.recipe("deepseek-256k-offload", offload_mib=8)
     mark = lp.mark()
     root.manifest((lane, [A, B]))
     lp.wait("pass", after=mark, result="converged", timeout=90)
+    [own] = [f for f in root.shm.iterdir() if f.name.startswith("vllm_offload_")]
     stray = orphan(root.shm / "vllm_offload_stray.mmap")
     status, hdrs, answer = api.post("/v1/shm/reclaim", {"confirm": True})
-    assert status == 409 and hdrs["x-reconciler-exit-code"] == "1", answer
-    assert answer["refused"] and "native offload" in answer["refused"], answer
-    assert answer["reclaimed"] == [] and stray.exists()
-    assert any(f.name.startswith("vllm_offload_") and f != stray for f in root.shm.iterdir()), "the lane's file"
+    assert status == 200 and hdrs["x-reconciler-exit-code"] == "0", answer
+    assert not answer.get("refused"), answer
+    # The orphan is gone (by this reclaim, or by a pass of the loop just before it); the lane's file is kept.
+    assert not stray.exists() and own.exists(), answer
+    assert [k["path"] for k in answer["kept"]] == [str(own)] and answer["kept"][0]["state"] == "owned", answer
     [rec] = audit(api, front="api", action="shm-reclaim")
-    assert rec["outcome"] == "refused" and "native offload" in rec["reason"], rec
+    assert rec["outcome"] == "ok", rec
 
 
 # ---------------------------------------------------------------- the listener and its token

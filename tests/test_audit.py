@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import time
 from pathlib import Path
 
@@ -57,7 +58,8 @@ def test_a_confirmed_reclaim_from_the_command_line_is_in_the_audit(tmp_path: Pat
     text = root.cli("audit")
     head, row = text.stdout.splitlines()
     assert head.split() == ["TIME", "BY", "ACTION", "OUTCOME", "SECONDS", "FREED", "WHAT"], text
-    assert row.split()[1:6] == ["cli", "shm-reclaim", "ok", row.split()[4], "64.00"], text
+    me = pwd.getpwuid(os.getuid()).pw_name  # the command line's user is who did it
+    assert row.split()[1:7] == ["cli", f"({me})", "shm-reclaim", "ok", row.split()[5], "64.00"], text
     assert row.index("shm-reclaim") == head.index("ACTION") and row.endswith("1 orphan offload file(s)"), text
     assert root.cli("audit", "--since", "yesterday").rc == 1
     state = Path(root.env["RECONCILER_STATE_DIR"]) / root.host / "audit.jsonl"

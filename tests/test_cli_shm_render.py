@@ -113,9 +113,12 @@ def test_owners_are_grouped_by_container_each_pid_once() -> None:
 
 
 def test_terminal_colours_never_shift_a_column() -> None:
-    """On a terminal each state is coloured (render.Style), and with the escapes taken out the table is the plain one."""
+    """On a terminal each state is coloured (render.Style), and with the escapes taken out the table is the plain one.
+    The colours are the tool's own: the terminal boundary (``units.terminal_text``) writes them raw."""
     import re
 
-    coloured = render_status(VIEW, tty=True)
+    from reconciler.units import terminal_text
+
+    coloured = terminal_text(render_status(VIEW, tty=True))
     assert "\x1b[32mowned\x1b[0m" in coloured and "\x1b[1mSTATE\x1b[0m" in coloured
     assert re.sub(r"\x1b\[[0-9;]*m", "", coloured) == render_status(VIEW, tty=False)

@@ -468,3 +468,31 @@ def test_the_loop_answers_no_client_of_another_user(
     lp.wait("control-refused", uid=65534, timeout=5)
     assert lp.proc.poll() is None
     assert root.cli("plan").rc == 0
+
+
+# ---------------------------------------------------------------- who did it
+
+
+def test_the_audit_trail_names_the_user_of_each_command_line_action(
+    root: Root, start_loop: Callable[..., LoopProcess]
+) -> None:
+    import pwd
+
+    me = pwd.getpwuid(os.getuid()).pw_name
+    root.manifest()
+    lp = start_loop("--debounce", "30").started()
+    for sudo in ("alice", ""):
+        mark = lp.mark()
+        r = root.cli("shm", "reclaim", "--confirm", "--json", env={"SUDO_USER": sudo})
+        assert r.rc == 0 and r.data["confirmed"] is True, r
+        lp.wait("api-exclusive-end", front="cli", after=mark, timeout=5)  # carried out by the loop
+    alone = root.cli("apply", "--yes", "--json", env={**ALONE, "SUDO_USER": "bob"})
+    assert alone.rc == 1 and alone.data["error"]["code"] == "lock_held", alone
+    recs = [x for x in audit(root) if x["front"] == "cli"]
+    assert [(x["action"], x["outcome"], x["who"], x["uid"], x.get("sudo_user")) for x in recs] == [
+        ("shm-reclaim", "ok", f"{me} (sudo from alice)", os.getuid(), "alice"),
+        ("shm-reclaim", "ok", me, os.getuid(), None),
+        ("apply", "refused", f"{me} (sudo from bob)", os.getuid(), "bob"),
+    ], recs
+    table = root.cli("audit", env=ALONE)
+    assert f"cli ({me} (sudo from alice))" in table.stdout, table

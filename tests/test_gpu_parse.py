@@ -494,3 +494,19 @@ def test_a_missing_gpu_blocks_only_its_slot() -> None:
     assert b.reason.startswith(
         "GPU for slot dark-compute-b not found on this host (configs/host.yaml gpus.dark-compute-b: no GPU with index 1"
     )
+
+
+def test_a_cards_device_node_and_mig_devices_are_its_names_too() -> None:
+    """NVML's minor number (/dev/nvidiaN) and MIG devices of each slot's card reach the planner, which resolves a
+    container's device node or MIG id by them; where NVML did not say, they stay unknown (None)."""
+    mig = "MIG-7a8b9c0d-1e2f-5a3b-8c4d-5e6f7a8b9c0d"
+    raw = with_devices(
+        {**TWO_GPUS["devices"][0], "minor": 1, "mig": []},
+        {**TWO_GPUS["devices"][1], "minor": 0, "mig": [mig], "identity_errors": {}},
+    )
+    view = parse_nvml(raw, SPLIT, **procs({}))
+    assert view.source.ok
+    a, b = view.slots["dark-compute-a"], view.slots["dark-compute-b"]
+    assert (a.minor, a.mig_uuids, b.minor, b.mig_uuids) == (1, (), 0, (mig,))
+    unknown = parse_nvml(TWO_GPUS, SPLIT, **procs({})).slots["dark-compute-a"]
+    assert unknown.minor is None and unknown.mig_uuids is None

@@ -13,6 +13,7 @@ containers, through the real command line.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import socket
 import threading
@@ -107,21 +108,39 @@ def test_what_answers_a_health_url() -> None:
 
 @pytest.mark.docker
 @pytest.mark.root
-def test_an_enter_whose_health_url_already_answers_fails_and_nothing_is_reported_healthy(root: Root) -> None:
+def test_an_enter_whose_health_url_already_answers_is_blocked_and_nothing_is_reported_healthy(
+    root: Root, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Something already serving on the recipe's port is found by plan (docs/design.md, "Knowable failures of an
+    enter"): blocked, nothing created; and should it appear after the plan, the enter's own preflight refuses it
+    before the create, with the message it always gave."""
+    from reconciler.apply import ActionFailed, Applier
+    from reconciler.loader import load_desired
+    from reconciler.planner import Action, ActionKind
+
     port = free_port()
     omni = root.recipe("omni", port=port)
     root.manifest((omni, [B]))
     url = f"http://127.0.0.1:{port}/health"
     with http_server(port):
+        plan = root.cli("plan", "--json")
         r = root.apply()
-    assert r.rc == 1, r
-    data = r.data
-    assert data["result"] == "failed", data
-    [enter] = data["actions"]
-    assert enter["kind"] == "enter" and enter["result"] == "failed", enter
-    assert f"health URL {url}" in enter["detail"] and "already answers (HTTP 200)" in enter["detail"], enter
-    assert "something else serves on its port" in enter["detail"], enter
-    assert "healthy" not in enter["detail"] and "converged" not in r.stdout, r
+        monkeypatch.setenv("RECONCILER_STATE_DIR", root.env["RECONCILER_STATE_DIR"])
+        desired = load_desired(str(root.path))
+        applier = Applier(desired, connect=False)
+        action = Action(ActionKind.ENTER, "test", recipe=omni, gpus=(B,), container=root.cname(omni, B))
+        with pytest.raises(ActionFailed) as failed:
+            applier._check_ports_free(action, desired.recipes[omni])
+    assert plan.rc == 3, plan
+    reasons = " | ".join(b["reason"] for b in plan.data["blockers"])
+    assert f"port {port} of recipe {omni} ({url})" in reasons and f"pid {os.getpid()}" in reasons, reasons
+    assert r.rc == 3 and r.data["result"] == "blocked" and r.data["actions"] == [], r
+    assert "healthy" not in r.stdout and "converged" not in r.stdout, r
+    # The enter's own preflight, should the squatter appear after the plan: the holder is named from /proc (this
+    # test's own process), never asked.
+    cause = failed.value.cause
+    assert f"port {port} (health.url)" in cause and "already bound" in cause, cause
+    assert f"pid {os.getpid()} (" in cause and f"listening on 127.0.0.1:{port}" in cause, cause
     assert root.containers() == [], "refused before create: no container, kept or running"
 
     # The squatter is gone: the same apply converges, and the health check now hears the engine itself.

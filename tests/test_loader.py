@@ -171,16 +171,15 @@ def test_offload_over_tmpfs(root: Path, shared_tmpfs: Path) -> None:
 
 def test_offload_over_tmpfs_names_every_lane_and_reads_the_real_tmpfs(root: Path, shared_tmpfs: Path) -> None:
     """Two offload lanes in GiB against the real tmpfs: the sizes are the real ones, each in its own unit."""
-    lane = (root / "configs/recipes/deepseek-256k-offload.toml").read_text()
-    (root / "configs/recipes/big.toml").write_text(
-        re.sub(r"capacity_gib = .*", "capacity_gib = 1.5", lane).replace(
-            "tensor_parallel_size = 2", "tensor_parallel_size = 1"
-        )
+    lane = (
+        (root / "configs/recipes/deepseek-256k-offload.toml")
+        .read_text()
+        .replace("tensor_parallel_size = 2", "tensor_parallel_size = 1")
+        .replace('"--tensor-parallel-size", "2"', '"--tensor-parallel-size", "1"')
     )
+    (root / "configs/recipes/big.toml").write_text(re.sub(r"capacity_gib = .*", "capacity_gib = 1.5", lane))
     (root / "configs/recipes/small.toml").write_text(
-        re.sub(r"capacity_gib = .*", "capacity_gib = 0.5", lane).replace(
-            "tensor_parallel_size = 2", "tensor_parallel_size = 1"
-        )
+        re.sub(r"capacity_gib = .*", "capacity_gib = 0.5", lane).replace("8000", "8002")  # a port of its own
     )
     write_manifest(
         root,

@@ -43,6 +43,7 @@ from reconciler.metrics import (
 from reconciler.model import HostConfig
 from reconciler.observed import (
     LABEL_HOST,
+    LABEL_INSTALL,
     LABEL_MANAGED,
     LABEL_RECIPE,
     LABEL_SLOTS,
@@ -52,6 +53,7 @@ from reconciler.observed import (
     GpuView,
     Observed,
     Owner,
+    Ownership,
     ShmFile,
     ShmView,
     Source,
@@ -418,6 +420,17 @@ def test_gpu_owners_follow_the_planners_claims() -> None:
     shouting = dataclasses.replace(by_uuid, name="shouting", gpu_devices=("gpu-AAA",))
     owners = gpu_owners(make_observed(containers=(shouting,), slots=slots), host)
     assert owners[A] == (SlotOwner("unmanaged", "", "shouting"),)
+    # This install's labels on a container it did not create (a copy made from a lane's labels): not managed.
+    install = "1" * 32
+    lane = managed("reconciler-omni-dark-compute-b", "omni", (B,))
+    lane = dataclasses.replace(lane, labels={**lane.labels, LABEL_INSTALL: install})
+    copy = dataclasses.replace(lane, id="copy-id".ljust(64, "0"), name="omni-copy")
+    own = Ownership(install_id=install, created=frozenset({lane.id}))
+    observed = dataclasses.replace(make_observed(containers=(lane, copy)), ownership=own)
+    assert gpu_owners(observed, host)[B] == (
+        SlotOwner("managed", "omni", lane.name),
+        SlotOwner("unmanaged", "", "omni-copy"),
+    )
 
 
 def test_configure_follows_recipe_and_slot_edits_but_keeps_a_recipe_in_backoff() -> None:

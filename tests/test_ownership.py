@@ -136,6 +136,100 @@ def test_labels_inherited_from_an_image_prove_nothing(root: Root, tmp_path: Path
         docker_cli("rmi", tag, check=False)
 
 
+def test_a_copy_made_from_a_lanes_labels_is_not_ours(root: Root) -> None:
+    """A container recreated from a lane's `docker inspect` with every label copied (this install's id and create
+    token included) is not this install's: its id is not in the record made at create. It is never stopped or
+    removed, it blocks the enter on its slot, naming why, and it is ours only once adopted."""
+    omni = root.recipe("omni")
+    root.manifest((omni, ["dark-compute-b"]))
+    assert root.apply().rc == 0
+    ours = root.cname(omni, "dark-compute-b")
+    info = root.api.inspect_container(ours)
+    labels = dict(info["Config"]["Labels"])
+    assert labels["io.reconciler.install"] == root.install_id()
+    env = [e for e in info["Config"]["Env"] if e.startswith("NVIDIA_VISIBLE_DEVICES=")]
+    # runlike's way: the same labels and GPU, another name (the lane's name is taken); it sleeps instead of serving
+    # (the lane's port is taken too).
+    copy = root.run_unmanaged(
+        "copy",
+        *[a for k, v in labels.items() for a in ("--label", f"{k}={v}")],
+        *[a for e in env for a in ("-e", e)],
+        "-v",
+        "/usr:/usr:ro",
+        "reconciler/fake-vllm:latest",
+        "python3",
+        "-c",
+        "import time; time.sleep(300)",
+    )
+    try:
+        st = root.cli("status", "--json").data
+        owners = {c["name"]: c["owner"] for c in st["slots"]["dark-compute-b"]["containers"]}
+        assert owners == {ours: "ours", copy: "copied"}, st["slots"]
+        # An empty manifest stops and removes ours, never the copy (which still holds the slot by its labels: the
+        # leave's check that its slot is free says so).
+        root.manifest()
+        res = root.apply()
+        assert [(a["kind"], a["container"]) for a in res.data["actions"]] == [("leave", ours)], res
+        assert res.rc == 1 and f"still held by {copy}" in res.data["actions"][0]["detail"], res
+        assert copy in root.running() and ours not in root.running()
+        # The lane wanted again: blocked by the copy, which is named with the reason and the fix; nothing runs.
+        root.manifest((omni, ["dark-compute-b"]))
+        p = root.cli("plan", "--json")
+        assert p.rc == 3, p
+        (blocker,) = p.data["blockers"]
+        assert blocker["holder"] == copy and blocker["cause"] == "adopt", blocker
+        assert "carries this install's labels but was not created by it" in blocker["reason"]
+        assert f"reconciler adopt {copy}" in blocker["reason"]
+        res = root.apply()
+        assert res.rc == 3 and res.data["actions"] == [], res
+        assert set(root.running()) == {copy}
+        # The operator says it is the lane: adopted, logged, and from then on this install's.
+        a = root.cli("adopt", copy)
+        assert a.rc == 0 and f"adopted {copy}" in a.stdout, a
+        assert root.cli("status", "--json").data["slots"]["dark-compute-b"]["containers"][0]["owner"] == "ours"
+    finally:
+        docker_cli("rm", "-f", copy, check=False)
+
+
+def test_an_install_from_before_the_record_keeps_its_lane_and_records_it_once(root: Root) -> None:
+    """An upgrade: the install's lane runs, but its state predates the record of created ids. Its first apply records
+    the containers that carry its labels then (logged), changes nothing else, and from then on a copy is refused."""
+    omni = root.recipe("omni")
+    root.manifest((omni, ["dark-compute-b"]))
+    assert root.apply().rc == 0
+    ours = root.cname(omni, "dark-compute-b")
+    lane = root.running()[ours]["Id"]
+    host_dir = Path(root.env["RECONCILER_STATE_DIR"]) / root.host
+    for name, drop in (("install.json", "records_created"), ("containers.json", "created")):
+        path = host_dir / name
+        data = json.loads(path.read_text())
+        del data[drop]
+        path.write_text(json.dumps(data))
+    assert root.cli("plan").rc == 0  # the labels decide until the first apply: its lane is its own
+    res = root.apply()
+    assert res.rc == 0 and res.data["actions"] == [], res
+    assert root.running()[ours]["Id"] == lane
+    assert json.loads((host_dir / "containers.json").read_text())["created"] == [lane]
+    log = [json.loads(line) for line in (host_dir / "ownership.log").read_text().splitlines()]
+    assert [(e["event"], e["ids"]) for e in log] == [("record-created", [lane])]
+    labels = root.api.inspect_container(lane)["Config"]["Labels"]
+    copy = root.run_unmanaged(
+        "copy",
+        *[a for k, v in labels.items() for a in ("--label", f"{k}={v}")],
+        "-v",
+        "/usr:/usr:ro",
+        "reconciler/fake-vllm:latest",
+        "python3",
+        "-c",
+        "import time; time.sleep(300)",
+    )
+    try:
+        owners = {c["name"]: c["owner"] for c in root.cli("status", "--json").data["containers"]}
+        assert owners == {ours: "ours", copy: "copied"}, owners
+    finally:
+        docker_cli("rm", "-f", copy, check=False)
+
+
 def test_moving_a_slot_to_another_gpu_recreates_the_container_and_says_why(root: Root) -> None:
     omni = root.recipe("omni")
     root.manifest((omni, ["dark-compute-b"]))

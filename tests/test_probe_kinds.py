@@ -269,6 +269,21 @@ def test_a_recipes_schema_is_checked_by_the_meta_schema_and_misspelt_keywords_ar
             ProbeSpec(name="s", prompt="x", json_schema=bad)
 
 
+def test_a_recipes_schema_references_resolve_within_it_at_load() -> None:
+    defs = {"$defs": {"n": {"type": "integer"}}}
+    ok = {"type": "object", "properties": {"a": {"$ref": "#/$defs/n"}, "b": {"$ref": "#"}}, **defs}
+    assert ProbeSpec(name="s", prompt="x", json_schema=ok).json_schema == ok
+    nested = {"$id": "https://example.com/outer", "properties": {"a": {"$ref": "outer#/$defs/n"}}, **defs}
+    assert ProbeSpec(name="s", prompt="x", json_schema=nested).json_schema == nested
+    for bad, at in (
+        ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}, **defs}, "properties.a.$ref"),
+        ({"items": {"$ref": "https://example.com/elsewhere.json"}}, "items.$ref"),
+        ({"allOf": [{"$ref": "#/$defs/n"}, {"$ref": "#/nowhere"}], **defs}, "allOf[1].$ref"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(f"probes.json_schema.{at}") + ".*does not resolve within"):
+            ProbeSpec(name="s", prompt="x", json_schema=bad)
+
+
 VLLM_METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{engine="0",model_name="a}b"} 2.0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -17,9 +19,11 @@ from reconciler.observe.procfs import (
     parse_cgroup_container_ids,
     parse_maps,
     parse_maps_line,
+    scan_holders,
+    settle_scan,
 )
-from reconciler.observe.shm import describe_owners, owner_container
-from reconciler.observed import Owner
+from reconciler.observe.shm import DirEntry, DirListing, build_view, describe_owners, owner_container
+from reconciler.observed import ContainerView, Owner, Source, Tmpfs
 
 TMPFS = os.makedev(0, 41)  # printed "00:29"
 
@@ -257,3 +261,168 @@ def test_owner_shown_for_a_holder_never_names_an_unknown_id_as_a_container() -> 
     assert describe_owners(owners) == (
         f"mapped by pid 7 in a container unknown to this engine: {INNER[:12]}; held open by pid 8 in container dind"
     )
+
+
+# ---------------------------------------------------------------- which running offload container keeps unowned files
+
+
+@dataclass
+class _Cfg:
+    dir: str = "/dev/shm"
+    pattern: str = "vllm_offload_*.mmap"
+    ignore_uninspectable_pids: list[int] = field(default_factory=list)
+
+
+def _view(containers: list[ContainerView], holders: dict[int, list[Owner]], settled: set[str]):  # type: ignore[no-untyped-def]
+    entries = (
+        DirEntry("vllm_offload_a.mmap", 0o100600, TMPFS, 7, 4096, 4096, 1),  # lane a's own, mapped by it
+        DirEntry("vllm_offload_dead.mmap", 0o100600, TMPFS, 8, 4096, 4096, 1),  # a dead lane's: nothing holds it
+    )
+    listing = DirListing(TMPFS, 2, entries, Tmpfs(1 << 30, 8192, (1 << 30) - 8192))
+    return build_view(
+        _Cfg(),
+        listing=listing,
+        holders=holders,
+        deleted=(),
+        unreadable={},
+        containers=containers,
+        docker=Source("docker", True),
+        settled=settled,
+    )
+
+
+LANE_A = ContainerView(id="a" * 64, name="reconciler-small-a", state="running", image="i", offload=True)
+LANE_A_HOLDS = {7: [Owner(1001, "map", "reconciler-small-a", "vllm")]}
+
+
+def test_a_settled_offload_lane_seen_holding_its_file_keeps_no_other_file() -> None:
+    view = _view([LANE_A], LANE_A_HOLDS, {LANE_A.id})
+    assert view.blocking_containers == ()
+    assert {f.path.rsplit("/", 1)[1]: f.state for f in view.files} == {
+        "vllm_offload_a.mmap": "owned",
+        "vllm_offload_dead.mmap": "orphan",
+    }
+
+
+@pytest.mark.parametrize(
+    ("settled", "holders", "why"),
+    [
+        (set(), LANE_A_HOLDS, "not recorded healthy: may still be making its file"),
+        ({LANE_A.id}, {}, "seen holding nothing: its processes may not be visible, or its file not made yet"),
+        (
+            {LANE_A.id},
+            {7: [Owner(1001, "map", "reconciler-other", "vllm")]},
+            "the file it would hold is another container's",
+        ),
+    ],
+)
+def test_an_offload_lane_not_accounted_for_keeps_every_unowned_file(
+    settled: set[str], holders: dict[int, list[Owner]], why: str
+) -> None:
+    view = _view([LANE_A], holders, settled)
+    assert view.blocking_containers == ("reconciler-small-a",), why
+    assert view.by_state("orphan") == (), why
+
+
+def test_a_foreign_offload_container_keeps_every_unowned_file_beside_a_settled_lane() -> None:
+    foreign = ContainerView(id="f" * 64, name="someone-vllm", state="running", image="i", offload=True)
+    view = _view([LANE_A, foreign], LANE_A_HOLDS, {LANE_A.id})
+    assert view.blocking_containers == ("someone-vllm",)
+    assert [f.state for f in view.files if f.path.endswith("dead.mmap")] == ["blocked"]
+
+
+# ---------------------------------------------------------------- the scan's listings (settle_scan, on plain values)
+
+
+class _Proc:
+    """A /proc of plain values: pid -> (start time, inodes mapped); ``on_read`` moves it before each read."""
+
+    def __init__(self, procs: dict[int, tuple[int, set[int]]]):
+        self.procs = procs
+        self.reads: list[int] = []
+        self.on_read: list[Callable[[], None]] = []
+
+    def list_pids(self) -> list[str]:
+        for hook in list(self.on_read):
+            hook()
+        return [str(p) for p in sorted(self.procs)]
+
+    def start_time(self, pid: int) -> int | None:
+        return self.procs[pid][0] if pid in self.procs else None
+
+    def scan_names(self, names: list[str], scan: HolderScan) -> None:
+        for name in names:
+            for hook in list(self.on_read):
+                hook()
+            pid = int(name)
+            if pid not in self.procs:
+                continue
+            self.reads.append(pid)
+            start, maps = self.procs[pid]
+            scan.seen[pid] = start
+            if maps:
+                scan.mapped.setdefault(pid, set()).update(maps)
+
+    def scan(self, max_rounds: int = 16) -> HolderScan:
+        scan = HolderScan(dev=TMPFS)
+        self.scan_names(self.list_pids(), scan)
+        return settle_scan(
+            scan,
+            list_pids=self.list_pids,
+            start_time=self.start_time,
+            scan_names=self.scan_names,
+            max_rounds=max_rounds,
+        )
+
+
+def test_a_child_born_after_the_listing_is_read_at_the_next_one() -> None:
+    """The holder forks (the child has the mapping) and exits before it is read: one listing missed the file."""
+    proc = _Proc({10: (1, set()), 20: (2, {7})})
+
+    def hand_down() -> None:
+        if 20 in proc.procs and proc.reads == [10]:
+            proc.procs[30] = (3, {7})
+            del proc.procs[20]
+
+    proc.on_read.append(hand_down)
+    scan = proc.scan()
+    assert scan.rounds == 2 and not scan.unstable
+    assert scan.holders() == {7: [(30, "map")]}
+
+
+def test_a_reused_pid_number_is_read_again() -> None:
+    """Pid 20 exits after it was read and its number goes to the holder's child (another start time)."""
+    proc = _Proc({10: (1, {7}), 20: (2, set())})
+
+    def reuse() -> None:
+        if proc.reads == [10, 20] and proc.procs.get(10, (0,))[0] == 1:
+            proc.procs[20] = (5, {7})  # the child of 10, under 20's number
+            del proc.procs[10]
+
+    proc.on_read.append(reuse)
+    scan = proc.scan()
+    assert proc.reads == [10, 20, 20] and scan.seen[20] == 5 and scan.rounds == 2
+
+
+def test_a_listed_pid_that_cannot_be_read_does_not_keep_the_scan_going(tmp_path: Path) -> None:
+    """A zombie (its stat there, its maps and fds not) is listed at every listing: read once, not a new process."""
+    for pid, files in ((10, ("stat", "maps")), (11, ("stat",))):
+        (tmp_path / str(pid)).mkdir()
+        for name in files:
+            (tmp_path / str(pid) / name).write_text(f"{pid} (x) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {pid} 0 0\n")
+    (tmp_path / "10" / "fd").mkdir()
+    scan = scan_holders(TMPFS, proc_root=str(tmp_path), workers=1)
+    assert scan.rounds == 1 and scan.unstable == "" and set(scan.seen) == {10, 11}
+
+
+def test_processes_that_keep_appearing_leave_the_scan_incomplete() -> None:
+    proc = _Proc({10: (1, set())})
+    born = [100]
+
+    def fork() -> None:
+        born[0] += 1
+        proc.procs[born[0]] = (born[0], set())
+
+    proc.on_read.append(fork)
+    scan = proc.scan(max_rounds=4)
+    assert scan.rounds == 4 and "processes kept appearing" in scan.unstable

@@ -427,3 +427,79 @@ def test_an_unmanaged_container_with_an_api_key_blocks_a_slot_and_leaks_nowhere(
     assert f"--api-key {MASK} --hf-token={MASK}" in owners[0]["command"]
     assert f"{pid} map+fd ({name})" in shm_text.stdout
     assert os.path.exists(path)
+
+
+# ---------------------------------------------------------------- learned secret values
+
+
+@pytest.fixture
+def learned(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The values this test teaches the redaction are forgotten afterwards (they are process-wide)."""
+    import reconciler.redact as r
+
+    for name in ("_NEEDLES", "_NAMES", "_NAME_MARKERS", "_NAMED"):
+        monkeypatch.setattr(r, name, getattr(r, name))
+    yield
+
+
+def test_a_learned_value_is_masked_in_every_form(learned: None) -> None:
+    from reconciler.redact import learn_secrets, redact_fields
+
+    value, odd = "Zq7pW2mXk9vR", "plain-access-4711x"
+    texts = [
+        f"HF_TOKEN={value}",
+        f"HF_TOKEN: {value}",
+        f"token is {value} (bare)",
+        f"x{value}y",
+        f"access {odd} granted",
+        f'{{"MODEL_ACCESS": "{odd}"}}',
+    ]
+    # Before: no rule knows these shapes.
+    assert [redact_text(t) for t in texts][2:] == texts[2:]
+    learn_secrets({"HF_TOKEN": value, "MODEL_ACCESS": odd})
+    out = [redact_text(t) for t in texts]
+    assert out == [
+        "HF_TOKEN=***",
+        "HF_TOKEN: ***",
+        "token is *** (bare)",
+        "x***y",
+        "access *** granted",
+        '{"MODEL_ACCESS": "***"}',
+    ]
+    # Every way out: a command line, a JSON value, a log line's fields.
+    assert value not in redact_cmdline(f"vllm serve m --served-model-name {value}")
+    assert redact_data({"logs": [f"printed {value}"]}) == {"logs": ["printed ***"]}
+    assert redact_fields({"detail": f"ERROR {odd}"}) == {"detail": "ERROR ***"}
+
+
+def test_a_value_with_a_space_or_a_quote_is_masked_whole(learned: None) -> None:
+    from reconciler.redact import learn_secrets, redact_json
+
+    learn_secrets({"A": "two words here", "B": 'quo"te-and\\slash'})
+    assert redact_cmdline("serve --model x two words here --port 1") == "serve --model x *** --port 1"
+    # A lane that logs JSON quotes the value escaped: that form is a needle too.
+    assert redact_text('{"b": "quo\\"te-and\\\\slash"}') == '{"b": "***"}'
+    assert json.loads(redact_json({"x": 'quo"te-and\\slash'})) == {"x": "***"}
+
+
+def test_a_short_value_is_masked_under_its_name_only(learned: None) -> None:
+    """A value under MIN_SECRET_CHARS would turn up by chance in ordinary output (a port, a pid): it is masked
+    after its name, not wherever it appears."""
+    from reconciler.redact import MIN_SECRET_CHARS, learn_secrets
+
+    assert MIN_SECRET_CHARS == 6
+    learn_secrets({"LANE_PIN": "8000"})
+    assert redact_text("listening on port 8000, pid 18000") == "listening on port 8000, pid 18000"
+    assert redact_text("LANE_PIN=8000 and LANE_PIN: 8000") == "LANE_PIN=*** and LANE_PIN: ***"
+
+
+def test_secret_file_and_environment_values_are_learned_where_read(
+    learned: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from reconciler.secrets import resolve
+
+    env_file = tmp_path / "secrets.env"
+    env_file.write_text("FROM_FILE=file-value-0001\nUNUSED=unused-value-0002\n")
+    env_file.chmod(0o600)
+    resolve(str(env_file), ["FROM_FILE", "FROM_ENV"], environ={"FROM_ENV": "env-value-0003"})
+    assert redact_text("file-value-0001 unused-value-0002 env-value-0003") == "*** *** ***"

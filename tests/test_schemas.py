@@ -80,7 +80,14 @@ LOADER_ONLY = {
     "293-recipe-probe-tools-function-not-offered": "one probe setting read against another",
     "294-recipe-probe-tool-parameters-not-a-schema": "a tool's parameters, read against the meta-schema",
     "295-recipe-probe-needle-with-contains": "what each probe kind reads",
+    "338-recipe-probe-schema-unresolvable-ref": "a probe's own JSON Schema, its references resolved within it",
     "253-recipe-probe-bad-regex": "a regular expression that does not compile is the loader's to find",
+    "332-recipe-command-tp-mismatch": "the server's flags read against tensor_parallel_size",
+    "333-recipe-command-tp-short-flag-mismatch": "the server's flags read against tensor_parallel_size",
+    "334-recipe-command-tp-equals-mismatch": "the server's flags read against tensor_parallel_size",
+    "335-manifest-two-host-network-lanes-one-health-port": "a comparison across assignments and their recipes",
+    "336-manifest-two-host-network-lanes-one-command-port": "a comparison across assignments and their recipes",
+    "337-manifest-one-host-network-recipe-twice": "a comparison across assignments and their recipes",
 }
 
 

@@ -664,6 +664,10 @@ def _fake_proc(root: Path, real_file: Path, dev: int, inode: int) -> None:
     line = f"7f0000000000-7f0000100000 rw-s 00000000 {os.major(dev):02x}:{os.minor(dev):02x} {inode}    {real_file}\n"
     (root / "4444" / "maps").write_text("55ef93536000-55ef936c5000 rw-p 00000000 00:00 0    [heap]\n" + line)
     (root / "4444" / "fd" / "7").symlink_to(real_file)  # stat follows it to the very file, like /proc's links
+    for pid in (4242, 4444):  # a live process's stat: its start time (field 22) read before its maps
+        (root / str(pid) / "stat").write_text(
+            f"{pid} (python3) S 1 {pid} {pid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 777 0 0\n"
+        )
     (root / "self").mkdir()
 
 
@@ -1155,3 +1159,43 @@ def test_cli_reclaim_removes_only_the_paths_the_dry_run_listed(shm: Path, tmp_pa
     out = json.loads(done.stdout)
     assert [r["path"] for r in out["reclaimed"]] == [str(planned)] and out["verified"] is True
     assert os.stat(late).st_ino == st.st_ino and not planned.exists()
+
+
+# ---------------------------------------------------------------- a stopped container's own files (safety rule 2)
+
+
+def _starting_offload_lane() -> Observation:
+    """An engine running one native-offload container that is not settled yet (another lane still entering)."""
+    lane = ContainerView(id="b" * 64, name="reconciler-starting-lane", state="running", image="i", offload=True)
+    return (lane,), Source("docker", True)
+
+
+def test_a_stopped_containers_own_file_goes_while_another_offload_lane_is_starting(shm: Path) -> None:
+    """A failed enter (or a leave) claims the files its container was the only one seen holding: no running
+    offload container can be making such a file, so one still starting keeps only the files nobody can account
+    for, and the claimed file goes (it was refused, and the planner had counted it as room)."""
+    own = shm / "vllm_offload_own.mmap"
+    make_file(own, MIB)
+    stray = shm / "vllm_offload_stray.mmap"
+    st = make_file(stray, MIB)
+
+    res = reclaim(
+        config(shm),
+        observe_docker=_starting_offload_lane,
+        confirm=True,
+        only_paths=[str(own)],
+        claimed=[str(own)],
+        sleep=lambda s: None,
+    )
+    assert res.refused is None and [f.path for f in res.reclaimed] == [str(own)], res
+    assert not own.exists() and os.stat(stray).st_ino == st.st_ino
+
+    both = reclaim(
+        config(shm),
+        observe_docker=_starting_offload_lane,
+        confirm=True,
+        only_paths=[str(stray)],
+        claimed=[],
+        sleep=lambda s: None,
+    )
+    assert both.refused and "reconciler-starting-lane" in both.refused and stray.exists()

@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 from sim.machine import HostMachine
+from sim.seams import sim_scan
 
 EXAMPLES = int(os.environ.get("SIM_EXAMPLES", "1200"))
 
@@ -121,6 +123,260 @@ def test_a_container_podman_is_stopping_still_holds_its_card() -> None:
         assert [c.name for c in m.world.containers.values() if c.ours and c.state == "running"] == [
             "reconciler-omni-dark-compute-b"
         ]
+        m.no_violation()
+    finally:
+        m.teardown()
+
+
+def test_an_idle_privileged_container_holds_every_card() -> None:
+    """A foreign container run with --privileged that runs nothing on any card (NVML lists no process of it): only
+    the engine says it sees every card, and no lane is entered beside it (the soak's seed 8 entered one on the code
+    before)."""
+    m = _machine()
+    try:
+        m.foreign_container(card=0, by="privileged", kind="foreign", running=True, idle=True)
+        m.edit_manifest("split")
+        m.faults_stop_and_host_settles()
+        assert not [c for c in m.world.containers.values() if c.ours], m.world.containers
+        assert "it runs privileged" in json.dumps(m.plan_json())
+        m.no_violation()
+    finally:
+        m.teardown()
+
+
+def test_device_nodes_and_mig_ids_hold_their_cards_idle_or_not() -> None:
+    """Idle foreign containers given card 1 by its device node, a CDI name and a MIG device: the lane on the card of
+    dark-compute-b is blocked by it, and under NVML (which tells each card's minor number and MIG devices) the other
+    card is free: its lane is planned."""
+    for by in ("device-node", "cdi", "mig-uuid", "mig-index"):
+        m = _machine()
+        try:
+            m.foreign_container(card=1, by=by, kind="foreign", running=True, idle=True)
+            m.edit_manifest("swapped")
+            plan = m.plan_json()
+            assert [(b["recipe"], b["gpus"], b["cause"]) for b in plan["blockers"]] == [
+                ("small", ["dark-compute-b"], "held")
+            ], (by, plan)
+            assert [(a["kind"], a["gpus"]) for a in plan["actions"]] == [("enter", ["dark-compute-a"])], (by, plan)
+            # Blockers are scoped to their slots: the free card's lane enters, nothing of ours lands on card 1.
+            m.loop_pass()
+            ours = [c for c in m.world.containers.values() if c.ours and c.state == "running"]
+            assert [c.name for c in ours] == ["reconciler-omni-dark-compute-a"], (by, m.world.containers)
+            m.no_violation()
+        finally:
+            m.teardown()
+
+
+def test_a_copy_of_a_lane_with_every_label_is_never_touched() -> None:
+    """A copy of this install's running lane made from its labels (its install id and create token included), on
+    the same card: not a duplicate to remove, and an empty manifest stops the lane, never the copy."""
+    m = _machine()
+    try:
+        m.edit_manifest("split")
+        m.loop_pass()
+        m.foreign_container(card=0, by="none", kind="copied", running=True)
+        copies = [c for c in m.world.containers.values() if not c.ours]
+        assert len(copies) == 1 and copies[0].labels.get("io.reconciler.install") == m.world.install_id
+        m.loop_pass()
+        m.edit_manifest("empty")
+        m.loop_pass()
+        m.cli_apply()
+        assert copies[0].id in m.world.containers and copies[0].state == "running"
+        assert not [c for c in m.world.containers.values() if c.ours and c.state == "running"]
+        m.no_violation()
+    finally:
+        m.teardown()
+
+
+# ---------------------------------------------------------------- the shm guard's holes (the scan, two offload lanes)
+
+
+def _files_by_maker(m: HostMachine) -> dict[str, str]:
+    return {f.name: f.maker for f in m.world.files.values()}
+
+
+@pytest.mark.parametrize("every", [1, 2, 5])
+def test_a_mapping_handed_down_by_fork_during_the_scan_is_never_unlinked(every: int) -> None:
+    """A prefork chain maps an orphan-looking file and forks a new holder (a reused pid number at times) every
+    ``every`` reads of /proc: the scan lists again until no unread pid appears and finds the chain's newest pid
+    (owned), or, handed down at every read, never settles and fails closed (blocked); either way the file stays,
+    and the lease gate is never the only thing that kept it (the checker says so if it were)."""
+    m = _machine()
+    try:
+        m.orphan_appears(1)
+        m.fork_chain_maps_file(pick=0, every=every, reuse=True)
+        for _ in range(3):
+            m.loop_pass()
+            m.cli_apply()
+        assert len(m.world.files) == 1, _files_by_maker(m)
+        [f] = m.world.files.values()
+        scan = sim_scan(m.world)
+        assert bool(scan.unstable) if every == 1 else f.inode in scan.holders(), (scan.rounds, scan.unstable)
+        m.no_violation()
+        m.readers_exit(now=True)
+        m.loop_pass()
+        assert not m.world.files, _files_by_maker(m)
+        m.no_violation()
+    finally:
+        m.teardown()
+
+
+def test_the_checker_catches_a_scan_that_lists_proc_once(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The checker has teeth: with the scan's re-listing taken away (one listing, as before), the fork chain's
+    file is judged orphan, and the only thing that keeps it is the lease gate, which the checker reports."""
+    import reconciler.observe.procfs as procfs
+
+    monkeypatch.setattr(procfs, "settle_scan", lambda scan, **kw: scan)
+    import sim.seams as seams
+
+    monkeypatch.setattr(seams, "settle_scan", lambda scan, **kw: scan, raising=False)
+    m = _machine()
+    try:
+        m.orphan_appears(1)
+        m.fork_chain_maps_file(pick=0, every=1, reuse=False)
+        m.loop_pass()
+        assert len(m.world.files) == 1
+        assert any("the /proc scan missed" in v for v in m.world.violations), m.world.violations
+    finally:
+        m.world.violations.clear()
+        m.teardown()
+
+
+def test_two_offload_lanes_converge_after_one_dies() -> None:
+    """Two native-offload lanes; one crashes and leaves its file: the other lane is settled and seen holding its
+    own, so the dead lane's file is an orphan that goes (it was kept forever while any offload lane ran)."""
+    m = _machine()
+    try:
+        m.edit_manifest("two-offload")
+        m.cli_apply()
+        assert len(m.world.files) == 2, _files_by_maker(m)
+        medium = next(c for c in m.world.containers.values() if c.name.startswith("reconciler-medium"))
+        m.world._exit(medium, 1)
+        m.faults_stop_and_host_settles()
+        live = {f"container:{c.id}" for c in m.world.containers.values() if c.state == "running"}
+        assert set(_files_by_maker(m).values()) <= live, (_files_by_maker(m), live)
+        m.no_violation()
+    finally:
+        m.teardown()
+
+
+def test_a_plan_saved_before_the_host_changed_is_stale_and_writes_nothing() -> None:
+    """A second terminal saves a plan, an orphan appears and a reader lets go of a file meanwhile, and the plan is
+    applied steps later: stale, nothing written; saved again and applied at once, it runs exactly its steps."""
+    m = _machine()
+    try:
+        m.edit_manifest("split")
+        m.plan_saved()
+        m.orphan_appears(1)
+        mark = len(m.world.writes)
+        m.saved_plan_applied(0)
+        m.no_violation()
+        assert m.world.writes[mark:] == [], "a stale saved plan wrote"
+        assert m.world.containers == {} or all(not c.ours for c in m.world.containers.values())
+        m.plan_saved()
+        m.saved_plan_applied(1)
+        m.no_violation()
+        assert [c.name for c in m.world.containers.values() if c.ours], "the fresh saved plan ran"
+        # The prompt: shown, the host changes (another orphan), answered: stale, nothing written.
+        m.edit_manifest("empty")
+        m.prompt_shown()
+        m.orphan_appears(1)
+        mark = len(m.world.writes)
+        m.prompt_answered()
+        m.no_violation()
+        assert m.world.writes[mark:] == []
+    finally:
+        m.teardown()
+
+
+def test_one_of_two_offload_lanes_leaves_and_its_file_goes() -> None:
+    """The leave of one native-offload lane while the other runs reclaims its file and meets its postcondition
+    (it failed on every pass: the running lane kept the file from reclaim)."""
+    m = _machine()
+    try:
+        m.edit_manifest("two-offload")
+        m.cli_apply()
+        m.edit_manifest("one-offload")
+        m.cli_apply()
+        small = [c for c in m.world.containers.values() if c.state == "running"]
+        assert [c.name for c in small] == ["reconciler-small-dark-compute-a"]
+        assert set(_files_by_maker(m).values()) == {f"container:{small[0].id}"}, _files_by_maker(m)
+        assert m.plan_json()["actions"] == []
+        m.no_violation()
+    finally:
+        m.teardown()
+
+
+def test_a_leave_keeps_a_file_its_container_shares_and_still_converges() -> None:
+    """A reader maps the offload file of the lane that leaves: the plan lists no file for the leave (the file has
+    another holder), the leave removes none and meets its postcondition (it tried to reclaim the file, which the
+    guard kept, and failed its pass on that file); once the reader exits, the file is an orphan and goes."""
+    m = _machine()
+    try:
+        m.edit_manifest("exclusive")
+        m.loop_pass()
+        m.process_takes_file(pick=0, via="map", now=True)
+        m.edit_manifest("split")
+        result = m._pass()
+        assert result is not None and result.result == "converged", (result.result, result.message)
+        running = [c.name for c in m.world.containers.values() if c.ours and c.state == "running"]
+        assert running == ["reconciler-omni-dark-compute-b"], m.sink.lines
+        assert len(m.world.files) == 1 and m.plan_json()["actions"] == [], m.plan_json()
+        m.readers_exit(now=True)
+        m.loop_pass()
+        assert not m.world.files
+        m.no_violation()
+    finally:
+        m.teardown()
+
+
+def test_a_failed_enter_leaves_a_pattern_file_another_program_wrote_meanwhile() -> None:
+    """Another program writes a pattern file while an enter waits for health, and the enter fails: the failed
+    enter removes only what its container was seen holding, never that file (it removed every file new since its
+    create)."""
+    m = _machine()
+    try:
+        m.recipe_behaves("small", "crash")
+        m.edit_manifest("one-offload")
+        m.other_program_writes_pattern_file(held=False, now=False, gib=1)
+        m.cli_apply()
+        assert "program:writer" in _files_by_maker(m).values(), _files_by_maker(m)
+        m.no_violation()
+    finally:
+        m.teardown()
+
+
+def test_a_leave_reclaims_its_own_file_while_a_foreign_offload_container_runs() -> None:
+    """Someone else's native-offload vLLM runs beside our offload lane; our lane leaves: the file only its container
+    was seen holding goes (no running container can be making it), the foreign one's stays, and the pass converges
+    (it failed on every pass: the foreign container kept our lane's file blocked)."""
+    m = _machine()
+    try:
+        m.edit_manifest("one-offload")
+        m.loop_pass()
+        m.foreign_offload_container(holds_file=True)
+        m.edit_manifest("empty")
+        result = m._pass()
+        assert result is not None and result.result == "converged", (result.result, result.message)
+        assert set(_files_by_maker(m).values()) == {
+            f"container:{c.id}" for c in m.world.containers.values() if not c.ours
+        }, _files_by_maker(m)
+        m.no_violation()
+    finally:
+        m.teardown()
+
+
+def test_two_fork_chains_together_keep_the_scan_from_settling_and_that_is_a_true_cause() -> None:
+    """Two chains, each handing down at every other read of /proc, hand down at every read together: no listing
+    settles, /proc stays unavailable while they run (fail closed), and the liveness check counts them as the real
+    cause (the soak's seed 424242 found the check calling it false)."""
+    m = _machine()
+    try:
+        m.orphan_appears(1)
+        m.fork_chain_maps_file(pick=0, every=2, reuse=False)
+        m.fork_chain_maps_file(pick=0, every=2, reuse=False)
+        m.faults_stop_and_host_settles()
+        assert len(m.world.files) == 1
         m.no_violation()
     finally:
         m.teardown()

@@ -5,6 +5,8 @@ here, not in a soak that no longer proves anything."""
 
 from __future__ import annotations
 
+import os
+import stat
 from typing import Any
 
 import pytest
@@ -12,6 +14,8 @@ from e2e_helpers import Root, docker_cli
 from sim.machine import HostMachine
 from sim.world import GIB
 from test_e2e_apply import wait_for_no_offload_container
+
+from reconciler.observe.docker_obs import NVIDIA_MAJOR
 
 MIB = 1 << 20
 
@@ -75,12 +79,14 @@ def test_the_simulation_plans_as_the_real_host_does(root: Root, image: str) -> N
         compare("split to exclusive")
         both_apply()
         compare("exclusive converged")
-        # 3: an orphan appears while the offload lane runs: kept (blocked), listed by nothing.
+        # 3: an orphan appears while the offload lane runs: the lane is settled and seen holding its own file, so
+        # the orphan is no file it could own, and a reclaim lists it (safety rule 2).
         with open(root.shm / "vllm_offload_crashed.mmap", "wb") as fh:
             fh.write(b"\0" * MIB)
         sim.m.world.add_file(GIB)
         compare("an orphan beside a running offload lane")
-        # 4: back to split: the leave lists its own file and the orphan its lane kept from reclaim.
+        assert ("reclaim", None, (), 1) in steps[-1][1]["actions"], steps[-1]
+        # 4: back to split: the reclaim lists the orphan, the leave its own file.
         root.manifest((real_omni, ["dark-compute-b"]))
         sim.m.edit_manifest("split")
         compare("exclusive to split")
@@ -103,5 +109,33 @@ def test_the_simulation_plans_as_the_real_host_does(root: Root, image: str) -> N
             fh.write(b"\0" * MIB)
         sim.m.world.add_file(GIB)
         compare("an orphan while nothing offloads")
+        # 7: a plan saved now (its reclaim and enter), then another orphan: applied later, it is stale on both hosts
+        # and changes nothing; the plan both make then lists both orphans.
+        saved = root.path.parent / "saved-plan.json"
+        assert root.cli("plan", "--out", str(saved)).rc == 2
+        sim.m.plan_saved()
+        before, sim_writes = root.snapshot(), len(sim.m.world.writes)
+        with open(root.shm / "vllm_offload_later.mmap", "wb") as fh:
+            fh.write(b"\0" * MIB)
+        sim.m.world.add_file(GIB)
+        real = root.cli("apply", str(saved), "--json")
+        assert real.rc == 1 and real.data["result"] == "stale", str(real)
+        sim.m.saved_plan_applied(len(sim.m.saved) - 1)
+        sim.m.no_violation()
+        assert root.snapshot() == before and len(root.shm_files()) == 2, "the stale plan changed nothing"
+        assert sim.m.world.writes[sim_writes:] == [] and len(sim.m.world.files) == 2
+        compare("a saved plan gone stale")
+        # 8: a device-node squatter: a container given a card's node (--device; made with mknod, numbered 195:N, under
+        # a name that is no card's), no GPU request, nothing running on the card. Without telemetry no minor number
+        # is known: it may be any slot's card, and the enter is blocked.
+        node = root.path / "gpu-node"
+        os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(NVIDIA_MAJOR, index % 254))
+        root.run_unmanaged(
+            "node-squatter", "--device", f"{node}:/dev/accel0", "-v", "/usr:/usr:ro", image, "sleep", "300"
+        )
+        sim.m.world.foreign("node-squatter", devices=[f"/dev/nvidia{sim.m.world.cards[0].minor}"], idle=True)
+        compare("a device-node squatter")
+        assert steps[-1][1]["blocked"] and steps[-1][1]["causes"] == ["held"], steps[-1]
+        docker_cli("rm", "-f", f"node-squatter-{root.tag}")
     finally:
         sim.m.teardown()

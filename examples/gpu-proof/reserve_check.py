@@ -18,6 +18,7 @@ from reconciler.apply import Applier, BelowReserve
 from reconciler.loader import load_desired
 from reconciler.model import container_name
 from reconciler.planner import Action, ActionKind
+from reconciler.vram import enter_reserve_verdict
 
 
 def main() -> int:
@@ -43,7 +44,10 @@ def main() -> int:
         verdict = applier.check_reserve(action, observed)
         out.update(result="stays", verdict=verdict.to_json(), message=verdict.message())
     except BelowReserve as exc:
-        out.update(result="failed", cause=exc.cause, verdict=applier._extra.get("gpu_reserve"))
+        # The verdict the check failed on: the same call on the same observation (the applier keeps its figures
+        # per running action, for the outcome, and none runs here).
+        verdict = enter_reserve_verdict(desired, action.recipe, observed.gpus, action.gpus)
+        out.update(result="failed", cause=exc.cause, verdict=verdict.to_json())
     print(json.dumps(out))
     return 0 if out["result"] == expect else 1
 

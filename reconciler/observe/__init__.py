@@ -8,6 +8,7 @@ reconciler.observe.shm``, say) does not pay for pydantic, the Docker SDK and NVM
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -16,23 +17,49 @@ if TYPE_CHECKING:
     from reconciler.observed import Observed
 
 
-def observe(host: HostConfig, *, docker: DockerObserver | None = None, proc_root: str = "/proc") -> Observed:
+def observe(
+    host: HostConfig,
+    *,
+    docker: DockerObserver | None = None,
+    proc_root: str = "/proc",
+    images: Collection[str] = (),
+    ports: Collection[int] = (),
+) -> Observed:
+    """One observation. ``images`` and ``ports`` (``planner.enter_needs``: what the recipes' enters need) are
+    looked up for the planner's checks of knowable failures; without them those are not judged."""
     from reconciler.observe.docker_obs import DockerObserver
     from reconciler.observe.gpu import observe_gpus
     from reconciler.observe.shm import inspect_shm
-    from reconciler.observed import Observed
+    from reconciler.observed import EnterFacts, Observed
     from reconciler.state import read_ownership
 
     docker = docker or DockerObserver.for_host(host)
     containers, docker_source = docker.observe()
     known = {c.id for c in containers} if docker_source.ok else None
     gpus = observe_gpus(host, known_containers=known)
-    shm = inspect_shm(host.shm, containers=containers, docker=docker_source, proc_root=proc_root)
+    ownership = read_ownership(host.name)
+    shm = inspect_shm(
+        host.shm, containers=containers, docker=docker_source, proc_root=proc_root, settled=ownership.healthy
+    )
+    enter = EnterFacts()
+    if docker_source.ok and (images or ports):
+        from reconciler.observe.listeners import read_listeners
+
+        runtime, detail = docker.gpu_runtime() if host.docker.gpu_requests and host.gpus else ("unknown", "")
+        looked_up, listeners = read_listeners(ports, known_containers=known, proc_root=proc_root)
+        enter = EnterFacts(
+            images=docker.images_present(images),
+            gpu_runtime=runtime,
+            gpu_runtime_detail=detail,
+            ports=looked_up,
+            listeners=listeners,
+        )
     return Observed(
         host=host.name,
         containers=containers,
         gpus=gpus,
         shm=shm,
         docker=docker_source,
-        ownership=read_ownership(host.name),
+        ownership=ownership,
+        enter=enter,
     )

@@ -8,6 +8,9 @@ Called by ``reconciler.observe.observe`` and the apply layer's re-observation.
 
 from __future__ import annotations
 
+import os
+import re
+import stat as stat_mod
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -36,16 +39,57 @@ def _status_exit_code(status: str) -> int | None:
     return None
 
 
-# A CDI device name of an NVIDIA GPU, as Podman and Docker (25+) take it: nvidia.com/gpu=<index | UUID | all>.
+# A CDI device name of an NVIDIA GPU, as Podman and Docker (25+) take it: nvidia.com/gpu=<index | UUID | i:j | all>.
 CDI_GPU_PREFIX = "nvidia.com/gpu="
+# Any other CDI device of NVIDIA's (nvidia.com/mig=..., nvidia.com/pgpu=...): what card it is cannot be told here.
+CDI_NVIDIA_VENDOR = "nvidia.com/"
+# The id a container run with --privileged holds: every device node of the host, every card among them.
+PRIVILEGED = "privileged"
+# A card's device node: /dev/nvidiaN, N its minor number (character major 195). /dev/nvidiactl (minor 255),
+# /dev/nvidia-modeset (254), /dev/nvidia-uvm and /dev/nvidia-caps/* are not cards.
+NVIDIA_MAJOR = 195
+NVIDIA_CARD_MINORS = range(254)
+_CARD_NODE = re.compile(r"^/dev/nvidia(\d{1,3})$")
+# A path that holds the card nodes beneath it: --device /dev maps every node in it.
+_NODE_DIRS = ("/dev", "/dev/")
+
+
+def card_node(path: str) -> str | None:
+    """Pure: ``/dev/nvidiaN`` when ``path`` names a card's device node (N a card's minor), else None."""
+    m = _CARD_NODE.match(path)
+    return path if m is not None and int(m.group(1)) in NVIDIA_CARD_MINORS else None
+
+
+def node_of_rdev(rdev: int) -> str | None:
+    """Pure: ``/dev/nvidiaN`` when a device number is a card's (major 195, minor N), else None."""
+    major, minor = os.major(rdev), os.minor(rdev)
+    return f"/dev/nvidia{minor}" if major == NVIDIA_MAJOR and minor in NVIDIA_CARD_MINORS else None
 
 
 def gpu_devices_of(inspect: Mapping[str, Any]) -> tuple[str, ...]:
-    """GPU ids a container is given, from its DeviceRequests (NVIDIA's, or CDI names), its devices given by CDI
-    name, and its NVIDIA_VISIBLE_DEVICES env (every value of it: a CDI spec's own ``void`` comes after ours)."""
+    """GPU ids a container is given: from its DeviceRequests (NVIDIA's, or CDI names), its devices (a card's device
+    node ``/dev/nvidiaN`` by the path on the host, the path in the container, or the node's device number the
+    observer read, ``DeviceNodes``; a CDI name), ``--privileged`` (``PRIVILEGED``: every card), and its
+    NVIDIA_VISIBLE_DEVICES env (every value of it: a CDI spec's own ``void`` comes after ours). Ids are returned as
+    written (an index, a UUID, a MIG id, ``i:j``, a device node); ``reconciler.planner`` resolves them to slots and
+    holds every slot for one it cannot resolve."""
     devices: list[str] = []
     host_config = inspect.get("HostConfig") or {}
-    cdi = [str(d.get("PathOnHost") or "") for d in host_config.get("Devices") or [] if isinstance(d, Mapping)]
+    if host_config.get("Privileged"):
+        return (PRIVILEGED,)
+    cdi: list[str] = []
+    for d in host_config.get("Devices") or []:
+        if not isinstance(d, Mapping):
+            continue
+        on_host, in_container = str(d.get("PathOnHost") or ""), str(d.get("PathInContainer") or "")
+        if on_host in _NODE_DIRS or in_container in _NODE_DIRS:
+            return ("all",)
+        node = card_node(on_host) or card_node(in_container)
+        if node is not None:
+            devices.append(node)
+        elif on_host.startswith(CDI_NVIDIA_VENDOR):
+            cdi.append(on_host)
+    devices.extend(str(n) for n in inspect.get("DeviceNodes") or [])
     for req in host_config.get("DeviceRequests") or []:
         if req.get("Driver") == "cdi":
             cdi.extend(str(i) for i in req.get("DeviceIDs") or [])
@@ -67,6 +111,8 @@ def gpu_devices_of(inspect: Mapping[str, Any]) -> tuple[str, ...]:
             if gpu == "all":
                 return ("all",)
             devices.append(gpu)
+        elif name.startswith(CDI_NVIDIA_VENDOR):
+            devices.append(name)  # resolves to no card: held as every slot
     for item in (inspect.get("Config") or {}).get("Env") or []:
         key, _, value = item.partition("=")
         if key != "NVIDIA_VISIBLE_DEVICES":
@@ -78,9 +124,9 @@ def gpu_devices_of(inspect: Mapping[str, Any]) -> tuple[str, ...]:
             continue
         devices.extend(v.strip() for v in value.split(",") if v.strip())
     out: list[str] = []
-    for d in devices:
-        if d not in out:
-            out.append(d)
+    for dev in devices:
+        if dev not in out:
+            out.append(dev)
     return tuple(out)
 
 
@@ -119,7 +165,45 @@ def parse_container(summary: Mapping[str, Any], inspect: Mapping[str, Any]) -> C
         gpu_devices=gpu_devices_of(inspect),
         offload=offload_configured(inspect),
         inherited=inherited_labels((inspect.get("Config") or {}).get("Labels") or {}, inspect.get("ImageLabels") or {}),
+        published_ports=published_ports_of(summary),
     )
+
+
+def published_ports_of(summary: Mapping[str, Any]) -> tuple[int, ...]:
+    """Pure: the host ports the list API says a container publishes (``Ports[].PublicPort``)."""
+    out: list[int] = []
+    for p in summary.get("Ports") or []:
+        if isinstance(p, Mapping) and isinstance(p.get("PublicPort"), int) and p["PublicPort"] not in out:
+            out.append(p["PublicPort"])
+    return tuple(out)
+
+
+# Where NVIDIA's container toolkit puts the hook through which Docker registers its "nvidia" device driver at start
+# (without an "nvidia" runtime in daemon.json, the engine's /info does not show it).
+NVIDIA_HOOK_PATHS = ("/usr/bin/nvidia-container-runtime-hook", "/usr/local/bin/nvidia-container-runtime-hook")
+
+
+def gpu_runtime_of(info: Mapping[str, Any], *, engine: str, hook_installed: bool = False) -> tuple[str, str]:
+    """Pure: whether the engine's /info answer shows a way to give a container NVIDIA GPUs by DeviceRequest:
+    ("present" | "absent" | "unknown", what it listed). An "nvidia" runtime (``nvidia-ctk runtime configure``), a
+    CDI device ``nvidia.com/gpu=...`` (Docker 28's ``DiscoveredDevices``) or the toolkit's hook on a local engine's
+    host is present. Podman gives GPUs by CDI specs that its /info does not list: unknown, never absent."""
+    runtimes = sorted(str(k) for k in (info.get("Runtimes") or {}))
+    devices = [
+        str(d.get("ID") or "")
+        for d in info.get("DiscoveredDevices") or []
+        if isinstance(d, Mapping) and str(d.get("ID") or "").startswith(CDI_GPU_PREFIX)
+    ]
+    detail = f"runtimes: {', '.join(runtimes) or 'none'}; no CDI device {CDI_GPU_PREFIX}*"
+    if any("nvidia" in r for r in runtimes):
+        return "present", f"runtimes: {', '.join(runtimes)}"
+    if devices:
+        return "present", f"CDI devices: {', '.join(devices)}"
+    if hook_installed:
+        return "present", "nvidia-container-runtime-hook installed"
+    if engine == "podman":
+        return "unknown", "Podman gives GPUs by CDI specs its /info does not list"
+    return "absent", detail
 
 
 def inherited_labels(labels: Mapping[str, str], image_labels: Mapping[str, str]) -> frozenset[str]:
@@ -230,8 +314,13 @@ class DockerObserver:
             "Name": full.get("Name"),
             "Args": full.get("Args"),
             "Config": {k: (full.get("Config") or {}).get(k) for k in ("Env", "Cmd", "Entrypoint", "Labels", "Image")},
-            "HostConfig": {k: (full.get("HostConfig") or {}).get(k) for k in ("DeviceRequests", "Devices")},
+            "HostConfig": {
+                k: (full.get("HostConfig") or {}).get(k) for k in ("DeviceRequests", "Devices", "Privileged")
+            },
         }
+        nodes = device_nodes((full.get("HostConfig") or {}).get("Devices") or [])
+        if nodes:
+            keep["DeviceNodes"] = nodes
         labels = (full.get("Config") or {}).get("Labels") or {}
         if any(k.startswith(LABEL_PREFIX) for k in labels) and full.get("Image"):
             # A container inherits its image's labels: ours on an image prove nothing about its containers.
@@ -279,6 +368,34 @@ class DockerObserver:
         """
         return frozenset(s["Id"] for s in self.reader.containers(all=True, quiet=True))
 
+    def images_present(self, images: Iterable[str]) -> tuple[tuple[str, bool], ...]:
+        """Whether each image is on the engine, by the engine's own resolution of its name (an inspect each); an
+        image the engine could not be asked about is left out (not judged)."""
+        out: list[tuple[str, bool]] = []
+        for image in dict.fromkeys(images):
+            try:
+                self.reader.inspect_image(image)
+                out.append((image, True))
+            except Exception as exc:  # noqa: BLE001 - an engine that does not answer: not judged here
+                if _not_found(exc):
+                    out.append((image, False))
+        return tuple(out)
+
+    def gpu_runtime(self) -> tuple[str, str]:
+        """Whether the engine can give NVIDIA GPUs by DeviceRequest (``gpu_runtime_of``); unknown when it does not
+        answer. The toolkit's hook counts only for an engine on this host (a unix socket)."""
+        import os
+
+        try:
+            reader = self.reader
+            info = reader.info() if hasattr(reader, "info") else reader.get("/info")
+            engine = self.engine()
+        except Exception as exc:  # noqa: BLE001 - not answered: not judged
+            return "unknown", f"the engine's /info did not answer: {_short(exc)}"
+        local = self.url.startswith("unix://")
+        hook = local and any(os.path.exists(p) for p in NVIDIA_HOOK_PATHS)
+        return gpu_runtime_of(info if isinstance(info, Mapping) else {}, engine=engine, hook_installed=hook)
+
     def observe(self) -> tuple[tuple[ContainerView, ...], Source]:
         """All containers, or an empty tuple and an unavailable source when the engine does not answer."""
         try:
@@ -298,6 +415,25 @@ class DockerObserver:
         elif cause == "down" and "does not answer" not in text:
             text = f"the engine does not answer: {text}"
         return Source("docker", False, f"{self.url}: {text}", cause=cause)
+
+
+def device_nodes(devices: Iterable[Any], *, stat: Callable[[str], os.stat_result] = os.stat) -> list[str]:
+    """The cards a container's device mappings give it, by the device number of each node on the host (whatever
+    its name: ``--device /srv/gpu0:/dev/accel0`` of node 195:0 is ``/dev/nvidia0``). A path that cannot be read
+    here is judged by its names alone (``gpu_devices_of``). Read once per container, at its first inspect."""
+    out: list[str] = []
+    for d in devices:
+        path = str((d or {}).get("PathOnHost") or "") if isinstance(d, Mapping) else ""
+        if not path.startswith("/"):
+            continue
+        try:
+            st = stat(path)
+        except OSError:
+            continue
+        node = node_of_rdev(st.st_rdev) if stat_mod.S_ISCHR(st.st_mode) else None
+        if node is not None and node not in out:
+            out.append(node)
+    return out
 
 
 def parse_all(pairs: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> tuple[ContainerView, ...]:

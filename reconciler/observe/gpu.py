@@ -61,6 +61,7 @@ def read_nvml(host: HostConfig) -> RawNvml:
         {"error": None | "NVMLError_...: text", "driver_version": str, "device_count": int, "read_s": float,
          "devices": [{"index", "name", "uuid", "memory_total", "memory_used", "memory_free",
                       "utilization_gpu" | "utilization_error",
+                      "minor", "mig": [MIG UUIDs], "identity_errors": {call: text},
                       "processes": [{"pid", "used_gpu_memory"}], "errors": {call: "NVMLError_...: text"}}]}
 
     ``used_gpu_memory`` is None where the driver does not report a process's memory (the binding turns NVML's
@@ -128,6 +129,7 @@ def _read_devices(pynvml: Any, host: HostConfig, raw: RawNvml) -> None:
         except pynvml.NVMLError as exc:
             # Not a failure of the source: WSL2's driver answers N/A (Not Supported) here, and nothing needs it.
             dev["utilization_error"] = _err(exc)
+        _read_identity(pynvml, handle, dev)
         try:
             procs = _compute_processes(pynvml, handle)
             dev["processes"] = [
@@ -136,6 +138,40 @@ def _read_devices(pynvml: Any, host: HostConfig, raw: RawNvml) -> None:
             ]
         except pynvml.NVMLError as exc:
             dev["errors"]["processes"] = _err(exc)
+
+
+def _read_identity(pynvml: Any, handle: Any, dev: dict[str, Any]) -> None:
+    """The other names a container may give this card: its device node's minor number (``/dev/nvidiaN``) and the
+    UUIDs of its MIG devices (``[]`` with MIG off). A call that fails leaves the key out and says why in
+    ``identity_errors``: not a failure of the source, but a container naming the card so then holds every slot."""
+    errors: dict[str, str] = {}
+    try:
+        dev["minor"] = int(pynvml.nvmlDeviceGetMinorNumber(handle))
+    except pynvml.NVMLError as exc:
+        errors["minor"] = _err(exc)
+    try:
+        current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+    except pynvml.NVMLError_NotSupported:
+        current = 0  # a card without MIG has no MIG devices
+    except pynvml.NVMLError as exc:
+        errors["mig"] = _err(exc)
+        current = None
+    if current == 0:
+        dev["mig"] = []
+    elif current is not None:
+        migs: list[str] = []
+        try:
+            for i in range(int(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
+                try:
+                    mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
+                except pynvml.NVMLError_NotFound:
+                    continue  # no MIG device at this index
+                migs.append(_text(pynvml.nvmlDeviceGetUUID(mig)))
+            dev["mig"] = migs
+        except pynvml.NVMLError as exc:
+            errors["mig"] = _err(exc)
+    if errors:
+        dev["identity_errors"] = errors
 
 
 def _compute_processes(pynvml: Any, handle: Any) -> list[Any]:
@@ -357,6 +393,8 @@ def _slot_view(
         error="; ".join(errors),
         memory_free_bytes=dev.get("memory_free"),
         utilization_percent=None if util is None else int(util),
+        minor=None if dev.get("minor") is None else int(dev["minor"]),
+        mig_uuids=None if dev.get("mig") is None else tuple(str(u) for u in dev["mig"]),
     )
     return view, errors
 

@@ -12,7 +12,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Container, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 
 # Container ids on a cgroup path, in every form Docker, containerd, CRI-O and Podman write (tests/data/cgroup holds
@@ -293,6 +293,12 @@ class HolderScan:
     # pid -> why its maps or fds could not be read (not because it exited): the scan is incomplete for it.
     unreadable: dict[int, str] = field(default_factory=dict)
     elapsed_s: float = 0.0
+    # pid -> its start time (/proc/PID/stat, clock ticks since boot) when it was read: a pid listed again with
+    # another start time is a new process under a reused number, and is read again.
+    seen: dict[int, int] = field(default_factory=dict)
+    rounds: int = 1  # listings of /proc: one more after each that showed a process not read yet
+    # Why the scan did not settle (new processes kept appearing for MAX_SCAN_ROUNDS listings): it is incomplete.
+    unstable: str = ""
     workers: int = 1  # processes that shared the scan, this one included
     worker_failures: int = 0  # workers whose share was scanned here instead (no answer, or a bad one)
 
@@ -353,11 +359,78 @@ def _scan_threads(base: str, pid: int, dev: int, token: bytes, scan: HolderScan)
         _scan_task(f"{base}/task/{tid}", pid, dev, token, scan)
 
 
+def read_start_time(pid: int, proc_root: str = "/proc") -> int | None:
+    """A process's start time (field 22 of /proc/PID/stat, clock ticks after boot); None when it is gone, -1 when
+    its stat cannot be read or parsed.
+
+    With the pid it names one process for the life of the system: a pid number is reused, a start time with it
+    is not (two processes started in one tick under one pid number would need the whole pid space in a tick).
+    """
+    try:
+        raw = read_proc_bytes(f"{proc_root}/{pid}/stat")
+    except OSError as exc:
+        # Unreadable for another reason: read its maps all the same (their error decides); -1, not known.
+        return None if exc.errno in _GONE_ERRNOS else -1
+    # The command (field 2) is in parentheses and may hold anything, ')' and blanks included: split after it.
+    fields = raw.rpartition(b")")[2].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return -1
+
+
 def _scan_names(names: list[str], dev: int, proc_root: str, scan: HolderScan) -> None:
     token = dev_token(dev)
     for name in names:
-        if _scan_task(f"{proc_root}/{name}", int(name), dev, token, scan):
+        pid = int(name)
+        # Read before its maps: a number reused after this read shows another start time at the next listing.
+        start = read_start_time(pid, proc_root)
+        if start is None:
+            continue  # gone before it was read
+        scan.seen[pid] = start
+        if _scan_task(f"{proc_root}/{name}", pid, dev, token, scan):
             scan.pids_scanned += 1
+
+
+# How many listings of /proc one scan takes at most before it gives up as incomplete (fail closed, rule 3). A
+# listing after the first reads only the processes born since the one before (a few, in a few milliseconds).
+MAX_SCAN_ROUNDS = 16
+
+
+def settle_scan(
+    scan: HolderScan,
+    *,
+    list_pids: Callable[[], list[str]],
+    start_time: Callable[[int], int | None],
+    scan_names: Callable[[list[str], HolderScan], None],
+    max_rounds: int = MAX_SCAN_ROUNDS,
+) -> HolderScan:
+    """List /proc again until a listing shows no process the scan has not read (docs/design.md, safety rule 2).
+
+    One listing misses every pid born after it: a holder that hands its mapping down by fork and exits (a
+    daemonising double fork, a prefork recycler) is gone when its pid is read, and its child was never listed.
+    Each further listing reads the pids that are new, or whose start time changed (a reused number). A chain
+    that keeps handing down faster than a listing settles leaves the scan ``unstable``: incomplete, so the
+    caller refuses (safety rule 3). ``list_pids``, ``start_time`` and ``scan_names`` are the reads; the
+    simulation passes its own.
+    """
+    while True:
+        fresh = []
+        for name in list_pids():
+            pid = int(name)
+            now = start_time(pid)  # None: gone again (a pid listed, exited before it could be read)
+            if now is not None and now != scan.seen.get(pid):
+                fresh.append(name)
+        if not fresh:
+            return scan
+        if scan.rounds >= max_rounds:
+            scan.unstable = (
+                f"processes kept appearing while /proc was scanned ({len(fresh)} not read after {scan.rounds} "
+                "listings): a holder handed down by fork cannot be ruled out"
+            )
+            return scan
+        scan.rounds += 1
+        scan_names(fresh, scan)
 
 
 # Below this many processes one process scans alone: starting a worker (~15 ms) would cost more than it saves.
@@ -384,7 +457,8 @@ def scan_holders(dev: int, *, proc_root: str = "/proc", workers: int | None = No
     """Every live process's mappings and open descriptors on device ``dev``.
 
     A process that exits during the scan is simply gone. One whose maps or fd directory cannot be read for any
-    other reason is recorded in ``unreadable``: the caller must treat the scan as incomplete for it.
+    other reason is recorded in ``unreadable``: the caller must treat the scan as incomplete for it, as it must
+    an ``unstable`` one (``settle_scan``: /proc is listed again until no unread process appears).
     Raises OSError when ``proc_root`` itself cannot be listed.
 
     Reading maps is kernel work (the kernel formats every mapping of every process), and Python threads do
@@ -405,6 +479,12 @@ def scan_holders(dev: int, *, proc_root: str = "/proc", workers: int | None = No
         if child is None or not _collect_worker(child, scan):
             scan.worker_failures += 1
             _scan_names(shard, dev, proc_root, scan)
+    settle_scan(
+        scan,
+        list_pids=lambda: [n for n in os.listdir(proc_root) if n.isdigit()],
+        start_time=lambda pid: read_start_time(pid, proc_root),
+        scan_names=lambda more, into: _scan_names(more, dev, proc_root, into),
+    )
     scan.elapsed_s = time.perf_counter() - t0
     return scan
 
@@ -441,7 +521,7 @@ def _collect_worker(child: subprocess.Popen[bytes], scan: HolderScan) -> bool:
     if child.returncode != 0:
         return False
     try:
-        scanned, mapped, unlinked, fds, unreadable = marshal.loads(out)
+        scanned, mapped, unlinked, fds, unreadable, seen = marshal.loads(out)
     except (EOFError, ValueError, TypeError):
         return False
     scan.pids_scanned += scanned
@@ -453,6 +533,7 @@ def _collect_worker(child: subprocess.Popen[bytes], scan: HolderScan) -> bool:
         scan.fds.setdefault(pid, []).extend(FdTarget(*f) for f in items)
     for pid, why in unreadable:
         scan.unreadable.setdefault(pid, why)
+    scan.seen.update(seen)
     return True
 
 
@@ -480,6 +561,7 @@ def _worker_main(argv: list[str]) -> int:
         ],
         [(pid, [(f.fd, f.inode, f.size, f.allocated, f.nlink) for f in items]) for pid, items in scan.fds.items()],
         list(scan.unreadable.items()),
+        list(scan.seen.items()),
     )
     sys.stdout.buffer.write(marshal.dumps(payload))
     return 0

@@ -8,8 +8,10 @@ reclaim, by ``reconciler.shm_guard.reclaim``. It applies the safety rules 1-3 of
    an entry (another device) and a file with more than one hard link (another name elsewhere may be in use)
    are listed as skipped, never as candidates.
 2. A file is owned when a live process maps it or holds it open, matched by device and inode
-   (``procfs.scan_holders``), never by path text. While a running container has native offload configured,
-   an unowned file is ``blocked``, not ``orphan``.
+   (``procfs.scan_holders``), never by path text. While a running container with native offload configured
+   could own an unowned file, that file is ``blocked``, not ``orphan``: every such container could, except one
+   that is settled (recorded healthy by this install: its model loaded, its offload file made) and seen holding
+   a file of the tmpfs in this very inspection (its file is accounted for: an unowned one is not its).
 3. Fail closed: when /proc cannot be read completely (an uninspectable process not excused by
    ``shm.ignore_uninspectable_pids``) or Docker did not answer, no file is ``orphan``; the unowned ones are
    ``blocked`` with the source named, and the view's source says why.
@@ -24,7 +26,7 @@ import fnmatch
 import os
 import stat as st_mode
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -143,10 +145,12 @@ def build_view(
     containers: Sequence[ContainerView],
     docker: Source,
     proc_error: str = "",
+    settled: Collection[str] = (),
 ) -> ShmView:
     """Pure: decide owned / orphan / blocked for each entry.
 
-    ``holders`` is inode -> the processes mapping or holding it; ``unreadable`` is pid -> (command, reason).
+    ``holders`` is inode -> the processes mapping or holding it; ``unreadable`` is pid -> (command, reason);
+    ``settled`` the ids of containers this install recorded healthy (``Ownership.healthy``).
     """
     ignored = set(cfg.ignore_uninspectable_pids)
     uninspectable = tuple(
@@ -168,7 +172,7 @@ def build_view(
     else:
         proc = Source("proc", True)
 
-    blocking = tuple(sorted(c.name for c in containers if c.offload and c.active))
+    blocking = offload_blockers(containers, holders, settled)
     if not docker.ok:
         unowned_state, unowned_reason = (
             "blocked",
@@ -180,7 +184,7 @@ def build_view(
         unowned_state = "blocked"
         unowned_reason = (
             f"running container(s) with native offload configured: {', '.join(blocking)}; "
-            "nothing is reclaimed while one runs"
+            "it could be making its offload file (not recorded healthy and seen holding one), so no unowned file goes"
         )
     else:
         unowned_state, unowned_reason = "orphan", "no live process maps it or holds it open"
@@ -212,6 +216,28 @@ def build_view(
         deleted_mapped=tuple(deleted),
         uninspectable=uninspectable,
         skipped=tuple(skipped),
+    )
+
+
+def offload_blockers(
+    containers: Sequence[ContainerView], holders: Mapping[int, Sequence[Owner]], settled: Collection[str]
+) -> tuple[str, ...]:
+    """Pure: the running native-offload containers that could own a file no process holds (safety rule 2), by name.
+
+    A container that is settled (its id in ``settled``: it passed its health check, so its engine made its
+    offload file at start-up) and that one of its processes is seen holding a file of the tmpfs with does not:
+    its file is the one it holds, and a file that no process holds was made by something else (another lane
+    that left or died, a crashed worker). Any other running offload container could be making its file (or run
+    where its processes cannot be seen), so it keeps every unowned file: a foreign one, one still starting, one
+    not recorded healthy, one holding nothing.
+    """
+    holding = {o.container for owners in holders.values() for o in owners if o.container}
+    return tuple(
+        sorted(
+            c.name
+            for c in containers
+            if c.offload and c.active and not (c.id in settled and (c.name in holding or c.id in holding))
+        )
     )
 
 
@@ -256,8 +282,11 @@ def inspect_shm(
     docker: Source,
     proc_root: str = "/proc",
     workers: int | None = None,
+    settled: Collection[str] = (),
 ) -> ShmView:
-    """One full inspection: the dir's entries, every process's mappings and descriptors, the verdict per file."""
+    """One full inspection: the dir's entries, every process's mappings and descriptors, the verdict per file.
+
+    ``settled``: the ids of containers this install recorded healthy (``build_view``, safety rule 2)."""
     try:
         listing = list_dir(cfg)
     except OSError as exc:
@@ -286,6 +315,17 @@ def inspect_shm(
             docker=docker,
             proc_error=f"{proc_root}: {exc.strerror or exc}",
         )
+    if scan.unstable:
+        return build_view(
+            cfg,
+            listing=listing,
+            holders={},
+            deleted=(),
+            unreadable={},
+            containers=containers,
+            docker=docker,
+            proc_error=f"{proc_root}: {scan.unstable}",
+        )
     names = {c.id: c.name for c in containers}
     resolve = _Resolver(proc_root, names, engine_ok=docker.ok)
     holders = {ino: [resolve.owner(pid, via) for pid, via in pairs] for ino, pairs in scan.holders().items()}
@@ -300,6 +340,7 @@ def inspect_shm(
         unreadable=unreadable,
         containers=containers,
         docker=docker,
+        settled=settled,
     )
 
 

@@ -162,3 +162,65 @@ def test_http_mcp_refuses_them_too(root: Root, start_loop) -> None:  # type: ign
     refused = [r for r in records if r["front"] == "mcp" and r["outcome"] == "refused"]
     # The confirms and the unknown argument refused by the tool; the duplicate key and the nesting by the listener.
     assert [r["action"] for r in refused] == ["host_manage"] * (len(BAD_CONFIRMS) + 1) + ["request"] * 2, refused
+
+
+def _raw_post(port: int, path: str, body: bytes, ctypes: list[str]) -> tuple[int, str]:
+    """A POST with exactly these Content-Type headers (none, one, or several), through http.client."""
+    import http.client
+
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        c.putrequest("POST", path, skip_host=True, skip_accept_encoding=True)
+        c.putheader("Host", f"127.0.0.1:{port}")
+        c.putheader("Authorization", f"Bearer {TOKEN}")
+        c.putheader("Accept", "application/json, text/event-stream")
+        for ct in ctypes:
+            c.putheader("Content-Type", ct)
+        c.putheader("Content-Length", str(len(body)))
+        c.endheaders(body)
+        r = c.getresponse()
+        return r.status, r.read().decode()
+    finally:
+        c.close()
+
+
+def test_the_strict_checks_hold_whatever_the_content_type_headers_say(root: Root, start_loop) -> None:  # type: ignore[no-untyped-def]
+    root.manifest()
+    root.env["RECONCILER_API_TOKEN"] = TOKEN
+    lp = start_loop().started()
+    orphan = root.shm / "vllm_offload_orphan.mmap"
+    orphan.write_bytes(b"\0" * 65536)
+    dup = (
+        b'{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "host_manage", "arguments": '
+        b'{"action": "reclaim-shared-memory", "confirm": false, "confirm": true}}}'
+    )
+    nested: Any = True
+    for _ in range(60):
+        nested = [nested]
+    deep = call(8, {"action": "reclaim-shared-memory", "confirm": True, "paths": nested}).encode()
+    v1_dup = b'{"confirm": false, "confirm": true}'
+    cases = [
+        # (why, path, body, Content-Type headers, status, what the error says)
+        ("a list of types", "/mcp", dup, ["application/json, text/plain"], 400, "Content-Type"),
+        ("two headers", "/mcp", dup, ["text/plain", "application/json"], 400, "twice"),
+        ("two equal headers", "/mcp", dup, ["application/json", "application/json"], 400, "twice"),
+        ("no header", "/mcp", dup, [], 400, "Content-Type"),
+        ("another type", "/mcp", dup, ["text/plain"], 400, "Content-Type"),
+        ("parameters", "/mcp", dup, ["application/json; charset=utf-8"], 400, "twice"),
+        ("depth 60, a list of types", "/mcp", deep, ["application/json, text/plain"], 400, "Content-Type"),
+        ("depth 60", "/mcp", deep, ["Application/JSON"], 400, "deeper"),
+        ("v1, a list of types", "/v1/shm/reclaim", v1_dup, ["application/json, text/plain"], 400, "Content-Type"),
+        ("v1, two headers", "/v1/shm/reclaim", v1_dup, ["text/plain", "application/json"], 400, "twice"),
+        ("v1, parameters", "/v1/shm/reclaim", v1_dup, ["application/json;charset=utf-8"], 400, "twice"),
+    ]
+    for why, path, body, ctypes, want, says in cases:
+        status, text = _raw_post(lp.port, path, body, ctypes)
+        assert status == want and says in text, (why, status, text)
+        assert orphan.exists(), f"{why} removed the orphan"
+    assert "sent twice" in _raw_post(lp.port, "/mcp", dup, ["text/plain", "application/json"])[1]
+    # The right header and a body that is strict JSON still work.
+    status, text = _raw_post(
+        lp.port, "/mcp", call(9, {"action": "reclaim-shared-memory", "confirm": True}).encode(), ["application/json"]
+    )
+    assert status == 200 and json.loads(text)["result"]["structuredContent"]["confirmed"] is True, text
+    assert not orphan.exists(), text

@@ -3,7 +3,10 @@ loader, planner, apply layer and loop on top, and checks the invariants after ev
 
 Invariants (docs/design.md, safety rule 11): (a) never two containers running on one physical card because of the
 tool; (b) nothing this install did not create is stopped, removed, renamed or killed; (c) no file mapped or held by a
-live process, and nothing outside shm.dir + pattern, is unlinked; (d) ``apply`` of a shown plan does nothing outside
+live process, and nothing outside shm.dir + pattern, is unlinked, and the /proc scan (which the world changes while
+it reads: forks, exits, mappings handed down by fork, reused pids) never misses a holder that held its file all
+through it: the kernel's write lease, the last gate, is modelled from the truth and must never be the only thing
+that kept a file; (d) ``apply`` of a shown plan does nothing outside
 it; (e) no exception escapes a pass; (f) once faults stop, the host converges or is blocked by something that is
 really there, within a bounded number of passes; (g) no fallback starts while a container of the held lane runs
 (a fallback's start is judged by (a)).
@@ -12,7 +15,6 @@ really there, within a bounded number of passes; (g) no fallback starts while a 
 from __future__ import annotations
 
 import io
-import os
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ RECIPES = {
     "omni": (1, 0, 18001),
     "small": (1, 4, 18002),
     "big": (2, 8, 18003),
+    "medium": (1, 2, 18004),
 }
 TOPOLOGIES = {
     "empty": [],
@@ -38,6 +41,9 @@ TOPOLOGIES = {
     "exclusive": [("big", ["dark-compute-a", "dark-compute-b"])],
     "exclusive-rev": [("big", ["dark-compute-b", "dark-compute-a"])],
     "swapped-omni-a": [("omni", ["dark-compute-a"])],
+    # Two native-offload lanes side by side: when one leaves or dies, its file must go while the other serves.
+    "two-offload": [("small", ["dark-compute-a"]), ("medium", ["dark-compute-b"])],
+    "one-offload": [("small", ["dark-compute-a"])],
 }
 # How the two slots name their cards: by index, by UUID, mixed, or (a host error) both naming card 0.
 HOST_SHAPES = ("index", "uuid", "mixed", "alias-index-uuid", "alias-uuid-case")
@@ -68,7 +74,12 @@ class HostMachine(RuleBasedStateMachine):
         self.sink = _Sink()
         self.topology = "empty"
         self.edits = {r: 0 for r in RECIPES}
+        self.images = {r: "sim-vllm:1" for r in RECIPES}  # the image each recipe names
         self.steps_since_adopt_check = 0
+        # Plans a second terminal saved (``plan --out FILE``), as their files hold them, newest last.
+        self.saved: deque[dict[str, Any]] = deque(maxlen=4)
+        # An interactive ``apply`` whose prompt waits for its answer while the host goes on.
+        self.prompt: Any = None
 
     # ------------------------------------------------------------ set-up and files
 
@@ -80,6 +91,7 @@ class HostMachine(RuleBasedStateMachine):
         tmpfs_gib=st.sampled_from([10.0, 14.0, 20.0]),
         telemetry=st.sampled_from(["nvml", "nvml", "none"]),
         podman=st.booleans(),
+        nvml_hides_identity=st.booleans(),
     )
     def setup(
         self,
@@ -90,9 +102,11 @@ class HostMachine(RuleBasedStateMachine):
         tmpfs_gib: float,
         telemetry: str = "nvml",
         podman: bool = False,
+        nvml_hides_identity: bool = False,
     ) -> None:
         self.world = World(seed, tmpfs_gib=tmpfs_gib, wsl2=wsl2)
         self.world.podman = podman
+        self.world.nvml_hides_identity = nvml_hides_identity
         self.world.behaviour = {}
         self.world.ports = {r: port for r, (_, _, port) in RECIPES.items()}
         self.shape = shape
@@ -138,7 +152,7 @@ class HostMachine(RuleBasedStateMachine):
         text = (
             f'description = "simulated {name}"\ntensor_parallel_size = {tp}\n'
             f'[model]\nid = "sim/{name}"\n'
-            f'[container]\nimage = "sim-vllm:1"\ncommand = ["vllm", "serve", "sim/{name}"]\n'
+            f'[container]\nimage = "{self.images[name]}"\ncommand = ["vllm", "serve", "sim/{name}"]\n'
             f'env = {{SIM_OFFLOAD_BYTES = "{int(offload * GIB)}", SIM_BOOT_S = "3", SIM_EDIT = "{self.edits[name]}"}}\n'
             f"[offload]\nenabled = {'true' if offload else 'false'}\ncapacity_gib = {offload}\n"
             f'[health]\nurl = "http://127.0.0.1:{port}/health"\nsettle_s = 1\nstart_timeout_s = 30\n'
@@ -214,10 +228,9 @@ class HostMachine(RuleBasedStateMachine):
 
         w = self.world
         if excused:
-            w.procs[1] = Proc(1, "/sbin/init", inspectable=False)
+            w.add_proc(Proc(1, "/sbin/init", inspectable=False))
         else:
-            pid = w.new_pid()
-            w.procs[pid] = Proc(pid, "python reader.py", inspectable=False)
+            w.add_proc(Proc(w.new_pid(), "python reader.py", inspectable=False))
 
     @rule(recipe=st.sampled_from(sorted(RECIPES)), behaviour=st.sampled_from(["ok", "ok", "crash", "hang"]))
     def recipe_behaves(self, recipe: str, behaviour: str) -> None:
@@ -249,14 +262,27 @@ class HostMachine(RuleBasedStateMachine):
 
     @rule(
         card=st.integers(0, 1),
-        by=st.sampled_from(["index", "uuid", "uuid-upper", "none"]),
-        kind=st.sampled_from(["foreign", "named-like-ours", "other-install", "legacy", "image-labels"]),
+        by=st.sampled_from(
+            ["index", "uuid", "uuid-upper", "none", "device-node", "cdi", "privileged", "mig-uuid", "mig-index"]
+        ),
+        kind=st.sampled_from(["foreign", "named-like-ours", "other-install", "legacy", "image-labels", "copied"]),
         running=st.booleans(),
+        idle=st.booleans(),
     )
-    def foreign_container(self, card: int, by: str, kind: str, running: bool) -> None:
+    def foreign_container(self, card: int, by: str, kind: str, running: bool, idle: bool = False) -> None:
+        """A container this install did not create. It names its card by index or UUID (a GPU request), by a CDI
+        name, by its device node (docker run --device /dev/nvidiaN), by a MIG device (UUID or i:j), or is privileged
+        (every card); an idle one runs nothing on its card, so only the engine says it holds it."""
         w = self.world
         c = w.cards[card]
-        ids = [] if by == "none" else [{"index": str(c.index), "uuid": c.uuid, "uuid-upper": c.uuid.upper()}[by]]
+        ids = {
+            "index": [str(c.index)],
+            "uuid": [c.uuid],
+            "uuid-upper": [c.uuid.upper()],
+            "mig-uuid": [c.migs[0]],
+            "mig-index": [f"{c.index}:0"],
+        }.get(by, [])
+        devices = {"device-node": [f"/dev/nvidia{c.minor}"], "cdi": [f"nvidia.com/gpu={c.index}"]}.get(by, [])
         labels: dict[str, str] = {}
         name = f"squatter-{len(w.containers)}"
         if kind == "named-like-ours":
@@ -274,12 +300,53 @@ class HostMachine(RuleBasedStateMachine):
             if kind == "image-labels" and w.install_id:
                 labels["io.reconciler.install"] = w.install_id
             name = f"reconciler-omni-{SLOTS[card]}-failed-20260101-00000{len(w.containers) % 10}"
+        if kind == "copied":
+            # A copy of one of this install's containers made from its `docker inspect` (runlike, a generated compose
+            # file): every label, this install's id and create token included, and the same GPU; another name (the
+            # lane's is taken), or a kept failed container's.
+            mine = sorted((c for c in w.containers.values() if c.ours), key=lambda c: c.name)
+            if not mine:
+                return
+            src = mine[card % len(mine)]
+            labels = dict(src.labels)
+            ids, devices = list(src.device_ids), []
+            env = {k: v for k, v in src.env.items() if k == "NVIDIA_VISIBLE_DEVICES"}
+            stamp = f"2026010{len(w.containers) % 10}-000000"
+            name = f"{src.name}-copy-{len(w.containers)}" if running else f"{src.name}-failed-{stamp}"
+        else:
+            env = {}
         if any(x.name == name for x in w.containers.values()):
             return
-        f = w.foreign(name, device_ids=ids, labels=labels, state="running" if running else "exited")
+        f = w.foreign(
+            name,
+            device_ids=ids,
+            devices=devices,
+            privileged=by == "privileged",
+            idle=idle,
+            labels=labels,
+            env=env,
+            state="running" if running else "exited",
+        )
         if kind == "image-labels":
             f.image = "sim-labelled:1"
             w.images["sim-labelled:1"] = dict(labels)
+
+    @rule(holds_file=st.booleans())
+    def foreign_offload_container(self, holds_file: bool) -> None:
+        """Someone else's vLLM with native offload (its flags in its command), on no card of ours: it may be making
+        its file at any time, so it keeps every unowned file but those a stopped container of ours was the only one
+        seen holding."""
+        from sim.world import Proc
+
+        w = self.world
+        name = f"someone-vllm-{len(w.containers)}"
+        c = w.foreign(name, state="exited")
+        c.command = ["vllm", "serve", "x", "--kv-offloading-size", "1", "--kv-offloading-backend", "native"]
+        c.state, c.started_at = "running", w.now
+        maps: set[int] = set()
+        if holds_file and w.free_bytes() >= GIB:
+            maps = {w.add_file(GIB, maker=f"container:{c.id}").inode}
+        w.add_proc(Proc(w.new_pid(), f"{name} main", container=c.id, maps=maps))
 
     @rule(pick=st.integers(0, 7))
     def operator_removes_foreign(self, pick: int) -> None:
@@ -295,10 +362,11 @@ class HostMachine(RuleBasedStateMachine):
         if hidden:
             w.cards[card].hidden_used = 6 * GIB
         else:
-            pid = w.new_pid()
             from sim.world import Proc
 
-            w.procs[pid] = Proc(pid, "python train.py", gpu=w.cards[card].uuid, gpu_mem=None if w.wsl2 else 4 * GIB)
+            w.add_proc(
+                Proc(w.new_pid(), "python train.py", gpu=w.cards[card].uuid, gpu_mem=None if w.wsl2 else 4 * GIB)
+            )
 
     @rule()
     def foreign_gpu_processes_end(self) -> None:
@@ -306,7 +374,7 @@ class HostMachine(RuleBasedStateMachine):
         for card in w.cards:
             card.hidden_used = 0
         for pid in [p.pid for p in w.procs.values() if p.container is None and p.gpu]:
-            del w.procs[pid]
+            w.end_proc(pid)
 
     @rule(gib=st.sampled_from([1, 3, 8]))
     def orphan_appears(self, gib: int) -> None:
@@ -323,12 +391,13 @@ class HostMachine(RuleBasedStateMachine):
             f = files[pick % len(files)]
             from sim.world import Proc
 
-            pid = w.new_pid()
-            w.procs[pid] = Proc(
-                pid,
-                "python reader.py",
-                maps={f.inode} if via == "map" else set(),
-                fds={f.inode} if via == "fd" else set(),
+            w.add_proc(
+                Proc(
+                    w.new_pid(),
+                    "python reader.py",
+                    maps={f.inode} if via == "map" else set(),
+                    fds={f.inode} if via == "fd" else set(),
+                )
             )
 
         if now:
@@ -347,7 +416,7 @@ class HostMachine(RuleBasedStateMachine):
 
         def end(w: World) -> None:
             for pid in [p.pid for p in w.procs.values() if p.cmd == "python reader.py"]:
-                del w.procs[pid]
+                w.end_proc(pid)
 
         if now:
             end(self.world)
@@ -356,6 +425,83 @@ class HostMachine(RuleBasedStateMachine):
             def once(w: World) -> None:
                 w.on_sleep.remove(once)
                 end(w)
+
+            self.world.on_sleep.append(once)
+
+    @rule(pick=st.integers(0, 7), every=st.sampled_from([1, 2, 5]), reuse=st.booleans())
+    def fork_chain_maps_file(self, pick: int, every: int, reuse: bool) -> None:
+        """A prefork recycler (or a daemonising double fork, over and over) maps an offload file and, while /proc is
+        scanned, forks a child that inherits the mapping and exits, every ``every`` reads of a process: the file is
+        held without a break by a pid the scan's first listing never showed; with ``reuse`` the new pid may be a
+        number an exited process had (a wrapped pid space)."""
+        from sim.world import Proc
+
+        w = self.world
+        files = sorted(w.files.values(), key=lambda f: f.name)
+        if not files:
+            return
+        w.pid_reuse = w.pid_reuse or reuse
+        head = [w.add_proc(Proc(w.new_pid(), "python reader.py", maps={files[pick % len(files)].inode})).pid]
+        reads = [0]
+
+        def hand_down(world: World) -> None:
+            if head[0] not in world.procs:
+                world.scan_hooks.remove(hand_down)  # the chain ended (the readers exited)
+                return
+            reads[0] += 1
+            if reads[0] % every == 0:
+                child = world.fork_handoff(head[0])
+                if child is not None:
+                    head[0] = child.pid
+
+        # Handing down at every read (one chain every read, or several together), it is never read before its next
+        # fork: no listing settles, and the scan rightly stays incomplete (fail closed) while a chain runs.
+        hand_down.chain = True  # type: ignore[attr-defined]
+        w.scan_hooks.append(hand_down)
+
+    @rule(pick=st.integers(0, 7))
+    def processes_come_and_go_during_scans(self, pick: int) -> None:
+        """Short-lived processes start and exit while /proc is scanned (a build, a cron job), now and then holding
+        an offload file for a moment."""
+        from sim.world import Proc
+
+        w = self.world
+        born: list[int] = []
+
+        def churn(world: World) -> None:
+            if len(born) > 40:
+                world.scan_hooks.remove(churn)
+                for pid in born:
+                    world.end_proc(pid)
+                return
+            if born and world.rng.random() < 0.5:
+                world.end_proc(born.pop(0))
+            files = sorted(world.files.values(), key=lambda f: f.name)
+            maps = {files[(pick + len(born)) % len(files)].inode} if files and world.rng.random() < 0.3 else set()
+            born.append(world.add_proc(Proc(world.new_pid(), "sh -c true", maps=maps)).pid)
+
+        w.scan_hooks.append(churn)
+
+    @rule(held=st.booleans(), now=st.booleans(), gib=st.sampled_from([1, 2]))
+    def other_program_writes_pattern_file(self, held: bool, now: bool, gib: int) -> None:
+        """A program that is no container of this tool writes a file matching shm.pattern: now, or while the tool
+        waits (an enter's health wait); it keeps it open (``held``) or closes it and leaves it."""
+        from sim.world import Proc
+
+        def write(w: World) -> None:
+            if w.free_bytes() < gib * GIB:
+                return
+            f = w.add_file(gib * GIB, maker="program:writer")
+            if held:
+                w.add_proc(Proc(w.new_pid(), "python reader.py", fds={f.inode}))
+
+        if now:
+            write(self.world)
+        else:
+
+            def once(w: World) -> None:
+                w.on_sleep.remove(once)
+                write(w)
 
             self.world.on_sleep.append(once)
 
@@ -379,6 +525,49 @@ class HostMachine(RuleBasedStateMachine):
     def card_presence(self, card: int, present: bool) -> None:
         self.world.cards[card].present = present
 
+    # ------------------------------------------------------------ an enter's knowable failures
+
+    @rule(recipe=st.sampled_from(sorted(RECIPES)), missing=st.booleans())
+    def recipe_names_an_image(self, recipe: str, missing: bool) -> None:
+        """The operator points a recipe at an image the engine does not have (or back at one it has)."""
+        self.images[recipe] = "sim-missing:1" if missing else "sim-vllm:1"
+        self.edits[recipe] += 1
+        self._write_recipe(recipe)
+
+    @rule(present=st.booleans())
+    def missing_image_pulled(self, present: bool) -> None:
+        w = self.world
+        assert w is not None
+        if present:
+            w.images.setdefault("sim-missing:1", {})
+        elif not any(c.image == "sim-missing:1" for c in w.containers.values()):
+            w.images.pop("sim-missing:1", None)
+
+    @rule(present=st.booleans())
+    def engine_gpu_runtime(self, present: bool) -> None:
+        """NVIDIA's container toolkit installed on the engine, or not (matters under docker.gpu_requests)."""
+        self.world.gpu_runtime = present
+
+    @rule(recipe=st.sampled_from(sorted(RECIPES)), listening=st.booleans())
+    def port_squatter(self, recipe: str, listening: bool) -> None:
+        """A process outside any container listens on a recipe's port (a stale server), or stops."""
+        port = RECIPES[recipe][2]
+        if listening:
+            self.world.squatted_ports.add(port)
+        else:
+            self.world.squatted_ports.discard(port)
+
+    def _knowable_failures(self, result: Any) -> None:
+        """Invariant (h): no enter fails for what the plan could know before it (its image missing, the engine
+        without GPU runtime, its port taken): such an enter is blocked, and nothing is stopped for it."""
+        if result is None:
+            return
+        for o in result.outcomes:
+            if o.action.kind.value == "enter" and o.result in ("failed", "refused"):
+                for why in ("is not present on this host", "already answers", "could not select device driver"):
+                    if why in o.detail:
+                        self.world.violate(f"(h) enter {o.action.key} failed for a knowable failure: {o.detail}")
+
     @rule(seconds=st.sampled_from([1.0, 5.0, 30.0, 400.0]))
     def time_passes(self, seconds: float) -> None:
         self.world.advance(seconds)
@@ -387,10 +576,12 @@ class HostMachine(RuleBasedStateMachine):
 
     def _pass(self) -> Any:
         try:
-            return self.loop.cycle({"resync"})
+            result = self.loop.cycle({"resync"})
         except Exception as exc:  # noqa: BLE001 - invariant (e): nothing escapes a pass
             self.world.violate(f"(e) {type(exc).__name__} escaped a pass: {exc}")
             return None
+        self._knowable_failures(result)
+        return result
 
     @rule()
     def loop_pass(self) -> None:
@@ -439,14 +630,116 @@ class HostMachine(RuleBasedStateMachine):
             applier = Applier(desired, observer=observer, connect=False)
             observed, shown = applier.plan_now()
             mark = len(w.writes)
-            files_before = {f.name: f.inode for f in w.files.values()}
-            applier.converge(start=(observed, shown), approved=shown)
+            result = applier.converge(start=(observed, shown), approved=shown)
         except Exception as exc:  # noqa: BLE001
             w.violate(f"(e) {type(exc).__name__} escaped apply: {exc}")
             return
-        self._check_within(shown, w.writes[mark:], files_before)
+        self._knowable_failures(result)
+        self._check_within(shown, w.writes[mark:])
 
-    def _check_within(self, shown: Any, writes: list[Any], files_before: dict[str, int]) -> None:
+    def _desired_and_applier(self) -> tuple[Any, Any, dict[str, str]] | None:
+        """The files' digests (read first, as the command reads them), the desired state and an applier that plans
+        as ``reconciler apply`` does, with the loop's view; None while the files do not load."""
+        from reconciler.errors import ReconcilerError
+        from reconciler.fingerprint import file_digests
+        from reconciler.loader import load_desired
+        from reconciler.service import loop_view, viewed_applier
+
+        w = self.world
+        files = file_digests(self.root)
+        try:
+            desired = load_desired(str(self.root))
+        except ReconcilerError:
+            return None
+        observer = self.loop.observer
+        if observer is None:
+            from sim.seams import sim_observer
+
+            observer = sim_observer(w, desired.host.docker.url)
+        view = loop_view(desired.host.name)
+        return desired, viewed_applier(desired, view, observer=observer, connect=False), files
+
+    def _session(self, applier: Any, files: dict[str, str]) -> Any:
+        from reconciler.service import ApplySession, Caller, HostService, loop_view
+
+        svc = HostService(str(self.root), caller=Caller("cli", "second terminal"))
+        return ApplySession(svc, applier, files, loop_view(applier.desired.host.name))
+
+    @precondition(lambda self: self.world is not None)
+    @rule()
+    def plan_saved(self) -> None:
+        """``reconciler plan --out FILE`` in a second terminal: the plan and its fingerprint, as the file holds them."""
+        import json
+
+        from reconciler.fingerprint import fingerprint
+        from reconciler.service import loop_view, plan_document
+
+        made = self._desired_and_applier()
+        if made is None:
+            return
+        desired, applier, files = made
+        observed, p = applier.plan_now()
+        fp = fingerprint(files, desired, observed, loop_view(desired.host.name))
+        self.saved.append(json.loads(json.dumps(plan_document(p, fp))))
+
+    @precondition(lambda self: self.world is not None and self.saved)
+    @rule(pick=st.integers(0, 3))
+    def saved_plan_applied(self, pick: int) -> None:
+        """``reconciler apply FILE`` of a plan saved some steps before, as ``HostService.apply_saved`` runs it: stale
+        (anything changed since, the plan made now not the saved one) writes nothing; else only the saved steps run."""
+        from reconciler.fingerprint import Fingerprint
+
+        w = self.world
+        doc = self.saved[pick % len(self.saved)]
+        made = self._desired_and_applier()
+        if made is None:
+            return
+        _desired, applier, files = made
+        mark = len(w.writes)
+        try:
+            session = self._session(applier, files)
+            changes = session.changes_since(Fingerprint.from_json(doc["fingerprint"]), doc["plan"])
+            if not changes:
+                session.run(source="saved")
+        except Exception as exc:  # noqa: BLE001
+            w.violate(f"(e) {type(exc).__name__} escaped apply FILE: {exc}")
+            return
+        if changes and w.writes[mark:]:
+            w.violate(f"(d) a stale saved plan wrote: {[wr.kind for wr in w.writes[mark:]]}")
+        if not changes:
+            self._check_within(session.approved, w.writes[mark:])
+
+    @precondition(lambda self: self.world is not None and self.prompt is None)
+    @rule()
+    def prompt_shown(self) -> None:
+        """An interactive ``apply`` shows its plan and waits at its prompt; the host and the loop go on meanwhile."""
+        made = self._desired_and_applier()
+        if made is None:
+            return
+        _desired, applier, files = made
+        self.prompt = self._session(applier, files)
+
+    @precondition(lambda self: self.world is not None and self.prompt is not None)
+    @rule()
+    def prompt_answered(self) -> None:
+        """The operator answers yes, steps after the plan was shown: as ``cmd_apply``, the host is planned again and
+        a change since the plan was shown is stale (nothing written); else only the shown plan's steps run."""
+        w = self.world
+        session, self.prompt = self.prompt, None
+        mark = len(w.writes)
+        try:
+            changes = session.refresh()
+            if not changes:
+                session.run()
+        except Exception as exc:  # noqa: BLE001
+            w.violate(f"(e) {type(exc).__name__} escaped an approved apply: {exc}")
+            return
+        if changes and w.writes[mark:]:
+            w.violate(f"(d) an approval gone stale wrote: {[wr.kind for wr in w.writes[mark:]]}")
+        if not changes:
+            self._check_within(session.approved, w.writes[mark:])
+
+    def _check_within(self, shown: Any, writes: list[Any]) -> None:
         """Invariant (d): every write of the apply belongs to an action of the plan it showed."""
         from reconciler.planner import ActionKind
 
@@ -454,6 +747,7 @@ class HostMachine(RuleBasedStateMachine):
         enters = {a.container for a in shown.actions if a.kind is ActionKind.ENTER}
         # The containers the plan's actions name: its leaves', and an enter's that finishes one left waiting.
         leaves = {a.container_id for a in shown.actions if a.container_id}
+        finishing = {a.container_id for a in shown.actions if a.kind is ActionKind.ENTER and a.container_id}
         names = {a.container for a in shown.actions if a.kind is not ActionKind.RECLAIM}
         paths = {p for a in shown.actions for p in a.paths}
         created: set[str] = set()
@@ -463,9 +757,12 @@ class HostMachine(RuleBasedStateMachine):
                     w.violate(f"(d) apply created {wr.name}, not an enter of the plan it showed")
                 created.add(wr.target)
             elif wr.kind == "unlink":
-                name = os.path.basename(wr.target)
-                if wr.target not in paths and name in files_before:
-                    w.violate(f"(d) apply unlinked {wr.target}, not listed by the plan it showed")
+                # Judged by who made the file (the world's truth), never by its age: outside the plan's paths only a
+                # failed enter's own file may go, one its container made (created by this apply, or the one an
+                # enter finishes).
+                maker = wr.name.removeprefix("container:") if wr.name.startswith("container:") else None
+                if wr.target not in paths and not (maker and (maker in created or maker in finishing)):
+                    w.violate(f"(d) apply unlinked {wr.target} (made by {wr.name}), not listed by the plan it showed")
             elif wr.target not in created and wr.target not in leaves:
                 kept = any(wr.name.startswith(f"{n}-failed-") for n in names if n)
                 if not (wr.kind == "remove" and kept):
@@ -530,7 +827,11 @@ class HostMachine(RuleBasedStateMachine):
             # Each source may stay down only for a cause that is really there.
             true_cause = {
                 "gpu": self.shape.startswith("alias"),
-                "proc": any(not p.inspectable and p.pid != 1 for p in w.procs.values()),
+                "proc": any(not p.inspectable and p.pid != 1 for p in w.procs.values())
+                or (
+                    any(getattr(h, "chain", False) for h in w.scan_hooks)
+                    and "processes kept appearing" in (result.message or "")
+                ),
             }
             false = [s for s in final.unavailable if not true_cause.get(s, False)]
             if false:
@@ -544,8 +845,21 @@ class HostMachine(RuleBasedStateMachine):
             return
         names = {c.name for c in w.containers.values()}
         pids = {f"pid {p}" for p in w.procs}
+        # A running offload container that is not ours keeps every unowned file: the room they take is really held.
+        foreign_offload = any(
+            not c.ours and c.state in LIVE_STATES and "--kv-offloading-size" in c.command for c in w.containers.values()
+        )
         for b in final.blockers:
+            if b.holder == "tmpfs" and foreign_offload:
+                continue
             if b.cause == "held" and b.holder not in names and b.holder not in pids:
                 w.violate(f"(f) blocked by {b.holder!r}, which is not on the host: {b.reason}")
             if b.cause == "memory" and not any(c.hidden_used for c in w.cards) and not w.wsl2:
                 w.violate(f"(f) blocked by unlisted VRAM that nothing holds: {b.reason}")
+            if b.cause == "image" and self.images.get(b.recipe, "sim-vllm:1") in w.images:
+                w.violate(f"(f) blocked by a missing image that the engine has: {b.reason}")
+            if b.cause == "runtime" and w.gpu_runtime:
+                w.violate(f"(f) blocked by a GPU runtime the engine has: {b.reason}")
+            port = RECIPES.get(b.recipe, (0, 0, 0))[2]
+            if b.cause == "port" and not w.listeners(port):
+                w.violate(f"(f) blocked by a port nothing listens on: {b.reason}")

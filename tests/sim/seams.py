@@ -2,8 +2,9 @@
 
 Replaced: the engine's HTTP client (the SDK's ``APIClient`` and the small reader: one ``SimApi`` answers both), the
 NVML read (``observe_gpus``'s ``read``, ``container_of`` and ``command_of``), the /proc and shm.dir reads of one
-inspection (``list_dir`` + ``scan_holders``, through the real pure ``build_view``), the guard's unlink and its
-statvfs, the loader's tmpfs checks, the health URL's answer and vLLM's gauges, the clock and sleep of the apply
+inspection (``list_dir`` and the per-process reads of ``scan_holders``, through the real ``settle_scan`` and the
+real pure ``build_view``; the world moves between the reads), the guard's unlink (behind the kernel's write lease,
+modelled from who holds the file) and its statvfs, the loader's tmpfs checks, the health URL's answer and vLLM's gauges, the clock and sleep of the apply
 layer, the guard, the loop and the engine-call retries. Kept real: the loader and its files on disk, the model, the
 planner, the apply layer, the loop's cycle, the guard's decisions, the state, history and audit files.
 """
@@ -122,7 +123,11 @@ class SimApi:
                 "Labels": dict(c.labels),
                 "Image": c.image,
             },
-            "HostConfig": {"DeviceRequests": reqs},
+            "HostConfig": {
+                "DeviceRequests": reqs,
+                "Devices": [{"PathOnHost": d, "PathInContainer": d, "CgroupPermissions": "rwm"} for d in c.devices],
+                "Privileged": c.privileged,
+            },
         }
 
     @_engine
@@ -212,7 +217,50 @@ class _ObserverFactory:
         return sim_observer(self.world, host.docker.url)
 
 
-def sim_shm(world: World, cfg: Any, *, containers: Any, docker: Any) -> Any:
+def sim_scan(world: World) -> Any:
+    """The holder scan as ``procfs.scan_holders`` makes it, over the world's /proc: the real ``settle_scan`` lists
+    again until no unread process appears, while the world's scan hooks fork, exit and hand mappings down between
+    the reads. Records which inodes were held without a break all through it (the lease check's truth)."""
+    from reconciler.observe.procfs import FdTarget, HolderScan, settle_scan
+
+    scan = HolderScan(dev=1)
+    through = world.held_inodes()
+
+    def list_pids() -> list[str]:
+        return [str(pid) for pid in sorted(world.procs) if world.procs[pid].resolvable]
+
+    def start_time(pid: int) -> int | None:
+        p = world.procs.get(pid)
+        return p.start if p is not None and p.resolvable else None
+
+    def scan_names(names: list[str], into: Any) -> None:
+        nonlocal through
+        for name in names:
+            for hook in list(world.scan_hooks):
+                hook(world)
+            through &= world.held_inodes()
+            p = world.procs.get(int(name))
+            if p is None or not p.resolvable:
+                continue  # gone before it was read
+            into.seen[p.pid] = p.start
+            into.pids_scanned += 1
+            if not p.inspectable:
+                into.unreadable[p.pid] = "Permission denied (simulated)"
+                continue
+            if p.maps:
+                into.mapped.setdefault(p.pid, set()).update(p.maps)
+            for ino in sorted(p.fds):
+                f = next((x for x in world.files.values() if x.inode == ino), None)
+                size = f.size if f else 0
+                into.fds.setdefault(p.pid, []).append(FdTarget(3, ino, size, size, 1 if f else 0))
+
+    scan_names(list_pids(), scan)
+    settle_scan(scan, list_pids=list_pids, start_time=start_time, scan_names=scan_names)
+    world.held_through_scan = through & world.held_inodes()
+    return scan
+
+
+def sim_shm(world: World, cfg: Any, *, containers: Any, docker: Any, settled: Any = ()) -> Any:
     """One inspection of shm.dir and every process, as ``inspect_shm`` makes it, from the world's truth."""
     from reconciler.observe.shm import DirEntry, DirListing, build_view, owner_container
     from reconciler.observed import Owner, Tmpfs
@@ -223,27 +271,65 @@ def sim_shm(world: World, cfg: Any, *, containers: Any, docker: Any) -> Any:
     )
     used = sum(f.size for f in world.files.values())
     listing = DirListing(1, 1, entries, Tmpfs(world.tmpfs_size, used, world.tmpfs_size - used))
+    scan = sim_scan(world)
+    if scan.unstable:
+        return build_view(
+            cfg,
+            listing=listing,
+            holders={},
+            deleted=(),
+            unreadable={},
+            containers=containers,
+            docker=docker,
+            proc_error=f"/proc: {scan.unstable}",
+            settled=settled,
+        )
     names = {c.id: c.name for c in containers}
-    holders: dict[int, list[Any]] = {}
-    unreadable: dict[int, tuple[str, str]] = {}
-    for p in sorted(world.procs.values(), key=lambda p: p.pid):
-        if not p.resolvable:
-            continue
-        if not p.inspectable:
-            unreadable[p.pid] = (p.cmd, "Permission denied (simulated)")
-            continue
-        ctr = owner_container([p.container] if p.container else [], names, engine_ok=docker.ok)
-        for via, inodes in (("map", p.maps), ("fd", p.fds)):
-            for ino in sorted(inodes):
-                holders.setdefault(ino, []).append(Owner(p.pid, via, ctr, p.cmd))
+
+    def owner(pid: int, via: str) -> Any:
+        p = world.procs.get(pid)  # resolved after the scan, as the real resolver reads cgroup and cmdline then
+        ctr = owner_container([p.container] if p and p.container else [], names, engine_ok=docker.ok)
+        return Owner(pid, via, ctr, p.cmd if p else "")
+
+    holders = {ino: [owner(pid, via) for pid, via in pairs] for ino, pairs in scan.holders().items()}
+    unreadable = {
+        pid: (world.procs[pid].cmd if pid in world.procs else "", why) for pid, why in scan.unreadable.items()
+    }
     return build_view(
-        cfg, listing=listing, holders=holders, deleted=(), unreadable=unreadable, containers=containers, docker=docker
+        cfg,
+        listing=listing,
+        holders=holders,
+        deleted=(),
+        unreadable=unreadable,
+        containers=containers,
+        docker=docker,
+        settled=settled,
     )
 
 
-def sim_observe(world: World, host: Any, *, docker: Any = None, **_: Any) -> Any:
+def sim_enter_facts(world: World, host: Any, images: Any, ports: Any) -> Any:
+    """What ``observe`` looks up for an enter's knowable failures, from the world: its images, its GPU runtime, and
+    who listens on the recipes' ports."""
+    from reconciler.observed import EnterFacts, Listener
+
+    runtime = ("present" if world.gpu_runtime else "absent") if host.docker.gpu_requests and host.gpus else "unknown"
+    listeners = tuple(
+        Listener("0.0.0.0", port, 1, pid, "sim squatter" if cid is None else "vllm serve", cid)
+        for port in ports
+        for pid, cid in world.listeners(port)
+    )
+    return EnterFacts(
+        images=tuple((i, i in world.images) for i in images),
+        gpu_runtime=runtime,
+        gpu_runtime_detail="runtimes: runc (simulated)",
+        ports=frozenset(ports),
+        listeners=listeners,
+    )
+
+
+def sim_observe(world: World, host: Any, *, docker: Any = None, images: Any = (), ports: Any = (), **_: Any) -> Any:
     from reconciler.observe.gpu import observe_gpus
-    from reconciler.observed import Observed
+    from reconciler.observed import EnterFacts, Observed
     from reconciler.state import read_ownership
 
     docker = docker or sim_observer(world, host.docker.url)
@@ -251,19 +337,21 @@ def sim_observe(world: World, host: Any, *, docker: Any = None, **_: Any) -> Any
     gpus = observe_gpus(
         host, read=lambda _h: world.nvml_raw(), container_of=world.container_of, command_of=world.command_of
     )
-    shm = sim_shm(world, host.shm, containers=containers, docker=docker_source)
+    ownership = read_ownership(host.name)
+    shm = sim_shm(world, host.shm, containers=containers, docker=docker_source, settled=ownership.healthy)
     return Observed(
         host=host.name,
         containers=containers,
         gpus=gpus,
         shm=shm,
         docker=docker_source,
-        ownership=read_ownership(host.name),
+        ownership=ownership,
+        enter=sim_enter_facts(world, host, images, ports) if docker_source.ok and (images or ports) else EnterFacts(),
     )
 
 
 def _unlink_agreed(world: World) -> Any:
-    from reconciler.shm_guard import KeptFile, RemovedFile
+    from reconciler.shm_guard import KeptFile, LeaseRefused, RemovedFile, lease_kept
 
     def unlink_agreed(directory: str, dir_id: Any, agreed: Any, *, pattern: str | None = None) -> Any:
         import fnmatch
@@ -273,6 +361,16 @@ def _unlink_agreed(world: World) -> Any:
             parent, name = os.path.split(f.path)
             if parent != directory or (pattern is not None and not fnmatch.fnmatchcase(name, pattern)):
                 kept.append(KeptFile(f.path, "not a name of shm.dir matching shm.pattern: never removed", "skipped"))
+                continue
+            # The kernel's write lease (shm_guard.take_lease), from the truth: refused while any process holds it.
+            holders = world.lease_refused(f.inode) if name in world.files else []
+            if holders:
+                if f.inode in world.held_through_scan:
+                    world.violate(
+                        f"(c) the /proc scan missed pid(s) {holders}, which held {name} all through it: only the "
+                        "lease gate kept the file"
+                    )
+                kept.append(lease_kept(f, LeaseRefused("the kernel refused the write lease (simulated): in use")))
                 continue
             if world.unlink(name, inode=f.inode, size=f.size_bytes):
                 removed.append(RemovedFile(f.path, f.size_bytes, f.size_bytes, f.dev, f.inode))
@@ -302,6 +400,18 @@ def _health(world: World, url: str) -> str | None:
     return world.answers(port) if port is not None else None
 
 
+def _listeners(world: World, ports: Any) -> Any:
+    """Who listens on each port, as /proc would say: every running container's server, from its start on."""
+    from reconciler.apply import PortHolder
+    from reconciler.observe.net import TcpListener
+
+    view: dict[int, list[Any]] = {port: [] for port in ports}
+    for n, c in enumerate(world.containers.values()):
+        if c.port in view and c.state == "running":
+            view[c.port].append((TcpListener("0.0.0.0", c.port, 0, 1000 + n), [PortHolder(1000 + n, "vllm", (c.id,))]))
+    return view
+
+
 @contextlib.contextmanager
 def installed(world: World) -> Iterator[str]:
     """Put the world under the project's code; yields a fresh state directory (the caller writes the root)."""
@@ -324,12 +434,13 @@ def installed(world: World) -> Iterator[str]:
         os.makedirs(os.path.join(state, "run"), mode=0o700)
         for mod in (apply_mod, loop_mod, guard_mod, ops_mod):
             mp.setattr(mod, "time", clock)
-        mp.setattr(apply_mod, "observe", lambda host, docker=None, **kw: sim_observe(world, host, docker=docker))
+        mp.setattr(apply_mod, "observe", lambda host, docker=None, **kw: sim_observe(world, host, docker=docker, **kw))
         # Actions on disjoint slots run one after the other, in the group's order: the same decisions, and a run
         # that replays from its seed.
         mp.setattr(apply_mod, "run_in_threads", lambda calls: [call() for call in calls])
         mp.setattr(apply_mod, "_http_ok", lambda url: _health(world, url) == "ok")
         mp.setattr(apply_mod, "_http_answer", lambda url, **kw: None if _health(world, url) is None else "HTTP 200")
+        mp.setattr(apply_mod, "_port_listeners", lambda ports: _listeners(world, ports))
         mp.setattr(probes_mod, "read_gauges", lambda url, **kw: (0.0, 0.0))
         factory = _ObserverFactory(world)
         mp.setattr(loop_mod, "DockerObserver", factory)
@@ -344,9 +455,9 @@ def installed(world: World) -> Iterator[str]:
             if hasattr(loader_mod, name):
                 mp.setattr(loader_mod, name, lambda *a, **kw: world.free_bytes())
 
-        def inspect(cfg: Any, observe_docker: Any, proc_root: str) -> Any:
+        def inspect(cfg: Any, observe_docker: Any, proc_root: str, *, settled: Any = ()) -> Any:
             containers, docker = observe_docker()
-            return sim_shm(world, cfg, containers=containers, docker=docker)
+            return sim_shm(world, cfg, containers=containers, docker=docker, settled=settled)
 
         mp.setattr(guard_mod, "_inspect", inspect)
         mp.setattr(guard_mod, "_dir_identity", lambda path: (1, 1))

@@ -38,6 +38,9 @@ class Card:
     total: int = 80 * GIB
     # VRAM held by something no process list shows (WSL2, another pid namespace).
     hidden_used: int = 0
+    # Its device node's minor number (/dev/nvidiaN; not always its index) and the UUIDs of its MIG devices.
+    minor: int = 0
+    migs: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -51,6 +54,12 @@ class Proc:
     gpu_mem: int | None = 0  # None: the driver does not say (WSL2)
     resolvable: bool = True  # False: not in this /proc (another pid namespace)
     inspectable: bool = True
+    start: int = 0  # its start time (/proc/PID/stat): with the pid, one process; a reused pid number has another
+
+
+# The /proc of a scan: how the world moves while the tool reads it. Each hook runs before each read of one process
+# (a fork, an exit, a hand-off of a mapping to a child born after the listing).
+ScanHook = Any
 
 
 @dataclass
@@ -58,6 +67,9 @@ class File:
     name: str
     inode: int
     size: int
+    # Who made it, the ground truth the checker judges an unlink by: "container:<id>", "program:<what>" (another
+    # program writing a pattern file), or "orphan" (left on the host before the run, or by a crash long ago).
+    maker: str = "orphan"
 
     @property
     def path(self) -> str:
@@ -90,6 +102,11 @@ class Container:
     port: int | None = None
     offload_bytes: int = 0
     stops_at: float = 0.0  # in state "stopping": when its processes exit
+    # Cards given other than by a GPU request: device nodes mapped in (/dev/nvidiaN), --privileged (every card).
+    devices: list[str] = field(default_factory=list)
+    privileged: bool = False
+    # A foreign container that holds its cards without running anything on them (no process NVML would list).
+    idle: bool = False
 
 
 @dataclass
@@ -107,6 +124,13 @@ class World:
         self.rng = random.Random(seed)
         self.now = 1_800_000_000.0  # wall clock; monotonic is the same number (both only move forward)
         self.cards = [Card(i, _uuid(seed, i)) for i in range(cards)]
+        # Minor numbers follow the driver's probe order, not always NVML's index; each card has two MIG devices.
+        minors = list(range(cards)) if seed % 2 == 0 else list(reversed(range(cards)))
+        for card, minor in zip(self.cards, minors, strict=True):
+            card.minor = minor
+            card.migs = [_uuid(seed, 100 + 10 * card.index + j).replace("GPU-", "MIG-") for j in range(2)]
+        # NVML did not answer the minor-number and MIG queries (an older driver): those ids resolve to no card.
+        self.nvml_hides_identity = False
         self.tmpfs_size = int(tmpfs_gib * GIB)
         self.files: dict[str, File] = {}
         self.procs: dict[int, Proc] = {}
@@ -117,6 +141,15 @@ class World:
         # next time the clock moves here), then "exited".
         self.podman = False
         self.next_pid = 1000
+        self.next_start = 1
+        # Pid numbers freed by exits; with ``pid_reuse`` a new process may get one of them again (a wrapped pid space).
+        self.freed_pids: list[int] = []
+        self.pid_reuse = False
+        # Run before each read of one process during a /proc scan (seams.sim_scan): the world moving under the scan.
+        self.scan_hooks: list[ScanHook] = []
+        # The inodes held without a break all through the last /proc scan: the lease gate refusing one of them means
+        # the scan missed a holder it should have seen (the checker's (c)).
+        self.held_through_scan: set[int] = set()
         self.next_inode = 100
         # Faults: method -> probability of a 5xx; "lost" answers: the call takes effect, the answer is an error.
         self.faults: dict[str, float] = {}
@@ -132,6 +165,10 @@ class World:
         self.on_sleep: list[Any] = []
         self.ports: dict[str, int] = {}
         self.behaviour: dict[str, str] = {}  # recipe -> how its containers behave once started
+        # Whether the engine can give GPUs by DeviceRequest (NVIDIA's runtime installed), and the ports a process
+        # outside any container listens on (a stale server): an enter's knowable failures.
+        self.gpu_runtime = True
+        self.squatted_ports: set[int] = set()
 
     # ------------------------------------------------------------ the clock
 
@@ -153,16 +190,24 @@ class World:
     # ------------------------------------------------------------ ids and resolution
 
     def card_of_id(self, dev: str) -> Card | None:
-        """What a container's GPU id (index or UUID, any case) is, on this host: the physical card."""
+        """What a container's GPU id (index, UUID in any case, ``i:j`` MIG index, MIG UUID, device node) is, on this
+        host: the physical card."""
+        dev = dev.removeprefix("nvidia.com/gpu=")
         for card in self.cards:
             if dev == str(card.index) or dev.lower() == card.uuid.lower():
+                return card
+            if dev.split(":")[0] == str(card.index) and ":" in dev:
+                return card
+            if dev.lower() in (m.lower() for m in card.migs) or dev == f"/dev/nvidia{card.minor}":
                 return card
         return None
 
     def cards_of(self, c: Container) -> set[int]:
-        ids = list(c.device_ids)
-        if not ids and c.env.get("NVIDIA_VISIBLE_DEVICES"):
-            ids = [d for d in c.env["NVIDIA_VISIBLE_DEVICES"].split(",") if d]
+        if c.privileged:
+            return {card.index for card in self.cards}
+        ids = list(c.device_ids) + list(c.devices)
+        if not c.device_ids and c.env.get("NVIDIA_VISIBLE_DEVICES"):
+            ids += [d for d in c.env["NVIDIA_VISIBLE_DEVICES"].split(",") if d]
         if "all" in ids:
             return {card.index for card in self.cards}
         return {card.index for d in ids if (card := self.card_of_id(d)) is not None}
@@ -171,8 +216,49 @@ class World:
         return hashlib.sha256(f"{self.seed}-{self.rng.random()}".encode()).hexdigest()
 
     def new_pid(self) -> int:
+        self.next_start += 1
+        free = [p for p in self.freed_pids if p not in self.procs]
+        if self.pid_reuse and free and self.rng.random() < 0.5:
+            pid = free[self.rng.randrange(len(free))]
+            self.freed_pids.remove(pid)
+            return pid
         self.next_pid += self.rng.randint(1, 7)
         return self.next_pid
+
+    def add_proc(self, proc: Proc) -> Proc:
+        proc.start = self.next_start
+        self.procs[proc.pid] = proc
+        return proc
+
+    def end_proc(self, pid: int) -> None:
+        if self.procs.pop(pid, None) is not None:
+            self.freed_pids.append(pid)
+
+    def fork_handoff(self, pid: int) -> Proc | None:
+        """The process forks a child that inherits its mappings and descriptors, and exits (a daemonising double
+        fork, a prefork recycler): the same files held without a break, by a pid born just now."""
+        p = self.procs.get(pid)
+        if p is None:
+            return None
+        child = Proc(
+            self.new_pid(),
+            p.cmd,
+            container=p.container,
+            maps=set(p.maps),
+            fds=set(p.fds),
+            gpu=p.gpu,
+            gpu_mem=p.gpu_mem,
+            resolvable=p.resolvable,
+            inspectable=p.inspectable,
+        )
+        self.add_proc(child)
+        self.end_proc(pid)
+        return child
+
+    def lease_refused(self, inode: int) -> list[int]:
+        """The kernel's write lease, from the truth: refused (the pids that hold the file) while any process maps
+        or holds it."""
+        return [p.pid for p in self.procs.values() if inode in (p.maps | p.fds)]
 
     # ------------------------------------------------------------ the engine (called through seams.SimApi)
 
@@ -230,6 +316,8 @@ class World:
         if c.state == "running":
             self._lost("start")
             return
+        if c.device_ids and not self.gpu_runtime:
+            raise ApiError(500, 'could not select device driver "nvidia" with capabilities: [[gpu]]')
         self._check_start(c)
         c.state, c.started_at, c.exit_code = "running", self.now, 0
         self._spawn(c)
@@ -252,9 +340,8 @@ class World:
 
     def _spawn(self, c: Container) -> None:
         """The processes of a started container: one per card (TP workers), mapping the offload file if any."""
-        if not c.ours and not c.device_ids:
-            pid = self.new_pid()
-            self.procs[pid] = Proc(pid, f"{c.name} main", container=c.id)
+        if not c.ours and (c.idle or not self.cards_of(c)):
+            self.add_proc(Proc(self.new_pid(), f"{c.name} main", container=c.id))
             return
         cards = sorted(self.cards_of(c))
         inode = None
@@ -262,24 +349,26 @@ class World:
             if self.free_bytes() < c.offload_bytes:
                 self._exit(c, 1)  # the seed's Errno 14: no room for the offload file
                 return
-            inode = self.add_file(c.offload_bytes).inode
+            inode = self.add_file(c.offload_bytes, maker=f"container:{c.id}").inode
         for idx in cards or [None]:
             pid = self.new_pid()
             card = self.cards[idx] if idx is not None else None
-            self.procs[pid] = Proc(
-                pid,
-                f"vllm worker {c.name}",
-                container=c.id,
-                maps={inode} if inode else set(),
-                gpu=card.uuid if card and card.present else None,
-                gpu_mem=None if self.wsl2 else 20 * GIB,
-                resolvable=not self.wsl2,
+            self.add_proc(
+                Proc(
+                    pid,
+                    f"vllm worker {c.name}",
+                    container=c.id,
+                    maps={inode} if inode else set(),
+                    gpu=card.uuid if card and card.present else None,
+                    gpu_mem=None if self.wsl2 else 20 * GIB,
+                    resolvable=not self.wsl2,
+                )
             )
 
     def _exit(self, c: Container, code: int) -> None:
         c.state, c.exit_code = ("stopped" if self.podman else "exited"), code
         for pid in [p.pid for p in self.procs.values() if p.container == c.id]:
-            del self.procs[pid]
+            self.end_proc(pid)
 
     def stop(self, ref: str) -> None:
         self._fault("stop")
@@ -336,6 +425,9 @@ class World:
         labels: dict[str, str] | None = None,
         state: str = "running",
         env: dict[str, str] | None = None,
+        devices: list[str] = (),
+        privileged: bool = False,
+        idle: bool = False,
     ) -> Container:
         c = Container(
             self.new_id(),
@@ -346,6 +438,9 @@ class World:
             ["sleep"],
             list(device_ids),
             ours=False,
+            devices=list(devices),
+            privileged=privileged,
+            idle=idle,
         )
         self.containers[c.id] = c
         if state == "running":
@@ -355,10 +450,10 @@ class World:
             c.state, c.exit_code = state, 0
         return c
 
-    def add_file(self, size: int, name: str | None = None) -> File:
+    def add_file(self, size: int, name: str | None = None, *, maker: str = "orphan") -> File:
         self.next_inode += 1
         name = name or f"{PATTERN_PREFIX}{self.next_inode:x}{PATTERN_SUFFIX}"
-        f = File(name, self.next_inode, size)
+        f = File(name, self.next_inode, size, maker)
         self.files[name] = f
         return f
 
@@ -379,19 +474,31 @@ class World:
         if holders:
             self.violate(f"(c) unlinked {name} while pid(s) {holders} map or hold it")
         del self.files[name]
-        self.writes.append(Write("unlink", f.path))
+        self.writes.append(Write("unlink", f.path, f.maker))
         return True
 
     # ------------------------------------------------------------ health (what answers a recipe's port)
 
     def answers(self, port: int) -> str | None:
-        """'ok' when a booted container of ours listens on ``port``, 'boot' while it loads, None: nothing."""
+        """'ok' when a booted container of ours (or a squatter) listens on ``port``, 'boot' while it loads, None:
+        nothing."""
+        if port in self.squatted_ports:
+            return "ok"
         for c in self.containers.values():
             if c.port == port and c.state == "running":
                 if c.behaviour == "hang" or self.now - c.started_at < c.boot_s:
                     return "boot"
                 return "ok"
         return None
+
+    def listeners(self, port: int) -> list[tuple[int, str | None]]:
+        """(pid, container id or None) of what listens on ``port``: containers of ours whose processes run, and a
+        squatter outside any container."""
+        out: list[tuple[int, str | None]] = [(99999, None)] if port in self.squatted_ports else []
+        for c in self.containers.values():
+            if c.port == port and c.state in LIVE_STATES:
+                out.append((90000 + len(out), c.id))
+        return out
 
     # ------------------------------------------------------------ NVML's answer (read_nvml's shape)
 
@@ -403,11 +510,17 @@ class World:
         for card in present:
             procs = [p for p in self.procs.values() if p.gpu == card.uuid]
             used = card.hidden_used + sum((p.gpu_mem or 20 * GIB) for p in procs) + GIB // 2
+            identity: dict[str, Any] = (
+                {"identity_errors": {"minor": "NVMLError_NotSupported: simulated"}}
+                if self.nvml_hides_identity
+                else {"minor": card.minor, "mig": list(card.migs)}
+            )
             devices.append(
                 {
                     "index": card.index,
                     "name": "NVIDIA H200",
                     "uuid": card.uuid,
+                    **identity,
                     "errors": {},
                     "memory_total": card.total,
                     "memory_used": min(used, card.total),
