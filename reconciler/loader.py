@@ -567,7 +567,19 @@ def tmpfs_free(directory: str) -> int | None:
 def check_root(r: Path) -> None:
     """The root and its directories checked like the tool's own files (docs/design.md, safety rule 12) before
     anything is read from them: owned by root (or the running user) and not writable by group or others, along
-    their whole real path. A ConfigError naming the first that is not, and the fix."""
+    their whole real path. A ConfigError naming the first that is not, and the fix. A root that is no directory at
+    all is said so first, alone: its missing files would only repeat it."""
+    if not r.is_dir():
+        why = "no such directory" if not r.exists() else "not a directory"
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    str(r),
+                    None,
+                    f"{why}: give --root (or $RECONCILER_ROOT) the directory holding configs/ and manifests/",
+                )
+            ]
+        )
     for rel, what in (
         (".", "--root"),
         ("configs", "the configs directory"),

@@ -159,6 +159,7 @@ class Loop:
         self.desired: DesiredState | None = None
         self.observer: DockerObserver | None = None
         self.last_pass_at = 0.0
+        self.files_valid: bool | None = None  # whether the files loaded at the last look (None: not read yet)
         self.last_pass: dict[str, Any] = {}
         self.passes = 0
         self._http: Any = None  # reconciler.api.Listener
@@ -292,6 +293,7 @@ class Loop:
             for p in exc.problems:
                 self.log("config-invalid", path=p.path, line=p.line, error=p.message)
             self.metrics.set_manifest_valid(False, str(exc.problems[0]) if exc.problems else "invalid")
+            self.files_valid = False
             if self.desired is not None:
                 self.log("config-kept", reason="keeping the last valid desired state; nothing is torn down")
             return self.desired
@@ -303,6 +305,7 @@ class Loop:
                 assignments=",".join(a.key for a in desired.assignments) or "none",
             )
         self.metrics.set_manifest_valid(True)
+        self.files_valid = True
         self.metrics.configure(host=desired.host, recipes=desired.recipes)
         if self.observer is None or (self.observer.url, self.observer.timeout) != (
             desired.host.docker.url,
@@ -755,8 +758,28 @@ class Loop:
             if last
             else {}
         )
+        # The files' state is part of the verdict, not of the status code: a loop keeping the last valid desired
+        # state while an edit does not validate is alive and acting (status and validate say what is wrong).
+        files = {None: "unread", True: "valid", False: "invalid"}[self.files_valid]
+        verdict = (
+            "files invalid: the last valid desired state is kept"
+            if self.files_valid is False
+            else "sources unavailable"
+            if down
+            else last["result"]
+            if last
+            else "starting"
+        )
         return (200 if ok else 503), redact_data(
-            {"ok": ok, "passes": self.passes, "last_pass_age_s": age, "unavailable": down, "last_pass": last_pass}
+            {
+                "ok": ok,
+                "verdict": verdict,
+                "files": files,
+                "passes": self.passes,
+                "last_pass_age_s": age,
+                "unavailable": down,
+                "last_pass": last_pass,
+            }
         )
 
 

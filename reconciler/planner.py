@@ -1020,6 +1020,14 @@ def _slot_problems(
             )
             continue
         who = "managed by this tool for another assignment" if kind == "ours" else "not managed by this tool"
+        other = c.label(LABEL_HOST)
+        if kind == "foreign" and other and other != desired.host.name:
+            # A lane of this tool for another host name (another root on this machine, the demo's): say whose.
+            fix = "; `bash examples/demo/run.sh --teardown` removes it" if other == "demo" else ""
+            who = (
+                f"not managed by this host's install: it belongs to host {other} of this tool (another root: "
+                f"assign nothing there and apply to stop it{fix})"
+            )
         problems.append((f"{held} and is {who}", c.name))
     for slot in d.slots:
         view = gpus.slots.get(slot)

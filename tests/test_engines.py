@@ -216,7 +216,20 @@ def test_tp2_offload_lane_its_owners_and_gpu_processes_are_its_container_and_orp
     assert len(files) == 1 and files[0]["state"] == "owned", shm["files"]
     mappers = {o["pid"]: o["container"] for o in files[0]["owners"] if o["via"] == "map"}
     assert len(mappers) == 2 and set(mappers.values()) <= {name, cid, cid[:12]}, files[0]["owners"]
-    assert name in shm["blocking_containers"]
+    # Safety rule 2 as narrowed: a running offload lane keeps unowned files from reclaim until this install has
+    # recorded it healthy and sees it holding its own file; then it blocks nothing.
+    from reconciler import state
+
+    before = os.environ.get("RECONCILER_STATE_DIR")
+    os.environ["RECONCILER_STATE_DIR"] = root.env["RECONCILER_STATE_DIR"]
+    try:
+        settled = cid in state.read_ownership(root.host).healthy
+    finally:
+        if before is None:
+            del os.environ["RECONCILER_STATE_DIR"]
+        else:
+            os.environ["RECONCILER_STATE_DIR"] = before
+    assert (name in shm["blocking_containers"]) is not settled, (settled, shm["blocking_containers"])
 
     # GPU processes go through the same attribution (NVML lists host pids): the workers are the lane's when an NVML
     # read lists them on two cards; a host process on a card is no container's.

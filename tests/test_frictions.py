@@ -353,3 +353,24 @@ def test_mcp_takes_no_json_flag_and_the_top_level_help_names_every_mcp_tool() ->
     top = " ".join(_help().split())
     for tool in ("host_status", "host_plan", "host_shared_memory", "host_probe", "host_manage"):
         assert tool in top, tool
+
+
+@pytest.mark.parametrize("what", ["missing", "a file"])
+def test_a_root_that_is_no_directory_is_said_so_once(tmp_path: Path, what: str) -> None:
+    root = tmp_path / "nowhere"
+    if what == "a file":
+        root.write_text("")
+    for cmd in ("validate", "plan", "status"):
+        r = subprocess.run(
+            [sys.executable, "-m", "reconciler", "--root", str(root), cmd],
+            capture_output=True,
+            text=True,
+            env={"PATH": "/usr/bin:/bin", "RECONCILER_NO_LOOP": "1"},
+        )
+        why = "no such directory" if what == "missing" else "not a directory"
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r
+        assert (
+            r.stderr.splitlines()[0]
+            == f"{root}: {why}: give --root (or $RECONCILER_ROOT) the directory holding configs/ and manifests/"
+        ), r.stderr
+        assert "configs/host.yaml: file not found" not in r.stderr, r.stderr

@@ -244,6 +244,11 @@ def test_a_broken_manifest_tears_nothing_down_and_is_exported_until_fixed(
     errors = _series(lp, "reconciler_manifest_error_info")
     assert len(errors) == 1 and "demo.yaml:4" in errors[0]["error"] and "no-such-recipe" in errors[0]["error"], errors
     assert (lp.metric("reconciler_manifest_last_error_timestamp_seconds") or 0) > time.time() - 60
+    # /healthz, open to anyone: its verdict says the files are invalid (quoting nothing of them); its status is the
+    # loop's own, alive and acting on the last valid desired state.
+    code, health = lp.healthz()
+    assert code == 200 and health["files"] == "invalid" and health["verdict"].startswith("files invalid"), health
+    assert "no-such-recipe" not in json.dumps(health), health
 
     # Bad YAML: the same, with the line of the syntax error.
     mark = lp.mark()
