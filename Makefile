@@ -18,7 +18,8 @@ demo: setup-demo
 test: setup
 	RECONCILER_REQUIRE_DOCKER=1 $(PY) -m pytest -q -p no:cacheprovider tests
 
-# The simulated host for a long budget: SOAK_STEPS (default 1,000,000), SOAK_SEED to replay, SOAK_WORKERS processes.
+# The simulated host for a long budget: SOAK_STEPS in all (default 1,000,000), SOAK_SEED to replay, SOAK_WORKERS
+# processes; SOAK_SEEDS="1 2 3" (or a count, SOAK_SEEDS=8) for independent runs, one line per seed and a total.
 soak: setup
 	$(PY) tests/sim/soak.py
 

@@ -189,7 +189,7 @@ class Applier:
         self._guard_lock = threading.Lock()
         self._files_lock = threading.Lock()
         # How a group of actions runs: each in a thread of its own. The simulation replaces it with one that runs
-        # them in order, so a run replays from its seed.
+        # them interleaved at their seams in an order its seed draws, so a run replays from its seed.
         self.run_group: Callable[[list[Callable[[], Outcome]]], list[Outcome]] = run_in_threads
         # What each observation looks up for the planner's checks of an enter's knowable failures.
         self._needs = enter_needs(desired)

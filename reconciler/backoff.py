@@ -89,10 +89,15 @@ class Backoff:
         return gone
 
     def holds(self) -> dict[str, str]:
-        """Assignment keys whose enter must wait, with the reason the plan shows."""
+        """Assignment keys whose enter must wait, with the reason the plan shows.
+
+        The delays run on the wall clock (they outlive a restart), which can be stepped back (NTP, ``date -s``, a VM
+        resumed): a wait longer from now than its own delay is cut to that delay, else one failure held a lane for
+        as long as the clock went back."""
         now = self.clock()
         out = {}
         for key, e in self.entries.items():
+            e.until = min(e.until, now + self.delay(e.failures))
             if e.until > now:
                 out[key] = (
                     f"in backoff after {e.failures} failed enter(s); next try in {e.until - now:.0f} s "

@@ -156,3 +156,19 @@ def test_a_loop_pass_keeps_the_backoff_of_the_fallback_of_a_held_lane(
         loop.backoff.failed(f"small@{b}", recipe="small", recipe_hash=small.content_hash(), error="x")
         assert loop.cycle({"resync"}) is None
     assert loop.backoff.entries[f"small@{b}"].failures == 3
+
+
+def test_a_wall_clock_stepped_back_never_lengthens_a_backoff() -> None:
+    """The delay runs on the wall clock (it outlives a restart); stepped back a day after one failure (NTP, a VM
+    resumed, date -s), the lane waited that day plus its 10 s. A wait never exceeds its delay from now."""
+    now = [1_000_000.0]
+    b = Backoff(base_s=10, clock=lambda: now[0])
+    b.failed("omni@a", recipe="omni", recipe_hash="h", error="boom")
+    now[0] -= 86400.0
+    assert "next try in 10 s" in b.holds()["omni@a"]
+    now[0] += 11.0
+    assert b.holds() == {}
+    now[0] += 86400.0  # stepped forward again: still nothing held, and a new failure waits its own delay
+    assert b.holds() == {}
+    b.failed("omni@a", recipe="omni", recipe_hash="h", error="boom")
+    assert "next try in 20 s" in b.holds()["omni@a"]

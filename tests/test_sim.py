@@ -380,3 +380,89 @@ def test_two_fork_chains_together_keep_the_scan_from_settling_and_that_is_a_true
         m.no_violation()
     finally:
         m.teardown()
+
+
+def test_actions_of_one_group_interleave_in_orders_the_seed_draws() -> None:
+    """Two lanes entered together (disjoint slots, one group) run each in a thread of its own, taking turns at their
+    seams in an order the seed draws: across seeds one lane's create falls between the other's create and start,
+    and either lane may go first; each seed replays the same order."""
+    orders = set()
+    for seed in range(8):
+        runs = []
+        for _ in range(2):
+            m = HostMachine()
+            m.setup(seed=seed, shape="index", gpu_requests=True, wsl2=False, tmpfs_gib=20.0)
+            try:
+                m.edit_manifest("split2")
+                m.loop_pass()
+                m.no_violation()
+                assert m.world.sched.switches > 0
+                runs.append(tuple((w.kind, w.name.split("-")[1]) for w in m.world.writes))
+            finally:
+                m.teardown()
+        assert runs[0] == runs[1], runs  # replays from its seed
+        orders.add(runs[0])
+    assert len(orders) >= 3, orders
+    assert {o[0][1] for o in orders} == {"omni", "small"}, orders
+    assert any([k for k, _ in o] == ["create", "create", "start", "start"] for o in orders), orders
+
+
+def test_a_wall_clock_stepped_back_a_day_does_not_hold_a_lane_for_that_day() -> None:
+    """A lane's enter fails once (10 s of backoff), then the wall clock is stepped back a day while the monotonic
+    one runs on: once its fault is gone the lane enters within the bounded passes, not a day later."""
+    m = _machine()
+    try:
+        m.recipe_behaves("omni", "crash")
+        m.edit_manifest("split")
+        m.loop_pass()
+        assert any("-failed-" in c.name for c in m.world.containers.values()), m.world.containers
+        m.wall_clock_jumps(-86400.0)
+        m.faults_stop_and_host_settles()
+        m.no_violation()
+        assert any(c.ours and c.state == "running" for c in m.world.containers.values()), m.world.containers
+    finally:
+        m.teardown()
+
+
+@pytest.mark.parametrize("podman", [False, True])
+def test_a_stop_slower_than_its_timeout_is_killed_and_the_lane_leaves(podman: bool) -> None:
+    """An engine that ignores SIGTERM: the leave's stop waits its whole timeout (Podman saying "stopping"
+    meanwhile), the engine kills it, and the leave completes; the lane entered beside it on the other card goes on."""
+    m = HostMachine()
+    m.setup(seed=7, shape="index", gpu_requests=True, wsl2=False, tmpfs_gib=20.0, podman=podman)
+    try:
+        m.edit_manifest("split2")
+        m.loop_pass()
+        m.recipe_stops_slowly("small", True)
+        m.edit_manifest("split")
+        t0 = m.world.now
+        result = m.loop.cycle({"resync"})
+        m.no_violation()
+        assert result.final.converged, result.message
+        assert m.world.now - t0 >= 10.0
+        (small,) = [c for c in m.world.containers.values() if c.name.startswith("reconciler-small-")] or [None]
+        assert small is None or small.exit_code == 137, small
+        assert not [f for f in m.world.files.values() if f.maker != "orphan"], m.world.files
+    finally:
+        m.teardown()
+
+
+def test_a_container_adopted_by_a_second_terminal_is_ours_from_then_on() -> None:
+    """A container with this host's labels and no install id (made by an older version) runs on card 0; a second
+    terminal adopts it, and the manifest no longer wants it: the loop stops and removes it, which the checker takes
+    as a lane of ours, not a foreign container touched."""
+    m = _machine()
+    try:
+        m.foreign_container(card=0, by="index", kind="legacy", running=True)
+        (legacy,) = [c for c in m.world.containers.values() if not c.ours]
+        m.second_terminal_adopts(0)
+        assert legacy.ours and legacy.id in m.adopted
+        m.steps_since_adopt_check = 10
+        m.no_violation()
+        m.edit_manifest("empty")
+        m.loop_pass()
+        m.steps_since_adopt_check = 10
+        m.no_violation()
+        assert legacy.id not in m.world.containers or m.world.containers[legacy.id].state == "exited"
+    finally:
+        m.teardown()

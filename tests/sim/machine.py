@@ -80,6 +80,8 @@ class HostMachine(RuleBasedStateMachine):
         self.saved: deque[dict[str, Any]] = deque(maxlen=4)
         # An interactive ``apply`` whose prompt waits for its answer while the host goes on.
         self.prompt: Any = None
+        # Containers a second terminal's ``adopt`` made this install's: ours from then on, for the checker too.
+        self.adopted: set[str] = set()
 
     # ------------------------------------------------------------ set-up and files
 
@@ -174,7 +176,7 @@ class HostMachine(RuleBasedStateMachine):
         w = self.world
         assert w is not None
         self.loop = Loop(
-            str(self.root), metrics_addr=None, log=Log(stream=self.sink), backoff=Backoff(clock=lambda: w.now)
+            str(self.root), metrics_addr=None, log=Log(stream=self.sink), backoff=Backoff(clock=lambda: w.wall())
         )
 
     def teardown(self) -> None:
@@ -235,6 +237,66 @@ class HostMachine(RuleBasedStateMachine):
     @rule(recipe=st.sampled_from(sorted(RECIPES)), behaviour=st.sampled_from(["ok", "ok", "crash", "hang"]))
     def recipe_behaves(self, recipe: str, behaviour: str) -> None:
         self.world.behaviour[recipe] = behaviour
+
+    @rule(recipe=st.sampled_from(sorted(RECIPES)), slow=st.booleans())
+    def recipe_stops_slowly(self, recipe: str, slow: bool) -> None:
+        """The recipe's engine ignores SIGTERM (a worker stuck in a CUDA call): each stop of its containers started
+        from now on takes longer than the stop timeout, and the engine kills it at the timeout."""
+        w = self.world
+        (w.slow_stop.add if slow else w.slow_stop.discard)(recipe)
+        for c in w.containers.values():
+            if c.ours and c.labels.get("io.reconciler.recipe") == recipe:
+                c.slow_stop = slow
+
+    @rule(seconds=st.sampled_from([-86400.0, -3600.0, -30.0, 30.0, 3600.0, 86400.0]))
+    def wall_clock_jumps(self, seconds: float) -> None:
+        """The wall clock is stepped (NTP, ``date -s``, a VM resumed) while the monotonic clock runs on."""
+        self.world.wall_offset += seconds
+
+    @rule(seed=st.integers(0, 2**32 - 1))
+    def actions_interleave(self, seed: int) -> None:
+        """Draw the order in which the next groups' actions take turns at their seams afresh."""
+        import random
+
+        self.world.sched.rng = random.Random(seed)
+
+    @precondition(lambda self: self.world is not None)
+    @rule(pick=st.integers(0, 7))
+    def second_terminal_adopts(self, pick: int) -> None:
+        """``reconciler adopt NAME`` in a second terminal, of a container that carries this host's labels but is not
+        this install's (a legacy one, a copy): the tool refuses another install's or a foreign one; one it adopts is
+        this install's from then on (the tool may stop and remove it, and the checker treats it as ours). A container
+        that shares a card with a lane is left out: adopting it would make two of ours share a card by fiat."""
+        from reconciler.errors import ReconcilerError
+        from reconciler.service import Caller, HostService
+
+        w = self.world
+        ours_cards = {i for c in w.containers.values() if c.ours and c.state in LIVE_STATES for i in w.cards_of(c)}
+        cands = sorted(
+            (
+                c
+                for c in w.containers.values()
+                if not c.ours
+                and c.labels.get("io.reconciler.host") == "sim"
+                and not (c.state in LIVE_STATES and w.cards_of(c) & ours_cards)
+            ),
+            key=lambda c: c.name,
+        )
+        if not cands:
+            return
+        c = cands[pick % len(cands)]
+        try:
+            result = HostService(str(self.root), caller=Caller("cli", "second terminal")).adopt([c.name])
+        except ReconcilerError:
+            return
+        for a in result.adopted:
+            adopted = w.containers.get(a["id"])
+            if adopted is None:
+                continue
+            if adopted.labels.get("io.reconciler.install") not in (None, w.install_id):
+                w.violate(f"(b) adopt took {adopted.name}, which carries another install's id")
+            adopted.ours = True
+            self.adopted.add(adopted.id)
 
     # ------------------------------------------------------------ the host on its own
 
@@ -776,17 +838,13 @@ class HostMachine(RuleBasedStateMachine):
         if self.world is None:
             return
         w = self.world
-        ours = [c for c in w.containers.values() if c.ours and c.state in LIVE_STATES]
-        for i, a in enumerate(ours):
-            for b in ours[i + 1 :]:
-                if w.cards_of(a) & w.cards_of(b):
-                    w.violate(f"(a) {a.name} and {b.name} both run on card(s) {sorted(w.cards_of(a) & w.cards_of(b))}")
+        w.check_cards()
         if self.loop is not None and self.steps_since_adopt_check >= 10:
-            # (b) also: nothing is ever adopted here without an explicit adopt (the simulation never asks for one).
+            # (b) also: nothing is ever adopted here but by an explicit adopt (a second terminal's).
             from reconciler.state import read_ownership
 
             self.steps_since_adopt_check = 0
-            adopted = read_ownership("sim").adopted
+            adopted = set(read_ownership("sim").adopted) - self.adopted
             if adopted:
                 w.violate(f"(b) adopted without an explicit adopt: {sorted(a[:12] for a in adopted)}")
         self.steps_since_adopt_check += 1

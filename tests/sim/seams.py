@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import tempfile
+import threading
 import time as _real_time
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -25,14 +27,137 @@ import pytest
 from sim.world import SHM_DIR, ApiError, World
 
 
+class Interleaver:
+    """Runs a group's actions (``apply.run_in_threads``'s place) each in a thread of its own, but one at a time: a
+    thread runs only while it holds the turn, and at each seam it calls (an engine request, a read of one process
+    during a /proc scan, an unlink, a sleep, a wait for a lock another action holds) the turn passes to a thread
+    drawn from this seed's own random numbers, itself included. Every interleaving at those seams is one a seed can
+    draw, and a run still replays from its seed. A lock the apply layer takes (``Applier``'s guard and files locks)
+    is a ``SimLock``: waiting for it passes the turn, so the holder runs on."""
+
+    def __init__(self, world: World):
+        self.world = world
+        self.rng = random.Random(world.seed ^ 0x5EED5)
+        self._cv = threading.Condition()
+        self._local = threading.local()
+        self._turn: int | None = None
+        self._live: set[int] = set()
+        self.switches = 0  # turns passed to another action (the tests' witness that actions interleaved)
+        self.groups = 0
+
+    def run(self, calls: list[Any]) -> list[Any]:
+        if len(calls) < 2 or self._live:
+            return [call() for call in calls]
+        n = len(calls)
+        results: list[Any] = [None] * n
+        errors: list[BaseException | None] = [None] * n
+        self.groups += 1
+
+        def body(i: int) -> None:
+            self._local.index = i
+            with self._cv:
+                self._cv.wait_for(lambda: self._turn == i)
+            try:
+                results[i] = calls[i]()
+            except BaseException as exc:  # noqa: BLE001 - raised in the group's caller, as invariant (e) wants
+                errors[i] = exc
+            finally:
+                with self._cv:
+                    self._live.discard(i)
+                    self._turn = self.rng.choice(sorted(self._live)) if self._live else None
+                    self._cv.notify_all()
+
+        threads = [threading.Thread(target=body, args=(i,), name=f"sim-action-{i}", daemon=True) for i in range(n)]
+        with self._cv:
+            self._live = set(range(n))
+            self._turn = self.rng.randrange(n)
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for exc in errors:
+            if exc is not None:
+                raise exc
+        return results
+
+    def in_group(self) -> bool:
+        """Whether the calling thread is an action of a running group."""
+        return getattr(self._local, "index", None) is not None
+
+    def point(self, *, waiting: bool = False) -> None:
+        """A seam: the turn may pass to another live action (with ``waiting``, it must: this one waits for it)."""
+        me = getattr(self._local, "index", None)
+        if me is None:
+            return
+        with self._cv:
+            if me not in self._live:
+                return
+            others = sorted(j for j in self._live if j != me)
+            pick = others if waiting else sorted(self._live)
+            if not pick:
+                raise RuntimeError("simulation: an action waits for a lock no other live action holds")
+            nxt = self.rng.choice(pick)
+            if nxt == me:
+                return
+            self.switches += 1
+            self._turn = nxt
+            self._cv.notify_all()
+            self._cv.wait_for(lambda: self._turn == me)
+
+
+class SimLock:
+    """A lock of the apply layer under the interleaver: waiting for it passes the turn to the action holding it."""
+
+    def __init__(self, sched: Interleaver):
+        self.sched = sched
+        self.owner: int | None = None
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        me = threading.get_ident()
+        while self.owner is not None:
+            if not blocking:
+                return False
+            if getattr(self.sched._local, "index", None) is None:
+                raise RuntimeError("simulation: a lock held by an action is waited for outside the group")
+            self.sched.point(waiting=True)
+        self.owner = me
+        return True
+
+    def release(self) -> None:
+        self.owner = None
+
+    def locked(self) -> bool:
+        return self.owner is not None
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+class _Threading:
+    """``threading`` as the apply layer sees it under the simulation: its locks are ``SimLock``s."""
+
+    def __init__(self, sched: Interleaver):
+        self.sched = sched
+
+    def Lock(self) -> SimLock:
+        return SimLock(self.sched)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(threading, name)
+
+
 class SimTime:
-    """The ``time`` module as the patched modules see it: the world's clock, and sleep that moves it."""
+    """The ``time`` module as the patched modules see it: the world's clocks (the wall clock may jump apart from
+    the monotonic one), and sleep that moves them."""
 
     def __init__(self, world: World):
         self.world = world
 
     def time(self) -> float:
-        return self.world.now
+        return self.world.wall()
 
     def monotonic(self) -> float:
         return self.world.now
@@ -55,9 +180,10 @@ def _api_error(exc: ApiError) -> Exception:
 
 
 def _engine(fn: Any) -> Any:
-    def call(*args: Any, **kwargs: Any) -> Any:
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        self.w.point()  # a request to the engine: another action may run meanwhile
         try:
-            return fn(*args, **kwargs)
+            return fn(self, *args, **kwargs)
         except ApiError as exc:
             raise _api_error(exc) from None
 
@@ -175,7 +301,7 @@ class SimApi:
 
     @_engine
     def stop(self, ref: str, timeout: int = 10) -> None:
-        self.w.stop(ref)
+        self.w.stop(ref, timeout=timeout)
 
     @_engine
     def kill(self, ref: str) -> None:
@@ -236,6 +362,7 @@ def sim_scan(world: World) -> Any:
     def scan_names(names: list[str], into: Any) -> None:
         nonlocal through
         for name in names:
+            world.point()  # a read of one process: another action may run meanwhile
             for hook in list(world.scan_hooks):
                 hook(world)
             through &= world.held_inodes()
@@ -359,6 +486,7 @@ def _unlink_agreed(world: World) -> Any:
             if parent != directory or (pattern is not None and not fnmatch.fnmatchcase(name, pattern)):
                 kept.append(KeptFile(f.path, "not a name of shm.dir matching shm.pattern: never removed", "skipped"))
                 continue
+            world.point()  # between the inspection and the unlink: another action may run meanwhile
             # The kernel's write lease (shm_guard.take_lease), from the truth: refused while any process holds it.
             holders = world.lease_refused(f.inode) if name in world.files else []
             if holders:
@@ -432,9 +560,11 @@ def installed(world: World) -> Iterator[str]:
         for mod in (apply_mod, loop_mod, guard_mod, ops_mod):
             mp.setattr(mod, "time", clock)
         mp.setattr(apply_mod, "observe", lambda host, docker=None, **kw: sim_observe(world, host, docker=docker, **kw))
-        # Actions on disjoint slots run one after the other, in the group's order: the same decisions, and a run
-        # that replays from its seed.
-        mp.setattr(apply_mod, "run_in_threads", lambda calls: [call() for call in calls])
+        # Actions on disjoint slots run interleaved at their seams, in an order the seed draws (Interleaver).
+        sched = Interleaver(world)
+        world.sched = sched
+        mp.setattr(apply_mod, "run_in_threads", sched.run)
+        mp.setattr(apply_mod, "threading", _Threading(sched))
         mp.setattr(apply_mod, "_http_ok", lambda url: _health(world, url) == "ok")
         mp.setattr(apply_mod, "_http_answer", lambda url, **kw: None if _health(world, url) is None else "HTTP 200")
         mp.setattr(apply_mod, "_port_listeners", lambda ports: _listeners(world, ports))
@@ -442,6 +572,10 @@ def installed(world: World) -> Iterator[str]:
         factory = _ObserverFactory(world)
         mp.setattr(loop_mod, "DockerObserver", factory)
         mp.setattr(apply_mod, "DockerObserver", factory)
+        # The service's own look-ups (``adopt``'s) name the class: its one constructor for a host reads the world too.
+        from reconciler.observe.docker_obs import DockerObserver
+
+        mp.setattr(DockerObserver, "for_host", classmethod(lambda cls, host: sim_observer(world, host.docker.url)))
         for name in ("shm_dir_mount_problem",):
             if hasattr(loader_mod, name):
                 mp.setattr(loader_mod, name, lambda *a, **kw: None)

@@ -1,7 +1,17 @@
-"""``make soak``: the simulated host for a long budget. ``SOAK_STEPS`` (default 1,000,000) steps in all, spread over
-``SOAK_WORKERS`` processes (default: the CPU count), from ``SOAK_SEED`` (default: random; printed, so a run replays
-with it). Ends with one line: ``N steps, V invariant violations, seed S, R steps/s``. A failing run prints hypothesis's
-shrunk sequence of steps: make it a regression case (tests/cases/plan/, or a test beside tests/test_sim.py).
+"""``make soak``: the simulated host for a long budget. ``SOAK_STEPS`` (default 1,000,000) steps in all.
+
+From one seed, ``SOAK_SEED`` (default: random; printed, so a run replays with it): the steps spread over
+``SOAK_WORKERS`` processes (default: the CPU count), worker i from seed S + i, and one line at the end:
+``N steps, V invariant violations, seed S, R steps/s``.
+
+From many, ``SOAK_SEEDS``: a list ("1 2 3", spaces or commas) or a count ("8": that many seeds drawn and printed);
+each seed an independent run of its share of the steps, the ``SOAK_WORKERS`` processes taking seeds off the list.
+One line per seed as above (R that seed's own rate), in the list's order, then a total line:
+``total: N steps, V invariant violations, K seeds, R steps/s``.
+
+A failing run (the first failing seed's, the others' lines still printed) prints hypothesis's shrunk sequence of
+steps: make it a regression case (tests/cases/plan/, or a test beside tests/test_sim.py). The exit code is 1 on any
+violation.
 """
 
 from __future__ import annotations
@@ -23,12 +33,14 @@ def _worker(args: tuple[int, int]) -> tuple[int, int, str]:
     """Run machines until ``budget`` steps are done; (steps, violations, report of the first failure). Hypothesis
     runs a batch of examples at a time, each batch from its own seed: its memory of the run stays bounded."""
     seed, budget = args
+    t0 = time.monotonic()
     from hypothesis import HealthCheck, settings
     from hypothesis import seed as hseed
     from hypothesis.stateful import run_state_machine_as_test
 
     from sim.machine import STEPS, HostMachine
 
+    STEPS[0] = 0  # a pool's process runs one seed after another
     batch = 0
     while STEPS[0] < budget:
         examples = max(1, min(BATCH_EXAMPLES, (budget - STEPS[0]) // STEPS_PER_EXAMPLE))
@@ -51,14 +63,50 @@ def _worker(args: tuple[int, int]) -> tuple[int, int, str]:
             return (
                 STEPS[0],
                 1,
-                f"batch seed {seed * 100_000 + batch - 1}:\n" + "".join(traceback.format_exception(exc))[-6000:],
+                f"seed {seed}, batch seed {seed * 100_000 + batch - 1}:\n"
+                + "".join(traceback.format_exception(exc))[-6000:],
+                time.monotonic() - t0,
             )
-    return STEPS[0], 0, ""
+    return STEPS[0], 0, "", time.monotonic() - t0
+
+
+def _line(steps: int, violations: int, seed: int, rate: float) -> str:
+    return f"{steps} steps, {violations} invariant violations, seed {seed}, {rate:.0f} steps/s"
+
+
+def _seeds(text: str) -> list[int]:
+    """``SOAK_SEEDS``: several seeds as listed, or one number: that many drawn (at random, printed)."""
+    words = text.replace(",", " ").split()
+    if len(words) == 1:
+        rng = random.SystemRandom()
+        return [rng.randrange(2**32) for _ in range(int(words[0]))]
+    return [int(w) for w in words]
+
+
+def _many(seeds: list[int], total: int, workers: int) -> int:
+    t0 = time.monotonic()
+    share = -(-total // len(seeds))
+    jobs = [(s, share) for s in seeds]
+    print(f"soak: {len(seeds)} seeds ({' '.join(map(str, seeds))}), {share} steps each, {workers} workers", flush=True)
+    first = ""
+    steps = violations = 0
+    with multiprocessing.get_context("fork").Pool(min(workers, len(seeds))) as pool:
+        for seed, (n, v, report, took) in zip(seeds, pool.imap(_worker, jobs), strict=True):
+            print(_line(n, v, seed, n / max(1e-9, took)), flush=True)
+            steps, violations = steps + n, violations + v
+            first = first or report
+    if first:
+        print(first)
+    rate = steps / max(1e-9, time.monotonic() - t0)
+    print(f"total: {steps} steps, {violations} invariant violations, {len(seeds)} seeds, {rate:.0f} steps/s")
+    return 1 if violations else 0
 
 
 def main() -> int:
     total = int(os.environ.get("SOAK_STEPS", "1000000"))
     workers = int(os.environ.get("SOAK_WORKERS", str(os.cpu_count() or 1)))
+    if os.environ.get("SOAK_SEEDS", "").strip():
+        return _many(_seeds(os.environ["SOAK_SEEDS"]), total, workers)
     seed = int(os.environ.get("SOAK_SEED") or random.SystemRandom().randrange(2**32))
     t0 = time.monotonic()
     jobs = [(seed + i, -(-total // workers)) for i in range(workers)]
@@ -69,11 +117,12 @@ def main() -> int:
             results = pool.map(_worker, jobs)
     steps = sum(r[0] for r in results)
     violations = sum(r[1] for r in results)
-    for _, _, report in results:
+    for _, _, report, _took in results:
         if report:
             print(report)
+            break
     rate = steps / max(1e-9, time.monotonic() - t0)
-    print(f"{steps} steps, {violations} invariant violations, seed {seed}, {rate:.0f} steps/s")
+    print(_line(steps, violations, seed, rate))
     return 1 if violations else 0
 
 

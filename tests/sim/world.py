@@ -98,6 +98,7 @@ class Container:
     # How it behaves once started: "ok", "crash" (exits after crash_after_s), "hang" (never answers health)
     behaviour: str = "ok"
     crash_after_s: float = 1.0
+    slow_stop: bool = False  # ignores SIGTERM: a stop waits its whole timeout, then the engine kills it
     boot_s: float = 2.0
     port: int | None = None
     offload_bytes: int = 0
@@ -122,7 +123,13 @@ class World:
     def __init__(self, seed: int, *, cards: int = 2, tmpfs_gib: float = 20.0, wsl2: bool = False):
         self.seed = seed
         self.rng = random.Random(seed)
-        self.now = 1_800_000_000.0  # wall clock; monotonic is the same number (both only move forward)
+        self.now = 1_800_000_000.0  # the monotonic clock (only moves forward)
+        # The wall clock is the monotonic one plus this offset, which jumps (NTP stepping it, an operator's date -s).
+        self.wall_offset = 0.0
+        # Actions of one group, run interleaved at the seams (seams.Interleaver); None: nothing to interleave.
+        self.sched: Any = None
+        # Recipes whose containers ignore SIGTERM: a stop takes its whole timeout, then the engine kills them.
+        self.slow_stop: set[str] = set()
         self.cards = [Card(i, _uuid(seed, i)) for i in range(cards)]
         # Minor numbers follow the driver's probe order, not always NVML's index; each card has two MIG devices.
         minors = list(range(cards)) if seed % 2 == 0 else list(reversed(range(cards)))
@@ -172,10 +179,30 @@ class World:
 
     # ------------------------------------------------------------ the clock
 
+    def wall(self) -> float:
+        return self.now + self.wall_offset
+
+    def point(self) -> None:
+        """A seam of the tool's: another action of its group may run here (seams.Interleaver). Invariant (a) is
+        checked at each one, not only after the step: two actions must never share a card even for a moment."""
+        if self.sched is not None and self.sched.in_group():
+            self.check_cards()
+            self.sched.point()
+
+    def check_cards(self) -> None:
+        """Invariant (a): no two containers of ours live on one card."""
+        ours = [c for c in self.containers.values() if c.ours and c.state in LIVE_STATES]
+        for i, a in enumerate(ours):
+            for b in ours[i + 1 :]:
+                shared = self.cards_of(a) & self.cards_of(b)
+                if shared and f"(a) {a.name} and {b.name}" not in " ".join(self.violations):
+                    self.violate(f"(a) {a.name} and {b.name} both run on card(s) {sorted(shared)}")
+
     def sleep(self, seconds: float) -> None:
         self.advance(max(0.0, float(seconds)))
         for hook in list(self.on_sleep):
             hook(self)
+        self.point()
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
@@ -297,6 +324,7 @@ class World:
             c.port = self.ports.get(recipe)
             c.offload_bytes = int(env.get("SIM_OFFLOAD_BYTES", "0") or 0)
             c.behaviour = self.behaviour.get(recipe, "ok")
+            c.slow_stop = recipe in self.slow_stop
             c.boot_s = float(env.get("SIM_BOOT_S", "2"))
         self.containers[c.id] = c
         self.writes.append(Write("create", c.id, name))
@@ -370,11 +398,24 @@ class World:
         for pid in [p.pid for p in self.procs.values() if p.container == c.id]:
             self.end_proc(pid)
 
-    def stop(self, ref: str) -> None:
+    def stop(self, ref: str, timeout: float = 10) -> None:
         self._fault("stop")
         c = self.get(ref)
         self.writes.append(Write("stop", c.id, c.name))
         self._check_ours(c, "stop")
+        if c.state in LIVE_STATES and c.slow_stop:
+            # SIGTERM ignored: the engine waits the stop's timeout (the request open, Podman saying "stopping"
+            # meanwhile, the processes holding their cards and files), then kills it. Other actions run meanwhile.
+            wait = max(1.0, float(timeout))
+            if self.podman:
+                c.state, c.stops_at = "stopping", self.now + wait + 1.0  # exits at the kill, not on its own
+            self.advance(wait / 2)
+            self.point()
+            self.advance(wait / 2)
+            if c.state in LIVE_STATES:
+                self._exit(c, 137)
+            self._lost("stop")
+            return
         if c.state in LIVE_STATES:
             self._exit(c, 143 if c.behaviour != "hang" else 137)
         self._lost("stop")
