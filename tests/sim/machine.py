@@ -838,7 +838,11 @@ class HostMachine(RuleBasedStateMachine):
         if self.world is None:
             return
         w = self.world
-        w.check_cards()
+        ours = [c for c in w.containers.values() if c.ours and c.state in LIVE_STATES]
+        for i, a in enumerate(ours):
+            for b in ours[i + 1 :]:
+                if w.cards_of(a) & w.cards_of(b):
+                    w.violate(f"(a) {a.name} and {b.name} both run on card(s) {sorted(w.cards_of(a) & w.cards_of(b))}")
         if self.loop is not None and self.steps_since_adopt_check >= 10:
             # (b) also: nothing is ever adopted here but by an explicit adopt (a second terminal's).
             from reconciler.state import read_ownership

@@ -80,10 +80,6 @@ class Interleaver:
                 raise exc
         return results
 
-    def in_group(self) -> bool:
-        """Whether the calling thread is an action of a running group."""
-        return getattr(self._local, "index", None) is not None
-
     def point(self, *, waiting: bool = False) -> None:
         """A seam: the turn may pass to another live action (with ``waiting``, it must: this one waits for it)."""
         me = getattr(self._local, "index", None)
