@@ -141,9 +141,7 @@ def test_a_secrets_file_of_another_user_is_refused(root: Root, attacker: Attacke
         "os.write(fd, b'HF_TOKEN=chosen-by-nobody\\n')",
         str(env_file),
     )
-    from test_secrets import _with_secret
-
-    _with_secret(root, env_file)
+    root.with_secret(env_file)
     r = root.cli("validate")
     assert r.rc == 1, r
     no_traceback(r.stderr)
