@@ -1,8 +1,8 @@
 """A stand-in for a Docker engine, for the GPU proof on a machine that has an NVIDIA GPU but no Docker.
 
-It is not Docker and not a fake of the reconciler: it answers only the three read-only calls the Docker
-observer makes (``GET /_ping``, ``GET /version``, ``GET /containers/json``), the last with an empty list, on a
-unix socket, so ``reconciler status`` and ``plan`` can run where no engine is installed. Everything about the
+It is not Docker and not a fake of the reconciler: it answers only the read-only calls the Docker observer
+makes (``GET /_ping``, ``GET /version``, ``GET /containers/json``, the last with an empty list, and the inspect
+of the proof recipe's image, which a host that could enter it would have), on a unix socket, so ``reconciler status`` and ``plan`` can run where no engine is installed. Everything about the
 GPU in the proof comes from real NVML and real /proc. Started by ``examples/gpu-proof/run.sh``.
 """
 
@@ -13,6 +13,7 @@ import os
 import socketserver
 import sys
 from http.server import BaseHTTPRequestHandler
+from urllib.parse import unquote
 
 VERSION = {
     "Version": "stand-in (no Docker on this machine)",
@@ -24,6 +25,10 @@ VERSION = {
 }
 
 
+IMAGE = "gpu-proof:never-started"  # root/configs/recipes/proof.toml's container.image
+IMAGE_ID = "sha256:" + "0" * 64
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
@@ -32,13 +37,17 @@ class Handler(BaseHTTPRequestHandler):
         parts = path.strip("/").split("/")
         if parts and parts[0].startswith("v1."):
             parts = parts[1:]  # versioned API path: /v1.41/containers/json
-        route = "/" + "/".join(parts)
+        route = unquote("/" + "/".join(parts))
         if route == "/_ping":
             self._send(200, b"OK", "text/plain")
         elif route == "/version":
             self._send(200, json.dumps(VERSION).encode(), "application/json")
         elif route == "/containers/json":
             self._send(200, b"[]", "application/json")
+        elif route == f"/images/{IMAGE}/json":
+            # the proof's recipe names this image: a host that can enter it has it, so the plan's image check
+            # passes and the verdict is the GPU's alone
+            self._send(200, json.dumps({"Id": IMAGE_ID, "RepoTags": [IMAGE]}).encode(), "application/json")
         else:
             body = json.dumps({"message": f"the stand-in engine answers no {route}"}).encode()
             self._send(404, body, "application/json")

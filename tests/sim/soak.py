@@ -6,8 +6,12 @@ From one seed, ``SOAK_SEED`` (default: random; printed, so a run replays with it
 
 From many, ``SOAK_SEEDS``: a list ("1 2 3", spaces or commas) or a count ("8": that many seeds drawn and printed);
 each seed an independent run of its share of the steps, the ``SOAK_WORKERS`` processes taking seeds off the list.
-One line per seed as above (R that seed's own rate), in the list's order, then a total line:
+One line per seed as above (R that seed's own rate), as each seed finishes, then a total line:
 ``total: N steps, V invariant violations, K seeds, R steps/s``.
+
+``SOAK_SECONDS`` (optional) bounds the wall time: a seed still running then stops after its current batch of
+examples (every step it ran was checked) and its line says ``stopped at the time bound``; the total counts the steps
+run. For a machine lent for a fixed time: ``SOAK_SEEDS=16 SOAK_STEPS=20000000 SOAK_SECONDS=500``.
 
 A failing run (the first failing seed's, the others' lines still printed) prints hypothesis's shrunk sequence of
 steps: make it a regression case (tests/cases/plan/, or a test beside tests/test_sim.py). The exit code is 1 on any
@@ -29,10 +33,11 @@ STEPS_PER_EXAMPLE = 50
 BATCH_EXAMPLES = 200
 
 
-def _worker(args: tuple[int, int]) -> tuple[int, int, str]:
-    """Run machines until ``budget`` steps are done; (steps, violations, report of the first failure). Hypothesis
-    runs a batch of examples at a time, each batch from its own seed: its memory of the run stays bounded."""
-    seed, budget = args
+def _worker(args: tuple[int, int, float | None]) -> tuple[int, int, str, float, int]:
+    """Run machines until ``budget`` steps are done or the monotonic ``deadline`` has passed; (steps, violations,
+    report of the first failure, seconds taken, seed). Hypothesis runs a batch of examples at a time, each batch from
+    its own seed: its memory of the run stays bounded."""
+    seed, budget, deadline = args
     t0 = time.monotonic()
     from hypothesis import HealthCheck, settings
     from hypothesis import seed as hseed
@@ -42,7 +47,7 @@ def _worker(args: tuple[int, int]) -> tuple[int, int, str]:
 
     STEPS[0] = 0  # a pool's process runs one seed after another
     batch = 0
-    while STEPS[0] < budget:
+    while STEPS[0] < budget and (deadline is None or time.monotonic() < deadline):
         examples = max(1, min(BATCH_EXAMPLES, (budget - STEPS[0]) // STEPS_PER_EXAMPLE))
         machine = hseed(seed * 100_000 + batch)(HostMachine)
         batch += 1
@@ -66,12 +71,19 @@ def _worker(args: tuple[int, int]) -> tuple[int, int, str]:
                 f"seed {seed}, batch seed {seed * 100_000 + batch - 1}:\n"
                 + "".join(traceback.format_exception(exc))[-6000:],
                 time.monotonic() - t0,
+                seed,
             )
-    return STEPS[0], 0, "", time.monotonic() - t0
+    return STEPS[0], 0, "", time.monotonic() - t0, seed
 
 
-def _line(steps: int, violations: int, seed: int, rate: float) -> str:
-    return f"{steps} steps, {violations} invariant violations, seed {seed}, {rate:.0f} steps/s"
+def _line(steps: int, violations: int, seed: int, rate: float, cut: bool = False) -> str:
+    tail = ", stopped at the time bound" if cut else ""
+    return f"{steps} steps, {violations} invariant violations, seed {seed}, {rate:.0f} steps/s{tail}"
+
+
+def _deadline() -> float | None:
+    text = os.environ.get("SOAK_SECONDS", "").strip()
+    return time.monotonic() + float(text) if text else None
 
 
 def _seeds(text: str) -> list[int]:
@@ -86,13 +98,14 @@ def _seeds(text: str) -> list[int]:
 def _many(seeds: list[int], total: int, workers: int) -> int:
     t0 = time.monotonic()
     share = -(-total // len(seeds))
-    jobs = [(s, share) for s in seeds]
+    deadline = _deadline()
+    jobs = [(s, share, deadline) for s in seeds]
     print(f"soak: {len(seeds)} seeds ({' '.join(map(str, seeds))}), {share} steps each, {workers} workers", flush=True)
     first = ""
     steps = violations = 0
     with multiprocessing.get_context("fork").Pool(min(workers, len(seeds))) as pool:
-        for seed, (n, v, report, took) in zip(seeds, pool.imap(_worker, jobs), strict=True):
-            print(_line(n, v, seed, n / max(1e-9, took)), flush=True)
+        for n, v, report, took, seed in pool.imap_unordered(_worker, jobs):
+            print(_line(n, v, seed, n / max(1e-9, took), cut=n < share and not v), flush=True)
             steps, violations = steps + n, violations + v
             first = first or report
     if first:
@@ -109,7 +122,8 @@ def main() -> int:
         return _many(_seeds(os.environ["SOAK_SEEDS"]), total, workers)
     seed = int(os.environ.get("SOAK_SEED") or random.SystemRandom().randrange(2**32))
     t0 = time.monotonic()
-    jobs = [(seed + i, -(-total // workers)) for i in range(workers)]
+    deadline = _deadline()
+    jobs = [(seed + i, -(-total // workers), deadline) for i in range(workers)]
     if workers == 1:
         results = [_worker(jobs[0])]
     else:
@@ -117,7 +131,7 @@ def main() -> int:
             results = pool.map(_worker, jobs)
     steps = sum(r[0] for r in results)
     violations = sum(r[1] for r in results)
-    for _, _, report, _took in results:
+    for _, _, report, _took, _seed in results:
         if report:
             print(report)
             break
