@@ -13,8 +13,8 @@ One line per seed as above (R that seed's own rate), as each seed finishes, then
 examples (every step it ran was checked) and its line says ``stopped at the time bound``; the total counts the steps
 run. For a machine lent for a fixed time: ``SOAK_SEEDS=16 SOAK_STEPS=20000000 SOAK_SECONDS=500``.
 
-A failing run (the first failing seed's, the others' lines still printed) prints hypothesis's shrunk sequence of
-steps: make it a regression case (tests/cases/plan/, or a test beside tests/test_sim.py). The exit code is 1 on any
+A failing run prints hypothesis's shrunk sequence of steps of the first failing seed as soon as it fails (the
+others' lines still printed after it): make it a regression case (tests/cases/plan/, or a test beside tests/test_sim.py). The exit code is 1 on any
 violation.
 """
 
@@ -106,10 +106,10 @@ def _many(seeds: list[int], total: int, workers: int) -> int:
     with multiprocessing.get_context("fork").Pool(min(workers, len(seeds))) as pool:
         for n, v, report, took, seed in pool.imap_unordered(_worker, jobs):
             print(_line(n, v, seed, n / max(1e-9, took), cut=n < share and not v), flush=True)
+            if report and not first:
+                print(report, flush=True)  # at once: a run cut short by its caller still shows the steps
             steps, violations = steps + n, violations + v
             first = first or report
-    if first:
-        print(first)
     rate = steps / max(1e-9, time.monotonic() - t0)
     print(f"total: {steps} steps, {violations} invariant violations, {len(seeds)} seeds, {rate:.0f} steps/s")
     return 1 if violations else 0
