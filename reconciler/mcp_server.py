@@ -55,7 +55,7 @@ def tool_result(data: dict[str, Any], exit_code: int) -> CallToolResult:
     """The ``CallToolResult`` of one service answer: ``data`` (redacted) as structured content and as JSON text."""
     from mcp.types import TextContent
 
-    from reconciler.redact import redact_data, redact_json
+    from reconciler.base.redact import redact_data, redact_json
 
     data = redact_data(data)
     return CallToolResult(
@@ -69,8 +69,8 @@ def _call(fn: Callable[[], Any]) -> Any:
     """Run one service call; its ``ReconcilerError`` becomes the tool's error text (never a traceback)."""
     from mcp.server.mcpserver.exceptions import ToolError
 
-    from reconciler.errors import ConfigError, ReconcilerError
-    from reconciler.redact import redact_text
+    from reconciler.base.errors import ConfigError, ReconcilerError
+    from reconciler.base.redact import redact_text
 
     try:
         res = fn()
@@ -181,7 +181,7 @@ def build_server(
     from mcp.types import ToolAnnotations
 
     from reconciler import __version__
-    from reconciler.errors import ReconcilerError
+    from reconciler.base.errors import ReconcilerError
 
     def refused(reason: str) -> None:
         if on_refused is not None:
@@ -299,7 +299,7 @@ def build_server(
 
 
 class StrictLines:
-    """The stdin of ``reconciler mcp``, line by line, each read by ``reconciler.jsonstrict``: a line with a duplicate
+    """The stdin of ``reconciler mcp``, line by line, each read by ``reconciler.base.jsonstrict``: a line with a duplicate
     key or nested too deep never reaches the SDK as it came. A ``tools/call`` is passed on with its arguments
     replaced by the refusal (``REFUSED_KEY``), so the tool answers it as an error naming why; any other request
     becomes a call of a method no server has, answered as an error by the SDK."""
@@ -320,7 +320,7 @@ def refuse_line(line: str) -> str:
     """``line`` as it came when it is strict JSON (or not JSON at all: the SDK answers that), else its refusal."""
     import json
 
-    from reconciler import jsonstrict
+    from reconciler.base import jsonstrict
 
     try:
         jsonstrict.loads(line)

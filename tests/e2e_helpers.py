@@ -448,7 +448,7 @@ class Root:
 
     def install_id(self) -> str:
         """This root's install id (made now if the root has none yet), as its commands read it."""
-        from reconciler import state
+        from reconciler.store import state
 
         before = os.environ.get("RECONCILER_STATE_DIR")
         os.environ["RECONCILER_STATE_DIR"] = self.env["RECONCILER_STATE_DIR"]

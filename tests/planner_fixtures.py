@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from reconciler import spec
 from reconciler.model import GIB, DesiredAssignment, DesiredState, HostConfig, Recipe
 from reconciler.observe.gpu import parse_nvml
-from reconciler.observed import (
+from reconciler.plan import spec
+from reconciler.plan.observed import (
     LABEL_CREATE_TOKEN,
     LABEL_HOST,
     LABEL_INSTALL,

@@ -23,7 +23,7 @@ from e2e_helpers import LoopProcess, Root, wait_until
 from test_api import TOKEN, Api, token_file
 from test_mcp import on_http, structured
 
-from reconciler.planner import Action, ActionKind, Blocker, Fallback, Held, Plan
+from reconciler.plan.planner import Action, ActionKind, Blocker, Fallback, Held, Plan
 
 A, B = "dark-compute-a", "dark-compute-b"
 GIB = 1 << 30
@@ -38,7 +38,7 @@ def _plan(**kw: Any) -> Plan:
 
 
 def test_any_difference_of_the_plan_is_named_and_reasons_and_clocks_are_not() -> None:
-    from reconciler.fingerprint import plan_differences
+    from reconciler.plan.fingerprint import plan_differences
 
     leave = Action(ActionKind.LEAVE, "not wanted", recipe="r", gpus=(B,), container="c", container_id="id1")
     enter = Action(ActionKind.ENTER, "wanted", recipe="s", gpus=(B,), recipe_hash="h1", bytes=8)
@@ -70,7 +70,7 @@ def test_any_difference_of_the_plan_is_named_and_reasons_and_clocks_are_not() ->
 
 
 def test_a_plan_rebuilt_from_its_json_is_the_same_plan() -> None:
-    from reconciler.fingerprint import plan_from_json
+    from reconciler.plan.fingerprint import plan_from_json
 
     p = _plan(
         actions=(
@@ -90,7 +90,7 @@ def test_a_plan_rebuilt_from_its_json_is_the_same_plan() -> None:
 
 
 def test_a_fingerprint_of_an_earlier_version_reads_as_version_1() -> None:
-    from reconciler.fingerprint import Fingerprint
+    from reconciler.plan.fingerprint import Fingerprint
 
     assert Fingerprint.from_json({"files": {}, "parts": {}}).version == 1
     assert Fingerprint.from_json({"files": {}, "parts": {}, "version": 2}).version == 2
@@ -246,7 +246,7 @@ def test_a_reader_letting_go_during_the_prompt_gets_no_file_unlinked(root: Root)
 def test_an_adopt_during_the_prompt_stops_no_container_that_was_not_on_screen(
     root: Root, tmp_path: Path, image: str, start_loop: Callable[..., LoopProcess]
 ) -> None:
-    from reconciler.loader import load_desired
+    from reconciler.load.loader import load_desired
 
     omni = root.recipe("omni")
     labels = {
@@ -419,8 +419,8 @@ def test_every_input_of_the_planner_is_in_the_fingerprint_and_small_jitter_is_no
 
     from planner_fixtures import make_desired, make_observed
 
-    from reconciler.fingerprint import input_parts
-    from reconciler.observed import Owner, Ownership, ShmFile, Tmpfs
+    from reconciler.plan.fingerprint import input_parts
+    from reconciler.plan.observed import Owner, Ownership, ShmFile, Tmpfs
 
     case = {"recipes": {"omni": {}}, "manifest": [{"omni": [B]}], "telemetry": "nvml", "observed": {}}
     desired = make_desired(case)

@@ -10,7 +10,7 @@ import pwd
 import time
 from pathlib import Path
 
-from reconciler.audit import AuditLog
+from reconciler.store.audit import AuditLog
 
 
 def test_records_are_appended_rotated_and_read_back_in_order(tmp_path: Path) -> None:

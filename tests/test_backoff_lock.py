@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.backoff import Backoff
-from reconciler.lock import HostLock, LockHeld
+from reconciler.loop.backoff import Backoff
+from reconciler.store.lock import HostLock, LockHeld
 
 
 class Clock:
@@ -50,7 +50,7 @@ def test_backoff_resets_when_recipe_or_assignment_is_edited() -> None:
 def test_lock_refuses_second_holder_and_names_the_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RECONCILER_LOCK_DIR", str(tmp_path))
     code = (
-        "import sys,time; from reconciler.lock import HostLock\n"
+        "import sys,time; from reconciler.store.lock import HostLock\n"
         "l=HostLock('h', command='run').acquire(); print('held', flush=True); time.sleep(60)\n"
     )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, env={**os.environ})

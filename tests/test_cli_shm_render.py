@@ -3,10 +3,10 @@ real tmpfs in test_shm_guard.py)."""
 
 from __future__ import annotations
 
-from reconciler.cli_shm import render_reclaim, render_status
-from reconciler.observed import Owner, ShmFile, ShmView, Source, Tmpfs, Uninspectable
-from reconciler.shapes import status_json
-from reconciler.shm_guard import KeptFile, ReclaimResult, RemovedFile
+from reconciler.apply.shm_guard import KeptFile, ReclaimResult, RemovedFile
+from reconciler.cli.shm import render_reclaim, render_status
+from reconciler.observe.shapes import status_json
+from reconciler.plan.observed import Owner, ShmFile, ShmView, Source, Tmpfs, Uninspectable
 
 GIB = 1 << 30
 
@@ -99,7 +99,7 @@ def test_reclaim_texts() -> None:
 
 
 def test_owners_are_grouped_by_container_each_pid_once() -> None:
-    from reconciler.cli_shm import _owners
+    from reconciler.cli.shm import _owners
 
     owners = (
         Owner(7566, "map", "lane"),
@@ -117,7 +117,7 @@ def test_terminal_colours_never_shift_a_column() -> None:
     The colours are the tool's own: the terminal boundary (``units.terminal_text``) writes them raw."""
     import re
 
-    from reconciler.units import terminal_text
+    from reconciler.base.units import terminal_text
 
     coloured = terminal_text(render_status(VIEW, tty=True))
     assert "\x1b[32mowned\x1b[0m" in coloured and "\x1b[1mSTATE\x1b[0m" in coloured

@@ -52,8 +52,8 @@ HEAVY = (
     "rich",
     "reconciler.model",
     "reconciler.service",
-    "reconciler.loader",
-    "reconciler.planner",
+    "reconciler.load.loader",
+    "reconciler.plan.planner",
     "reconciler.observe",
 )
 

@@ -270,8 +270,8 @@ def test_4b_orphans_that_appear_after_the_plan_are_left_to_the_next_plan(root: R
     plan it runs listed no such file. The enter is refused for want of room before it creates anything, and the next
     plan lists the reclaim of exactly those files (docs/design.md, safety rule 13: only the shown plan runs)."""
     from reconciler.apply import ActionRefused, Applier
-    from reconciler.loader import load_desired
-    from reconciler.planner import ActionKind
+    from reconciler.load.loader import load_desired
+    from reconciler.plan.planner import ActionKind
 
     wait_for_no_offload_container(root.api)
     lane = root.recipe("deepseek-256k-offload", offload_mib=24)
@@ -299,7 +299,7 @@ def test_4b_orphans_that_appear_after_the_plan_are_left_to_the_next_plan(root: R
 def test_4c_an_enter_without_tmpfs_room_is_refused_and_creates_nothing(root: Root) -> None:
     """Room taken by a file a live process holds cannot be reclaimed: the enter is refused before any create."""
     from reconciler.apply import Applier
-    from reconciler.loader import load_desired
+    from reconciler.load.loader import load_desired
 
     wait_for_no_offload_container(root.api)
     lane = root.recipe("deepseek-256k-offload", offload_mib=24)
@@ -366,7 +366,7 @@ def test_5_crash_on_start_keeps_the_container_reclaims_its_shm_frees_the_slot(ro
 
 def test_5b_failures_within_one_second_are_all_kept_under_distinct_names(root: Root, image: str) -> None:
     """Two quick applies of a recipe that fails at once fail within the same second; each keeps its container."""
-    from reconciler.docker_ops import DockerOps
+    from reconciler.apply.docker_ops import DockerOps
 
     ops = DockerOps(root.api)
     base = root.cname(f"quick-{root.tag}", "dark-compute-a")
@@ -382,8 +382,8 @@ def test_5b_failures_within_one_second_are_all_kept_under_distinct_names(root: R
 def test_5c_only_the_newest_kept_failures_stay(root: Root, image: str) -> None:
     """A recipe that keeps failing does not pile up stopped containers: the newest keep_failed stay, and nothing
     running, unlabelled, of another host or under another name is touched."""
-    from reconciler.docker_ops import DockerOps
-    from reconciler.observed import LABEL_INSTALL, LABEL_MANAGED
+    from reconciler.apply.docker_ops import DockerOps
+    from reconciler.plan.observed import LABEL_INSTALL, LABEL_MANAGED
 
     ops = DockerOps(root.api)
     base = root.cname(f"flaky-{root.tag}", "dark-compute-a")
@@ -407,8 +407,8 @@ def test_5d_pruning_kept_failures_leaves_what_this_install_did_not_make(root: Ro
     """Pruning removes only kept containers that carry this install's id on themselves: one of another install,
     one from before install ids, and one that has this install's labels only from its image (a commit of one of
     ours) all survive, however old their stamps."""
-    from reconciler.docker_ops import DockerOps
-    from reconciler.observed import LABEL_INSTALL, LABEL_MANAGED
+    from reconciler.apply.docker_ops import DockerOps
+    from reconciler.plan.observed import LABEL_INSTALL, LABEL_MANAGED
 
     ops = DockerOps(root.api)
     install = root.install_id()
@@ -560,10 +560,10 @@ def test_7b_killed_between_create_and_start_the_labelled_leftover_is_replaced(ro
     makes (``create_spec``, the create token recorded, ``DockerOps.create``; killed before the id was recorded), and
     the real command line then has to clean it up: the container is known for this install's by its name and token.
     """
-    from reconciler import state
-    from reconciler.docker_ops import DockerOps, create_spec
-    from reconciler.loader import load_desired
-    from reconciler.observed import LABEL_CREATE_TOKEN
+    from reconciler.apply.docker_ops import DockerOps, create_spec
+    from reconciler.load.loader import load_desired
+    from reconciler.plan.observed import LABEL_CREATE_TOKEN
+    from reconciler.store import state
 
     lane = root.recipe("deepseek-256k-offload", offload_mib=16)
     root.manifest((lane, ["dark-compute-a", "dark-compute-b"]))

@@ -3,10 +3,10 @@ by CDI name read back from an inspect, and a rendered container as the body of P
 
 from __future__ import annotations
 
-from reconciler import spec
 from reconciler.model import HostConfig, Recipe
 from reconciler.observe.docker_obs import DOCKER, PODMAN, engine_kind, failure_cause, gpu_devices_of
 from reconciler.observe.engine import EngineDown, EngineError, EngineSlow
+from reconciler.plan import spec
 
 # GET /version of Debian's Podman 4.3 API service and of Debian's docker.io 20.10 (trimmed to what is read).
 PODMAN_VERSION = {

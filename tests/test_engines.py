@@ -192,7 +192,7 @@ def test_tp2_offload_lane_its_owners_and_gpu_processes_are_its_container_and_orp
 ) -> None:
     from test_e2e_apply import wait_for_no_offload_container
 
-    from reconciler.loader import load_desired
+    from reconciler.load.loader import load_desired
     from reconciler.observe.gpu import engine_container_of, observe_gpus
 
     wait_for_no_offload_container(root.api)
@@ -218,7 +218,7 @@ def test_tp2_offload_lane_its_owners_and_gpu_processes_are_its_container_and_orp
     assert len(mappers) == 2 and set(mappers.values()) <= {name, cid, cid[:12]}, files[0]["owners"]
     # Safety rule 2 as narrowed: a running offload lane keeps unowned files from reclaim until this install has
     # recorded it healthy and sees it holding its own file; then it blocks nothing.
-    from reconciler import state
+    from reconciler.store import state
 
     before = os.environ.get("RECONCILER_STATE_DIR")
     os.environ["RECONCILER_STATE_DIR"] = root.env["RECONCILER_STATE_DIR"]
@@ -354,7 +354,7 @@ def test_podman_is_given_gpus_by_cdi_name(root: Root, cdi_gpus: list[str]) -> No
 def test_podman_events_the_loop_follows(engine: Engine, image: str) -> None:
     """The loop's event filter on Podman: a start, a die and a remove (Podman's word for Docker's destroy)."""
     from reconciler.observe.docker_obs import EVENT_ACTIONS, GONE_ACTIONS
-    from reconciler.observed import ENDED_STATES
+    from reconciler.plan.observed import ENDED_STATES
 
     if engine.kind != "podman":
         pytest.skip("Podman's events")

@@ -309,7 +309,7 @@ def post(port: int, path: str, body: dict[str, object], *, timeout: float = 10) 
 
 
 def gauges(port: int) -> tuple[float, float]:
-    from reconciler.probes import parse_gauges
+    from reconciler.apply.probes import parse_gauges
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
         found = parse_gauges(resp.read().decode())
@@ -413,8 +413,8 @@ PROBES = {
 def test_each_switch_fails_its_probe(
     mode: str, fails: set[str], says: str, tmpfs_dir: Path, run_fake: Callable[..., HostRun]
 ) -> None:
+    from reconciler.apply.probes import run_probe
     from reconciler.model import Recipe
-    from reconciler.probes import run_probe
 
     run = run_fake("serve", "fake/probed", "--shm-dir", str(tmpfs_dir), env={"FAKE_VLLM_MODE": mode})
     port = run.port()

@@ -23,7 +23,7 @@ import yaml
 from conftest import DOCKER_URL
 from e2e_helpers import LoopProcess, Root, free_port, wait_until
 
-from reconciler.lock import HostLock
+from reconciler.store.lock import HostLock
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.base.units import clip, iso_time
 from reconciler.loop import Log
-from reconciler.units import clip, iso_time
 
 ISO_ZONED = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{3})?(Z|[+-]\d\d:\d\d)"
 
@@ -54,9 +54,9 @@ def test_the_text_log_cuts_long_values_at_a_word_and_json_never() -> None:
 
 def test_log_times_and_the_backoff_line_are_iso_8601_with_the_zone(tmp_path: Path) -> None:
     from reconciler.apply import Outcome
-    from reconciler.backoff import Backoff
     from reconciler.loop import Loop
-    from reconciler.planner import Action, ActionKind
+    from reconciler.loop.backoff import Backoff
+    from reconciler.plan.planner import Action, ActionKind
 
     out = io.StringIO()
     loop = Loop(str(tmp_path), metrics_addr=None, log=Log("text", out), backoff=Backoff(base_s=30))
@@ -82,9 +82,9 @@ def test_iso_time_carries_the_local_zone() -> None:
 
 
 def test_the_plan_header_says_gpu_n_a_without_gpu_telemetry() -> None:
-    from reconciler.observed import GpuView, Observed, ShmView, Source, Tmpfs
-    from reconciler.planner import Plan
-    from reconciler.render import Style, render_plan
+    from reconciler.plan.observed import GpuView, Observed, ShmView, Source, Tmpfs
+    from reconciler.plan.planner import Plan
+    from reconciler.service.render import Style, render_plan
 
     def header(telemetry: str) -> str:
         shm = ShmView(
@@ -108,7 +108,7 @@ def test_the_plan_header_says_gpu_n_a_without_gpu_telemetry() -> None:
 
 
 def test_the_audit_table_has_a_header_aligned_columns_the_zone_and_the_failures_own_reason() -> None:
-    from reconciler.render import render_audit
+    from reconciler.service.render import render_audit
 
     t = 1_796_106_835.3
     records = [
@@ -167,7 +167,7 @@ def test_the_audit_table_has_a_header_aligned_columns_the_zone_and_the_failures_
 
 
 def test_the_apply_summary_names_a_reclaim_once() -> None:
-    from reconciler.planner import Action, ActionKind, Plan
+    from reconciler.plan.planner import Action, ActionKind, Plan
     from reconciler.service import _summary
 
     p = Plan(host="demo", actions=(Action(ActionKind.RECLAIM, reason="orphans", paths=("/x/a", "/x/b")),))
@@ -213,7 +213,7 @@ def test_json_errors_are_objects_on_stdout(root, monkeypatch: pytest.MonkeyPatch
         err = r.data["error"]
         assert err["code"] == "config_invalid" and err["problems"][0]["path"] == "manifests/demo.yaml", r
     root.manifest()
-    from reconciler.lock import HostLock
+    from reconciler.store.lock import HostLock
 
     monkeypatch.setenv("RECONCILER_LOCK_DIR", root.env["RECONCILER_LOCK_DIR"])
     with HostLock(root.host, command="test"):  # as a running loop would hold it

@@ -24,9 +24,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from reconciler.base.errors import ConfigError
 from reconciler.cli import main
-from reconciler.errors import ConfigError
-from reconciler.loader import load_desired, load_host, load_recipes
+from reconciler.load.loader import load_desired, load_host, load_recipes
 
 BASE = Path(__file__).resolve().parent / "cases" / "bad" / "_base"
 HOST, OMNI, LANE, MANIFEST = (

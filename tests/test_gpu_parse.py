@@ -15,8 +15,8 @@ import pytest
 from reconciler.model import DesiredAssignment, DesiredState, HostConfig, Recipe
 from reconciler.observe.gpu import engine_container_of, observe_gpus, parse_nvml, read_nvml, slots_of_container
 from reconciler.observe.procfs import container_of_pid, innermost_known, parse_cgroup_container_ids
-from reconciler.observed import GpuView, Observed, ShmView, Source, Tmpfs
-from reconciler.planner import plan
+from reconciler.plan.observed import GpuView, Observed, ShmView, Source, Tmpfs
+from reconciler.plan.planner import plan
 
 DATA = Path(__file__).parent / "data"
 GIB = 1024**3
@@ -293,7 +293,7 @@ def test_read_without_the_bindings_reports_the_package(monkeypatch: pytest.Monke
 
 
 def test_importing_the_observer_does_not_load_nvml() -> None:
-    code = "import sys, reconciler.observe.gpu, reconciler.planner; print('pynvml' in sys.modules)"
+    code = "import sys, reconciler.observe.gpu, reconciler.plan.planner; print('pynvml' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

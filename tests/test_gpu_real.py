@@ -21,8 +21,8 @@ from planner_fixtures import make_recipe
 
 from reconciler.model import DesiredAssignment, DesiredState, HostConfig
 from reconciler.observe.gpu import observe_gpus, read_nvml
-from reconciler.observed import GpuView, Observed, ShmView, Source, Tmpfs
-from reconciler.planner import plan
+from reconciler.plan.observed import GpuView, Observed, ShmView, Source, Tmpfs
+from reconciler.plan.planner import plan
 
 HOLDER = Path(__file__).resolve().parents[1] / "examples" / "gpu-proof" / "hold_gpu.py"
 MIB = 1024**2

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from reconciler.base.errors import ConfigError
+from reconciler.base.units import human_bytes
 from reconciler.cli import main
-from reconciler.errors import ConfigError
-from reconciler.loader import load_desired, shm_dir_mount_problem, tmpfs_free, tmpfs_size
-from reconciler.units import human_bytes
+from reconciler.load.loader import load_desired, shm_dir_mount_problem, tmpfs_free, tmpfs_size
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "examples" / "demo"
@@ -358,7 +358,7 @@ def test_a_merging_mapping_reused_through_an_alias_is_not_a_duplicate(root: Path
 
 def test_a_merge_keeps_the_overrides_of_the_mapping_it_merges() -> None:
     """PyYAML's merge loses a merged mapping's own override when that mapping uses '<<' too (z.b came out 0)."""
-    from reconciler.loader import _Loader
+    from reconciler.load.loader import _Loader
 
     text = "base: &base {a: 1, b: 0}\nholder:\n  inner: &x\n    <<: *base\n    b: 2\nz:\n  <<: *x\n  c: 3\n"
     loader = _Loader(text)
@@ -424,7 +424,7 @@ def test_shm_dir_mount_check_falls_back_to_statfs(
     tmp_path: Path, shared_tmpfs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without /proc/self/mountinfo, statfs's f_type (TMPFS_MAGIC) and ismount decide, and the message says so."""
-    import reconciler.mounts as mounts
+    import reconciler.base.mounts as mounts
 
     monkeypatch.setattr(mounts, "MOUNTINFO", str(tmp_path / "no-mountinfo"))
     assert shm_dir_mount_problem(str(shared_tmpfs)) is None

@@ -38,18 +38,18 @@ from e2e_helpers import (
 )
 
 from reconciler.apply import PassResult
-from reconciler.backoff import Backoff
-from reconciler.loop import Log, Loop, pass_refusals, reclaim_refusals
-from reconciler.metrics import REFUSAL_REASONS
-from reconciler.model import DesiredAssignment, DesiredState, HostConfig
-from reconciler.observed import ShmFile, ShmView, Source, Tmpfs
-from reconciler.planner import Action, ActionKind, Blocker, Plan
-from reconciler.shm_guard import (
+from reconciler.apply.shm_guard import (
     KeptFile,
     ReclaimResult,
     RemovedFile,
     compare_inspections,
 )
+from reconciler.loop import Log, Loop, pass_refusals, reclaim_refusals
+from reconciler.loop.backoff import Backoff
+from reconciler.loop.metrics import REFUSAL_REASONS
+from reconciler.model import DesiredAssignment, DesiredState, HostConfig
+from reconciler.plan.observed import ShmFile, ShmView, Source, Tmpfs
+from reconciler.plan.planner import Action, ActionKind, Blocker, Plan
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
 
@@ -517,7 +517,7 @@ def test_reclaim_refusals_map_the_guards_reasons() -> None:
 
 def test_reclaim_refusals_on_a_real_unlink_race(tmp_path: Path) -> None:
     # The guard's last re-check before unlink: a file replaced under the same name is kept, counted file_owned.
-    from reconciler.shm_guard import _dir_identity, _unlink_agreed
+    from reconciler.apply.shm_guard import _dir_identity, _unlink_agreed
 
     d = tmp_path / "shm"
     d.mkdir()

@@ -28,7 +28,7 @@ from e2e_helpers import running_prometheus
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from reconciler.metrics import (
+from reconciler.loop.metrics import (
     ACTION_KINDS,
     ACTION_RESULTS,
     CONTENT_TYPE,
@@ -41,7 +41,7 @@ from reconciler.metrics import (
     gpu_owners,
 )
 from reconciler.model import HostConfig
-from reconciler.observed import (
+from reconciler.plan.observed import (
     LABEL_HOST,
     LABEL_INSTALL,
     LABEL_MANAGED,
@@ -60,7 +60,7 @@ from reconciler.observed import (
     Tmpfs,
     Uninspectable,
 )
-from reconciler.planner import Action, ActionKind, Blocker, Held, Plan
+from reconciler.plan.planner import Action, ActionKind, Blocker, Held, Plan
 
 ROOT = Path(__file__).resolve().parent.parent
 PROM_DIR = ROOT / "configs" / "prometheus"
@@ -721,7 +721,7 @@ def test_example_prometheus_config_is_valid_and_scrapes_the_loop() -> None:
 
 
 def test_systemd_unit_runs_the_loop_and_keeps_what_it_needs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from reconciler.lock import lock_dir
+    from reconciler.store.lock import lock_dir
 
     monkeypatch.delenv("RECONCILER_LOCK_DIR", raising=False)
     unit = (EXAMPLES / "reconciler.service").read_text()
@@ -741,7 +741,7 @@ def test_systemd_unit_runs_the_loop_and_keeps_what_it_needs(tmp_path: Path, monk
     assert int(conf["LimitNOFILE"]) >= 65536
     # ...and the state directory, where the install id lives (StateDirectory= makes /var/lib/NAME writable).
     monkeypatch.delenv("RECONCILER_STATE_DIR", raising=False)
-    from reconciler.state import state_dir
+    from reconciler.store.state import state_dir
 
     assert str(state_dir()) == f"/var/lib/{conf['StateDirectory']}"
     # /dev/shm, the NVIDIA device nodes and every process in /proc must stay visible.

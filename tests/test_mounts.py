@@ -1,4 +1,4 @@
-"""reconciler.mounts: the one mountinfo parser and statfs check behind the loader and the shm guard.
+"""reconciler.base.mounts: the one mountinfo parser and statfs check behind the loader and the shm guard.
 
 The parse on captured text (pure), then the same functions on this machine's real mounts: a tmpfs mounted by
 the test, the disk under the temporary directory, and both callers agreeing about them.
@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from reconciler import mounts
-from reconciler.loader import shm_dir_mount_problem
-from reconciler.shm_guard import tmpfs_mount_refusal
+from reconciler.apply.shm_guard import tmpfs_mount_refusal
+from reconciler.base import mounts
+from reconciler.load.loader import shm_dir_mount_problem
 
 # Captured from a Debian container (trimmed); line 4 has a space in its mount point, line 5 optional fields.
 CAPTURED = """\

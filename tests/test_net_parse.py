@@ -20,7 +20,7 @@ from reconciler.observe.net import (
     socket_holders,
     socket_owner,
 )
-from reconciler.observed import Listener
+from reconciler.plan.observed import Listener
 
 DATA = Path(__file__).resolve().parent / "data" / "net"
 

@@ -1,4 +1,4 @@
-"""The install's record of the containers it created (reconciler.state), on a state directory of the test's own:
+"""The install's record of the containers it created (reconciler.store.state), on a state directory of the test's own:
 ids recorded at create, a lost create's container found by its name and token, gone ids forgotten, and the one
 migration of an install from before the record. docs/design.md, safety rule 9."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import state
+from reconciler.store import state
 
 HOST = "h"
 

@@ -9,8 +9,8 @@ import os
 import threading
 from pathlib import Path
 
-from reconciler import pagecache
-from reconciler.pagecache import DROP_CACHES, drop_page_cache, parse_cached_bytes, read_cached_bytes
+from reconciler.apply import pagecache
+from reconciler.apply.pagecache import DROP_CACHES, drop_page_cache, parse_cached_bytes, read_cached_bytes
 
 MIB = 1 << 20
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from e2e_helpers import Root
 
-from reconciler.pagecache import DROP_CACHES
+from reconciler.apply.pagecache import DROP_CACHES
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
 

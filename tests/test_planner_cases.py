@@ -1,6 +1,6 @@
 """The planner's behaviour, one YAML case a file under tests/cases/plan/: desired + observed -> expected plan.
 
-Each case's ``why`` reads as documentation; the table is the specification of ``reconciler.planner.plan``.
+Each case's ``why`` reads as documentation; the table is the specification of ``reconciler.plan.planner.plan``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import yaml
 from planner_fixtures import make_desired, make_observed
 
-from reconciler.planner import ActionKind, plan
+from reconciler.plan.planner import ActionKind, plan
 
 CASES = sorted((Path(__file__).parent / "cases" / "plan").glob("*.yaml"))
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
+from reconciler.apply.probes import make_haystack, parse_gauges, parse_samples, run_probe, schema_violations
 from reconciler.model import HostConfig, ProbeSpec, Recipe
-from reconciler.probes import make_haystack, parse_gauges, parse_samples, run_probe, schema_violations
 
 FAKE = Path(__file__).resolve().parent.parent / "examples" / "fake-vllm" / "fake_vllm.py"
 MODEL = "fake/kinds"
@@ -322,7 +322,7 @@ def test_vllm_metrics_are_read_with_prometheus_clients_parser_and_agree_with_it(
 
 def test_the_sampler_keeps_each_cards_lowest_figure_with_the_probe_running_then() -> None:
     from reconciler.model import DesiredState
-    from reconciler.vram import VramSampler, load_reserve_verdict
+    from reconciler.plan.vram import VramSampler, load_reserve_verdict
 
     gib = 1 << 30
     host = HostConfig.model_validate(
@@ -363,7 +363,7 @@ def test_the_sampler_keeps_each_cards_lowest_figure_with_the_probe_running_then(
 
 def test_a_card_never_sampled_fails_under_enforce_and_without_telemetry_nothing_is_judged() -> None:
     from reconciler.model import DesiredState
-    from reconciler.vram import VramSampler, load_reserve_verdict
+    from reconciler.plan.vram import VramSampler, load_reserve_verdict
 
     host = HostConfig.model_validate(
         {"name": "h", "gpus": {"a": {"index": 0}}, "gpu_telemetry": "nvml", "gpu_reserve": {"policy": "enforce"}}

@@ -23,7 +23,7 @@ from reconciler.observe.procfs import (
     settle_scan,
 )
 from reconciler.observe.shm import DirEntry, DirListing, build_view, describe_owners, owner_container
-from reconciler.observed import ContainerView, Owner, Source, Tmpfs
+from reconciler.plan.observed import ContainerView, Owner, Source, Tmpfs
 
 TMPFS = os.makedev(0, 41)  # printed "00:29"
 

@@ -12,7 +12,7 @@ FORBIDDEN = ("docker", "pynvml", "prometheus_client", "watchdog", "requests", "u
 def test_model_and_planner_import_nothing_that_talks_to_the_world() -> None:
     code = (
         "import sys\n"
-        "import reconciler.model, reconciler.planner, reconciler.observed\n"
+        "import reconciler.model, reconciler.plan.planner, reconciler.plan.observed\n"
         f"bad = [m for m in sys.modules if m.split('.')[0] in {FORBIDDEN!r}]\n"
         "print(','.join(sorted(bad)))\n"
     )
@@ -22,8 +22,8 @@ def test_model_and_planner_import_nothing_that_talks_to_the_world() -> None:
 
 FRONT_ENDS = (
     "reconciler.cli",
-    "reconciler.cli_apply",
-    "reconciler.cli_shm",
+    "reconciler.cli.apply",
+    "reconciler.cli.shm",
     "reconciler.control",
     "reconciler.api",
     "reconciler.mcp_server",
@@ -51,8 +51,8 @@ def test_front_ends_stand_on_the_service_never_on_each_other() -> None:
         found[mod] = names
     # The one allowed edge: the parser (reconciler.cli) registers the other command-line modules' commands.
     allowed = {
-        ("reconciler.cli", "reconciler.cli_apply"),
-        ("reconciler.cli", "reconciler.cli_shm"),
+        ("reconciler.cli", "reconciler.cli.apply"),
+        ("reconciler.cli", "reconciler.cli.shm"),
         ("reconciler.cli", "reconciler.mcp_server"),
         ("reconciler.__main__", "reconciler.cli"),
         # The loop serves the HTTP API (and MCP through it) on its listener.

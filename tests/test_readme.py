@@ -369,8 +369,8 @@ def _run_page(page: Path, tour: Tour) -> None:
 @pytest.mark.root
 def test_the_demo_teardown_leaves_nothing_of_the_demo(tour: Tour, docker_api) -> None:  # type: ignore[no-untyped-def]
     where = tour.shell(
-        ".venv/bin/python -c 'from reconciler.lock import HostLock, state_path\n"
-        "from reconciler.state import host_dir\n"
+        ".venv/bin/python -c 'from reconciler.store.lock import HostLock, state_path\n"
+        "from reconciler.store.state import host_dir\n"
         'print(host_dir("demo"), HostLock("demo", command="").path, state_path("demo"))\''
     )
     demo_state, lock, loop_state = (Path(p) for p in where.stdout.split())

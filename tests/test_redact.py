@@ -1,6 +1,6 @@
 """Secrets never leave the process (docs/design.md, safety rule 10).
 
-The rules of ``reconciler.redact`` on plain strings, then the places they are applied: ``read_comm`` on a real
+The rules of ``reconciler.base.redact`` on plain strings, then the places they are applied: ``read_comm`` on a real
 process, the GPU observer's processes and the planner's blocker reason built from them, the loop's log lines and
 the JSON writer; and end to end, real ``reconciler`` processes (``shm status``, ``shm reclaim``, ``plan``,
 ``status``, ``apply``) against a real tmpfs, a real process and a real container that carry an API key and a
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from reconciler.redact import (
+from reconciler.base.redact import (
     MASK,
     redact_argv,
     redact_cmdline,
@@ -238,9 +238,9 @@ def test_gpu_processes_and_the_blocker_built_from_them_carry_no_secret(secret_pr
     status renderer on its answer: the pid is named, the key is not."""
     from reconciler.model import DesiredAssignment, DesiredState, HostConfig, Recipe
     from reconciler.observe.gpu import observe_gpus
-    from reconciler.observed import Observed, ShmView, Source, Tmpfs
-    from reconciler.planner import plan
-    from reconciler.render import status_data
+    from reconciler.plan.observed import Observed, ShmView, Source, Tmpfs
+    from reconciler.plan.planner import plan
+    from reconciler.service.render import status_data
 
     pid = secret_process.pid
     host = HostConfig(name="w", gpus={"a": {"index": 0}}, gpu_telemetry="nvml")
@@ -435,7 +435,7 @@ def test_an_unmanaged_container_with_an_api_key_blocks_a_slot_and_leaks_nowhere(
 @pytest.fixture
 def learned(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The values this test teaches the redaction are forgotten afterwards (they are process-wide)."""
-    import reconciler.redact as r
+    import reconciler.base.redact as r
 
     for name in ("_NEEDLES", "_NAMES", "_NAME_MARKERS", "_NAMED"):
         monkeypatch.setattr(r, name, getattr(r, name))
@@ -443,7 +443,7 @@ def learned(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def test_a_learned_value_is_masked_in_every_form(learned: None) -> None:
-    from reconciler.redact import learn_secrets, redact_fields
+    from reconciler.base.redact import learn_secrets, redact_fields
 
     value, odd = "Zq7pW2mXk9vR", "plain-access-4711x"
     texts = [
@@ -473,7 +473,7 @@ def test_a_learned_value_is_masked_in_every_form(learned: None) -> None:
 
 
 def test_a_value_with_a_space_or_a_quote_is_masked_whole(learned: None) -> None:
-    from reconciler.redact import learn_secrets, redact_json
+    from reconciler.base.redact import learn_secrets, redact_json
 
     learn_secrets({"A": "two words here", "B": 'quo"te-and\\slash'})
     assert redact_cmdline("serve --model x two words here --port 1") == "serve --model x *** --port 1"
@@ -485,7 +485,7 @@ def test_a_value_with_a_space_or_a_quote_is_masked_whole(learned: None) -> None:
 def test_a_short_value_is_masked_under_its_name_only(learned: None) -> None:
     """A value under MIN_SECRET_CHARS would turn up by chance in ordinary output (a port, a pid): it is masked
     after its name, not wherever it appears."""
-    from reconciler.redact import MIN_SECRET_CHARS, learn_secrets
+    from reconciler.base.redact import MIN_SECRET_CHARS, learn_secrets
 
     assert MIN_SECRET_CHARS == 6
     learn_secrets({"LANE_PIN": "8000"})
@@ -496,7 +496,7 @@ def test_a_short_value_is_masked_under_its_name_only(learned: None) -> None:
 def test_secret_file_and_environment_values_are_learned_where_read(
     learned: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from reconciler.secrets import resolve
+    from reconciler.load.secrets import resolve
 
     env_file = tmp_path / "secrets.env"
     env_file.write_text("FROM_FILE=file-value-0001\nUNUSED=unused-value-0002\n")

@@ -18,9 +18,9 @@ import yaml
 from e2e_helpers import Root
 
 from reconciler.apply import Applier
-from reconciler.loader import load_desired
+from reconciler.load.loader import load_desired
 from reconciler.observe.gpu import parse_nvml
-from reconciler.observed import LABEL_HOST
+from reconciler.plan.observed import LABEL_HOST
 
 pytestmark = pytest.mark.docker
 

@@ -30,7 +30,7 @@ from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError
 
 from reconciler.cli import main
-from reconciler.file_schema import KINDS, render, schema
+from reconciler.load.file_schema import KINDS, render, schema
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMAS = REPO / "schemas"
@@ -151,7 +151,9 @@ def test_the_schema_passes_the_meta_schema_and_describes_every_field(kind: str) 
         for name, prop in obj.get("properties", {}).items():
             if not prop.get("description"):
                 missing.append(f"{where}.{name}")
-    assert not missing, f"fields without a description (Field(description=...) in reconciler/model.py): {missing}"
+    assert not missing, (
+        f"fields without a description (Field(description=...) in reconciler/model/__init__.py): {missing}"
+    )
 
 
 def test_every_shipped_file_validates_and_points_at_its_schema() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from e2e_helpers import Root, make_root
 
-from reconciler.secrets import SecretError, read_env_file, resolve
+from reconciler.load.secrets import SecretError, read_env_file, resolve
 
 SECRET = "hf_live_SECRETVALUE_0123456789"
 

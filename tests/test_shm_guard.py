@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 from e2e_helpers import MIB, make_file, shm_config
 
+from reconciler.apply.shm_guard import ReclaimResult, reclaim
 from reconciler.model import ShmConfig
 from reconciler.observe.docker_obs import DockerObserver
 from reconciler.observe.shm import inspect_shm
-from reconciler.observed import ContainerView, ShmView, Source
-from reconciler.shm_guard import ReclaimResult, reclaim
+from reconciler.plan.observed import ContainerView, ShmView, Source
 
 PATTERN = "vllm_offload_*.mmap"
 REPO = Path(__file__).resolve().parents[1]
@@ -389,8 +389,8 @@ def test_zero_length_file_being_created_is_kept(shm: Path, holders: Holders) -> 
 
 def test_unlink_rechecks_the_inode_just_before_removing(shm: Path) -> None:
     """Between the second inspection and the unlink the name may change hands: the last lstat catches it."""
-    from reconciler.observed import ShmFile
-    from reconciler.shm_guard import _dir_identity, _unlink_agreed
+    from reconciler.apply.shm_guard import _dir_identity, _unlink_agreed
+    from reconciler.plan.observed import ShmFile
 
     path = shm / "vllm_offload_late_swap.mmap"
     old = make_file(path, MIB)
@@ -409,7 +409,7 @@ def test_unlink_rechecks_the_inode_just_before_removing(shm: Path) -> None:
 
 
 def test_verification_reports_a_name_that_is_still_there(shm: Path) -> None:
-    from reconciler.shm_guard import RemovedFile, _verify_absent
+    from reconciler.apply.shm_guard import RemovedFile, _verify_absent
 
     path = shm / "vllm_offload_v.mmap"
     st = make_file(path, MIB)
@@ -996,7 +996,7 @@ def _inspection_adding(monkeypatch: pytest.MonkeyPatch, extra: Callable[[ShmView
     """Make the guard's inspection return extra "orphan" files: what a faulty (or future) scan could hand over."""
     import dataclasses
 
-    import reconciler.shm_guard as guard
+    import reconciler.apply.shm_guard as guard
 
     real = guard.inspect_shm
 
@@ -1010,7 +1010,7 @@ def _inspection_adding(monkeypatch: pytest.MonkeyPatch, extra: Callable[[ShmView
 def test_a_symlink_handed_over_as_a_file_is_never_followed_or_deleted(
     shm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from reconciler.observed import ShmFile
+    from reconciler.plan.observed import ShmFile
 
     precious = shm / "precious.bin"  # on the same tmpfs: a scan that followed the link would see a plain file
     ps = make_file(precious, MIB)
@@ -1041,7 +1041,7 @@ def test_a_symlink_handed_over_as_a_file_is_never_followed_or_deleted(
 def test_paths_outside_the_dir_or_the_pattern_handed_over_are_never_candidates(
     shm: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from reconciler.observed import ShmFile
+    from reconciler.plan.observed import ShmFile
 
     inodes = _secrets_in(shm)
     nested_dir = shm / "vllm_offload_d.mmap"
@@ -1071,8 +1071,8 @@ def test_paths_outside_the_dir_or_the_pattern_handed_over_are_never_candidates(
 
 def test_the_unlink_step_refuses_a_name_outside_the_pattern(shm: Path) -> None:
     """The last gate, on its own: even handed an agreed file, a name the pattern does not match stays."""
-    from reconciler.observed import ShmFile
-    from reconciler.shm_guard import _dir_identity, _unlink_agreed
+    from reconciler.apply.shm_guard import _dir_identity, _unlink_agreed
+    from reconciler.plan.observed import ShmFile
 
     inodes = _secrets_in(shm)
     agreed = []

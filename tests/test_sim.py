@@ -466,3 +466,32 @@ def test_a_container_adopted_by_a_second_terminal_is_ours_from_then_on() -> None
         assert legacy.id not in m.world.containers or m.world.containers[legacy.id].state == "exited"
     finally:
         m.teardown()
+
+
+def test_proc_lost_in_the_middle_of_a_pass_says_why_in_the_pass_result() -> None:
+    """A fork chain starts mapping a file while a pass's leaves run: the pass's first plan had /proc, its re-plan
+    after the leaves does not. The pass's message names the cause ("processes kept appearing ... handed down by
+    fork"), as a pass that lost the source before its first action does, so the operator (and the liveness check)
+    knows why nothing more was done (the soak's seed 772293419 found a bare "source unavailable: proc")."""
+    m = HostMachine()
+    m.setup(
+        seed=786318,
+        shape="index",
+        gpu_requests=False,
+        telemetry="nvml",
+        tmpfs_gib=10.0,
+        wsl2=False,
+        podman=True,
+        nvml_hides_identity=True,
+    )
+    try:
+        m.edit_manifest(topology="split2")
+        m.cli_apply()
+        m.foreign_offload_container(holds_file=False)
+        m.fork_chain_maps_file(every=1, pick=0, reuse=True)
+        m.container_dies(code=0, pick=0)
+        m.container_dies(code=0, pick=0)
+        m.faults_stop_and_host_settles()
+        m.no_violation()
+    finally:
+        m.teardown()

@@ -11,11 +11,11 @@ from planner_fixtures import make_desired, make_observed
 from pydantic import ValidationError
 
 from reconciler.apply import Applier, BelowReserve
-from reconciler.metrics import Metrics
+from reconciler.loop.metrics import Metrics
 from reconciler.model import GIB, HostConfig, Recipe, container_name
-from reconciler.planner import Action, ActionKind, plan
-from reconciler.render import Style, render_status, status_data
-from reconciler.vram import enter_reserve_verdict, unlisted_used_bytes, vram_by_slot
+from reconciler.plan.planner import Action, ActionKind, plan
+from reconciler.plan.vram import enter_reserve_verdict, unlisted_used_bytes, vram_by_slot
+from reconciler.service.render import Style, render_status, status_data
 
 EXCLUSIVE: dict[str, Any] = {
     "telemetry": "nvml",

@@ -165,10 +165,10 @@ def main() -> int:
         root = write_root(port)
 
         from reconciler.apply import Applier, BelowReserve, ProbeFailed
-        from reconciler.loader import load_desired
+        from reconciler.apply.probes import run_suite
+        from reconciler.load.loader import load_desired
         from reconciler.model import container_name
-        from reconciler.planner import Action, ActionKind
-        from reconciler.probes import run_suite
+        from reconciler.plan.planner import Action, ActionKind
 
         desired = load_desired(str(root))
         (lane,) = desired.assignments

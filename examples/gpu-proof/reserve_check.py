@@ -15,10 +15,10 @@ import json
 import sys
 
 from reconciler.apply import Applier, BelowReserve
-from reconciler.loader import load_desired
+from reconciler.load.loader import load_desired
 from reconciler.model import container_name
-from reconciler.planner import Action, ActionKind
-from reconciler.vram import enter_reserve_verdict
+from reconciler.plan.planner import Action, ActionKind
+from reconciler.plan.vram import enter_reserve_verdict
 
 
 def main() -> int:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from reconciler.model import HostConfig
     from reconciler.observe.docker_obs import DockerObserver
-    from reconciler.observed import Observed
+    from reconciler.plan.observed import Observed
 
 
 def observe(
@@ -30,8 +30,8 @@ def observe(
     from reconciler.observe.docker_obs import DockerObserver
     from reconciler.observe.gpu import observe_gpus
     from reconciler.observe.shm import inspect_shm
-    from reconciler.observed import EnterFacts, Observed
-    from reconciler.state import read_ownership
+    from reconciler.plan.observed import EnterFacts, Observed
+    from reconciler.store.state import read_ownership
 
     docker = docker or DockerObserver.for_host(host)
     containers, docker_source = docker.observe()

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from reconciler.observed import (
+from reconciler.plan.observed import (
     LABEL_HOST,
     LABEL_OFFLOAD,
     LABEL_PREFIX,
@@ -71,7 +71,7 @@ def gpu_devices_of(inspect: Mapping[str, Any]) -> tuple[str, ...]:
     node ``/dev/nvidiaN`` by the path on the host, the path in the container, or the node's device number the
     observer read, ``DeviceNodes``; a CDI name), ``--privileged`` (``PRIVILEGED``: every card), and its
     NVIDIA_VISIBLE_DEVICES env (every value of it: a CDI spec's own ``void`` comes after ours). Ids are returned as
-    written (an index, a UUID, a MIG id, ``i:j``, a device node); ``reconciler.planner`` resolves them to slots and
+    written (an index, a UUID, a MIG id, ``i:j``, a device node); ``reconciler.plan.planner`` resolves them to slots and
     holds every slot for one it cannot resolve."""
     devices: list[str] = []
     host_config = inspect.get("HostConfig") or {}
@@ -274,7 +274,7 @@ class DockerObserver:
 
     @property
     def api(self) -> Any:
-        """The Docker SDK's client: for the writes (``reconciler.docker_ops``) and URLs ``reader`` cannot speak."""
+        """The Docker SDK's client: for the writes (``reconciler.apply.docker_ops``) and URLs ``reader`` cannot speak."""
         if self._api is None:
             import docker  # imported here so pure modules and `validate` never pay for it
 

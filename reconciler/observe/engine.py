@@ -4,7 +4,7 @@ requests that answer JSON, and the event stream.
 Why not the Docker SDK: importing it (requests, urllib3, ssl, charset detection) costs about 80 ms, and a
 ``version="auto"`` client asks the engine for its version before its first call. ``reconciler plan``, a
 converged ``apply`` and ``shm status`` only read, so they talk to the engine through this module (the standard
-library's socket and json, nothing else) and the SDK is imported only by the writes (``reconciler.docker_ops``).
+library's socket and json, nothing else) and the SDK is imported only by the writes (``reconciler.apply.docker_ops``).
 
 Speaks HTTP/1.1 over ``unix:///PATH`` and plain ``tcp://`` / ``http://HOST:PORT``; for any other URL (``ssh://``,
 ``https://``, TLS settings) ``EngineClient.for_url`` returns None and the caller uses the SDK. An answer ends where

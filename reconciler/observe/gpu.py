@@ -30,7 +30,7 @@ from typing import Any
 
 from reconciler.model import HostConfig
 from reconciler.observe.procfs import container_candidates_of_pid, innermost_known, read_comm
-from reconciler.observed import GpuProcess, GpuSlotView, GpuView, Source
+from reconciler.plan.observed import GpuProcess, GpuSlotView, GpuView, Source
 
 HOST_FILE = "configs/host.yaml"
 _FIX_NONE = f"on a host without NVIDIA GPUs set 'gpu_telemetry: none' in {HOST_FILE}"
@@ -184,7 +184,7 @@ def _compute_processes(pynvml: Any, handle: Any) -> list[Any]:
 
 class MemoryReader:
     """Free and total memory of some slots' cards, read again and again while NVML stays initialised: the VRAM
-    sampler's read while a probe suite runs (``reconciler.vram.VramSampler``), a few times a second. A context
+    sampler's read while a probe suite runs (``reconciler.plan.vram.VramSampler``), a few times a second. A context
     manager; each slot's card is found as ``parse_nvml`` finds it (by UUID when given, else by index)."""
 
     def __init__(self, host: HostConfig, slots: Collection[str]):

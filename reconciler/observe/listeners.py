@@ -13,7 +13,7 @@ from collections.abc import Collection, Container
 
 from reconciler.observe.net import read_tcp_listeners, socket_holders
 from reconciler.observe.procfs import container_of_pid, read_comm
-from reconciler.observed import Listener
+from reconciler.plan.observed import Listener
 
 
 def read_listeners(

@@ -100,7 +100,7 @@ def container_of_pid(pid: int, known: Container[str], proc_root: str = "/proc") 
 
 def read_comm(pid: int, proc_root: str = "/proc") -> str:
     """A short human name for a pid: its cmdline (secret values masked), else its comm; '' when gone."""
-    from reconciler.redact import redact_argv
+    from reconciler.base.redact import redact_argv
 
     try:
         with open(f"{proc_root}/{pid}/cmdline", "rb") as fh:

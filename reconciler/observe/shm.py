@@ -1,7 +1,7 @@
 """The offload files in ``shm.dir`` and who holds them: ``inspect_shm(cfg, containers=..., docker=...) -> ShmView``.
 
 Read-only. Called by ``reconciler.observe.observe`` (every pass), by ``reconciler shm status`` and, twice per
-reclaim, by ``reconciler.shm_guard.reclaim``. It applies the safety rules 1-3 of docs/design.md:
+reclaim, by ``reconciler.apply.shm_guard.reclaim``. It applies the safety rules 1-3 of docs/design.md:
 
 1. Only entries of ``shm.dir`` whose name matches ``shm.pattern`` exactly are looked at, each with ``lstat``
    relative to the opened directory: a symlink, a directory, anything not a regular file, a mount on top of
@@ -30,6 +30,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from reconciler.base.redact import redact_argv
 from reconciler.observe.procfs import (
     HolderScan,
     innermost_known,
@@ -37,7 +38,7 @@ from reconciler.observe.procfs import (
     read_comm,
     scan_holders,
 )
-from reconciler.observed import (
+from reconciler.plan.observed import (
     ContainerView,
     Owner,
     ShmFile,
@@ -46,7 +47,6 @@ from reconciler.observed import (
     Tmpfs,
     Uninspectable,
 )
-from reconciler.redact import redact_argv
 
 if TYPE_CHECKING:
     from reconciler.model import ShmConfig
@@ -487,7 +487,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         containers, docker = (), Source("docker", False, "not consulted (no --docker-url)")
     view = inspect_shm(cfg, containers=containers, docker=docker, workers=args.workers)
-    from reconciler.shapes import status_json
+    from reconciler.observe.shapes import status_json
 
     # json.dumps without indent runs the C encoder in one go; json.dump would write piece by piece.
     sys.stdout.write(json.dumps(status_json(view)) + "\n")

@@ -21,9 +21,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from reconciler.metrics import ACTION_KINDS, ACTION_RESULTS, PASS_RESULTS, REFUSAL_REASONS, Metrics
+from reconciler.loop.metrics import ACTION_KINDS, ACTION_RESULTS, PASS_RESULTS, REFUSAL_REASONS, Metrics
 from reconciler.model import HostConfig
-from reconciler.observed import (
+from reconciler.plan.observed import (
     LABEL_HOST,
     LABEL_MANAGED,
     LABEL_RECIPE,
@@ -39,7 +39,7 @@ from reconciler.observed import (
     Source,
     Tmpfs,
 )
-from reconciler.planner import Action, ActionKind, Plan
+from reconciler.plan.planner import Action, ActionKind, Plan
 
 GOAL_S = 0.010
 GiB = 1024**3

@@ -104,8 +104,8 @@ def bench_pure(sizes: list[int]) -> list[tuple[int, float]]:
     from planner_fixtures import make_recipe
 
     from reconciler.model import DesiredAssignment, DesiredState, HostConfig
-    from reconciler.observed import GpuView, Observed, ShmView, Source, Tmpfs
-    from reconciler.planner import plan
+    from reconciler.plan.observed import GpuView, Observed, ShmView, Source, Tmpfs
+    from reconciler.plan.planner import plan
 
     out = []
     recipe = make_recipe(tp=1)
@@ -145,10 +145,10 @@ def main() -> int:
         holders = make_files(shm_dir)
         root = setup_root(shm_dir)
 
-        from reconciler.loader import load_desired
+        from reconciler.load.loader import load_desired
         from reconciler.observe import observe
         from reconciler.observe.docker_obs import DockerObserver
-        from reconciler.planner import plan
+        from reconciler.plan.planner import plan
 
         n_containers = len(sh("docker", "ps", "-aq").split())
         n_files = len(list(Path(shm_dir).glob("vllm_offload_*.mmap")))

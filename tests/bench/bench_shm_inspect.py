@@ -176,9 +176,9 @@ def main() -> int:
 
         # Imported only now: the children were forked from a small process.
         sys.path.insert(0, str(REPO))
+        from reconciler.observe.shapes import status_json
         from reconciler.observe.shm import inspect_shm
-        from reconciler.observed import Source
-        from reconciler.shapes import status_json
+        from reconciler.plan.observed import Source
 
         class Cfg:
             dir = str(shm)

@@ -170,8 +170,8 @@ class HostMachine(RuleBasedStateMachine):
         self.topology = topology
 
     def _new_loop(self) -> None:
-        from reconciler.backoff import Backoff
         from reconciler.loop import Log, Loop
+        from reconciler.loop.backoff import Backoff
 
         w = self.world
         assert w is not None
@@ -189,7 +189,7 @@ class HostMachine(RuleBasedStateMachine):
     def plan_json(self) -> dict[str, Any]:
         """What ``reconciler plan --json`` prints for the simulated host now."""
         from reconciler.apply import Applier
-        from reconciler.loader import load_desired
+        from reconciler.load.loader import load_desired
         from sim.seams import sim_observer
 
         desired = load_desired(str(self.root))
@@ -267,7 +267,7 @@ class HostMachine(RuleBasedStateMachine):
         this install's (a legacy one, a copy): the tool refuses another install's or a foreign one; one it adopts is
         this install's from then on (the tool may stop and remove it, and the checker treats it as ours). A container
         that shares a card with a lane is left out: adopting it would make two of ours share a card by fiat."""
-        from reconciler.errors import ReconcilerError
+        from reconciler.base.errors import ReconcilerError
         from reconciler.service import Caller, HostService
 
         w = self.world
@@ -675,8 +675,8 @@ class HostMachine(RuleBasedStateMachine):
     def cli_apply(self) -> None:
         """``reconciler apply`` as the command runs it: the plan shown, approved, and only that plan run."""
         from reconciler.apply import Applier
-        from reconciler.errors import ReconcilerError
-        from reconciler.loader import load_desired
+        from reconciler.base.errors import ReconcilerError
+        from reconciler.load.loader import load_desired
 
         w = self.world
         try:
@@ -702,9 +702,9 @@ class HostMachine(RuleBasedStateMachine):
     def _desired_and_applier(self) -> tuple[Any, Any, dict[str, str]] | None:
         """The files' digests (read first, as the command reads them), the desired state and an applier that plans
         as ``reconciler apply`` does, with the loop's view; None while the files do not load."""
-        from reconciler.errors import ReconcilerError
-        from reconciler.fingerprint import file_digests
-        from reconciler.loader import load_desired
+        from reconciler.base.errors import ReconcilerError
+        from reconciler.load.loader import load_desired
+        from reconciler.plan.fingerprint import file_digests
         from reconciler.service import loop_view, viewed_applier
 
         w = self.world
@@ -733,7 +733,7 @@ class HostMachine(RuleBasedStateMachine):
         """``reconciler plan --out FILE`` in a second terminal: the plan and its fingerprint, as the file holds them."""
         import json
 
-        from reconciler.fingerprint import fingerprint
+        from reconciler.plan.fingerprint import fingerprint
         from reconciler.service import loop_view, plan_document
 
         made = self._desired_and_applier()
@@ -749,7 +749,7 @@ class HostMachine(RuleBasedStateMachine):
     def saved_plan_applied(self, pick: int) -> None:
         """``reconciler apply FILE`` of a plan saved some steps before, as ``HostService.apply_saved`` runs it: stale
         (anything changed since, the plan made now not the saved one) writes nothing; else only the saved steps run."""
-        from reconciler.fingerprint import Fingerprint
+        from reconciler.plan.fingerprint import Fingerprint
 
         w = self.world
         doc = self.saved[pick % len(self.saved)]
@@ -803,7 +803,7 @@ class HostMachine(RuleBasedStateMachine):
 
     def _check_within(self, shown: Any, writes: list[Any]) -> None:
         """Invariant (d): every write of the apply belongs to an action of the plan it showed."""
-        from reconciler.planner import ActionKind
+        from reconciler.plan.planner import ActionKind
 
         w = self.world
         enters = {a.container for a in shown.actions if a.kind is ActionKind.ENTER}
@@ -845,7 +845,7 @@ class HostMachine(RuleBasedStateMachine):
                     w.violate(f"(a) {a.name} and {b.name} both run on card(s) {sorted(w.cards_of(a) & w.cards_of(b))}")
         if self.loop is not None and self.steps_since_adopt_check >= 10:
             # (b) also: nothing is ever adopted here but by an explicit adopt (a second terminal's).
-            from reconciler.state import read_ownership
+            from reconciler.store.state import read_ownership
 
             self.steps_since_adopt_check = 0
             adopted = set(read_ownership("sim").adopted) - self.adopted

@@ -386,7 +386,7 @@ def sim_scan(world: World) -> Any:
 def sim_shm(world: World, cfg: Any, *, containers: Any, docker: Any, settled: Any = ()) -> Any:
     """One inspection of shm.dir and every process, as ``inspect_shm`` makes it, from the world's truth."""
     from reconciler.observe.shm import DirEntry, DirListing, build_view, owner_container, unavailable_view
-    from reconciler.observed import Owner, Tmpfs
+    from reconciler.plan.observed import Owner, Tmpfs
 
     entries = tuple(
         DirEntry(f.name, 0o100600, 1, f.inode, f.size, f.size, 1)
@@ -430,7 +430,7 @@ def sim_shm(world: World, cfg: Any, *, containers: Any, docker: Any, settled: An
 def sim_enter_facts(world: World, host: Any, images: Any, ports: Any) -> Any:
     """What ``observe`` looks up for an enter's knowable failures, from the world: its images, its GPU runtime, and
     who listens on the recipes' ports."""
-    from reconciler.observed import EnterFacts, Listener
+    from reconciler.plan.observed import EnterFacts, Listener
 
     runtime = ("present" if world.gpu_runtime else "absent") if host.docker.gpu_requests and host.gpus else "unknown"
     listeners = tuple(
@@ -449,8 +449,8 @@ def sim_enter_facts(world: World, host: Any, images: Any, ports: Any) -> Any:
 
 def sim_observe(world: World, host: Any, *, docker: Any = None, images: Any = (), ports: Any = (), **_: Any) -> Any:
     from reconciler.observe.gpu import observe_gpus
-    from reconciler.observed import EnterFacts, Observed
-    from reconciler.state import read_ownership
+    from reconciler.plan.observed import EnterFacts, Observed
+    from reconciler.store.state import read_ownership
 
     docker = docker or sim_observer(world, host.docker.url)
     containers, docker_source = docker.observe()
@@ -471,7 +471,7 @@ def sim_observe(world: World, host: Any, *, docker: Any = None, images: Any = ()
 
 
 def _unlink_agreed(world: World) -> Any:
-    from reconciler.shm_guard import KeptFile, LeaseRefused, RemovedFile, lease_kept
+    from reconciler.apply.shm_guard import KeptFile, LeaseRefused, RemovedFile, lease_kept
 
     def unlink_agreed(directory: str, dir_id: Any, agreed: Any, *, pattern: str | None = None) -> Any:
         import fnmatch
@@ -537,12 +537,12 @@ def _listeners(world: World, ports: Any) -> Any:
 def installed(world: World) -> Iterator[str]:
     """Put the world under the project's code; yields a fresh state directory (the caller writes the root)."""
     import reconciler.apply as apply_mod
-    import reconciler.docker_ops as ops_mod
-    import reconciler.loader as loader_mod
+    import reconciler.apply.docker_ops as ops_mod
+    import reconciler.apply.probes as probes_mod
+    import reconciler.apply.shm_guard as guard_mod
+    import reconciler.load.loader as loader_mod
     import reconciler.loop as loop_mod
-    import reconciler.probes as probes_mod
-    import reconciler.shm_guard as guard_mod
-    from reconciler.observed import Tmpfs
+    from reconciler.plan.observed import Tmpfs
 
     clock = SimTime(world)
     mp = pytest.MonkeyPatch()

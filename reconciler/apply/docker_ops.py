@@ -1,0 +1,365 @@
+"""Docker writes for the apply layer: create (labelled in the same call), start, stop, remove, rename, logs.
+
+Only ``reconciler.apply`` calls this. Transient engine errors (connection reset, 5xx) are retried with
+exponential backoff through tenacity; permanent ones (4xx: bad config, conflict, missing image) fail at once.
+The message of the last attempt says it was the last.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, TypeVar
+
+from reconciler.base.errors import ReconcilerError
+from reconciler.model import DesiredState, container_name
+from reconciler.plan import spec
+from reconciler.plan.observed import (
+    INACTIVE_STATES,
+    LABEL_GPUS,
+    LABEL_HOST,
+    LABEL_INSTALL,
+    LABEL_MANAGED,
+    LABEL_OFFLOAD,
+    LABEL_PREFIX,
+    LABEL_RECIPE,
+    LABEL_RECIPE_HASH,
+    LABEL_SLOTS,
+    LABEL_SPEC_HASH,
+    LABEL_SPEC_PARTS,
+    PRESERVED_SUFFIX,
+)
+
+T = TypeVar("T")
+ATTEMPTS = 4
+PRESERVE_NAME_TRIES = 10
+
+
+class DockerActionError(ReconcilerError):
+    """A Docker call failed for good (permanent error, or the last of the retries)."""
+
+
+class DockerUnavailable(ReconcilerError):
+    """No engine answers at ``docker.url`` (not running, wrong URL, socket not reachable): nothing was attempted."""
+
+    def __init__(self, url: str, cause: BaseException | str):
+        from reconciler.observe.docker_obs import failure_cause
+
+        self.url = url
+        text = str(cause).strip()
+        detail = (text.splitlines()[0] if text else type(cause).__name__)[:300]
+        if isinstance(cause, BaseException) and failure_cause(cause) == "slow":
+            fix = (
+                "The engine is there but busy: find what keeps it busy, or raise docker.timeout_s in configs/host.yaml"
+            )
+        else:
+            fix = "Start the Docker engine, or fix docker.url in configs/host.yaml"
+        super().__init__(f"docker source unavailable at {url}: {detail}; nothing changed. {fix}")
+
+
+def _transient(exc: BaseException) -> bool:
+    import docker.errors
+    import requests
+
+    if isinstance(exc, (requests.ConnectionError, requests.Timeout, ConnectionError)):
+        return True
+    if isinstance(exc, docker.errors.APIError) and not isinstance(exc, docker.errors.NotFound):
+        code = exc.status_code or 0
+        return code >= 500
+    return False
+
+
+def _call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run one engine call with the retry policy; permanent errors surface unchanged at once."""
+    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential  # the writes only
+
+    name = getattr(fn, "__name__", "call")
+    try:
+        for attempt in Retrying(
+            retry=retry_if_exception(_transient),
+            stop=stop_after_attempt(ATTEMPTS),
+            wait=wait_exponential(multiplier=0.2, max=3),
+            sleep=lambda seconds: time.sleep(seconds),  # looked up at each wait: a simulated clock replaces time
+            reraise=True,
+        ):
+            with attempt:
+                return fn(*args, **kwargs)
+    except Exception as exc:
+        if _transient(exc):
+            raise DockerActionError(f"docker {name}: {exc} (the last of {ATTEMPTS} attempts)") from exc
+        if (refused := proxy_refusal(exc)) is not None:
+            raise DockerActionError(f"docker {name}: {refused}") from exc
+        raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def proxy_refusal(exc: BaseException) -> str | None:
+    """What a socket proxy's refusal of an engine call says, naming the call; None for any other error.
+
+    The engine answers its errors in JSON; a 401/403/405 whose body is not JSON came from a proxy's allow-list."""
+    import docker.errors
+
+    if not isinstance(exc, docker.errors.APIError) or exc.response is None:
+        return None
+    if exc.status_code not in (401, 403, 405) or "json" in exc.response.headers.get("Content-Type", ""):
+        return None
+    from urllib.parse import urlsplit
+
+    request = exc.response.request
+    path = re.sub(r"^/v[0-9.]+/", "/", urlsplit(request.url or "").path)
+    return (
+        f"the proxy in front of the engine refused {request.method} {path} ({exc.status_code}); allow it "
+        "there, or point docker.url at an engine that allows it (README: Podman and socket proxies)"
+    )
+
+
+def labels_for(desired: DesiredState, recipe_name: str, slots: tuple[str, ...], *, install_id: str) -> dict[str, str]:
+    recipe = desired.recipes[recipe_name]
+    gpus = [desired.host.gpus[s].preferred_id() for s in slots]
+    parts = spec.part_hashes(desired.host, recipe, slots, secret_digests=desired.secret_digests)
+    labels = {
+        LABEL_MANAGED: "true",
+        LABEL_HOST: desired.host.name,
+        LABEL_INSTALL: install_id,
+        LABEL_RECIPE: recipe_name,
+        LABEL_RECIPE_HASH: recipe.content_hash(),
+        LABEL_SPEC_HASH: spec.spec_hash(parts),
+        LABEL_SPEC_PARTS: spec.encode_parts(parts),
+        LABEL_SLOTS: ",".join(slots),
+        LABEL_GPUS: ",".join(gpus),
+        LABEL_OFFLOAD: "true" if recipe.offload.enabled else "false",
+        LABEL_PREFIX + "model": recipe.model.id,
+    }
+    if recipe.model.revision:
+        labels[LABEL_PREFIX + "model-revision"] = recipe.model.revision
+    return labels
+
+
+def create_spec(
+    desired: DesiredState,
+    recipe_name: str,
+    slots: tuple[str, ...],
+    *,
+    install_id: str,
+    secrets: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Pure: the create_container arguments for a recipe on its slots (``reconciler.plan.spec.render``), with its name
+    and the labels that make it ours: this host's name, this install's id, and the hashes of what it is made of.
+    ``secrets``: the values of the recipe's ``"${NAME}"`` env references (they go to the engine, nowhere else)."""
+    return {
+        **spec.render(desired.host, desired.recipes[recipe_name], slots, secrets=secrets),
+        "labels": labels_for(desired, recipe_name, slots, install_id=install_id),
+        "name": container_name(recipe_name, slots),
+    }
+
+
+class DockerOps:
+    """The writes. ``api`` is a docker.APIClient, or ``connect`` makes one when it is first needed (a client with
+    ``version="auto"`` asks the engine for its version as it is made, and fails when no engine answers): the
+    failure is then a ``DockerUnavailable`` naming ``url``, never the client library's own exception."""
+
+    def __init__(
+        self,
+        api: Any = None,
+        *,
+        connect: Callable[[], Any] | None = None,
+        url: str = "",
+        ping: Callable[[], None] | None = None,
+    ):
+        if api is None and connect is None:
+            raise TypeError("DockerOps needs an api client or a connect function")
+        self._api = api
+        self._connect = connect
+        self._ping = ping
+        self.url = url
+        self._engine: str | None = None
+
+    def check(self) -> None:
+        """Raise ``DockerUnavailable`` when no engine answers at ``url``. With ``ping`` (the observer's small
+        client) this costs one request and no SDK: a pass with nothing to write never imports it."""
+        if self._ping is None or self._api is not None:
+            _ = self.api
+            return
+        try:
+            self._ping()
+        except Exception as exc:  # OSError, the engine client's error: the engine is not there
+            raise DockerUnavailable(self.url or "docker.url", exc) from exc
+
+    @property
+    def api(self) -> Any:
+        if self._api is None:
+            assert self._connect is not None
+            try:
+                self._api = self._connect()
+            except Exception as exc:  # docker.errors.DockerException, requests' errors, OSError
+                raise DockerUnavailable(self.url or "docker.url", exc) from exc
+        return self._api
+
+    def engine(self) -> str:
+        """``podman`` or ``docker``, from the engine's own version answer (asked once)."""
+        if self._engine is None:
+            from reconciler.observe.docker_obs import engine_kind
+
+            self._engine = engine_kind(_call(self.api.version))
+        return self._engine
+
+    def image_present(self, image: str) -> bool:
+        import docker.errors
+
+        try:
+            _call(self.api.inspect_image, image)
+            return True
+        except docker.errors.NotFound:
+            return False
+
+    def create(self, spec: dict[str, Any]) -> str:
+        if spec["host_config"].get("device_requests") and self.engine() == "podman":
+            return self._create_podman(spec)
+        hc = self.api.create_host_config(**spec["host_config"])
+        args = {k: v for k, v in spec.items() if k != "host_config"}
+        created = _call(self.api.create_container, host_config=hc, **args)
+        return str(created["Id"])
+
+    def _create_podman(self, create: dict[str, Any]) -> str:
+        """Create through Podman's own endpoint, which takes GPUs as CDI names (``reconciler.plan.spec``)."""
+        body = spec.libpod_create_body(create)
+
+        def libpod_create() -> dict[str, Any]:
+            res = self.api._post_json(self.api._url(spec.LIBPOD_CREATE, versioned_api=False), data=body)
+            return self.api._result(res, True)
+
+        return str(_call(libpod_create)["Id"])
+
+    def start(self, cid: str) -> None:
+        _call(self.api.start, cid)
+
+    def inspect(self, cid: str) -> dict[str, Any]:
+        return _call(self.api.inspect_container, cid)
+
+    def stop(self, cid: str, timeout_s: float) -> None:
+        import docker.errors
+
+        try:
+            # The HTTP timeout must outlast the engine's own stop timeout.
+            _call(self.api.stop, cid, timeout=int(max(1, round(timeout_s))))
+        except docker.errors.NotFound:
+            return
+
+    def remove(self, cid: str) -> None:
+        import docker.errors
+
+        try:
+            _call(self.api.remove_container, cid, v=True, force=False)
+        except docker.errors.NotFound:
+            return
+
+    def kill(self, cid: str) -> None:
+        import docker.errors
+
+        try:
+            _call(self.api.kill, cid)
+        except docker.errors.APIError:
+            return  # not running any more
+
+    def preserve(self, cid: str, name: str) -> str:
+        """Rename a failed container so its name is free and its logs stay readable."""
+        import docker.errors
+
+        now = time.time()
+        # A start that fails at once can fail again within the same second (two quick applies), and the stamp
+        # has one-second resolution: take the next free second rather than lose the failure to a name conflict.
+        for later in range(PRESERVE_NAME_TRIES):
+            new = f"{name}{PRESERVED_SUFFIX}{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now + later))}"
+            try:
+                _call(self.api.rename, cid, new)
+                return new
+            except docker.errors.APIError as exc:
+                if exc.status_code != 409:
+                    raise
+        raise DockerActionError(
+            f"cannot keep failed container {cid[:12]}: {PRESERVE_NAME_TRIES} names {name}{PRESERVED_SUFFIX}... "
+            "are taken; remove old kept containers (docker rm NAME)"
+        )
+
+    def prune_kept(
+        self,
+        name: str,
+        *,
+        host: str,
+        keep: int,
+        install_id: str | None = None,
+        owned: Collection[str] | None = None,
+    ) -> list[str]:
+        """Remove all but the newest ``keep`` stopped failed containers kept under ``name``; returns the removed.
+
+        Only stopped containers named ``name-failed-STAMP`` that carry, on themselves, this tool's labels for
+        ``host`` and ``install_id`` (this install's) are touched. Another install's, one from before install ids,
+        and one that has those labels only from its image (every container made from that image carries them:
+        ``docker_obs.inherited_labels``) are not proven ours and stay; with ``owned`` (the ids this install recorded as
+        its own) so does one whose id is not among them, a copy that carries the labels. Without ``install_id``
+        nothing is removed."""
+        import re
+
+        import docker.errors
+
+        from reconciler.observe.docker_obs import inherited_labels
+
+        if not install_id:
+            return []
+        pattern = re.compile(re.escape(name + PRESERVED_SUFFIX) + r"\d{8}-\d{6}$")
+        own = {LABEL_MANAGED: "true", LABEL_HOST: host, LABEL_INSTALL: install_id}
+        listed = _call(self.api.containers, all=True, filters={"label": [f"{k}={v}" for k, v in own.items()]})
+        images: dict[str, dict[str, str] | None] = {}
+
+        def proven(c: Mapping[str, Any]) -> bool:
+            labels = c.get("Labels") or {}
+            if any(labels.get(k) != v for k, v in own.items()):
+                return False  # an engine that ignored the filter
+            if owned is not None and c["Id"] not in owned:
+                return False  # this install's labels, copied: not a container it created
+            image = c.get("ImageID")  # the image's id, never its name: a name may since point at another image
+            if not image:
+                try:
+                    image = _call(self.api.inspect_container, c["Id"]).get("Image") or ""
+                except docker.errors.NotFound:
+                    return False  # removed meanwhile: nothing left to prune
+            if image not in images:
+                images[image] = self._image_labels(image)
+            found = images[image]
+            return found is not None and not inherited_labels(labels, found) & own.keys()
+
+        kept = sorted(
+            (
+                ((c.get("Names") or ["/"])[0].lstrip("/"), c["Id"])
+                for c in listed
+                if c.get("State") in INACTIVE_STATES
+                and pattern.match((c.get("Names") or ["/"])[0].lstrip("/"))
+                and proven(c)
+            ),
+            reverse=True,  # the stamp sorts by time: newest first
+        )
+        removed = []
+        for cname, cid in kept[keep:]:
+            self.remove(cid)
+            removed.append(cname)
+        return removed
+
+    def _image_labels(self, image_id: str) -> dict[str, str] | None:
+        """An image's labels; None when it cannot be inspected (removed while containers of it remain): what a
+        container of it inherited then cannot be told."""
+        import docker.errors
+
+        if not image_id:
+            return None
+        try:
+            return dict((_call(self.api.inspect_image, image_id).get("Config") or {}).get("Labels") or {})
+        except docker.errors.NotFound:
+            return None
+
+    def logs_tail(self, cid: str, lines: int = 40) -> str:
+        try:
+            raw = _call(self.api.logs, cid, stdout=True, stderr=True, tail=lines)
+        except (DockerActionError, Exception):  # noqa: BLE001 - logs are evidence, not a reason to fail harder
+            return ""
+        return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)

@@ -1,0 +1,659 @@
+"""The one guarded removal of orphan offload files: ``reclaim(cfg, observe_docker=..., confirm=...)``.
+
+Every deletion of an offload file goes through here: ``reconciler shm reclaim``, and the apply layer's enter
+(room for the recipe's offload capacity) and leave (the recipe's files after its container stopped).
+The safety rules 4 and 5 of docs/design.md, on top of the inspection's rules 1-3 (``reconciler.observe.shm``):
+
+- Without ``confirm``: one inspection, nothing removed; the result names what would go and what stays.
+- With ``confirm``: two full inspections ``confirm_interval_s`` apart, Docker observed afresh for each. A file
+  is removed only when both call it ``orphan`` with the same path, device, inode, size and allocation. Any
+  unavailable source, or a running native-offload container that could own an unowned file (one not settled
+  and seen holding its own: ``observe.shm.offload_blockers``), refuses the whole reclaim.
+- Each removal opens ``shm.dir`` once (checked to be the directory inspected), opens the name relative to it
+  (``O_RDONLY|O_NOFOLLOW``) and takes the kernel's write lease on it (``take_lease``): the kernel grants one only
+  while no other open file description of the file exists, one that a mapping alone keeps included, so a holder
+  that every inspection missed still stops the unlink. Under the granted lease the name is checked to be that
+  same file, unlinked relative to the directory, and the lease released. A refused lease keeps the file with the
+  reason code ``lease_refused``.
+- Afterwards every removed name is checked to be absent, and the bytes freed are reported.
+
+Scope (docs/design.md, safety rule 1, enforced here again whatever the loader let through): the whole reclaim is
+refused, with the reason, when ``shm.pattern`` is not a literal prefix and suffix around one ``*``, when
+``shm.dir`` is not an absolute, normalised path other than ``/``, or when at reclaim time it is not a tmpfs
+(statfs f_type ``TMPFS_MAGIC``) mounted right there (a mount point of type tmpfs in /proc/self/mountinfo).
+Every path an inspection returns is checked again before it can become a candidate: directly inside
+``shm.dir`` by its real path, an exact ``fnmatch`` of the pattern on its name, a regular file and not a symlink.
+With ``only_paths`` (the reclaim action's ``paths``, or the paths of the dry run the operator saw) nothing
+outside that exact set is ever unlinked, even a matching unowned file that appeared since.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import fnmatch
+import os
+import signal
+import stat as st_mode
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from reconciler.base import mounts
+from reconciler.model import check_shm_dir, check_shm_pattern
+from reconciler.observe.shm import inspect_shm
+from reconciler.plan.observed import ContainerView, ShmFile, ShmView, Source, Tmpfs
+
+if TYPE_CHECKING:
+    from reconciler.model import ShmConfig
+
+DockerObservation = Callable[[], tuple[tuple[ContainerView, ...], Source]]
+
+
+@dataclass(frozen=True)
+class RemovedFile:
+    path: str
+    size_bytes: int
+    allocated_bytes: int
+    dev: int
+    inode: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "size_bytes": self.size_bytes,
+            "allocated_bytes": self.allocated_bytes,
+            "dev": self.dev,
+            "inode": self.inode,
+        }
+
+
+@dataclass(frozen=True)
+class KeptFile:
+    path: str
+    reason: str
+    state: str = ""  # the file's state in the last inspection; "skipped" for refused entries
+    # Why in one word where the last gate said no: "lease_refused" (the kernel's write lease, safety rule 4).
+    code: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "reason": self.reason, "state": self.state, "code": self.code}
+
+
+@dataclass(frozen=True)
+class ReclaimResult:
+    """What a reclaim did (``confirmed``) or would do (a dry run), and why each other file stayed."""
+
+    confirmed: bool
+    dir: str
+    pattern: str
+    # Removed and verified gone (with confirm); empty in a dry run.
+    reclaimed: tuple[RemovedFile, ...] = ()
+    # What a dry run would remove (the orphans of its one inspection); with confirm, the first inspection's.
+    candidates: tuple[RemovedFile, ...] = ()
+    kept: tuple[KeptFile, ...] = ()
+    verified: bool = False
+    # Why nothing at all was removed: an unavailable source or a running native-offload container.
+    refused: str | None = None
+    sources: dict[str, str] = field(default_factory=dict)
+    blocking_containers: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+    tmpfs_before: Tmpfs | None = None
+    tmpfs_after: Tmpfs | None = None
+    inspections: int = 0
+    elapsed_s: float = 0.0
+
+    @property
+    def reclaimed_bytes(self) -> int:
+        return sum(f.allocated_bytes for f in self.reclaimed)
+
+    @property
+    def candidate_bytes(self) -> int:
+        return sum(f.allocated_bytes for f in self.candidates)
+
+    @property
+    def ok(self) -> bool:
+        """Exit 0: not refused, no error, and (with confirm) every removal verified."""
+        return self.refused is None and not self.errors and (self.verified or not self.confirmed)
+
+    def to_json(self) -> dict[str, Any]:
+        def tmpfs(t: Tmpfs | None) -> dict[str, int] | None:
+            if t is None:
+                return None
+            return {"size_bytes": t.size_bytes, "used_bytes": t.used_bytes, "free_bytes": t.free_bytes}
+
+        return {
+            "confirmed": self.confirmed,
+            "reclaimed": [f.to_json() for f in self.reclaimed],
+            "kept": [k.to_json() for k in self.kept],
+            "reclaimed_bytes": self.reclaimed_bytes,
+            "verified": self.verified,
+            "dir": self.dir,
+            "pattern": self.pattern,
+            "would_reclaim": [] if self.confirmed else [f.to_json() for f in self.candidates],
+            "would_reclaim_bytes": 0 if self.confirmed else self.candidate_bytes,
+            "refused": self.refused,
+            "sources": dict(self.sources),
+            "blocking_containers": list(self.blocking_containers),
+            "errors": list(self.errors),
+            "tmpfs_before": tmpfs(self.tmpfs_before),
+            "tmpfs_after": tmpfs(self.tmpfs_after),
+            "inspections": self.inspections,
+            "elapsed_s": round(self.elapsed_s, 3),
+        }
+
+
+def _removable(f: ShmFile) -> RemovedFile:
+    return RemovedFile(f.path, f.size_bytes, f.allocated_bytes, f.dev, f.inode)
+
+
+def refusal_of(view: ShmView) -> str | None:
+    """Why a view forbids every removal, or None. Names the source or the containers."""
+    if not view.docker.ok:
+        return f"docker {view.docker.render()}"
+    if not view.proc.ok:
+        return f"proc {view.proc.render()}"
+    if view.blocking_containers:
+        return (
+            "running container(s) with native offload configured: "
+            + ", ".join(view.blocking_containers)
+            + "; stop them (or let leave do it) before reclaiming"
+        )
+    return None
+
+
+def _with_claims(view: ShmView, claimed: Collection[str]) -> ShmView:
+    """The view with each claimed file that only a running offload container kept ``blocked`` made an orphan (both
+    sources answered; a file with a holder stays owned)."""
+    if not claimed or not view.sources_ok or not view.blocking_containers:
+        return view
+    files = tuple(
+        replace(
+            f,
+            state="orphan",
+            reason="no live process holds it; a stopped container of this install was the only one seen holding it",
+        )
+        if f.state == "blocked" and f.path in claimed
+        else f
+        for f in view.files
+    )
+    return replace(view, files=files)
+
+
+def _refusal(view: ShmView, selected: Callable[[ShmFile], bool]) -> str | None:
+    """``refusal_of``, except that running offload containers refuse nothing when no file asked for is one they
+    keep (every such file claimed: ``_with_claims``)."""
+    refused = refusal_of(view)
+    if refused is None or not view.sources_ok:
+        return refused
+    asked = [f for f in view.files if selected(f)]
+    if not any(f.state == "blocked" for f in asked) and any(f.state == "orphan" for f in asked):
+        return None
+    return refused
+
+
+def _kept_from(
+    view: ShmView, skip: Collection[str] = (), selected: Callable[[ShmFile], bool] = lambda f: True
+) -> list[KeptFile]:
+    kept = []
+    for f in view.files:
+        if f.path in skip:
+            continue
+        if f.state == "orphan" and not selected(f):
+            kept.append(KeptFile(f.path, "orphan, but not among the paths this reclaim was asked for", f.state))
+        else:
+            kept.append(KeptFile(f.path, f.reason, f.state))
+    kept += [KeptFile(path, why, "skipped") for path, why in view.skipped if path not in skip]
+    return kept
+
+
+def _sources(view: ShmView) -> dict[str, str]:
+    return {"proc": view.proc.render(), "docker": view.docker.render()}
+
+
+def _inspect(
+    cfg: ShmConfig, observe_docker: DockerObservation, proc_root: str, *, settled: Collection[str] = ()
+) -> ShmView:
+    containers, docker = observe_docker()
+    return inspect_shm(cfg, containers=containers, docker=docker, proc_root=proc_root, settled=settled)
+
+
+def reclaim(
+    cfg: ShmConfig,
+    *,
+    observe_docker: DockerObservation,
+    confirm: bool,
+    only_paths: Collection[str] | None = None,
+    sleep: Callable[[float], None] | None = None,
+    proc_root: str = "/proc",
+    settled: Callable[[], Collection[str]] | None = None,
+    claimed: Collection[str] = (),
+) -> ReclaimResult:
+    """Remove the orphan offload files (all, or those in ``only_paths``), guarded as the module says.
+
+    Never raises for a source that fails: the result is ``refused`` with the source named. ``sleep`` is the
+    wait between the inspections (tests inject one that changes files meanwhile). ``settled`` reads, for each
+    inspection afresh, the ids of the containers this install recorded healthy (``Ownership.healthy``): a running
+    offload container among them that is seen holding its file does not keep the unowned ones (safety rule 2).
+    ``claimed``: paths of files a stopped container of this install was the only one seen holding (a failed
+    enter's, a leave's own); no running offload container can be making such a file, so none keeps it blocked
+    (it must still be unowned, unchanged, in both inspections, and its lease granted).
+    """
+    t0 = time.monotonic()
+    wanted = None if only_paths is None else set(only_paths)
+
+    def selected(f: ShmFile) -> bool:
+        return wanted is None or f.path in wanted
+
+    base: dict[str, Any] = {"dir": cfg.dir, "pattern": cfg.pattern, "confirmed": confirm}
+    refused_scope = scope_refusal(cfg.dir, cfg.pattern)
+    if refused_scope is not None:
+        return ReclaimResult(**base, refused=refused_scope, elapsed_s=time.monotonic() - t0)
+    try:
+        dir_id = _dir_identity(cfg.dir)
+    except OSError as exc:
+        return ReclaimResult(
+            **base, refused=f"shm.dir {cfg.dir}: {exc.strerror or exc}", elapsed_s=time.monotonic() - t0
+        )
+    refused_mount = tmpfs_mount_refusal(cfg.dir)
+    if refused_mount is not None:
+        return ReclaimResult(**base, refused=refused_mount, elapsed_s=time.monotonic() - t0)
+
+    def inspect() -> ShmView:
+        view = _in_scope(cfg, _inspect(cfg, observe_docker, proc_root, settled=settled() if settled else ()))
+        return _with_claims(view, claimed)
+
+    first = inspect()
+    common: dict[str, Any] = dict(base, tmpfs_before=first.tmpfs, blocking_containers=first.blocking_containers)
+    candidates = [f for f in first.files if f.state == "orphan" and selected(f)]
+    refused = _refusal(first, selected)
+    if refused is not None:
+        # Refused only matters when something could have gone: with no unowned file there is nothing to do.
+        unowned = [f for f in first.files if f.state != "owned" and selected(f)]
+        return ReclaimResult(
+            **common,
+            kept=tuple(_kept_from(first)),
+            refused=refused if unowned or not first.sources_ok else None,
+            verified=confirm and not unowned and first.sources_ok,
+            sources=_sources(first),
+            inspections=1,
+            elapsed_s=time.monotonic() - t0,
+        )
+    if not confirm or not candidates:
+        candidate_paths = {f.path for f in candidates}
+        return ReclaimResult(
+            **common,
+            candidates=tuple(_removable(f) for f in candidates),
+            kept=tuple(_kept_from(first, skip=candidate_paths, selected=selected)),
+            verified=confirm,  # nothing to remove: trivially verified when confirmed
+            sources=_sources(first),
+            tmpfs_after=first.tmpfs if confirm else None,
+            inspections=1,
+            elapsed_s=time.monotonic() - t0,
+        )
+
+    (sleep or time.sleep)(cfg.confirm_interval_s)  # looked up now: a simulated clock replaces the module's time
+    second = inspect()
+    common["blocking_containers"] = tuple(sorted(set(first.blocking_containers) | set(second.blocking_containers)))
+    refused = _refusal(second, selected)
+    if refused is not None:
+        return ReclaimResult(
+            **common,
+            candidates=tuple(_removable(f) for f in candidates),
+            kept=tuple(_kept_from(second)),
+            refused=refused,
+            sources=_sources(second),
+            inspections=2,
+            elapsed_s=time.monotonic() - t0,
+        )
+
+    agreed, kept = compare_inspections(candidates, second, selected=selected)
+    # Never outside the exact set asked for, whatever the inspections said (the last gate before any unlink).
+    agreed = [f for f in agreed if selected(f)]
+    removed, more_kept, errors = _unlink_agreed(cfg.dir, dir_id, agreed, pattern=cfg.pattern)
+    kept += more_kept
+    verified, verify_errors = _verify_absent(cfg.dir, removed)
+    errors += verify_errors
+    handled = {f.path for f in removed} | {k.path for k in kept}
+    kept += [k for k in _kept_from(second, selected=selected) if k.path not in handled]
+    try:
+        after = _tmpfs_of(cfg.dir)
+    except OSError:
+        after = None
+    return ReclaimResult(
+        **common,
+        reclaimed=tuple(removed),
+        candidates=tuple(_removable(f) for f in candidates),
+        kept=tuple(kept),
+        verified=verified and not errors,
+        sources=_sources(second),
+        errors=tuple(errors),
+        tmpfs_after=after,
+        inspections=2,
+        elapsed_s=time.monotonic() - t0,
+    )
+
+
+def compare_inspections(
+    candidates: Sequence[ShmFile], second: ShmView, *, selected: Callable[[ShmFile], bool] = lambda f: True
+) -> tuple[list[ShmFile], list[KeptFile]]:
+    """Pure: the first inspection's orphans that the second sees as the very same unowned file, and the rest."""
+    now = {f.path: f for f in second.files}
+    agreed: list[ShmFile] = []
+    kept: list[KeptFile] = []
+    for f in candidates:
+        g = now.get(f.path)
+        if g is None:
+            skipped = dict(second.skipped).get(f.path)
+            why = f"no longer a candidate: {skipped}" if skipped else "gone before the second inspection"
+            kept.append(KeptFile(f.path, why, "skipped" if skipped else "gone"))
+        elif (g.dev, g.inode) != (f.dev, f.inode):
+            kept.append(KeptFile(f.path, f"replaced between the inspections (inode {f.inode} -> {g.inode})", g.state))
+        elif g.size_bytes != f.size_bytes:
+            kept.append(
+                KeptFile(
+                    f.path, f"size changed between the inspections ({f.size_bytes} -> {g.size_bytes} bytes)", g.state
+                )
+            )
+        elif g.allocated_bytes != f.allocated_bytes:
+            kept.append(
+                KeptFile(
+                    f.path,
+                    f"allocation changed between the inspections ({f.allocated_bytes} -> {g.allocated_bytes} bytes)",
+                    g.state,
+                )
+            )
+        elif g.state != "orphan":
+            kept.append(KeptFile(f.path, f"{g.state} at the second inspection: {g.reason}", g.state))
+        else:
+            agreed.append(g)
+    first_paths = {f.path for f in candidates}
+    for g in second.files:
+        if g.state == "orphan" and g.path not in first_paths and selected(g):
+            kept.append(KeptFile(g.path, "appeared or became unowned after the first inspection", g.state))
+    return agreed, kept
+
+
+# ---------------------------------------------------------------- scope: which dir, which names, which paths
+
+
+def scope_refusal(directory: str, pattern: str) -> str | None:
+    """Pure: why ``shm.dir``/``shm.pattern`` may not be reclaimed from at all (the model's rules, checked again:
+    a config built around the loader, or a later edit of the rules there, must not widen what is deleted)."""
+    problem = check_shm_pattern(pattern) or check_shm_dir(directory)
+    return None if problem is None else f"refusing to reclaim: {problem}"
+
+
+def tmpfs_mount_refusal(directory: str, *, mountinfo_path: str | None = None) -> str | None:
+    """Why ``directory`` is not, right now, a tmpfs mounted exactly there; None when it is.
+
+    Both must agree: statfs(2) on the directory gives TMPFS_MAGIC, and /proc/self/mountinfo has a tmpfs mounted on
+    its real path (which must be the path itself: no symlink on the way). What cannot be read refuses.
+    """
+    fix = "shm.dir must be the mount point of a tmpfs (like /dev/shm); nothing was removed"
+    real = os.path.realpath(directory)
+    if real != directory:
+        return f"refusing to reclaim: shm.dir {directory} is reached through a symlink (real path {real}); {fix}"
+    try:
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        return f"refusing to reclaim: shm.dir {directory}: {exc.strerror or exc}; {fix}"
+    try:
+        ftype = mounts.fs_magic(dfd)
+    finally:
+        os.close(dfd)
+    if ftype is None:
+        return f"refusing to reclaim: statfs of shm.dir {directory} failed, cannot tell whether it is a tmpfs; {fix}"
+    if ftype != mounts.TMPFS_MAGIC:
+        return (
+            f"refusing to reclaim: shm.dir {directory} is not a tmpfs (statfs f_type 0x{ftype:08x}, not "
+            f"0x{mounts.TMPFS_MAGIC:08x}); {fix}"
+        )
+    mountinfo_path = mountinfo_path or mounts.MOUNTINFO
+    try:
+        mountinfo = mounts.read_mountinfo(mountinfo_path)
+    except OSError as exc:
+        return f"refusing to reclaim: {mountinfo_path} cannot be read ({exc.strerror or exc}); {fix}"
+    at = mounts.mount_at(real, mounts.parse_mountinfo(mountinfo))
+    fstype = at.fstype if at is not None else None
+    if fstype is None:
+        return f"refusing to reclaim: shm.dir {directory} is inside a tmpfs but not its mount point ({mountinfo_path}); {fix}"
+    if fstype != "tmpfs":
+        return f"refusing to reclaim: shm.dir {directory} is mounted as {fstype}, not tmpfs ({mountinfo_path}); {fix}"
+    return None
+
+
+def path_refusal(directory: str, pattern: str, path: str) -> str | None:
+    """Why a path an inspection returned may never be a candidate; None when it is a plain file of the dir whose
+    name matches the pattern exactly. Reads the file's lstat and real path (never follows a symlink for a verdict)."""
+    parent, name = os.path.split(path)
+    if parent != directory or not name or name in (".", ".."):
+        return f"not directly inside shm.dir {directory}"
+    if not fnmatch.fnmatchcase(name, pattern):
+        return f"name does not match shm.pattern {pattern!r}"
+    try:
+        s = os.lstat(path)
+    except OSError as exc:
+        return f"cannot be examined: {exc.strerror or exc}"
+    if st_mode.S_ISLNK(s.st_mode):
+        return "a symlink: never followed, never removed"
+    if not st_mode.S_ISREG(s.st_mode):
+        return "not a regular file"
+    if os.path.dirname(os.path.realpath(path)) != os.path.realpath(directory):
+        return f"its real path lies outside shm.dir {directory}"
+    return None
+
+
+def _in_scope(cfg: ShmConfig, view: ShmView) -> ShmView:
+    """The view with every file that fails ``path_refusal`` moved to ``skipped``: never a candidate."""
+    keep: list[ShmFile] = []
+    skipped = list(view.skipped)
+    for f in view.files:
+        why = path_refusal(cfg.dir, cfg.pattern, f.path)
+        if why is None:
+            keep.append(f)
+        else:
+            skipped.append((f.path, why))
+    if len(keep) == len(view.files):
+        return view
+    return replace(view, files=tuple(keep), skipped=tuple(skipped))
+
+
+def _dir_identity(path: str) -> tuple[int, int]:
+    s = os.stat(path)
+    if not st_mode.S_ISDIR(s.st_mode):
+        raise NotADirectoryError(20, "not a directory", path)
+    return s.st_dev, s.st_ino
+
+
+def _tmpfs_of(path: str) -> Tmpfs:
+    v = os.statvfs(path)
+    return Tmpfs(v.f_blocks * v.f_frsize, (v.f_blocks - v.f_bfree) * v.f_frsize, v.f_bavail * v.f_frsize)
+
+
+# ---------------------------------------------------------------- the last gate: the kernel's write lease
+#
+# fcntl(2): F_SETLEASE with F_WRLCK is granted only when no other open file description of the file exists (a
+# mapping keeps its own, so a process that mapped the file and closed every descriptor still counts); checked on
+# tmpfs by tests/test_shm_handoff.py. Leases need the file's owner or CAP_LEASE (root), and
+# /proc/sys/fs/leases-enable set. An opener while the lease is held waits for its release (at most
+# /proc/sys/fs/lease-break-time) and the owner gets a signal: SIGIO unless F_SETSIG names another, and SIGIO's
+# default action ends the process, so the gate names SIGURG, whose default is to ignore it.
+F_SETLEASE = 1024
+F_GETLEASE = 1025
+F_SETSIG = 10
+LEASE_SIGNAL = signal.SIGURG
+LEASES_ENABLE = "/proc/sys/fs/leases-enable"
+LEASE_REFUSED = "lease_refused"
+
+
+class LeaseRefused(Exception):
+    """The kernel did not grant the write lease: the file is kept. ``code`` is the refusal's reason key."""
+
+    def __init__(self, message: str, code: str = LEASE_REFUSED):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Lease:
+    """A granted write lease on one open file (``take_lease``); ``release`` ends it and closes the descriptor."""
+
+    fd: int
+    stat: os.stat_result
+
+    def intact(self) -> bool:
+        """Still the write lease: no opener has started to break it."""
+        try:
+            return fcntl.fcntl(self.fd, F_GETLEASE) == fcntl.F_WRLCK
+        except OSError:
+            return False
+
+    def release(self) -> None:
+        with contextlib.suppress(OSError):  # closing the descriptor ends the lease all the same
+            fcntl.fcntl(self.fd, F_SETLEASE, fcntl.F_UNLCK)
+        os.close(self.fd)
+
+
+def _leases_off() -> bool:
+    try:
+        with open(LEASES_ENABLE, encoding="ascii") as fh:
+            return fh.read().strip() == "0"
+    except OSError:
+        return False
+
+
+def take_lease(dfd: int, name: str) -> Lease:
+    """A write lease on the file ``name`` of the opened directory ``dfd``, or LeaseRefused saying why.
+
+    Opened ``O_RDONLY`` (a descriptor open for writing would itself count against a write lease),
+    ``O_NOFOLLOW`` (never a symlink's target) and ``O_NONBLOCK`` (a lease someone else holds refuses at once,
+    rather than waiting out its break time). FileNotFoundError passes through: the name is gone.
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, dir_fd=dfd)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise LeaseRefused("another process holds a lease on it: it is in use") from None
+        raise LeaseRefused(f"cannot open it for the write lease: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not st_mode.S_ISREG(st.st_mode):
+            raise LeaseRefused("not a regular file when opened for the write lease")
+        fcntl.fcntl(fd, F_SETSIG, LEASE_SIGNAL)
+        fcntl.fcntl(fd, F_SETLEASE, fcntl.F_WRLCK)
+    except LeaseRefused:
+        os.close(fd)
+        raise
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EAGAIN, errno.EBUSY):
+            why = "the kernel refused the write lease: another open file description of it exists (a process maps it or holds it open)"
+        elif exc.errno in (errno.EACCES, errno.EPERM):
+            why = "the kernel refused the write lease: leases need the file's owner or CAP_LEASE (run as root)"
+        elif exc.errno == errno.EINVAL and _leases_off():
+            why = f"the kernel refused the write lease: leases are off ({LEASES_ENABLE} is 0; set it to 1)"
+        else:
+            why = f"the kernel refused the write lease: {exc.strerror or exc}"
+        raise LeaseRefused(why) from None
+    return Lease(fd, st)
+
+
+def lease_kept(f: ShmFile, exc: LeaseRefused) -> KeptFile:
+    """The kept entry for a file whose lease was refused (the simulation's unlink builds it here too)."""
+    return KeptFile(f.path, f"{exc}; not removed", f.state, code=exc.code)
+
+
+def _unlink_agreed(
+    directory: str, dir_id: tuple[int, int], agreed: Sequence[ShmFile], *, pattern: str | None = None
+) -> tuple[list[RemovedFile], list[KeptFile], list[str]]:
+    """Unlink each agreed file by name inside the opened dir, re-checking it is still that file first (and, with
+    ``pattern``, that it is a name of the dir matching it exactly)."""
+    removed: list[RemovedFile] = []
+    kept: list[KeptFile] = []
+    errors: list[str] = []
+    if not agreed:
+        return removed, kept, errors
+    try:
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        msg = f"{directory}: cannot open: {exc.strerror or exc}"
+        return removed, [KeptFile(f.path, msg, f.state) for f in agreed], [msg]
+    try:
+        d = os.fstat(dfd)
+        if (d.st_dev, d.st_ino) != dir_id:
+            msg = f"{directory} was replaced during the reclaim (device/inode changed); nothing removed"
+            return removed, [KeptFile(f.path, msg, f.state) for f in agreed], [msg]
+        for f in agreed:
+            parent, name = os.path.split(f.path)
+            if parent != directory or not name or (pattern is not None and not fnmatch.fnmatchcase(name, pattern)):
+                kept.append(KeptFile(f.path, "not a name of shm.dir matching shm.pattern: never removed", "skipped"))
+                continue
+            try:
+                lease = take_lease(dfd, name)
+            except FileNotFoundError:
+                kept.append(KeptFile(f.path, "gone before removal (removed by someone else)", "gone"))
+                continue
+            except LeaseRefused as exc:
+                kept.append(lease_kept(f, exc))
+                continue
+            try:
+                s = lease.stat
+                try:
+                    named = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                except FileNotFoundError:
+                    kept.append(KeptFile(f.path, "gone before removal (removed by someone else)", "gone"))
+                    continue
+                if (
+                    not st_mode.S_ISREG(s.st_mode)
+                    or s.st_nlink != 1
+                    or (named.st_dev, named.st_ino) != (s.st_dev, s.st_ino)
+                    or (s.st_dev, s.st_ino, s.st_size) != (f.dev, f.inode, f.size_bytes)
+                ):
+                    kept.append(
+                        KeptFile(f.path, "changed just before removal (not the inspected file any more)", f.state)
+                    )
+                    continue
+                if not lease.intact():
+                    kept.append(
+                        lease_kept(f, LeaseRefused("a process opened it while the write lease was held: in use"))
+                    )
+                    continue
+                try:
+                    os.unlink(name, dir_fd=dfd)
+                except FileNotFoundError:
+                    kept.append(KeptFile(f.path, "gone before removal (removed by someone else)", "gone"))
+                    continue
+                except OSError as exc:
+                    kept.append(KeptFile(f.path, f"unlink failed: {exc.strerror}", f.state))
+                    errors.append(f"{f.path}: unlink failed: {exc.strerror}")
+                    continue
+            finally:
+                lease.release()
+            removed.append(RemovedFile(f.path, s.st_size, s.st_blocks * 512, s.st_dev, s.st_ino))
+    finally:
+        os.close(dfd)
+    return removed, kept, errors
+
+
+def _verify_absent(directory: str, removed: Sequence[RemovedFile]) -> tuple[bool, list[str]]:
+    """Every removed name must be absent now; a name present again (re-created meanwhile) is reported."""
+    errors = []
+    for f in removed:
+        try:
+            s = os.stat(f.path, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            errors.append(f"{f.path}: cannot verify removal: {exc.strerror}")
+            continue
+        if (s.st_dev, s.st_ino) == (f.dev, f.inode):
+            errors.append(f"{f.path}: still present after unlink")
+        else:
+            errors.append(f"{f.path}: removed, but a new file of that name appeared right after (inode {s.st_ino})")
+    return not errors, errors

@@ -1,0 +1,284 @@
+"""The command line: ``reconciler validate | plan | apply | run | status | shm``.
+
+The entry point of the console script. Every command takes ``--root`` and ``--json`` (before or after the
+command name). Exit codes are part of the contract (docs/design.md, "The command line"): plan 0 nothing to do, 2 changes pending,
+3 blocked, 1 error. While ``reconciler run`` runs for the host, the commands in ``LOOP_COMMANDS`` are answered by it
+(``reconciler.control``): ``main`` hands them over before importing anything of the model, and the loop runs them
+through ``run_command`` as this process would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+from reconciler import __version__
+from reconciler.cli.common import (
+    EXIT_BLOCKED,
+    EXIT_CHANGES,
+    EXIT_ERROR,
+    EXIT_OK,
+    console,
+    default_root,
+    emit_json,
+    service,
+)
+
+if TYPE_CHECKING:
+    from reconciler.base.errors import ConfigError
+
+# Nothing heavy is imported at module level: `reconciler --help` and a mistyped command pay for argparse only,
+# and each command imports what it needs (pydantic, the engine client, NVML, rich) when it runs.
+__all__ = ["EXIT_BLOCKED", "EXIT_CHANGES", "EXIT_ERROR", "EXIT_OK", "emit_json", "main"]
+
+# What a running loop answers (``reconciler.control``): every command that reads or changes the host through the
+# service layer. ``validate``, ``schema`` and ``completion`` read files only; ``run`` and ``mcp`` are servers.
+LOOP_COMMANDS = frozenset({"plan", "status", "audit", "probe", "apply", "adopt", "shm status", "shm reclaim"})
+
+
+def command_name(args: argparse.Namespace) -> str:
+    """``plan``, ``shm status``, ...: the command with its subcommand."""
+    sub = getattr(args, "shm_command", None)
+    return f"{args.command} {sub}" if sub else str(args.command)
+
+
+def report_config_error(exc: ConfigError, args: argparse.Namespace) -> int:
+    con = console(args)
+    for p in exc.problems:
+        print(str(p), file=con.err)
+    if getattr(args, "json", False):
+        problems = [{"path": p.path, "line": p.line, "message": p.message} for p in exc.problems]
+        err = {"code": "config_invalid", "message": "the files do not validate", "problems": problems}
+        emit_json(
+            {"valid": False, "errors": problems, "error": err} if args.command == "validate" else {"error": err},
+            con.out,
+        )
+    return EXIT_ERROR
+
+
+def error_code(exc: BaseException) -> str:
+    """A stable word for an error's kind, from its class: ``LockHeld`` -> ``lock_held``, ``StateError`` ->
+    ``state``; the root class is plain ``error``."""
+    import re
+
+    name = re.sub(r"Error$", "", type(exc).__name__)
+    if name == "Reconciler" or not name:
+        return "error"
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def report_error(args: argparse.Namespace, code: str, message: str) -> None:
+    """An error that ends a command: on stderr, and with ``--json`` also as ``{"error": {"code", "message"}}`` on
+    stdout, so a program reading stdout always gets a JSON answer that says what went wrong."""
+    con = console(args)
+    print(f"error: {message}" if code != "interrupted" else message, file=con.err)
+    if getattr(args, "json", False):
+        emit_json({"error": {"code": code, "message": message}}, con.out)
+
+
+# ---------------------------------------------------------------- commands
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from reconciler.load.loader import load_desired
+
+    desired = load_desired(args.root)
+    if args.json:
+        emit_json(
+            {
+                "valid": True,
+                "host": desired.host.name,
+                "manifest": desired.manifest_path,
+                "recipes": sorted(desired.recipes),
+                "assignments": [
+                    {"recipe": a.recipe, "gpus": list(a.slots), "recipe_hash": a.recipe_hash}
+                    for a in desired.assignments
+                ],
+            }
+        )
+    else:
+        print(
+            f"valid: host {desired.host.name}, {len(desired.recipes)} recipe(s), "
+            f"{len(desired.assignments)} assignment(s) in {desired.manifest_path}",
+            file=console(args).out,
+        )
+    return EXIT_OK
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    con = console(args)
+    res = service(args).plan(out=args.out)
+    if args.out:
+        print(f"plan saved to {args.out}; apply exactly it with `reconciler apply {args.out}`", file=con.err)
+    if args.json:
+        emit_json(res.to_json(), con.out)
+    else:
+        from reconciler.service.render import render_plan
+
+        print(render_plan(res.plan, res.observed, con.style()), file=con.out)
+    if res.exit_code == EXIT_ERROR:
+        for s in res.observed.unavailable():
+            print(f"error: {s.name} source unavailable: {s.detail}", file=con.err)
+    return res.exit_code
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from reconciler.service.render import render_status
+
+    con = console(args)
+    res = service(args).status()
+    if args.json:
+        emit_json(res.to_json(), con.out)
+    else:
+        print(render_status(res.data, con.style()), file=con.out)
+    for s in res.observed.unavailable():
+        print(f"error: {s.name} source unavailable: {s.detail}", file=con.err)
+    return res.exit_code
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    con = console(args)
+    res = service(args).audit(since=_since(args.since))
+    if args.json:
+        emit_json(res.to_json(), con.out)
+        return res.exit_code
+    if res.records:
+        from reconciler.service.render import render_audit
+
+        print(render_audit(res.records), file=con.out)
+    else:
+        print("no audit records" + (f" since {args.since}" if args.since else ""), file=con.err)
+    return res.exit_code
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    """The MCP server over stdin/stdout, for the client that starts it (no token: that client owns the process)."""
+    from reconciler.mcp_server import serve_stdio
+
+    return serve_stdio(args.root)
+
+
+def _since(text: str | None) -> float | None:
+    """``--since``, parsed by the service layer like the API's ``since``."""
+    from reconciler.base.errors import ReconcilerError
+    from reconciler.service import parse_since
+
+    try:
+        return parse_since(text)
+    except ValueError as exc:
+        raise ReconcilerError(f"--since {text!r}: {exc}") from None
+
+
+# ---------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: the value given before the command name stays unless repeated after it.
+    common.add_argument(
+        "--root",
+        default=argparse.SUPPRESS,
+        help="directory holding configs/ and manifests/ (default: $RECONCILER_ROOT or .)",
+    )
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+    # `mcp` speaks JSON-RPC on stdio whatever is asked: it takes --root alone.
+    root_only = argparse.ArgumentParser(add_help=False)
+    root_only.add_argument("--root", default=argparse.SUPPRESS, help=common._actions[0].help)
+
+    parser = argparse.ArgumentParser(
+        prog="reconciler",
+        description="Make a GPU serving host match its manifest: recipes on GPU slots, guarded offload shm.",
+    )
+    parser.add_argument(
+        "--root", default=None, help="directory holding configs/ and manifests/ (default: $RECONCILER_ROOT or .)"
+    )
+    parser.add_argument("--json", action="store_true", default=False, help="machine-readable output")
+    parser.add_argument("--version", action="version", version=f"reconciler {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("validate", parents=[common], help="check host, recipes and manifests (0 valid, 1 invalid)")
+    p.set_defaults(func=cmd_validate)
+    p = sub.add_parser(
+        "plan", parents=[common], help="dry run: what would change and why (0 none, 2 pending, 3 blocked, 1 error)"
+    )
+    p.add_argument(
+        "--out",
+        metavar="FILE",
+        help="also save the plan, with a fingerprint of what it was made from, for `reconciler apply FILE`",
+    )
+    p.set_defaults(func=cmd_plan)
+    p = sub.add_parser("status", parents=[common], help="what is on each GPU slot, containers, shm, converged or not")
+    p.set_defaults(func=cmd_status)
+    p = sub.add_parser("audit", parents=[common], help="the audit trail: every action by every front-end and the loop")
+    p.add_argument(
+        "--since", metavar="WHEN", help="only records since: an age (15m, 2h, 7d), an ISO time or epoch seconds"
+    )
+    p.set_defaults(func=cmd_audit)
+    p = sub.add_parser(
+        "mcp",
+        parents=[root_only],
+        help="MCP server over stdio (host_status, host_plan, "
+        "host_shared_memory, host_probe, host_manage) until its client closes it",
+    )
+    p.set_defaults(func=cmd_mcp)
+
+    # Late imports: the parser pays for these modules only when it is built.
+    from reconciler.cli.apply import add_commands as add_apply
+    from reconciler.cli.shm import add_commands as add_shm
+    from reconciler.cli.tools import add_commands as add_tools
+
+    add_apply(sub, parents=[common])
+    add_shm(sub, parents=[common])
+    add_tools(sub, root=parser)
+    _describe(parser)
+    return parser
+
+
+def _describe(parser: argparse.ArgumentParser) -> None:
+    """Each subcommand's ``--help`` opens with the line the command list shows for it, where it has no longer
+    description of its own."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help for a in action._choices_actions}
+            for name, sub in action.choices.items():
+                if sub.description is None and helps.get(name):
+                    sub.description = helps[name]
+                _describe(sub)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(argv)
+    if args.root is None:
+        args.root = default_root()
+    if command_name(args) in LOOP_COMMANDS:
+        from reconciler.control import submit
+
+        answered = submit(args, argv)
+        if answered is not None:
+            return answered
+    return run_command(args)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run a parsed command; its errors printed as the command line prints them, with their exit code. Called by
+    ``main`` and, for a client, by the running loop (``reconciler.control``)."""
+    from reconciler.base.errors import ConfigError, ReconcilerError
+
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        return report_config_error(exc, args)
+    except ReconcilerError as exc:
+        report_error(args, error_code(exc), str(exc))
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        report_error(args, "interrupted", "interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

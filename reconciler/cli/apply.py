@@ -1,0 +1,344 @@
+"""``reconciler apply``: one converge pass with the plan shown first. Exit 0 converged, 3 blocked, 1 failed.
+
+Registered by ``reconciler.cli``. Holds the host lock for the pass; SIGINT/SIGTERM abandon the current action at a
+safe point (everything created already carries its labels) and exit non-zero. When the running loop carries out an
+apply for a client (``reconciler.control``), it holds the loop's pass lock instead, lets passes run while the prompt
+waits for its answer, and the client's Ctrl-C is the safe stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
+
+from reconciler.cli.common import EXIT_ERROR, console, emit_json, service
+
+if TYPE_CHECKING:
+    from reconciler.service import ApplyResult
+
+
+APPROVAL_HELP = (
+    "apply changes the host only when approved: answer its prompt on a terminal, pass --yes, or save a plan with "
+    "`reconciler plan --out FILE` and run `reconciler apply FILE`"
+)
+
+
+def _stale(res: ApplyResult, args: argparse.Namespace) -> int:
+    """A plan whose inputs changed: say what changed and show the plan as it would be now. Exit 1."""
+    from reconciler.service.render import render_plan
+
+    con = console(args)
+    if args.json:
+        emit_json(res.to_json(), con.out)
+        return res.exit_code
+    print(f"{res.message}; nothing was changed. What changed:", file=con.err)
+    for line in res.changes[:40]:
+        print(f"  {line}", file=con.err)
+    if len(res.changes) > 40:
+        print(f"  ... and {len(res.changes) - 40} more", file=con.err)
+    if res.now is not None:
+        print("The plan now:", file=con.err)
+        print(render_plan(res.now, res.observed, con.style(con.err)), file=con.err)
+    return res.exit_code
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    from reconciler.loop.progress import TerminalProgress
+    from reconciler.service import ApplyResult
+    from reconciler.service.render import render_plan
+
+    con = console(args)
+    svc = service(args)
+    cancel = con.cancel or threading.Event()
+
+    def stop(signum: int, _frame: Any) -> None:
+        cancel.set()
+        print(f"\n{signal.Signals(signum).name}: finishing at the next safe point", file=sys.stderr)
+
+    progress = TerminalProgress(con.err, quiet=args.json)
+    # Inside the loop the client takes the signals and says so (reconciler.control); here the process does.
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)} if con.local else {}
+    try:
+        if args.plan_file:
+            res = svc.apply_saved(args.plan_file, progress=progress, cancel=cancel)
+            if res.passed is None:
+                return _stale(res, args)
+            result = res.passed
+        else:
+            with svc.apply_session(progress=progress, cancel=cancel) as session:
+                if not args.json:
+                    print(render_plan(session.plan, session.observed, con.style()), file=con.out)
+                    con.out.flush()  # the plan comes before the progress lines (stderr), also when piped
+                first = session.plan
+                acts = bool(first.actions) and not first.unavailable
+                if acts and not args.yes:
+                    if args.json or not con.stdin_tty:
+                        why = "--json never prompts" if args.json else "no terminal to ask on"
+                        svc.record_refusal("apply", f"not approved ({why})")
+                        message = f"{why}; nothing was changed. {APPROVAL_HELP}"
+                        print(f"error: {message}", file=con.err)
+                        if args.json:
+                            # The plan it would have run, and why it did not: stdout is never empty under --json.
+                            emit_json(
+                                {
+                                    "host": first.host,
+                                    "result": "error",
+                                    "plan": first.to_json(),
+                                    "error": {"code": "approval_required", "message": message},
+                                },
+                                con.out,
+                            )
+                        return EXIT_ERROR
+                    # A loop's passes go on while a person decides (the host lock of a stand-alone apply stays held).
+                    with svc.released():
+                        answer = con.ask(f"Apply {len(first.actions)} action(s)? [y/N] ").strip().lower()
+                    if answer not in ("y", "yes"):
+                        print("nothing changed", file=con.err)
+                        return EXIT_ERROR
+                    # What runs is what was shown: a change while the prompt waited means another plan.
+                    changes = session.refresh()
+                    if changes:
+                        message = "the host or its files changed while the plan waited for approval"
+                        return _stale(
+                            ApplyResult(
+                                first.host,
+                                changes=changes,
+                                message=message,
+                                now=session.plan,
+                                observed=session.observed,
+                            ),
+                            args,
+                        )
+                result = session.run()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if args.json:
+        emit_json(result.to_json(), con.out)
+    else:
+        s = con.style()
+        if result.result == "converged":
+            print(s.green(f"converged in {result.seconds:.1f}s ({len(result.outcomes)} action(s))"), file=con.out)
+        elif result.result == "blocked":
+            print(s.red(f"blocked: {result.message}"), file=con.err)
+        else:
+            print(s.red(f"{result.result}: {result.message}"), file=con.err)
+    return result.exit_code
+
+
+def cmd_adopt(args: argparse.Namespace) -> int:
+    """Make containers that carry this host's labels but no install id (made by an earlier version of this tool)
+    this install's, by name or id. Explicit and logged: nothing is ever adopted silently."""
+    con = console(args)
+    res = service(args).adopt(args.containers)
+    for line in res.notes:
+        print(line, file=con.err)
+    if args.json:
+        emit_json(res.to_json(), con.out)
+    else:
+        for c in res.adopted:
+            print(
+                f"adopted {c['name']} ({c['id'][:12]}, {c['recipe'] or 'no recipe'} on "
+                f"{','.join(c['slots']) or 'no slot'})",
+                file=con.out,
+            )
+    return res.exit_code
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    """The failed containers kept for their logs: shown (a dry run), removed with ``--confirm``. Exit 0 done or
+    nothing to do, 1 when one could not be removed."""
+    con = console(args)
+    res = service(args).prune(confirm=args.confirm)
+    if args.json:
+        emit_json(res.to_json(), con.out)
+        return res.exit_code
+    if not res.kept_failed:
+        print("no failed containers kept", file=con.out)
+        return res.exit_code
+    for c in res.kept_failed:
+        code = "" if c["exit_code"] is None else f" with code {c['exit_code']}"
+        where = f"{c['recipe'] or 'no recipe'} on {','.join(c['gpus']) or 'no slot'}"
+        gone = " - removed" if c["name"] in res.removed else ""
+        print(f"  {c['name']} ({c['id'][:12]}, {where}, {c['state']}{code}){gone}", file=con.out)
+    for f in res.failed:
+        print(f"error: {f['name']}: {f['reason']}", file=con.err)
+    if not res.confirmed:
+        print(
+            f"{len(res.kept_failed)} failed container(s) kept for their logs; dry run: "
+            "`reconciler prune --confirm` removes them",
+            file=con.out,
+        )
+    return res.exit_code
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    """Run one suite of a recipe's functional probes against its running lane now, sampling its cards' free VRAM
+    meanwhile. Exit 0 all passed (and the reserve held, under enforce), 1 otherwise."""
+    con = console(args)
+    res = service(args).probe(args.recipe, suite=args.suite)
+    if args.json:
+        emit_json(res.to_json(), con.out)
+        return res.exit_code
+    out = con.out
+    where = ", ".join(res.containers) or "no running container of it (the probes ask its URL anyway)"
+    print(f"recipe {res.recipe} on host {res.host}, suite {args.suite}: {where}", file=out)
+    if not res.results:
+        print(f'  no probes in suite {args.suite}: add [[probes]] with suite = "{args.suite}" to the recipe', file=out)
+    if not res.containers and res.results and not any(r.ok for r in res.results):
+        # No lane runs and nothing answered: one line, not the same connection error once per probe.
+        print(
+            f"  FAIL not running: none of the {len(res.results)} probe(s) was answered ({res.results[0].detail})",
+            file=out,
+        )
+    else:
+        for r in res.results:
+            print(f"  {'ok  ' if r.ok else 'FAIL'} {r.name:<16} {r.kind:<11} {r.seconds:6.2f}s  {r.detail}", file=out)
+    vram = res.run.vram if res.run is not None else None
+    if vram is not None and vram.checked:
+        for low in vram.slots:
+            print(f"  {'BELOW' if low.below_reserve else 'vram '} {low.describe()}", file=out)
+        for slot in vram.unknown:
+            print(f"  vram  {slot}: free VRAM not sampled", file=out)
+        if vram.below and not vram.failed:
+            print("  (gpu_reserve policy report: said, not failed)", file=out)
+    print(f"{sum(r.ok for r in res.results)}/{len(res.results)} probe(s) passed", file=out)
+    return res.exit_code
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from reconciler.base.errors import ReconcilerError
+    from reconciler.loop import Log, Loop
+    from reconciler.loop.backoff import Backoff
+
+    loop = Loop(
+        args.root,
+        metrics_addr=args.metrics_addr or None,
+        resync_s=args.resync,
+        debounce_s=args.debounce,
+        log=Log(args.log_format),
+        backoff=Backoff(base_s=args.backoff_base, max_s=args.backoff_max),
+        api_token_file=args.api_token_file,
+        api_allow_remote=args.api_allow_remote,
+        api_hosts=tuple(args.api_host),
+    )
+    try:
+        return loop.run()
+    except ReconcilerError as exc:
+        # Before the loop could start (the host lock, the metrics address): one log line in the loop's own
+        # format, so a supervisor reading JSON sees why, and exit 1 (never a traceback).
+        loop.log("exit", reason="cannot start", error=str(exc))
+        return EXIT_ERROR
+
+
+def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("apply", parents=parents, help="one converge pass (0 converged, 3 blocked, 1 failed)")
+    p.add_argument(
+        "plan_file",
+        nargs="?",
+        metavar="FILE",
+        help="a plan saved by `reconciler plan --out FILE`: apply exactly it, refused when the host or files changed",
+    )
+    p.add_argument(
+        "--yes", "-y", action="store_true", help="approve the plan shown without asking (needed without a terminal)"
+    )
+    p.set_defaults(func=cmd_apply)
+
+    p = sub.add_parser(
+        "adopt",
+        parents=parents,
+        help="make containers with this host's labels but no install id (an earlier version's) this install's",
+    )
+    p.add_argument("containers", nargs="+", metavar="CONTAINER", help="name or id")
+    p.set_defaults(func=cmd_adopt)
+
+    p = sub.add_parser(
+        "prune",
+        parents=parents,
+        help="the failed containers kept for their logs: a dry run unless --confirm removes them (0 done, 1 failed)",
+    )
+    p.add_argument("--confirm", action="store_true", help="remove them (default: only show them)")
+    p.set_defaults(func=cmd_prune)
+
+    p = sub.add_parser(
+        "probe",
+        parents=parents,
+        help="run a recipe's functional probes against its running lane (0 all passed, 1 any failed)",
+    )
+    p.add_argument("recipe", metavar="RECIPE", help="the recipe's name (its file stem under configs/recipes/)")
+    p.add_argument(
+        "--suite",
+        choices=("preflight", "regression", "all"),
+        default="preflight",
+        help="which probes: preflight (what every enter runs), regression (on demand), or all (default: %(default)s)",
+    )
+    p.set_defaults(func=cmd_probe)
+
+    p = sub.add_parser(
+        "run",
+        parents=parents,
+        help="the loop: watch and converge; serve /metrics, /healthz, the HTTP API (/v1) and MCP (/mcp)",
+        epilog="Signals: SIGHUP looks again now (a pass, as an edit does); SIGTERM or SIGINT ends the loop once the "
+        "action in flight has finished or been abandoned safely. The lanes keep running when the loop stops: it "
+        "never stops a lane on its own exit (to stop them, assign nothing and apply).",
+    )
+    p.add_argument(
+        "--metrics-addr",
+        default="127.0.0.1:9464",
+        help="HOST:PORT for /metrics, /healthz, /v1 and /mcp ('' = off); loopback unless --api-allow-remote "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--api-token-file",
+        metavar="FILE",
+        help="the bearer token of /v1 and /mcp (a 0600 file; default $RECONCILER_API_TOKEN, else one "
+        "generated into $RECONCILER_STATE_DIR/HOST/api-token)",
+    )
+    p.add_argument(
+        "--api-allow-remote",
+        action="store_true",
+        help="allow a non-loopback --metrics-addr (needs --api-token-file or $RECONCILER_API_TOKEN)",
+    )
+    p.add_argument(
+        "--api-host",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="a name clients reach the listener by (its Host header), besides its address; repeatable. "
+        "Any other name is refused (421), against DNS rebinding",
+    )
+    p.add_argument(
+        "--resync",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="look again at least this often (default: %(default)g)",
+    )
+    p.add_argument(
+        "--debounce",
+        type=float,
+        default=0.1,
+        metavar="SECONDS",
+        help="quiet time after a file event (default: %(default)g)",
+    )
+    p.add_argument(
+        "--log-format", choices=("text", "json"), default="text", help="one line per event (default: %(default)s)"
+    )
+    p.add_argument(
+        "--backoff-base",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="first delay after a failed enter (default: %(default)g)",
+    )
+    p.add_argument(
+        "--backoff-max",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="longest delay between enters (default: %(default)g)",
+    )
+    p.set_defaults(func=cmd_run)

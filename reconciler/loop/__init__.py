@@ -1,0 +1,840 @@
+"""``reconciler run``: the level-triggered loop.
+
+Triggers only say "look again": a change under manifests/ or configs/ (watchdog, debounced so an editor's
+save-rename-save is one trigger), a Docker event of a container (start, die, destroy), SIGHUP, a backoff that
+expires, and the resync timer. Every cycle re-reads everything and runs the same plan/apply as ``reconciler apply``.
+An invalid edit never tears anything down: the loop keeps the last valid desired state and exports the error.
+Serves ``/metrics``, ``/healthz``, the HTTP API (``/v1``) and MCP (``/mcp``) on one listener (``reconciler.api``); a
+destructive call from those takes the pass lock, so it never runs during a pass; so does a command of the command line,
+which the loop answers on its socket in the runtime directory (``reconciler.control``). Holds the host lock for its
+whole life. Called by ``reconciler.cli.apply``.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import queue
+import re
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from reconciler import __version__
+from reconciler.apply import Applier, Outcome, PassResult
+from reconciler.base import sdnotify
+from reconciler.base.errors import ConfigError, ReconcilerError, one_line
+from reconciler.base.redact import redact_data
+from reconciler.base.units import clip, iso_time
+from reconciler.load.loader import load_desired
+from reconciler.loop.backoff import Backoff
+from reconciler.loop.progress import LogProgress
+from reconciler.model import DesiredState, assignment_key, container_name
+from reconciler.observe.docker_obs import EVENT_ACTIONS, DockerObserver, EventFilter
+from reconciler.plan.planner import ActionKind, Plan
+from reconciler.store.lock import HostLock, clear_loop_state, state_path, write_loop_state
+
+# The planner's reason for the leave of a container that stopped by itself ("NAME is exited with code 137").
+_CRASHED = re.compile(r"\bexited with code (-?\d+)")
+# How long after a container's "die" event the loop looks again (the engine's list lags behind the event).
+_DIE_SETTLE_S = 1.0
+# The longest wait between two attempts to reach the engine's event stream while it does not answer: once it
+# answers again, the loop looks again within this time (not only at the next resync).
+_EVENTS_RETRY_MAX_S = 5.0
+# How an apply pass maps to the pass results exported as metrics.
+_PASS_RESULT = {"converged": "converged", "held": "blocked", "blocked": "blocked", "failed": "failed"}
+
+
+class MetricsAddrUnusable(ReconcilerError):
+    """``--metrics-addr`` cannot be listened on (in use, not a local address, not HOST:PORT)."""
+
+
+class Log:
+    """One line per event: ``ts event key=value`` or, with json, one JSON object per line.
+
+    Times are ISO 8601 in UTC (``Z``); in JSON a time field (``until``) stays epoch seconds. In text, a long value
+    (a failed enter quotes its container's log) is cut at a word boundary with an ellipsis after ``TEXT_FIELD_MAX``
+    characters, so a line stays readable in a terminal; JSON lines are never cut: they are for machines, which want
+    the whole value.
+    """
+
+    TEXT_FIELD_MAX = 200
+
+    def __init__(self, fmt: str = "text", stream: TextIO | None = None):
+        self.fmt = fmt
+        self.stream = stream or sys.stderr
+        self._lock = threading.Lock()
+
+    def __call__(self, event: str, **fields: Any) -> None:
+        from reconciler.base.redact import redact_fields
+
+        fields = redact_fields(fields)  # secrets never reach a log line (docs/design.md, safety rule 10)
+        ts = iso_time(time.time(), utc=True, ms=True)
+        if self.fmt == "json":
+            line = json.dumps({"ts": ts, "event": event, **fields}, default=str)
+        else:
+            parts = " ".join(f"{k}={_text(_shown(k, v, self.TEXT_FIELD_MAX))}" for k, v in fields.items())
+            line = f"{ts} {event} {parts}".rstrip()
+        with self._lock:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+
+
+# Fields that hold a time as epoch seconds: JSON keeps the number (machines compute with it), text shows ISO 8601.
+_TIME_FIELDS = frozenset({"until"})
+
+
+# Fields never cut: the tool's own error messages, which end with the fix (a cut would drop it).
+_WHOLE_FIELDS = frozenset({"error"})
+
+
+def _shown(key: str, v: Any, limit: int) -> str:
+    if key in _TIME_FIELDS and isinstance(v, (int, float)) and not isinstance(v, bool):
+        return iso_time(float(v), utc=True, ms=True)
+    return str(v) if key in _WHOLE_FIELDS else clip(str(v), limit)
+
+
+def _text(v: Any) -> str:
+    s = str(v)
+    if not s.isprintable() or '"' in s or "\\" in s:
+        # A control character (a newline from a request path) would start a forged line: quoted, escaped, and any
+        # line separator JSON leaves alone (U+2028, U+0085) escaped too.
+        return one_line(json.dumps(s, ensure_ascii=False))
+    return json.dumps(s, ensure_ascii=False) if (" " in s or "=" in s or not s) else s
+
+
+@dataclass
+class Triggers:
+    """Why the loop should look again. Thread-safe; any trigger wakes the loop."""
+
+    wake: threading.Event = field(default_factory=threading.Event)
+    reasons: set[str] = field(default_factory=set)
+    fs_at: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def fire(self, reason: str) -> None:
+        with self.lock:
+            self.reasons.add(reason)
+            if reason == "file":
+                self.fs_at = time.monotonic()
+        self.wake.set()
+
+    def take(self) -> tuple[set[str], float]:
+        with self.lock:
+            reasons, self.reasons = self.reasons, set()
+            self.wake.clear()
+            return reasons, self.fs_at
+
+
+class Loop:
+    def __init__(
+        self,
+        root: str,
+        *,
+        metrics_addr: str | None = "127.0.0.1:9464",
+        resync_s: float = 60.0,
+        debounce_s: float = 0.1,
+        log: Log | None = None,
+        backoff: Backoff | None = None,
+        api_token_file: str | None = None,
+        api_allow_remote: bool = False,
+        api_hosts: tuple[str, ...] = (),
+    ):
+        from reconciler.loop.metrics import Metrics
+
+        self.root = root
+        self.metrics_addr = metrics_addr
+        self.resync_s = resync_s
+        self.debounce_s = debounce_s
+        self.log = log or Log()
+        self.backoff = backoff or Backoff()
+        self.metrics = Metrics()
+        self.triggers = Triggers()
+        self.stop = threading.Event()
+        self.cancel = threading.Event()
+        self.desired: DesiredState | None = None
+        self.observer: DockerObserver | None = None
+        self.last_pass_at = 0.0
+        self.files_valid: bool | None = None  # whether the files loaded at the last look (None: not read yet)
+        self.last_pass: dict[str, Any] = {}
+        self.passes = 0
+        self._http: Any = None  # reconciler.api.Listener
+        self.api_token_file = api_token_file
+        self.api_allow_remote = api_allow_remote
+        self.api_hosts = tuple(api_hosts)  # names the listener answers to besides its address (--api-host)
+        self.exit_code = 0  # 1 when the loop gives up on its listener
+        self._pass_since: float | None = None  # monotonic start of the pass running now (the watchdog's view)
+        # Held for each pass; a destructive call of the API or MCP takes it too, so the two never interleave (first
+        # come, first served: a call that waits for a pass runs before the next one).
+        from reconciler.api import FairLock
+
+        self.pass_lock = FairLock()
+        self._crashed: set[str] = set()  # ids of crashed containers already counted in the backoff
+        self._held: set[str] = set()  # assignments whose enter the last pass held: wake when their backoff ends
+        self._down: dict[str, str] = {}  # sources the last pass could not read, with why: logged when this changes
+        self._down_codes: dict[str, str] = {}  # the same sources, each with its short cause: slow, down or error
+        self._fallbacks: set[str] = set()  # fallback lanes in force after the last pass: logged when this changes
+        self._fallback_json: list[dict[str, Any]] = []
+        self._below: set[str] = set()  # slots below their free-VRAM reserve in the last pass: logged when this changes
+
+    # ------------------------------------------------------------ lifecycle
+
+    def run(self) -> int:
+        desired = self._load()
+        if desired is None:
+            self.log("exit", reason="no valid desired state to start from; fix the files above")
+            return 1
+        with HostLock(desired.host.name, command="run"):
+            self._install_signals()
+            self._start_http()
+            control = self._start_control(desired.host.name)
+            watcher = self._start_watch()
+            threading.Thread(target=self._docker_events, name="docker-events", daemon=True).start()
+            self.log("start", host=desired.host.name, root=self.root, resync_s=self.resync_s, version=__version__)
+            self.triggers.fire("start")
+            sdnotify.start_watchdog(self._well, self.stop)
+            try:
+                while not self.stop.is_set():
+                    self._wait()
+                    if self.stop.is_set():
+                        break
+                    reasons, _ = self.triggers.take()
+                    try:
+                        with self.pass_lock:
+                            self._pass_since = time.monotonic()
+                            self.cycle(reasons or {"resync"})
+                    except Exception as exc:  # noqa: BLE001 - one bad pass must not end the loop: log it, go on
+                        self.log("pass-error", error=f"{type(exc).__name__}: {exc}")
+                        self.metrics.record_pass("error", 0.0)
+                    finally:
+                        self._pass_since = None
+                    if self.passes <= 1:
+                        sdnotify.notify("READY=1")  # the first pass is done: the host has been looked at
+            finally:
+                sdnotify.notify("STOPPING=1")
+                watcher.stop()
+                if self._http:
+                    self._http.shutdown()
+                control.close()
+                clear_loop_state(desired.host.name)
+                self.log("exit", reason="signal" if not self.exit_code else "listener", passes=self.passes)
+        return self.exit_code
+
+    def _well(self) -> bool:
+        """For the systemd watchdog: the listener serves (or none was asked for) and no pass has run longer than
+        any pass can (every recipe's start and stop timeouts, three times over, and ten minutes)."""
+        if self._http is not None and not self._http.alive():
+            return False
+        since = self._pass_since
+        if since is None or self.desired is None:
+            return True
+        limit = 600.0 + 3 * sum(r.health.start_timeout_s + r.stop.timeout_s for r in self.desired.recipes.values())
+        return time.monotonic() - since < limit
+
+    def _listener_lost(self, why: str) -> None:
+        """The listener died too often to go on restarting it: end the loop with exit 1 (systemd restarts it)."""
+        self.exit_code = 1
+        self.stop.set()
+        self.triggers.wake.set()
+
+    def _install_signals(self) -> None:
+        # A handler runs in the main thread between two bytecodes, possibly while that thread holds the log's or
+        # the triggers' lock: taking either lock in the handler would deadlock the loop. The handler only queues
+        # the signal (SimpleQueue.put is reentrant); a relay thread acts on it.
+        received: queue.SimpleQueue[int] = queue.SimpleQueue()
+
+        def relay() -> None:
+            while True:
+                signum = received.get()
+                if signum == signal.SIGHUP:
+                    self.triggers.fire("sighup")
+                    continue
+                self.log(
+                    "signal", signal=signal.Signals(signum).name, action="finish or abandon the current action safely"
+                )
+                self.stop.set()
+                self.cancel.set()
+                self.triggers.wake.set()
+
+        threading.Thread(target=relay, name="signals", daemon=True).start()
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, lambda n, _f: received.put(n))
+
+    def _wait(self) -> None:
+        """Sleep until a trigger, the resync timer or the next backoff expiry; debounce file events."""
+        timeout = self.resync_s
+        now = time.time()
+        pending = [e.until for e in self.backoff.entries.values() if e.until > now]
+        # An enter the last pass held whose backoff ran out while that pass was still running: try it now, not
+        # at the next resync.
+        pending += [now for k in self._held if (e := self.backoff.entries.get(k)) is not None and e.until <= now]
+        nxt = min(pending, default=None)
+        if nxt is not None:
+            timeout = min(timeout, max(0.05, nxt - time.time() + 0.05))
+        if not self.triggers.wake.wait(timeout):
+            self.triggers.fire("resync" if nxt is None else "backoff")
+        while not self.stop.is_set():
+            with self.triggers.lock:
+                quiet = time.monotonic() - self.triggers.fs_at
+            if "file" not in self.triggers.reasons or quiet >= self.debounce_s:
+                return
+            time.sleep(self.debounce_s - quiet)
+
+    # ------------------------------------------------------------ one cycle
+
+    def _load(self) -> DesiredState | None:
+        try:
+            desired = load_desired(self.root)
+        except ConfigError as exc:
+            for p in exc.problems:
+                self.log("config-invalid", path=p.path, line=p.line, error=p.message)
+            self.metrics.set_manifest_valid(False, str(exc.problems[0]) if exc.problems else "invalid")
+            self.files_valid = False
+            if self.desired is not None:
+                self.log("config-kept", reason="keeping the last valid desired state; nothing is torn down")
+            return self.desired
+        if self.desired is None or desired != self.desired:
+            self.log(
+                "config-loaded",
+                host=desired.host.name,
+                manifest=desired.manifest_path,
+                assignments=",".join(a.key for a in desired.assignments) or "none",
+            )
+        self.metrics.set_manifest_valid(True)
+        self.files_valid = True
+        self.metrics.configure(host=desired.host, recipes=desired.recipes)
+        if self.observer is None or (self.observer.url, self.observer.timeout) != (
+            desired.host.docker.url,
+            desired.host.docker.timeout_s,
+        ):
+            self.observer = DockerObserver.for_host(desired.host)
+        self.desired = desired
+        return desired
+
+    def cycle(self, reasons: set[str]) -> PassResult | None:
+        t0 = time.monotonic()
+        self._held = set()
+        desired = self._load()
+        if desired is None:
+            self.metrics.record_pass("error", time.monotonic() - t0)
+            return None
+        recipes = {name: r.content_hash() for name, r in desired.recipes.items()}  # a fallback's entry stays
+        for key in self.backoff.forget_changed({a.key: a.recipe_hash for a in desired.assignments}, recipes=recipes):
+            self.log("backoff-reset", assignment=key, reason="recipe or assignment edited")
+            self.metrics.set_backoff(key.split("@")[0], None)
+        try:
+            # connect=False: an engine that does not answer is a source down in this pass's observation (logged,
+            # exported, /healthz 503), and the loop waits for it; it never ends the loop.
+            applier = Applier(
+                desired,
+                observer=self.observer,
+                cancel=self.cancel,
+                hold=self.backoff.holds(),
+                on_outcome=self._on_outcome,
+                on_reclaim=self._on_reclaim,
+                connect=False,
+                progress=LogProgress(self.log),
+            )
+            applier.fallback_view = lambda: self._fallback_view(desired)
+            observed, plan = applier.plan_now()
+            self._sources_changed(observed)
+            if self._count_crashes(desired, plan):
+                # Counted before its leave runs, so the re-enter planned in this very pass waits for its backoff.
+                applier.hold = self.backoff.holds()
+                plan = applier.plan_of(observed)
+        except Exception as exc:  # noqa: BLE001 - the loop must survive anything one pass throws
+            self.log("pass-error", error=f"{type(exc).__name__}: {exc}")
+            self.metrics.record_pass("error", time.monotonic() - t0)
+            return None
+        self.metrics.observe_state(observed, plan)  # free VRAM per slot against its reserve, every pass
+        self._reserve_changed(desired, observed)
+        self._settle(desired, plan)
+        if plan.actions and not plan.unavailable:
+            self.log("pass-start", trigger=",".join(sorted(reasons)), actions=len(plan.actions))
+            for a in plan.actions:
+                self.log("action-planned", kind=a.kind.value, target=a.key, reason=a.reason)
+            result = applier.converge(start=(observed, plan))
+            after, final = applier.plan_now()
+            self.metrics.observe_state(after, final)
+        else:
+            result = applier.converge(start=(observed, plan))  # no actions: classifies only, changes nothing
+        self._held = {assignment_key(h.recipe, h.gpus) for h in result.final.held}
+        self._fallbacks_changed(result.final)
+        for reason in pass_refusals(result):
+            self.metrics.record_refusal(reason)
+        kind = "error" if result.result in ("error", "interrupted") else _PASS_RESULT[result.result]
+        if kind == "converged" and result.outcomes:
+            kind = "changed"
+        seconds = time.monotonic() - t0
+        self.metrics.record_pass(kind, seconds)
+        if result.outcomes or kind != "converged" or "start" in reasons:
+            self.log(
+                "pass",
+                result=result.result,
+                trigger=",".join(sorted(reasons)),
+                seconds=round(seconds, 3),
+                message=result.message or "-",
+            )
+        self.passes += 1
+        self.last_pass_at = time.time()
+        self.last_pass = {
+            "result": result.result,
+            "message": result.message,
+            "at": self.last_pass_at,
+            "unavailable": dict(self._down),
+        }
+        self._write_state(desired)
+        return result
+
+    def _reserve_changed(self, desired: DesiredState, observed: Any) -> None:
+        """Log each slot that went below its free-VRAM reserve or came back above it (once, not every pass)."""
+        from reconciler.plan.vram import vram_by_slot
+
+        figures = vram_by_slot(desired.host, observed.gpus) if observed.gpus.source.ok else {}
+        below = {slot for slot, v in figures.items() if v.below_reserve}
+        owner = desired.slot_owner()
+        for slot in sorted(below - self._below):
+            lane = owner.get(slot)
+            self.log(
+                "gpu-below-reserve",
+                slot=slot,
+                detail=figures[slot].describe(),
+                policy=desired.reserve_policy(lane.recipe if lane else None),
+            )
+        for slot in sorted(self._below - below):
+            if slot in figures:
+                self.log("gpu-reserve-ok", slot=slot, detail=figures[slot].describe())
+        self._below = below if observed.gpus.source.ok else self._below
+
+    def _fallback_view(self, desired: DesiredState) -> tuple[Any, dict[str, float]]:
+        """For the planner: the last converged topology, and the seconds to each held assignment's next attempt."""
+        from reconciler.store.history import last_topology
+
+        now = time.time()
+        return last_topology(desired.host.name), {k: max(0.0, e.until - now) for k, e in self.backoff.entries.items()}
+
+    def _fallbacks_changed(self, final: Plan) -> None:
+        """Export the fallbacks in force after a pass; log each one that starts or ends (once)."""
+        now = {f"{f.recipe}@{'+'.join(f.gpus)}": f for f in final.fallbacks}
+        for key in sorted(set(now) - self._fallbacks):
+            self.log("fallback", assignment=key, detail=now[key].text)
+        for key in sorted(self._fallbacks - set(now)):
+            self.log("fallback-ended", assignment=key)
+        self._fallbacks = set(now)
+        self._fallback_json = [f.to_json() for f in final.fallbacks]
+        self.metrics.set_fallbacks(final.fallbacks)
+
+    def _sources_changed(self, observed: Any) -> None:
+        """Log each source that went down or came back since the last pass (once, not every pass)."""
+        down = {name: src.detail or "unavailable" for name, src in observed.sources.items() if not src.ok}
+        for name, detail in sorted(down.items()):
+            if name not in self._down:
+                self.log(
+                    "source-down",
+                    source=name,
+                    detail=detail,
+                    action="nothing that needs it is changed; looking again when it answers",
+                )
+        for name in sorted(set(self._down) - set(down)):
+            self.log("source-up", source=name)
+        self._down = down
+        self._down_codes = {
+            name: src.cause if src.cause in ("slow", "down") else "error"
+            for name, src in observed.sources.items()
+            if not src.ok
+        }
+
+    def _count_outcome(self, o: Outcome) -> None:
+        """One action's metrics, whoever took it: this loop, or its HTTP API or MCP (``ActionHooks``)."""
+        a = o.action
+        self.metrics.record_action(a.kind, "failed" if o.result == "interrupted" else o.result, o.seconds)
+        if o.result == "refused" and a.kind is ActionKind.ENTER:
+            # The enter's own tmpfs preflight; refusals of the guard are counted from its result (_on_reclaim).
+            self.metrics.record_refusal(o.refusal)
+        if o.reclaimed_bytes:
+            self.metrics.record_reclaim(o.reclaimed_bytes)
+        if "page_cache" in o.extra:
+            self.metrics.record_page_cache(o.extra["page_cache"])
+        if "dark_s" in o.extra:
+            self.metrics.record_dark(o.extra["dark_s"])
+
+    def _count_shm_reclaim(self, res: Any) -> None:
+        """A confirmed ``shm reclaim`` through the HTTP API or MCP: its refusals and the bytes it freed."""
+        self._on_reclaim(res)
+        if res.reclaimed_bytes:
+            self.metrics.record_reclaim(int(res.reclaimed_bytes))
+
+    def _on_outcome(self, o: Outcome) -> None:
+        a = o.action
+        self.log(
+            "action",
+            kind=a.kind.value,
+            target=a.key,
+            result=o.result,
+            seconds=round(o.seconds, 3),
+            reason=a.reason,
+            detail=o.detail,
+        )
+        self._count_outcome(o)
+        if self.desired is not None:
+            # The loop's own actions go to the audit trail too, beside those of the front-ends.
+            from reconciler.store.audit import audit_log
+
+            try:
+                audit_log(self.desired.host.name).append(
+                    {
+                        "front": "loop",
+                        "who": "",
+                        "action": a.kind.value,
+                        "target": a.key,
+                        "outcome": o.result,
+                        "reason": a.reason,
+                        "detail": o.detail,
+                        "bytes_freed": o.reclaimed_bytes,
+                        "seconds": round(o.seconds, 3),
+                        **o.extra,
+                    }
+                )
+            except ReconcilerError as exc:
+                self.log("audit-error", error=str(exc))
+        if a.kind is ActionKind.ENTER and a.recipe and o.result in ("failed", "refused"):
+            e = self.backoff.failed(a.key, recipe=a.recipe, recipe_hash=a.recipe_hash or "", error=o.detail)
+            self.metrics.set_backoff(a.recipe, e.until, failures=e.failures)
+            self.log("backoff", assignment=a.key, failures=e.failures, until=round(e.until, 1))
+
+    def _count_crashes(self, desired: DesiredState, plan: Plan) -> bool:
+        """A container of a desired assignment that exited non-zero after it was up counts as a failed enter,
+        so a container that keeps dying is brought back ever slower. Each container is counted once, however
+        many passes plan its leave. True when a new failure was counted."""
+        wanted = {d.key for d in desired.assignments}
+        planned: set[str] = set()
+        counted = False
+        for a in plan.actions:
+            m = _CRASHED.search(a.reason) if a.kind is ActionKind.LEAVE else None
+            if m is None or int(m.group(1)) == 0 or not a.recipe or not a.container_id:
+                continue
+            key = assignment_key(a.recipe, a.gpus)
+            if key not in wanted:
+                continue
+            planned.add(a.container_id)
+            if a.container_id in self._crashed:
+                continue
+            e = self.backoff.failed(key, recipe=a.recipe, recipe_hash=a.recipe_hash or "", error=a.reason)
+            self.metrics.set_backoff(a.recipe, e.until, failures=e.failures)
+            self.log("backoff", assignment=key, failures=e.failures, until=round(e.until, 1), reason=a.reason)
+            counted = True
+        self._crashed = planned  # only containers still waiting for their leave: bounded
+        return counted
+
+    def _on_reclaim(self, res: Any) -> None:
+        for reason in reclaim_refusals(res):
+            self.metrics.record_refusal(reason)
+            self.log(
+                "refusal",
+                reason=reason,
+                refused=res.refused or "-",
+                kept=";".join(f"{k.path}: {k.reason}" for k in res.kept if k.state != "owned") or "-",
+            )
+
+    def _settle(self, desired: DesiredState, plan: Plan) -> None:
+        """Backoff delays that ran out stop counting as held; an assignment that has run long enough since
+        leaves backoff for good."""
+        now = time.time()
+        waiting = {e.recipe for e in self.backoff.entries.values() if e.until > now}
+        for recipe in {e.recipe for e in self.backoff.entries.values()} - waiting:
+            self.metrics.end_backoff_wait(recipe)
+        running = {a.key for a in desired.assignments if container_name(a.recipe, a.slots) in plan.satisfied}
+        for key in list(self.backoff.entries):
+            e = self.backoff.entries[key]
+            if key in running and now - e.until > self.backoff.stable_s:
+                self.backoff.succeeded(key)
+                self.metrics.set_backoff(e.recipe, None)
+                self.log("backoff-cleared", assignment=key)
+
+    def _write_state(self, desired: DesiredState) -> None:
+        # The desired state the loop acts on: after an invalid edit the last valid one, which `status` then shows
+        # beside the files' error (the operator sees what the loop keeps doing, not only that the files are bad).
+        kept = {
+            "manifest": desired.manifest_path,
+            "assignments": [{"recipe": a.recipe, "gpus": list(a.slots)} for a in desired.assignments],
+        }
+        data = {
+            "pid": os.getpid(),
+            "host": desired.host.name,
+            "backoff": self.backoff.to_json(),
+            "fallbacks": self._fallback_json,
+            "desired": kept,
+            "last_pass": self.last_pass,
+            "passes": self.passes,
+        }
+        try:
+            write_loop_state(desired.host.name, redact_data(data))  # failed-enter details quote container logs
+        except (OSError, ReconcilerError) as exc:
+            self.log("state-write-failed", path=str(state_path(desired.host.name)), error=str(exc))
+
+    # ------------------------------------------------------------ triggers
+
+    def _start_watch(self) -> Any:
+        from watchdog.events import FileSystemEvent, FileSystemEventHandler
+        from watchdog.observers import Observer
+
+        triggers = self.triggers
+
+        class Handler(FileSystemEventHandler):
+            def on_any_event(self, event: FileSystemEvent) -> None:
+                if event.event_type in ("opened", "closed_no_write"):
+                    return
+                triggers.fire("file")
+
+        obs = Observer()
+        for sub in ("manifests", "configs"):
+            path = Path(self.root) / sub
+            if path.is_dir():
+                obs.schedule(Handler(), str(path), recursive=True)
+        obs.daemon = True
+        obs.start()
+        return obs
+
+    def _event_scope(self) -> tuple[str, frozenset[str] | None] | None:
+        """For the event filter: this host's name and its slots' GPU indexes (None: a slot known by UUID only)."""
+        desired = self.desired
+        if desired is None:
+            return None
+        gpus = desired.host.gpus.values()
+        if any(g.index is None for g in gpus):
+            return desired.host.name, None
+        return desired.host.name, frozenset(str(g.index) for g in gpus)
+
+    def _docker_events(self) -> None:
+        delay = 0.5
+        lost = False
+        while not self.stop.is_set():
+            observer = self.observer
+            if observer is None:
+                time.sleep(delay)
+                continue
+            # Only containers a plan reads wake the loop (ours, and any claiming a GPU or offload): on a shared
+            # engine the events of everything else would otherwise cost a pass each.
+            relevant = EventFilter(observer, self._event_scope)
+            try:
+                stream = observer.api.events(decode=True, filters={"type": "container", "event": list(EVENT_ACTIONS)})
+                delay = 0.5
+                if lost or "docker" in self._down:
+                    # The engine answers again (it was down, or restarted, or down at the last pass while this
+                    # thread had not yet tried it): whatever changed meanwhile sent no event this loop saw, so look
+                    # again now rather than at the next resync.
+                    lost = False
+                    self.log("docker-events-resumed", url=observer.url)
+                    self.triggers.fire("docker-reconnected")
+                for ev in stream:
+                    if self.stop.is_set():
+                        return
+                    action = ev.get("status") or ev.get("Action")
+                    if not relevant.matters(ev):
+                        continue
+                    name = ((ev.get("Actor") or {}).get("Attributes") or {}).get("name", "")
+                    self.log("docker-event", action=action, container=name or (ev.get("id") or "?")[:12])
+                    self.triggers.fire(f"docker-{action}")
+                    if action == "die":
+                        # The engine sends "die" before its container list shows the container stopped (~50 ms
+                        # on docker 20.10), so the pass this wakes may still see it running, and then nothing
+                        # would look again until the resync. Look again once the engine has caught up.
+                        later = threading.Timer(_DIE_SETTLE_S, self.triggers.fire, args=("docker-die-settled",))
+                        later.daemon = True
+                        later.start()
+            except Exception as exc:  # noqa: BLE001 - the engine went away: retry, and the resync timer still runs
+                if not self.stop.is_set() and not lost:
+                    self.log("docker-events-lost", error=str(exc), retry="every few seconds until the engine answers")
+                    self.triggers.fire("docker-events-lost")  # look again: the pass reports the engine down
+                lost = True
+                self.stop.wait(delay)
+                delay = min(delay * 2, _EVENTS_RETRY_MAX_S)
+
+    # ------------------------------------------------------------ HTTP
+
+    def _start_control(self, host: str) -> Any:
+        """The socket on which this loop answers the command line's commands (``reconciler.control``); what they
+        change is counted and serialised like the HTTP API's calls."""
+        from reconciler.api import PassGate
+        from reconciler.control import ControlServer
+        from reconciler.service import ActionHooks
+
+        hooks = ActionHooks(self._count_outcome, self._on_reclaim, self._count_shm_reclaim)
+        return ControlServer(
+            self.root,
+            host,
+            stop=self.cancel,
+            log=self.log,
+            serve=lambda: {"pass_lock": PassGate(self.pass_lock, self.log, "cli"), "hooks": hooks},
+        ).start()
+
+    def _start_http(self) -> None:
+        """One listener on ``--metrics-addr`` for /metrics, /healthz, the API (/v1) and MCP (/mcp)."""
+        if not self.metrics_addr or self.desired is None:
+            return
+        from reconciler import api
+        from reconciler.service import ActionHooks
+
+        try:
+            host, port = api.split_addr(self.metrics_addr)
+        except (ValueError, OverflowError) as exc:
+            raise MetricsAddrUnusable(
+                f"cannot serve /metrics on {self.metrics_addr}: {exc}; give --metrics-addr as "
+                "HOST:PORT on this machine, or '' to serve nothing"
+            ) from None
+        name = self.desired.host.name
+        token = api.resolve_token(name, token_file=self.api_token_file)
+        api.check_exposure(host, allow_remote=self.api_allow_remote, token=token)
+        hooks = ActionHooks(self._count_outcome, self._on_reclaim, self._count_shm_reclaim)
+
+        def make_app(bound_port: int) -> Any:
+            return api.build_app(
+                self.root,
+                token=token,
+                pass_lock=self.pass_lock,
+                bind_host=host,
+                port=bound_port,
+                api_hosts=self.api_hosts,
+                host=name,
+                log=self.log,
+                metrics=self.metrics.render,
+                health=self.health,
+                cancel=self.cancel,
+                hooks=hooks,
+                on_refusal=self.metrics.record_http_refusal,
+                on_drop=self.metrics.record_http_drop,
+            )
+
+        try:
+            self._http = api.Supervisor(
+                make_app,
+                host,
+                port,
+                log=self.log,
+                on_restart=self.metrics.record_listener_restart,
+                on_fatal=self._listener_lost,
+            ).start()
+        except (OSError, OverflowError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            hint = (
+                "something else listens there (another `reconciler run`?): stop it or choose another --metrics-addr"
+                if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE
+                else "give --metrics-addr as HOST:PORT on this machine, or '' to serve nothing"
+            )
+            raise MetricsAddrUnusable(f"cannot serve /metrics on {self.metrics_addr}: {why}; {hint}") from None
+        base = f"http://{'[' + host + ']' if ':' in host else host}:{self._http.port}"
+        self.log("metrics", addr=f"{base}/metrics")
+        self.log(
+            "api",
+            addr=f"{base}/v1",
+            mcp=f"{base}/mcp",
+            token_from=token.describe(),
+            caller=token.name,
+            max_connections=self._http.max_connections,
+        )
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        """``/healthz``: a recent pass that could read every source. A loop waiting for an engine that does not
+        answer is alive but cannot act: 503, with the source and its short cause (slow, down, error) in
+        "unavailable". Answered without a token, so it quotes no cause: a failed enter's cause quotes its
+        container's log, a source's error its engine's words. The last pass's message is its result's word;
+        ``status`` and ``GET /v1/status`` say the rest."""
+        age = time.time() - self.last_pass_at if self.last_pass_at else None
+        fresh = age is not None and age < max(3 * self.resync_s, 300)
+        down = dict(self._down_codes)
+        ok = fresh and not down
+        last = self.last_pass
+        last_pass = (
+            {
+                "result": last["result"],
+                "message": last["result"],
+                "at": last["at"],
+                "unavailable": {name: self._down_codes.get(name, "error") for name in last.get("unavailable", {})},
+            }
+            if last
+            else {}
+        )
+        # The files' state is part of the verdict, not of the status code: a loop keeping the last valid desired
+        # state while an edit does not validate is alive and acting (status and validate say what is wrong).
+        files = {None: "unread", True: "valid", False: "invalid"}[self.files_valid]
+        verdict = (
+            "files invalid: the last valid desired state is kept"
+            if self.files_valid is False
+            else "sources unavailable"
+            if down
+            else last["result"]
+            if last
+            else "starting"
+        )
+        return (200 if ok else 503), redact_data(
+            {
+                "ok": ok,
+                "verdict": verdict,
+                "files": files,
+                "passes": self.passes,
+                "last_pass_age_s": age,
+                "unavailable": down,
+                "last_pass": last_pass,
+            }
+        )
+
+
+# ---------------------------------------------------------------- refusals (reconciler_refusals_total)
+
+
+def pass_refusals(result: PassResult) -> list[str]:
+    """The refusal reasons of one pass, each counted once: a blocked plan or a source that was unavailable.
+
+    Pure. A blocker's ``holder`` says what stands in the way: ``tmpfs`` (no room for the offload file), a
+    container name or ``pid N`` (something not ours holds the GPU), or nothing (a source could not vouch for
+    the slot or the offload files: GPU telemetry down, a GPU not found, /proc unreadable).
+    """
+    if result.result == "error" and result.final.unavailable:
+        return ["source_unavailable"]
+    if result.result != "blocked":
+        return []
+    found = set()
+    for b in result.final.blockers:
+        found.add("tmpfs_room" if b.holder == "tmpfs" else "gpu_held" if b.holder else "source_unavailable")
+    return sorted(found)
+
+
+def reclaim_refusals(res: Any) -> list[str]:
+    """The refusal reasons of one guarded reclaim (a ``reconciler.apply.shm_guard.ReclaimResult``), each counted once.
+
+    Pure. A whole reclaim refused names its cause in ``refused``; a file kept out of the reclaim is a refusal
+    when it was a candidate of the first inspection (it changed or gained an owner before its unlink), when it
+    turned orphan only at the second inspection, when the kernel refused the write lease before its unlink, or
+    when it is a pattern match that is no plain file. Files
+    owned all along, and orphans the reclaim was not asked for, are not refusals.
+    """
+    found = set()
+    refused = res.refused or ""
+    if refused.startswith("running container(s) with native offload"):
+        found.add("offload_container_running")
+    elif refused.startswith("proc ") and "cannot be inspected" in refused:
+        found.add("uninspectable_process")
+    elif refused:
+        found.add("source_unavailable")
+    candidates = {f.path for f in res.candidates}
+    removed = {f.path for f in res.reclaimed}
+    for k in res.kept:
+        if k.code == "lease_refused":
+            found.add("lease_refused")  # the last gate said no: counted whatever the inspections said
+        elif k.state == "skipped":
+            found.add("invalid_entry")
+        elif k.path in candidates and k.path not in removed and not refused:
+            if k.state == "gone":
+                continue  # removed by someone else meanwhile: nothing was refused
+            if k.state in ("owned", "blocked") or "just before removal" in k.reason:
+                found.add("file_owned")
+            else:
+                found.add("inspections_disagree")
+        elif k.state == "orphan" and k.reason.startswith("appeared or became unowned"):
+            found.add("inspections_disagree")
+    return sorted(found)

@@ -1,0 +1,295 @@
+"""What a plan was made from, as a fingerprint, and the plan itself as the contract of an approval.
+
+The fingerprint covers every input of the planner: the operator's files, the secrets the recipes take, the
+containers, the GPUs (their processes and memory figures), the offload files and who holds each, the tmpfs, the
+ownership record, the sources, and a running loop's view (held lanes, the last converged topology its fallback
+serves). Two fingerprints that differ say which of these changed. Memory figures enter rounded
+(``GPU_MEMORY_QUANTUM``, ``TMPFS_QUANTUM``): a figure that moves by a few pages does not make every saved plan
+stale, and a move that changes a decision changes the plan, which is compared exactly.
+
+``plan_differences`` compares an approved plan (saved or shown) with the plan made now: its actions with their
+paths, container ids and hashes, its blockers, held lanes, fallbacks, satisfied containers and unavailable sources.
+Any difference, like any change of the fingerprint, makes the approval stale.
+
+Used by ``reconciler plan --out FILE`` (saved with the plan), ``reconciler apply FILE`` (a stale plan is refused
+with what changed) and the interactive ``apply`` (the host or the files changed between showing the plan and the
+approval: stop and show the new one). ``observed_parts``, ``input_parts``, ``plan_lines`` and ``plan_from_json``
+are pure; ``file_digests`` and ``secret_parts`` read files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from reconciler.plan.observed import LABEL_PREFIX, Observed
+
+if TYPE_CHECKING:
+    from reconciler.model import DesiredState
+    from reconciler.plan.planner import Plan
+
+PLAN_FORMAT = "reconciler-plan/1"
+# The fingerprint's own version, saved beside its parts. 1 (no version saved): containers, GPU processes, offload
+# files and sources only. 2: every planner input. A saved plan of an older version is refused as stale: what it
+# did not record could have changed unseen.
+FINGERPRINT_VERSION = 2
+GPU_MEMORY_QUANTUM = 256 * 1024 * 1024
+TMPFS_QUANTUM = 64 * 1024 * 1024
+
+
+def file_digests(root: str | Path) -> dict[str, str]:
+    """sha256 of every file the desired state is loaded from, by its path relative to the root."""
+    r = Path(root)
+    paths = [r / "configs" / "host.yaml", *sorted((r / "configs" / "recipes").glob("*.toml"))]
+    paths += sorted([*(r / "manifests").glob("*.yaml"), *(r / "manifests").glob("*.yml")])
+    out: dict[str, str] = {}
+    for p in paths:
+        try:
+            out[str(p.relative_to(r))] = hashlib.sha256(p.read_bytes()).hexdigest()
+        except OSError as exc:
+            out[str(p.relative_to(r))] = f"unreadable: {exc.strerror or exc}"
+    return out
+
+
+def observed_parts(observed: Observed) -> dict[str, list[str]]:
+    """Pure: the facts of an observation that a plan depends on, as sorted lines per part. Every part is present
+    also when it is empty, so "nothing was running" is a fact that a later start changes."""
+    # Only containers a plan can depend on: any with GPUs or native offload (they hold slots or forbid reclaims)
+    # and any carrying this tool's labels. A busy engine's unrelated containers do not make a saved plan stale.
+    containers = sorted(
+        f"{c.name} {c.id[:12]} {c.state} {c.image} "
+        + hashlib.sha256(json.dumps(c.labels, sort_keys=True).encode()).hexdigest()[:12]
+        + f" gpus={','.join(c.gpu_devices)} offload={c.offload}"
+        for c in observed.containers
+        if c.gpu_devices or c.offload or any(k.startswith(LABEL_PREFIX) for k in c.labels)
+    )
+    gpus = sorted(
+        f"{slot} {'missing' if v.missing else 'present'} "
+        + ",".join(f"pid {p.pid} in {p.container_id[:12] if p.container_id else '-'}" for p in v.processes)
+        for slot, v in observed.gpus.slots.items()
+    )
+    gpu_memory = sorted(
+        f"{slot} total={_q(v.memory_total_bytes, GPU_MEMORY_QUANTUM)} used={_q(v.memory_used_bytes, GPU_MEMORY_QUANTUM)}"
+        f" free={_q(v.free_bytes, GPU_MEMORY_QUANTUM)} "
+        + ",".join(f"pid {p.pid}={_q(p.used_bytes, GPU_MEMORY_QUANTUM)}" for p in v.processes)
+        for slot, v in observed.gpus.slots.items()
+    )
+    gpu_memory.append(f"process memory {observed.gpus.process_memory}")
+    shm = sorted(f"{f.path} dev={f.dev} inode={f.inode} size={f.size_bytes} {f.state}" for f in observed.shm.files)
+    holders = sorted(
+        f"{f.path} held by " + (",".join(sorted(f"{o.pid}/{o.via}/{o.container or '-'}" for o in f.owners)) or "nobody")
+        for f in observed.shm.files
+    )
+    holders += sorted(f"uninspectable pid {u.pid} excused={u.excused}" for u in observed.shm.uninspectable)
+    t = observed.shm.tmpfs
+    tmpfs = [f"{observed.shm.dir} size={_q(t.size_bytes, TMPFS_QUANTUM)} free={_q(t.free_bytes, TMPFS_QUANTUM)}"]
+    own = observed.ownership
+    ownership = [
+        f"install {own.install_id or '-'}",
+        *(f"adopted {c[:12]}" for c in sorted(own.adopted)),
+        *(f"healthy {c[:12]}" for c in sorted(own.healthy)),
+        "created " + ("(no record yet)" if own.created is None else ",".join(sorted(c[:12] for c in own.created))),
+    ]
+    # What decides whether an enter can start at all: images present, the engine's GPU runtime, who listens where.
+    e = observed.enter
+    enter = sorted(
+        [f"image {name} {'present' if present else 'absent'}" for name, present in e.images]
+        + [f"gpu runtime {e.gpu_runtime}", f"ports looked up {','.join(map(str, sorted(e.ports))) or '-'}"]
+        + [f"listener {x.address}:{x.port} pid {x.pid} in {(x.container_id or '-')[:12]}" for x in e.listeners]
+    )
+    sources = sorted(f"{s.name} {'ok' if s.ok else 'unavailable'}" for s in observed.sources.values())
+    return {
+        "containers": containers,
+        "gpus": gpus,
+        "gpu_memory": gpu_memory,
+        "shm": shm,
+        "holders": holders,
+        "tmpfs": tmpfs,
+        "ownership": ownership,
+        "enter": enter,
+        "sources": sources,
+    }
+
+
+def _q(value: int | None, quantum: int) -> str:
+    """A memory figure in whole quanta (MiB shown), '?' where it is not known."""
+    if value is None:
+        return "?"
+    return f"{round(value / quantum) * (quantum >> 20)}MiB"
+
+
+def loop_parts(view: Mapping[str, Any] | None) -> list[str]:
+    """Pure: the loop's view the plan was made with (``reconciler.service.loop_view``): which lanes it holds and the
+    topology its fallback serves. The seconds to each next attempt are not part of it: they count down."""
+    view = view or {}
+    lines = [f"holds {k}" for k in sorted(view.get("hold") or {})]
+    lines += [
+        f"last converged {r}@{'+'.join(s)}" for r, s in sorted((r, tuple(s)) for r, s in view.get("last_good") or ())
+    ]
+    return lines or ["no loop view (nothing held)"]
+
+
+def secret_parts(desired: DesiredState) -> list[str]:
+    """The secrets the plan was made with, as digests only: one over the digests of the values the recipes take
+    (from the file or the environment), and one of the secrets file itself. Never a value."""
+    used = hashlib.sha256(json.dumps(dict(desired.secret_digests), sort_keys=True).encode()).hexdigest()
+    lines = [f"values sha256:{used[:32]}"]
+    env_file = desired.host.secrets.env_file
+    if env_file:
+        try:
+            lines.append(f"file sha256:{hashlib.sha256(Path(env_file).read_bytes()).hexdigest()[:32]}")
+        except OSError as exc:
+            lines.append(f"file unreadable: {exc.strerror or exc}")
+    return lines
+
+
+def input_parts(desired: DesiredState, observed: Observed, view: Mapping[str, Any] | None) -> dict[str, list[str]]:
+    """Every input of the planner, as sorted lines per part (the files' digests aside)."""
+    return {**observed_parts(observed), "secrets": secret_parts(desired), "loop": loop_parts(view)}
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    files: dict[str, str]
+    parts: dict[str, list[str]]
+    version: int = FINGERPRINT_VERSION
+
+    @property
+    def digest(self) -> str:
+        blob = json.dumps({"files": self.files, "parts": self.parts}, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"digest": self.digest, "version": self.version, "files": self.files, "parts": self.parts}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Fingerprint:
+        files = data.get("files")
+        parts = data.get("parts")
+        if not isinstance(files, dict) or not isinstance(parts, dict):
+            raise ValueError("fingerprint without 'files' and 'parts'")
+        version = data.get("version", 1)
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise ValueError(f"fingerprint version {version!r} is not a number")
+        return cls(
+            files={str(k): str(v) for k, v in files.items()},
+            parts={str(k): [str(x) for x in v] for k, v in parts.items()},
+            version=version,
+        )
+
+    def changes_since(self, before: Fingerprint) -> list[str]:
+        """Pure: what differs from ``before``, one line each (empty when nothing does)."""
+        out: list[str] = []
+        for name in sorted(set(before.files) | set(self.files)):
+            old, new = before.files.get(name), self.files.get(name)
+            if old != new:
+                out.append(f"{name} " + ("added" if old is None else "removed" if new is None else "edited"))
+        for part in sorted(set(before.parts) | set(self.parts)):
+            old_lines, new_lines = set(before.parts.get(part, [])), set(self.parts.get(part, []))
+            for line in sorted(old_lines - new_lines):
+                out.append(f"{part}: no longer {line}")
+            for line in sorted(new_lines - old_lines):
+                out.append(f"{part}: now {line}")
+        return out
+
+
+def fingerprint(
+    files: dict[str, str], desired: DesiredState, observed: Observed, view: Mapping[str, Any] | None
+) -> Fingerprint:
+    """The fingerprint of a plan made from ``files`` (read before loading them), ``desired``, ``observed`` and the
+    loop's ``view``."""
+    return Fingerprint(files=files, parts=input_parts(desired, observed, view))
+
+
+# ---------------------------------------------------------------- the plan as the contract
+
+
+def plan_lines(data: Mapping[str, Any]) -> list[str]:
+    """Pure: a plan's JSON (``Plan.to_json``, as saved: redacted) as the lines an approval holds, in the plan's
+    order. Reasons, and the seconds to a held lane's next attempt, are words and clocks around these facts: left
+    out."""
+    out: list[str] = []
+    for a in data.get("actions") or ():
+        out.append(
+            f"{a.get('kind')} {a.get('recipe')}@{'+'.join(a.get('gpus') or ())} container={a.get('container')} "
+            f"id={a.get('container_id')} hash={a.get('recipe_hash')} bytes={a.get('bytes')} "
+            f"paths={','.join(a.get('paths') or ()) or '-'}"
+        )
+    for b in data.get("blockers") or ():
+        out.append(f"blocked {b.get('recipe')}@{'+'.join(b.get('gpus') or ())} by {b.get('holder')} ({b.get('cause')})")
+    for h in data.get("held") or ():
+        out.append(f"held {h.get('recipe')}@{'+'.join(h.get('gpus') or ())}")
+    for f in data.get("fallbacks") or ():
+        out.append(
+            f"fallback {f.get('recipe')}@{'+'.join(f.get('gpus') or ())} for "
+            f"{f.get('instead_of')}@{'+'.join(f.get('instead_gpus') or ())}"
+        )
+    out += [f"satisfied {n}" for n in data.get("satisfied") or ()]
+    out += [f"unavailable {n}" for n in data.get("unavailable") or ()]
+    return out
+
+
+def plan_differences(approved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """Pure: how the plan made now differs from the approved one (both as JSON, redacted alike), one line each;
+    empty when they are the same plan."""
+    before, after = plan_lines(approved), plan_lines(now)
+    if before == after:
+        return []
+    out = [f"plan: no longer {line}" for line in before if line not in after]
+    out += [f"plan: now {line}" for line in after if line not in before]
+    return out or ["plan: the same steps in another order"]
+
+
+def plan_from_json(data: Mapping[str, Any]) -> Plan:
+    """A plan rebuilt from its JSON (a saved plan's ``plan``): what ``Applier.converge`` takes as approved. Raises
+    ValueError on a shape that is not a plan's."""
+    from reconciler.plan.planner import Action, ActionKind, Blocker, Fallback, Held, Plan
+
+    def tup(v: Any) -> tuple[str, ...]:
+        if v is None:
+            return ()
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise ValueError(f"expected a list of strings, not {v!r}")
+        return tuple(v)
+
+    try:
+        actions = tuple(
+            Action(
+                ActionKind(a["kind"]),
+                str(a.get("reason") or ""),
+                recipe=a.get("recipe"),
+                gpus=tup(a.get("gpus")),
+                container=a.get("container"),
+                container_id=a.get("container_id"),
+                recipe_hash=a.get("recipe_hash"),
+                paths=tup(a.get("paths")),
+                bytes=int(a.get("bytes") or 0),
+            )
+            for a in data.get("actions") or ()
+        )
+        blockers = tuple(
+            Blocker(str(b["recipe"]), tup(b.get("gpus")), str(b.get("reason") or ""), str(b.get("holder") or ""))
+            for b in data.get("blockers") or ()
+        )
+        held = tuple(
+            Held(str(h["recipe"]), tup(h.get("gpus")), str(h.get("reason") or "")) for h in data.get("held") or ()
+        )
+        fallbacks = tuple(
+            Fallback(str(f["recipe"]), tup(f.get("gpus")), str(f["instead_of"]), tup(f.get("instead_gpus")))
+            for f in data.get("fallbacks") or ()
+        )
+        return Plan(
+            host=str(data["host"]),
+            actions=actions,
+            blockers=blockers,
+            held=held,
+            unavailable=tup(data.get("unavailable")),
+            satisfied=tup(data.get("satisfied")),
+            fallbacks=fallbacks,
+        )
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"not a plan: {type(exc).__name__}: {exc}") from None

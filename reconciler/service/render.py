@@ -1,0 +1,479 @@
+"""Human output for plan and status: pure functions from values to text.
+
+Called by the CLI. Colour only when writing to a terminal (and NO_COLOR is unset); plain text when piped.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, TextIO
+
+from reconciler.base.errors import ConfigProblem
+from reconciler.base.units import clip, human_bytes, iso_time, own
+from reconciler.model import DesiredState
+from reconciler.plan.observed import Observed
+from reconciler.plan.planner import Action, ActionKind, Plan, owner_kind, slot_holders
+from reconciler.plan.vram import slot_vram, unlisted_used_bytes
+from reconciler.store.lock import read_loop_state
+
+
+class Style:
+    def __init__(self, stream: TextIO | None = None, *, color: bool | None = None):
+        stream = stream or sys.stdout
+        if color is None:
+            color = stream.isatty() and not os.environ.get("NO_COLOR")
+        self.color = color
+
+    def _c(self, code: str, text: str) -> str:
+        # Marked as the tool's own: the console writes these raw and escapes every other control character.
+        return own("\x1b[" + code + "m") + text + own("\x1b[0m") if self.color else text
+
+    def red(self, t: str) -> str:
+        return self._c("31", t)
+
+    def green(self, t: str) -> str:
+        return self._c("32", t)
+
+    def yellow(self, t: str) -> str:
+        return self._c("33", t)
+
+    def bold(self, t: str) -> str:
+        return self._c("1", t)
+
+    def dim(self, t: str) -> str:
+        return self._c("2", t)
+
+
+_SIGN = {ActionKind.LEAVE: "-", ActionKind.RECLAIM: "~", ActionKind.ENTER: "+", ActionKind.PRUNE: "x"}
+
+
+def _action_line(a: Action, s: Style) -> list[str]:
+    sign = _SIGN[a.kind]
+    paint = {ActionKind.LEAVE: s.red, ActionKind.RECLAIM: s.yellow, ActionKind.ENTER: s.green, ActionKind.PRUNE: s.dim}[
+        a.kind
+    ]
+    if a.kind is ActionKind.PRUNE:
+        return [paint(f"{sign} prune   {a.container}"), f"      why: {a.reason}"]
+    if a.kind is ActionKind.RECLAIM:
+        head = f"{sign} reclaim {len(a.paths)} orphan offload file(s), {human_bytes(a.bytes)}"
+        lines = [paint(head), f"      why: {a.reason}"]
+        lines += [f"      {p!r}" if "\n" in p else f"      {p}" for p in a.paths]
+        return lines
+    slots = ",".join(a.gpus) or "no GPU slot"
+    head = f"{sign} {a.kind.value:<7} {a.recipe or '?'} on {slots}"
+    extra = []
+    if a.container:
+        extra.append(f"container {a.container}")
+    if a.kind is ActionKind.ENTER and a.bytes:
+        extra.append(f"offload {human_bytes(a.bytes)}")
+    tail = f"  ({', '.join(extra)})" if extra else ""
+    return [paint(head) + s.dim(tail), f"      why: {a.reason}"]
+
+
+def source_word(observed: Observed, name: str) -> str:
+    """How one source did, in a header: ``ok``, ``unavailable: …``, or ``n/a`` for GPU telemetry on a host that
+    has none (``gpu_telemetry: none``): nothing was read, so nothing can be "ok"."""
+    if name == "gpu" and observed.gpus.telemetry == "none":
+        return "n/a"
+    return observed.sources[name].render()
+
+
+def render_plan(plan: Plan, observed: Observed | None, s: Style) -> str:
+    out: list[str] = []
+    if observed is not None:
+        src = ", ".join(f"{n} {source_word(observed, n)}" for n in observed.sources)
+        out.append(s.bold(f"host {plan.host}") + f"  ({src})")
+    if plan.unavailable:
+        out.append(
+            s.red(f"cannot plan completely: {', '.join(plan.unavailable)} unavailable")
+            + " - nothing that needs it will be changed"
+        )
+    for name in plan.satisfied:
+        out.append(s.dim(f"  = {name} matches its assignment"))
+    for a in plan.actions:
+        out.extend("  " + line for line in _action_line(a, s))
+    for b in plan.blockers:
+        out.append(s.red(f"  ! blocked {b.recipe} on {','.join(b.gpus)}: {b.reason}"))
+    for h in plan.held:
+        out.append(s.yellow(f"  … held {h.recipe} on {','.join(h.gpus)}: {h.reason}"))
+    for f in plan.fallbacks:
+        out.append(s.yellow(f"  ↺ {f.text}"))
+    counts = {k: sum(1 for a in plan.actions if a.kind is k) for k in ActionKind}
+    if plan.blocked:
+        if plan.actions:
+            out.append(
+                s.red(
+                    f"Blocked: {len(plan.blockers)} problem(s); apply runs the {len(plan.actions)} action(s) above "
+                    "and leaves the blocked slots as they are."
+                )
+            )
+        else:
+            out.append(s.red(f"Blocked: {len(plan.blockers)} problem(s); apply would change nothing."))
+        out.extend("  " + line for line in blocked_advice(plan))
+    elif plan.actions:
+        out.append(
+            s.bold(
+                f"Plan: {counts[ActionKind.ENTER]} to enter, {counts[ActionKind.LEAVE]} to leave, "
+                f"{counts[ActionKind.RECLAIM]} reclaim"
+                + (f", {counts[ActionKind.PRUNE]} to prune." if counts[ActionKind.PRUNE] else ".")
+            )
+        )
+    elif not plan.unavailable and not plan.held:
+        out.append(s.green("No changes: the host matches the manifest."))
+    return "\n".join(out)
+
+
+_ADVICE = {
+    "held": "The reconciler never stops what it does not own: free the slot or change the manifest.",
+    "tmpfs": "Make room on the offload tmpfs (`reconciler shm status` shows what holds it) or pick a smaller "
+    "offload lane.",
+    "memory": "A card reports VRAM in use but NVML lists no process for it (on WSL2: Windows programs, or "
+    "processes of another pid namespace): close what holds it, or raise gpu_reserve.idle_used_gib (or the slot's "
+    "idle_used_gib) in configs/host.yaml if that is the card's idle use.",
+    "adopt": "A container with this host's labels but without this install's id is never stopped unasked: "
+    "adopt it (`reconciler adopt NAME`, logged) if it is this host's lane, or remove it.",
+    "image": "The tool never pulls: pull or build the image on this host (docker pull IMAGE), or name one it has; "
+    "the lane it would replace keeps serving meanwhile.",
+    "runtime": "GPUs by DeviceRequest need NVIDIA's container toolkit on the engine's host; on a host without NVIDIA "
+    "GPUs set docker.gpu_requests: false in configs/host.yaml.",
+    "port": "Another process or lane listens on the recipe's port: stop it, or give the recipe a port of its own "
+    "(its command and health.url); the lane it would replace keeps serving meanwhile.",
+    "recipe": "The recipe contradicts itself: make its command agree with its keys.",
+    "source": "A source could not vouch for the slots or the offload files, so nothing that needs it is changed: "
+    "fix the source named above.",
+}
+
+
+def blocked_advice(plan: Plan) -> list[str]:
+    """One line of advice per kind of blocker in the plan, in a fixed order: what the operator can do."""
+    causes = {b.cause for b in plan.blockers}
+    order = ("source", "adopt", "held", "memory", "tmpfs", "image", "runtime", "port", "recipe")
+    return [_ADVICE[c] for c in order if c in causes]
+
+
+# ---------------------------------------------------------------- status
+
+
+def status_data(desired: DesiredState, observed: Observed, plan: Plan) -> dict[str, Any]:
+    """The JSON of ``reconciler status``: per slot what is desired and what holds it, containers, shm, sources."""
+    held = slot_holders(desired, observed)
+    want = desired.slot_owner()
+    own = observed.ownership
+    whose = {c.id: owner_kind(c, desired.host.name, own) for c in observed.containers}
+    by_id = {c.id: c for c in observed.containers}
+    # What could not be observed is unknown, never "free": without Docker no container is known, and without GPU
+    # telemetry (where the host has it) a process outside any container may hold a slot.
+    blind = [s.name for s in (observed.docker, observed.gpus.source) if not s.ok]
+    slots: dict[str, Any] = {}
+    for slot, gpu in desired.host.gpus.items():
+        holders = held.get(slot, [])
+        view = observed.gpus.slots.get(slot)
+        procs = []
+        for p in view.processes if view else ():
+            owner = by_id.get(p.container_id) if p.container_id else None
+            procs.append(
+                {
+                    "pid": p.pid,
+                    "used_bytes": p.used_bytes,
+                    "container": owner.name if owner else p.container_id,
+                    "command": p.command,
+                    "resolved": p.resolved,
+                }
+            )
+        d = want.get(slot)
+        nvml_ok = observed.gpus.telemetry == "nvml" and observed.gpus.source.ok
+        fig = slot_vram(desired.host, view) if nvml_ok else None
+        unlisted = unlisted_used_bytes(desired.host, view) if nvml_ok and not holders else None
+        slots[slot] = {
+            "desired": d.recipe if d else None,
+            "index": view.index if view and view.index is not None else gpu.index,
+            "uuid": view.uuid if view and view.uuid else gpu.uuid,
+            "name": view.name if view else "",
+            "missing": bool(view and view.missing),
+            "error": view.error if view else "",
+            "memory_total_bytes": view.memory_total_bytes if view else None,
+            "memory_used_bytes": view.memory_used_bytes if view else None,
+            "containers": [
+                {
+                    "name": c.name,
+                    "id": c.id[:12],
+                    "managed": whose[c.id] == "ours",
+                    "owner": whose[c.id],
+                    "recipe": c.recipe,
+                    "state": c.state,
+                    "healthy": c.id in own.healthy,
+                }
+                for c in holders
+            ],
+            "processes": procs,
+            "free": False if holders or procs or unlisted else (None if blind else True),
+            "unknown": blind,
+            "memory_free_bytes": fig.free_bytes if fig else None,
+            "reserve_bytes": fig.reserve_bytes if fig else None,
+            "below_reserve": fig.below_reserve if fig else None,
+            "reserve_policy": desired.reserve_policy(d.recipe if d else None),
+            "unlisted_used_bytes": unlisted,
+            "utilization_percent": view.utilization_percent if view else None,
+        }
+    shm = observed.shm
+    return {
+        "host": desired.host.name,
+        "converged": plan.converged,
+        "manifest": desired.manifest_path,
+        "gpu_telemetry": observed.gpus.telemetry,
+        "gpu_source": observed.gpus.source.detail or observed.gpus.source.render(),
+        # What the driver answers (learnt from its answers): "reported", "not reported" (WSL2), "unknown".
+        "gpu_driver_reports": {
+            "process_memory": observed.gpus.process_memory,
+            "utilization": observed.gpus.utilization,
+        },
+        "sources": {n: v.render() for n, v in observed.sources.items()},
+        "slots": slots,
+        "containers": [
+            {
+                "name": c.name,
+                "id": c.id[:12],
+                "state": c.state,
+                "recipe": c.recipe,
+                "slots": list(c.slots),
+                "recipe_hash": c.recipe_hash,
+                "preserved": c.preserved,
+                "exit_code": c.exit_code,
+                "owner": whose[c.id],
+                "healthy": c.id in own.healthy,
+            }
+            for c in observed.containers
+            if whose[c.id] != "foreign"
+        ],
+        "install_id": own.install_id,
+        "shm": {
+            "dir": shm.dir,
+            "tmpfs": {
+                "size_bytes": shm.tmpfs.size_bytes,
+                "used_bytes": shm.tmpfs.used_bytes,
+                "free_bytes": shm.tmpfs.free_bytes,
+            },
+            "files": {
+                state: {"count": len(shm.by_state(state)), "bytes": sum(f.allocated_bytes for f in shm.by_state(state))}
+                for state in ("owned", "orphan", "blocked")
+            },
+            "deleted_mapped_bytes": shm.deleted_mapped_bytes,
+            "blocking_containers": list(shm.blocking_containers),
+        },
+        "plan": plan.to_json(),
+        "loop": read_loop_state(desired.host.name),
+    }
+
+
+def _whose(c: dict[str, Any]) -> str:
+    if c["owner"] == "ours":
+        return f"managed {c['recipe'] or ''}" + ("" if c.get("healthy", True) else ", never healthy")
+    if c["owner"] == "legacy":
+        return f"not adopted: {c['recipe'] or 'no recipe'}; `reconciler adopt {c['name']}`"
+    if c["owner"] == "copied":
+        return (
+            f"not created by this install (copied labels): {c['recipe'] or 'no recipe'}; `reconciler adopt {c['name']}`"
+        )
+    return "unmanaged"
+
+
+def render_status(data: dict[str, Any], s: Style) -> str:
+    install = data.get("install_id")
+    invalid = (data.get("error") or {}).get("code") == "config_invalid"
+    out = [
+        s.bold(f"host {data['host']}")
+        + f"  (manifest {data['manifest'] or 'invalid'}; install id {install[:12] + '…' if install else 'none yet: the first apply makes one'})"
+    ]
+    err = data.get("error")
+    if err and err.get("code") == "config_invalid":
+        out.append(s.red(f"files invalid: {err['message']}"))
+        out.extend(s.red(f"  {ConfigProblem(p['path'], p['line'], p['message'])}") for p in err["problems"])
+        out.append(s.yellow(f"desired below: {data.get('desired_from')}"))
+    out.append(f"GPU telemetry {data['gpu_telemetry']}: {data['gpu_source']}")
+    reports = data.get("gpu_driver_reports") or {}
+    if data["gpu_telemetry"] == "nvml":
+        missing = [
+            what
+            for key, what in (("process_memory", "per-process memory"), ("utilization", "utilisation"))
+            if reports.get(key) == "not reported"
+        ]
+        if missing:
+            out.append(s.yellow(f"  {' and '.join(missing)}: not reported by this driver"))
+    bad = {k: v for k, v in data["sources"].items() if v != "ok" and not v.startswith("ok")}
+    if bad:
+        out.append(s.red("sources: " + ", ".join(f"{k} {v}" for k, v in bad.items())))
+    out.append("")
+    out.append(s.bold("GPU slots"))
+    for slot, v in data["slots"].items():
+        gpu = f"gpu {v['index'] if v['index'] is not None else '?'}"
+        if v["uuid"]:
+            gpu += f" {v['uuid']}"
+        if v["memory_total_bytes"]:
+            gpu += f", {human_bytes(v['memory_used_bytes'])} / {human_bytes(v['memory_total_bytes'])}"
+        if v.get("memory_free_bytes") is not None:
+            gpu += f", {human_bytes(v['memory_free_bytes'])} free"
+            if v.get("below_reserve"):
+                gpu += s.red(f", BELOW RESERVE {human_bytes(v['reserve_bytes'])} ({v.get('reserve_policy')})")
+            else:
+                gpu += f", reserve {human_bytes(v['reserve_bytes'])}"
+        if v["missing"]:
+            gpu += s.red(f" MISSING: {v['error']}" if v["error"] else " MISSING")
+        held = [f"{c['name']} ({_whose(c)}, {c['state']})" for c in v["containers"]]
+        held += [
+            f"pid {p['pid']} "
+            + (clip(p["command"], 60) if p["command"] else "(not found in this /proc: another pid namespace, or gone)")
+            + f" ({'memory n/a' if p['used_bytes'] is None else human_bytes(p['used_bytes'])}"
+            + (f", in {p['container']}" if p["container"] else ", no container")
+            + ")"
+            for p in v["processes"]
+        ]
+        if v.get("unlisted_used_bytes"):
+            held.append(f"{human_bytes(v['unlisted_used_bytes'])} in use and no visible process")
+        if held:
+            now = "; ".join(held) + (
+                s.yellow(f" (and unknown: {', '.join(v['unknown'])} unavailable)") if v["unknown"] else ""
+            )
+        elif v["free"] is None:
+            now = s.yellow(f"unknown ({', '.join(v['unknown'])} unavailable)")
+        else:
+            now = s.dim("free")
+        want = v["desired"] or "free"
+        out.append(f"  {slot:<16} want {want:<24} has {now}  [{gpu}]")
+    out.append("")
+    shm = data["shm"]
+    t = shm["tmpfs"]
+    f = shm["files"]
+    out.append(
+        s.bold("offload shm") + f"  {shm['dir']}: {human_bytes(t['free_bytes'])} free of {human_bytes(t['size_bytes'])}"
+    )
+    out.append(
+        f"  owned {f['owned']['count']} ({human_bytes(f['owned']['bytes'])}), "
+        f"orphan {f['orphan']['count']} ({human_bytes(f['orphan']['bytes'])}), "
+        f"blocked {f['blocked']['count']} ({human_bytes(f['blocked']['bytes'])}), "
+        f"deleted but mapped {human_bytes(shm['deleted_mapped_bytes'])}"
+    )
+    if not data["sources"].get("proc", "ok").startswith("ok"):
+        out.append(s.yellow("  owners unknown: proc unavailable, so no file counts as orphan and none is reclaimed"))
+    preserved = [c for c in data["containers"] if c["preserved"]]
+    if preserved:
+        out.append("")
+        out.append(s.bold("kept failed containers") + " (logs: docker logs NAME)")
+        for c in preserved:
+            out.append(f"  {c['name']} {c['recipe']} exit {c['exit_code']}")
+    suites = data.get("probe_suites") or {}
+    if suites:
+        out.append("")
+        out.append(s.bold("probe suites") + " (last run of each; reconciler probe RECIPE --suite S)")
+        for recipe, runs in suites.items():
+            for suite, run in runs.items():
+                line = (
+                    f"  {recipe} {suite}: {run.get('passed', 0)}/{run.get('planned', 0)} passed at "
+                    f"{iso_time(float(run.get('started') or 0))}"
+                )
+                failed = [p for p in run.get("probes") or () if not p.get("ok")]
+                out.append(s.red(line + f"; {failed[0]['name']}: {clip(failed[0]['detail'], 120)}") if failed else line)
+                under = run.get("vram_under_load") or {}
+                for slot, low in (under.get("slots") or {}).items():
+                    during = f"during {low['probe']!r}" if low.get("probe") else "between probes"
+                    text = (
+                        f"    {slot}: lowest {human_bytes(low['min_free_bytes'])} free under load, {during}, "
+                        f"reserve {human_bytes(low['reserve_bytes'])}"
+                    )
+                    out.append(s.red(text + f" BELOW ({under.get('policy')})") if low.get("below_reserve") else text)
+    loop = data.get("loop")
+    if loop:
+        out.append("")
+        last = loop.get("last_pass") or {}
+        out.append(
+            s.bold("loop") + f"  pid {loop['pid']}, {loop.get('passes', 0)} passes, last: {last.get('result', '-')}"
+        )
+        for key, e in (loop.get("backoff") or {}).items():
+            out.append(
+                s.yellow(
+                    f"  backoff {key}: {e['failures']} failed enter(s), next try at "
+                    f"{iso_time(e['until'])}; last error: {clip(e['last_error'], 160)}"
+                )
+            )
+    for f in data["plan"].get("fallbacks") or ():
+        out.append(s.yellow(f"  ↺ {f['text']}"))
+    out.append("")
+    plan = data["plan"]
+    if invalid:
+        what = "matches" if data["converged"] else "does not match"
+        out.append(
+            s.red(
+                f"files invalid (exit 1): the host {what} the last valid desired state above; "
+                "fix the files (`reconciler validate`)"
+            )
+        )
+    elif data["converged"]:
+        out.append(s.green("converged: the host matches the manifest"))
+    elif plan["unavailable"]:
+        out.append(
+            s.red(
+                f"unknown: {', '.join(plan['unavailable'])} unavailable, so whether the host matches "
+                "the manifest cannot be told (exit 1)"
+            )
+        )
+    else:
+        n = len(plan["actions"])
+        state = "blocked" if plan["blocked"] else f"{n} action(s) pending"
+        if not n and not plan["blocked"] and plan.get("held"):
+            waiting = ", ".join(f"{h['recipe']} on {','.join(h['gpus'])}" for h in plan["held"])
+            state = f"{waiting} held in backoff" + (", a fallback serves meanwhile" if plan.get("fallbacks") else "")
+        out.append(s.yellow(f"not converged: {state} (run `reconciler plan` for details)"))
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- audit
+
+# Outcomes that are not a success: the row then says what went wrong (the action's own error), not why it was
+# planned.
+_AUDIT_FAILED = frozenset({"failed", "refused", "error", "interrupted", "stale", "changed", "blocked"})
+
+
+def _audit_what(r: dict[str, Any]) -> str:
+    target = r.get("target") or r.get("container") or ""
+    failed = r.get("outcome") in _AUDIT_FAILED
+    text = ""
+    if failed:
+        bad = [a for a in r.get("actions") or () if isinstance(a, dict) and a.get("result") in _AUDIT_FAILED]
+        text = (bad[0].get("detail") if bad else "") or r.get("detail") or r.get("error") or ""
+        if bad and not target:
+            target = f"{bad[0].get('kind', '?')} {bad[0].get('recipe') or ''}".strip()
+    text = text or r.get("reason") or r.get("detail") or ""
+    if target and not text.startswith(str(target)):
+        return f"{target}: {text}" if text else str(target)
+    return str(text)
+
+
+def render_audit(records: list[dict[str, Any]]) -> str:
+    """``reconciler audit``: one row per record under a header, columns aligned, times in ISO 8601 with the zone,
+    and for a failure its own error (the record's ``detail``), not the reason it was planned."""
+    from reconciler.base.errors import one_line
+
+    head = ("TIME", "BY", "ACTION", "OUTCOME", "SECONDS", "FREED", "WHAT")
+    rows = []
+    for r in records:
+        secs = r.get("seconds")
+        freed = r.get("bytes_freed")
+        rows.append(
+            (
+                iso_time(float(r.get("time") or 0)),
+                str(r.get("front") or "?") + (f" ({r['who']})" if r.get("who") else ""),
+                str(r.get("action") or "?"),
+                str(r.get("outcome") or "?"),
+                f"{secs:.1f}" if isinstance(secs, (int, float)) else "-",
+                human_bytes(freed) if isinstance(freed, int) and freed else "-",
+                one_line(_audit_what(r)),
+            )
+        )
+    widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head) - 1)]
+    right = {4}  # numbers align on the right
+    lines = []
+    for row in [head, *rows]:
+        # the last column is not padded: it has no width, so zip stops before it
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=False))]
+        lines.append("  ".join([*cells, row[-1]]).rstrip())
+    return "\n".join(lines)

@@ -1,0 +1,106 @@
+"""The audit trail: every action any front-end (cli, api, mcp) or the loop took, one JSON line each.
+
+Written by the service layer and the loop, read by ``reconciler audit`` and ``GET /v1/audit``. The file
+(``$RECONCILER_STATE_DIR/HOST/audit.jsonl``) is only ever appended to; past ``max_bytes`` it is rotated
+(``audit.jsonl.1`` … ``.KEEP``, the oldest dropped), never rewritten. Records are redacted like every other output.
+The directory is checked and the files opened through ``reconciler.base.fsafe`` (no symlink followed, ours only).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from reconciler.base import fsafe
+from reconciler.base.errors import ReconcilerError
+from reconciler.base.redact import redact_data
+
+MAX_BYTES = 10 << 20
+KEEP = 5
+
+
+class AuditLog:
+    def __init__(self, path: Path, *, max_bytes: int = MAX_BYTES, keep: int = KEEP):
+        self.path = path
+        self.max_bytes = max_bytes
+        self.keep = keep
+
+    def _rotated(self, n: int) -> Path:
+        return self.path.with_name(f"{self.path.name}.{n}")
+
+    def append(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Add one record (``time`` is set here) and return it as written."""
+        entry = redact_data({"time": round(time.time(), 3), **record})
+        line = (json.dumps(entry, sort_keys=True, default=str) + "\n").encode()
+        try:
+            lock_fd = fsafe.open_append(self.path.with_name(f".{self.path.name}.lock"), what="the audit lock file")
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX)  # rotation and append, one writer at a time across processes
+                try:
+                    size = self.path.lstat().st_size
+                except FileNotFoundError:
+                    size = 0
+                if size and size + len(line) > self.max_bytes:
+                    self._rotate()
+                fd = fsafe.open_append(self.path, what="the audit log")
+                try:
+                    end = os.fstat(fd).st_size
+                    if end and os.pread(fd, 1, end - 1) != b"\n":
+                        line = b"\n" + line  # a line cut by a crash stays alone: this record is not lost with it
+                    os.write(fd, line)
+                finally:
+                    os.close(fd)
+            finally:
+                os.close(lock_fd)
+        except ReconcilerError as exc:
+            raise ReconcilerError(f"cannot append to the audit log: {exc}") from None
+        except OSError as exc:
+            raise ReconcilerError(f"cannot append to the audit log {self.path}: {exc.strerror or exc}") from None
+        return entry
+
+    def _rotate(self) -> None:
+        oldest = self._rotated(self.keep)
+        if oldest.exists():
+            oldest.unlink()
+        for n in range(self.keep - 1, 0, -1):
+            if self._rotated(n).exists():
+                self._rotated(n).rename(self._rotated(n + 1))
+        self.path.rename(self._rotated(1))
+
+    def _lines(self) -> Iterator[str]:
+        for p in [*(self._rotated(n) for n in range(self.keep, 0, -1)), self.path]:
+            try:
+                with (
+                    fsafe.open_trusted(p, what="the audit log") as fd,
+                    open(os.dup(fd), encoding="utf-8", errors="replace") as fh,
+                ):
+                    yield from fh
+            except FileNotFoundError:
+                continue
+
+    def read(self, *, since: float | None = None) -> list[dict[str, Any]]:
+        """Every record, oldest first (rotated files included); with ``since``, those at or after that time."""
+        out = []
+        for line in self._lines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a line cut by a crash mid-write: skipped, never fatal
+            if isinstance(rec, dict) and (since is None or float(rec.get("time", 0)) >= since):
+                out.append(rec)
+        return out
+
+
+def audit_log(host: str, *, create: bool = True) -> AuditLog:
+    """The host's audit trail, in its checked state directory (``reconciler.store.state.checked_host_dir``)."""
+    from reconciler.store.state import checked_host_dir, host_dir
+
+    try:
+        return AuditLog(checked_host_dir(host, create=create) / "audit.jsonl")
+    except FileNotFoundError:
+        return AuditLog(host_dir(host) / "audit.jsonl")  # nothing recorded yet: reads find no file

@@ -1,0 +1,147 @@
+"""One reconciler per host: an advisory lock (flock) on a file that says who holds it; and the loop's runtime state.
+
+Taken by ``reconciler apply`` and ``reconciler run``. The kernel drops a flock when its holder dies, so the lock
+of a dead process is simply taken over; the file's content (pid, command, start time) is only for the message
+that a refused second instance prints.
+
+Both files live in the runtime directory, ``/run/reconciler`` (``$RECONCILER_LOCK_DIR``; systemd's
+``RuntimeDirectory=reconciler``), which the tool makes 0700 and checks before each use (``reconciler.base.fsafe``): in
+a directory anyone can write, such as ``/run/lock``, another user could take the lock first, plant a symlink for
+root to truncate, or forge the loop's state. The lock file is only written once it is checked to be ours and
+locked by us.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from pathlib import Path
+
+from reconciler.base import fsafe
+from reconciler.base.errors import ReconcilerError
+
+DEFAULT_DIR = "/run/reconciler"
+ENV = "RECONCILER_LOCK_DIR"
+_WHAT = "the runtime directory (the host lock and the loop's state)"
+_HOW = f"set {ENV} to a directory of the running user's own (mode 0700)"
+
+
+def lock_dir() -> Path:
+    """Where the lock and the loop's state live (not checked: ``runtime_dir`` checks it)."""
+    return Path(os.environ.get(ENV) or DEFAULT_DIR)
+
+
+def runtime_dir(*, create: bool) -> Path:
+    """``lock_dir()`` checked (``fsafe.check_dir``), made 0700 when missing and ``create``."""
+    return fsafe.check_dir(lock_dir(), what=_WHAT, create=create, how=_HOW)
+
+
+def state_path(host: str) -> Path:
+    """Where a running loop publishes its backoff and last pass, for ``reconciler status``."""
+    return lock_dir() / f"reconciler-{host}.state.json"
+
+
+def write_loop_state(host: str, data: dict[str, object]) -> None:
+    """Publish the loop's state (OSError or ``fsafe.UnsafePath`` when it cannot be written safely)."""
+    runtime_dir(create=True)
+    fsafe.write_json(state_path(host), data, indent=None)
+
+
+def clear_loop_state(host: str) -> None:
+    try:
+        runtime_dir(create=False)
+        state_path(host).unlink()
+    except (OSError, fsafe.UnsafePath):
+        pass
+
+
+def read_loop_state(host: str) -> dict[str, object] | None:
+    """What a running loop last wrote, or None when no live loop wrote it. ``fsafe.UnsafePath`` when the runtime
+    directory or the file could have been written by another user."""
+    try:
+        runtime_dir(create=False)
+        data = fsafe.read_json(state_path(host), what="the loop's state file")
+        os.kill(int(data["pid"]), 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class LockHeld(ReconcilerError):
+    def __init__(self, path: Path, holder: dict[str, object]):
+        self.path = path
+        self.holder = holder
+        who = ", ".join(f"{k} {v}" for k, v in holder.items()) or "unknown holder"
+        super().__init__(f"another reconciler holds {path} ({who}); one reconciler per host at a time")
+
+
+class LockDirUnusable(ReconcilerError):
+    """The lock file cannot be created or opened: its directory is missing and cannot be made, read-only, not a
+    directory, or not private to the running user."""
+
+    def __init__(self, path: Path, exc: OSError | fsafe.UnsafePath):
+        self.path = path
+        if isinstance(exc, fsafe.UnsafePath):
+            super().__init__(f"cannot take the host lock: {exc}")
+            return
+        why = exc.strerror or str(exc)
+        super().__init__(
+            f"cannot take the host lock: {path} cannot be created or opened ({why}"
+            f"{': ' + str(exc.filename) if exc.filename and str(exc.filename) != str(path) else ''}); "
+            f"make the lock directory {path.parent} writable, or {_HOW}"
+        )
+
+
+class HostLock:
+    def __init__(self, host: str, *, command: str):
+        self.path = lock_dir() / f"reconciler-{host}.lock"
+        self.command = command
+        self._fd: int | None = None
+
+    def acquire(self) -> HostLock:
+        try:
+            runtime_dir(create=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY, 0o600)
+        except fsafe.UnsafePath as exc:
+            raise LockDirUnusable(self.path, exc) from None
+        except OSError as exc:
+            raise LockDirUnusable(self.path, exc) from None
+        try:
+            # Never write to a file that is not ours (a hard link to another file, one another user made).
+            fsafe.check_fd(fd, self.path, what="the host lock file")
+        except fsafe.UnsafePath as exc:
+            os.close(fd)
+            raise LockDirUnusable(self.path, exc) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
+            except ValueError:
+                holder = {}
+            os.close(fd)
+            raise LockHeld(self.path, holder if isinstance(holder, dict) else {}) from None
+        info = {
+            "pid": os.getpid(),
+            "command": self.command,
+            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> HostLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
