@@ -118,3 +118,21 @@ def start_loop(root):  # type: ignore[no-untyped-def]
             except subprocess.TimeoutExpired:
                 lp.proc.kill()
                 lp.proc.wait()
+
+
+# ---------------------------------------------------------------- markers from the fixtures a test uses
+
+# A test is marked by what it takes, so `-m "not docker"` leaves out every real-engine test, whichever file it is
+# in: a fixture that reaches the engine (directly or through another fixture) marks it ``docker``; one that mounts a
+# tmpfs marks it ``root``. A module may still mark itself (pytestmark) for what it does without a fixture.
+DOCKER_FIXTURES = frozenset({"docker_api", "image", "root", "start_loop"})
+ROOT_FIXTURES = frozenset({"tmpfs_dir", "shared_tmpfs", "root"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & DOCKER_FIXTURES:
+            item.add_marker(pytest.mark.docker)
+        if used & ROOT_FIXTURES:
+            item.add_marker(pytest.mark.root)

@@ -14,7 +14,7 @@ class ReconcilerError(Exception):
     it is shown: a message that quotes a URL, a command line or a header never carries the secret in it."""
 
     def __str__(self) -> str:
-        from reconciler.base.redact import redact_text
+        from reconciler.base.redact import redact_text  # start-up: its patterns compile on import; few errors show
 
         return redact_text(super().__str__())
 
@@ -28,7 +28,7 @@ class ConfigProblem(NamedTuple):
     message: str
 
     def __str__(self) -> str:
-        from reconciler.base.redact import redact_text
+        from reconciler.base.redact import redact_text  # start-up: its patterns compile on import; few errors show
 
         where = f"{self.path}:{self.line}" if self.line else self.path
         return one_line(redact_text(f"{where}: {self.message}"))

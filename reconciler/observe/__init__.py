@@ -27,6 +27,7 @@ def observe(
 ) -> Observed:
     """One observation. ``images`` and ``ports`` (``planner.enter_needs``: what the recipes' enters need) are
     looked up for the planner's checks of knowable failures; without them those are not judged."""
+    # start-up: one observer alone (python -m reconciler.observe.shm) pays for none of the others (docstring)
     from reconciler.observe.docker_obs import DockerObserver
     from reconciler.observe.gpu import observe_gpus
     from reconciler.observe.shm import inspect_shm
@@ -43,7 +44,7 @@ def observe(
     )
     enter = EnterFacts()
     if docker_source.ok and (images or ports):
-        from reconciler.observe.listeners import read_listeners
+        from reconciler.observe.listeners import read_listeners  # start-up: only a plan with enters reads ports
 
         runtime, detail = docker.gpu_runtime() if host.docker.gpu_requests and host.gpus else ("unknown", "")
         looked_up, listeners = read_listeners(ports, known_containers=known, proc_root=proc_root)

@@ -100,7 +100,9 @@ def container_of_pid(pid: int, known: Container[str], proc_root: str = "/proc") 
 
 def read_comm(pid: int, proc_root: str = "/proc") -> str:
     """A short human name for a pid: its cmdline (secret values masked), else its comm; '' when gone."""
+    # start-up: the scan's worker interpreters run this file alone (-I -S, no package): it imports none at the top
     from reconciler.base.redact import redact_argv
+
 
     try:
         with open(f"{proc_root}/{pid}/cmdline", "rb") as fh:

@@ -38,6 +38,7 @@ from reconciler.observe.procfs import (
     read_comm,
     scan_holders,
 )
+from reconciler.observe.shapes import status_json
 from reconciler.plan.observed import (
     ContainerView,
     Owner,
@@ -487,8 +488,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         containers, docker = (), Source("docker", False, "not consulted (no --docker-url)")
     view = inspect_shm(cfg, containers=containers, docker=docker, workers=args.workers)
-    from reconciler.observe.shapes import status_json
-
     # json.dumps without indent runs the C encoder in one go; json.dump would write piece by piece.
     sys.stdout.write(json.dumps(status_json(view)) + "\n")
     return 0 if view.sources_ok else 1
