@@ -32,7 +32,7 @@ LAYERS = (
 # Anyone may import these: the package's version, and the entry point that only calls the command line.
 ANYONE = {"reconciler", "reconciler.__main__"}
 # Why an import may stay inside a function: the words its comment must hold (one of them).
-REASONS = ("start-up", "optional", "cycle")
+REASONS = ("start-up", "startup", "optional", "sdk", "cycle")
 
 
 def _module(path: Path) -> str:
