@@ -1,6 +1,6 @@
 """The command line's text surface, held by golden files (tests/data/golden/help/, completion/, schemas/): the
 ``--help`` of every command and subcommand, found by walking the help itself from ``reconciler --help`` down, the
-completion script of every shell ``reconciler completion`` offers, and the published schemas, byte for byte what
+completion script of every shell ``reconciler completion`` offers, the names of the shipped alert rules (configs/prometheus/alerts.yml), and the published schemas, byte for byte what
 ``reconciler schema KIND`` prints, with their sha256.
 
 Each is the real command run as a process (``python -m reconciler``) with COLUMNS=100 and NO_COLOR=1, so argparse
@@ -15,6 +15,8 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+
+import yaml
 
 from contract.golden import check, check_json, check_lines
 
@@ -93,3 +95,10 @@ def test_the_published_schemas_are_what_schema_prints_byte_for_byte() -> None:
         digests[f"schemas/{published.name}"] = hashlib.sha256(published.read_bytes()).hexdigest()
     assert set(digests) == {f"schemas/{p.name}" for p in (REPO / "schemas").glob("*.json")}, digests
     check_json("schemas/sha256.json", digests)
+
+
+def test_alert_rule_names() -> None:
+    rules = yaml.safe_load((REPO / "configs" / "prometheus" / "alerts.yml").read_text())
+    names = [r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    assert len(names) == len(set(names)), names
+    check_lines("alerts.txt", names)
