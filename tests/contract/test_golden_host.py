@@ -1,11 +1,13 @@
 """The machine-readable surface of a host, held by golden files (tests/data/golden/): the key paths of every
-command's ``--json`` answer, the recipe hash a lane is labelled with and the set of ``io.reconciler.*`` label keys,
+command's ``--json`` answer, the recipe hash and the spec hash of a fixed recipe (tests/data/golden/recipe-hash/; the
+labels a lane gets, and what a running lane is compared with: a changed hash recreates every running lane), the set
+of ``io.reconciler.*`` label keys,
 and, on a real ``reconciler run``, the OpenAPI document its API serves, the metric and label names of its /metrics and
 the MCP tools it offers with their schemas.
 
 One root of the module's own (tests/e2e_helpers.py make_root, host ``e2e-golden-...``) on a tmpfs of its own, against
 the real Docker engine, goes once through the states whose answers are held: an invalid manifest, a pending plan, an
-enter (omni on slot A), a no-op, a blocked plan (a container the tool does not own on slot B), an owned and two
+enter (omni on slot A), a no-op, a recreate planned (never applied) of the lane as the fixed recipe, a blocked plan (a container the tool does not own on slot B), an owned and two
 orphan offload files, a probe, a prune; then one loop on it serves the rest.
 
 Key paths (``actions[].kind``: the objects of a list merged) leave values out; keys that are data (a recipe's name,
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -27,6 +30,7 @@ from typing import Any
 
 import anyio
 import pytest
+import yaml
 from e2e_helpers import CliResult, LoopProcess, Root, free_port, http_get, make_root
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -61,6 +65,8 @@ class Host:
     fixed_hash: str = ""
     lane_labels: dict[str, str] = field(default_factory=dict)
     lane_hash: str = ""
+    fixed_spec_hash: str = ""
+    fixed_hash_planned: str = ""
 
     def run(self, name: str, *args: str, rc: int) -> CliResult:
         res = self.root.cli(*args, env={"RECONCILER_NO_LOOP": "1"})
@@ -127,6 +133,26 @@ def _go_through(h: Host, image: str) -> None:
     h.lane_labels = lane["Labels"]
     h.run("apply-noop", "apply", "--yes", "--json", rc=0)
     h.run("plan-converged", "plan", "--json", rc=0)
+
+    # The spec hash of the fixed recipe on a fixed GPU (index 42: make_root draws 64 and up), a plan's alone (nothing
+    # is applied): the lane's recipe file becomes the fixed one and slot A's card index 42, and the plan's recreate
+    # names the hash the new container would be labelled with.
+    recipe_file, host_file = r.path / "configs" / "recipes" / f"{omni}.toml", r.path / "configs" / "host.yaml"
+    saved_recipe, saved_host = recipe_file.read_bytes(), host_file.read_bytes()
+    doc = yaml.safe_load(saved_host)
+    doc["gpus"][A] = {"index": 42}
+    host_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+    recipe_file.write_bytes(FIXED.read_bytes())
+    p = h.run("plan-recreate", "plan", "--json", rc=2)
+    [leave] = [a for a in p.data["actions"] if a["kind"] == "leave"]
+    m = re.search(r"\(hash [0-9a-f]+ -> ([0-9a-f]{16})\): recreate", leave["reason"])
+    assert m, leave
+    h.fixed_spec_hash = m.group(1)
+    [enter] = [a for a in p.data["actions"] if a["kind"] == "enter"]
+    h.fixed_hash_planned = enter["recipe_hash"]
+    recipe_file.write_bytes(saved_recipe)
+    host_file.write_bytes(saved_host)
+    h.run("plan-converged-again", "plan", "--json", rc=0)
     h.run("probe", "probe", omni, "--json", rc=0)
 
     # A container the tool does not own on slot B, which the manifest now gives a second recipe (omni on a port of
@@ -179,6 +205,7 @@ ANSWERS = [
     "apply-enter",
     "apply-noop",
     "plan-converged",
+    "plan-recreate",
     "probe",
     "plan-blocked",
     "apply-blocked",
@@ -206,7 +233,16 @@ def test_json_keys(host: Host, name: str) -> None:
 def test_recipe_hash_and_labels(host: Host) -> None:
     labels = host.lane_labels
     assert labels["io.reconciler.recipe-hash"] == host.lane_hash, "the label is the hash validate shows"
-    check_json("recipe-hash/golden-fixed.json", {"recipe": FIXED.name, "recipe_hash": host.fixed_hash})
+    assert host.fixed_hash_planned == host.fixed_hash, "a plan's enter carries the hash validate shows"
+    check_json(
+        "recipe-hash/golden-fixed.json",
+        {
+            "recipe": FIXED.name,
+            "recipe_hash": host.fixed_hash,
+            # On slot A as card 42, with the demo host file's docker settings: the io.reconciler.spec-hash label.
+            "spec_hash_on_gpu_42": host.fixed_spec_hash,
+        },
+    )
     check_lines("labels/io.reconciler.txt", [k for k in labels if k.startswith("io.reconciler.")])
 
 
