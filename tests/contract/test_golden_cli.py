@@ -78,6 +78,7 @@ def test_every_shells_completion() -> None:
     shells = m.group(1).split(",")
     check_lines("completion/SHELLS", shells)
     for shell in shells:
+        # The script is shtab's rendering of the parser: a release of shtab that writes it otherwise changes it too.
         check(f"completion/{shell}", reconciler("completion", shell))
 
 
