@@ -1,0 +1,41 @@
+"""The ``error.code`` of a JSON error answer made from an exception (``{"error": {"code", "message"}}`` on stdout
+with ``--json``): the code is derived from the exception's class by the same function the command line's JSON
+writer calls (``reconciler.cli.error_code``). The golden (tests/data/golden/errors/codes.json) maps every
+ReconcilerError subclass, found by walking ``__subclasses__()`` from the root class (so the classes may live in any
+module), to its code, keyed by class name alone: a class renamed, added or removed, or a code derived differently,
+fails. ``GOLDEN_UPDATE=1 pytest tests/contract`` records a change made on purpose.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import reconciler
+from contract.golden import check_json
+from reconciler.cli import error_code
+from reconciler.errors import ReconcilerError
+
+
+def _import_everything() -> None:
+    """Every module of the package imported (but ``python -m reconciler``'s), so that a subclass defined anywhere in it is known to Python."""
+    for mod in pkgutil.walk_packages(reconciler.__path__, "reconciler."):
+        if not mod.name.endswith(".__main__"):  # that one runs the command line
+            importlib.import_module(mod.name)
+
+
+def subclasses(cls: type) -> set[type]:
+    out: set[type] = set()
+    for sub in cls.__subclasses__():
+        out |= {sub, *subclasses(sub)}
+    return out
+
+
+def test_every_error_class_has_its_code() -> None:
+    _import_everything()
+    found = {ReconcilerError, *subclasses(ReconcilerError)}
+    # An instance made without its own __init__ (their arguments differ): the code depends on the class alone.
+    codes = {cls.__name__: error_code(cls.__new__(cls)) for cls in found}
+    assert len(codes) == len(found), "two error classes share a name: the code of one would be the other's"
+    assert codes["ReconcilerError"] == "error" and "ConfigError" in codes, codes
+    check_json("errors/codes.json", codes)
