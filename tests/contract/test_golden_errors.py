@@ -13,8 +13,8 @@ import pkgutil
 
 import reconciler
 from contract.golden import check_json
+from reconciler.base.errors import ReconcilerError
 from reconciler.cli import error_code
-from reconciler.errors import ReconcilerError
 
 
 def _import_everything() -> None:
