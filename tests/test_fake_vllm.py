@@ -16,6 +16,8 @@ import re
 import signal
 import subprocess
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -518,3 +520,108 @@ def test_image_runs_tp2_on_host_usr_and_stop_or_crash_decide_the_file(image: str
     finally:
         for n in names:
             docker("rm", "-f", n, check=False)
+
+
+# --- sleep mode ----------------------------------------------------------------------------------------------
+# The vLLM stand-in's sleep mode (examples/fake-vllm/fake_vllm.py), as vLLM's server shows it: with
+# ``--enable-sleep-mode`` and ``VLLM_SERVER_DEV_MODE=1`` it serves ``POST /sleep?level=N``, ``POST /wake_up``
+# (``?tags=weights|kv_cache``), ``GET /is_sleeping``, ``POST /collective_rpc`` and ``POST /reset_prefix_cache``; asleep,
+# ``/health`` stays 200, completions answer 503, ``vllm:engine_sleep_state`` says which state, and a sleep aborts the
+# requests in flight. Run as a real host process over real HTTP.
+
+DEV = {"VLLM_SERVER_DEV_MODE": "1"}
+CHAT = {"model": "fake/sleepy", "messages": [{"role": "user", "content": "Reply with the single word: ready"}]}
+ANSWER = "Fake answer from fake/sleepy: Reply with the single word: ready"
+
+
+def get(port: int, path: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def sleep_state(port: int) -> str:
+    """The sleep_state label whose vllm:engine_sleep_state sample is 1."""
+    text = get(port, "/metrics")[1].decode()
+    on = [ln for ln in text.splitlines() if ln.startswith("vllm:engine_sleep_state{") and ln.endswith(" 1.0")]
+    assert len(on) == 1, text
+    return on[0].split('sleep_state="')[1].split('"')[0]
+
+
+def is_sleeping(port: int) -> bool:
+    status, body = get(port, "/is_sleeping")
+    assert status == 200, body
+    return bool(json.loads(body)["is_sleeping"])
+
+
+def start(run_fake: Callable[..., HostRun], tmp: Path, *extra: str, env: dict[str, str] | None = None) -> int:
+    run = run_fake("serve", "fake/sleepy", "--shm-dir", str(tmp), *extra, env=env)
+    port = run.port()
+    wait_until(lambda: health(port) == 200, timeout=10, what="health 200")
+    return port
+
+
+def test_level_1_sleep_and_wake(tmp_path: Path, run_fake: Callable[..., HostRun]) -> None:
+    port = start(run_fake, tmp_path, "--enable-sleep-mode", env={**DEV, "FAKE_VLLM_MODE": "wake-delay=0.3"})
+    assert not is_sleeping(port) and sleep_state(port) == "awake"
+    assert post(port, "/sleep?level=1", {})[0] == 200
+    assert is_sleeping(port) and sleep_state(port) == "weights_offloaded"
+    assert health(port) == 200, "/health proves nothing about sleep: it stays 200"
+    status, body, _ = post(port, "/v1/chat/completions", CHAT)
+    assert status == 503 and b"sleeping" in body
+    t0 = time.monotonic()
+    assert post(port, "/wake_up", {})[0] == 200
+    assert time.monotonic() - t0 >= 0.3, "the wake takes the delay set"
+    assert not is_sleeping(port) and sleep_state(port) == "awake"
+    status, body, _ = post(port, "/v1/chat/completions", CHAT)
+    assert status == 200 and json.loads(body)["choices"][0]["message"]["content"] == ANSWER
+
+
+def test_level_2_wakes_by_tags_and_answers_garbage_until_weights_reload(
+    tmp_path: Path, run_fake: Callable[..., HostRun]
+) -> None:
+    port = start(run_fake, tmp_path, "--enable-sleep-mode", "-tp", "2", env=DEV)
+    assert post(port, "/sleep?level=2", {})[0] == 200
+    assert sleep_state(port) == "discard_all"
+    assert post(port, "/wake_up?tags=weights", {})[0] == 200
+    assert is_sleeping(port), "the KV cache is still asleep"
+    assert post(port, "/v1/chat/completions", CHAT)[0] == 503
+    assert post(port, "/wake_up?tags=kv_cache", {})[0] == 200
+    assert not is_sleeping(port)
+    status, body, _ = post(port, "/v1/chat/completions", CHAT)
+    assert status == 200 and json.loads(body)["choices"][0]["message"]["content"] != ANSWER, "weights discarded"
+    status, body, _ = post(port, "/collective_rpc", {"method": "reload_weights"})
+    assert status == 200 and json.loads(body) == {"results": [None, None]}, "one answer per TP worker"
+    assert json.loads(post(port, "/v1/chat/completions", CHAT)[1])["choices"][0]["message"]["content"] == ANSWER
+    assert post(port, "/reset_prefix_cache", {})[0] == 200
+    assert post(port, "/collective_rpc", {"method": "nothing"})[0] == 500
+    assert post(port, "/sleep?level=3", {})[0] == 400
+
+
+def test_a_sleep_aborts_the_requests_in_flight(tmp_path: Path, run_fake: Callable[..., HostRun]) -> None:
+    port = start(run_fake, tmp_path, "--enable-sleep-mode", env=DEV)
+    got: list[tuple[int, bytes, str]] = []
+    asker = threading.Thread(
+        target=lambda: got.append(post(port, "/v1/chat/completions", {**CHAT, "fake_hold_s": 30}, timeout=40)),
+        daemon=True,
+    )
+    asker.start()
+    wait_until(lambda: gauges(port) == (1.0, 0.0), timeout=5, what="the request in flight")
+    assert post(port, "/sleep", {})[0] == 200
+    asker.join(timeout=10)
+    assert got and got[0][0] == 500 and b"aborted" in got[0][1], got
+
+
+def test_failures_on_demand_and_no_endpoints_without_dev_mode(tmp_path: Path, run_fake: Callable[..., HostRun]) -> None:
+    port = start(run_fake, tmp_path / "a", "--enable-sleep-mode", env={**DEV, "FAKE_VLLM_MODE": "sleep-fail"})
+    assert post(port, "/sleep", {})[0] == 500 and not is_sleeping(port), "a failed sleep leaves it awake"
+    plain = start(run_fake, tmp_path / "b", "--enable-sleep-mode")
+    assert post(plain, "/sleep", {})[0] == 404 and get(plain, "/is_sleeping")[0] == 404, "dev mode off: not served"
+    off = start(run_fake, tmp_path / "c", env=DEV)
+    status, body, _ = post(off, "/sleep", {})
+    assert status == 500 and b"--enable-sleep-mode" in body
+    woke = start(run_fake, tmp_path / "d", "--enable-sleep-mode", env={**DEV, "FAKE_VLLM_MODE": "wake-fail"})
+    assert post(woke, "/sleep", {})[0] == 200
+    assert post(woke, "/wake_up", {})[0] == 500 and is_sleeping(woke), "a failed wake leaves it asleep"

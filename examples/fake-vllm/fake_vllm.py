@@ -38,6 +38,7 @@ import sys
 import threading
 import time
 import traceback
+import urllib.parse
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -60,9 +61,14 @@ MODE_FILE_ENV = "FAKE_VLLM_MODE_FILE"
 MODE_HELP = (
     "comma-separated switches: fail-start | never-healthy | crash-after=SECONDS | start-delay=SECONDS | "
     "models-missing | chat-error | bad-json | wrong-text | broken-stream | slow-chat=SECONDS | hold-requests | "
-    "wrong-tool | bad-tool-args | ignore-tool-result | responses-empty | needle-wrong | fail-request=TEXT "
+    "wrong-tool | bad-tool-args | ignore-tool-result | responses-empty | needle-wrong | fail-request=TEXT | "
+    "sleep-delay=SECONDS | wake-delay=SECONDS | sleep-fail | wake-fail "
     f"(default from ${MODE_ENV}; empty = a normal server)"
 )
+# Sleep mode (vLLM's --enable-sleep-mode): its endpoints exist only with this variable set to 1, as in vLLM.
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")  # vllm:engine_sleep_state's sleep_state label
+MIB_BYTES = 1 << 20
 # Switches that take no value, each breaking what one kind of functional probe checks (see the README).
 _FLAG_SWITCHES = (
     "fail-start",
@@ -78,7 +84,16 @@ _FLAG_SWITCHES = (
     "ignore-tool-result",
     "responses-empty",
     "needle-wrong",
+    "sleep-fail",
+    "wake-fail",
 )
+_SECONDS_SWITCHES = {
+    "crash-after": "crash_after_s",
+    "start-delay": "start_delay_s",
+    "slow-chat": "slow_chat_s",
+    "sleep-delay": "sleep_delay_s",
+    "wake-delay": "wake_delay_s",
+}
 
 _log_prefix = ""
 
@@ -123,6 +138,11 @@ class Mode:
     responses_empty: bool = False
     needle_wrong: bool = False
     fail_request: str = ""
+    # Sleep mode: seconds POST /sleep and POST /wake_up take, and each answering 500 without changing state.
+    sleep_delay_s: float = 0.0
+    wake_delay_s: float = 0.0
+    sleep_fail: bool = False
+    wake_fail: bool = False
 
     def __str__(self) -> str:
         words = [w for w in _FLAG_SWITCHES if getattr(self, w.replace("-", "_"))]
@@ -132,6 +152,10 @@ class Mode:
             words.append(f"start-delay={self.start_delay_s:g}")
         if self.slow_chat_s:
             words.append(f"slow-chat={self.slow_chat_s:g}")
+        if self.sleep_delay_s:
+            words.append(f"sleep-delay={self.sleep_delay_s:g}")
+        if self.wake_delay_s:
+            words.append(f"wake-delay={self.wake_delay_s:g}")
         if self.fail_request:
             words.append(f"fail-request={self.fail_request}")
         return ",".join(words) or "normal"
@@ -149,14 +173,14 @@ def parse_mode(text: str) -> Mode:
             fields[name.replace("-", "_")] = True
         elif name == "fail-request" and value:
             fields["fail_request"] = value
-        elif name in ("crash-after", "start-delay", "slow-chat") and value:
+        elif name in _SECONDS_SWITCHES and value:
             try:
                 seconds = float(value)
             except ValueError:
                 seconds = -1.0
             if seconds < 0:
                 raise ValueError(f"{MODE_ENV}/--fake-mode: {item!r} needs a number of seconds >= 0, e.g. {name}=5")
-            fields[{"crash-after": "crash_after_s", "start-delay": "start_delay_s"}.get(name, "slow_chat_s")] = seconds
+            fields[_SECONDS_SWITCHES[name]] = seconds
         else:
             raise ValueError(f"{MODE_ENV}/--fake-mode: unknown switch {item!r}; use {MODE_HELP}")
     return Mode(**fields)  # type: ignore[arg-type]
@@ -177,6 +201,10 @@ class Settings:
     file_wait_s: float
     ignored_args: tuple[str, ...]
     max_num_seqs: int = 256  # requests served at once; more wait in the queue (vllm:num_requests_waiting)
+    enable_sleep_mode: bool = False  # --enable-sleep-mode
+    dev_mode: bool = False  # $VLLM_SERVER_DEV_MODE=1: the sleep endpoints are served
+    cuda_mib: int = 0  # CUDA mode: MiB of GPU memory held awake (0: no CUDA)
+    cuda_residual_mib: int = 0  # ... and still held asleep (vLLM keeps NCCL buffers and the CUDA context)
 
     @property
     def offload_path(self) -> str:
@@ -238,6 +266,24 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="requests run at once; the rest wait (vLLM's scheduler limit; default 256)",
     )
     parser.add_argument(
+        "--enable-sleep-mode",
+        action="store_true",
+        help=f"serve POST /sleep, POST /wake_up, GET /is_sleeping (with ${DEV_MODE_ENV}=1, as vLLM)",
+    )
+    parser.add_argument(
+        "--fake-cuda-mib",
+        type=int,
+        default=_env_default(environ, "FAKE_VLLM_CUDA_MIB", "0"),
+        help="CUDA mode (needs PyTorch and a GPU): MiB of GPU memory the server holds while awake and gives "
+        "back asleep (default $FAKE_VLLM_CUDA_MIB or 0: no CUDA)",
+    )
+    parser.add_argument(
+        "--fake-cuda-residual-mib",
+        type=int,
+        default=_env_default(environ, "FAKE_VLLM_CUDA_RESIDUAL_MIB", "0"),
+        help="MiB it keeps asleep, as vLLM keeps its CUDA context and NCCL buffers (default 0)",
+    )
+    parser.add_argument(
         "--fake-file-wait",
         type=float,
         default=60.0,
@@ -261,6 +307,8 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         parser.error(f"--tensor-parallel-size must be >= 1, got {ns.tensor_parallel_size}")
     if ns.max_num_seqs < 1:
         parser.error(f"--max-num-seqs must be >= 1, got {ns.max_num_seqs}")
+    if ns.fake_cuda_mib < 0 or not 0 <= ns.fake_cuda_residual_mib <= max(ns.fake_cuda_mib, 0):
+        parser.error("--fake-cuda-mib must be >= 0 and --fake-cuda-residual-mib between 0 and it")
     if ns.kv_offloading_size < 0:
         parser.error(f"--kv-offloading-size is in GiB and must be >= 0, got {ns.kv_offloading_size}")
     mode_text = ns.fake_mode
@@ -289,6 +337,10 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         file_wait_s=ns.fake_file_wait,
         ignored_args=tuple(unknown),
         max_num_seqs=ns.max_num_seqs,
+        enable_sleep_mode=ns.enable_sleep_mode,
+        dev_mode=environ.get(DEV_MODE_ENV, "") == "1",
+        cuda_mib=ns.fake_cuda_mib,
+        cuda_residual_mib=ns.fake_cuda_residual_mib,
     )
 
 
@@ -401,6 +453,7 @@ class Engine:
         self.waiting = 0
         self.holding = 0
         self.release_gen = 0
+        self.abort_gen = 0  # counts the times every request in flight was aborted (a sleep aborts them, as vLLM)
         # vLLM's prefix cache, as its counters show it: prompt tokens (words here) looked up and found, in blocks of
         # PREFIX_BLOCK, each block known by the hash of everything before it and itself.
         self.prefix_queries = 0
@@ -443,6 +496,14 @@ class Engine:
             finally:
                 self.holding -= 1
 
+    def abort_all(self) -> int:
+        """Abort every request in flight (POST /sleep does, in vLLM): each answers an error; the number of them."""
+        with self.cond:
+            self.abort_gen += 1
+            self.release_gen += 1
+            self.cond.notify_all()
+            return self.running + self.waiting
+
     def release(self) -> int:
         """Let every request that holds now go on; the number of them."""
         with self.cond:
@@ -450,6 +511,59 @@ class Engine:
             self.release_gen += 1
             self.cond.notify_all()
             return held
+
+
+class Cuda:
+    """CUDA mode: real GPU memory held by this process through PyTorch, ``awake_mib`` in all while awake and
+    ``residual_mib`` asleep (the block that stays stands for what a sleeping vLLM keeps: its CUDA context, NCCL
+    buffers, the CUDA graphs' pool). Every page is written, so the driver has really given it."""
+
+    def __init__(self, awake_mib: int, residual_mib: int):
+        import torch  # only in CUDA mode: the image and the demo have no PyTorch
+
+        self.torch = torch
+        self.awake_mib, self.residual_mib = awake_mib, residual_mib
+        self.residual = self._take(residual_mib)
+        self.rest: object | None = None
+
+    def _take(self, mib: int) -> object | None:
+        if mib <= 0:
+            return None
+        block = self.torch.empty(mib * MIB_BYTES, dtype=self.torch.uint8, device="cuda")
+        block.fill_(1)
+        self.torch.cuda.synchronize()
+        return block
+
+    def wake(self) -> None:
+        if self.rest is None:
+            self.rest = self._take(self.awake_mib - self.residual_mib)
+
+    def sleep(self) -> None:
+        self.rest = None
+        self.torch.cuda.synchronize()
+        self.torch.cuda.empty_cache()  # back to the driver, so NVML and nvidia-smi see it free
+
+
+class Sleep:
+    """vLLM's sleep mode as its server shows it. Level 1 offloads the weights to CPU memory and discards the KV
+    cache; level 2 discards both, so after waking the weights the model answers garbage until
+    ``collective_rpc reload_weights``. ``/health`` stays 200 throughout; completions answer 503 while asleep."""
+
+    def __init__(self, cuda: Cuda | None = None):
+        self.lock = threading.Lock()  # one sleep or wake at a time, as vLLM's engine core runs them
+        self.level = 0
+        self.weights_awake = True
+        self.kv_awake = True
+        self.weights_loaded = True
+        self.cuda = cuda
+
+    @property
+    def sleeping(self) -> bool:
+        return not (self.weights_awake and self.kv_awake)
+
+    def state(self) -> str:
+        """vllm:engine_sleep_state's sleep_state label in force."""
+        return "awake" if not self.sleeping else SLEEP_STATES[min(self.level, 2)]
 
 
 def _example(schema: object) -> object:
@@ -652,10 +766,21 @@ def responses_body(rid: str, body: dict[str, object], *, model: str, mode: Mode)
 
 
 def make_server(
-    *, host: str, port: int, health: Health, mode: Mode | None = None, engine: Engine | None = None
+    *,
+    host: str,
+    port: int,
+    health: Health,
+    mode: Mode | None = None,
+    engine: Engine | None = None,
+    settings: Settings | None = None,
+    sleep: Sleep | None = None,
 ) -> http.server.ThreadingHTTPServer:
     switches = Switches(mode or Mode())
     engine = engine or Engine(256)
+    sleep_: Sleep = sleep or Sleep()
+    sleep_served = settings is not None and settings.dev_mode  # the dev-mode endpoints exist (else 404, as vLLM)
+    sleep_enabled = settings is not None and settings.enable_sleep_mode
+    tp = settings.tensor_parallel_size if settings is not None else 1
     counter = iter(range(1, 1 << 62))
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -684,13 +809,100 @@ def make_server(
                 self._answer(503, {"status": "starting"})
             elif self.path == "/metrics":
                 self._metrics()
+            elif self.path == "/is_sleeping" and sleep_served:
+                self._answer(200, {"is_sleeping": sleep_.sleeping})
             else:
                 self._answer(404, {"detail": "Not Found"})
+
+        def _sleep_call(self, path: str, query: dict[str, list[str]], raw: bytes) -> None:
+            """POST /sleep?level=N, /wake_up[?tags=weights|kv_cache], /collective_rpc, /reset_prefix_cache."""
+            if not health.ready:
+                self._answer(503, {"status": "starting"})
+                return
+            if path == "/reset_prefix_cache":
+                with engine.cond:
+                    engine.blocks.clear()
+                self._answer(200, {})
+                return
+            if not sleep_enabled and path in ("/sleep", "/wake_up"):
+                self._answer(500, _error("Sleep mode is not enabled: start the server with --enable-sleep-mode", 500))
+                return
+            if path == "/collective_rpc":
+                try:
+                    method = json.loads(raw or b"{}").get("method")
+                except (ValueError, AttributeError):
+                    method = None
+                if method != "reload_weights":
+                    self._answer(500, _error(f"unknown collective_rpc method {method!r}", 500))
+                    return
+                with sleep_.lock:
+                    sleep_.weights_loaded = True
+                log("INFO", "collective_rpc reload_weights: weights reloaded from the checkpoint")
+                self._answer(200, {"results": [None] * tp})
+                return
+            with sleep_.lock:
+                if path == "/sleep":
+                    self._sleep(query)
+                else:
+                    self._wake(query)
+
+        def _sleep(self, query: dict[str, list[str]]) -> None:
+            try:
+                level = int((query.get("level") or ["1"])[0])
+                assert level in (1, 2)
+            except (ValueError, AssertionError):
+                self._answer(400, _error("level must be 1 or 2", 400))
+                return
+            if self.mode.sleep_fail:
+                self._answer(500, _error(f"fake sleep failure ({MODE_ENV}=sleep-fail)", 500, "InternalServerError"))
+                return
+            if sleep_.sleeping:
+                self._answer(200, {})
+                return
+            aborted = engine.abort_all()
+            time.sleep(self.mode.sleep_delay_s)
+            if sleep_.cuda is not None:
+                sleep_.cuda.sleep()
+            sleep_.level, sleep_.weights_awake, sleep_.kv_awake = level, False, False
+            with engine.cond:
+                engine.blocks.clear()  # the KV cache is discarded, and with it the prefix cache
+            log(
+                "INFO",
+                f"It took {self.mode.sleep_delay_s:.6f} seconds to fall asleep (level {level}); "
+                f"{aborted} request(s) in flight aborted",
+            )
+            self._answer(200, {})
+
+        def _wake(self, query: dict[str, list[str]]) -> None:
+            tags = set(query.get("tags") or ["weights", "kv_cache"])
+            if not tags <= {"weights", "kv_cache"}:
+                self._answer(400, _error(f"unknown tags {sorted(tags)}: weights, kv_cache", 400))
+                return
+            if self.mode.wake_fail:
+                self._answer(500, _error(f"fake wake failure ({MODE_ENV}=wake-fail)", 500, "InternalServerError"))
+                return
+            if not sleep_.sleeping:
+                self._answer(200, {})
+                return
+            time.sleep(self.mode.wake_delay_s)
+            if "weights" in tags and not sleep_.weights_awake:
+                sleep_.weights_awake = True
+                sleep_.weights_loaded = sleep_.level == 1  # level 2 discarded them: reload_weights brings them
+            if "kv_cache" in tags:
+                sleep_.kv_awake = True
+            if not sleep_.sleeping and sleep_.cuda is not None:
+                sleep_.cuda.wake()
+            log("INFO", f"It took {self.mode.wake_delay_s:.6f} seconds to wake up tags {sorted(tags)}")
+            self._answer(200, {})
 
         def do_POST(self) -> None:
             self.mode = switches.mode
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
+            path, _, qs = self.path.partition("?")
+            if sleep_served and path in ("/sleep", "/wake_up", "/collective_rpc", "/reset_prefix_cache"):
+                self._sleep_call(path, urllib.parse.parse_qs(qs), raw)
+                return
             if self.path == "/fake/release":
                 self._answer(200, {"released": engine.release()})
                 return
@@ -710,6 +922,9 @@ def make_server(
                 return
             if not health.ready:
                 self._answer(503, {"status": "starting"})
+                return
+            if sleep_.sleeping:
+                self._answer(503, _error("The engine is sleeping: POST /wake_up first", 503, "ServiceUnavailableError"))
                 return
             try:
                 body = json.loads(raw or b"{}")
@@ -734,6 +949,7 @@ def make_server(
                 )
                 return
             engine.cache_prompt(prompt_words(body))
+            aborts = engine.abort_gen
             engine.admit()
             try:
                 hold = body.get("fake_hold_s")
@@ -743,6 +959,12 @@ def make_server(
                     engine.hold(3600.0)
                 if self.mode.slow_chat_s:
                     time.sleep(self.mode.slow_chat_s)
+                if engine.abort_gen != aborts:
+                    self._answer(500, _error("Request aborted: the engine was put to sleep", 500, "AbortError"))
+                    return
+                if not sleep_.weights_loaded:
+                    # level 2 woke its weights without reloading them: the model speaks garbage, as vLLM's would
+                    self.mode = dataclasses.replace(self.mode, wrong_text=True)
                 if self.path == "/v1/responses":
                     rid = f"resp_fake{next(counter)}"
                     self._answer(200, responses_body(rid, body, model=health.model, mode=self.mode))
@@ -766,6 +988,7 @@ def make_server(
             with engine.cond:
                 running, waiting = engine.running, engine.waiting
                 queries, hits = engine.prefix_queries, engine.prefix_hits
+            asleep = sleep_.state()
             text = (
                 "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
                 "# TYPE vllm:num_requests_running gauge\n"
@@ -779,6 +1002,12 @@ def make_server(
                 "# HELP vllm:prefix_cache_hits Prefix cache hits, in terms of number of cached tokens.\n"
                 "# TYPE vllm:prefix_cache_hits counter\n"
                 f"vllm:prefix_cache_hits_total{{{label}}} {float(hits)}\n"
+                "# HELP vllm:engine_sleep_state Engine sleep state; awake = 0 means engine is sleeping.\n"
+                "# TYPE vllm:engine_sleep_state gauge\n"
+                + "".join(
+                    f'vllm:engine_sleep_state{{{label},sleep_state="{state}"}} {float(state == asleep)}\n'
+                    for state in SLEEP_STATES
+                )
             ).encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
@@ -993,6 +1222,9 @@ def serve(settings: Settings) -> int:
     signal.signal(signal.SIGINT, on_signal)
 
     health = Health(model=settings.model)
+    if settings.enable_sleep_mode and not settings.dev_mode:
+        log("WARNING", f"--enable-sleep-mode without {DEV_MODE_ENV}=1: the sleep endpoints are not served")
+    sleep = Sleep()
     try:
         server = make_server(
             host=settings.host,
@@ -1000,6 +1232,8 @@ def serve(settings: Settings) -> int:
             health=health,
             mode=settings.mode,
             engine=Engine(settings.max_num_seqs),
+            settings=settings,
+            sleep=sleep,
         )
     except OSError as exc:
         log("ERROR", f"cannot listen on {settings.host}:{settings.port}: {exc}; pick another --port")
@@ -1043,6 +1277,10 @@ def serve(settings: Settings) -> int:
                 if settings.mode.never_healthy:
                     log("WARNING", f"never becoming healthy ({MODE_ENV}=never-healthy)")
                 elif crash_after is None or crash_after > 0:
+                    if settings.cuda_mib:
+                        sleep.cuda = Cuda(settings.cuda_mib, settings.cuda_residual_mib)
+                        sleep.cuda.wake()
+                        log("INFO", f"CUDA mode: {settings.cuda_mib} MiB held on the GPU (pid {os.getpid()})")
                     health.ready = True
                     log("INFO", "Application startup complete.")
             crash_after = settings.mode.crash_after_s
