@@ -1,0 +1,100 @@
+"""``reconciler init`` (reconciler/service/init_root.py, observe/machine.py, load/init_files.py): a root written
+from what the machine says, which `reconciler validate` accepts; never over a file that is there."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reconciler.observe.machine import Card, Engine, Machine, parse_wsl, read_cards, read_machine
+from reconciler.service.init_root import InitRefused, init_root
+
+H200 = Card(0, "GPU-c0b62778-fa04-78c1-0cfd-cea75364fc73", "NVIDIA H200", 150754820096, 612 << 20)
+ENGINE = Engine("unix:///var/run/docker.sock", "Docker Engine", "27.0.1", "the default socket")
+
+
+def validate(root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "reconciler", "--root", str(root), "validate"], capture_output=True, text=True
+    )
+
+
+def _root(tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    root.mkdir(mode=0o755)
+    os.chmod(tmp_path, 0o755)
+    return root
+
+
+def test_on_this_machine_it_writes_a_root_that_validates(tmp_path: Path, docker_api: object) -> None:
+    """The engine the tests run against answers at DOCKER_HOST; the cards are NVML's (an H200 machine writes each
+    card's UUID), or, where NVML has none, gpu_telemetry none and the reason."""
+    root = _root(tmp_path)
+    url = os.environ.get("RECONCILER_TEST_DOCKER_URL", "unix:///var/run/docker.sock")
+    machine = read_machine({"DOCKER_HOST": url})
+    result = init_root(root, machine=machine)
+    host = (root / "configs/host.yaml").read_text()
+    assert validate(root).returncode == 0, validate(root).stderr
+    assert machine.engines and machine.engines[0].url == url and machine.engines[0].why == "$DOCKER_HOST"
+    assert f"url: {url}" in host and "found at" in host
+    cards, why, _driver = read_cards()
+    if cards:
+        assert [f'uuid: "{c.uuid}"' in host for c in cards] == [True] * len(cards), host
+        assert "gpu_telemetry: nvml" in host
+    else:
+        assert "gpu_telemetry: none" in host and why in host
+    assert sorted(result.written) == sorted(result.files)
+
+
+def test_cards_by_uuid_with_their_memory_and_wsl2_settings(tmp_path: Path) -> None:
+    root = _root(tmp_path)
+    machine = Machine(
+        cards=(H200,),
+        driver="570.86",
+        wsl2=True,
+        wsl_why="the kernel release is '6.6-microsoft-standard-WSL2'",
+        engines=(ENGINE,),
+        shm_bytes=64 << 30,
+        shm_fs="tmpfs",
+    )
+    init_root(root, machine=machine)
+    host = (root / "configs/host.yaml").read_text()
+    assert 'gpu0: {uuid: "GPU-c0b62778-fa04-78c1-0cfd-cea75364fc73", idle_used_gib: 2}' in host
+    assert "# index 0: NVIDIA H200, 140.40 GiB" in host and "NVIDIA driver 570.86" in host
+    assert "drop_after_leave: true" in host and "gpu_requests: true" in host
+    assert validate(root).returncode == 0, validate(root).stderr
+
+
+def test_an_existing_root_is_refused_and_nothing_changes(tmp_path: Path) -> None:
+    root = _root(tmp_path)
+    (root / "configs").mkdir()
+    (root / "configs/host.yaml").write_text("name: mine\n")
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+    with pytest.raises(InitRefused, match="never overwrites"):
+        init_root(root, machine=Machine(engines=(ENGINE,)))
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()} == before
+    assert not (root / "manifests").exists()
+
+
+def test_a_dry_run_writes_nothing(tmp_path: Path) -> None:
+    root = _root(tmp_path)
+    result = init_root(root, dry_run=True, machine=Machine())
+    assert list(root.iterdir()) == [] and result.written == [] and "configs/host.yaml" in result.files
+    assert "No container engine answered" in result.files["configs/host.yaml"]
+
+
+@pytest.mark.parametrize(
+    ("release", "env", "wsl"),
+    [
+        ("5.15.153.1-microsoft-standard-WSL2\n", {}, True),
+        ("4.4.0-19041-Microsoft\n", {"WSL_DISTRO_NAME": "Ubuntu"}, True),  # WSL1 names itself so too: only with it
+        ("4.4.0-19041-Microsoft\n", {}, False),
+        ("6.1.0-18-amd64\n", {"WSL_DISTRO_NAME": "x"}, False),
+    ],
+)
+def test_wsl2_is_read_from_the_kernel_release(release: str, env: dict[str, str], wsl: bool) -> None:
+    assert parse_wsl(release, env)[0] is wsl
