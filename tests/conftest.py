@@ -60,7 +60,7 @@ def _mounted_tmpfs(prefix: str, size: str) -> Iterator[Path]:
 def shared_tmpfs() -> Iterator[Path]:
     """One tmpfs for a whole session's roots that are only validated, never applied (shm.dir must be a tmpfs
     mount point): a fresh 1 GiB one as root (nothing is written to it), else /dev/shm where that is a tmpfs."""
-    from reconciler.load.loader import shm_dir_mount_problem
+    from reconciler.load.tmpfs import shm_dir_mount_problem
 
     if os.geteuid() != 0:
         if shm_dir_mount_problem("/dev/shm") is None:

@@ -246,7 +246,7 @@ def test_a_reader_letting_go_during_the_prompt_gets_no_file_unlinked(root: Root)
 def test_an_adopt_during_the_prompt_stops_no_container_that_was_not_on_screen(
     root: Root, tmp_path: Path, image: str, start_loop: Callable[..., LoopProcess]
 ) -> None:
-    from reconciler.load.loader import load_desired
+    from reconciler.load.desired import load_desired
 
     omni = root.recipe("omni")
     labels = {

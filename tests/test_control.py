@@ -52,7 +52,7 @@ HEAVY = (
     "rich",
     "reconciler.model",
     "reconciler.service",
-    "reconciler.load.loader",
+    "reconciler.load.desired",
     "reconciler.plan.planner",
     "reconciler.observe",
 )

@@ -270,7 +270,7 @@ def test_4b_orphans_that_appear_after_the_plan_are_left_to_the_next_plan(root: R
     plan it runs listed no such file. The enter is refused for want of room before it creates anything, and the next
     plan lists the reclaim of exactly those files (docs/design.md, safety rule 13: only the shown plan runs)."""
     from reconciler.apply import ActionRefused, Applier
-    from reconciler.load.loader import load_desired
+    from reconciler.load.desired import load_desired
     from reconciler.plan.planner import ActionKind
 
     wait_for_no_offload_container(root.api)
@@ -299,7 +299,7 @@ def test_4b_orphans_that_appear_after_the_plan_are_left_to_the_next_plan(root: R
 def test_4c_an_enter_without_tmpfs_room_is_refused_and_creates_nothing(root: Root) -> None:
     """Room taken by a file a live process holds cannot be reclaimed: the enter is refused before any create."""
     from reconciler.apply import Applier
-    from reconciler.load.loader import load_desired
+    from reconciler.load.desired import load_desired
 
     wait_for_no_offload_container(root.api)
     lane = root.recipe("deepseek-256k-offload", offload_mib=24)
@@ -561,7 +561,7 @@ def test_7b_killed_between_create_and_start_the_labelled_leftover_is_replaced(ro
     the real command line then has to clean it up: the container is known for this install's by its name and token.
     """
     from reconciler.apply.docker_ops import DockerOps, create_spec
-    from reconciler.load.loader import load_desired
+    from reconciler.load.desired import load_desired
     from reconciler.plan.observed import LABEL_CREATE_TOKEN
     from reconciler.store import state
 

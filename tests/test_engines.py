@@ -192,7 +192,7 @@ def test_tp2_offload_lane_its_owners_and_gpu_processes_are_its_container_and_orp
 ) -> None:
     from test_e2e_apply import wait_for_no_offload_container
 
-    from reconciler.load.loader import load_desired
+    from reconciler.load.desired import load_desired
     from reconciler.observe.gpu import engine_container_of, observe_gpus
 
     wait_for_no_offload_container(root.api)

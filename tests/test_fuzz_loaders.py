@@ -26,7 +26,9 @@ from hypothesis import strategies as st
 
 from reconciler.base.errors import ConfigError
 from reconciler.cli import main
-from reconciler.load.loader import load_desired, load_host, load_recipes
+from reconciler.load.desired import load_desired
+from reconciler.load.host_file import load_host
+from reconciler.load.recipes import load_recipes
 
 BASE = Path(__file__).resolve().parent / "cases" / "bad" / "_base"
 HOST, OMNI, LANE, MANIFEST = (

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from e2e_helpers import SLEEP, TEST_LABEL, Root, docker_cli
 
-from reconciler.load.loader import load_desired
+from reconciler.load.desired import load_desired
 from reconciler.observe.docker_obs import NVIDIA_MAJOR, PRIVILEGED, DockerObserver
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]

@@ -115,7 +115,7 @@ def test_an_enter_whose_health_url_already_answers_is_blocked_and_nothing_is_rep
     enter"): blocked, nothing created; and should it appear after the plan, the enter's own preflight refuses it
     before the create, with the message it always gave."""
     from reconciler.apply import ActionFailed, Applier
-    from reconciler.load.loader import load_desired
+    from reconciler.load.desired import load_desired
     from reconciler.plan.planner import Action, ActionKind
 
     port = free_port()

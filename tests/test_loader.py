@@ -20,7 +20,8 @@ import yaml
 from reconciler.base.errors import ConfigError
 from reconciler.base.units import human_bytes
 from reconciler.cli import main
-from reconciler.load.loader import load_desired, shm_dir_mount_problem, tmpfs_free, tmpfs_size
+from reconciler.load.desired import load_desired
+from reconciler.load.tmpfs import shm_dir_mount_problem, tmpfs_free, tmpfs_size
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "examples" / "demo"
@@ -358,7 +359,7 @@ def test_a_merging_mapping_reused_through_an_alias_is_not_a_duplicate(root: Path
 
 def test_a_merge_keeps_the_overrides_of_the_mapping_it_merges() -> None:
     """PyYAML's merge loses a merged mapping's own override when that mapping uses '<<' too (z.b came out 0)."""
-    from reconciler.load.loader import _Loader
+    from reconciler.load.yaml_source import _Loader
 
     text = "base: &base {a: 1, b: 0}\nholder:\n  inner: &x\n    <<: *base\n    b: 2\nz:\n  <<: *x\n  c: 3\n"
     loader = _Loader(text)

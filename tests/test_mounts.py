@@ -11,7 +11,7 @@ from pathlib import Path
 
 from reconciler.apply.shm_guard import tmpfs_mount_refusal
 from reconciler.base import mounts
-from reconciler.load.loader import shm_dir_mount_problem
+from reconciler.load.tmpfs import shm_dir_mount_problem
 
 # Captured from a Debian container (trimmed); line 4 has a space in its mount point, line 5 optional fields.
 CAPTURED = """\

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.root]
 
 
 def _labels(root: Root, recipe: str, slot: str, **extra: str) -> list[str]:
-    from reconciler.load.loader import load_desired
+    from reconciler.load.desired import load_desired
 
     desired = load_desired(root.path)
     labels = {

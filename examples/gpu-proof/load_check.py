@@ -166,7 +166,7 @@ def main() -> int:
 
         from reconciler.apply import Applier, BelowReserve, ProbeFailed
         from reconciler.apply.probes import run_suite
-        from reconciler.load.loader import load_desired
+        from reconciler.load.desired import load_desired
         from reconciler.model import container_name
         from reconciler.plan.planner import Action, ActionKind
 

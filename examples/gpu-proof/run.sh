@@ -75,7 +75,7 @@ fi
 capture() {  # read_nvml's answer, as the parse gets it, into $work/$1
     "$py" - "$root" >"$work/$1" <<'PY'
 import json, sys
-from reconciler.load.loader import load_host
+from reconciler.load.host_file import load_host
 from reconciler.observe.gpu import read_nvml
 print(json.dumps(read_nvml(load_host(sys.argv[1])), indent=1))
 PY

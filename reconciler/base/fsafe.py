@@ -15,7 +15,7 @@ on the open descriptor by ``open_trusted``: a regular file, owned by the running
 group or others, with one name, and for secrets not readable by them either.
 
 The operator's root (``--root``, its ``configs/``, ``manifests/`` and every file read from them) is checked the
-same way by ``check_trusted`` and ``check_owner``, called by ``reconciler.load.loader``: a recipe decides an image and
+same way by ``check_trusted`` and ``check_owner``, called by ``reconciler.load.files``: a recipe decides an image and
 its mounts, so a root another user can write would let that user run anything as root.
 
 Callers: ``reconciler.store.lock`` (the runtime directory: the host lock and the loop's state), ``reconciler.store.state``

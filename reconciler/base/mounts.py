@@ -1,7 +1,7 @@
 """Which filesystem a directory is on: ``/proc/self/mountinfo`` parsed (pure) and statfs(2)'s ``f_type``.
 
 The one helper behind both places that ask whether ``shm.dir`` is a tmpfs mount point: the loader, when it reads
-configs/host.yaml (``reconciler.load.loader.shm_dir_mount_problem``), and the shm guard, again right before it deletes
+configs/host.yaml (``reconciler.load.tmpfs.shm_dir_mount_problem``), and the shm guard, again right before it deletes
 (``reconciler.apply.shm_guard.tmpfs_mount_refusal``): a mount can come or go between the two (docs/design.md, safety
 rule 1). Each caller words its own verdict; this module only reads and parses.
 """

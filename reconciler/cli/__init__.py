@@ -81,7 +81,7 @@ def report_error(args: argparse.Namespace, code: str, message: str) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from reconciler.load.loader import load_desired
+    from reconciler.load.desired import load_desired
 
     desired = load_desired(args.root)
     if args.json:

@@ -26,6 +26,7 @@ KINDS: dict[str, tuple[str, str, str]] = {
 
 def schema(kind: str) -> dict[str, Any]:
     """The JSON Schema of one kind of file, as a JSON value."""
+    # The start-up budget: ``--help`` builds this command's choices from KINDS and must not import the model.
     from reconciler import model
 
     class_name, where, _ = KINDS[kind]

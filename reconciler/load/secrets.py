@@ -5,8 +5,9 @@ the reconciler's own environment. Values are read here and nowhere else, never p
 read is handed to the redaction boundary (``reconciler.base.redact.learn_secrets``), which masks it in every string that
 leaves the process, however it got there (a lane that prints its environment, a cause quoting its log).
 
-The loader calls ``digests`` (each referenced value's sha256, so that a rotated secret recreates its container
-through the spec hash without the value appearing anywhere); the apply layer calls ``resolve`` at create time.
+The loader (``reconciler.load.desired``) takes the ``digest`` of each referenced value (its sha256, so that a
+rotated secret recreates its container through the spec hash without the value appearing anywhere); the apply layer
+calls ``resolve`` at create time.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import hashlib
 import os
 from collections.abc import Iterable, Mapping
 
+from reconciler.base import fsafe
 from reconciler.base.errors import ReconcilerError
+from reconciler.base.redact import learn_secrets
 
 
 class SecretError(ReconcilerError):
@@ -27,8 +30,6 @@ def read_env_file(path: str) -> dict[str, str]:
 
     A ``#`` after a space starts a comment, as in a shell: ``KEY=abc  # rotated in May`` is ``abc``; a ``#`` inside
     a word stays (``KEY=abc#def``), and so does one inside quotes (``KEY="abc # def"``)."""
-    from reconciler.base import fsafe
-
     # Trusted by its owner and mode, not its mode alone: a file another user owns (or could write) could hand the
     # containers a token of that user's choosing.
     try:
@@ -67,8 +68,6 @@ def read_env_file(path: str) -> dict[str, str]:
                     value = given[:i].strip()
                     break
         out[name] = value
-    from reconciler.base.redact import learn_secrets
-
     learn_secrets(out)  # every value of the file is a secret, referenced by a recipe or not
     return out
 
@@ -86,8 +85,6 @@ def resolve(env_file: str | None, names: Iterable[str], *, environ: Mapping[str,
             out[name] = environ[name]
         else:
             missing.append(name)
-    from reconciler.base.redact import learn_secrets
-
     learn_secrets(out)
     if missing:
         where = f"{env_file} or the reconciler's environment" if env_file else "the reconciler's environment"
@@ -97,7 +94,3 @@ def resolve(env_file: str | None, names: Iterable[str], *, environ: Mapping[str,
 
 def digest(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()
-
-
-def digests(env_file: str | None, names: Iterable[str]) -> dict[str, str]:
-    return {name: digest(value) for name, value in resolve(env_file, names).items()}

@@ -31,7 +31,7 @@ from reconciler.base import sdnotify
 from reconciler.base.errors import ConfigError, ReconcilerError, one_line
 from reconciler.base.redact import redact_data
 from reconciler.base.units import clip, iso_time
-from reconciler.load.loader import load_desired
+from reconciler.load.desired import load_desired
 from reconciler.loop.backoff import Backoff
 from reconciler.loop.progress import LogProgress
 from reconciler.model import DesiredState, assignment_key, container_name

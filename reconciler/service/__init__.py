@@ -504,12 +504,12 @@ class HostService:
     # ------------------------------------------------------------ helpers
 
     def desired(self) -> DesiredState:
-        from reconciler.load.loader import load_desired
+        from reconciler.load.desired import load_desired
 
         return load_desired(self.root)
 
     def host(self) -> HostConfig:
-        from reconciler.load.loader import load_host
+        from reconciler.load.host_file import load_host
 
         return load_host(self.root)
 
@@ -624,7 +624,9 @@ class HostService:
         from pathlib import Path
 
         from reconciler.base.errors import ConfigError
-        from reconciler.load.loader import _secret_digests, load_host, load_recipes
+        from reconciler.load.desired import _secret_digests
+        from reconciler.load.host_file import load_host
+        from reconciler.load.recipes import load_recipes
         from reconciler.model import DesiredAssignment, DesiredState
         from reconciler.observe import observe
         from reconciler.plan.planner import plan

@@ -147,7 +147,7 @@ timeout_s = {STOP_TIMEOUT_S}
     def in_process_round(self) -> float:
         """Enter+leave through ``Applier.converge`` in this process: the loop's path, without process start-up."""
         from reconciler.apply import Applier
-        from reconciler.load.loader import load_desired
+        from reconciler.load.desired import load_desired
 
         total = 0.0
         for on in (True, False):

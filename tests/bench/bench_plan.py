@@ -145,7 +145,7 @@ def main() -> int:
         holders = make_files(shm_dir)
         root = setup_root(shm_dir)
 
-        from reconciler.load.loader import load_desired
+        from reconciler.load.desired import load_desired
         from reconciler.observe import observe
         from reconciler.observe.docker_obs import DockerObserver
         from reconciler.plan.planner import plan

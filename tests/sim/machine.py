@@ -189,7 +189,7 @@ class HostMachine(RuleBasedStateMachine):
     def plan_json(self) -> dict[str, Any]:
         """What ``reconciler plan --json`` prints for the simulated host now."""
         from reconciler.apply import Applier
-        from reconciler.load.loader import load_desired
+        from reconciler.load.desired import load_desired
         from sim.seams import sim_observer
 
         desired = load_desired(str(self.root))
@@ -676,7 +676,7 @@ class HostMachine(RuleBasedStateMachine):
         """``reconciler apply`` as the command runs it: the plan shown, approved, and only that plan run."""
         from reconciler.apply import Applier
         from reconciler.base.errors import ReconcilerError
-        from reconciler.load.loader import load_desired
+        from reconciler.load.desired import load_desired
 
         w = self.world
         try:
@@ -703,7 +703,7 @@ class HostMachine(RuleBasedStateMachine):
         """The files' digests (read first, as the command reads them), the desired state and an applier that plans
         as ``reconciler apply`` does, with the loop's view; None while the files do not load."""
         from reconciler.base.errors import ReconcilerError
-        from reconciler.load.loader import load_desired
+        from reconciler.load.desired import load_desired
         from reconciler.plan.fingerprint import file_digests
         from reconciler.service import loop_view, viewed_applier
 

@@ -540,7 +540,7 @@ def installed(world: World) -> Iterator[str]:
     import reconciler.apply.docker_ops as ops_mod
     import reconciler.apply.probes as probes_mod
     import reconciler.apply.shm_guard as guard_mod
-    import reconciler.load.loader as loader_mod
+    import reconciler.load.tmpfs as loader_mod
     import reconciler.loop as loop_mod
     from reconciler.plan.observed import Tmpfs
 

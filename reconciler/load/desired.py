@@ -1,0 +1,135 @@
+"""The desired state loaded whole: the host file, the recipes and the host's manifest read and cross-checked, every
+problem of them all collected and raised together as one ``ConfigError``; nothing is acted on unless the whole
+desired state is valid. Errors name the file, the line, the field and the fix.
+
+``load_desired(root)`` is called by every command that plans (the command line, the loop, the service); the
+service also calls ``_secret_digests`` for the recipes it checks alone.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import yaml
+
+from reconciler.base.errors import ConfigError, ConfigProblem
+from reconciler.load.cross_checks import cross_check, manifests_of_host, offload_placement
+from reconciler.load.files import HOST_FILE, MANIFESTS_DIR, RECIPES_DIR, check_root, rel_path
+from reconciler.load.host_file import load_host_file
+from reconciler.load.recipes import read_recipes
+from reconciler.load.secrets import SecretError, digest, read_env_file, resolve
+from reconciler.load.toml_source import toml_line
+from reconciler.load.yaml_source import validate_yaml
+from reconciler.model import DesiredState, HostConfig, Manifest, Recipe
+
+
+def load_desired(
+    root: str | os.PathLike[str], *, shm_size: int | None = None, shm_free: int | None = None
+) -> DesiredState:
+    """Load host, recipes and the host's manifest, and cross-check them. Raises ConfigError with every problem.
+
+    ``shm_size`` and ``shm_free`` stand in for the tmpfs's real figures (tests)."""
+    r = Path(root)
+    check_root(r)
+    problems: list[ConfigProblem] = []
+    host: HostConfig | None = None
+    host_node: yaml.Node | None = None
+    recipes: dict[str, Recipe] = {}
+    try:
+        host, host_node = load_host_file(r)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    try:
+        recipes = read_recipes(r)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+
+    mdir = r / MANIFESTS_DIR
+    files = sorted([*mdir.glob("*.yaml"), *mdir.glob("*.yml")]) if mdir.is_dir() else []
+    if not files:
+        problems.append(
+            ConfigProblem(
+                MANIFESTS_DIR,
+                None,
+                "no manifest found: add manifests/<name>.yaml with 'host:' and 'assignments:' "
+                "(an empty list means every GPU slot free)",
+            )
+        )
+    manifests: list[tuple[str, Manifest, yaml.Node | None]] = []
+    for path in files:
+        try:
+            m, node = validate_yaml(r, path, Manifest, "a manifest")
+            manifests.append((rel_path(r, path), m, node))
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    if host is not None:
+        offload_placement(r, host, recipes, problems)
+    if host is None or problems:
+        raise ConfigError(problems)
+
+    mine = manifests_of_host(host, manifests, problems)
+    if problems:
+        raise ConfigError(problems)
+    manifest_path, manifest, node = mine[0]
+    assignments = cross_check(
+        manifest_path,
+        manifest,
+        node,
+        host,
+        recipes,
+        problems,
+        shm_size=shm_size,
+        shm_free=shm_free,
+        host_node=host_node,
+    )
+    secret_digests = _secret_digests(r, host, recipes, problems)
+    if problems:
+        raise ConfigError(problems)
+    return DesiredState(
+        host=host,
+        recipes=recipes,
+        assignments=tuple(assignments),
+        manifest_path=manifest_path,
+        secret_digests=secret_digests,
+        fallback=manifest.fallback,
+    )
+
+
+def _secret_digests(
+    root: Path, host: HostConfig, recipes: dict[str, Recipe], problems: list[ConfigProblem]
+) -> dict[str, str]:
+    """The digest of every ``"${NAME}"`` env value the recipes take; a problem (never the value) for each that
+    cannot be resolved, at the recipe line that asks for it."""
+    wanted: dict[str, list[tuple[str, str]]] = {}
+    for name, recipe in recipes.items():
+        for key, var in recipe.container.env_refs().items():
+            wanted.setdefault(var, []).append((name, key))
+    if not wanted:
+        return {}
+    env_file = host.secrets.env_file
+    if env_file:
+        try:
+            read_env_file(env_file)
+        except SecretError as exc:
+            problems.append(ConfigProblem(HOST_FILE, None, f"{exc}"))
+            return {}
+    out: dict[str, str] = {}
+    for var, users in wanted.items():
+        try:
+            out[var] = digest(resolve(env_file, [var])[var])
+        except SecretError as exc:
+            for recipe_name, key in users:
+                path = root / RECIPES_DIR / f"{recipe_name}.toml"
+                try:
+                    line = toml_line(path.read_text(encoding="utf-8"), ("container", "env", key))
+                except (OSError, UnicodeDecodeError):
+                    line = None
+                problems.append(
+                    ConfigProblem(
+                        rel_path(root, path),
+                        line,
+                        f"container.env.{key}: ${{{var}}} is {exc}. Set it there (the value is never printed)",
+                    )
+                )
+    return out

@@ -1,0 +1,58 @@
+"""The desired state the planner consumes: the validated files, each assignment as a recipe on an ordered tuple of
+GPU slots with its hash and offload size, and the names an assignment's container goes by.
+
+Built by ``reconciler.load.desired``; read by the planner, the apply layer, the loop and the service.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from reconciler.model.host import HostConfig
+from reconciler.model.recipe import Recipe
+
+
+@dataclass(frozen=True)
+class DesiredAssignment:
+    """One container that should run: a recipe on an ordered tuple of GPU slots."""
+
+    recipe: str
+    slots: tuple[str, ...]
+    recipe_hash: str
+    offload_bytes: int
+
+    @property
+    def key(self) -> str:
+        return assignment_key(self.recipe, self.slots)
+
+
+def assignment_key(recipe: str, slots: tuple[str, ...] | list[str]) -> str:
+    """The identity of an assignment; also the stem of its container name."""
+    return f"{recipe}@{'+'.join(slots)}"
+
+
+def container_name(recipe: str, slots: tuple[str, ...] | list[str]) -> str:
+    return f"reconciler-{recipe}-{'-'.join(slots)}"
+
+
+@dataclass(frozen=True)
+class DesiredState:
+    host: HostConfig
+    recipes: dict[str, Recipe]
+    assignments: tuple[DesiredAssignment, ...]
+    manifest_path: str | None = None
+    # sha256 of each "${NAME}" value the recipes take (never the value): it goes into the spec hash.
+    secret_digests: Mapping[str, str] = field(default_factory=dict)
+    # The manifest's ``fallback``: whether a held lane's slots serve the last converged topology meanwhile.
+    fallback: bool = True
+
+    def slot_owner(self) -> dict[str, DesiredAssignment]:
+        return {slot: a for a in self.assignments for slot in a.slots}
+
+    def reserve_policy(self, recipe: str | None) -> str:
+        """``report`` or ``enforce``: the recipe's own ``gpu_reserve.policy``, else the host's."""
+        r = self.recipes.get(recipe or "")
+        if r is not None and r.gpu_reserve.policy is not None:
+            return r.gpu_reserve.policy
+        return self.host.gpu_reserve.policy
