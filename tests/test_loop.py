@@ -46,7 +46,7 @@ from reconciler.apply.shm_guard import (
 )
 from reconciler.loop import Log, Loop, pass_refusals, reclaim_refusals
 from reconciler.loop.backoff import Backoff
-from reconciler.loop.metrics import REFUSAL_REASONS
+from reconciler.loop.metric_families import REFUSAL_REASONS
 from reconciler.model import DesiredAssignment, DesiredState, HostConfig
 from reconciler.plan.observed import ShmFile, ShmView, Source, Tmpfs
 from reconciler.plan.planner import Action, ActionKind, Blocker, Plan

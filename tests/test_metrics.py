@@ -28,18 +28,15 @@ from e2e_helpers import running_prometheus
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from reconciler.loop.metrics import (
+from reconciler.loop.metric_families import (
     ACTION_KINDS,
     ACTION_RESULTS,
-    CONTENT_TYPE,
     OFFLOAD_STATES,
     PASS_RESULTS,
     REFUSAL_REASONS,
     SOURCES,
-    Metrics,
-    SlotOwner,
-    gpu_owners,
 )
+from reconciler.loop.metrics import CONTENT_TYPE, Metrics, SlotOwner, gpu_owners
 from reconciler.model import HostConfig
 from reconciler.plan.observed import (
     LABEL_HOST,

@@ -369,7 +369,8 @@ def _run_page(page: Path, tour: Tour) -> None:
 @pytest.mark.root
 def test_the_demo_teardown_leaves_nothing_of_the_demo(tour: Tour, docker_api) -> None:  # type: ignore[no-untyped-def]
     where = tour.shell(
-        ".venv/bin/python -c 'from reconciler.store.lock import HostLock, state_path\n"
+        ".venv/bin/python -c 'from reconciler.store.lock import HostLock\n"
+        "from reconciler.store.loop_state import state_path\n"
         "from reconciler.store.state import host_dir\n"
         'print(host_dir("demo"), HostLock("demo", command="").path, state_path("demo"))\''
     )

@@ -260,7 +260,7 @@ def loop_view(host: str) -> dict[str, Any]:
     ``plan`` and ``status`` then show what the loop does meanwhile (a held lane, its fallback). Empty without a
     live loop or with nothing held."""
     from reconciler.store.history import last_topology
-    from reconciler.store.lock import read_loop_state
+    from reconciler.store.loop_state import read_loop_state
 
     state = read_loop_state(host) or {}
     now = time.time()
@@ -632,7 +632,7 @@ class HostService:
         from reconciler.plan.planner import plan
         from reconciler.service.render import status_data
         from reconciler.store.history import last_topology
-        from reconciler.store.lock import read_loop_state
+        from reconciler.store.loop_state import read_loop_state
 
         try:
             host = load_host(self.root)

@@ -15,7 +15,7 @@ from reconciler.model import DesiredState
 from reconciler.plan.observed import Observed
 from reconciler.plan.planner import Action, ActionKind, Plan, owner_kind, slot_holders
 from reconciler.plan.vram import slot_vram, unlisted_used_bytes
-from reconciler.store.lock import read_loop_state
+from reconciler.store.loop_state import read_loop_state
 
 
 class Style:

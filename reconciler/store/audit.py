@@ -19,6 +19,7 @@ from typing import Any
 from reconciler.base import fsafe
 from reconciler.base.errors import ReconcilerError
 from reconciler.base.redact import redact_data
+from reconciler.store.state import checked_host_dir, host_dir
 
 MAX_BYTES = 10 << 20
 KEEP = 5
@@ -98,8 +99,6 @@ class AuditLog:
 
 def audit_log(host: str, *, create: bool = True) -> AuditLog:
     """The host's audit trail, in its checked state directory (``reconciler.store.state.checked_host_dir``)."""
-    from reconciler.store.state import checked_host_dir, host_dir
-
     try:
         return AuditLog(checked_host_dir(host, create=create) / "audit.jsonl")
     except FileNotFoundError:

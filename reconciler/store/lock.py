@@ -1,14 +1,15 @@
-"""One reconciler per host: an advisory lock (flock) on a file that says who holds it; and the loop's runtime state.
+"""One reconciler per host: an advisory lock (flock) on a file that says who holds it; and the runtime directory.
 
-Taken by ``reconciler apply`` and ``reconciler run``. The kernel drops a flock when its holder dies, so the lock
-of a dead process is simply taken over; the file's content (pid, command, start time) is only for the message
-that a refused second instance prints.
+Taken by ``reconciler apply``, ``reconciler run`` and the service's destructive calls. The kernel drops a flock when
+its holder dies, so the lock of a dead process is simply taken over; the file's content (pid, command, start time)
+is only for the message that a refused second instance prints.
 
-Both files live in the runtime directory, ``/run/reconciler`` (``$RECONCILER_LOCK_DIR``; systemd's
-``RuntimeDirectory=reconciler``), which the tool makes 0700 and checks before each use (``reconciler.base.fsafe``): in
-a directory anyone can write, such as ``/run/lock``, another user could take the lock first, plant a symlink for
-root to truncate, or forge the loop's state. The lock file is only written once it is checked to be ours and
-locked by us.
+The lock lives in the runtime directory, ``/run/reconciler`` (``$RECONCILER_LOCK_DIR``; systemd's
+``RuntimeDirectory=reconciler``), beside the loop's state (``reconciler.store.loop_state``) and its control socket
+(``reconciler.control``); the tool makes it 0700 and checks it before each use (``runtime_dir``, through
+``reconciler.base.fsafe``): in a directory anyone can write, such as ``/run/lock``, another user could take the lock
+first, plant a symlink for root to truncate, or forge the loop's state. The lock file is only written once it is
+checked to be ours and locked by us.
 """
 
 from __future__ import annotations
@@ -36,37 +37,6 @@ def lock_dir() -> Path:
 def runtime_dir(*, create: bool) -> Path:
     """``lock_dir()`` checked (``fsafe.check_dir``), made 0700 when missing and ``create``."""
     return fsafe.check_dir(lock_dir(), what=_WHAT, create=create, how=_HOW)
-
-
-def state_path(host: str) -> Path:
-    """Where a running loop publishes its backoff and last pass, for ``reconciler status``."""
-    return lock_dir() / f"reconciler-{host}.state.json"
-
-
-def write_loop_state(host: str, data: dict[str, object]) -> None:
-    """Publish the loop's state (OSError or ``fsafe.UnsafePath`` when it cannot be written safely)."""
-    runtime_dir(create=True)
-    fsafe.write_json(state_path(host), data, indent=None)
-
-
-def clear_loop_state(host: str) -> None:
-    try:
-        runtime_dir(create=False)
-        state_path(host).unlink()
-    except (OSError, fsafe.UnsafePath):
-        pass
-
-
-def read_loop_state(host: str) -> dict[str, object] | None:
-    """What a running loop last wrote, or None when no live loop wrote it. ``fsafe.UnsafePath`` when the runtime
-    directory or the file could have been written by another user."""
-    try:
-        runtime_dir(create=False)
-        data = fsafe.read_json(state_path(host), what="the loop's state file")
-        os.kill(int(data["pid"]), 0)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 class LockHeld(ReconcilerError):

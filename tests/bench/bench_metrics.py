@@ -21,7 +21,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from reconciler.loop.metrics import ACTION_KINDS, ACTION_RESULTS, PASS_RESULTS, REFUSAL_REASONS, Metrics
+from reconciler.loop.metric_families import ACTION_KINDS, ACTION_RESULTS, PASS_RESULTS, REFUSAL_REASONS
+from reconciler.loop.metrics import Metrics
 from reconciler.model import HostConfig
 from reconciler.plan.observed import (
     LABEL_HOST,
