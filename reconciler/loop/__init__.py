@@ -34,6 +34,7 @@ from reconciler.base.units import clip, iso_time
 from reconciler.load.loader import load_desired
 from reconciler.loop.backoff import Backoff
 from reconciler.loop.progress import LogProgress
+from reconciler.loop.runtime import FairLock
 from reconciler.model import DesiredState, assignment_key, container_name
 from reconciler.observe.docker_obs import EVENT_ACTIONS, DockerObserver, EventFilter
 from reconciler.plan.planner import ActionKind, Plan
@@ -171,8 +172,6 @@ class Loop:
         self._pass_since: float | None = None  # monotonic start of the pass running now (the watchdog's view)
         # Held for each pass; a destructive call of the API or MCP takes it too, so the two never interleave (first
         # come, first served: a call that waits for a pass runs before the next one).
-        from reconciler.api import FairLock
-
         self.pass_lock = FairLock()
         self._crashed: set[str] = set()  # ids of crashed containers already counted in the backoff
         self._held: set[str] = set()  # assignments whose enter the last pass held: wake when their backoff ends
@@ -660,8 +659,8 @@ class Loop:
     def _start_control(self, host: str) -> Any:
         """The socket on which this loop answers the command line's commands (``reconciler.control``); what they
         change is counted and serialised like the HTTP API's calls."""
-        from reconciler.api import PassGate
         from reconciler.control import ControlServer
+        from reconciler.loop.runtime import PassGate
         from reconciler.service import ActionHooks
 
         hooks = ActionHooks(self._count_outcome, self._on_reclaim, self._count_shm_reclaim)
