@@ -44,9 +44,11 @@ from reconciler.apply.shm_guard import (
     RemovedFile,
     compare_inspections,
 )
-from reconciler.loop import Log, Loop, pass_refusals, reclaim_refusals
+from reconciler.loop import Loop
 from reconciler.loop.backoff import Backoff
+from reconciler.loop.log import Log
 from reconciler.loop.metrics import REFUSAL_REASONS
+from reconciler.loop.refusals import pass_refusals, reclaim_refusals
 from reconciler.model import DesiredAssignment, DesiredState, HostConfig
 from reconciler.plan.observed import ShmFile, ShmView, Source, Tmpfs
 from reconciler.plan.planner import Action, ActionKind, Blocker, Plan
@@ -538,7 +540,7 @@ def test_reclaim_refusals_on_a_real_unlink_race(tmp_path: Path) -> None:
 
 
 def _quiet_loop(tmp_path: Path, **kw: Any) -> Loop:
-    return Loop(str(tmp_path), metrics_addr=None, log=Log("json", io.StringIO()), **kw)
+    return Loop(str(tmp_path), log=Log("json", io.StringIO()), **kw)
 
 
 def test_an_enter_held_by_a_backoff_that_ran_out_during_the_pass_is_tried_at_once(tmp_path: Path) -> None:
@@ -598,8 +600,9 @@ def test_a_crashed_container_counts_once_in_the_backoff_before_its_leave_runs(tm
 
 _SIGNAL_WHILE_LOGGING = """
 import io, os, signal
-from reconciler.loop import Log, Loop
-loop = Loop("/nonexistent", metrics_addr=None, log=Log("json", io.StringIO()))
+from reconciler.loop import Loop
+from reconciler.loop.log import Log
+loop = Loop("/nonexistent", log=Log("json", io.StringIO()))
 loop._install_signals()
 with loop.log._lock:  # the main thread is writing a log line when the signals come
     os.kill(os.getpid(), signal.SIGHUP)
