@@ -1,5 +1,5 @@
-"""What the command line accepts from the loop's socket (``reconciler.control.protocol._FRAMES``), checked frame by frame
-without a loop: each kind with its keys, types and ranges, and everything else refused as garbled. The real
+"""What the command line accepts from the loop's socket (``reconciler.control.protocol._FRAMES``), checked frame by
+frame without a loop: each kind with its keys, types and ranges, and everything else refused as garbled. The real
 socket, a planted fake loop and a real ``reconciler`` process are in tests/attack/test_control_trust.py."""
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ import argparse
 import sys
 
 from reconciler import __version__
-from reconciler.base.errors import ReconcilerError
 from reconciler.base.terminal import emit_json
 from reconciler.cli.apply import add_commands as add_apply
 from reconciler.cli.common import (
@@ -117,6 +116,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
 def _since(text: str | None) -> float | None:
     """``--since``, parsed by the service layer like the API's ``since``."""
+    from reconciler.base.errors import ReconcilerError  # the start-up budget, as in run_command
     from reconciler.service import parse_since  # the start-up budget (the service layer loads the model)
 
     try:

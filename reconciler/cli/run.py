@@ -9,13 +9,13 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from reconciler.base.errors import ReconcilerError
 from reconciler.cli.common import EXIT_ERROR
 
 
 def cmd_run(args: argparse.Namespace, *, command_parser: Callable[[], argparse.ArgumentParser]) -> int:
     # The start-up budget: the parser registers this command for `reconciler --help` too, which must not load the
-    # loop, the API or the model; they load when the loop runs.
+    # loop, the API or the model (nor the error classes); they load when the loop runs.
+    from reconciler.base.errors import ReconcilerError
     from reconciler.cli.front_ends import CommandRunner, ControlFrontEnd, HttpFrontEnd
     from reconciler.loop import Loop
     from reconciler.loop.backoff import Backoff
