@@ -25,8 +25,8 @@ class Terminal:
         self.stream = stream
 
     def write(self, text: str) -> int:
-        # Imported on the first write (the start-up budget: redact's patterns cost a command the loop answers, whose
-        # client prints through here only when it fails, some 15 ms).
+        # Redact's patterns cost some 15 ms of a command the loop answers, whose client prints through here only when
+        # it fails: imported on the first write, for the start-up budget.
         from reconciler.base.redact import redact_output
 
         self.stream.write(terminal_text(redact_output(text)))

@@ -1,8 +1,10 @@
 """The command line: ``reconciler validate | plan | apply | run | status | shm``.
 
-The entry point of the console script. Every command takes ``--root`` and ``--json`` (before or after the
-command name). Exit codes are part of the contract (docs/design.md, "The command line"): plan 0 nothing to do, 2 changes pending,
-3 blocked, 1 error. While ``reconciler run`` runs for the host, the commands in ``LOOP_COMMANDS`` are answered by it
+This file is the package's facade: the entry point of the console script (``main``), the parser that registers
+every command (``build_parser``; the commands of ``apply``, ``run``, ``shm`` and ``tools`` live in those modules)
+and the read-only commands. Every command takes ``--root`` and ``--json`` (before or after the command name). Exit
+codes are part of the contract (docs/design.md, "The command line"): plan 0 nothing to do, 2 changes pending, 3
+blocked, 1 error. While ``reconciler run`` runs for the host, the commands in ``LOOP_COMMANDS`` are answered by it
 (``reconciler.control.client``): ``main`` hands them over before importing anything of the model, and the loop runs
 them through ``run_command`` as this process would (``reconciler.cli.front_ends``).
 """

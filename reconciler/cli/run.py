@@ -13,8 +13,8 @@ from reconciler.cli.common import EXIT_ERROR
 
 
 def cmd_run(args: argparse.Namespace, *, command_parser: Callable[[], argparse.ArgumentParser]) -> int:
-    # The start-up budget: the parser registers this command for `reconciler --help` too, which must not load the
-    # loop, the API or the model (nor the error classes); they load when the loop runs.
+    # The parser registers this command for `reconciler --help` too, which must not load the loop, the API, the
+    # model or the error classes: they load when the loop runs (the start-up budget).
     from reconciler.base.errors import ReconcilerError
     from reconciler.cli.front_ends import CommandRunner, ControlFrontEnd, HttpFrontEnd
     from reconciler.loop import Loop

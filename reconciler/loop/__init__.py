@@ -63,8 +63,8 @@ class Loop:
         backoff: Backoff | None = None,
         front_ends: Sequence[FrontEnd] = (),
     ):
-        # The optional SDK: prometheus_client, for `reconciler run` alone (a stand-alone apply imports this package
-        # for its progress lines).
+        # prometheus_client is needed by `reconciler run` alone (a stand-alone apply imports this package for its
+        # progress lines): an optional SDK.
         from reconciler.loop.metrics import Metrics
 
         self.root = root
