@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.loop.backoff import Backoff
+from reconciler.loop.log import Log
 from reconciler.store.lock import HostLock, LockHeld
 
 
@@ -139,9 +140,7 @@ def test_a_loop_pass_keeps_the_backoff_of_the_fallback_of_a_held_lane(
         recipes={"big": big, "small": small},
         assignments=(DesiredAssignment("big", (a, b), big.content_hash(), 0),),
     )
-    loop = loop_mod.Loop(
-        str(tmp_path), metrics_addr=None, log=loop_mod.Log("json", io.StringIO()), backoff=Backoff(clock=Clock())
-    )
+    loop = loop_mod.Loop(str(tmp_path), log=Log("json", io.StringIO()), backoff=Backoff(clock=Clock()))
     monkeypatch.setattr(loop, "_load", lambda: desired)
 
     class PassEnds(Exception):

@@ -1,5 +1,5 @@
-"""What the command line accepts from the loop's socket (``reconciler.control._FRAMES``), checked frame by frame
-without a loop: each kind with its keys, types and ranges, and everything else refused as garbled. The real
+"""What the command line accepts from the loop's socket (``reconciler.control.protocol._FRAMES``), checked frame by
+frame without a loop: each kind with its keys, types and ranges, and everything else refused as garbled. The real
 socket, a planted fake loop and a real ``reconciler`` process are in tests/attack/test_control_trust.py."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from reconciler.control import _MAX_FRAME, _MAX_LINE, _decode, _frame, _Garbled, _Reader
+from reconciler.control.protocol import _MAX_FRAME, _MAX_LINE, _decode, _frame, _Garbled, _Reader
 
 GOOD = [
     (b'{"accepted": true}\n', "accepted"),

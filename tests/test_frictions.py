@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.base.units import clip, iso_time
-from reconciler.loop import Log
+from reconciler.loop.log import Log
 
 ISO_ZONED = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{3})?(Z|[+-]\d\d:\d\d)"
 
@@ -59,7 +59,7 @@ def test_log_times_and_the_backoff_line_are_iso_8601_with_the_zone(tmp_path: Pat
     from reconciler.plan.planner import Action, ActionKind
 
     out = io.StringIO()
-    loop = Loop(str(tmp_path), metrics_addr=None, log=Log("text", out), backoff=Backoff(base_s=30))
+    loop = Loop(str(tmp_path), log=Log("text", out), backoff=Backoff(base_s=30))
     enter = Action(ActionKind.ENTER, reason="wanted", recipe="omni", gpus=("dark-compute-b",), recipe_hash="h")
     loop._on_outcome(Outcome(enter, "failed", 1.0, detail="health check did not pass"))
     line = next(ln for ln in out.getvalue().splitlines() if " backoff " in ln)

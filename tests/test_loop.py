@@ -44,9 +44,13 @@ from reconciler.apply.shm_guard import (
     RemovedFile,
     compare_inspections,
 )
-from reconciler.loop import Log, Loop, pass_refusals, reclaim_refusals
+from reconciler.base.errors import ReconcilerError
+from reconciler.loop import Loop
 from reconciler.loop.backoff import Backoff
+from reconciler.loop.hosting import Hosting
+from reconciler.loop.log import Log
 from reconciler.loop.metric_families import REFUSAL_REASONS
+from reconciler.loop.refusals import pass_refusals, reclaim_refusals
 from reconciler.model import DesiredAssignment, DesiredState, HostConfig
 from reconciler.plan.observed import ShmFile, ShmView, Source, Tmpfs
 from reconciler.plan.planner import Action, ActionKind, Blocker, Plan
@@ -538,7 +542,51 @@ def test_reclaim_refusals_on_a_real_unlink_race(tmp_path: Path) -> None:
 
 
 def _quiet_loop(tmp_path: Path, **kw: Any) -> Loop:
-    return Loop(str(tmp_path), metrics_addr=None, log=Log("json", io.StringIO()), **kw)
+    return Loop(str(tmp_path), log=Log("json", io.StringIO()), **kw)
+
+
+class _FrontEnd:
+    """A front-end that records what the loop does with it."""
+
+    def __init__(self, name: str, events: list[tuple[str, ...]], *, fails: bool = False):
+        self.name, self.events, self.fails, self.up = name, events, fails, True
+        self.hosting: Hosting | None = None
+
+    def start(self, hosting: Hosting) -> None:
+        self.events.append(("start", self.name, hosting.host))
+        self.hosting = hosting
+        if self.fails:
+            raise ReconcilerError(f"{self.name} cannot start")
+
+    def alive(self) -> bool:
+        return self.up
+
+    def close(self) -> None:
+        self.events.append(("close", self.name))
+
+
+def test_the_loop_starts_the_front_ends_it_hosts_in_order_and_closes_them_in_reverse(tmp_path: Path) -> None:
+    events: list[tuple[str, ...]] = []
+    http, control = _FrontEnd("http", events), _FrontEnd("control", events)
+    loop = _quiet_loop(tmp_path, front_ends=[http, control])
+    loop._start_front_ends("h")
+    assert events == [("start", "http", "h"), ("start", "control", "h")]
+    assert control.hosting is not None and control.hosting.pass_lock is loop.pass_lock, "the loop's own pass lock"
+    assert loop._well()
+    control.up = False
+    assert not loop._well(), "a front-end that stopped serving fails the watchdog"
+    loop._close_front_ends()
+    assert events[2:] == [("close", "control"), ("close", "http")]
+    # One that cannot start: those started before it are closed, the later ones never start, and its error ends
+    # the loop's start.
+    events.clear()
+    failing = [_FrontEnd("http", events), _FrontEnd("control", events, fails=True), _FrontEnd("third", events)]
+    loop = _quiet_loop(tmp_path, front_ends=failing)
+    with pytest.raises(ReconcilerError, match="control cannot start"):
+        loop._start_front_ends("h")
+    assert events == [("start", "http", "h"), ("start", "control", "h"), ("close", "http")]
+    loop._close_front_ends()
+    assert len(events) == 3, "closed once"
 
 
 def test_an_enter_held_by_a_backoff_that_ran_out_during_the_pass_is_tried_at_once(tmp_path: Path) -> None:
@@ -598,8 +646,9 @@ def test_a_crashed_container_counts_once_in_the_backoff_before_its_leave_runs(tm
 
 _SIGNAL_WHILE_LOGGING = """
 import io, os, signal
-from reconciler.loop import Log, Loop
-loop = Loop("/nonexistent", metrics_addr=None, log=Log("json", io.StringIO()))
+from reconciler.loop import Loop
+from reconciler.loop.log import Log
+loop = Loop("/nonexistent", log=Log("json", io.StringIO()))
 loop._install_signals()
 with loop.log._lock:  # the main thread is writing a log line when the signals come
     os.kill(os.getpid(), signal.SIGHUP)

@@ -289,7 +289,7 @@ def test_gpu_processes_and_the_blocker_built_from_them_carry_no_secret(secret_pr
 
 @pytest.mark.parametrize("fmt", ["text", "json"])
 def test_log_lines_carry_no_secret(fmt: str) -> None:
-    from reconciler.loop import Log
+    from reconciler.loop.log import Log
 
     out = io.StringIO()
     log = Log(fmt, stream=out)
@@ -312,7 +312,7 @@ def test_log_lines_carry_no_secret(fmt: str) -> None:
 
 
 def test_emit_json_masks_strings_on_the_way_out(capsys: pytest.CaptureFixture[str]) -> None:
-    from reconciler.cli import emit_json
+    from reconciler.base.terminal import emit_json
 
     emit_json({"blockers": [{"reason": f"pid 9 (vllm --api-key {KEY}) uses GPU slot a"}], "n": 1, "p": Path("/x")})
     data = json.loads(capsys.readouterr().out)

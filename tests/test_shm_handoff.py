@@ -210,7 +210,7 @@ def test_the_write_lease_alone_refuses_while_a_hidden_holder_maps_the_file(shm: 
     assert [f.path for f in res.reclaimed] == [str(orphan)] and not orphan.exists()
     [kept] = [k for k in res.kept if k.path == str(held)]
     assert kept.code == "lease_refused" and "write lease" in kept.reason
-    from reconciler.loop import reclaim_refusals
+    from reconciler.loop.refusals import reclaim_refusals
 
     assert "lease_refused" in reclaim_refusals(res)
 

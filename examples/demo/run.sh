@@ -48,7 +48,8 @@ if [ "${1:-}" = "--teardown" ]; then
   rmdir "$RUNTIME" 2>/dev/null && echo "removed the demo's runtime directory $RUNTIME"
   # Where the tool keeps the demo host's state and lock, as the tool itself computes them ($RECONCILER_STATE_DIR,
   # $RECONCILER_LOCK_DIR or their defaults), so the teardown follows wherever they are.
-  read -r state lock loopstate < <("$PYTHON" -c 'from reconciler.store.lock import HostLock, state_path
+  read -r state lock loopstate < <("$PYTHON" -c 'from reconciler.store.lock import HostLock
+from reconciler.store.loop_state import state_path
 from reconciler.store.state import host_dir
 print(host_dir("demo"), HostLock("demo", command="").path, state_path("demo"))')
   if [ "${2:-}" = "--keep-state" ]; then

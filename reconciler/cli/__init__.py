@@ -1,87 +1,44 @@
 """The command line: ``reconciler validate | plan | apply | run | status | shm``.
 
-The entry point of the console script. Every command takes ``--root`` and ``--json`` (before or after the
-command name). Exit codes are part of the contract (docs/design.md, "The command line"): plan 0 nothing to do, 2 changes pending,
-3 blocked, 1 error. While ``reconciler run`` runs for the host, the commands in ``LOOP_COMMANDS`` are answered by it
-(``reconciler.control``): ``main`` hands them over before importing anything of the model, and the loop runs them
-through ``run_command`` as this process would.
+This file is the package's facade: the entry point of the console script (``main``), the parser that registers
+every command (``build_parser``; the commands of ``apply``, ``run``, ``shm`` and ``tools`` live in those modules)
+and the read-only commands. Every command takes ``--root`` and ``--json`` (before or after the command name). Exit
+codes are part of the contract (docs/design.md, "The command line"): plan 0 nothing to do, 2 changes pending, 3
+blocked, 1 error. While ``reconciler run`` runs for the host, the commands in ``LOOP_COMMANDS`` are answered by it
+(``reconciler.control.client``): ``main`` hands them over before importing anything of the model, and the loop runs
+them through ``run_command`` as this process would (``reconciler.cli.front_ends``).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
 
 from reconciler import __version__
+from reconciler.base.terminal import emit_json
+from reconciler.cli.apply import add_commands as add_apply
 from reconciler.cli.common import (
-    EXIT_BLOCKED,
-    EXIT_CHANGES,
     EXIT_ERROR,
     EXIT_OK,
+    LOOP_COMMANDS,
+    command_name,
     console,
     default_root,
-    emit_json,
+    run_command,
     service,
 )
-
-if TYPE_CHECKING:
-    from reconciler.base.errors import ConfigError
+from reconciler.cli.run import add_commands as add_run
+from reconciler.cli.shm import add_commands as add_shm
+from reconciler.cli.tools import add_commands as add_tools
 
 # Nothing heavy is imported at module level: `reconciler --help` and a mistyped command pay for argparse only,
 # and each command imports what it needs (pydantic, the engine client, NVML, rich) when it runs.
-__all__ = ["EXIT_BLOCKED", "EXIT_CHANGES", "EXIT_ERROR", "EXIT_OK", "emit_json", "main"]
-
-# What a running loop answers (``reconciler.control``): every command that reads or changes the host through the
-# service layer. ``validate``, ``schema`` and ``completion`` read files only; ``run`` and ``mcp`` are servers.
-LOOP_COMMANDS = frozenset({"plan", "status", "audit", "probe", "apply", "adopt", "shm status", "shm reclaim"})
-
-
-def command_name(args: argparse.Namespace) -> str:
-    """``plan``, ``shm status``, ...: the command with its subcommand."""
-    sub = getattr(args, "shm_command", None)
-    return f"{args.command} {sub}" if sub else str(args.command)
-
-
-def report_config_error(exc: ConfigError, args: argparse.Namespace) -> int:
-    con = console(args)
-    for p in exc.problems:
-        print(str(p), file=con.err)
-    if getattr(args, "json", False):
-        problems = [{"path": p.path, "line": p.line, "message": p.message} for p in exc.problems]
-        err = {"code": "config_invalid", "message": "the files do not validate", "problems": problems}
-        emit_json(
-            {"valid": False, "errors": problems, "error": err} if args.command == "validate" else {"error": err},
-            con.out,
-        )
-    return EXIT_ERROR
-
-
-def error_code(exc: BaseException) -> str:
-    """A stable word for an error's kind, from its class: ``LockHeld`` -> ``lock_held``, ``StateError`` ->
-    ``state``; the root class is plain ``error``."""
-    import re
-
-    name = re.sub(r"Error$", "", type(exc).__name__)
-    if name == "Reconciler" or not name:
-        return "error"
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
-
-
-def report_error(args: argparse.Namespace, code: str, message: str) -> None:
-    """An error that ends a command: on stderr, and with ``--json`` also as ``{"error": {"code", "message"}}`` on
-    stdout, so a program reading stdout always gets a JSON answer that says what went wrong."""
-    con = console(args)
-    print(f"error: {message}" if code != "interrupted" else message, file=con.err)
-    if getattr(args, "json", False):
-        emit_json({"error": {"code": code, "message": message}}, con.out)
-
 
 # ---------------------------------------------------------------- commands
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from reconciler.load.desired import load_desired
+    from reconciler.load.desired import load_desired  # the start-up budget (pydantic, yaml, the model)
 
     desired = load_desired(args.root)
     if args.json:
@@ -114,7 +71,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(res.to_json(), con.out)
     else:
-        from reconciler.service.render import render_plan
+        from reconciler.service.render import render_plan  # the start-up budget (the service layer)
 
         print(render_plan(res.plan, res.observed, con.style()), file=con.out)
     if res.exit_code == EXIT_ERROR:
@@ -124,7 +81,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from reconciler.service.render import render_status
+    from reconciler.service.render import render_status  # the start-up budget (the service layer)
 
     con = console(args)
     res = service(args).status()
@@ -144,7 +101,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         emit_json(res.to_json(), con.out)
         return res.exit_code
     if res.records:
-        from reconciler.service.render import render_audit
+        from reconciler.service.render import render_audit  # the start-up budget (the service layer)
 
         print(render_audit(res.records), file=con.out)
     else:
@@ -154,15 +111,15 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def cmd_mcp(args: argparse.Namespace) -> int:
     """The MCP server over stdin/stdout, for the client that starts it (no token: that client owns the process)."""
-    from reconciler.mcp_server import serve_stdio
+    from reconciler.mcp_server import serve_stdio  # the optional SDK: mcp, for this command alone
 
     return serve_stdio(args.root)
 
 
 def _since(text: str | None) -> float | None:
     """``--since``, parsed by the service layer like the API's ``since``."""
-    from reconciler.base.errors import ReconcilerError
-    from reconciler.service import parse_since
+    from reconciler.base.errors import ReconcilerError  # the start-up budget, as in run_command
+    from reconciler.service import parse_since  # the start-up budget (the service layer loads the model)
 
     try:
         return parse_since(text)
@@ -224,12 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_mcp)
 
-    # Late imports: the parser pays for these modules only when it is built.
-    from reconciler.cli.apply import add_commands as add_apply
-    from reconciler.cli.shm import add_commands as add_shm
-    from reconciler.cli.tools import add_commands as add_tools
-
     add_apply(sub, parents=[common])
+    add_run(sub, parents=[common], command_parser=build_parser)
     add_shm(sub, parents=[common])
     add_tools(sub, root=parser)
     _describe(parser)
@@ -255,29 +208,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.root is None:
         args.root = default_root()
     if command_name(args) in LOOP_COMMANDS:
-        from reconciler.control import submit
+        # The start-up budget: `--help` and a command the loop does not answer never load the socket's client.
+        from reconciler.control.client import submit
 
         answered = submit(args, argv)
         if answered is not None:
             return answered
     return run_command(args)
-
-
-def run_command(args: argparse.Namespace) -> int:
-    """Run a parsed command; its errors printed as the command line prints them, with their exit code. Called by
-    ``main`` and, for a client, by the running loop (``reconciler.control``)."""
-    from reconciler.base.errors import ConfigError, ReconcilerError
-
-    try:
-        return int(args.func(args))
-    except ConfigError as exc:
-        return report_config_error(exc, args)
-    except ReconcilerError as exc:
-        report_error(args, error_code(exc), str(exc))
-        return EXIT_ERROR
-    except KeyboardInterrupt:
-        report_error(args, "interrupted", "interrupted")
-        return 130
 
 
 if __name__ == "__main__":

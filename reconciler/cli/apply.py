@@ -14,7 +14,8 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from reconciler.cli.common import EXIT_ERROR, console, emit_json, service
+from reconciler.base.terminal import emit_json
+from reconciler.cli.common import EXIT_ERROR, console, service
 
 if TYPE_CHECKING:
     from reconciler.service import ApplyResult
@@ -28,7 +29,7 @@ APPROVAL_HELP = (
 
 def _stale(res: ApplyResult, args: argparse.Namespace) -> int:
     """A plan whose inputs changed: say what changed and show the plan as it would be now. Exit 1."""
-    from reconciler.service.render import render_plan
+    from reconciler.service.render import render_plan  # the start-up budget (the service layer)
 
     con = console(args)
     if args.json:
@@ -46,6 +47,7 @@ def _stale(res: ApplyResult, args: argparse.Namespace) -> int:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
+    # The start-up budget: the parser registers this command for `--help` too, which must not load the model.
     from reconciler.loop.progress import TerminalProgress
     from reconciler.service import ApplyResult
     from reconciler.service.render import render_plan
@@ -209,31 +211,6 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return res.exit_code
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from reconciler.base.errors import ReconcilerError
-    from reconciler.loop import Log, Loop
-    from reconciler.loop.backoff import Backoff
-
-    loop = Loop(
-        args.root,
-        metrics_addr=args.metrics_addr or None,
-        resync_s=args.resync,
-        debounce_s=args.debounce,
-        log=Log(args.log_format),
-        backoff=Backoff(base_s=args.backoff_base, max_s=args.backoff_max),
-        api_token_file=args.api_token_file,
-        api_allow_remote=args.api_allow_remote,
-        api_hosts=tuple(args.api_host),
-    )
-    try:
-        return loop.run()
-    except ReconcilerError as exc:
-        # Before the loop could start (the host lock, the metrics address): one log line in the loop's own
-        # format, so a supervisor reading JSON sees why, and exit 1 (never a traceback).
-        loop.log("exit", reason="cannot start", error=str(exc))
-        return EXIT_ERROR
-
-
 def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("apply", parents=parents, help="one converge pass (0 converged, 3 blocked, 1 failed)")
     p.add_argument(
@@ -276,69 +253,3 @@ def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
         help="which probes: preflight (what every enter runs), regression (on demand), or all (default: %(default)s)",
     )
     p.set_defaults(func=cmd_probe)
-
-    p = sub.add_parser(
-        "run",
-        parents=parents,
-        help="the loop: watch and converge; serve /metrics, /healthz, the HTTP API (/v1) and MCP (/mcp)",
-        epilog="Signals: SIGHUP looks again now (a pass, as an edit does); SIGTERM or SIGINT ends the loop once the "
-        "action in flight has finished or been abandoned safely. The lanes keep running when the loop stops: it "
-        "never stops a lane on its own exit (to stop them, assign nothing and apply).",
-    )
-    p.add_argument(
-        "--metrics-addr",
-        default="127.0.0.1:9464",
-        help="HOST:PORT for /metrics, /healthz, /v1 and /mcp ('' = off); loopback unless --api-allow-remote "
-        "(default: %(default)s)",
-    )
-    p.add_argument(
-        "--api-token-file",
-        metavar="FILE",
-        help="the bearer token of /v1 and /mcp (a 0600 file; default $RECONCILER_API_TOKEN, else one "
-        "generated into $RECONCILER_STATE_DIR/HOST/api-token)",
-    )
-    p.add_argument(
-        "--api-allow-remote",
-        action="store_true",
-        help="allow a non-loopback --metrics-addr (needs --api-token-file or $RECONCILER_API_TOKEN)",
-    )
-    p.add_argument(
-        "--api-host",
-        metavar="NAME",
-        action="append",
-        default=[],
-        help="a name clients reach the listener by (its Host header), besides its address; repeatable. "
-        "Any other name is refused (421), against DNS rebinding",
-    )
-    p.add_argument(
-        "--resync",
-        type=float,
-        default=60.0,
-        metavar="SECONDS",
-        help="look again at least this often (default: %(default)g)",
-    )
-    p.add_argument(
-        "--debounce",
-        type=float,
-        default=0.1,
-        metavar="SECONDS",
-        help="quiet time after a file event (default: %(default)g)",
-    )
-    p.add_argument(
-        "--log-format", choices=("text", "json"), default="text", help="one line per event (default: %(default)s)"
-    )
-    p.add_argument(
-        "--backoff-base",
-        type=float,
-        default=10.0,
-        metavar="SECONDS",
-        help="first delay after a failed enter (default: %(default)g)",
-    )
-    p.add_argument(
-        "--backoff-max",
-        type=float,
-        default=600.0,
-        metavar="SECONDS",
-        help="longest delay between enters (default: %(default)g)",
-    )
-    p.set_defaults(func=cmd_run)

@@ -1,22 +1,27 @@
-"""What every command-line module shares: exit codes, the console a command writes to, the redacting JSON writer,
-the service for a command.
+"""What every command-line module shares: exit codes, the console a command writes to (behind the terminal
+boundary of ``reconciler.base.terminal``), the service for a command, and how a command is run and the errors that
+end it are printed (``run_command``, ``report_error``).
 
 Imported by ``reconciler.cli`` (the parser and the read-only commands), ``reconciler.cli.apply``,
-``reconciler.cli.shm`` and ``reconciler.control`` (which runs the same commands inside a running loop for a client);
-it imports none of them, so the command-line modules never import each other.
+``reconciler.cli.shm``, ``reconciler.cli.tools`` and ``reconciler.cli.run`` (whose runner gives a command the loop
+answers for a client its console); it imports none of them, so the command-line modules never import each other.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
-from typing import TYPE_CHECKING, Any, TextIO, cast
+from typing import TYPE_CHECKING, TextIO
+
+from reconciler.base.terminal import emit_json, print_error, terminal
 
 if TYPE_CHECKING:
     import threading
     from collections.abc import Callable
 
+    from reconciler.base.errors import ConfigError
     from reconciler.service import HostService
     from reconciler.service.render import Style
 
@@ -29,43 +34,6 @@ EXIT_BLOCKED = 3
 def default_root() -> str:
     """``--root`` when not given: ``$RECONCILER_ROOT``, else the working directory."""
     return os.environ.get("RECONCILER_ROOT") or os.getcwd()
-
-
-class Terminal:
-    """The one boundary of text a command prints: every write is redacted (``reconciler.base.redact.redact_output``: URL
-    passwords, the secret values this process learned) and its control characters are shown escaped
-    (``reconciler.base.units.terminal_text``: a file name or a container's log line with ESC or U+009B cannot drive the
-    terminal), the tool's own colour and redraw sequences kept. JSON goes out through ``write_json`` as it is: it
-    was redacted whole by ``redact_json``, and JSON escapes every control character itself."""
-
-    __slots__ = ("stream",)
-
-    def __init__(self, stream: TextIO):
-        self.stream = stream
-
-    def write(self, text: str) -> int:
-        from reconciler.base.redact import redact_output
-        from reconciler.base.units import terminal_text
-
-        self.stream.write(terminal_text(redact_output(text)))
-        return len(text)
-
-    def write_json(self, text: str) -> int:
-        return self.stream.write(text)
-
-    def flush(self) -> None:
-        self.stream.flush()
-
-    def isatty(self) -> bool:
-        return self.stream.isatty()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.stream, name)
-
-
-def terminal(stream: TextIO) -> TextIO:
-    """``stream`` behind the terminal boundary (once: a stream already behind it is returned as it is)."""
-    return stream if isinstance(stream, Terminal) else cast("TextIO", Terminal(stream))
 
 
 class Console:
@@ -109,7 +77,7 @@ class Console:
 
     def style(self, stream: TextIO | None = None) -> Style:
         """Colour only on a terminal and without NO_COLOR (the client's, when the loop answers)."""
-        from reconciler.service.render import Style
+        from reconciler.service.render import Style  # the start-up budget (the service layer)
 
         stream = stream or self.out
         return Style(stream, color=stream.isatty() and not self.no_color)
@@ -123,21 +91,73 @@ def console(args: argparse.Namespace) -> Console:
     return con
 
 
-def emit_json(data: Any, out: TextIO | None = None) -> None:
-    from reconciler.base.redact import redact_json
-
-    # A last pass over every string on its way out: a command line missed at its source is masked here.
-    out = out or sys.stdout
-    getattr(out, "write_json", out.write)(redact_json(data, indent=2, sort_keys=False, default=str) + "\n")
-
-
 def service(args: argparse.Namespace) -> HostService:
     """The service for this command. Inside a running loop (``reconciler.control``) it carries the loop's pass
     lock and action hooks, like the loop's HTTP API: destructive calls then wait for a pass to end rather than
     meeting the host lock the loop holds."""
-    from reconciler.service import HostService, user_caller
+    from reconciler.service import HostService, user_caller  # the start-up budget (the service layer)
 
     # The user: the peer's on the loop's socket (its SO_PEERCRED uid, and the SUDO_USER it came with), else ours.
     peer = getattr(args, "peer", None) or {"uid": os.getuid(), "sudo_user": os.environ.get("SUDO_USER") or ""}
     caller = user_caller("cli", uid=peer["uid"], sudo_user=peer["sudo_user"])
     return HostService(args.root, caller=caller, **getattr(args, "serve", {}))
+
+
+# What a running loop answers (``reconciler.control.server``): every command that reads or changes the host through the
+# service layer. ``validate``, ``schema`` and ``completion`` read files only; ``run`` and ``mcp`` are servers.
+LOOP_COMMANDS = frozenset({"plan", "status", "audit", "probe", "apply", "adopt", "shm status", "shm reclaim"})
+
+
+def command_name(args: argparse.Namespace) -> str:
+    """``plan``, ``shm status``, ...: the command with its subcommand."""
+    sub = getattr(args, "shm_command", None)
+    return f"{args.command} {sub}" if sub else str(args.command)
+
+
+def report_config_error(exc: ConfigError, args: argparse.Namespace) -> int:
+    con = console(args)
+    for p in exc.problems:
+        print(str(p), file=con.err)
+    if getattr(args, "json", False):
+        problems = [{"path": p.path, "line": p.line, "message": p.message} for p in exc.problems]
+        err = {"code": "config_invalid", "message": "the files do not validate", "problems": problems}
+        emit_json(
+            {"valid": False, "errors": problems, "error": err} if args.command == "validate" else {"error": err},
+            con.out,
+        )
+    return EXIT_ERROR
+
+
+def error_code(exc: BaseException) -> str:
+    """A stable word for an error's kind, from its class: ``LockHeld`` -> ``lock_held``, ``StateError`` ->
+    ``state``; the root class is plain ``error``."""
+
+    name = re.sub(r"Error$", "", type(exc).__name__)
+    if name == "Reconciler" or not name:
+        return "error"
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def report_error(args: argparse.Namespace, code: str, message: str) -> None:
+    """An error that ends a command: on stderr, and with ``--json`` also as ``{"error": {"code", "message"}}`` on
+    stdout, so a program reading stdout always gets a JSON answer that says what went wrong."""
+    con = console(args)
+    print_error(code, message, out=con.out, err=con.err, as_json=bool(getattr(args, "json", False)))
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run a parsed command; its errors printed as the command line prints them, with their exit code. Called by
+    ``reconciler.cli.main`` and, for a client, by the running loop (``reconciler.cli.front_ends.CommandRunner``)."""
+    # The start-up budget: `--help` never loads the error classes (their NamedTuple costs 1.5 ms).
+    from reconciler.base.errors import ConfigError, ReconcilerError
+
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        return report_config_error(exc, args)
+    except ReconcilerError as exc:
+        report_error(args, error_code(exc), str(exc))
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        report_error(args, "interrupted", "interrupted")
+        return 130

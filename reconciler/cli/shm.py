@@ -56,7 +56,7 @@ def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def cmd_shm_status(args: argparse.Namespace) -> int:
-    from reconciler.base.redact import redact_cmdline
+    from reconciler.base.redact import redact_cmdline  # the start-up budget (redact's patterns: 15 ms)
 
     con = console(args)
     res = service(args).shm_status()
@@ -72,7 +72,7 @@ def cmd_shm_status(args: argparse.Namespace) -> int:
 
 
 def cmd_shm_reclaim(args: argparse.Namespace) -> int:
-    from reconciler.base.redact import redact_cmdline
+    from reconciler.base.redact import redact_cmdline  # the start-up budget (redact's patterns: 15 ms)
 
     con = console(args)
     svc = service(args)
@@ -97,7 +97,7 @@ def cmd_shm_reclaim(args: argparse.Namespace) -> int:
 
 
 def _emit_json(data: Any, out: TextIO | None = None) -> None:
-    from reconciler.base.redact import redact_json
+    from reconciler.base.redact import redact_json  # the start-up budget (redact's patterns: 15 ms)
 
     out = out or sys.stdout
     # One write (json.dump writes piece by piece), after a last redaction pass over every string; past the
@@ -114,7 +114,7 @@ def _path(p: str) -> str:
 
 
 def _command(cmd: str, width: int = 60) -> str:
-    from reconciler.base.redact import redact_cmdline
+    from reconciler.base.redact import redact_cmdline  # the start-up budget (redact's patterns: 15 ms)
 
     cmd = " ".join(redact_cmdline(cmd).split()) or "?"  # masked before it is cut
     return cmd if len(cmd) <= width else cmd[: width - 3] + "..."
@@ -139,7 +139,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, tty: bool) 
     (``render.Style``: the one helper for colour). Widths are those of the plain text: colour never shifts a column."""
     if not rows:
         return ""
-    from reconciler.service.render import Style
+    from reconciler.service.render import Style  # the start-up budget (the service layer)
 
     s = Style(color=tty)
     paint = {"owned": s.green, "orphan": s.yellow, "blocked": s.red}
@@ -217,7 +217,7 @@ def render_reclaim(result: Any, *, tty: bool = False) -> str:
     text = "\n".join(out) + "\n"
     listed = result.reclaimed if result.confirmed else result.candidates
     if not result.confirmed and not result.refused and result.candidates:
-        import shlex
+        import shlex  # the start-up budget: only a dry run that found orphans quotes paths
 
         # The exact command that removes these files and no other (a file orphaned since is left for the next look).
         paths = " ".join(f"--path {shlex.quote(f.path)}" for f in result.candidates)

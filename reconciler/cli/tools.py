@@ -1,7 +1,7 @@
 """Commands about the tool itself rather than a host: ``reconciler schema KIND`` and ``reconciler completion SHELL``.
 
-Registered by ``reconciler.cli.build_parser``; each imports what it needs when it runs (pydantic's schema build,
-shtab), so no other command pays for them. Neither reads ``--root``.
+Registered by ``reconciler.cli.build_parser``; each imports what it needs when it runs (shtab; the schemas are built
+from the model by ``reconciler.load.file_schema.render`` only when asked), so no other command pays for them. Neither reads ``--root``.
 """
 
 from __future__ import annotations
@@ -10,19 +10,18 @@ import argparse
 from typing import Any
 
 from reconciler.cli.common import EXIT_OK
+from reconciler.load.file_schema import KINDS, render
 
 SHELLS = ("bash", "zsh")
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from reconciler.load.file_schema import render
-
     print(render(args.kind), end="")
     return EXIT_OK
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    import shtab
+    import shtab  # the optional SDK: shtab, for this command alone
 
     parser: argparse.ArgumentParser = args.parser
     _mark_paths(parser, shtab)
@@ -44,8 +43,6 @@ def _mark_paths(parser: argparse.ArgumentParser, shtab: Any) -> None:
 
 def add_commands(sub: Any, *, root: argparse.ArgumentParser) -> None:
     """Add ``schema`` and ``completion`` to the top-level subcommands; ``root`` is the parser completion describes."""
-    from reconciler.load.file_schema import KINDS
-
     p = sub.add_parser(
         "schema",
         help="print the JSON Schema of a kind of file (host, recipe, manifest), for editors and clients",

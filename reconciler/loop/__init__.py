@@ -1,155 +1,75 @@
-"""``reconciler run``: the level-triggered loop.
+"""``reconciler run``: the level-triggered loop (``Loop``). This file is the package's facade: the loop itself;
+its parts are the modules beside it (``log``, ``triggers``, ``hosting``, ``refusals``, ``runtime``, ``backoff``,
+``metrics``, ``progress``).
 
 Triggers only say "look again": a change under manifests/ or configs/ (watchdog, debounced so an editor's
 save-rename-save is one trigger), a Docker event of a container (start, die, destroy), SIGHUP, a backoff that
 expires, and the resync timer. Every cycle re-reads everything and runs the same plan/apply as ``reconciler apply``.
 An invalid edit never tears anything down: the loop keeps the last valid desired state and exports the error.
-Serves ``/metrics``, ``/healthz``, the HTTP API (``/v1``) and MCP (``/mcp``) on one listener (``reconciler.api``); a
-destructive call from those takes the pass lock, so it never runs during a pass; so does a command of the command line,
-which the loop answers on its socket in the runtime directory (``reconciler.control``). Holds the host lock for its
-whole life. Called by ``reconciler.cli.apply``.
+Hosts the front-ends it is handed (``reconciler.loop.hosting``): the one listener serving ``/metrics``,
+``/healthz``, the HTTP API (``/v1``) and MCP (``/mcp``), and the socket on which it answers the command line; a
+destructive call from those takes the pass lock, so it never runs during a pass. Holds the host lock for its whole
+life. Built, with its front-ends, by ``reconciler.cli.run``.
 """
 
 from __future__ import annotations
 
-import errno
-import json
 import os
 import queue
 import re
 import signal
-import sys
 import threading
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TextIO
+from collections.abc import Sequence
+from typing import Any
 
 from reconciler import __version__
 from reconciler.apply import Applier, Outcome, PassResult
 from reconciler.base import sdnotify
-from reconciler.base.errors import ConfigError, ReconcilerError, one_line
+from reconciler.base.errors import ConfigError, ReconcilerError
 from reconciler.base.redact import redact_data
-from reconciler.base.units import clip, iso_time
 from reconciler.load.desired import load_desired
 from reconciler.loop.backoff import Backoff
+from reconciler.loop.hosting import FrontEnd, Hosting
+from reconciler.loop.log import Log
 from reconciler.loop.progress import LogProgress
+from reconciler.loop.refusals import pass_refusals, reclaim_refusals
+from reconciler.loop.runtime import FairLock
+from reconciler.loop.triggers import EngineEvents, Triggers, watch_files
 from reconciler.model import DesiredState, assignment_key, container_name
-from reconciler.observe.docker_obs import EVENT_ACTIONS, DockerObserver, EventFilter
+from reconciler.observe.docker_obs import DockerObserver
 from reconciler.plan.planner import ActionKind, Plan
+from reconciler.plan.vram import vram_by_slot
+from reconciler.store.audit import audit_log
+from reconciler.store.history import last_topology
 from reconciler.store.lock import HostLock
 from reconciler.store.loop_state import clear_loop_state, state_path, write_loop_state
 
 # The planner's reason for the leave of a container that stopped by itself ("NAME is exited with code 137").
 _CRASHED = re.compile(r"\bexited with code (-?\d+)")
-# How long after a container's "die" event the loop looks again (the engine's list lags behind the event).
-_DIE_SETTLE_S = 1.0
-# The longest wait between two attempts to reach the engine's event stream while it does not answer: once it
-# answers again, the loop looks again within this time (not only at the next resync).
-_EVENTS_RETRY_MAX_S = 5.0
 # How an apply pass maps to the pass results exported as metrics.
 _PASS_RESULT = {"converged": "converged", "held": "blocked", "blocked": "blocked", "failed": "failed"}
 
 
-class MetricsAddrUnusable(ReconcilerError):
-    """``--metrics-addr`` cannot be listened on (in use, not a local address, not HOST:PORT)."""
-
-
-class Log:
-    """One line per event: ``ts event key=value`` or, with json, one JSON object per line.
-
-    Times are ISO 8601 in UTC (``Z``); in JSON a time field (``until``) stays epoch seconds. In text, a long value
-    (a failed enter quotes its container's log) is cut at a word boundary with an ellipsis after ``TEXT_FIELD_MAX``
-    characters, so a line stays readable in a terminal; JSON lines are never cut: they are for machines, which want
-    the whole value.
-    """
-
-    TEXT_FIELD_MAX = 200
-
-    def __init__(self, fmt: str = "text", stream: TextIO | None = None):
-        self.fmt = fmt
-        self.stream = stream or sys.stderr
-        self._lock = threading.Lock()
-
-    def __call__(self, event: str, **fields: Any) -> None:
-        from reconciler.base.redact import redact_fields
-
-        fields = redact_fields(fields)  # secrets never reach a log line (docs/design.md, safety rule 10)
-        ts = iso_time(time.time(), utc=True, ms=True)
-        if self.fmt == "json":
-            line = json.dumps({"ts": ts, "event": event, **fields}, default=str)
-        else:
-            parts = " ".join(f"{k}={_text(_shown(k, v, self.TEXT_FIELD_MAX))}" for k, v in fields.items())
-            line = f"{ts} {event} {parts}".rstrip()
-        with self._lock:
-            self.stream.write(line + "\n")
-            self.stream.flush()
-
-
-# Fields that hold a time as epoch seconds: JSON keeps the number (machines compute with it), text shows ISO 8601.
-_TIME_FIELDS = frozenset({"until"})
-
-
-# Fields never cut: the tool's own error messages, which end with the fix (a cut would drop it).
-_WHOLE_FIELDS = frozenset({"error"})
-
-
-def _shown(key: str, v: Any, limit: int) -> str:
-    if key in _TIME_FIELDS and isinstance(v, (int, float)) and not isinstance(v, bool):
-        return iso_time(float(v), utc=True, ms=True)
-    return str(v) if key in _WHOLE_FIELDS else clip(str(v), limit)
-
-
-def _text(v: Any) -> str:
-    s = str(v)
-    if not s.isprintable() or '"' in s or "\\" in s:
-        # A control character (a newline from a request path) would start a forged line: quoted, escaped, and any
-        # line separator JSON leaves alone (U+2028, U+0085) escaped too.
-        return one_line(json.dumps(s, ensure_ascii=False))
-    return json.dumps(s, ensure_ascii=False) if (" " in s or "=" in s or not s) else s
-
-
-@dataclass
-class Triggers:
-    """Why the loop should look again. Thread-safe; any trigger wakes the loop."""
-
-    wake: threading.Event = field(default_factory=threading.Event)
-    reasons: set[str] = field(default_factory=set)
-    fs_at: float = 0.0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def fire(self, reason: str) -> None:
-        with self.lock:
-            self.reasons.add(reason)
-            if reason == "file":
-                self.fs_at = time.monotonic()
-        self.wake.set()
-
-    def take(self) -> tuple[set[str], float]:
-        with self.lock:
-            reasons, self.reasons = self.reasons, set()
-            self.wake.clear()
-            return reasons, self.fs_at
-
-
 class Loop:
+    """The loop of one root: ``run`` until a signal; ``front_ends`` are the servers it hosts while it runs."""
+
     def __init__(
         self,
         root: str,
         *,
-        metrics_addr: str | None = "127.0.0.1:9464",
         resync_s: float = 60.0,
         debounce_s: float = 0.1,
         log: Log | None = None,
         backoff: Backoff | None = None,
-        api_token_file: str | None = None,
-        api_allow_remote: bool = False,
-        api_hosts: tuple[str, ...] = (),
+        front_ends: Sequence[FrontEnd] = (),
     ):
+        # prometheus_client is needed by `reconciler run` alone (a stand-alone apply imports this package for its
+        # progress lines): an optional SDK.
         from reconciler.loop.metrics import Metrics
 
         self.root = root
-        self.metrics_addr = metrics_addr
+        self.front_ends = tuple(front_ends)
         self.resync_s = resync_s
         self.debounce_s = debounce_s
         self.log = log or Log()
@@ -164,16 +84,11 @@ class Loop:
         self.files_valid: bool | None = None  # whether the files loaded at the last look (None: not read yet)
         self.last_pass: dict[str, Any] = {}
         self.passes = 0
-        self._http: Any = None  # reconciler.api.Listener
-        self.api_token_file = api_token_file
-        self.api_allow_remote = api_allow_remote
-        self.api_hosts = tuple(api_hosts)  # names the listener answers to besides its address (--api-host)
-        self.exit_code = 0  # 1 when the loop gives up on its listener
+        self._serving: list[FrontEnd] = []  # the front-ends started, in their order
+        self.exit_code = 0  # 1 when the loop gives up on a front-end (its listener)
         self._pass_since: float | None = None  # monotonic start of the pass running now (the watchdog's view)
         # Held for each pass; a destructive call of the API or MCP takes it too, so the two never interleave (first
         # come, first served: a call that waits for a pass runs before the next one).
-        from reconciler.api import FairLock
-
         self.pass_lock = FairLock()
         self._crashed: set[str] = set()  # ids of crashed containers already counted in the backoff
         self._held: set[str] = set()  # assignments whose enter the last pass held: wake when their backoff ends
@@ -192,10 +107,16 @@ class Loop:
             return 1
         with HostLock(desired.host.name, command="run"):
             self._install_signals()
-            self._start_http()
-            control = self._start_control(desired.host.name)
-            watcher = self._start_watch()
-            threading.Thread(target=self._docker_events, name="docker-events", daemon=True).start()
+            self._start_front_ends(desired.host.name)
+            watcher = watch_files(self.root, self.triggers)
+            EngineEvents(
+                triggers=self.triggers,
+                log=self.log,
+                stop=self.stop,
+                observer=lambda: self.observer,
+                scope=self._event_scope,
+                engine_down=lambda: "docker" in self._down,
+            ).start()
             self.log("start", host=desired.host.name, root=self.root, resync_s=self.resync_s, version=__version__)
             self.triggers.fire("start")
             sdnotify.start_watchdog(self._well, self.stop)
@@ -219,17 +140,44 @@ class Loop:
             finally:
                 sdnotify.notify("STOPPING=1")
                 watcher.stop()
-                if self._http:
-                    self._http.shutdown()
-                control.close()
+                self._close_front_ends()
                 clear_loop_state(desired.host.name)
                 self.log("exit", reason="signal" if not self.exit_code else "listener", passes=self.passes)
         return self.exit_code
 
+    def _start_front_ends(self, host: str) -> None:
+        """Start each front-end in its order; one that cannot start closes those started before it, and its error
+        ends the loop before its first pass."""
+        hosting = Hosting(
+            root=self.root,
+            host=host,
+            log=self.log,
+            metrics=self.metrics,
+            pass_lock=self.pass_lock,
+            cancel=self.cancel,
+            health=self.health,
+            on_outcome=self._count_outcome,
+            on_reclaim=self._on_reclaim,
+            on_shm_reclaim=self._count_shm_reclaim,
+            fatal=self._listener_lost,
+        )
+        try:
+            for front in self.front_ends:
+                front.start(hosting)
+                self._serving.append(front)
+        except BaseException:
+            self._close_front_ends()
+            raise
+
+    def _close_front_ends(self) -> None:
+        """Close the front-ends started, in reverse order."""
+        while self._serving:
+            self._serving.pop().close()
+
     def _well(self) -> bool:
-        """For the systemd watchdog: the listener serves (or none was asked for) and no pass has run longer than
-        any pass can (every recipe's start and stop timeouts, three times over, and ten minutes)."""
-        if self._http is not None and not self._http.alive():
+        """For the systemd watchdog: every front-end serves and no pass has run longer than any pass can (every
+        recipe's start and stop timeouts, three times over, and ten minutes)."""
+        if not all(front.alive() for front in self._serving):
             return False
         since = self._pass_since
         if since is None or self.desired is None:
@@ -394,8 +342,6 @@ class Loop:
 
     def _reserve_changed(self, desired: DesiredState, observed: Any) -> None:
         """Log each slot that went below its free-VRAM reserve or came back above it (once, not every pass)."""
-        from reconciler.plan.vram import vram_by_slot
-
         figures = vram_by_slot(desired.host, observed.gpus) if observed.gpus.source.ok else {}
         below = {slot for slot, v in figures.items() if v.below_reserve}
         owner = desired.slot_owner()
@@ -414,8 +360,6 @@ class Loop:
 
     def _fallback_view(self, desired: DesiredState) -> tuple[Any, dict[str, float]]:
         """For the planner: the last converged topology, and the seconds to each held assignment's next attempt."""
-        from reconciler.store.history import last_topology
-
         now = time.time()
         return last_topology(desired.host.name), {k: max(0.0, e.until - now) for k, e in self.backoff.entries.items()}
 
@@ -484,8 +428,6 @@ class Loop:
         self._count_outcome(o)
         if self.desired is not None:
             # The loop's own actions go to the audit trail too, beside those of the front-ends.
-            from reconciler.store.audit import audit_log
-
             try:
                 audit_log(self.desired.host.name).append(
                     {
@@ -580,27 +522,6 @@ class Loop:
 
     # ------------------------------------------------------------ triggers
 
-    def _start_watch(self) -> Any:
-        from watchdog.events import FileSystemEvent, FileSystemEventHandler
-        from watchdog.observers import Observer
-
-        triggers = self.triggers
-
-        class Handler(FileSystemEventHandler):
-            def on_any_event(self, event: FileSystemEvent) -> None:
-                if event.event_type in ("opened", "closed_no_write"):
-                    return
-                triggers.fire("file")
-
-        obs = Observer()
-        for sub in ("manifests", "configs"):
-            path = Path(self.root) / sub
-            if path.is_dir():
-                obs.schedule(Handler(), str(path), recursive=True)
-        obs.daemon = True
-        obs.start()
-        return obs
-
     def _event_scope(self) -> tuple[str, frozenset[str] | None] | None:
         """For the event filter: this host's name and its slots' GPU indexes (None: a slot known by UUID only)."""
         desired = self.desired
@@ -611,133 +532,7 @@ class Loop:
             return desired.host.name, None
         return desired.host.name, frozenset(str(g.index) for g in gpus)
 
-    def _docker_events(self) -> None:
-        delay = 0.5
-        lost = False
-        while not self.stop.is_set():
-            observer = self.observer
-            if observer is None:
-                time.sleep(delay)
-                continue
-            # Only containers a plan reads wake the loop (ours, and any claiming a GPU or offload): on a shared
-            # engine the events of everything else would otherwise cost a pass each.
-            relevant = EventFilter(observer, self._event_scope)
-            try:
-                stream = observer.api.events(decode=True, filters={"type": "container", "event": list(EVENT_ACTIONS)})
-                delay = 0.5
-                if lost or "docker" in self._down:
-                    # The engine answers again (it was down, or restarted, or down at the last pass while this
-                    # thread had not yet tried it): whatever changed meanwhile sent no event this loop saw, so look
-                    # again now rather than at the next resync.
-                    lost = False
-                    self.log("docker-events-resumed", url=observer.url)
-                    self.triggers.fire("docker-reconnected")
-                for ev in stream:
-                    if self.stop.is_set():
-                        return
-                    action = ev.get("status") or ev.get("Action")
-                    if not relevant.matters(ev):
-                        continue
-                    name = ((ev.get("Actor") or {}).get("Attributes") or {}).get("name", "")
-                    self.log("docker-event", action=action, container=name or (ev.get("id") or "?")[:12])
-                    self.triggers.fire(f"docker-{action}")
-                    if action == "die":
-                        # The engine sends "die" before its container list shows the container stopped (~50 ms
-                        # on docker 20.10), so the pass this wakes may still see it running, and then nothing
-                        # would look again until the resync. Look again once the engine has caught up.
-                        later = threading.Timer(_DIE_SETTLE_S, self.triggers.fire, args=("docker-die-settled",))
-                        later.daemon = True
-                        later.start()
-            except Exception as exc:  # noqa: BLE001 - the engine went away: retry, and the resync timer still runs
-                if not self.stop.is_set() and not lost:
-                    self.log("docker-events-lost", error=str(exc), retry="every few seconds until the engine answers")
-                    self.triggers.fire("docker-events-lost")  # look again: the pass reports the engine down
-                lost = True
-                self.stop.wait(delay)
-                delay = min(delay * 2, _EVENTS_RETRY_MAX_S)
-
-    # ------------------------------------------------------------ HTTP
-
-    def _start_control(self, host: str) -> Any:
-        """The socket on which this loop answers the command line's commands (``reconciler.control``); what they
-        change is counted and serialised like the HTTP API's calls."""
-        from reconciler.api import PassGate
-        from reconciler.control import ControlServer
-        from reconciler.service import ActionHooks
-
-        hooks = ActionHooks(self._count_outcome, self._on_reclaim, self._count_shm_reclaim)
-        return ControlServer(
-            self.root,
-            host,
-            stop=self.cancel,
-            log=self.log,
-            serve=lambda: {"pass_lock": PassGate(self.pass_lock, self.log, "cli"), "hooks": hooks},
-        ).start()
-
-    def _start_http(self) -> None:
-        """One listener on ``--metrics-addr`` for /metrics, /healthz, the API (/v1) and MCP (/mcp)."""
-        if not self.metrics_addr or self.desired is None:
-            return
-        from reconciler import api
-        from reconciler.service import ActionHooks
-
-        try:
-            host, port = api.split_addr(self.metrics_addr)
-        except (ValueError, OverflowError) as exc:
-            raise MetricsAddrUnusable(
-                f"cannot serve /metrics on {self.metrics_addr}: {exc}; give --metrics-addr as "
-                "HOST:PORT on this machine, or '' to serve nothing"
-            ) from None
-        name = self.desired.host.name
-        token = api.resolve_token(name, token_file=self.api_token_file)
-        api.check_exposure(host, allow_remote=self.api_allow_remote, token=token)
-        hooks = ActionHooks(self._count_outcome, self._on_reclaim, self._count_shm_reclaim)
-
-        def make_app(bound_port: int) -> Any:
-            return api.build_app(
-                self.root,
-                token=token,
-                pass_lock=self.pass_lock,
-                bind_host=host,
-                port=bound_port,
-                api_hosts=self.api_hosts,
-                host=name,
-                log=self.log,
-                metrics=self.metrics.render,
-                health=self.health,
-                cancel=self.cancel,
-                hooks=hooks,
-                on_refusal=self.metrics.record_http_refusal,
-                on_drop=self.metrics.record_http_drop,
-            )
-
-        try:
-            self._http = api.Supervisor(
-                make_app,
-                host,
-                port,
-                log=self.log,
-                on_restart=self.metrics.record_listener_restart,
-                on_fatal=self._listener_lost,
-            ).start()
-        except (OSError, OverflowError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            hint = (
-                "something else listens there (another `reconciler run`?): stop it or choose another --metrics-addr"
-                if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE
-                else "give --metrics-addr as HOST:PORT on this machine, or '' to serve nothing"
-            )
-            raise MetricsAddrUnusable(f"cannot serve /metrics on {self.metrics_addr}: {why}; {hint}") from None
-        base = f"http://{'[' + host + ']' if ':' in host else host}:{self._http.port}"
-        self.log("metrics", addr=f"{base}/metrics")
-        self.log(
-            "api",
-            addr=f"{base}/v1",
-            mcp=f"{base}/mcp",
-            token_from=token.describe(),
-            caller=token.name,
-            max_connections=self._http.max_connections,
-        )
+    # ------------------------------------------------------------ health
 
     def health(self) -> tuple[int, dict[str, Any]]:
         """``/healthz``: a recent pass that could read every source. A loop waiting for an engine that does not
@@ -783,59 +578,3 @@ class Loop:
                 "last_pass": last_pass,
             }
         )
-
-
-# ---------------------------------------------------------------- refusals (reconciler_refusals_total)
-
-
-def pass_refusals(result: PassResult) -> list[str]:
-    """The refusal reasons of one pass, each counted once: a blocked plan or a source that was unavailable.
-
-    Pure. A blocker's ``holder`` says what stands in the way: ``tmpfs`` (no room for the offload file), a
-    container name or ``pid N`` (something not ours holds the GPU), or nothing (a source could not vouch for
-    the slot or the offload files: GPU telemetry down, a GPU not found, /proc unreadable).
-    """
-    if result.result == "error" and result.final.unavailable:
-        return ["source_unavailable"]
-    if result.result != "blocked":
-        return []
-    found = set()
-    for b in result.final.blockers:
-        found.add("tmpfs_room" if b.holder == "tmpfs" else "gpu_held" if b.holder else "source_unavailable")
-    return sorted(found)
-
-
-def reclaim_refusals(res: Any) -> list[str]:
-    """The refusal reasons of one guarded reclaim (a ``reconciler.apply.shm_guard.ReclaimResult``), each counted once.
-
-    Pure. A whole reclaim refused names its cause in ``refused``; a file kept out of the reclaim is a refusal
-    when it was a candidate of the first inspection (it changed or gained an owner before its unlink), when it
-    turned orphan only at the second inspection, when the kernel refused the write lease before its unlink, or
-    when it is a pattern match that is no plain file. Files
-    owned all along, and orphans the reclaim was not asked for, are not refusals.
-    """
-    found = set()
-    refused = res.refused or ""
-    if refused.startswith("running container(s) with native offload"):
-        found.add("offload_container_running")
-    elif refused.startswith("proc ") and "cannot be inspected" in refused:
-        found.add("uninspectable_process")
-    elif refused:
-        found.add("source_unavailable")
-    candidates = {f.path for f in res.candidates}
-    removed = {f.path for f in res.reclaimed}
-    for k in res.kept:
-        if k.code == "lease_refused":
-            found.add("lease_refused")  # the last gate said no: counted whatever the inspections said
-        elif k.state == "skipped":
-            found.add("invalid_entry")
-        elif k.path in candidates and k.path not in removed and not refused:
-            if k.state == "gone":
-                continue  # removed by someone else meanwhile: nothing was refused
-            if k.state in ("owned", "blocked") or "just before removal" in k.reason:
-                found.add("file_owned")
-            else:
-                found.add("inspections_disagree")
-        elif k.state == "orphan" and k.reason.startswith("appeared or became unowned"):
-            found.add("inspections_disagree")
-    return sorted(found)

@@ -103,7 +103,6 @@ def read_comm(pid: int, proc_root: str = "/proc") -> str:
     # start-up: the scan's worker interpreters run this file alone (-I -S, no package): it imports none at the top
     from reconciler.base.redact import redact_argv
 
-
     try:
         with open(f"{proc_root}/{pid}/cmdline", "rb") as fh:
             raw = fh.read(4096)

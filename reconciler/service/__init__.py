@@ -498,7 +498,7 @@ class HostService:
         self.pass_lock = pass_lock
         self.hooks = hooks
         # The caller's files (``plan --out FILE``, ``apply FILE``) when the loop serves a command line for it:
-        # read and written by that process, where it lives (``reconciler.control.ClientFiles``).
+        # read and written by that process, where it lives (``reconciler.control.server.ClientFiles``).
         self.files = files
 
     # ------------------------------------------------------------ helpers

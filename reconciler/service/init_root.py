@@ -16,8 +16,8 @@ from typing import Any
 
 from reconciler.base.errors import ConfigError, ReconcilerError
 from reconciler.base.fsafe import write_atomic
-from reconciler.load.init_files import HOST_FILE, files, host_name
 from reconciler.load.desired import load_desired
+from reconciler.load.init_files import HOST_FILE, files, host_name
 from reconciler.observe.machine import Machine, read_machine
 
 

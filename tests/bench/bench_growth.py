@@ -92,8 +92,9 @@ for pid in pids:
 # One converged loop pass, in a process of its own: the first cycle warms the engine cache, the next are timed.
 CYCLE = r"""
 import json, os, sys, time
-from reconciler.loop import Log, Loop
-loop = Loop(sys.argv[1], metrics_addr=None, log=Log("json", open(os.devnull, "w")))
+from reconciler.loop import Loop
+from reconciler.loop.log import Log
+loop = Loop(sys.argv[1], log=Log("json", open(os.devnull, "w")))
 loop.cycle({"start"})
 times = []
 for _ in range(int(sys.argv[2])):

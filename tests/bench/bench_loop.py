@@ -64,7 +64,8 @@ MIB = 1 << 20
 # Runs in a process of its own, so its resident memory is the loop's and nothing else's.
 CYCLES_DRIVER = r"""
 import json, os, sys, time
-from reconciler.loop import Log, Loop
+from reconciler.loop import Loop
+from reconciler.loop.log import Log
 
 root, cycles, every = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 
@@ -75,7 +76,7 @@ def rss() -> int:
                 return int(line.split()[1]) * 1024
     raise RuntimeError("no VmRSS in /proc/self/status")
 
-loop = Loop(root, metrics_addr=None, log=Log("json", open(os.devnull, "w")))
+loop = Loop(root, log=Log("json", open(os.devnull, "w")))
 first = loop.cycle({"start"})
 print(json.dumps({"cycle": 0, "rss": rss(), "s": 0.0, "result": first.result if first else None}), flush=True)
 bad = 0

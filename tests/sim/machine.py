@@ -170,14 +170,13 @@ class HostMachine(RuleBasedStateMachine):
         self.topology = topology
 
     def _new_loop(self) -> None:
-        from reconciler.loop import Log, Loop
+        from reconciler.loop import Loop
         from reconciler.loop.backoff import Backoff
+        from reconciler.loop.log import Log
 
         w = self.world
         assert w is not None
-        self.loop = Loop(
-            str(self.root), metrics_addr=None, log=Log(stream=self.sink), backoff=Backoff(clock=lambda: w.wall())
-        )
+        self.loop = Loop(str(self.root), log=Log(stream=self.sink), backoff=Backoff(clock=lambda: w.wall()))
 
     def teardown(self) -> None:
         if self._ctx is not None:

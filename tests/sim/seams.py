@@ -542,6 +542,7 @@ def installed(world: World) -> Iterator[str]:
     import reconciler.apply.shm_guard as guard_mod
     import reconciler.load.tmpfs as loader_mod
     import reconciler.loop as loop_mod
+    import reconciler.loop.log as log_mod
     from reconciler.plan.observed import Tmpfs
 
     clock = SimTime(world)
@@ -553,7 +554,7 @@ def installed(world: World) -> Iterator[str]:
         mp.setenv("RECONCILER_RUNTIME_DIR", os.path.join(state, "run"))
         os.makedirs(os.path.join(state, "state"), mode=0o700)
         os.makedirs(os.path.join(state, "run"), mode=0o700)
-        for mod in (apply_mod, loop_mod, guard_mod, ops_mod):
+        for mod in (apply_mod, loop_mod, log_mod, guard_mod, ops_mod):
             mp.setattr(mod, "time", clock)
         mp.setattr(apply_mod, "observe", lambda host, docker=None, **kw: sim_observe(world, host, docker=docker, **kw))
         # Actions on disjoint slots run interleaved at their seams, in an order the seed draws (Interleaver).
