@@ -98,3 +98,24 @@ def test_a_dry_run_writes_nothing(tmp_path: Path) -> None:
 )
 def test_wsl2_is_read_from_the_kernel_release(release: str, env: dict[str, str], wsl: bool) -> None:
     assert parse_wsl(release, env)[0] is wsl
+
+
+def test_the_command_writes_then_refuses_without_a_traceback(tmp_path: Path) -> None:
+    root = _root(tmp_path) / "new"
+
+    def init(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "reconciler", "--root", str(root), "init", *extra], capture_output=True, text=True
+        )
+
+    dry = init("--dry-run")
+    assert dry.returncode == 0 and "would write" in dry.stdout and not root.exists()
+    first = init()
+    assert first.returncode == 0, first.stderr
+    assert "found:" in first.stdout and "configs/host.yaml" in first.stdout
+    assert validate(root).returncode == 0
+    written = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    again = init("--json")
+    assert again.returncode == 1 and "never overwrites" in again.stdout + again.stderr
+    assert "Traceback" not in again.stderr
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == written
