@@ -171,7 +171,7 @@ class Loop:
         self._pass_since: float | None = None  # monotonic start of the pass running now (the watchdog's view)
         # Held for each pass; a destructive call of the API or MCP takes it too, so the two never interleave (first
         # come, first served: a call that waits for a pass runs before the next one).
-        from reconciler.api import FairLock
+        from reconciler.loop.runtime import FairLock
 
         self.pass_lock = FairLock()
         self._crashed: set[str] = set()  # ids of crashed containers already counted in the backoff
@@ -660,8 +660,8 @@ class Loop:
     def _start_control(self, host: str) -> Any:
         """The socket on which this loop answers the command line's commands (``reconciler.control``); what they
         change is counted and serialised like the HTTP API's calls."""
-        from reconciler.api import PassGate
         from reconciler.control import ControlServer
+        from reconciler.loop.runtime import PassGate
         from reconciler.service import ActionHooks
 
         hooks = ActionHooks(self._count_outcome, self._on_reclaim, self._count_shm_reclaim)
