@@ -8,7 +8,7 @@ import os
 import socket
 import struct
 
-from reconciler.api import diag_owner, diag_request, peer_of
+from reconciler.api.peers import diag_owner, diag_request, peer_of
 
 
 def test_the_sock_diag_request_and_answer() -> None:
