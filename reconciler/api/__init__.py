@@ -78,7 +78,6 @@ from reconciler.api.listener import Supervisor
 from reconciler.api.refusals import Refusals
 from reconciler.api.routes import AppContext
 from reconciler.api.tokens import ApiToken, resolve_token
-from reconciler.mcp_server import build_server
 
 __all__ = ["Supervisor", "build_app", "check_exposure", "resolve_token", "split_addr"]
 
@@ -104,6 +103,11 @@ def build_app(
     """The ASGI app (the ``Guard`` around Starlette): ``ENDPOINTS``, and MCP at /mcp. ``host``: the host's name, for
     the audit records of refused requests; ``port``: the listener's (the Host check); ``on_refusal(status, reason)``
     and ``on_drop(reason)``: the metrics of refused requests and dropped connections."""
+    # An optional SDK (mcp, through the MCP server: about a second of imports), loaded here rather than with the
+    # package, so that a listener refused for its address or its token (``split_addr``, ``check_exposure``) is
+    # refused as soon as before.
+    from reconciler.mcp_server import build_server
+
     ctx = AppContext(
         root, token, pass_lock, host=host, log=log, metrics=metrics, health=health, cancel=cancel, hooks=hooks
     )

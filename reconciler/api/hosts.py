@@ -14,8 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mcp.server.transport_security import TransportSecuritySettings
-
 from reconciler.api.errors import ApiSetupError
 from reconciler.api.limits import BACKLOG
 from reconciler.api.tokens import TOKEN_ENV, ApiToken
@@ -121,6 +119,10 @@ class AllowedHosts:
 
     def mcp_security(self) -> Any:
         """The MCP SDK's own Host/Origin check, from the same names (the ``Guard`` has checked them already)."""
+        # An optional SDK (mcp, about a second of imports): loaded when the app is built, not by a listener refused
+        # for its address or its token before that.
+        from mcp.server.transport_security import TransportSecuritySettings
+
         if self.any_address:
             return TransportSecuritySettings(enable_dns_rebinding_protection=False)
         hosts = [f"[{n}]" if ":" in n else n for n in sorted(self.names)]
