@@ -54,7 +54,8 @@ DESTRUCTIVE = {"read_only_hint": False, "destructive_hint": True, "idempotent_hi
 
 INSTRUCTIONS = (
     "Tools of a GPU serving host run by a declarative reconciler. Read with host_status, host_plan and "
-    "host_shared_memory; host_probe runs a recipe's probe suite (preflight or regression) against its lane. host_manage changes the host: action 'reclaim-shared-memory' is a dry run unless "
+    "host_shared_memory; host_probe runs a recipe's probe suite (preflight or regression) against its lane. "
+    "host_manage changes the host: action 'reclaim-shared-memory' is a dry run unless "
     "confirm is true (it lists exactly what a confirmed call removes, and removes only orphan offload files, never "
     "while a native-offload container runs); action 'apply' carries out a plan made by host_plan, named by its "
     "plan_id, and is refused when anything changed since that plan was made."
@@ -289,8 +290,8 @@ def build_server(
 
 
 class StrictLines:
-    """The stdin of ``reconciler mcp``, line by line, each read by ``reconciler.base.jsonstrict``: a line with a duplicate
-    key or nested too deep never reaches the SDK as it came. A ``tools/call`` is passed on with its arguments
+    """The stdin of ``reconciler mcp``, line by line, each read by ``reconciler.base.jsonstrict``: a line with a
+    duplicate key or nested too deep never reaches the SDK as it came. A ``tools/call`` is passed on with its arguments
     replaced by the refusal (``REFUSED_KEY``), so the tool answers it as an error naming why; any other request
     becomes a call of a method no server has, answered as an error by the SDK."""
 

@@ -30,9 +30,9 @@ Security, in the order the ``Guard`` checks a request, before any route sees it:
   name, or ``env``) is the caller in the audit trail, its value is never logged or answered;
 - event streams (``GET /mcp``) are bounded: ``MAX_STREAMS`` open, ``MAX_STREAMS_PER_TOKEN`` a token; past them 429;
 - a body is read whole first, within ``BODY_TIMEOUT_S``: over ``MAX_BODY`` bytes is 413, chunked or not. Every body
-  is JSON, read by one strict parser (``reconciler.base.jsonstrict``: a duplicate key or nesting too deep is 400) whatever
-  the headers say: it needs exactly one ``Content-Type`` header, ``application/json`` (parameters allowed), else 400;
-  a header that must be single (Host, Authorization, Content-Length, Origin, Content-Type) sent twice is 400.
+  is JSON, read by one strict parser (``reconciler.base.jsonstrict``: a duplicate key or nesting too deep is 400)
+  whatever the headers say: it needs exactly one ``Content-Type`` header, ``application/json`` (parameters allowed),
+  else 400; a header that must be single (Host, Authorization, Content-Length, Origin, Content-Type) sent twice is 400.
 
 Every refusal (400, 401, 403, 408, 413, 421, 429) is counted in ``reconciler_http_refusals_total`` by status and
 reason, and logged (``api-refused``) and audited at most ``REFUSALS_AUDITED`` times a peer in ``REFUSAL_WINDOW_S``;
@@ -103,7 +103,7 @@ def build_app(
     """The ASGI app (the ``Guard`` around Starlette): ``ENDPOINTS``, and MCP at /mcp. ``host``: the host's name, for
     the audit records of refused requests; ``port``: the listener's (the Host check); ``on_refusal(status, reason)``
     and ``on_drop(reason)``: the metrics of refused requests and dropped connections."""
-    # An optional SDK (mcp, through the MCP server: about a second of imports), loaded here rather than with the
+    # An optional SDK (mcp, through the MCP server: about half a second of imports), loaded here rather than with the
     # package, so that a listener refused for its address or its token (``split_addr``, ``check_exposure``) is
     # refused as soon as before.
     from reconciler.mcp_server import build_server

@@ -119,7 +119,7 @@ class AllowedHosts:
 
     def mcp_security(self) -> Any:
         """The MCP SDK's own Host/Origin check, from the same names (the ``Guard`` has checked them already)."""
-        # An optional SDK (mcp, about a second of imports): loaded when the app is built, not by a listener refused
+        # An optional SDK (mcp, about half a second of imports): loaded when the app is built, not by a listener refused
         # for its address or its token before that.
         from mcp.server.transport_security import TransportSecuritySettings
 

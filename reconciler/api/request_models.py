@@ -19,7 +19,8 @@ from reconciler.base import jsonstrict
 
 
 def strict_json(raw: bytes) -> Any:
-    """``raw`` as JSON read strictly (``reconciler.base.jsonstrict``: no duplicate key, bounded nesting); _BadRequest."""
+    """``raw`` as JSON read strictly (``reconciler.base.jsonstrict``: no duplicate key, bounded nesting);
+    _BadRequest."""
     try:
         return jsonstrict.loads(raw)
     except jsonstrict.StrictJsonError as exc:

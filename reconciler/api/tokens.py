@@ -54,7 +54,8 @@ def _check_value(value: str, where: str) -> str:
 
 
 def _read_token_file(path: Path) -> str:
-    """A token file trusted by owner and mode (``reconciler.base.fsafe``): the running user's, readable by no one else."""
+    """A token file trusted by owner and mode (``reconciler.base.fsafe``): the running user's, readable by no one
+    else."""
     try:
         data = fsafe.read_trusted(path, what="the API token file", secret=True, limit=4096)
     except fsafe.UnsafePath as exc:
