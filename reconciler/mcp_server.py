@@ -19,17 +19,27 @@ front-end it never observes, plans or acts on its own: each tool is one call of 
 """
 
 # No ``from __future__ import annotations``: the SDK reads each tool's signature (its input schema) at runtime.
+import json
 import re
+import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from io import TextIOWrapper
+from typing import Annotated, Any, Literal
 
-from mcp.types import CallToolResult
+import anyio
+from mcp.server import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.tools.base import Tool
+from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
+from mcp.server.stdio import stdio_server
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-if TYPE_CHECKING:
-    from mcp.server import MCPServer
-
-    from reconciler.service import HostService
+from reconciler import __version__
+from reconciler.base import jsonstrict
+from reconciler.base.errors import ConfigError, ReconcilerError
+from reconciler.base.redact import redact_data, redact_json, redact_text
+from reconciler.service import Caller, HostService
 
 PLAN_ID = re.compile(r"^[0-9a-f]{32}$")
 RECIPE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -44,7 +54,8 @@ DESTRUCTIVE = {"read_only_hint": False, "destructive_hint": True, "idempotent_hi
 
 INSTRUCTIONS = (
     "Tools of a GPU serving host run by a declarative reconciler. Read with host_status, host_plan and "
-    "host_shared_memory; host_probe runs a recipe's probe suite (preflight or regression) against its lane. host_manage changes the host: action 'reclaim-shared-memory' is a dry run unless "
+    "host_shared_memory; host_probe runs a recipe's probe suite (preflight or regression) against its lane. "
+    "host_manage changes the host: action 'reclaim-shared-memory' is a dry run unless "
     "confirm is true (it lists exactly what a confirmed call removes, and removes only orphan offload files, never "
     "while a native-offload container runs); action 'apply' carries out a plan made by host_plan, named by its "
     "plan_id, and is refused when anything changed since that plan was made."
@@ -53,10 +64,6 @@ INSTRUCTIONS = (
 
 def tool_result(data: dict[str, Any], exit_code: int) -> CallToolResult:
     """The ``CallToolResult`` of one service answer: ``data`` (redacted) as structured content and as JSON text."""
-    from mcp.types import TextContent
-
-    from reconciler.base.redact import redact_data, redact_json
-
     data = redact_data(data)
     return CallToolResult(
         content=[TextContent(type="text", text=redact_json(data, indent=2))],
@@ -67,11 +74,6 @@ def tool_result(data: dict[str, Any], exit_code: int) -> CallToolResult:
 
 def _call(fn: Callable[[], Any]) -> Any:
     """Run one service call; its ``ReconcilerError`` becomes the tool's error text (never a traceback)."""
-    from mcp.server.mcpserver.exceptions import ToolError
-
-    from reconciler.base.errors import ConfigError, ReconcilerError
-    from reconciler.base.redact import redact_text
-
     try:
         res = fn()
     except ConfigError as exc:
@@ -136,8 +138,6 @@ def _problem(model: type[BaseModel], e: Any) -> str:
 
 def strict_args(model: type[BaseModel], arguments: Any, tool: str) -> Any:
     """``arguments`` validated by ``model``; ToolError naming each problem (and that nothing was done)."""
-    from mcp.server.mcpserver.exceptions import ToolError
-
     if isinstance(arguments, dict) and REFUSED_KEY in arguments:
         raise ToolError(f"{tool}: {arguments[REFUSED_KEY]}; nothing was done")
     try:
@@ -152,8 +152,6 @@ def _strict_tool(fn: Callable[..., Any], model: type[BaseModel], **kwargs: Any) 
     """A ``Tool`` for ``fn(arguments)`` whose published input schema is ``model``'s and whose arguments reach ``fn``
     untouched, for ``strict_args``: the SDK's own validation is lax (it reads "yes" as true and drops unknown
     arguments)."""
-    from mcp.server.mcpserver.tools.base import Tool
-    from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
 
     class RawArguments(FuncMetadata):
         def validate_arguments(self, arguments_to_validate: dict[str, Any]) -> dict[str, Any]:
@@ -172,16 +170,11 @@ def _strict_tool(fn: Callable[..., Any], model: type[BaseModel], **kwargs: Any) 
 
 
 def build_server(
-    service: "Callable[[], HostService]", *, name: str = "reconciler", on_refused: "Callable[[str], None] | None" = None
-) -> "MCPServer":
+    service: Callable[[], HostService], *, name: str = "reconciler", on_refused: Callable[[str], None] | None = None
+) -> MCPServer:
     """The MCP server over ``service()`` (a fresh ``HostService`` per call, naming the caller for the audit).
     ``on_refused(reason)``: a ``host_manage`` call refused for its arguments (audited; by default through
     ``service().record``)."""
-    from mcp.server import MCPServer
-    from mcp.types import ToolAnnotations
-
-    from reconciler import __version__
-    from reconciler.base.errors import ReconcilerError
 
     def refused(reason: str) -> None:
         if on_refused is not None:
@@ -209,8 +202,6 @@ def build_server(
         return _call(lambda: service().probe(args.recipe, suite=args.suite))
 
     def host_manage(arguments: dict[str, Any]) -> Json:
-        from mcp.server.mcpserver.exceptions import ToolError
-
         try:
             args = strict_args(ManageArgs, arguments, "host_manage")
             if args.action == "reclaim-shared-memory" and args.plan_id is not None:
@@ -299,8 +290,8 @@ def build_server(
 
 
 class StrictLines:
-    """The stdin of ``reconciler mcp``, line by line, each read by ``reconciler.base.jsonstrict``: a line with a duplicate
-    key or nested too deep never reaches the SDK as it came. A ``tools/call`` is passed on with its arguments
+    """The stdin of ``reconciler mcp``, line by line, each read by ``reconciler.base.jsonstrict``: a line with a
+    duplicate key or nested too deep never reaches the SDK as it came. A ``tools/call`` is passed on with its arguments
     replaced by the refusal (``REFUSED_KEY``), so the tool answers it as an error naming why; any other request
     becomes a call of a method no server has, answered as an error by the SDK."""
 
@@ -318,10 +309,6 @@ class StrictLines:
 
 def refuse_line(line: str) -> str:
     """``line`` as it came when it is strict JSON (or not JSON at all: the SDK answers that), else its refusal."""
-    import json
-
-    from reconciler.base import jsonstrict
-
     try:
         jsonstrict.loads(line)
         return line
@@ -349,14 +336,6 @@ def refuse_line(line: str) -> str:
 def serve_stdio(root: str) -> int:
     """``reconciler mcp``: the server over stdin/stdout until the client closes it. Destructive calls take the host
     lock file, so they are refused while a loop (``reconciler run``) holds it: use its ``/mcp`` then."""
-    import sys
-    from io import TextIOWrapper
-
-    import anyio
-    from mcp.server.stdio import stdio_server
-
-    from reconciler.service import Caller, HostService
-
     server = build_server(lambda: HostService(root, caller=Caller("mcp", "stdio")))
 
     async def serve() -> None:

@@ -203,7 +203,7 @@ def test_every_api_and_mcp_route_needs_the_token(
     assert [r for r in records if r["action"] != "authenticate"] == [], "no call without the token reached the service"
     # Each failed authentication is audited with its reason and peer, at most REFUSALS_AUDITED a peer in a window
     # (96 here, all of root's).
-    from reconciler.api import REFUSALS_AUDITED
+    from reconciler.api.limits import REFUSALS_AUDITED
 
     assert len(records) == REFUSALS_AUDITED and {r["outcome"] for r in records} == {"refused"}, records
     assert {r["reason"] for r in records} >= {"wrong token"} and all(r["who"].startswith("127.0.0.1:") for r in records)

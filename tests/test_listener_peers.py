@@ -1,4 +1,4 @@
-"""Who a peer of the listener is (``reconciler.api.peer_of``): the ``sock_diag`` request and answer, and a real
+"""Who a peer of the listener is (``reconciler.api.peers.peer_of``): the ``sock_diag`` request and answer, and a real
 loopback connection from another address than 127.0.0.1, found by netlink and through /proc/net/tcp (whose parse,
 on captured text, is tests/test_net_parse.py's)."""
 
@@ -8,7 +8,7 @@ import os
 import socket
 import struct
 
-from reconciler.api import diag_owner, diag_request, peer_of
+from reconciler.api.peers import diag_owner, diag_request, peer_of
 
 
 def test_the_sock_diag_request_and_answer() -> None:

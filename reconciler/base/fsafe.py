@@ -21,7 +21,7 @@ its mounts, so a root another user can write would let that user run anything as
 Callers: ``reconciler.store.lock`` (the runtime directory: the host lock and the loop's state), ``reconciler.store.state``
 (the state directory: install id, ownership, history, saved plans, the audit trail), ``reconciler.store.audit``,
 ``reconciler.service`` (``plan --out`` through ``write_out``, which writes to a terminal or pipe rather than
-replace it; ``apply FILE``), ``reconciler.api`` (the token) and ``reconciler.load.secrets``.
+replace it; ``apply FILE``), ``reconciler.api.tokens`` (the token) and ``reconciler.load.secrets``.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ The one reader of these files, for every caller: the planner's view of who liste
 answer or sends a probe only once every listener on the lane's ports is a process of the lane's own container, and
 its preflight names whatever listens there before the container exists; another user that binds a lane's port
 first is named, never asked), and the HTTP listener's owner of a connecting socket where netlink's ``sock_diag`` is
-missing (``reconciler.api.peer_of``). Standard library only, so that any observer can share it.
+missing (``reconciler.api.peers.peer_of``). Standard library only, so that any observer can share it.
 """
 
 from __future__ import annotations

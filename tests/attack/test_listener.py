@@ -147,7 +147,7 @@ def _status(port: int, path: str) -> int | None:
 
 
 def test_a_client_that_never_finishes_its_request_is_dropped(root: Root, attacker: Attacker, loops: Any) -> None:
-    from reconciler.api import HEAD_TIMEOUT_S
+    from reconciler.api.limits import HEAD_TIMEOUT_S
 
     root.manifest()
     lp = loop_with_token(root)
@@ -306,7 +306,7 @@ def test_systemd_notify_ready_watchdog_and_stopping(root: Root, scratch: Path, l
 
 
 def test_a_listener_that_stops_is_started_again_and_says_so() -> None:
-    from reconciler.api import Supervisor
+    from reconciler.api.listener import Supervisor
 
     lines: list[tuple[str, dict[str, Any]]] = []
     restarts: list[int] = []

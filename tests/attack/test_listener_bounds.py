@@ -144,7 +144,7 @@ print(c.getresponse().status, round(time.monotonic() - t, 3))
 def test_health_and_metrics_answer_while_non_readers_and_streams_hold(
     root: Root, attacker: Attacker, loops: Any
 ) -> None:
-    from reconciler.api import MAX_STREAMS, WRITE_TIMEOUT_S
+    from reconciler.api.limits import MAX_STREAMS, WRITE_TIMEOUT_S
 
     root.manifest()
     lp = loop_with_token(root)
@@ -223,7 +223,7 @@ print(codes)
 
 
 def test_every_refusal_is_counted_and_audited_within_a_limit(root: Root, attacker: Attacker, loops: Any) -> None:
-    from reconciler.api import REFUSAL_WINDOW_S, REFUSALS_AUDITED
+    from reconciler.api.limits import REFUSAL_WINDOW_S, REFUSALS_AUDITED
 
     root.manifest()
     lp = loop_with_token(root)
@@ -294,7 +294,7 @@ print(round(time.monotonic() - t, 1))
 
 
 def test_a_client_that_does_not_take_its_answer_is_dropped(root: Root, attacker: Attacker, loops: Any) -> None:
-    from reconciler.api import WRITE_TIMEOUT_S
+    from reconciler.api.limits import WRITE_TIMEOUT_S
 
     root.manifest()
     lp = loop_with_token(root)

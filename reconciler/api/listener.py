@@ -1,0 +1,255 @@
+"""Serving the app, and keeping it served: ``Listener`` (uvicorn on an already bound socket, in a daemon thread, its
+event loop's errors logged and never ending it), ``Supervisor`` (the listener of ``reconciler run``, started again
+when its thread ends, within ``RESTARTS_PER_HOUR``) and ``LogBridge`` (the libraries' own log records into the
+loop's log).
+
+Called by the loop when it serves ``--metrics-addr`` (``Supervisor``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import uvicorn
+
+from reconciler.api.errors import ApiSetupError
+from reconciler.api.hosts import bind
+from reconciler.api.limits import (
+    BACKLOG,
+    HEAD_TIMEOUT_S,
+    KEEP_ALIVE_S,
+    MAX_CONNECTIONS,
+    MAX_HEAD_BYTES,
+    RESTARTS_PER_HOUR,
+)
+from reconciler.api.protocol import connection_cap, guarded_protocol, raise_nofile
+from reconciler.api.refusals import Refusals, _RateLimit
+from reconciler.base.errors import ReconcilerError
+
+
+class LogBridge:
+    """A ``logging.Handler`` for the libraries' own log records (uvicorn, asyncio, the MCP SDK): into the loop's log
+    (escaped and redacted like every line), never raising. Installed on the root logger before the MCP server is
+    built, so the SDK's rich console handler (which imports modules while handling an error, and so raised again
+    when no descriptor was left) is never installed."""
+
+    def __init__(self, log: Callable[..., None]):
+        limit = _RateLimit(30)  # a client sending garbage makes uvicorn warn each time: the log is not its to fill
+
+        class _Handler(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                try:
+                    ok, suppressed = limit.take()
+                    if not ok:
+                        return
+                    log(
+                        "library-log",
+                        logger=record.name,
+                        level=record.levelname.lower(),
+                        message=record.getMessage()[:500],
+                        suppressed_before=suppressed,
+                        **({"error": repr(record.exc_info[1])[:300]} if record.exc_info else {}),
+                    )
+                except Exception:  # noqa: BLE001 - a log record that cannot be written must not end its thread
+                    self.handleError(record)
+
+            def handleError(self, record: logging.LogRecord) -> None:
+                return  # nowhere safer to report it than the log that just failed
+
+        self.handler = _Handler(level=logging.WARNING)
+
+    def install(self) -> None:
+        root = logging.getLogger()
+        if self.handler not in root.handlers:
+            root.addHandler(self.handler)
+        if root.level > logging.WARNING or root.level == logging.NOTSET:
+            root.setLevel(logging.WARNING)
+
+
+class Listener:
+    """uvicorn serving ``app`` on an already bound socket, in a daemon thread, with an event loop whose errors are
+    logged (``http-loop-error``, rate-limited) and never end it: an ``accept`` that fails for want of descriptors
+    (EMFILE) is retried by asyncio a second later."""
+
+    def __init__(
+        self,
+        app: Any,
+        sock: socket.socket,
+        *,
+        log: Callable[..., None] | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+    ):
+        self.sock = sock
+        self.log = log
+        self.refusals: Refusals | None = getattr(app, "refusals", None)  # the Guard's: one account per listener
+        config = uvicorn.Config(
+            app,
+            log_config=None,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            ws="none",
+            # No limit_concurrency: uvicorn counts open connections in it, so idle ones would turn every scrape into
+            # a 503. Connections are bounded by the protocol (``guarded_protocol``); the work of requests by the
+            # worker threads (anyio's pool) that run the service calls.
+            timeout_graceful_shutdown=3,
+            timeout_keep_alive=int(KEEP_ALIVE_S),
+            backlog=BACKLOG,
+            h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+            http=guarded_protocol(
+                max_connections=max_connections, head_timeout_s=HEAD_TIMEOUT_S, refusals=self.refusals
+            ),
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self._serve, name="http", daemon=True)
+        self.error: BaseException | None = None
+        self.stopping = False
+        self._errors = _RateLimit(5)
+
+    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        try:
+            exc = context.get("exception")
+            ok, suppressed = self._errors.take()
+            if not ok or self.log is None:
+                return
+            if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+                self.log(
+                    "http-accept-failed",
+                    error=exc.strerror or str(exc),
+                    suppressed_before=suppressed,
+                    action=f"new connections wait a second; idle ones are closed after {HEAD_TIMEOUT_S:.0f} s",
+                )
+            else:
+                self.log(
+                    "http-loop-error",
+                    message=str(context.get("message", ""))[:300],
+                    error=repr(exc)[:300] if exc else "-",
+                    suppressed_before=suppressed,
+                )
+        except Exception:  # noqa: BLE001 - asyncio's handler of last resort: raising here ended the listener
+            return
+
+    async def _main(self) -> None:
+        asyncio.get_running_loop().set_exception_handler(self._loop_error)
+        await self.server.serve(sockets=[self.sock])
+
+    def _serve(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # noqa: BLE001 - reported by start() and by the supervisor
+            self.error = exc
+
+    def start(self, timeout: float = 15.0) -> Listener:
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                self.server.should_exit = True
+                self.sock.close()
+                raise ApiSetupError(f"the HTTP listener did not start: {self.error or 'timed out'}")
+            time.sleep(0.02)
+        return self
+
+    @property
+    def port(self) -> int:
+        return int(self.sock.getsockname()[1])
+
+    def shutdown(self) -> None:
+        self.stopping = True
+        self.server.should_exit = True
+        self.thread.join(timeout=5)
+        if self.refusals is not None:
+            self.refusals.flush()
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+class Supervisor:
+    """The listener of ``reconciler run``, kept serving: a listener whose thread ends while the loop runs is logged
+    (``http-listener-died``), counted (``on_restart``) and started again on the same address with a fresh app; past
+    ``RESTARTS_PER_HOUR`` restarts ``on_fatal`` is called (the loop then exits 1, for systemd to restart it)."""
+
+    def __init__(
+        self,
+        make_app: Callable[[int], Any],
+        host: str,
+        port: int,
+        *,
+        log: Callable[..., None],
+        on_restart: Callable[[], None] | None = None,
+        on_fatal: Callable[[str], None] | None = None,
+        check_every_s: float = 1.0,
+    ):
+        self.make_app = make_app
+        self.host = host
+        self.log = log
+        self.on_restart = on_restart
+        self.on_fatal = on_fatal
+        self.check_every_s = check_every_s
+        self._stop = threading.Event()
+        self._restarts: list[float] = []
+        LogBridge(log).install()
+        self.max_connections = connection_cap(raise_nofile(log))
+        sock = bind(host, port)
+        try:
+            self.listener = Listener(
+                make_app(sock.getsockname()[1]), sock, log=log, max_connections=self.max_connections
+            )
+        except BaseException:
+            sock.close()
+            raise
+        self.port = sock.getsockname()[1]
+
+    def start(self) -> Supervisor:
+        self.listener.start()
+        threading.Thread(target=self._watch, name="http-watch", daemon=True).start()
+        return self
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.check_every_s):
+            current = self.listener
+            if current.thread.is_alive() or current.stopping:
+                continue
+            why = repr(current.error)[:300] if current.error else "its thread ended"
+            now = time.monotonic()
+            self._restarts = [t for t in self._restarts if now - t < 3600] + [now]
+            if len(self._restarts) > RESTARTS_PER_HOUR:
+                self.log("http-listener-died", error=why, action="giving up: exiting 1 for the supervisor to restart")
+                if self.on_fatal:
+                    self.on_fatal(why)
+                return
+            self.log("http-listener-died", error=why, action="starting it again", restarts=len(self._restarts))
+            if self.on_restart:
+                self.on_restart()
+            with contextlib.suppress(OSError):
+                current.sock.close()
+            try:
+                sock = bind(self.host, self.port)
+                self.listener = Listener(
+                    self.make_app(self.port), sock, log=self.log, max_connections=self.max_connections
+                ).start()
+                self.log("http-listener-restarted", port=self.port)
+            except (OSError, ReconcilerError) as exc:
+                self.log(
+                    "http-listener-died",
+                    error=str(exc)[:300],
+                    action="giving up: exiting 1 for the supervisor to restart",
+                )
+                if self.on_fatal:
+                    self.on_fatal(str(exc))
+                return
+
+    def alive(self) -> bool:
+        return self.listener.thread.is_alive()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self.listener.shutdown()
