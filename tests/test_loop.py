@@ -48,8 +48,8 @@ from reconciler.loop import Log, Loop, pass_refusals, reclaim_refusals
 from reconciler.loop.backoff import Backoff
 from reconciler.loop.metrics import REFUSAL_REASONS
 from reconciler.model import DesiredAssignment, DesiredState, HostConfig
+from reconciler.plan.actions import Action, ActionKind, Blocker, Plan
 from reconciler.plan.observed import ShmFile, ShmView, Source, Tmpfs
-from reconciler.plan.planner import Action, ActionKind, Blocker, Plan
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
 

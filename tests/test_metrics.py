@@ -41,6 +41,7 @@ from reconciler.loop.metrics import (
     gpu_owners,
 )
 from reconciler.model import HostConfig
+from reconciler.plan.actions import Action, ActionKind, Blocker, Held, Plan
 from reconciler.plan.observed import (
     LABEL_HOST,
     LABEL_INSTALL,
@@ -60,7 +61,6 @@ from reconciler.plan.observed import (
     Tmpfs,
     Uninspectable,
 )
-from reconciler.plan.planner import Action, ActionKind, Blocker, Held, Plan
 
 ROOT = Path(__file__).resolve().parent.parent
 PROM_DIR = ROOT / "configs" / "prometheus"

@@ -36,7 +36,7 @@ from reconciler.loop.backoff import Backoff
 from reconciler.loop.progress import LogProgress
 from reconciler.model import DesiredState, assignment_key, container_name
 from reconciler.observe.docker_obs import EVENT_ACTIONS, DockerObserver, EventFilter
-from reconciler.plan.planner import ActionKind, Plan
+from reconciler.plan.actions import ActionKind, Plan
 from reconciler.store.lock import HostLock, clear_loop_state, state_path, write_loop_state
 
 # The planner's reason for the leave of a container that stopped by itself ("NAME is exited with code 137").

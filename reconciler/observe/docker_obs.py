@@ -71,7 +71,7 @@ def gpu_devices_of(inspect: Mapping[str, Any]) -> tuple[str, ...]:
     node ``/dev/nvidiaN`` by the path on the host, the path in the container, or the node's device number the
     observer read, ``DeviceNodes``; a CDI name), ``--privileged`` (``PRIVILEGED``: every card), and its
     NVIDIA_VISIBLE_DEVICES env (every value of it: a CDI spec's own ``void`` comes after ours). Ids are returned as
-    written (an index, a UUID, a MIG id, ``i:j``, a device node); ``reconciler.plan.planner`` resolves them to slots and
+    written (an index, a UUID, a MIG id, ``i:j``, a device node); ``reconciler.plan.claims`` resolves them to slots and
     holds every slot for one it cannot resolve."""
     devices: list[str] = []
     host_config = inspect.get("HostConfig") or {}

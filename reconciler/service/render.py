@@ -12,8 +12,9 @@ from typing import Any, TextIO
 from reconciler.base.errors import ConfigProblem
 from reconciler.base.units import clip, human_bytes, iso_time, own
 from reconciler.model import DesiredState
+from reconciler.plan.actions import Action, ActionKind, Plan
+from reconciler.plan.claims import owner_kind, slot_holders
 from reconciler.plan.observed import Observed
-from reconciler.plan.planner import Action, ActionKind, Plan, owner_kind, slot_holders
 from reconciler.plan.vram import slot_vram, unlisted_used_bytes
 from reconciler.store.lock import read_loop_state
 
