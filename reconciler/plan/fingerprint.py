@@ -247,6 +247,7 @@ def plan_differences(approved: Mapping[str, Any], now: Mapping[str, Any]) -> lis
 def plan_from_json(data: Mapping[str, Any]) -> Plan:
     """A plan rebuilt from its JSON (a saved plan's ``plan``): what ``Applier.converge`` takes as approved. Raises
     ValueError on a shape that is not a plan's."""
+
     def tup(v: Any) -> tuple[str, ...]:
         if v is None:
             return ()

@@ -9,16 +9,16 @@ same Plan object. Nothing here imports Docker, NVML or metrics (an import contra
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from reconciler.base.units import human_bytes
-from reconciler.model import DesiredAssignment, DesiredState, assignment_key, container_name
+from reconciler.model import DesiredAssignment, DesiredState, assignment_key
 from reconciler.plan import spec
-from reconciler.plan.actions import Action, ActionKind, Blocker, Fallback, Held, Plan
-from reconciler.plan.claims import claimed_slots, describe_container, is_ours, slot_holders, slot_ids
-from reconciler.plan.enter_checks import enter_problems
+from reconciler.plan.actions import Action, ActionKind, Fallback, Plan
+from reconciler.plan.claims import claimed_slots, is_ours, slot_holders, slot_ids
+from reconciler.plan.enters import EnterRound, place_enters
 from reconciler.plan.observed import LABEL_SPEC_PARTS, NEVER_STARTED_STATES, ContainerView, Observed, Ownership, ShmView
-from reconciler.plan.slot_problems import identity_problems, slot_problems, unsound_slots
+from reconciler.plan.slot_problems import unsound_slots
 
 
 def plan(
@@ -96,70 +96,152 @@ def _plan_once(
 
     own = observed.ownership
     ours = [c for c in observed.containers if is_ours(c, host, own) and not (c.preserved and not c.active)]
-    # No fallback while any container of the held lane runs (a start whose engine answer was lost, one left
-    # waiting for health): the fallback would share its cards.
-    running_held = {assignment_key(c.recipe or "", c.slots) for c in ours if c.active and not c.preserved} & set(hold)
-    fallbacks = (
-        _fallbacks(desired, {k: v for k, v in hold.items() if k not in running_held}, last_good, next_attempt or {})
-        if desired.fallback
-        else ()
-    )
+    fallbacks = _fallbacks_in_force(desired, ours, hold, last_good, next_attempt or {})
     held_on = {s: d for d in desired.assignments if d.key in hold for s in d.slots}
-    # A fallback covers every held lane it stands on (a TP=2 fallback may span two held lanes).
-    covered = {held_on[s].key for f in fallbacks for s in f.gpus if s in held_on}
     by_fallback = {assignment_key(f.recipe, f.gpus): f for f in fallbacks}
     wanted = (*desired.assignments, *(_as_assignment(desired, f) for f in fallbacks))
-    unsound = unsound_slots(desired, observed)
-
-    leaves: list[Action] = []
-    enters: list[DesiredAssignment] = []
-    satisfied: list[ContainerView] = []
-    finishing: dict[str, ContainerView] = {}  # assignment key -> its container left waiting for health
-    claimed: set[str] = set()
-
     by_assignment: dict[tuple[str | None, tuple[str, ...]], list[ContainerView]] = {}
     for c in ours:
         if not c.preserved:
             by_assignment.setdefault((c.recipe, c.slots), []).append(c)
+
+    lanes = _match_lanes(desired, observed, wanted, by_assignment, kept_lanes)
+    lanes.leaves.extend(_unwanted_leaves(desired, ours, lanes.claimed, kept_lanes))
+    leaves = _with_paths(lanes.leaves, observed)
+    leaving = {a.container_id for a in leaves}
+    finishing_ids = {c.id for c in lanes.finishing.values()}
+    reclaim = _reclaim(observed.shm)
+    round_ = EnterRound(
+        desired=desired,
+        observed=observed,
+        hold=hold,
+        kept_lanes=kept_lanes,
+        blocked_before=blocked_before,
+        by_assignment=by_assignment,
+        by_fallback=by_fallback,
+        # A fallback covers every held lane it stands on (a TP=2 fallback may span two held lanes).
+        covered=frozenset(held_on[s].key for f in fallbacks for s in f.gpus if s in held_on),
+        finishing=lanes.finishing,
+        leaving=leaving,
+        kept_ids={c.id for c in lanes.satisfied} | finishing_ids | set(kept_lanes),
+        holders=slot_holders(desired, observed, skip=leaving | finishing_ids),
+        by_id={c.id: c for c in observed.containers},
+        unsound=unsound_slots(desired, observed),
+        fallback_ids=frozenset(c.id for c in ours if assignment_key(c.recipe or "", c.slots) in by_fallback),
+    )
+    blockers, held, enter_actions = place_enters(round_, lanes.enters, _offload_room(observed, leaving, reclaim))
+
+    actions: list[Action] = [*leaves]
+    if reclaim is not None:
+        actions.append(reclaim)
+    actions.extend(enter_actions)
+    actions.extend(_prunes(desired, observed, {d.key for d in wanted}))
+    placed = {a.key for a in enter_actions} | {assignment_key(c.recipe or "", c.slots) for c in lanes.satisfied}
+    return Plan(
+        host=host,
+        actions=tuple(actions),
+        blockers=tuple(blockers),
+        held=tuple(held),
+        unavailable=unavailable,
+        satisfied=tuple(c.name for c in lanes.satisfied),
+        # Only the fallbacks that run or are entered in this plan (one that cannot be placed is not in force).
+        fallbacks=tuple(f for f in fallbacks if assignment_key(f.recipe, f.gpus) in placed),
+    )
+
+
+def _fallbacks_in_force(
+    desired: DesiredState,
+    ours: Sequence[ContainerView],
+    hold: Mapping[str, str],
+    last_good: Sequence[tuple[str, tuple[str, ...]]],
+    next_attempt: Mapping[str, float],
+) -> tuple[Fallback, ...]:
+    """The fallbacks this round considers: none under ``fallback: false``, and none for a held lane any container
+    of which runs (a start whose engine answer was lost, one left waiting for health): the fallback would share
+    its cards."""
+    if not desired.fallback:
+        return ()
+    running_held = {assignment_key(c.recipe or "", c.slots) for c in ours if c.active and not c.preserved} & set(hold)
+    return _fallbacks(desired, {k: v for k, v in hold.items() if k not in running_held}, last_good, next_attempt)
+
+
+@dataclass
+class _Lanes:
+    """What one round makes of the containers of ours against the wanted assignments."""
+
+    leaves: list[Action] = field(default_factory=list)
+    enters: list[DesiredAssignment] = field(default_factory=list)
+    satisfied: list[ContainerView] = field(default_factory=list)
+    finishing: dict[str, ContainerView] = field(default_factory=dict)  # key -> its container left waiting for health
+    claimed: set[str] = field(default_factory=set)  # ids of the containers of a wanted assignment
+
+
+def _match_lanes(
+    desired: DesiredState,
+    observed: Observed,
+    wanted: Sequence[DesiredAssignment],
+    by_assignment: Mapping[tuple[str | None, tuple[str, ...]], list[ContainerView]],
+    kept_lanes: frozenset[str],
+) -> _Lanes:
+    """Each wanted assignment against its containers of ours: the one that satisfies it, or an enter (finishing
+    the wait of one left waiting for health, if any); every other container of it leaves, unless kept."""
+    lanes = _Lanes()
     for d in wanted:
         mine = by_assignment.get((d.recipe, d.slots), [])
-        claimed.update(c.id for c in mine)
+        lanes.claimed.update(c.id for c in mine)
         parts = spec.part_hashes(
             desired.host, desired.recipes[d.recipe], d.slots, secret_digests=desired.secret_digests
         )
         diffs = {c.id: _matches(c, d, parts, desired) for c in mine}
         # Satisfied only once it has passed its health check: one left waiting by an interrupted apply never did.
-        good = [c for c in mine if c.state == "running" and not diffs[c.id] and c.id in own.healthy]
+        good = [c for c in mine if c.state == "running" and not diffs[c.id] and c.id in observed.ownership.healthy]
         keep = good[0] if good else None
         if keep is not None:
-            satisfied.append(keep)
+            lanes.satisfied.append(keep)
         else:
-            enters.append(d)
+            lanes.enters.append(d)
             # Running and matching but never confirmed healthy (an apply stopped while it waited): the enter
             # finishes that wait on it instead of restarting a model load that may take minutes.
             waiting = [c for c in mine if c.state == "running" and not diffs[c.id]]
             if waiting:
-                finishing[d.key] = waiting[0]
+                lanes.finishing[d.key] = waiting[0]
         for c in mine:
-            if c is keep or c is finishing.get(d.key):
+            if c is keep or c is lanes.finishing.get(d.key) or c.id in kept_lanes:
                 continue
-            if keep is not None and c in good:
-                why = f"duplicate of {keep.name} for {d.key}"
-            elif c.active and c.state != "running":
-                why = f"{c.name} is {c.state}: it serves nothing; recreate"
-            elif c.active and diffs[c.id]:
-                why = (
-                    f"{c.name} differs from what the files now make of {d.recipe} on {','.join(d.slots)}: "
-                    f"{_changed_text(diffs[c.id])} changed (hash {c.spec_hash or c.recipe_hash} -> "
-                    f"{spec.spec_hash(parts)}): recreate"
-                )
-            elif c.active:
-                why = f"{c.name} never passed its health check and another container of it is finished: remove"
-            else:
-                why = _stopped_reason(c)
-            if c.id not in kept_lanes:
-                leaves.append(_leave(c, why, desired))
+            why = _replaced_reason(c, d, keep, good, diffs[c.id], parts)
+            lanes.leaves.append(_leave(c, why, desired))
+    return lanes
 
+
+def _replaced_reason(
+    c: ContainerView,
+    d: DesiredAssignment,
+    keep: ContainerView | None,
+    good: Sequence[ContainerView],
+    diff: list[str],
+    parts: dict[str, str],
+) -> str:
+    """Why a container of a wanted assignment leaves: a duplicate, not running, changed, or never healthy."""
+    if keep is not None and c in good:
+        return f"duplicate of {keep.name} for {d.key}"
+    if c.active and c.state != "running":
+        return f"{c.name} is {c.state}: it serves nothing; recreate"
+    if c.active and diff:
+        return (
+            f"{c.name} differs from what the files now make of {d.recipe} on {','.join(d.slots)}: "
+            f"{_changed_text(diff)} changed (hash {c.spec_hash or c.recipe_hash} -> "
+            f"{spec.spec_hash(parts)}): recreate"
+        )
+    if c.active:
+        return f"{c.name} never passed its health check and another container of it is finished: remove"
+    return _stopped_reason(c)
+
+
+def _unwanted_leaves(
+    desired: DesiredState, ours: Sequence[ContainerView], claimed: set[str], kept_lanes: frozenset[str]
+) -> list[Action]:
+    """The leaves of the containers of ours that no wanted assignment claims."""
+    out: list[Action] = []
     for c in ours:
         if c.id in claimed or c.id in kept_lanes:
             continue
@@ -167,26 +249,29 @@ def _plan_once(
             why = f"{c.recipe or 'container'} on {','.join(c.slots) or 'no slot'} is not in the manifest"
         else:
             why = _stopped_reason(c) + "; not in the manifest"
-        leaves.append(_leave(c, why, desired))
+        out.append(_leave(c, why, desired))
+    return out
 
-    shm = observed.shm
-    leaves = _with_paths(leaves, observed)
-    leaving = {a.container_id for a in leaves}
-    kept_ids = {c.id for c in satisfied} | {c.id for c in finishing.values()} | set(kept_lanes)
 
-    # Offload files: orphans are reclaimed through the guard; what leaving containers own goes with them.
-    reclaim: Action | None = None
+def _reclaim(shm: ShmView) -> Action | None:
+    """The reclaim of orphan offload files, through the guard; none while the owners cannot be told."""
     orphans = shm.by_state("orphan")
-    proc_ok = shm.proc.ok and shm.docker.ok
-    if orphans and proc_ok:
-        reclaim_bytes = sum(f.allocated_bytes for f in orphans)
-        reclaim = Action(
-            kind=ActionKind.RECLAIM,
-            reason=f"{len(orphans)} orphan offload file(s) in {shm.dir} hold {human_bytes(reclaim_bytes)} "
-            "with no live mapping, open fd or running offload container",
-            paths=tuple(f.path for f in orphans),
-            bytes=reclaim_bytes,
-        )
+    if not orphans or not (shm.proc.ok and shm.docker.ok):
+        return None
+    reclaim_bytes = sum(f.allocated_bytes for f in orphans)
+    return Action(
+        kind=ActionKind.RECLAIM,
+        reason=f"{len(orphans)} orphan offload file(s) in {shm.dir} hold {human_bytes(reclaim_bytes)} "
+        "with no live mapping, open fd or running offload container",
+        paths=tuple(f.path for f in orphans),
+        bytes=reclaim_bytes,
+    )
+
+
+def _offload_room(observed: Observed, leaving: Collection[str | None], reclaim: Action | None) -> int:
+    """The tmpfs bytes free once the planned leaves and the reclaim are done: what leaving containers own goes
+    with them (and the blocked orphans, once every container that blocks them leaves)."""
+    shm = observed.shm
     # Owners are named by container name (or id); these are the names of everything planned to leave.
     gone = {n for c in observed.containers if c.id in leaving for n in (c.name, c.id, c.id[:12])}
     freed_by_leaves = sum(
@@ -195,113 +280,7 @@ def _plan_once(
     blocked_orphans = shm.by_state("blocked")
     if blocked_orphans and shm.blocking_containers and all(n in gone for n in shm.blocking_containers):
         freed_by_leaves += sum(f.allocated_bytes for f in blocked_orphans)
-    # shm.reserve_gib stays free beyond every offload file: judged here, not only against the tmpfs size at load.
-    reserve = desired.host.shm.reserve_bytes
-    room = shm.tmpfs.free_bytes + (reclaim.bytes if reclaim else 0) + freed_by_leaves
-
-    holders = slot_holders(desired, observed, skip=leaving | {c.id for c in finishing.values()})
-    by_id = {c.id: c for c in observed.containers}
-    blockers: list[Blocker] = []
-    held: list[Held] = []
-    enter_actions: list[Action] = []
-    fallback_ids = {c.id for c in ours if assignment_key(c.recipe or "", c.slots) in by_fallback}
-    for d in enters:
-        recipe = desired.recipes[d.recipe]
-        is_fallback = d.key in by_fallback
-        if d.key in covered and d.key in hold:
-            # Its slots serve the fallback meanwhile: held, not blocked by the fallback; anything else that holds
-            # its slots is still said.
-            own_holders = {s: [c for c in cs if c.id not in fallback_ids] for s, cs in holders.items()}
-            problems = slot_problems(d, observed, own_holders, by_id, leaving, kept_ids | fallback_ids, desired)
-            problems += identity_problems(d, desired, observed, unsound, leaving)
-            if not problems:
-                held.append(Held(recipe=d.recipe, gpus=d.slots, reason=hold[d.key]))
-                continue
-            for why, holder, *kind in problems:
-                blockers.append(Blocker(recipe=d.recipe, gpus=d.slots, reason=why, holder=holder, kind="".join(kind)))
-            continue
-        # A lane of ours kept on a slot because a blocker is there: no cause of the enter the round before found
-        # blocked (its own causes are said), and for any other enter a cause said as such.
-        d_holders = {s: [c for c in cs if c.id not in kept_lanes] for s, cs in holders.items()}
-        problems = slot_problems(d, observed, d_holders, by_id, leaving, kept_ids, desired)
-        if d.key not in blocked_before:
-            problems += [
-                (
-                    f"{describe_container(c)} holds GPU slot {s} and keeps serving it: the lane that would replace it there "
-                    "is blocked",
-                    c.name,
-                )
-                for s in d.slots
-                for c in holders.get(s, ())
-                if c.id in kept_lanes
-            ]
-        problems += identity_problems(d, desired, observed, unsound, leaving)
-        if d.key not in finishing and d.key not in hold:
-            # The lane's own containers, those leaving first, and lanes kept on its slots may hold its ports.
-            own_ids = {c.id for c in by_assignment.get((d.recipe, d.slots), [])} | {
-                c.id for s in d.slots for c in holders.get(s, ()) if c.id in kept_lanes
-            }
-            problems += enter_problems(d, desired, observed, own=leaving | own_ids)
-        if d.offload_bytes and d.key not in finishing:  # a container being finished has its offload file already
-            if not proc_ok:
-                problems.append(("offload files cannot be inspected: " + _sources(shm), ""))
-            elif d.offload_bytes + reserve > room:
-                problems.append(
-                    (
-                        f"tmpfs {shm.dir} would have {human_bytes(room)} free after planned leaves and reclaim; "
-                        f"recipe {d.recipe} needs {human_bytes(d.offload_bytes)} for its offload file"
-                        + (f" and shm.reserve_gib keeps {human_bytes(reserve)} free beyond it" if reserve else ""),
-                        "tmpfs",
-                    )
-                )
-        if problems and is_fallback:
-            continue  # a fallback that cannot be placed is simply not used: the held lane stays held, not blocked
-        if problems:
-            for why, holder, *kind in problems:
-                blockers.append(Blocker(recipe=d.recipe, gpus=d.slots, reason=why, holder=holder, kind="".join(kind)))
-            continue
-        if d.key in hold:
-            held.append(Held(recipe=d.recipe, gpus=d.slots, reason=hold[d.key]))
-            continue
-        room -= d.offload_bytes
-        fin = finishing.get(d.key)
-        enter_actions.append(
-            Action(
-                kind=ActionKind.ENTER,
-                reason=(
-                    f"finish {fin.name}: it was left waiting for its health check (an apply stopped meanwhile); "
-                    "wait for it again rather than restart its model load"
-                )
-                if fin is not None
-                else by_fallback[d.key].text
-                if d.key in by_fallback
-                else _enter_reason(d, by_assignment.get((d.recipe, d.slots), [])),
-                container_id=fin.id if fin is not None else None,
-                recipe=d.recipe,
-                gpus=d.slots,
-                container=container_name(d.recipe, d.slots),
-                recipe_hash=d.recipe_hash,
-                bytes=d.offload_bytes,
-                offload=recipe.offload.enabled,
-            )
-        )
-
-    actions: list[Action] = [*leaves]
-    if reclaim is not None:
-        actions.append(reclaim)
-    actions.extend(enter_actions)
-    actions.extend(_prunes(desired, observed, {d.key for d in wanted}))
-    placed = {a.key for a in enter_actions} | {assignment_key(c.recipe or "", c.slots) for c in satisfied}
-    return Plan(
-        host=host,
-        actions=tuple(actions),
-        blockers=tuple(blockers),
-        held=tuple(held),
-        unavailable=unavailable,
-        satisfied=tuple(c.name for c in satisfied),
-        # Only the fallbacks that run or are entered in this plan (one that cannot be placed is not in force).
-        fallbacks=tuple(f for f in fallbacks if assignment_key(f.recipe, f.gpus) in placed),
-    )
+    return shm.tmpfs.free_bytes + (reclaim.bytes if reclaim else 0) + freed_by_leaves
 
 
 def kept_failed(host: str, containers: Sequence[ContainerView], own: Ownership) -> list[ContainerView]:
@@ -438,13 +417,3 @@ def _stopped_reason(c: ContainerView) -> str:
         return f"{c.name} was created but never started"
     code = "" if c.exit_code is None else f" with code {c.exit_code}"
     return f"{c.name} is {c.state}{code}"
-
-
-def _enter_reason(d: DesiredAssignment, mine: list[ContainerView]) -> str:
-    if any(c.active for c in mine):
-        return f"recreate {d.recipe} on {','.join(d.slots)} once the container it replaces has left"
-    return f"manifest gives {','.join(d.slots)} to {d.recipe}; no container of it is running"
-
-
-def _sources(shm: ShmView) -> str:
-    return ", ".join(f"{s.name} {s.render()}" for s in (shm.proc, shm.docker) if not s.ok)

@@ -94,63 +94,88 @@ def slot_problems(
     problems: list[tuple[str, ...]] = []
     gpus = observed.gpus
     ids = slot_ids(desired.host, observed)
-    going_or_kept = claimed_by(ids, desired, observed, leaving | kept)
     if not gpus.source.ok:
         problems.append((f"GPU telemetry ({gpus.telemetry}) unavailable: {gpus.source.detail}", ""))
+    for c, slots in _holders_of(d, holders):
+        problems.append(_holder_problem(c, slots, ids, observed, desired))
+    going_or_kept = claimed_by(ids, desired, observed, leaving | kept)
+    problems.extend(_process_problems(d, observed, by_id, leaving, kept, going_or_kept))
+    problems.extend(memory_problems(d, observed, holders, leaving | kept, desired, ids))
+    return problems
+
+
+def _holders_of(
+    d: DesiredAssignment, holders: Mapping[str, list[ContainerView]]
+) -> list[tuple[ContainerView, list[str]]]:
+    """The containers holding slots of ``d``, in the order of its slots, each with the slots it holds of them."""
     seen: dict[str, list[str]] = {}
-    order: list[ContainerView] = []
+    order: dict[str, ContainerView] = {}
     for slot in d.slots:
         for c in holders.get(slot, ()):
-            if c.id not in seen:
-                seen[c.id] = []
-                order.append(c)
-            seen[c.id].append(slot)
-    for c in order:
-        kind = owner_kind(c, desired.host.name, observed.ownership)
-        unresolved = [dev for dev in c.gpu_devices if dev not in ("all", PRIVILEGED) and ids.unresolvable(dev)]
-        held = f"{describe_container(c)} {'may hold' if unresolved else 'holds'} GPU slot {','.join(seen[c.id])}"
-        if PRIVILEGED in c.gpu_devices:
-            held += " (it runs privileged: every card of the host is in it)"
-        elif unresolved:
-            held += f" ({unresolved_text(unresolved[0], gpus.telemetry)})"
-        else:
-            nodes = [dev for dev in c.gpu_devices if id_kind(dev) == "minor" and ids.slot(dev) in seen[c.id]]
-            if nodes:
-                held += f" (by its device node {nodes[0]})"
-        if kind == "legacy":
-            problems.append(
-                (
-                    f"{held} and carries this host's labels but not this install's id (made by an earlier version "
-                    f"of this tool, or labelled by hand): if it is this host's lane, adopt it with "
-                    f"`reconciler adopt {c.name}`; otherwise remove it",
-                    c.name,
-                    "adopt",
-                )
-            )
-            continue
-        if kind == "copied":
-            problems.append(
-                (
-                    f"{held} and carries this install's labels but was not created by it (a copy made from a lane's "
-                    f"labels): it is never stopped unasked; if it is this host's lane, adopt it with "
-                    f"`reconciler adopt {c.name}`; otherwise remove it",
-                    c.name,
-                    "adopt",
-                )
-            )
-            continue
-        who = "managed by this tool for another assignment" if kind == "ours" else "not managed by this tool"
-        other = c.label(LABEL_HOST)
-        if kind == "foreign" and other and other != desired.host.name:
-            # A lane of this tool for another host name (another root on this machine, the demo's): say whose.
-            fix = "; `bash examples/demo/run.sh --teardown` removes it" if other == "demo" else ""
-            who = (
-                f"not managed by this host's install: it belongs to host {other} of this tool (another root: "
-                f"assign nothing there and apply to stop it{fix})"
-            )
-        problems.append((f"{held} and is {who}", c.name))
+            order.setdefault(c.id, c)
+            seen.setdefault(c.id, []).append(slot)
+    return [(c, seen[i]) for i, c in order.items()]
+
+
+def _holder_problem(
+    c: ContainerView, slots: list[str], ids: SlotIds, observed: Observed, desired: DesiredState
+) -> tuple[str, ...]:
+    """What a container holding slots of an enter is, and what the operator can do about it."""
+    held = _held_text(c, slots, ids, observed.gpus.telemetry)
+    kind = owner_kind(c, desired.host.name, observed.ownership)
+    if kind == "legacy":
+        return (
+            f"{held} and carries this host's labels but not this install's id (made by an earlier version "
+            f"of this tool, or labelled by hand): if it is this host's lane, adopt it with "
+            f"`reconciler adopt {c.name}`; otherwise remove it",
+            c.name,
+            "adopt",
+        )
+    if kind == "copied":
+        return (
+            f"{held} and carries this install's labels but was not created by it (a copy made from a lane's "
+            f"labels): it is never stopped unasked; if it is this host's lane, adopt it with "
+            f"`reconciler adopt {c.name}`; otherwise remove it",
+            c.name,
+            "adopt",
+        )
+    who = "managed by this tool for another assignment" if kind == "ours" else "not managed by this tool"
+    other = c.label(LABEL_HOST)
+    if kind == "foreign" and other and other != desired.host.name:
+        # A lane of this tool for another host name (another root on this machine, the demo's): say whose.
+        fix = "; `bash examples/demo/run.sh --teardown` removes it" if other == "demo" else ""
+        who = (
+            f"not managed by this host's install: it belongs to host {other} of this tool (another root: "
+            f"assign nothing there and apply to stop it{fix})"
+        )
+    return (f"{held} and is {who}", c.name)
+
+
+def _held_text(c: ContainerView, slots: list[str], ids: SlotIds, telemetry: str) -> str:
+    """ "container X holds GPU slot S", with how it holds it where its GPU ids alone do not say."""
+    unresolved = [dev for dev in c.gpu_devices if dev not in ("all", PRIVILEGED) and ids.unresolvable(dev)]
+    held = f"{describe_container(c)} {'may hold' if unresolved else 'holds'} GPU slot {','.join(slots)}"
+    if PRIVILEGED in c.gpu_devices:
+        return held + " (it runs privileged: every card of the host is in it)"
+    if unresolved:
+        return held + f" ({unresolved_text(unresolved[0], telemetry)})"
+    nodes = [dev for dev in c.gpu_devices if id_kind(dev) == "minor" and ids.slot(dev) in slots]
+    return held + f" (by its device node {nodes[0]})" if nodes else held
+
+
+def _process_problems(
+    d: DesiredAssignment,
+    observed: Observed,
+    by_id: Mapping[str, ContainerView],
+    leaving: set[str | None],
+    kept: set[str],
+    going_or_kept: set[str],
+) -> list[tuple[str, ...]]:
+    """The slots of ``d`` whose card is missing, and the GPU processes on them that no planned leave or kept lane
+    of ours accounts for."""
+    problems: list[tuple[str, ...]] = []
     for slot in d.slots:
-        view = gpus.slots.get(slot)
+        view = observed.gpus.slots.get(slot)
         if view is None:
             continue
         if view.missing:
@@ -169,7 +194,6 @@ def slot_problems(
             where = f"container {owner.name}" if owner else ("a container" if p.container_id else "no container")
             cmd = f" ({p.command})" if p.command else ""
             problems.append((f"pid {p.pid}{cmd} in {where} uses GPU slot {slot}", f"pid {p.pid}"))
-    problems.extend(memory_problems(d, observed, holders, leaving | kept, desired, ids))
     return problems
 
 
