@@ -639,7 +639,7 @@ class Applier:
         ``vllm:num_requests_waiting`` on its /metrics), at most ``drain.timeout_s``; then it is stopped anyway. A lane
         that is not running, never passed its health check or does not answer it now is failing: not drained.
         Returns the note for the outcome's detail; the figures go into the outcome as ``drain``."""
-        from reconciler.apply.probes import read_gauges
+        from reconciler.apply.vllm_metrics import read_gauges
 
         def note(record: dict[str, Any], text: str) -> str:
             self._note("drain", {**record, "note": text})
