@@ -13,7 +13,7 @@ from planner_fixtures import make_desired, make_observed
 
 from reconciler import apply as apply_mod
 from reconciler.apply import Applier, GroupNotStarted, Outcome, run_in_threads
-from reconciler.plan.planner import Action, ActionKind
+from reconciler.plan.actions import Action, ActionKind
 
 CASE = {"recipes": {"omni": {"tp": 1}}, "manifest": []}
 

@@ -11,7 +11,7 @@ import pytest
 from e2e_helpers import SLEEP, Root
 
 from reconciler.apply import within
-from reconciler.plan.planner import Action, ActionKind, Plan
+from reconciler.plan.actions import Action, ActionKind, Plan
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
 

@@ -23,7 +23,7 @@ from e2e_helpers import LoopProcess, Root, wait_until
 from test_api import TOKEN, Api, token_file
 from test_mcp import on_http, structured
 
-from reconciler.plan.planner import Action, ActionKind, Blocker, Fallback, Held, Plan
+from reconciler.plan.actions import Action, ActionKind, Blocker, Fallback, Held, Plan
 
 A, B = "dark-compute-a", "dark-compute-b"
 GIB = 1 << 30

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from e2e_helpers import make_root
 
-from reconciler.plan.planner import Blocker, Plan
+from reconciler.plan.actions import Blocker, Plan
 from reconciler.service.render import Style, render_plan
 
 

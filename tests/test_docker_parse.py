@@ -18,7 +18,7 @@ from reconciler.observe.docker_obs import (
     offload_configured,
     parse_container,
 )
-from reconciler.plan.planner import id_kind
+from reconciler.plan.claims import id_kind
 
 
 def inspect(env=(), cmd=(), entrypoint=None, device_requests=None, labels=None, args=()):  # type: ignore[no-untyped-def]

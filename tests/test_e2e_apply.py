@@ -271,7 +271,7 @@ def test_4b_orphans_that_appear_after_the_plan_are_left_to_the_next_plan(root: R
     plan lists the reclaim of exactly those files (docs/design.md, safety rule 13: only the shown plan runs)."""
     from reconciler.apply import ActionRefused, Applier
     from reconciler.load.desired import load_desired
-    from reconciler.plan.planner import ActionKind
+    from reconciler.plan.actions import ActionKind
 
     wait_for_no_offload_container(root.api)
     lane = root.recipe("deepseek-256k-offload", offload_mib=24)

@@ -311,7 +311,7 @@ def post(port: int, path: str, body: dict[str, object], *, timeout: float = 10) 
 
 
 def gauges(port: int) -> tuple[float, float]:
-    from reconciler.apply.probes import parse_gauges
+    from reconciler.apply.vllm_metrics import parse_gauges
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
         found = parse_gauges(resp.read().decode())

@@ -56,7 +56,7 @@ def test_log_times_and_the_backoff_line_are_iso_8601_with_the_zone(tmp_path: Pat
     from reconciler.apply import Outcome
     from reconciler.loop import Loop
     from reconciler.loop.backoff import Backoff
-    from reconciler.plan.planner import Action, ActionKind
+    from reconciler.plan.actions import Action, ActionKind
 
     out = io.StringIO()
     loop = Loop(str(tmp_path), log=Log("text", out), backoff=Backoff(base_s=30))
@@ -82,8 +82,8 @@ def test_iso_time_carries_the_local_zone() -> None:
 
 
 def test_the_plan_header_says_gpu_n_a_without_gpu_telemetry() -> None:
+    from reconciler.plan.actions import Plan
     from reconciler.plan.observed import GpuView, Observed, ShmView, Source, Tmpfs
-    from reconciler.plan.planner import Plan
     from reconciler.service.render import Style, render_plan
 
     def header(telemetry: str) -> str:
@@ -167,7 +167,7 @@ def test_the_audit_table_has_a_header_aligned_columns_the_zone_and_the_failures_
 
 
 def test_the_apply_summary_names_a_reclaim_once() -> None:
-    from reconciler.plan.planner import Action, ActionKind, Plan
+    from reconciler.plan.actions import Action, ActionKind, Plan
     from reconciler.service import _summary
 
     p = Plan(host="demo", actions=(Action(ActionKind.RECLAIM, reason="orphans", paths=("/x/a", "/x/b")),))

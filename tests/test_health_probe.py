@@ -116,7 +116,7 @@ def test_an_enter_whose_health_url_already_answers_is_blocked_and_nothing_is_rep
     before the create, with the message it always gave."""
     from reconciler.apply import ActionFailed, Applier
     from reconciler.load.desired import load_desired
-    from reconciler.plan.planner import Action, ActionKind
+    from reconciler.plan.actions import Action, ActionKind
 
     port = free_port()
     omni = root.recipe("omni", port=port)

@@ -36,7 +36,7 @@ def post(url: str, body: dict[str, Any], *, timeout: float = 90) -> tuple[int, A
 
 
 def gauges(port: int) -> tuple[float, float] | None:
-    from reconciler.apply.probes import read_gauges
+    from reconciler.apply.vllm_metrics import read_gauges
 
     got = read_gauges(f"http://127.0.0.1:{port}/metrics")
     return None if isinstance(got, str) else got

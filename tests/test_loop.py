@@ -52,8 +52,8 @@ from reconciler.loop.log import Log
 from reconciler.loop.metric_families import REFUSAL_REASONS
 from reconciler.loop.refusals import pass_refusals, reclaim_refusals
 from reconciler.model import DesiredAssignment, DesiredState, HostConfig
+from reconciler.plan.actions import Action, ActionKind, Blocker, Plan
 from reconciler.plan.observed import ShmFile, ShmView, Source, Tmpfs
-from reconciler.plan.planner import Action, ActionKind, Blocker, Plan
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
 

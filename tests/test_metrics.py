@@ -38,6 +38,7 @@ from reconciler.loop.metric_families import (
 )
 from reconciler.loop.metrics import CONTENT_TYPE, Metrics, SlotOwner, gpu_owners
 from reconciler.model import HostConfig
+from reconciler.plan.actions import Action, ActionKind, Blocker, Held, Plan
 from reconciler.plan.observed import (
     LABEL_HOST,
     LABEL_INSTALL,
@@ -57,7 +58,6 @@ from reconciler.plan.observed import (
     Tmpfs,
     Uninspectable,
 )
-from reconciler.plan.planner import Action, ActionKind, Blocker, Held, Plan
 
 ROOT = Path(__file__).resolve().parent.parent
 PROM_DIR = ROOT / "configs" / "prometheus"

@@ -11,7 +11,8 @@ import pytest
 import yaml
 from planner_fixtures import make_desired, make_observed
 
-from reconciler.plan.planner import ActionKind, plan
+from reconciler.plan.actions import ActionKind
+from reconciler.plan.planner import plan
 
 CASES = sorted((Path(__file__).parent / "cases" / "plan").glob("*.yaml"))
 

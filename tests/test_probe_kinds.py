@@ -18,7 +18,10 @@ from typing import Any
 
 import pytest
 
-from reconciler.apply.probes import make_haystack, parse_gauges, parse_samples, run_probe, schema_violations
+from reconciler.apply.haystack import make_haystack
+from reconciler.apply.probe_answers import schema_violations
+from reconciler.apply.probes import run_probe
+from reconciler.apply.vllm_metrics import parse_gauges, parse_samples
 from reconciler.model import HostConfig, ProbeSpec, Recipe
 
 FAKE = Path(__file__).resolve().parent.parent / "examples" / "fake-vllm" / "fake_vllm.py"

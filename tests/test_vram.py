@@ -13,7 +13,8 @@ from pydantic import ValidationError
 from reconciler.apply import Applier, BelowReserve
 from reconciler.loop.metrics import Metrics
 from reconciler.model import GIB, HostConfig, Recipe, container_name
-from reconciler.plan.planner import Action, ActionKind, plan
+from reconciler.plan.actions import Action, ActionKind
+from reconciler.plan.planner import plan
 from reconciler.plan.vram import enter_reserve_verdict, unlisted_used_bytes, vram_by_slot
 from reconciler.service.render import Style, render_status, status_data
 

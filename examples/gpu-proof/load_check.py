@@ -168,7 +168,7 @@ def main() -> int:
         from reconciler.apply.probes import run_suite
         from reconciler.load.desired import load_desired
         from reconciler.model import container_name
-        from reconciler.plan.planner import Action, ActionKind
+        from reconciler.plan.actions import Action, ActionKind
 
         desired = load_desired(str(root))
         (lane,) = desired.assignments

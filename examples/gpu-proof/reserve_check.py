@@ -17,7 +17,7 @@ import sys
 from reconciler.apply import Applier, BelowReserve
 from reconciler.load.desired import load_desired
 from reconciler.model import container_name
-from reconciler.plan.planner import Action, ActionKind
+from reconciler.plan.actions import Action, ActionKind
 from reconciler.plan.vram import enter_reserve_verdict
 
 

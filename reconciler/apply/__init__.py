@@ -34,8 +34,11 @@ from reconciler.observe import observe, procfs
 from reconciler.observe.docker_obs import DockerObserver
 from reconciler.observe.gpu import slots_of_container, unattributable_slots
 from reconciler.observe.net import TcpListener, read_comm, read_tcp_listeners, socket_holders
+from reconciler.plan.actions import Action, ActionKind, Plan
+from reconciler.plan.claims import owner_kind, slot_holders
+from reconciler.plan.enter_checks import enter_needs
 from reconciler.plan.observed import ENDED_STATES, INACTIVE_STATES, LABEL_CREATE_TOKEN, NEVER_STARTED_STATES, Observed
-from reconciler.plan.planner import Action, ActionKind, Plan, enter_needs, owner_kind, plan, slot_holders
+from reconciler.plan.planner import plan
 from reconciler.plan.vram import ReserveVerdict, enter_reserve_verdict
 from reconciler.store.state import (
     ensure_install_id,
@@ -636,7 +639,7 @@ class Applier:
         ``vllm:num_requests_waiting`` on its /metrics), at most ``drain.timeout_s``; then it is stopped anyway. A lane
         that is not running, never passed its health check or does not answer it now is failing: not drained.
         Returns the note for the outcome's detail; the figures go into the outcome as ``drain``."""
-        from reconciler.apply.probes import read_gauges
+        from reconciler.apply.vllm_metrics import read_gauges
 
         def note(record: dict[str, Any], text: str) -> str:
             self._note("drain", {**record, "note": text})

@@ -38,7 +38,7 @@ from reconciler.loop.runtime import FairLock
 from reconciler.loop.triggers import EngineEvents, Triggers, watch_files
 from reconciler.model import DesiredState, assignment_key, container_name
 from reconciler.observe.docker_obs import DockerObserver
-from reconciler.plan.planner import ActionKind, Plan
+from reconciler.plan.actions import ActionKind, Plan
 from reconciler.plan.vram import vram_by_slot
 from reconciler.store.audit import audit_log
 from reconciler.store.history import last_topology

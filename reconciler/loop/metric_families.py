@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
-from reconciler.plan.planner import ActionKind
+from reconciler.plan.actions import ActionKind
 
 PREFIX = "reconciler"
 

@@ -53,8 +53,9 @@ from reconciler.loop.metric_families import (
 )
 from reconciler.loop.probe_metrics import ProbeCollector
 from reconciler.model import HostConfig
+from reconciler.plan.actions import ActionKind, Fallback, Plan
+from reconciler.plan.claims import claimed_slots, owner_kind, slot_ids
 from reconciler.plan.observed import LABEL_HOST, ContainerView, Observed
-from reconciler.plan.planner import ActionKind, Fallback, Plan, claimed_slots, owner_kind, slot_ids
 from reconciler.plan.vram import slot_vram, unlisted_used_bytes
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -368,7 +369,7 @@ class Metrics(MetricFamilies):
                 self.manifest_last_error.set(self._clock())
 
     def set_fallbacks(self, fallbacks: Iterable[Fallback]) -> None:
-        """The fallbacks (``planner.Fallback``) in force after a pass; those no longer in force are removed."""
+        """The fallbacks (``actions.Fallback``) in force after a pass; those no longer in force are removed."""
         with self._lock:
             now = {}
             for f in fallbacks:

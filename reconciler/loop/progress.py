@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 from reconciler.base.units import own
-from reconciler.plan.planner import Action
+from reconciler.plan.actions import Action
 
 # The progress line's redraw (back to the line's start, clear it): the tool's own, written raw by the console.
 _REDRAW = own("\r\x1b[K")

@@ -25,7 +25,7 @@ def observe(
     images: Collection[str] = (),
     ports: Collection[int] = (),
 ) -> Observed:
-    """One observation. ``images`` and ``ports`` (``planner.enter_needs``: what the recipes' enters need) are
+    """One observation. ``images`` and ``ports`` (``enter_checks.enter_needs``: what the recipes' enters need) are
     looked up for the planner's checks of knowable failures; without them those are not judged."""
     # start-up: one observer alone (python -m reconciler.observe.shm) pays for none of the others (docstring)
     from reconciler.observe.docker_obs import DockerObserver

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import stat as stat_mod
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from reconciler.observe.engine import EngineClient, EngineDown, EngineSlow, NotFound, slow_text
 from reconciler.plan.observed import (
     LABEL_HOST,
     LABEL_OFFLOAD,
@@ -71,25 +74,52 @@ def gpu_devices_of(inspect: Mapping[str, Any]) -> tuple[str, ...]:
     node ``/dev/nvidiaN`` by the path on the host, the path in the container, or the node's device number the
     observer read, ``DeviceNodes``; a CDI name), ``--privileged`` (``PRIVILEGED``: every card), and its
     NVIDIA_VISIBLE_DEVICES env (every value of it: a CDI spec's own ``void`` comes after ours). Ids are returned as
-    written (an index, a UUID, a MIG id, ``i:j``, a device node); ``reconciler.plan.planner`` resolves them to slots and
+    written (an index, a UUID, a MIG id, ``i:j``, a device node); ``reconciler.plan.claims`` resolves them to slots and
     holds every slot for one it cannot resolve."""
-    devices: list[str] = []
     host_config = inspect.get("HostConfig") or {}
     if host_config.get("Privileged"):
         return (PRIVILEGED,)
+    paths = _device_paths(host_config)
+    requests = _device_requests(host_config)
+    if paths is None or requests is None:
+        return ("all",)
+    (devices, cdi), (requested, cdi_requested) = paths, requests
+    devices.extend(str(n) for n in inspect.get("DeviceNodes") or [])
+    devices.extend(requested)
+    for more in (_cdi_gpus([*cdi, *cdi_requested]), _visible_devices(inspect)):
+        if more is None:
+            return ("all",)
+        devices.extend(more)
+    return tuple(dict.fromkeys(devices))
+
+
+# The helpers of gpu_devices_of: each returns None where what it reads gives the container every card.
+
+
+def _device_paths(host_config: Mapping[str, Any]) -> tuple[list[str], list[str]] | None:
+    """The card nodes among a container's devices (by the path on the host or in the container), and the NVIDIA CDI
+    names given as devices; None for a device directory that holds every node."""
+    nodes: list[str] = []
     cdi: list[str] = []
     for d in host_config.get("Devices") or []:
         if not isinstance(d, Mapping):
             continue
         on_host, in_container = str(d.get("PathOnHost") or ""), str(d.get("PathInContainer") or "")
         if on_host in _NODE_DIRS or in_container in _NODE_DIRS:
-            return ("all",)
+            return None
         node = card_node(on_host) or card_node(in_container)
         if node is not None:
-            devices.append(node)
+            nodes.append(node)
         elif on_host.startswith(CDI_NVIDIA_VENDOR):
             cdi.append(on_host)
-    devices.extend(str(n) for n in inspect.get("DeviceNodes") or [])
+    return nodes, cdi
+
+
+def _device_requests(host_config: Mapping[str, Any]) -> tuple[list[str], list[str]] | None:
+    """The GPU ids of a container's GPU DeviceRequests, and the CDI names of its CDI ones; None for a request of
+    every GPU (count -1)."""
+    ids: list[str] = []
+    cdi: list[str] = []
     for req in host_config.get("DeviceRequests") or []:
         if req.get("Driver") == "cdi":
             cdi.extend(str(i) for i in req.get("DeviceIDs") or [])
@@ -97,37 +127,46 @@ def gpu_devices_of(inspect: Mapping[str, Any]) -> tuple[str, ...]:
         caps = [c for group in (req.get("Capabilities") or []) for c in group]
         if req.get("Driver") not in ("", None, "nvidia") and "gpu" not in caps:
             continue
-        ids = req.get("DeviceIDs") or []
-        if ids:
-            devices.extend(str(i) for i in ids)
+        given = req.get("DeviceIDs") or []
+        if given:
+            ids.extend(str(i) for i in given)
         elif req.get("Count") == -1:
-            return ("all",)
+            return None
         elif (req.get("Count") or 0) > 0:
             # The NVIDIA runtime hands out the first N GPUs.
-            devices.extend(str(i) for i in range(int(req["Count"])))
-    for name in cdi:
+            ids.extend(str(i) for i in range(int(req["Count"])))
+    return ids, cdi
+
+
+def _cdi_gpus(names: Iterable[str]) -> list[str] | None:
+    """The GPU ids NVIDIA's CDI names give (``nvidia.com/gpu=ID``; any other of its devices as written, which
+    resolves to no card); None for ``nvidia.com/gpu=all``."""
+    out: list[str] = []
+    for name in names:
         if name.startswith(CDI_GPU_PREFIX):
             gpu = name[len(CDI_GPU_PREFIX) :]
             if gpu == "all":
-                return ("all",)
-            devices.append(gpu)
+                return None
+            out.append(gpu)
         elif name.startswith(CDI_NVIDIA_VENDOR):
-            devices.append(name)  # resolves to no card: held as every slot
+            out.append(name)  # resolves to no card: held as every slot
+    return out
+
+
+def _visible_devices(inspect: Mapping[str, Any]) -> list[str] | None:
+    """The ids of every NVIDIA_VISIBLE_DEVICES in a container's env; None for ``all``."""
+    out: list[str] = []
     for item in (inspect.get("Config") or {}).get("Env") or []:
         key, _, value = item.partition("=")
         if key != "NVIDIA_VISIBLE_DEVICES":
             continue
         value = value.strip()
         if value == "all":
-            return ("all",)
+            return None
         if value in ("", "none", "void"):
             continue
-        devices.extend(v.strip() for v in value.split(",") if v.strip())
-    out: list[str] = []
-    for dev in devices:
-        if dev not in out:
-            out.append(dev)
-    return tuple(out)
+        out.extend(v.strip() for v in value.split(",") if v.strip())
+    return out
 
 
 def offload_configured(inspect: Mapping[str, Any]) -> bool:
@@ -232,10 +271,6 @@ def engine_kind(version: Mapping[str, Any]) -> str:
 def failure_cause(exc: BaseException) -> str:
     """Why a call to the engine failed: "slow" (it did not answer within docker.timeout_s), "down" (nothing
     answers there), or "error" (it answered with an error). Knows this package's client and the SDK's errors."""
-    import socket
-
-    from reconciler.observe.engine import EngineDown, EngineSlow
-
     if isinstance(exc, (EngineSlow, socket.timeout)):
         return "slow"
     if isinstance(exc, (EngineDown, ConnectionError, FileNotFoundError)):
@@ -276,7 +311,9 @@ class DockerObserver:
     def api(self) -> Any:
         """The Docker SDK's client: for the writes (``reconciler.apply.docker_ops``) and URLs ``reader`` cannot speak."""
         if self._api is None:
-            import docker  # imported here so pure modules and `validate` never pay for it
+            # The Docker SDK (about 80 ms, requests and urllib3 with it), imported on first use: the reads go
+            # through reconciler.observe.engine, and pure modules and `validate` never pay for it.
+            import docker
 
             self._api = docker.APIClient(base_url=self.url, version="auto", timeout=self.timeout)
         return self._api
@@ -286,8 +323,6 @@ class DockerObserver:
         """What the reads go through: the small standard-library client (``reconciler.observe.engine``) where it
         speaks the URL's scheme, else the SDK. Both answer ``containers``, ``inspect_container``, ``inspect_image``."""
         if self._reader is None:
-            from reconciler.observe.engine import EngineClient
-
             self._reader = EngineClient.for_url(self.url, timeout=self.timeout) or self.api
         return self._reader
 
@@ -348,8 +383,6 @@ class DockerObserver:
         summaries = self.reader.containers(all=True)
         missing = [s["Id"] for s in summaries if s["Id"] not in self._cache]
         if len(missing) > 1:
-            from concurrent.futures import ThreadPoolExecutor  # first sight of several containers only
-
             with ThreadPoolExecutor(max_workers=min(8, len(missing))) as pool:
                 list(pool.map(self._inspect, missing))
         elif missing:
@@ -384,8 +417,6 @@ class DockerObserver:
     def gpu_runtime(self) -> tuple[str, str]:
         """Whether the engine can give NVIDIA GPUs by DeviceRequest (``gpu_runtime_of``); unknown when it does not
         answer. The toolkit's hook counts only for an engine on this host (a unix socket)."""
-        import os
-
         try:
             reader = self.reader
             info = reader.info() if hasattr(reader, "info") else reader.get("/info")
@@ -406,8 +437,6 @@ class DockerObserver:
 
     def unavailable(self, exc: BaseException) -> Source:
         """The docker source after ``exc``: says whether the engine was slow, down, or answered an error."""
-        from reconciler.observe.engine import slow_text
-
         cause = failure_cause(exc)
         text = _short(exc)
         if cause == "slow" and "too slowly" not in text:
@@ -442,8 +471,6 @@ def parse_all(pairs: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> t
 
 def _not_found(exc: BaseException) -> bool:
     """A 404 of the engine, from either client: no such container or image."""
-    from reconciler.observe.engine import NotFound
-
     if isinstance(exc, NotFound):
         return True
     errors = sys.modules.get("docker.errors")  # the SDK's, when the reads went through it

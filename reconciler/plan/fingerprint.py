@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reconciler.plan.actions import Action, ActionKind, Blocker, Fallback, Held, Plan
 from reconciler.plan.observed import LABEL_PREFIX, Observed
 
 if TYPE_CHECKING:
     from reconciler.model import DesiredState
-    from reconciler.plan.planner import Plan
 
 PLAN_FORMAT = "reconciler-plan/1"
 # The fingerprint's own version, saved beside its parts. 1 (no version saved): containers, GPU processes, offload
@@ -247,7 +247,6 @@ def plan_differences(approved: Mapping[str, Any], now: Mapping[str, Any]) -> lis
 def plan_from_json(data: Mapping[str, Any]) -> Plan:
     """A plan rebuilt from its JSON (a saved plan's ``plan``): what ``Applier.converge`` takes as approved. Raises
     ValueError on a shape that is not a plan's."""
-    from reconciler.plan.planner import Action, ActionKind, Blocker, Fallback, Held, Plan
 
     def tup(v: Any) -> tuple[str, ...]:
         if v is None:

@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from reconciler.apply.shm_guard import ReclaimResult
     from reconciler.base.errors import ConfigError
     from reconciler.model import DesiredState, HostConfig
+    from reconciler.plan.actions import Plan
     from reconciler.plan.observed import Observed, ShmView
-    from reconciler.plan.planner import Plan
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -448,7 +448,7 @@ def viewed_applier(desired: DesiredState, view: dict[str, Any], **kwargs: Any) -
 
 
 def _summary(p: Plan) -> str:
-    from reconciler.plan.planner import ActionKind
+    from reconciler.plan.actions import ActionKind
 
     return (
         "; ".join(
@@ -574,7 +574,8 @@ class HostService:
         """A dry run. ``save`` keeps it under the state dir and gives it a ``plan_id`` (for ``apply_saved``);
         ``out`` writes it to a file (``reconciler plan --out``). Either way with the fingerprint of its inputs."""
         from reconciler.observe import observe
-        from reconciler.plan.planner import enter_needs, plan
+        from reconciler.plan.enter_checks import enter_needs
+        from reconciler.plan.planner import plan
 
         files = file_digests(self.root)  # before loading: an edit in between makes the saved plan stale
         desired = self.desired()
@@ -601,7 +602,8 @@ class HostService:
     def status(self) -> StatusResult:
         from reconciler.base.errors import ConfigError
         from reconciler.observe import observe
-        from reconciler.plan.planner import enter_needs, plan
+        from reconciler.plan.enter_checks import enter_needs
+        from reconciler.plan.planner import plan
         from reconciler.service.render import status_data
 
         try:
@@ -938,7 +940,7 @@ class AdoptResult:
 
 def _adopt(service: HostService, names: list[str]) -> AdoptResult:
     from reconciler.observe.docker_obs import DockerObserver
-    from reconciler.plan.planner import owner_kind
+    from reconciler.plan.claims import owner_kind
     from reconciler.store import state
 
     desired = service.desired()

@@ -9,11 +9,12 @@ import os
 import sys
 from typing import Any, TextIO
 
-from reconciler.base.errors import ConfigProblem
+from reconciler.base.errors import ConfigProblem, one_line
 from reconciler.base.units import clip, human_bytes, iso_time, own
 from reconciler.model import DesiredState
+from reconciler.plan.actions import Action, ActionKind, Plan
+from reconciler.plan.claims import owner_kind, slot_holders
 from reconciler.plan.observed import Observed
-from reconciler.plan.planner import Action, ActionKind, Plan, owner_kind, slot_holders
 from reconciler.plan.vram import slot_vram, unlisted_used_bytes
 from reconciler.store.loop_state import read_loop_state
 
@@ -279,8 +280,25 @@ def _whose(c: dict[str, Any]) -> str:
 
 
 def render_status(data: dict[str, Any], s: Style) -> str:
+    out = _status_head(data, s)
+    out.append("")
+    out.append(s.bold("GPU slots"))
+    out.extend(_slot_line(slot, v, s) for slot, v in data["slots"].items())
+    out.append("")
+    out.extend(_shm_lines(data, s))
+    out.extend(_preserved_lines(data, s))
+    out.extend(_suite_lines(data, s))
+    out.extend(_loop_lines(data, s))
+    for f in data["plan"].get("fallbacks") or ():
+        out.append(s.yellow(f"  ↺ {f['text']}"))
+    out.append("")
+    out.append(_verdict_line(data, s))
+    return "\n".join(out)
+
+
+def _status_head(data: dict[str, Any], s: Style) -> list[str]:
+    """The host, its files' validity, GPU telemetry and the sources that failed."""
     install = data.get("install_id")
-    invalid = (data.get("error") or {}).get("code") == "config_invalid"
     out = [
         s.bold(f"host {data['host']}")
         + f"  (manifest {data['manifest'] or 'invalid'}; install id {install[:12] + '…' if install else 'none yet: the first apply makes one'})"
@@ -303,127 +321,144 @@ def render_status(data: dict[str, Any], s: Style) -> str:
     bad = {k: v for k, v in data["sources"].items() if v != "ok" and not v.startswith("ok")}
     if bad:
         out.append(s.red("sources: " + ", ".join(f"{k} {v}" for k, v in bad.items())))
-    out.append("")
-    out.append(s.bold("GPU slots"))
-    for slot, v in data["slots"].items():
-        gpu = f"gpu {v['index'] if v['index'] is not None else '?'}"
-        if v["uuid"]:
-            gpu += f" {v['uuid']}"
-        if v["memory_total_bytes"]:
-            gpu += f", {human_bytes(v['memory_used_bytes'])} / {human_bytes(v['memory_total_bytes'])}"
-        if v.get("memory_free_bytes") is not None:
-            gpu += f", {human_bytes(v['memory_free_bytes'])} free"
-            if v.get("below_reserve"):
-                gpu += s.red(f", BELOW RESERVE {human_bytes(v['reserve_bytes'])} ({v.get('reserve_policy')})")
-            else:
-                gpu += f", reserve {human_bytes(v['reserve_bytes'])}"
-        if v["missing"]:
-            gpu += s.red(f" MISSING: {v['error']}" if v["error"] else " MISSING")
-        held = [f"{c['name']} ({_whose(c)}, {c['state']})" for c in v["containers"]]
-        held += [
-            f"pid {p['pid']} "
-            + (clip(p["command"], 60) if p["command"] else "(not found in this /proc: another pid namespace, or gone)")
-            + f" ({'memory n/a' if p['used_bytes'] is None else human_bytes(p['used_bytes'])}"
-            + (f", in {p['container']}" if p["container"] else ", no container")
-            + ")"
-            for p in v["processes"]
-        ]
-        if v.get("unlisted_used_bytes"):
-            held.append(f"{human_bytes(v['unlisted_used_bytes'])} in use and no visible process")
-        if held:
-            now = "; ".join(held) + (
-                s.yellow(f" (and unknown: {', '.join(v['unknown'])} unavailable)") if v["unknown"] else ""
-            )
-        elif v["free"] is None:
-            now = s.yellow(f"unknown ({', '.join(v['unknown'])} unavailable)")
+    return out
+
+
+def _slot_line(slot: str, v: dict[str, Any], s: Style) -> str:
+    """One GPU slot: what the manifest wants there, what holds it now, and its card."""
+    held = [f"{c['name']} ({_whose(c)}, {c['state']})" for c in v["containers"]]
+    held += [
+        f"pid {p['pid']} "
+        + (clip(p["command"], 60) if p["command"] else "(not found in this /proc: another pid namespace, or gone)")
+        + f" ({'memory n/a' if p['used_bytes'] is None else human_bytes(p['used_bytes'])}"
+        + (f", in {p['container']}" if p["container"] else ", no container")
+        + ")"
+        for p in v["processes"]
+    ]
+    if v.get("unlisted_used_bytes"):
+        held.append(f"{human_bytes(v['unlisted_used_bytes'])} in use and no visible process")
+    if held:
+        now = "; ".join(held) + (
+            s.yellow(f" (and unknown: {', '.join(v['unknown'])} unavailable)") if v["unknown"] else ""
+        )
+    elif v["free"] is None:
+        now = s.yellow(f"unknown ({', '.join(v['unknown'])} unavailable)")
+    else:
+        now = s.dim("free")
+    want = v["desired"] or "free"
+    return f"  {slot:<16} want {want:<24} has {now}  [{_card_text(v, s)}]"
+
+
+def _card_text(v: dict[str, Any], s: Style) -> str:
+    """A slot's card: its index and UUID, memory in use and free against the reserve, or that it is missing."""
+    gpu = f"gpu {v['index'] if v['index'] is not None else '?'}"
+    if v["uuid"]:
+        gpu += f" {v['uuid']}"
+    if v["memory_total_bytes"]:
+        gpu += f", {human_bytes(v['memory_used_bytes'])} / {human_bytes(v['memory_total_bytes'])}"
+    if v.get("memory_free_bytes") is not None:
+        gpu += f", {human_bytes(v['memory_free_bytes'])} free"
+        if v.get("below_reserve"):
+            gpu += s.red(f", BELOW RESERVE {human_bytes(v['reserve_bytes'])} ({v.get('reserve_policy')})")
         else:
-            now = s.dim("free")
-        want = v["desired"] or "free"
-        out.append(f"  {slot:<16} want {want:<24} has {now}  [{gpu}]")
-    out.append("")
+            gpu += f", reserve {human_bytes(v['reserve_bytes'])}"
+    if v["missing"]:
+        gpu += s.red(f" MISSING: {v['error']}" if v["error"] else " MISSING")
+    return gpu
+
+
+def _shm_lines(data: dict[str, Any], s: Style) -> list[str]:
     shm = data["shm"]
     t = shm["tmpfs"]
     f = shm["files"]
-    out.append(
-        s.bold("offload shm") + f"  {shm['dir']}: {human_bytes(t['free_bytes'])} free of {human_bytes(t['size_bytes'])}"
-    )
-    out.append(
+    out = [
+        s.bold("offload shm")
+        + f"  {shm['dir']}: {human_bytes(t['free_bytes'])} free of {human_bytes(t['size_bytes'])}",
         f"  owned {f['owned']['count']} ({human_bytes(f['owned']['bytes'])}), "
         f"orphan {f['orphan']['count']} ({human_bytes(f['orphan']['bytes'])}), "
         f"blocked {f['blocked']['count']} ({human_bytes(f['blocked']['bytes'])}), "
-        f"deleted but mapped {human_bytes(shm['deleted_mapped_bytes'])}"
-    )
+        f"deleted but mapped {human_bytes(shm['deleted_mapped_bytes'])}",
+    ]
     if not data["sources"].get("proc", "ok").startswith("ok"):
         out.append(s.yellow("  owners unknown: proc unavailable, so no file counts as orphan and none is reclaimed"))
+    return out
+
+
+def _preserved_lines(data: dict[str, Any], s: Style) -> list[str]:
     preserved = [c for c in data["containers"] if c["preserved"]]
-    if preserved:
-        out.append("")
-        out.append(s.bold("kept failed containers") + " (logs: docker logs NAME)")
-        for c in preserved:
-            out.append(f"  {c['name']} {c['recipe']} exit {c['exit_code']}")
+    if not preserved:
+        return []
+    out = ["", s.bold("kept failed containers") + " (logs: docker logs NAME)"]
+    out.extend(f"  {c['name']} {c['recipe']} exit {c['exit_code']}" for c in preserved)
+    return out
+
+
+def _suite_lines(data: dict[str, Any], s: Style) -> list[str]:
+    """The last run of each probe suite, its first failure, and the lowest free VRAM under its load."""
     suites = data.get("probe_suites") or {}
-    if suites:
-        out.append("")
-        out.append(s.bold("probe suites") + " (last run of each; reconciler probe RECIPE --suite S)")
-        for recipe, runs in suites.items():
-            for suite, run in runs.items():
-                line = (
-                    f"  {recipe} {suite}: {run.get('passed', 0)}/{run.get('planned', 0)} passed at "
-                    f"{iso_time(float(run.get('started') or 0))}"
+    if not suites:
+        return []
+    out = ["", s.bold("probe suites") + " (last run of each; reconciler probe RECIPE --suite S)"]
+    for recipe, runs in suites.items():
+        for suite, run in runs.items():
+            line = (
+                f"  {recipe} {suite}: {run.get('passed', 0)}/{run.get('planned', 0)} passed at "
+                f"{iso_time(float(run.get('started') or 0))}"
+            )
+            failed = [p for p in run.get("probes") or () if not p.get("ok")]
+            out.append(s.red(line + f"; {failed[0]['name']}: {clip(failed[0]['detail'], 120)}") if failed else line)
+            under = run.get("vram_under_load") or {}
+            for slot, low in (under.get("slots") or {}).items():
+                during = f"during {low['probe']!r}" if low.get("probe") else "between probes"
+                text = (
+                    f"    {slot}: lowest {human_bytes(low['min_free_bytes'])} free under load, {during}, "
+                    f"reserve {human_bytes(low['reserve_bytes'])}"
                 )
-                failed = [p for p in run.get("probes") or () if not p.get("ok")]
-                out.append(s.red(line + f"; {failed[0]['name']}: {clip(failed[0]['detail'], 120)}") if failed else line)
-                under = run.get("vram_under_load") or {}
-                for slot, low in (under.get("slots") or {}).items():
-                    during = f"during {low['probe']!r}" if low.get("probe") else "between probes"
-                    text = (
-                        f"    {slot}: lowest {human_bytes(low['min_free_bytes'])} free under load, {during}, "
-                        f"reserve {human_bytes(low['reserve_bytes'])}"
-                    )
-                    out.append(s.red(text + f" BELOW ({under.get('policy')})") if low.get("below_reserve") else text)
+                out.append(s.red(text + f" BELOW ({under.get('policy')})") if low.get("below_reserve") else text)
+    return out
+
+
+def _loop_lines(data: dict[str, Any], s: Style) -> list[str]:
     loop = data.get("loop")
-    if loop:
-        out.append("")
-        last = loop.get("last_pass") or {}
+    if not loop:
+        return []
+    last = loop.get("last_pass") or {}
+    out = [
+        "",
+        s.bold("loop") + f"  pid {loop['pid']}, {loop.get('passes', 0)} passes, last: {last.get('result', '-')}",
+    ]
+    for key, e in (loop.get("backoff") or {}).items():
         out.append(
-            s.bold("loop") + f"  pid {loop['pid']}, {loop.get('passes', 0)} passes, last: {last.get('result', '-')}"
-        )
-        for key, e in (loop.get("backoff") or {}).items():
-            out.append(
-                s.yellow(
-                    f"  backoff {key}: {e['failures']} failed enter(s), next try at "
-                    f"{iso_time(e['until'])}; last error: {clip(e['last_error'], 160)}"
-                )
+            s.yellow(
+                f"  backoff {key}: {e['failures']} failed enter(s), next try at "
+                f"{iso_time(e['until'])}; last error: {clip(e['last_error'], 160)}"
             )
-    for f in data["plan"].get("fallbacks") or ():
-        out.append(s.yellow(f"  ↺ {f['text']}"))
-    out.append("")
+        )
+    return out
+
+
+def _verdict_line(data: dict[str, Any], s: Style) -> str:
+    """Whether the host matches the manifest, and if not, why (the status command's exit code says the same)."""
     plan = data["plan"]
-    if invalid:
+    if (data.get("error") or {}).get("code") == "config_invalid":
         what = "matches" if data["converged"] else "does not match"
-        out.append(
-            s.red(
-                f"files invalid (exit 1): the host {what} the last valid desired state above; "
-                "fix the files (`reconciler validate`)"
-            )
+        return s.red(
+            f"files invalid (exit 1): the host {what} the last valid desired state above; "
+            "fix the files (`reconciler validate`)"
         )
-    elif data["converged"]:
-        out.append(s.green("converged: the host matches the manifest"))
-    elif plan["unavailable"]:
-        out.append(
-            s.red(
-                f"unknown: {', '.join(plan['unavailable'])} unavailable, so whether the host matches "
-                "the manifest cannot be told (exit 1)"
-            )
+    if data["converged"]:
+        return s.green("converged: the host matches the manifest")
+    if plan["unavailable"]:
+        return s.red(
+            f"unknown: {', '.join(plan['unavailable'])} unavailable, so whether the host matches "
+            "the manifest cannot be told (exit 1)"
         )
-    else:
-        n = len(plan["actions"])
-        state = "blocked" if plan["blocked"] else f"{n} action(s) pending"
-        if not n and not plan["blocked"] and plan.get("held"):
-            waiting = ", ".join(f"{h['recipe']} on {','.join(h['gpus'])}" for h in plan["held"])
-            state = f"{waiting} held in backoff" + (", a fallback serves meanwhile" if plan.get("fallbacks") else "")
-        out.append(s.yellow(f"not converged: {state} (run `reconciler plan` for details)"))
-    return "\n".join(out)
+    n = len(plan["actions"])
+    state = "blocked" if plan["blocked"] else f"{n} action(s) pending"
+    if not n and not plan["blocked"] and plan.get("held"):
+        waiting = ", ".join(f"{h['recipe']} on {','.join(h['gpus'])}" for h in plan["held"])
+        state = f"{waiting} held in backoff" + (", a fallback serves meanwhile" if plan.get("fallbacks") else "")
+    return s.yellow(f"not converged: {state} (run `reconciler plan` for details)")
 
 
 # ---------------------------------------------------------------- audit
@@ -451,8 +486,6 @@ def _audit_what(r: dict[str, Any]) -> str:
 def render_audit(records: list[dict[str, Any]]) -> str:
     """``reconciler audit``: one row per record under a header, columns aligned, times in ISO 8601 with the zone,
     and for a failure its own error (the record's ``detail``), not the reason it was planned."""
-    from reconciler.base.errors import one_line
-
     head = ("TIME", "BY", "ACTION", "OUTCOME", "SECONDS", "FREED", "WHAT")
     rows = []
     for r in records:

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from reconciler.loop.metric_families import ACTION_KINDS, ACTION_RESULTS, PASS_RESULTS, REFUSAL_REASONS
 from reconciler.loop.metrics import Metrics
 from reconciler.model import HostConfig
+from reconciler.plan.actions import Action, ActionKind, Plan
 from reconciler.plan.observed import (
     LABEL_HOST,
     LABEL_MANAGED,
@@ -40,7 +41,6 @@ from reconciler.plan.observed import (
     Source,
     Tmpfs,
 )
-from reconciler.plan.planner import Action, ActionKind, Plan
 
 GOAL_S = 0.010
 GiB = 1024**3

@@ -802,7 +802,7 @@ class HostMachine(RuleBasedStateMachine):
 
     def _check_within(self, shown: Any, writes: list[Any]) -> None:
         """Invariant (d): every write of the apply belongs to an action of the plan it showed."""
-        from reconciler.plan.planner import ActionKind
+        from reconciler.plan.actions import ActionKind
 
         w = self.world
         enters = {a.container for a in shown.actions if a.kind is ActionKind.ENTER}

@@ -538,8 +538,8 @@ def installed(world: World) -> Iterator[str]:
     """Put the world under the project's code; yields a fresh state directory (the caller writes the root)."""
     import reconciler.apply as apply_mod
     import reconciler.apply.docker_ops as ops_mod
-    import reconciler.apply.probes as probes_mod
     import reconciler.apply.shm_guard as guard_mod
+    import reconciler.apply.vllm_metrics as gauges_mod
     import reconciler.load.tmpfs as loader_mod
     import reconciler.loop as loop_mod
     import reconciler.loop.log as log_mod
@@ -565,7 +565,7 @@ def installed(world: World) -> Iterator[str]:
         mp.setattr(apply_mod, "_http_ok", lambda url: _health(world, url) == "ok")
         mp.setattr(apply_mod, "_http_answer", lambda url, **kw: None if _health(world, url) is None else "HTTP 200")
         mp.setattr(apply_mod, "_port_listeners", lambda ports: _listeners(world, ports))
-        mp.setattr(probes_mod, "read_gauges", lambda url, **kw: (0.0, 0.0))
+        mp.setattr(gauges_mod, "read_gauges", lambda url, **kw: (0.0, 0.0))
         factory = _ObserverFactory(world)
         mp.setattr(loop_mod, "DockerObserver", factory)
         mp.setattr(apply_mod, "DockerObserver", factory)
