@@ -120,8 +120,11 @@ def _explained(lines: list[str], i: int) -> bool:
     j = i - 1
     while j >= 0 and lines[j].strip().startswith(("from ", "import ")):
         j -= 1
-    text = lines[j].strip().lower() if j >= 0 else ""
-    return text.startswith("#") and any(r in text for r in REASONS)
+    block = []  # the comment lines right above (a reason may take several)
+    while j >= 0 and lines[j].strip().startswith("#"):
+        block.append(lines[j].strip().lower())
+        j -= 1
+    return any(r in text for text in block for r in REASONS)
 
 
 def test_an_import_inside_a_function_says_why() -> None:

@@ -457,6 +457,7 @@ def engine_container_of(
         if not candidates:
             return None
         if not ids:
+            # start-up: the engine's observer only when a GPU process must be matched to a container
             from reconciler.observe.docker_obs import DockerObserver
 
             try:

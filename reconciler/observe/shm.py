@@ -466,6 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
     import json
 
+    # start-up: the observer's own command line; importing this module for inspect_shm loads neither
     from reconciler.observe.docker_obs import DockerObserver
 
     ap = argparse.ArgumentParser(prog="python -m reconciler.observe.shm", description=main.__doc__)
