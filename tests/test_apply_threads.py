@@ -11,8 +11,10 @@ from collections.abc import Callable, Iterator
 import pytest
 from planner_fixtures import make_desired, make_observed
 
-from reconciler import apply as apply_mod
-from reconciler.apply import Applier, GroupNotStarted, Outcome, run_in_threads
+from reconciler.apply import applier as apply_mod
+from reconciler.apply.applier import Applier
+from reconciler.apply.groups import GroupNotStarted, run_in_threads
+from reconciler.apply.results import Outcome
 from reconciler.plan.planner import Action, ActionKind
 
 CASE = {"recipes": {"omni": {"tp": 1}}, "manifest": []}

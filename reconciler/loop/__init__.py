@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from reconciler import __version__
-from reconciler.apply import Applier, Outcome, PassResult
+from reconciler.apply.applier import Applier
+from reconciler.apply.results import Outcome, PassResult
 from reconciler.base import sdnotify
 from reconciler.base.errors import ConfigError, ReconcilerError, one_line
 from reconciler.base.redact import redact_data
