@@ -393,7 +393,7 @@ def sim_shm(world: World, cfg: Any, *, containers: Any, docker: Any, settled: An
         for f in sorted(world.files.values(), key=lambda f: f.name)
     )
     used = sum(f.size for f in world.files.values())
-    listing = DirListing(1, 1, entries, Tmpfs(world.tmpfs_size, used, world.tmpfs_size - used))
+    listing = DirListing(1, entries, Tmpfs(world.tmpfs_size, used, world.tmpfs_size - used))
     scan = sim_scan(world)
     if scan.unstable:
         return unavailable_view(
