@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reconciler.apply.docker_ops import DockerOps
 from reconciler.apply.results import Progress
-from reconciler.apply.shm_guard import ReclaimResult, reclaim
 from reconciler.model import DesiredState
 from reconciler.observe import observe
 from reconciler.observe.docker_obs import DockerObserver
 from reconciler.plan.observed import Observed
 from reconciler.plan.planner import EnterNeeds
 from reconciler.store.state import read_ownership
+
+if TYPE_CHECKING:
+    from reconciler.apply.shm_results import ReclaimResult
 
 
 class ActionContext:
@@ -52,6 +54,9 @@ class ActionContext:
         self._context.figures = {**self._figures(), key: value}
 
     def _guarded_reclaim(self, *, only_paths: list[str] | None = None, claimed: Collection[str] = ()) -> ReclaimResult:
+        # the start-up budget: a converged `reconciler apply` removes no file (docs/performance.md, its commands table)
+        from reconciler.apply.shm_guard import reclaim
+
         with self._guard_lock:
             res = reclaim(
                 self.desired.host.shm,

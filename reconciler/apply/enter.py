@@ -17,7 +17,6 @@ from reconciler.apply.docker_ops import create_spec
 from reconciler.apply.errors import ActionFailed, ActionRefused, BelowReserve, Cancelled, PortSquatted, ProbeFailed
 from reconciler.apply.http_check import _http_answer, _http_ok
 from reconciler.apply.ports import PortChecks
-from reconciler.apply.probes import ProbeSpec, run_suite
 from reconciler.base.units import human_bytes
 from reconciler.load.secrets import SecretError
 from reconciler.load.secrets import resolve as resolve_secrets
@@ -26,7 +25,6 @@ from reconciler.observe.gpu import slots_of_container, unattributable_slots
 from reconciler.plan.observed import ENDED_STATES, LABEL_CREATE_TOKEN, Observed
 from reconciler.plan.planner import Action, slot_holders
 from reconciler.plan.vram import ReserveVerdict, enter_reserve_verdict
-from reconciler.store.probe_history import record_suite
 from reconciler.store.state import ensure_install_id, mark_healthy, record_created, record_pending
 
 
@@ -197,6 +195,9 @@ class EnterSteps(PortChecks):
         fails fails the enter (``ProbeFailed``: the reason names the probe and what came back). Meanwhile the free
         VRAM of its cards is sampled; under ``enforce`` a card whose lowest figure is below its reserve fails the
         enter too (``BelowReserve``, naming the card, the figure and the probe that was running then)."""
+        # the start-up budget: a converged `reconciler apply` runs no probe (docs/performance.md, its commands table)
+        from reconciler.apply.probes import ProbeSpec, run_suite
+        from reconciler.store.probe_history import record_suite
 
         def before(probe: ProbeSpec, i: int, n: int) -> None:
             if self.cancel.is_set():

@@ -622,8 +622,7 @@ def installed(world: World) -> Iterator[str]:
         for mod in (http_mod, enter_mod):
             _seam(mp, mod, "_http_answer", http_answer)
         _seam(mp, ports_mod, "_port_listeners", lambda ports: _listeners(world, ports))
-        for mod in (probes_mod, drain_mod):
-            _seam(mp, mod, "read_gauges", lambda url, **kw: (0.0, 0.0))
+        _seam(mp, probes_mod, "read_gauges", lambda url, **kw: (0.0, 0.0))
         factory = _ObserverFactory(world)
         _seam(mp, loop_mod, "DockerObserver", factory)
         _seam(mp, applier_mod, "DockerObserver", factory)
