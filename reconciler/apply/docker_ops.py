@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from reconciler.base.errors import ReconcilerError
 from reconciler.model import DesiredState, container_name
-from reconciler.observe.docker_obs import failure_cause, inherited_labels
+from reconciler.observe.docker_obs import engine_kind, failure_cause, inherited_labels
 from reconciler.plan import spec
 from reconciler.plan.observed import (
     INACTIVE_STATES,
@@ -199,8 +199,6 @@ class DockerOps:
     def engine(self) -> str:
         """``podman`` or ``docker``, from the engine's own version answer (asked once)."""
         if self._engine is None:
-            from reconciler.observe.docker_obs import engine_kind
-
             self._engine = engine_kind(_call(self.api.version))
         return self._engine
 
