@@ -1,4 +1,4 @@
-"""A group of actions runs in threads of its own (``reconciler.apply.run_in_threads``); the pass that started them
+"""A group of actions runs in threads of its own (``reconciler.apply.groups.run_in_threads``); the pass that started them
 ends only when every one of them has ended, also when a thread cannot be started (the process at its thread limit):
 the actions that could not start are failed outcomes saying why, and those that did start ran to their end."""
 
@@ -11,8 +11,10 @@ from collections.abc import Callable, Iterator
 import pytest
 from planner_fixtures import make_desired, make_observed
 
-from reconciler import apply as apply_mod
-from reconciler.apply import Applier, GroupNotStarted, Outcome, run_in_threads
+from reconciler.apply import applier as apply_mod
+from reconciler.apply.applier import Applier
+from reconciler.apply.groups import GroupNotStarted, run_in_threads
+from reconciler.apply.results import Outcome
 from reconciler.plan.actions import Action, ActionKind
 
 CASE = {"recipes": {"omni": {"tp": 1}}, "manifest": []}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from e2e_helpers import SLEEP, Root
 
-from reconciler.apply import within
+from reconciler.apply.groups import within
 from reconciler.plan.actions import Action, ActionKind, Plan
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]

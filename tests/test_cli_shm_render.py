@@ -3,7 +3,7 @@ real tmpfs in test_shm_guard.py)."""
 
 from __future__ import annotations
 
-from reconciler.apply.shm_guard import KeptFile, ReclaimResult, RemovedFile
+from reconciler.apply.shm_results import KeptFile, ReclaimResult, RemovedFile
 from reconciler.cli.shm import render_reclaim, render_status
 from reconciler.observe.shapes import status_json
 from reconciler.plan.observed import Owner, ShmFile, ShmView, Source, Tmpfs, Uninspectable

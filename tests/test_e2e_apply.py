@@ -269,7 +269,8 @@ def test_4b_orphans_that_appear_after_the_plan_are_left_to_the_next_plan(root: R
     """Orphans that appear after the plan was made (a crash between plan and act) are not removed by the enter: the
     plan it runs listed no such file. The enter is refused for want of room before it creates anything, and the next
     plan lists the reclaim of exactly those files (docs/design.md, safety rule 13: only the shown plan runs)."""
-    from reconciler.apply import ActionRefused, Applier
+    from reconciler.apply.applier import Applier
+    from reconciler.apply.errors import ActionRefused
     from reconciler.load.desired import load_desired
     from reconciler.plan.actions import ActionKind
 
@@ -298,7 +299,7 @@ def test_4b_orphans_that_appear_after_the_plan_are_left_to_the_next_plan(root: R
 
 def test_4c_an_enter_without_tmpfs_room_is_refused_and_creates_nothing(root: Root) -> None:
     """Room taken by a file a live process holds cannot be reclaimed: the enter is refused before any create."""
-    from reconciler.apply import Applier
+    from reconciler.apply.applier import Applier
     from reconciler.load.desired import load_desired
 
     wait_for_no_offload_container(root.api)

@@ -53,7 +53,7 @@ def test_the_text_log_cuts_long_values_at_a_word_and_json_never() -> None:
 
 
 def test_log_times_and_the_backoff_line_are_iso_8601_with_the_zone(tmp_path: Path) -> None:
-    from reconciler.apply import Outcome
+    from reconciler.apply.results import Outcome
     from reconciler.loop import Loop
     from reconciler.loop.backoff import Backoff
     from reconciler.plan.actions import Action, ActionKind

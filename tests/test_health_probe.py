@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from e2e_helpers import Root, free_port
 
-from reconciler.apply import _http_answer, _http_ok
+from reconciler.apply.http_check import _http_answer, _http_ok
 
 B = "dark-compute-b"
 PRESERVED_RE = re.compile(r"-failed-\d{8}-\d{6}$")
@@ -114,7 +114,8 @@ def test_an_enter_whose_health_url_already_answers_is_blocked_and_nothing_is_rep
     """Something already serving on the recipe's port is found by plan (docs/design.md, "Knowable failures of an
     enter"): blocked, nothing created; and should it appear after the plan, the enter's own preflight refuses it
     before the create, with the message it always gave."""
-    from reconciler.apply import ActionFailed, Applier
+    from reconciler.apply.applier import Applier
+    from reconciler.apply.errors import ActionFailed
     from reconciler.load.desired import load_desired
     from reconciler.plan.actions import Action, ActionKind
 

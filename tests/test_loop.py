@@ -37,13 +37,9 @@ from e2e_helpers import (
     wait_until,
 )
 
-from reconciler.apply import PassResult
-from reconciler.apply.shm_guard import (
-    KeptFile,
-    ReclaimResult,
-    RemovedFile,
-    compare_inspections,
-)
+from reconciler.apply.results import PassResult
+from reconciler.apply.shm_guard import compare_inspections
+from reconciler.apply.shm_results import KeptFile, ReclaimResult, RemovedFile
 from reconciler.base.errors import ReconcilerError
 from reconciler.loop import Loop
 from reconciler.loop.backoff import Backoff
@@ -521,7 +517,8 @@ def test_reclaim_refusals_map_the_guards_reasons() -> None:
 
 def test_reclaim_refusals_on_a_real_unlink_race(tmp_path: Path) -> None:
     # The guard's last re-check before unlink: a file replaced under the same name is kept, counted file_owned.
-    from reconciler.apply.shm_guard import _dir_identity, _unlink_agreed
+    from reconciler.apply.shm_guard import _dir_identity
+    from reconciler.apply.shm_unlink import _unlink_agreed
 
     d = tmp_path / "shm"
     d.mkdir()

@@ -278,7 +278,7 @@ def _view(containers: list[ContainerView], holders: dict[int, list[Owner]], sett
         DirEntry("vllm_offload_a.mmap", 0o100600, TMPFS, 7, 4096, 4096, 1),  # lane a's own, mapped by it
         DirEntry("vllm_offload_dead.mmap", 0o100600, TMPFS, 8, 4096, 4096, 1),  # a dead lane's: nothing holds it
     )
-    listing = DirListing(TMPFS, 2, entries, Tmpfs(1 << 30, 8192, (1 << 30) - 8192))
+    listing = DirListing(TMPFS, entries, Tmpfs(1 << 30, 8192, (1 << 30) - 8192))
     return build_view(
         _Cfg(),
         listing=listing,

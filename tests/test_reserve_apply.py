@@ -17,7 +17,7 @@ import pytest
 import yaml
 from e2e_helpers import Root
 
-from reconciler.apply import Applier
+from reconciler.apply.applier import Applier
 from reconciler.load.desired import load_desired
 from reconciler.observe.gpu import parse_nvml
 from reconciler.plan.observed import LABEL_HOST

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 from e2e_helpers import MIB, make_file, shm_config
 
-from reconciler.apply.shm_guard import ReclaimResult, reclaim
+from reconciler.apply.shm_guard import reclaim
+from reconciler.apply.shm_results import ReclaimResult
 from reconciler.model import ShmConfig
 from reconciler.observe.docker_obs import DockerObserver
 from reconciler.observe.shm import inspect_shm
@@ -389,7 +390,8 @@ def test_zero_length_file_being_created_is_kept(shm: Path, holders: Holders) -> 
 
 def test_unlink_rechecks_the_inode_just_before_removing(shm: Path) -> None:
     """Between the second inspection and the unlink the name may change hands: the last lstat catches it."""
-    from reconciler.apply.shm_guard import _dir_identity, _unlink_agreed
+    from reconciler.apply.shm_guard import _dir_identity
+    from reconciler.apply.shm_unlink import _unlink_agreed
     from reconciler.plan.observed import ShmFile
 
     path = shm / "vllm_offload_late_swap.mmap"
@@ -409,7 +411,8 @@ def test_unlink_rechecks_the_inode_just_before_removing(shm: Path) -> None:
 
 
 def test_verification_reports_a_name_that_is_still_there(shm: Path) -> None:
-    from reconciler.apply.shm_guard import RemovedFile, _verify_absent
+    from reconciler.apply.shm_results import RemovedFile
+    from reconciler.apply.shm_unlink import _verify_absent
 
     path = shm / "vllm_offload_v.mmap"
     st = make_file(path, MIB)
@@ -1071,7 +1074,8 @@ def test_paths_outside_the_dir_or_the_pattern_handed_over_are_never_candidates(
 
 def test_the_unlink_step_refuses_a_name_outside_the_pattern(shm: Path) -> None:
     """The last gate, on its own: even handed an agreed file, a name the pattern does not match stays."""
-    from reconciler.apply.shm_guard import _dir_identity, _unlink_agreed
+    from reconciler.apply.shm_guard import _dir_identity
+    from reconciler.apply.shm_unlink import _unlink_agreed
     from reconciler.plan.observed import ShmFile
 
     inodes = _secrets_in(shm)

@@ -218,7 +218,7 @@ def test_the_write_lease_alone_refuses_while_a_hidden_holder_maps_the_file(shm: 
 def test_the_write_lease_is_refused_for_a_read_only_mapping_and_an_open_descriptor(shm: Path) -> None:
     """What the gate rests on, checked on this kernel's tmpfs: F_SETLEASE F_WRLCK from an O_RDONLY descriptor is
     granted only while no other open file description exists, however the holder holds it."""
-    from reconciler.apply.shm_guard import LeaseRefused, take_lease
+    from reconciler.apply.shm_unlink import LeaseRefused, take_lease
 
     path = shm / "vllm_offload_x.mmap"
     make_file(path)
@@ -241,7 +241,7 @@ def test_the_write_lease_is_refused_for_a_read_only_mapping_and_an_open_descript
 def test_an_opener_during_the_lease_cannot_kill_the_lease_holder(shm: Path) -> None:
     """A lease break signals its owner (SIGIO by default, which kills): the gate asks for a signal that is
     ignored by default, so a concurrent open only waits for the release."""
-    from reconciler.apply.shm_guard import take_lease
+    from reconciler.apply.shm_unlink import take_lease
 
     path = shm / "vllm_offload_y.mmap"
     make_file(path)

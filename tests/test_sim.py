@@ -10,7 +10,12 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 from sim.machine import HostMachine
-from sim.seams import sim_scan
+from sim.seams import installed, sim_scan
+from sim.world import World
+
+import reconciler.apply.http_check as http_mod
+import reconciler.apply.leave as leave_mod
+import reconciler.load.tmpfs as loader_mod
 
 EXAMPLES = int(os.environ.get("SIM_EXAMPLES", "1200"))
 
@@ -495,3 +500,24 @@ def test_proc_lost_in_the_middle_of_a_pass_says_why_in_the_pass_result() -> None
         m.no_violation()
     finally:
         m.teardown()
+
+
+def test_a_simulation_seam_its_module_no_longer_binds_stops_the_run_before_it_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A seam renamed or moved must not let a simulated run reach the real host through the name the patches
+    missed (here the loader's look-up of the tmpfs size): the run stops at once, naming it."""
+    monkeypatch.delattr(loader_mod, "tmpfs_size")
+    missing = r"simulation seam reconciler\.load\.loader\.tmpfs_size is missing"
+    with pytest.raises(AssertionError, match=missing), installed(World(1)):
+        pass
+
+
+def test_a_module_of_the_apply_layer_that_binds_a_real_seam_the_patches_miss_stops_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A module that imports a seam the patches do not name yet (here the leave, the health check's) would call
+    the real one from a simulated run: the run stops at once, naming the module and the name."""
+    monkeypatch.setattr(leave_mod, "_http_ok", http_mod._http_ok, raising=False)
+    with pytest.raises(AssertionError, match=r"reconciler\.apply\.leave\._http_ok"), installed(World(1)):
+        pass

@@ -10,7 +10,8 @@ import pytest
 from planner_fixtures import make_desired, make_observed
 from pydantic import ValidationError
 
-from reconciler.apply import Applier, BelowReserve
+from reconciler.apply.applier import Applier
+from reconciler.apply.errors import BelowReserve
 from reconciler.loop.metrics import Metrics
 from reconciler.model import GIB, HostConfig, Recipe, container_name
 from reconciler.plan.actions import Action, ActionKind

@@ -164,7 +164,8 @@ def main() -> int:
             time.sleep(0.1)
         root = write_root(port)
 
-        from reconciler.apply import Applier, BelowReserve, ProbeFailed
+        from reconciler.apply.applier import Applier
+        from reconciler.apply.errors import BelowReserve, ProbeFailed
         from reconciler.apply.probes import run_suite
         from reconciler.load.desired import load_desired
         from reconciler.model import container_name

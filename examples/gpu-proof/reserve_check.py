@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import sys
 
-from reconciler.apply import Applier, BelowReserve
+from reconciler.apply.applier import Applier
+from reconciler.apply.errors import BelowReserve
 from reconciler.load.desired import load_desired
 from reconciler.model import container_name
 from reconciler.plan.actions import Action, ActionKind

@@ -11,9 +11,11 @@ import re
 import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from reconciler.base.errors import ReconcilerError
 from reconciler.model import DesiredState, container_name
+from reconciler.observe.docker_obs import engine_kind, failure_cause, inherited_labels
 from reconciler.plan import spec
 from reconciler.plan.observed import (
     INACTIVE_STATES,
@@ -44,8 +46,6 @@ class DockerUnavailable(ReconcilerError):
     """No engine answers at ``docker.url`` (not running, wrong URL, socket not reachable): nothing was attempted."""
 
     def __init__(self, url: str, cause: BaseException | str):
-        from reconciler.observe.docker_obs import failure_cause
-
         self.url = url
         text = str(cause).strip()
         detail = (text.splitlines()[0] if text else type(cause).__name__)[:300]
@@ -59,6 +59,7 @@ class DockerUnavailable(ReconcilerError):
 
 
 def _transient(exc: BaseException) -> bool:
+    # The Docker SDK and requests, its transport: imported by the writes only, never by the reads (start-up budget).
     import docker.errors
     import requests
 
@@ -72,7 +73,8 @@ def _transient(exc: BaseException) -> bool:
 
 def _call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run one engine call with the retry policy; permanent errors surface unchanged at once."""
-    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential  # the writes only
+    # tenacity: the writes only, never the reads (start-up budget)
+    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
     name = getattr(fn, "__name__", "call")
     try:
@@ -98,14 +100,12 @@ def proxy_refusal(exc: BaseException) -> str | None:
     """What a socket proxy's refusal of an engine call says, naming the call; None for any other error.
 
     The engine answers its errors in JSON; a 401/403/405 whose body is not JSON came from a proxy's allow-list."""
-    import docker.errors
+    import docker.errors  # the Docker SDK: imported by the writes only, never by the reads (start-up budget)
 
     if not isinstance(exc, docker.errors.APIError) or exc.response is None:
         return None
     if exc.status_code not in (401, 403, 405) or "json" in exc.response.headers.get("Content-Type", ""):
         return None
-    from urllib.parse import urlsplit
-
     request = exc.response.request
     path = re.sub(r"^/v[0-9.]+/", "/", urlsplit(request.url or "").path)
     return (
@@ -199,13 +199,11 @@ class DockerOps:
     def engine(self) -> str:
         """``podman`` or ``docker``, from the engine's own version answer (asked once)."""
         if self._engine is None:
-            from reconciler.observe.docker_obs import engine_kind
-
             self._engine = engine_kind(_call(self.api.version))
         return self._engine
 
     def image_present(self, image: str) -> bool:
-        import docker.errors
+        import docker.errors  # the Docker SDK: imported by the writes only, never by the reads (start-up budget)
 
         try:
             _call(self.api.inspect_image, image)
@@ -238,7 +236,7 @@ class DockerOps:
         return _call(self.api.inspect_container, cid)
 
     def stop(self, cid: str, timeout_s: float) -> None:
-        import docker.errors
+        import docker.errors  # the Docker SDK: imported by the writes only, never by the reads (start-up budget)
 
         try:
             # The HTTP timeout must outlast the engine's own stop timeout.
@@ -247,7 +245,7 @@ class DockerOps:
             return
 
     def remove(self, cid: str) -> None:
-        import docker.errors
+        import docker.errors  # the Docker SDK: imported by the writes only, never by the reads (start-up budget)
 
         try:
             _call(self.api.remove_container, cid, v=True, force=False)
@@ -255,7 +253,7 @@ class DockerOps:
             return
 
     def kill(self, cid: str) -> None:
-        import docker.errors
+        import docker.errors  # the Docker SDK: imported by the writes only, never by the reads (start-up budget)
 
         try:
             _call(self.api.kill, cid)
@@ -264,7 +262,7 @@ class DockerOps:
 
     def preserve(self, cid: str, name: str) -> str:
         """Rename a failed container so its name is free and its logs stay readable."""
-        import docker.errors
+        import docker.errors  # the Docker SDK: imported by the writes only, never by the reads (start-up budget)
 
         now = time.time()
         # A start that fails at once can fail again within the same second (two quick applies), and the stamp
@@ -299,11 +297,7 @@ class DockerOps:
         ``docker_obs.inherited_labels``) are not proven ours and stay; with ``owned`` (the ids this install recorded as
         its own) so does one whose id is not among them, a copy that carries the labels. Without ``install_id``
         nothing is removed."""
-        import re
-
-        import docker.errors
-
-        from reconciler.observe.docker_obs import inherited_labels
+        import docker.errors  # the Docker SDK: imported by the writes only, never by the reads (start-up budget)
 
         if not install_id:
             return []
@@ -348,7 +342,7 @@ class DockerOps:
     def _image_labels(self, image_id: str) -> dict[str, str] | None:
         """An image's labels; None when it cannot be inspected (removed while containers of it remain): what a
         container of it inherited then cannot be told."""
-        import docker.errors
+        import docker.errors  # the Docker SDK: imported by the writes only, never by the reads (start-up budget)
 
         if not image_id:
             return None

@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from reconciler.base.units import human_bytes
+
 MEMINFO = "/proc/meminfo"
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 
@@ -83,8 +85,6 @@ class PageCacheDrop:
         }
 
     def describe(self) -> str:
-        from reconciler.base.units import human_bytes
-
         if self.result == "dropped":
             return f"page cache {human_bytes(self.before_bytes)} -> {human_bytes(self.after_bytes)}"
         if self.result == "skipped":

@@ -10,7 +10,7 @@ The safety rules 4 and 5 of docs/design.md, on top of the inspection's rules 1-3
   unavailable source, or a running native-offload container that could own an unowned file (one not settled
   and seen holding its own: ``observe.shm.offload_blockers``), refuses the whole reclaim.
 - Each removal opens ``shm.dir`` once (checked to be the directory inspected), opens the name relative to it
-  (``O_RDONLY|O_NOFOLLOW``) and takes the kernel's write lease on it (``take_lease``): the kernel grants one only
+  (``O_RDONLY|O_NOFOLLOW``) and takes the kernel's write lease on it (``reconciler.apply.shm_unlink``): the kernel grants one only
   while no other open file description of the file exists, one that a mapping alone keeps included, so a holder
   that every inspection missed still stops the unlink. Under the granted lease the name is checked to be that
   same file, unlinked relative to the directory, and the lease released. A refused lease keeps the file with the
@@ -29,120 +29,22 @@ outside that exact set is ever unlinked, even a matching unowned file that appea
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
 import fnmatch
 import os
-import signal
 import stat as st_mode
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import Any
 
+from reconciler.apply.shm_results import KeptFile, ReclaimResult, RemovedFile
+from reconciler.apply.shm_unlink import _unlink_agreed, _verify_absent
 from reconciler.base import mounts
-from reconciler.model import check_shm_dir, check_shm_pattern
+from reconciler.model import ShmConfig, check_shm_dir, check_shm_pattern
 from reconciler.observe.shm import inspect_shm
 from reconciler.plan.observed import ContainerView, ShmFile, ShmView, Source, Tmpfs
 
-if TYPE_CHECKING:
-    from reconciler.model import ShmConfig
-
 DockerObservation = Callable[[], tuple[tuple[ContainerView, ...], Source]]
-
-
-@dataclass(frozen=True)
-class RemovedFile:
-    path: str
-    size_bytes: int
-    allocated_bytes: int
-    dev: int
-    inode: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "size_bytes": self.size_bytes,
-            "allocated_bytes": self.allocated_bytes,
-            "dev": self.dev,
-            "inode": self.inode,
-        }
-
-
-@dataclass(frozen=True)
-class KeptFile:
-    path: str
-    reason: str
-    state: str = ""  # the file's state in the last inspection; "skipped" for refused entries
-    # Why in one word where the last gate said no: "lease_refused" (the kernel's write lease, safety rule 4).
-    code: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "reason": self.reason, "state": self.state, "code": self.code}
-
-
-@dataclass(frozen=True)
-class ReclaimResult:
-    """What a reclaim did (``confirmed``) or would do (a dry run), and why each other file stayed."""
-
-    confirmed: bool
-    dir: str
-    pattern: str
-    # Removed and verified gone (with confirm); empty in a dry run.
-    reclaimed: tuple[RemovedFile, ...] = ()
-    # What a dry run would remove (the orphans of its one inspection); with confirm, the first inspection's.
-    candidates: tuple[RemovedFile, ...] = ()
-    kept: tuple[KeptFile, ...] = ()
-    verified: bool = False
-    # Why nothing at all was removed: an unavailable source or a running native-offload container.
-    refused: str | None = None
-    sources: dict[str, str] = field(default_factory=dict)
-    blocking_containers: tuple[str, ...] = ()
-    errors: tuple[str, ...] = ()
-    tmpfs_before: Tmpfs | None = None
-    tmpfs_after: Tmpfs | None = None
-    inspections: int = 0
-    elapsed_s: float = 0.0
-
-    @property
-    def reclaimed_bytes(self) -> int:
-        return sum(f.allocated_bytes for f in self.reclaimed)
-
-    @property
-    def candidate_bytes(self) -> int:
-        return sum(f.allocated_bytes for f in self.candidates)
-
-    @property
-    def ok(self) -> bool:
-        """Exit 0: not refused, no error, and (with confirm) every removal verified."""
-        return self.refused is None and not self.errors and (self.verified or not self.confirmed)
-
-    def to_json(self) -> dict[str, Any]:
-        def tmpfs(t: Tmpfs | None) -> dict[str, int] | None:
-            if t is None:
-                return None
-            return {"size_bytes": t.size_bytes, "used_bytes": t.used_bytes, "free_bytes": t.free_bytes}
-
-        return {
-            "confirmed": self.confirmed,
-            "reclaimed": [f.to_json() for f in self.reclaimed],
-            "kept": [k.to_json() for k in self.kept],
-            "reclaimed_bytes": self.reclaimed_bytes,
-            "verified": self.verified,
-            "dir": self.dir,
-            "pattern": self.pattern,
-            "would_reclaim": [] if self.confirmed else [f.to_json() for f in self.candidates],
-            "would_reclaim_bytes": 0 if self.confirmed else self.candidate_bytes,
-            "refused": self.refused,
-            "sources": dict(self.sources),
-            "blocking_containers": list(self.blocking_containers),
-            "errors": list(self.errors),
-            "tmpfs_before": tmpfs(self.tmpfs_before),
-            "tmpfs_after": tmpfs(self.tmpfs_after),
-            "inspections": self.inspections,
-            "elapsed_s": round(self.elapsed_s, 3),
-        }
 
 
 def _removable(f: ShmFile) -> RemovedFile:
@@ -471,189 +373,3 @@ def _dir_identity(path: str) -> tuple[int, int]:
 def _tmpfs_of(path: str) -> Tmpfs:
     v = os.statvfs(path)
     return Tmpfs(v.f_blocks * v.f_frsize, (v.f_blocks - v.f_bfree) * v.f_frsize, v.f_bavail * v.f_frsize)
-
-
-# ---------------------------------------------------------------- the last gate: the kernel's write lease
-#
-# fcntl(2): F_SETLEASE with F_WRLCK is granted only when no other open file description of the file exists (a
-# mapping keeps its own, so a process that mapped the file and closed every descriptor still counts); checked on
-# tmpfs by tests/test_shm_handoff.py. Leases need the file's owner or CAP_LEASE (root), and
-# /proc/sys/fs/leases-enable set. An opener while the lease is held waits for its release (at most
-# /proc/sys/fs/lease-break-time) and the owner gets a signal: SIGIO unless F_SETSIG names another, and SIGIO's
-# default action ends the process, so the gate names SIGURG, whose default is to ignore it.
-F_SETLEASE = 1024
-F_GETLEASE = 1025
-F_SETSIG = 10
-LEASE_SIGNAL = signal.SIGURG
-LEASES_ENABLE = "/proc/sys/fs/leases-enable"
-LEASE_REFUSED = "lease_refused"
-
-
-class LeaseRefused(Exception):
-    """The kernel did not grant the write lease: the file is kept. ``code`` is the refusal's reason key."""
-
-    def __init__(self, message: str, code: str = LEASE_REFUSED):
-        super().__init__(message)
-        self.code = code
-
-
-@dataclass
-class Lease:
-    """A granted write lease on one open file (``take_lease``); ``release`` ends it and closes the descriptor."""
-
-    fd: int
-    stat: os.stat_result
-
-    def intact(self) -> bool:
-        """Still the write lease: no opener has started to break it."""
-        try:
-            return fcntl.fcntl(self.fd, F_GETLEASE) == fcntl.F_WRLCK
-        except OSError:
-            return False
-
-    def release(self) -> None:
-        with contextlib.suppress(OSError):  # closing the descriptor ends the lease all the same
-            fcntl.fcntl(self.fd, F_SETLEASE, fcntl.F_UNLCK)
-        os.close(self.fd)
-
-
-def _leases_off() -> bool:
-    try:
-        with open(LEASES_ENABLE, encoding="ascii") as fh:
-            return fh.read().strip() == "0"
-    except OSError:
-        return False
-
-
-def take_lease(dfd: int, name: str) -> Lease:
-    """A write lease on the file ``name`` of the opened directory ``dfd``, or LeaseRefused saying why.
-
-    Opened ``O_RDONLY`` (a descriptor open for writing would itself count against a write lease),
-    ``O_NOFOLLOW`` (never a symlink's target) and ``O_NONBLOCK`` (a lease someone else holds refuses at once,
-    rather than waiting out its break time). FileNotFoundError passes through: the name is gone.
-    """
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-    try:
-        fd = os.open(name, flags, dir_fd=dfd)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise LeaseRefused("another process holds a lease on it: it is in use") from None
-        raise LeaseRefused(f"cannot open it for the write lease: {exc.strerror or exc}") from None
-    try:
-        st = os.fstat(fd)
-        if not st_mode.S_ISREG(st.st_mode):
-            raise LeaseRefused("not a regular file when opened for the write lease")
-        fcntl.fcntl(fd, F_SETSIG, LEASE_SIGNAL)
-        fcntl.fcntl(fd, F_SETLEASE, fcntl.F_WRLCK)
-    except LeaseRefused:
-        os.close(fd)
-        raise
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno in (errno.EAGAIN, errno.EBUSY):
-            why = "the kernel refused the write lease: another open file description of it exists (a process maps it or holds it open)"
-        elif exc.errno in (errno.EACCES, errno.EPERM):
-            why = "the kernel refused the write lease: leases need the file's owner or CAP_LEASE (run as root)"
-        elif exc.errno == errno.EINVAL and _leases_off():
-            why = f"the kernel refused the write lease: leases are off ({LEASES_ENABLE} is 0; set it to 1)"
-        else:
-            why = f"the kernel refused the write lease: {exc.strerror or exc}"
-        raise LeaseRefused(why) from None
-    return Lease(fd, st)
-
-
-def lease_kept(f: ShmFile, exc: LeaseRefused) -> KeptFile:
-    """The kept entry for a file whose lease was refused (the simulation's unlink builds it here too)."""
-    return KeptFile(f.path, f"{exc}; not removed", f.state, code=exc.code)
-
-
-def _unlink_agreed(
-    directory: str, dir_id: tuple[int, int], agreed: Sequence[ShmFile], *, pattern: str | None = None
-) -> tuple[list[RemovedFile], list[KeptFile], list[str]]:
-    """Unlink each agreed file by name inside the opened dir, re-checking it is still that file first (and, with
-    ``pattern``, that it is a name of the dir matching it exactly)."""
-    removed: list[RemovedFile] = []
-    kept: list[KeptFile] = []
-    errors: list[str] = []
-    if not agreed:
-        return removed, kept, errors
-    try:
-        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as exc:
-        msg = f"{directory}: cannot open: {exc.strerror or exc}"
-        return removed, [KeptFile(f.path, msg, f.state) for f in agreed], [msg]
-    try:
-        d = os.fstat(dfd)
-        if (d.st_dev, d.st_ino) != dir_id:
-            msg = f"{directory} was replaced during the reclaim (device/inode changed); nothing removed"
-            return removed, [KeptFile(f.path, msg, f.state) for f in agreed], [msg]
-        for f in agreed:
-            parent, name = os.path.split(f.path)
-            if parent != directory or not name or (pattern is not None and not fnmatch.fnmatchcase(name, pattern)):
-                kept.append(KeptFile(f.path, "not a name of shm.dir matching shm.pattern: never removed", "skipped"))
-                continue
-            try:
-                lease = take_lease(dfd, name)
-            except FileNotFoundError:
-                kept.append(KeptFile(f.path, "gone before removal (removed by someone else)", "gone"))
-                continue
-            except LeaseRefused as exc:
-                kept.append(lease_kept(f, exc))
-                continue
-            try:
-                s = lease.stat
-                try:
-                    named = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                except FileNotFoundError:
-                    kept.append(KeptFile(f.path, "gone before removal (removed by someone else)", "gone"))
-                    continue
-                if (
-                    not st_mode.S_ISREG(s.st_mode)
-                    or s.st_nlink != 1
-                    or (named.st_dev, named.st_ino) != (s.st_dev, s.st_ino)
-                    or (s.st_dev, s.st_ino, s.st_size) != (f.dev, f.inode, f.size_bytes)
-                ):
-                    kept.append(
-                        KeptFile(f.path, "changed just before removal (not the inspected file any more)", f.state)
-                    )
-                    continue
-                if not lease.intact():
-                    kept.append(
-                        lease_kept(f, LeaseRefused("a process opened it while the write lease was held: in use"))
-                    )
-                    continue
-                try:
-                    os.unlink(name, dir_fd=dfd)
-                except FileNotFoundError:
-                    kept.append(KeptFile(f.path, "gone before removal (removed by someone else)", "gone"))
-                    continue
-                except OSError as exc:
-                    kept.append(KeptFile(f.path, f"unlink failed: {exc.strerror}", f.state))
-                    errors.append(f"{f.path}: unlink failed: {exc.strerror}")
-                    continue
-            finally:
-                lease.release()
-            removed.append(RemovedFile(f.path, s.st_size, s.st_blocks * 512, s.st_dev, s.st_ino))
-    finally:
-        os.close(dfd)
-    return removed, kept, errors
-
-
-def _verify_absent(directory: str, removed: Sequence[RemovedFile]) -> tuple[bool, list[str]]:
-    """Every removed name must be absent now; a name present again (re-created meanwhile) is reported."""
-    errors = []
-    for f in removed:
-        try:
-            s = os.stat(f.path, follow_symlinks=False)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            errors.append(f"{f.path}: cannot verify removal: {exc.strerror}")
-            continue
-        if (s.st_dev, s.st_ino) == (f.dev, f.inode):
-            errors.append(f"{f.path}: still present after unlink")
-        else:
-            errors.append(f"{f.path}: removed, but a new file of that name appeared right after (inode {s.st_ino})")
-    return not errors, errors

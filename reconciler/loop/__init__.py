@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from reconciler import __version__
-from reconciler.apply import Applier, Outcome, PassResult
+from reconciler.apply.applier import Applier
+from reconciler.apply.results import Outcome, PassResult
 from reconciler.base import sdnotify
 from reconciler.base.errors import ConfigError, ReconcilerError
 from reconciler.base.redact import redact_data

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from reconciler.apply import Outcome
+    from reconciler.apply.results import Outcome
     from reconciler.loop.log import Log
     from reconciler.loop.metrics import Metrics
     from reconciler.loop.runtime import FairLock

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reconciler.apply import PassResult
+from reconciler.apply.results import PassResult
 
 
 def pass_refusals(result: PassResult) -> list[str]:

@@ -80,7 +80,6 @@ class DirEntry:
 @dataclass(frozen=True)
 class DirListing:
     dir_dev: int
-    dir_inode: int
     entries: tuple[DirEntry, ...]
     tmpfs: Tmpfs
 
@@ -118,7 +117,7 @@ def list_dir(cfg: ShmSettings) -> DirListing:
         used_bytes=(vfs.f_blocks - vfs.f_bfree) * vfs.f_frsize,
         free_bytes=vfs.f_bavail * vfs.f_frsize,
     )
-    return DirListing(dst.st_dev, dst.st_ino, tuple(sorted(entries, key=lambda e: e.name)), tmpfs)
+    return DirListing(dst.st_dev, tuple(sorted(entries, key=lambda e: e.name)), tmpfs)
 
 
 def refusal(entry: DirEntry, dir_dev: int) -> str | None:
@@ -315,7 +314,7 @@ def inspect_shm(
     try:
         listing = list_dir(cfg)
     except OSError as exc:
-        empty = DirListing(0, 0, (), Tmpfs(0, 0, 0))
+        empty = DirListing(0, (), Tmpfs(0, 0, 0))
         why = f"shm.dir {cfg.dir}: {exc.strerror or exc} (set shm.dir in {HOST_FILE} to the tmpfs the containers use)"
         return unavailable_view(cfg, listing=empty, containers=containers, docker=docker, proc_error=why)
     try:

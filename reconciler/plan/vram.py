@@ -191,7 +191,7 @@ class LoadLow:
 
 class VramSampler:
     """Samples the free VRAM of a lane's cards in a thread while a suite runs (a context manager). ``read()``
-    returns ``{slot: (free_bytes, total_bytes)}`` (NVML, through ``reconciler.observe.gpu.memory_reader``) or
+    returns ``{slot: (free_bytes, total_bytes)}`` (NVML, through ``reconciler.observe.gpu.MemoryReader``) or
     raises; ``running(name)`` says which probe runs from now on. Without ``read`` (telemetry none) it samples
     nothing. One sample is taken as it starts and one as it ends, so even a suite of milliseconds has two."""
 

@@ -31,8 +31,9 @@ from reconciler.plan.fingerprint import (
 )
 
 if TYPE_CHECKING:
-    from reconciler.apply import Applier, PassResult, Progress
-    from reconciler.apply.shm_guard import ReclaimResult
+    from reconciler.apply.applier import Applier
+    from reconciler.apply.results import PassResult, Progress
+    from reconciler.apply.shm_results import ReclaimResult
     from reconciler.base.errors import ConfigError
     from reconciler.model import DesiredState, HostConfig
     from reconciler.plan.actions import Plan
@@ -438,7 +439,7 @@ class ApplySession:
 def viewed_applier(desired: DesiredState, view: dict[str, Any], **kwargs: Any) -> Applier:
     """An applier that plans as ``plan`` does: with a running loop's ``view`` (``loop_view``: the lanes it holds, the
     last converged topology its fallback serves, the seconds to each next attempt). ``kwargs`` go to ``Applier``."""
-    from reconciler.apply import Applier
+    from reconciler.apply.applier import Applier
 
     applier = Applier(desired, hold=view.get("hold"), **kwargs)
     if view:

@@ -135,7 +135,7 @@ def _mcp_shared_memory(addr: str) -> str:
 def test_a_health_url_that_redirects_is_not_healthy() -> None:
     """A loopback health URL answering 302 to another address that answers 200: before, urllib followed it and the
     lane counted as healthy. The probe never follows a redirect now."""
-    from reconciler.apply import _http_ok
+    from reconciler.apply.http_check import _http_ok
 
     hits: list[str] = []
 

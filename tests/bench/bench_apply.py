@@ -146,7 +146,7 @@ timeout_s = {STOP_TIMEOUT_S}
 
     def in_process_round(self) -> float:
         """Enter+leave through ``Applier.converge`` in this process: the loop's path, without process start-up."""
-        from reconciler.apply import Applier
+        from reconciler.apply.applier import Applier
         from reconciler.load.desired import load_desired
 
         total = 0.0

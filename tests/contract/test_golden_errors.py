@@ -1,6 +1,6 @@
 """The ``error.code`` of a JSON error answer made from an exception (``{"error": {"code", "message"}}`` on stdout
 with ``--json``): the code is derived from the exception's class by the same function the command line's JSON
-writer calls (``reconciler.cli.error_code``). The golden (tests/data/golden/errors/codes.json) maps every
+writer calls (``reconciler.cli.common.error_code``). The golden (tests/data/golden/errors/codes.json) maps every
 ReconcilerError subclass, found by walking ``__subclasses__()`` from the root class (so the classes may live in any
 module), to its code, keyed by class name alone: a class renamed, added or removed, or a code derived differently,
 fails. ``GOLDEN_UPDATE=1 pytest tests/contract`` records a change made on purpose.
@@ -14,7 +14,7 @@ import pkgutil
 import reconciler
 from contract.golden import check_json
 from reconciler.base.errors import ReconcilerError
-from reconciler.cli import error_code
+from reconciler.cli.common import error_code
 
 
 def _import_everything() -> None:

@@ -187,7 +187,7 @@ class HostMachine(RuleBasedStateMachine):
 
     def plan_json(self) -> dict[str, Any]:
         """What ``reconciler plan --json`` prints for the simulated host now."""
-        from reconciler.apply import Applier
+        from reconciler.apply.applier import Applier
         from reconciler.load.desired import load_desired
         from sim.seams import sim_observer
 
@@ -673,7 +673,7 @@ class HostMachine(RuleBasedStateMachine):
     @rule()
     def cli_apply(self) -> None:
         """``reconciler apply`` as the command runs it: the plan shown, approved, and only that plan run."""
-        from reconciler.apply import Applier
+        from reconciler.apply.applier import Applier
         from reconciler.base.errors import ReconcilerError
         from reconciler.load.desired import load_desired
 

@@ -28,12 +28,12 @@ from sim.world import SHM_DIR, ApiError, World
 
 
 class Interleaver:
-    """Runs a group's actions (``apply.run_in_threads``'s place) each in a thread of its own, but one at a time: a
-    thread runs only while it holds the turn, and at each seam it calls (an engine request, a read of one process
-    during a /proc scan, an unlink, a sleep, a wait for a lock another action holds) the turn passes to a thread
+    """Runs a group's actions (``reconciler.apply.groups.run_in_threads``'s place) each in a thread of its own, but one
+    at a time: a thread runs only while it holds the turn, and at each seam it calls (an engine request, a read of one
+    process during a /proc scan, an unlink, a sleep, a wait for a lock another action holds) the turn passes to a thread
     drawn from this seed's own random numbers, itself included. Every interleaving at those seams is one a seed can
-    draw, and a run still replays from its seed. A lock the apply layer takes (``Applier``'s guard and files locks)
-    is a ``SimLock``: waiting for it passes the turn, so the holder runs on."""
+    draw, and a run still replays from its seed. A lock the apply layer takes (``Applier``'s guard and files locks) is a
+    ``SimLock``: waiting for it passes the turn, so the holder runs on."""
 
     def __init__(self, world: World):
         self.world = world
@@ -393,7 +393,7 @@ def sim_shm(world: World, cfg: Any, *, containers: Any, docker: Any, settled: An
         for f in sorted(world.files.values(), key=lambda f: f.name)
     )
     used = sum(f.size for f in world.files.values())
-    listing = DirListing(1, 1, entries, Tmpfs(world.tmpfs_size, used, world.tmpfs_size - used))
+    listing = DirListing(1, entries, Tmpfs(world.tmpfs_size, used, world.tmpfs_size - used))
     scan = sim_scan(world)
     if scan.unstable:
         return unavailable_view(
@@ -471,7 +471,8 @@ def sim_observe(world: World, host: Any, *, docker: Any = None, images: Any = ()
 
 
 def _unlink_agreed(world: World) -> Any:
-    from reconciler.apply.shm_guard import KeptFile, LeaseRefused, RemovedFile, lease_kept
+    from reconciler.apply.shm_results import KeptFile, RemovedFile
+    from reconciler.apply.shm_unlink import LeaseRefused, lease_kept
 
     def unlink_agreed(directory: str, dir_id: Any, agreed: Any, *, pattern: str | None = None) -> Any:
         import fnmatch
@@ -483,7 +484,7 @@ def _unlink_agreed(world: World) -> Any:
                 kept.append(KeptFile(f.path, "not a name of shm.dir matching shm.pattern: never removed", "skipped"))
                 continue
             world.point()  # between the inspection and the unlink: another action may run meanwhile
-            # The kernel's write lease (shm_guard.take_lease), from the truth: refused while any process holds it.
+            # The kernel's write lease (shm_unlink.take_lease), from the truth: refused while any process holds it.
             holders = world.lease_refused(f.inode) if name in world.files else []
             if holders:
                 if f.inode in world.held_through_scan:
@@ -523,7 +524,7 @@ def _health(world: World, url: str) -> str | None:
 
 def _listeners(world: World, ports: Any) -> Any:
     """Who listens on each port, as /proc would say: every running container's server, from its start on."""
-    from reconciler.apply import PortHolder
+    from reconciler.apply.ports import PortHolder
     from reconciler.observe.net import TcpListener
 
     view: dict[int, list[Any]] = {port: [] for port in ports}
@@ -533,16 +534,46 @@ def _listeners(world: World, ports: Any) -> Any:
     return view
 
 
+def _seam(mp: pytest.MonkeyPatch, mod: Any, name: str, value: Any) -> None:
+    """Replace ``name`` where ``mod`` binds it; a module that no longer binds it stops the run, so a seam renamed or
+    moved never lets a simulated run reach the real host through the name it missed."""
+    if name not in vars(mod):
+        raise AssertionError(f"simulation seam {mod.__name__}.{name} is missing: patch the name where it lives now")
+    mp.setattr(mod, name, value)
+
+
+def _no_real_seam_left(real: dict[str, Any]) -> None:
+    """Every module of the apply layer binds the simulation's stand-in of each seam, none the real one (a seam a
+    new module imported and the patches below do not name yet)."""
+    import sys
+
+    left = [
+        f"{name}.{attr}"
+        for name, mod in sorted(sys.modules.items())
+        if name.startswith("reconciler.apply") and mod is not None
+        for attr, value in vars(mod).items()
+        if any(value is r for r in real.values())
+    ]
+    if left:
+        raise AssertionError(f"simulation seams left real (they would reach the host): {', '.join(left)}")
+
+
 @contextlib.contextmanager
 def installed(world: World) -> Iterator[str]:
     """Put the world under the project's code; yields a fresh state directory (the caller writes the root)."""
-    import reconciler.apply as apply_mod
+    import reconciler.apply.applier as applier_mod
+    import reconciler.apply.context as context_mod
     import reconciler.apply.docker_ops as ops_mod
+    import reconciler.apply.drain as drain_mod
+    import reconciler.apply.enter as enter_mod
+    import reconciler.apply.groups as groups_mod
+    import reconciler.apply.http_check as http_mod
+    import reconciler.apply.ports as ports_mod
     import reconciler.apply.shm_guard as guard_mod
+    import reconciler.apply.shm_unlink as unlink_mod
     import reconciler.apply.vllm_metrics as gauges_mod
     import reconciler.load.tmpfs as loader_mod
     import reconciler.loop as loop_mod
-    import reconciler.loop.log as log_mod
     from reconciler.plan.observed import Tmpfs
 
     clock = SimTime(world)
@@ -554,54 +585,78 @@ def installed(world: World) -> Iterator[str]:
         mp.setenv("RECONCILER_RUNTIME_DIR", os.path.join(state, "run"))
         os.makedirs(os.path.join(state, "state"), mode=0o700)
         os.makedirs(os.path.join(state, "run"), mode=0o700)
-        for mod in (apply_mod, loop_mod, log_mod, guard_mod, ops_mod):
-            mp.setattr(mod, "time", clock)
-        mp.setattr(apply_mod, "observe", lambda host, docker=None, **kw: sim_observe(world, host, docker=docker, **kw))
+        real = {
+            "observe": context_mod.observe,
+            "run_in_threads": groups_mod.run_in_threads,
+            "_http_ok": http_mod._http_ok,
+            "_http_answer": http_mod._http_answer,
+            "_port_listeners": ports_mod._port_listeners,
+            "read_gauges": gauges_mod.read_gauges,
+            **{
+                name: getattr(guard_mod, name)
+                for name in (
+                    "_inspect",
+                    "_dir_identity",
+                    "path_refusal",
+                    "tmpfs_mount_refusal",
+                    "_unlink_agreed",
+                    "_verify_absent",
+                    "_tmpfs_of",
+                )
+            },
+        }
+        # The clock of every module whose waits a simulated run passes through.
+        for mod in (applier_mod, enter_mod, drain_mod, loop_mod, guard_mod, ops_mod):
+            _seam(mp, mod, "time", clock)
+        _seam(mp, context_mod, "observe", lambda host, docker=None, **kw: sim_observe(world, host, docker=docker, **kw))
         # Actions on disjoint slots run interleaved at their seams, in an order the seed draws (Interleaver).
         sched = Interleaver(world)
         world.sched = sched
-        mp.setattr(apply_mod, "run_in_threads", sched.run)
-        mp.setattr(apply_mod, "threading", _Threading(sched))
-        mp.setattr(apply_mod, "_http_ok", lambda url: _health(world, url) == "ok")
-        mp.setattr(apply_mod, "_http_answer", lambda url, **kw: None if _health(world, url) is None else "HTTP 200")
-        mp.setattr(apply_mod, "_port_listeners", lambda ports: _listeners(world, ports))
-        mp.setattr(gauges_mod, "read_gauges", lambda url, **kw: (0.0, 0.0))
+        for mod in (applier_mod, groups_mod):
+            _seam(mp, mod, "run_in_threads", sched.run)
+        _seam(mp, applier_mod, "threading", _Threading(sched))
+        http_ok = lambda url: _health(world, url) == "ok"  # noqa: E731 - one stand-in, bound where each module names it
+        http_answer = lambda url, **kw: None if _health(world, url) is None else "HTTP 200"  # noqa: E731
+        for mod in (http_mod, enter_mod, drain_mod):
+            _seam(mp, mod, "_http_ok", http_ok)
+        for mod in (http_mod, enter_mod):
+            _seam(mp, mod, "_http_answer", http_answer)
+        _seam(mp, ports_mod, "_port_listeners", lambda ports: _listeners(world, ports))
+        _seam(mp, gauges_mod, "read_gauges", lambda url, **kw: (0.0, 0.0))
         factory = _ObserverFactory(world)
-        mp.setattr(loop_mod, "DockerObserver", factory)
-        mp.setattr(apply_mod, "DockerObserver", factory)
+        _seam(mp, loop_mod, "DockerObserver", factory)
+        _seam(mp, applier_mod, "DockerObserver", factory)
         # The service's own look-ups (``adopt``'s) name the class: its one constructor for a host reads the world too.
         from reconciler.observe.docker_obs import DockerObserver
 
         mp.setattr(DockerObserver, "for_host", classmethod(lambda cls, host: sim_observer(world, host.docker.url)))
-        for name in ("shm_dir_mount_problem",):
-            if hasattr(loader_mod, name):
-                mp.setattr(loader_mod, name, lambda *a, **kw: None)
-        for name in ("tmpfs_size",):
-            if hasattr(loader_mod, name):
-                mp.setattr(loader_mod, name, lambda *a, **kw: world.tmpfs_size)
-        for name in ("tmpfs_free",):
-            if hasattr(loader_mod, name):
-                mp.setattr(loader_mod, name, lambda *a, **kw: world.free_bytes())
+        _seam(mp, loader_mod, "shm_dir_mount_problem", lambda *a, **kw: None)
+        _seam(mp, loader_mod, "tmpfs_size", lambda *a, **kw: world.tmpfs_size)
+        _seam(mp, loader_mod, "tmpfs_free", lambda *a, **kw: world.free_bytes())
 
         def inspect(cfg: Any, observe_docker: Any, proc_root: str, *, settled: Any = ()) -> Any:
             containers, docker = observe_docker()
             return sim_shm(world, cfg, containers=containers, docker=docker, settled=settled)
 
-        mp.setattr(guard_mod, "_inspect", inspect)
-        mp.setattr(guard_mod, "_dir_identity", lambda path: (1, 1))
-        mp.setattr(guard_mod, "path_refusal", _path_refusal(world))
-        mp.setattr(guard_mod, "tmpfs_mount_refusal", lambda *a, **kw: None)
-        mp.setattr(guard_mod, "_unlink_agreed", _unlink_agreed(world))
-        mp.setattr(
-            guard_mod,
-            "_verify_absent",
-            lambda directory, removed: (all(os.path.basename(f.path) not in world.files for f in removed), []),
+        _seam(mp, guard_mod, "_inspect", inspect)
+        _seam(mp, guard_mod, "_dir_identity", lambda path: (1, 1))
+        _seam(mp, guard_mod, "path_refusal", _path_refusal(world))
+        _seam(mp, guard_mod, "tmpfs_mount_refusal", lambda *a, **kw: None)
+        unlink = _unlink_agreed(world)
+        verify = lambda directory, removed: (  # noqa: E731 - one stand-in, bound where each module names it
+            all(os.path.basename(f.path) not in world.files for f in removed),
+            [],
         )
-        mp.setattr(
+        for mod in (guard_mod, unlink_mod):
+            _seam(mp, mod, "_unlink_agreed", unlink)
+            _seam(mp, mod, "_verify_absent", verify)
+        _seam(
+            mp,
             guard_mod,
             "_tmpfs_of",
             lambda path: Tmpfs(world.tmpfs_size, world.tmpfs_size - world.free_bytes(), world.free_bytes()),
         )
+        _no_real_seam_left(real)
         yield state
     finally:
         mp.undo()

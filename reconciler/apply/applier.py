@@ -1,0 +1,389 @@
+"""The apply layer's pass: ``Applier.converge()``, the only part of the tool that changes the host.
+
+One converge pass: observe, plan, execute the first action (or a group of them on disjoint slots, at once),
+observe again and re-plan, until the plan is empty, blocked, or an action failed. Each action has a preflight, the
+act, and a postcondition; an action is done when the new plan has nothing left for it. With an approved plan only
+its steps run. Called by ``reconciler apply`` (through the service) and the loop.
+
+The steps of each action kind are ``Applier``'s bases: ``reconciler.apply.enter`` (with ``.ports``),
+``reconciler.apply.leave`` (with ``.drain``), on the ground of ``reconciler.apply.context``; a reclaim goes
+through the one shm guard (``reconciler.apply.shm_guard``). Everything this layer creates carries the ownership
+labels from the create call on, so an interrupted pass never leaves an unowned container behind.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from reconciler.apply.docker_ops import DockerOps
+from reconciler.apply.enter import EnterSteps
+from reconciler.apply.errors import ActionFailed, ActionRefused, Cancelled
+from reconciler.apply.groups import GroupNotStarted, concurrent_group, run_in_threads, within
+from reconciler.apply.leave import LeaveSteps
+from reconciler.apply.results import NoProgress, Outcome, PassResult, Progress
+from reconciler.base.errors import ReconcilerError
+from reconciler.base.units import human_bytes
+from reconciler.model import DesiredState
+from reconciler.observe.docker_obs import DockerObserver
+from reconciler.plan.actions import Action, ActionKind, Plan
+from reconciler.plan.claims import owner_kind
+from reconciler.plan.enter_checks import enter_needs
+from reconciler.plan.observed import LABEL_CREATE_TOKEN, Observed
+from reconciler.plan.planner import plan
+from reconciler.store.history import expected, record_duration, record_topology
+from reconciler.store.state import ensure_install_id, migrate_created, read_ownership, settle_created
+
+
+class Applier(EnterSteps, LeaveSteps):
+    """Executes plans for one host. One instance per ``apply`` command or per loop."""
+
+    def __init__(
+        self,
+        desired: DesiredState,
+        *,
+        observer: DockerObserver | None = None,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+        hold: Mapping[str, str] | None = None,
+        on_outcome: Callable[[Outcome], None] | None = None,
+        on_reclaim: Callable[[Any], None] | None = None,
+        poll_s: float = 0.2,
+        connect: bool = True,
+    ):
+        """``connect``: reach the engine now and raise ``DockerUnavailable`` ("docker source unavailable at URL:
+        ...") when it does not answer (``reconciler apply``). The loop passes False: its passes observe the engine
+        as a source like any other, report it down and wait for it."""
+        self.desired = desired
+        self.observer = observer or DockerObserver.for_host(desired.host)
+        observer_ = self.observer
+        self.ops = DockerOps(connect=lambda: observer_.api, url=observer_.url, ping=observer_.ping)
+        if connect:
+            self.ops.check()
+        self.progress = progress or NoProgress()
+        self.cancel = cancel or threading.Event()
+        self.hold = dict(hold or {})
+        self.on_outcome = on_outcome
+        # Sees every guarded reclaim's ReclaimResult (the loop counts the files it kept as refusals).
+        self.on_reclaim = on_reclaim
+        self.poll_s = poll_s
+        self._unknown_listeners: dict[str, str] = {}  # container id -> why its ports are not yet its own
+        # The loop's view for the fallback: () -> (last converged topology, seconds to each held lane's next attempt).
+        # None (``reconciler apply``): no fallback; a failed enter leaves its slots as they are.
+        self.fallback_view: Callable[[], tuple[Any, Mapping[str, float]]] | None = None
+        # Each running action's figures, per thread: actions on disjoint slots run at once (``_execute_group``).
+        self._context = threading.local()
+        # The guard stays serial (its two inspections see one deletion at a time), and the state and history files
+        # are read, changed and written by one action at a time.
+        self._guard_lock = threading.Lock()
+        self._files_lock = threading.Lock()
+        # How a group of actions runs: each in a thread of its own. The simulation replaces it with one that runs
+        # them interleaved at their seams in an order its seed draws, so a run replays from its seed.
+        self.run_group: Callable[[list[Callable[[], Outcome]]], list[Outcome]] = run_in_threads
+        # What each observation looks up for the planner's checks of an enter's knowable failures.
+        self._needs = enter_needs(desired)
+
+    def plan_now(self, extra_hold: Mapping[str, str] | None = None) -> tuple[Observed, Plan]:
+        observed = self.observe()
+        return observed, self.plan_of(observed, extra_hold)
+
+    def plan_of(self, observed: Observed, extra_hold: Mapping[str, str] | None = None) -> Plan:
+        """The plan for an observation, with this applier's holds and (in the loop) its fallback view."""
+        last_good, next_attempt = self.fallback_view() if self.fallback_view else ((), {})
+        return plan(
+            self.desired,
+            observed,
+            hold={**self.hold, **(extra_hold or {})},
+            last_good=last_good,
+            next_attempt=next_attempt,
+        )
+
+    def converge(
+        self,
+        *,
+        start: tuple[Observed, Plan] | None = None,
+        max_steps: int | None = None,
+        approved: Plan | None = None,
+    ) -> PassResult:
+        """One pass. ``start`` is an observation and its plan already shown to the operator, to act on as shown.
+
+        With ``approved`` (the plan the operator saw and approved), only its actions run: after each action the
+        host is planned again, and a next step that the approved plan does not hold ends the pass as
+        ``changed`` instead of being done unseen. Without it (the loop) every step of the new plan runs.
+        """
+        t0 = time.monotonic()
+        self._settle_ownership()
+        observed, first = start or self.plan_now()
+        result = self._converge_from(observed, first, max_steps=max_steps, approved=approved)
+        result.seconds = time.monotonic() - t0
+        return result
+
+    def _settle_ownership(self) -> None:
+        """Before a pass acts, under the host lock: the record of the containers this install created is brought up
+        to date (docs/design.md, safety rule 9). An install from before that record records, once, the containers
+        that carry its labels now; a create whose answer was lost gets its container's id recorded (found by its
+        name and create token); ids of containers that are gone are forgotten. Nothing is written while the engine
+        does not answer."""
+        host = self.desired.host.name
+        own = read_ownership(host)
+        if own.install_id is None:
+            return
+        containers, source = self.observer.observe()
+        if not source.ok:
+            return
+        with self._files_lock:
+            if own.created is None:
+                migrate_created(host, [c.id for c in containers if owner_kind(c, host, own) == "ours"])
+            settle_created(host, [(c.id, c.name, c.label(LABEL_CREATE_TOKEN)) for c in containers])
+
+    def _converge_from(
+        self, observed: Observed, first: Plan, *, max_steps: int | None, approved: Plan | None = None
+    ) -> PassResult:
+        if first.unavailable:
+            return PassResult("error", first, first, message=f"{_unavailable(observed)}; nothing changed")
+        if first.blocked and not first.actions:
+            return PassResult("blocked", first, first, message="; ".join(b.reason for b in first.blockers))
+        # Blockers are scoped to their slots (the planner plans nothing on a blocked slot): what they do not touch
+        # runs, and the pass ends blocked.
+        run = _Pass(first, observed, first, limit=max_steps if max_steps is not None else 2 * len(first.actions) + 6)
+        while run.current.actions and len(run.outcomes) < run.limit:
+            if self.cancel.is_set():
+                return run.result("interrupted", "stop requested; nothing left half-owned")
+            group = concurrent_group(run.current.actions)
+            if approved is not None:
+                held = _as_approved(run, approved, group)
+                if isinstance(held, PassResult):
+                    return held
+                group = held
+            stop = self._run_round(run, self._fitted(run, group))
+            if stop is not None:
+                return run.result("interrupted", stop.detail)
+            if run.current.unavailable:
+                break
+        return self._verdict(run)
+
+    def _fitted(self, run: _Pass, group: list[Action]) -> list[Action]:
+        """The group cut to the pass's step limit, and to its first action when together they do not fit the tmpfs
+        (one at a time, each refused on its own)."""
+        group = group[: max(1, run.limit - len(run.outcomes))]
+        if not self._room_for(group, run.observed):
+            group = group[:1]
+        return group
+
+    def _run_round(self, run: _Pass, group: list[Action]) -> Outcome | None:
+        """Run one group, plan the host again, and record each outcome (its postcondition checked against the new
+        plan). Returns the first interrupted outcome, if any: the pass ends there, unplanned again."""
+        started = time.monotonic()
+        done = self._execute_group(group, run.observed)
+        run.observed, run.current = self.plan_now(run.failed)
+        done = [_with_dark(a, o, run.dark_since, started) for a, o in zip(group, done, strict=True)]
+        stop: Outcome | None = None
+        for action, outcome in zip(group, done, strict=True):
+            outcome = _postcondition(action, outcome, run.current)
+            run.outcomes.append(outcome)
+            if self.on_outcome:
+                self.on_outcome(outcome)
+            if outcome.result == "interrupted":
+                stop = stop or outcome
+            if outcome.result in ("failed", "refused"):
+                run.failed[action.key] = f"{action.kind.value} failed in this pass: {outcome.detail}"
+        if stop is not None:
+            return stop
+        # Planned again with the failures held, as the actions themselves reported them (a postcondition that failed
+        # leaves the plan that found it).
+        if any(o.result in ("failed", "refused") for o in done):
+            run.observed, run.current = self.plan_now(run.failed)
+        return None
+
+    def _verdict(self, run: _Pass) -> PassResult:
+        """How a pass that ran its rounds ended; a converged one records its topology (the loop's fallback)."""
+        current = run.current
+        bad = [o for o in run.outcomes if o.result in ("failed", "refused")]
+        if bad:
+            return run.result("failed", "; ".join(o.detail for o in bad))
+        if current.unavailable:
+            # the cause too, as before the first action: the operator reads why the pass stopped here
+            return run.result("error", _unavailable(run.observed, current.unavailable))
+        if current.blocked:
+            return run.result("blocked", "; ".join(b.reason for b in current.blockers))
+        if current.actions:
+            return run.result("failed", f"did not converge after {len(run.outcomes)} actions")
+        if current.held:
+            return run.result("held", "; ".join(h.reason for h in current.held))
+        record_topology(self.desired.host.name, [(a.recipe, a.slots) for a in self.desired.assignments])
+        return run.result("converged")
+
+    def _room_for(self, group: list[Action], observed: Observed) -> bool:
+        """Whether the concurrent enters of ``group`` fit the tmpfs together, with its reserve (each enter's own
+        preflight sees only the room before any of them started)."""
+        need = sum(a.bytes for a in group if a.kind is ActionKind.ENTER and not a.container_id)
+        if len(group) < 2 or not need:
+            return True
+        reserve = self.desired.host.shm.reserve_bytes
+        return observed.shm.tmpfs.free_bytes >= need + reserve
+
+    def _execute_group(self, group: list[Action], observed: Observed) -> list[Outcome]:
+        """Run actions on disjoint slots at once (each with its own preflight, waits and postcondition), or one
+        alone. The outcomes come back in the group's order."""
+        if len(group) == 1:
+            return [self._execute(group[0], observed)]
+        if any(a.kind is ActionKind.ENTER for a in group):
+            ensure_install_id(self.desired.host.name)  # made once, before the threads that would race to make it
+        try:
+            return self.run_group([functools.partial(self._execute, a, observed) for a in group])
+        except GroupNotStarted as exc:
+            # Those that ran have ended (their outcomes stand); those that never ran failed, saying why.
+            return [
+                o if o is not None else Outcome(a, "failed", 0.0, f"not started: {exc}")
+                for a, o in zip(group, exc.results, strict=True)
+            ]
+
+    def _execute(self, action: Action, observed: Observed) -> Outcome:
+        t0 = time.monotonic()
+        refusal = ""
+        self._announce(action)
+        self._context.figures = {}
+        try:
+            if action.kind is ActionKind.ENTER:
+                detail, freed = self.enter(action, observed)
+            elif action.kind is ActionKind.LEAVE:
+                detail, freed = self.leave(action, observed)
+            elif action.kind is ActionKind.PRUNE:
+                detail, freed = self.prune(action, observed)
+            else:
+                detail, freed = self.reclaim(action)
+            result = "ok"
+        except Cancelled as exc:
+            detail, freed, result = str(exc), 0, "interrupted"
+        except ActionRefused as exc:
+            detail, freed, result, refusal = exc.cause, 0, "refused", exc.reason
+        except ActionFailed as exc:
+            detail, freed, result = exc.cause, 0, "failed"
+        except ReconcilerError as exc:
+            detail, freed, result = str(exc), 0, "failed"
+        except Exception as exc:  # noqa: BLE001 - a Docker API error etc.: the action failed, say why
+            detail, freed, result = f"{type(exc).__name__}: {exc}", 0, "failed"
+        seconds = time.monotonic() - t0
+        if result == "ok" and action.recipe and action.kind in (ActionKind.ENTER, ActionKind.LEAVE):
+            with self._files_lock:
+                record_duration(self.desired.host.name, action.recipe, action.kind.value, seconds)
+        self.progress.done(action, result, seconds, detail)
+        return Outcome(action, result, seconds, detail, freed, refusal, extra=dict(self._figures()))
+
+    def reclaim(self, action: Action) -> tuple[str, int]:
+        self.progress.phase(action, "two inspections", timeout=self.desired.host.shm.confirm_interval_s)
+        res = self._guarded_reclaim(only_paths=list(action.paths))
+        if res.refused:
+            why = "offload_container_running" if res.blocking_containers else "source_unavailable"
+            raise ActionRefused(f"reclaim refused: {res.refused}", reason=why)
+        if res.reclaimed and not res.verified:
+            raise ActionFailed(f"reclaim could not verify that {len(res.reclaimed)} removed file(s) are gone")
+        if not res.reclaimed and res.kept:
+            raise ActionFailed("reclaim kept every file: " + "; ".join(f"{k.path}: {k.reason}" for k in res.kept))
+        return f"reclaimed {len(res.reclaimed)} file(s), {human_bytes(res.reclaimed_bytes)}", int(res.reclaimed_bytes)
+
+    def _announce(self, action: Action) -> None:
+        """Tell the progress how long this recipe's earlier enters or leaves took (none for a reclaim)."""
+        expect = getattr(self.progress, "expect", None)
+        if expect is None or action.kind not in (ActionKind.ENTER, ActionKind.LEAVE) or not action.recipe:
+            return
+        past = expected(self.desired.host.name, action.recipe, action.kind.value)
+        expect(action, past[0] if past else None, past[1] if past else 0)
+
+
+@dataclass
+class _Pass:
+    """A converge pass as it goes: the plan it started from, the latest observation and plan, what it did so far."""
+
+    first: Plan
+    observed: Observed
+    current: Plan
+    limit: int  # the most actions it runs
+    outcomes: list[Outcome] = field(default_factory=list)
+    # key -> why: the actions that failed in this pass, held by each later plan of it
+    failed: dict[str, str] = field(default_factory=dict)
+    # When each slot stopped serving in this pass (its old lane's leave began): an enter on it that succeeds
+    # reports the slot's dark time from there.
+    dark_since: dict[str, float] = field(default_factory=dict)
+
+    def result(self, result: str, message: str = "") -> PassResult:
+        return PassResult(result, self.first, self.current, self.outcomes, message)
+
+
+def _as_approved(run: _Pass, approved: Plan, group: list[Action]) -> list[Action] | PassResult:
+    """The group as far as the approved plan holds it, or the end of the pass when its first step is not in it.
+
+    The rest of the group runs only as far as the approved plan holds it; a step it does not hold comes first in a
+    later round and ends the pass there, unseen steps never run."""
+    shown = within(approved, group[0])
+    if shown is not None:
+        return [shown, *(a for a in (within(approved, b) for b in group[1:]) if a is not None)]
+    action = group[0]
+    unseen = (
+        f"the host changed after the plan was shown: the next step ({action.kind.value} "
+        f"{action.key}: {action.reason}) was not in it, so it was not done. "
+        "Run `reconciler plan` to see the new plan"
+    )
+    # A step of the shown plan that failed is the news (a failed enter leaves its crash's file to the next plan,
+    # whose reclaim is such an unseen step): the pass failed, and says both.
+    bad = [o for o in run.outcomes if o.result in ("failed", "refused")]
+    if bad:
+        return run.result("failed", "; ".join([*(o.detail for o in bad), unseen]))
+    return run.result("changed", unseen)
+
+
+def _postcondition(action: Action, outcome: Outcome, current: Plan) -> Outcome:
+    """An action that reported ok is done only when the new plan has nothing left for it; else it failed."""
+    if outcome.result != "ok" or not _still_wanted(action, current):
+        return outcome
+    return Outcome(
+        action,
+        "failed",
+        outcome.seconds,
+        f"postcondition: after the {action.kind.value}, the plan still wants it ({_brief(current)})",
+        outcome.reclaimed_bytes,
+        extra=outcome.extra,
+    )
+
+
+def _unavailable(observed: Observed, names: Iterable[str] = ()) -> str:
+    """A pass's message for sources that did not answer: each with its cause (``names``: the plan's, where the
+    observation holds none)."""
+    down = [f"{s.name} ({s.detail})" for s in observed.unavailable()] or list(names)
+    return "source unavailable: " + ", ".join(down)
+
+
+def _with_dark(action: Action, outcome: Outcome, dark_since: dict[str, float], started: float) -> Outcome:
+    """Record a leave's slots as dark from its start; give a successful enter its slots' dark time."""
+    if action.kind is ActionKind.LEAVE and outcome.result == "ok":
+        for slot in action.gpus:
+            dark_since.setdefault(slot, started)
+        return outcome
+    if action.kind is not ActionKind.ENTER or outcome.result != "ok":
+        return outcome
+    end = started + outcome.seconds
+    dark = {slot: round(end - dark_since.pop(slot, started), 3) for slot in action.gpus}
+    return replace(outcome, extra={**outcome.extra, "dark_s": dark})
+
+
+def _still_wanted(action: Action, current: Plan) -> bool:
+    for a in current.actions:
+        if a.kind is not action.kind:
+            continue
+        if action.kind is ActionKind.LEAVE and a.container_id == action.container_id:
+            return True
+        if action.kind is ActionKind.ENTER and a.key == action.key:
+            return True
+        if action.kind is ActionKind.RECLAIM and set(a.paths) & set(action.paths):
+            return True
+        if action.kind is ActionKind.PRUNE and a.container_id == action.container_id:
+            return True
+    return False
+
+
+def _brief(p: Plan) -> str:
+    return "; ".join(f"{a.kind.value} {a.key}: {a.reason}" for a in p.actions[:3]) or "nothing"
