@@ -9,11 +9,13 @@ record in the audit trail (``reconciler.store.audit``) naming the caller.
 
 This module is the package's one facade: the front-ends import the service from here (``HostService``, the
 ``Caller`` they make, the results the calls return). The parts live in their own modules: ``host_service`` (the
-calls), ``results``, ``caller``, ``status``, ``apply_session``, ``saved_plans``, ``adopt``, ``prune``,
-``loop_view``; ``render`` turns results into text for the command line.
+calls, and the hooks of a loop), ``results``, ``caller``, ``saved_plans``; each longer call in a module of its own,
+which ``HostService`` imports when the call is made (so that a light command such as ``audit`` loads no observer,
+planner or apply layer): ``planning``, ``status``, ``probe``, ``shm``, ``reclaim``, ``apply_session``, ``adopt``,
+``prune``, with ``loop_view`` (a running loop's view, which they plan with). ``render`` turns results into text for
+the command line.
 """
 
-from reconciler.service.apply_session import ApplySession
 from reconciler.service.caller import SINCE_HELP, Caller, parse_since, user_caller
 from reconciler.service.host_service import ActionHooks, HostService
 from reconciler.service.results import (
@@ -24,7 +26,6 @@ from reconciler.service.results import (
     ProbeReport,
     PruneResult,
     ReclaimOutcome,
-    ShmStatusResult,
     StatusResult,
 )
 
@@ -33,7 +34,6 @@ __all__ = [
     "ActionHooks",
     "AdoptResult",
     "ApplyResult",
-    "ApplySession",
     "AuditResult",
     "Caller",
     "HostService",
@@ -41,7 +41,6 @@ __all__ = [
     "ProbeReport",
     "PruneResult",
     "ReclaimOutcome",
-    "ShmStatusResult",
     "StatusResult",
     "parse_since",
     "user_caller",

@@ -7,9 +7,13 @@ the HTTP API, MCP, a saved plan's apply) and ``viewed_applier`` by it and the si
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from reconciler.apply import Applier
 from reconciler.base.redact import redact_data
 from reconciler.plan.fingerprint import (
     FINGERPRINT_VERSION,
@@ -20,9 +24,10 @@ from reconciler.plan.fingerprint import (
     plan_from_json,
 )
 from reconciler.plan.planner import ActionKind
+from reconciler.service.loop_view import loop_view
 
 if TYPE_CHECKING:
-    from reconciler.apply import Applier, PassResult
+    from reconciler.apply import PassResult, Progress
     from reconciler.model import DesiredState
     from reconciler.plan.planner import Plan
     from reconciler.service.host_service import HostService
@@ -98,12 +103,35 @@ class ApplySession:
         return result
 
 
+@contextlib.contextmanager
+def open_session(
+    service: HostService, *, progress: Progress | None = None, cancel: threading.Event | None = None
+) -> Iterator[ApplySession]:
+    """Hold the host for one apply: observe and plan under the lock, then let the caller show, approve, run.
+
+    The plan is made as ``plan`` makes it: with a running loop's view (the lanes it holds in backoff, the last
+    converged topology its fallback serves), so an apply the loop serves (the command line over its socket, the
+    HTTP API, MCP) neither enters a held lane nor takes its fallback down."""
+    files = file_digests(service.root)  # before loading: an edit in between makes the plan look stale, not fresh
+    desired = service.desired()
+    service._host_name = desired.host.name
+    with service.exclusive(desired.host.name, "apply"):
+        hooks = service.hooks
+        view = loop_view(desired.host.name)
+        applier = viewed_applier(
+            desired,
+            view,
+            progress=progress,
+            cancel=cancel,
+            on_outcome=hooks.outcome if hooks else None,
+            on_reclaim=hooks.reclaim if hooks else None,
+        )
+        yield ApplySession(service, applier, files, view)
+
+
 def viewed_applier(desired: DesiredState, view: dict[str, Any], **kwargs: Any) -> Applier:
     """An applier that plans as ``plan`` does: with a running loop's ``view`` (``loop_view``: the lanes it holds, the
     last converged topology its fallback serves, the seconds to each next attempt). ``kwargs`` go to ``Applier``."""
-    # Here, not at the top: ``plan`` and ``status`` never import the apply layer (docs/performance.md, "Start-up").
-    from reconciler.apply import Applier
-
     applier = Applier(desired, hold=view.get("hold"), **kwargs)
     if view:
         last_good, next_attempt = view.get("last_good", ()), view.get("next_attempt", {})

@@ -3,60 +3,42 @@ by which a running loop counts the actions its own front-ends take.
 
 Made by the command line (``reconciler.cli.common``), the HTTP API, MCP and the loop's control socket, each with its
 ``Caller``. Read-only calls (plan, status, probe, shm status, audit) and destructive ones (shm reclaim, apply,
-adopt, prune), the latter serialised with the loop (``exclusive``) and recorded in the audit trail. The longer
-calls live in their own modules: ``status``, ``apply_session``, ``adopt``, ``prune``, ``saved_plans``.
+adopt, prune), the latter serialised with the loop (``exclusive``) and recorded in the audit trail. Each longer
+call lives in a module of its own (``planning``, ``status``, ``probe``, ``shm``, ``reclaim``, ``apply_session``,
+``adopt``, ``prune``), imported when the call is made: a light command such as ``audit`` then loads no observer,
+planner or apply layer, as before (docs/performance.md, "Start-up").
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from reconciler.base.errors import ReconcilerError
 from reconciler.load.loader import load_desired, load_host
-from reconciler.model import PROBE_SUITES, DesiredState, HostConfig
-from reconciler.observe import observe
-from reconciler.observe.docker_obs import DockerObserver
-from reconciler.observe.shm import inspect_shm
-from reconciler.plan.fingerprint import Fingerprint, file_digests, fingerprint
-from reconciler.plan.observed import LABEL_HOST
-from reconciler.plan.planner import enter_needs, plan
-from reconciler.service.adopt import adopt_containers
-from reconciler.service.apply_session import ApplySession, viewed_applier
+from reconciler.plan.fingerprint import Fingerprint
 from reconciler.service.caller import Caller
-from reconciler.service.loop_view import loop_view
-from reconciler.service.prune import prune_kept_failed
-from reconciler.service.results import (
-    AdoptResult,
-    ApplyResult,
-    AuditResult,
-    PlanResult,
-    ProbeReport,
-    PruneResult,
-    ReclaimOutcome,
-    ShmStatusResult,
-    StatusResult,
-)
-from reconciler.service.saved_plans import (
-    PLAN_ID,
-    plan_document,
-    read_plan_document,
-    save_plan,
-    stored_plan_path,
-    write_private,
-)
-from reconciler.service.status import host_status
+from reconciler.service.results import ApplyResult, AuditResult
+from reconciler.service.saved_plans import PLAN_ID, read_plan_document, stored_plan_path
 from reconciler.store.audit import audit_log
 from reconciler.store.lock import HostLock, LockDirUnusable, LockHeld
-from reconciler.store.probe_history import record_suite
-from reconciler.store.state import read_ownership
 
 if TYPE_CHECKING:
     from reconciler.apply import Progress
+    from reconciler.model import DesiredState, HostConfig
+    from reconciler.service.apply_session import ApplySession
+    from reconciler.service.results import (
+        AdoptResult,
+        PlanResult,
+        ProbeReport,
+        PruneResult,
+        ReclaimOutcome,
+        StatusResult,
+    )
+    from reconciler.service.shm import ShmStatusResult
 
 
 @dataclass(frozen=True)
@@ -158,78 +140,31 @@ class HostService:
     def plan(self, *, save: bool = False, out: str | None = None) -> PlanResult:
         """A dry run. ``save`` keeps it under the state dir and gives it a ``plan_id`` (for ``apply_saved``);
         ``out`` writes it to a file (``reconciler plan --out``). Either way with the fingerprint of its inputs."""
-        files = file_digests(self.root)  # before loading: an edit in between makes the saved plan stale
-        desired = self.desired()
-        self._host_name = desired.host.name
-        observed = observe(desired.host, **enter_needs(desired))
-        view = loop_view(desired.host.name)
-        p = plan(desired, observed, **view)
-        fp = fingerprint(files, desired, observed, view)
-        result = PlanResult(desired, observed, p, fingerprint=fp)
-        if save:
-            result.plan_id = save_plan(desired.host.name, p, fp)
-        if out:
-            write_private(out, plan_document(p, fp), files=self.files)
-        return result
+        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
+        from reconciler.service.planning import plan_host
+
+        return plan_host(self, save=save, out=out)
 
     def status(self) -> StatusResult:
+        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
+        from reconciler.service.status import host_status
+
         return host_status(self)
 
     def probe(self, recipe: str, *, suite: str = "preflight") -> ProbeReport:
         """Run one suite of a recipe's probes (``preflight``, ``regression`` or ``all``) against its running lane,
         now, sampling its cards' free VRAM meanwhile. Read-only for the host: nothing is started or stopped; the
         run goes to the audit trail and is kept as the suite's last run (``status``, the metrics)."""
-        # Here, not at the top: no other call imports the apply layer (docs/performance.md, "Start-up").
-        from reconciler.apply.probes import run_suite
+        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
+        from reconciler.service.probe import run_probe
 
-        if suite not in (*PROBE_SUITES, "all"):
-            raise ReconcilerError(f"no probe suite {suite!r}: use {', '.join(PROBE_SUITES)} or all")
-        desired = self.desired()
-        r = desired.recipes.get(recipe)
-        if r is None:
-            raise ReconcilerError(
-                f"no recipe {recipe!r} in configs/recipes/ (known: {', '.join(sorted(desired.recipes))})"
-            )
-        containers, source = DockerObserver.for_host(desired.host).observe()
-        mine = (
-            [
-                c
-                for c in containers
-                if c.recipe == recipe and c.active and not c.preserved and c.label(LABEL_HOST) == desired.host.name
-            ]
-            if source.ok
-            else []
-        )
-        slots = tuple(dict.fromkeys(s for c in mine for s in c.slots if s in desired.host.gpus))
-        run = run_suite(desired, recipe, suite, slots=slots)
-        report = ProbeReport(desired.host.name, recipe, [c.name for c in mine], run.results, run)
-        if run.planned:
-            record_suite(desired.host.name, run.to_json())
-        failed = run.first_failure
-        why = (
-            failed.reason()
-            if failed
-            else run.vram.message()
-            if run.vram.failed
-            else f"{len(run.results)}/{run.planned} probe(s) of suite {suite} passed"
-        )
-        self.record(
-            "probe",
-            target=recipe,
-            suite=suite,
-            outcome="ok" if report.ok else "failed",
-            reason=why,
-            seconds=round(run.seconds, 3),
-            probes=[x.to_json() for x in run.results],
-            vram_under_load=run.vram.to_json(),
-        )
-        return report
+        return run_probe(self, recipe, suite=suite)
 
     def shm_status(self) -> ShmStatusResult:
-        host = self.host()
-        containers, docker = DockerObserver.for_host(host).observe()
-        settled = read_ownership(host.name).healthy
-        return ShmStatusResult(inspect_shm(host.shm, containers=containers, docker=docker, settled=settled))
+        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
+        from reconciler.service.shm import shm_status
+
+        return shm_status(self)
 
     def audit(self, *, since: float | None = None) -> AuditResult:
         host = self.host().name
@@ -239,31 +174,10 @@ class HostService:
 
     def shm_reclaim(self, *, confirm: bool, paths: list[str] | None = None) -> ReclaimOutcome:
         """The guarded cleanup: a dry run unless ``confirm``; with ``paths``, nothing outside them is removed."""
-        # Here, not at the top: no other call imports the apply layer (docs/performance.md, "Start-up").
-        from reconciler.apply.shm_guard import reclaim
+        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
+        from reconciler.service.reclaim import shm_reclaim
 
-        host = self.host()
-        self._host_name = host.name
-        observer = DockerObserver.for_host(host)
-        settled = lambda: read_ownership(host.name).healthy  # noqa: E731 - read afresh for each inspection
-        if not confirm:
-            return ReclaimOutcome(
-                reclaim(host.shm, observe_docker=observer.observe, confirm=False, only_paths=paths, settled=settled)
-            )
-        t0 = time.monotonic()
-        with self.exclusive(host.name, "shm reclaim"):
-            result = reclaim(host.shm, observe_docker=observer.observe, confirm=True, only_paths=paths, settled=settled)
-        if self.hooks:
-            self.hooks.shm_reclaim(result)
-        self.record(
-            "shm-reclaim",
-            outcome="refused" if result.refused else ("ok" if result.ok else "failed"),
-            reason=result.refused or f"{len(result.reclaimed)} orphan offload file(s)",
-            bytes_freed=int(result.reclaimed_bytes),
-            paths=[r.path for r in result.reclaimed],
-            seconds=round(time.monotonic() - t0, 3),
-        )
-        return ReclaimOutcome(result)
+        return shm_reclaim(self, confirm=confirm, paths=paths)
 
     @contextlib.contextmanager
     def apply_session(
@@ -274,29 +188,25 @@ class HostService:
         The plan is made as ``plan`` makes it: with a running loop's view (the lanes it holds in backoff, the last
         converged topology its fallback serves), so an apply the loop serves (the command line over its socket, the
         HTTP API, MCP) neither enters a held lane nor takes its fallback down."""
-        files = file_digests(self.root)  # before loading: an edit in between makes the plan look stale, not fresh
-        desired = self.desired()
-        self._host_name = desired.host.name
-        with self.exclusive(desired.host.name, "apply"):
-            hooks = self.hooks
-            view = loop_view(desired.host.name)
-            applier = viewed_applier(
-                desired,
-                view,
-                progress=progress,
-                cancel=cancel,
-                on_outcome=hooks.outcome if hooks else None,
-                on_reclaim=hooks.reclaim if hooks else None,
-            )
-            yield ApplySession(self, applier, files, view)
+        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
+        from reconciler.service.apply_session import open_session
+
+        with open_session(self, progress=progress, cancel=cancel) as session:
+            yield session
 
     def adopt(self, names: list[str]) -> AdoptResult:
         """Record containers that carry this host's labels but no install id as this install's (logged)."""
+        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
+        from reconciler.service.adopt import adopt_containers
+
         return adopt_containers(self, names)
 
     def prune(self, *, confirm: bool) -> PruneResult:
         """The failed containers of this install kept for their logs: listed (a dry run), or with ``confirm``
         removed, all of them at once, each only while it is still stopped (logged in the audit trail)."""
+        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
+        from reconciler.service.prune import prune_kept_failed
+
         return prune_kept_failed(self, confirm=confirm)
 
     def saved_plan(self, source: str) -> tuple[str, dict[str, Any], Fingerprint]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from reconciler.apply.docker_ops import DockerOps
 from reconciler.base.errors import ReconcilerError
 from reconciler.observe.docker_obs import DockerObserver
 from reconciler.plan.observed import INACTIVE_STATES
@@ -47,10 +48,6 @@ def prune_kept_failed(service: HostService, *, confirm: bool) -> PruneResult:
         return PruneResult(host, False, [describe(c) for c in look()])
     with service.exclusive(host, "prune"):
         found = look()
-        # Here, not at the top: only a confirmed prune writes to the engine, and no other call imports the apply
-        # layer (docs/performance.md, "Start-up").
-        from reconciler.apply.docker_ops import DockerOps
-
         ops = DockerOps(connect=lambda: observer.api, url=observer.url, ping=observer.ping)
         res = PruneResult(host, True, [describe(c) for c in found])
         for c in found:

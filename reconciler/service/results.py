@@ -10,14 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from reconciler.observe.shapes import status_json
-
 if TYPE_CHECKING:
     from reconciler.apply import PassResult
     from reconciler.apply.shm_guard import ReclaimResult
     from reconciler.model import DesiredState
     from reconciler.plan.fingerprint import Fingerprint
-    from reconciler.plan.observed import Observed, ShmView
+    from reconciler.plan.observed import Observed
     from reconciler.plan.planner import Plan
 
 EXIT_OK = 0
@@ -85,18 +83,6 @@ class StatusResult:
         # Like `shm status`: a source the answer needs was down, so part of it is unknown; or the files are invalid
         # (the answer is then against the last valid desired state, and the error is in it).
         return EXIT_ERROR if self.observed.unavailable() or "error" in self.data else EXIT_OK
-
-
-@dataclass
-class ShmStatusResult:
-    view: ShmView
-
-    def to_json(self) -> dict[str, Any]:
-        return status_json(self.view)
-
-    @property
-    def exit_code(self) -> int:
-        return EXIT_OK if self.view.sources_ok else EXIT_ERROR
 
 
 @dataclass

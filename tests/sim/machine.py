@@ -723,7 +723,8 @@ class HostMachine(RuleBasedStateMachine):
         return desired, viewed_applier(desired, view, observer=observer, connect=False), files
 
     def _session(self, applier: Any, files: dict[str, str]) -> Any:
-        from reconciler.service import ApplySession, Caller, HostService
+        from reconciler.service import Caller, HostService
+        from reconciler.service.apply_session import ApplySession
         from reconciler.service.loop_view import loop_view
 
         svc = HostService(str(self.root), caller=Caller("cli", "second terminal"))
