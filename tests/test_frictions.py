@@ -168,7 +168,7 @@ def test_the_audit_table_has_a_header_aligned_columns_the_zone_and_the_failures_
 
 def test_the_apply_summary_names_a_reclaim_once() -> None:
     from reconciler.plan.actions import Action, ActionKind, Plan
-    from reconciler.service import _summary
+    from reconciler.service.apply_session import _summary
 
     p = Plan(host="demo", actions=(Action(ActionKind.RECLAIM, reason="orphans", paths=("/x/a", "/x/b")),))
     assert _summary(p) == "reclaim 2 orphan offload file(s)"

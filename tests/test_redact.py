@@ -240,7 +240,7 @@ def test_gpu_processes_and_the_blocker_built_from_them_carry_no_secret(secret_pr
     from reconciler.observe.gpu import observe_gpus
     from reconciler.plan.observed import Observed, ShmView, Source, Tmpfs
     from reconciler.plan.planner import plan
-    from reconciler.service.render import status_data
+    from reconciler.service.status import status_data
 
     pid = secret_process.pid
     host = HostConfig(name="w", gpus={"a": {"index": 0}}, gpu_telemetry="nvml")

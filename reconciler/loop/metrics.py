@@ -4,7 +4,8 @@ Called by the loop (``reconciler run``): it builds one ``Metrics`` at start, cal
 load, ``observe_state`` after every observe+plan, ``record_pass`` at the end of each pass, ``record_action``,
 ``record_reclaim`` and ``record_refusal`` for what the apply layer's outcomes report (its own passes', and those the
 front-ends it serves take: the HTTP API, MCP and the command line over its socket, through the service's
-``ActionHooks``), and ``set_manifest_valid`` / ``set_backoff`` as they change. The HTTP handler serves ``render()`` with ``CONTENT_TYPE``.
+``ActionHooks``), and ``set_manifest_valid`` / ``set_backoff`` as they change. The HTTP handler serves
+``render()`` with ``CONTENT_TYPE``.
 
 Everything lives on a dedicated ``CollectorRegistry`` (never the process-global one), so tests and the loop can
 hold several instances side by side. Every label combination that is known in advance (pass results, action

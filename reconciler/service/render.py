@@ -11,12 +11,8 @@ from typing import Any, TextIO
 
 from reconciler.base.errors import ConfigProblem, one_line
 from reconciler.base.units import clip, human_bytes, iso_time, own
-from reconciler.model import DesiredState
 from reconciler.plan.actions import Action, ActionKind, Plan
-from reconciler.plan.claims import owner_kind, slot_holders
 from reconciler.plan.observed import Observed
-from reconciler.plan.vram import slot_vram, unlisted_used_bytes
-from reconciler.store.loop_state import read_loop_state
 
 
 class Style:
@@ -154,117 +150,6 @@ def blocked_advice(plan: Plan) -> list[str]:
 
 
 # ---------------------------------------------------------------- status
-
-
-def status_data(desired: DesiredState, observed: Observed, plan: Plan) -> dict[str, Any]:
-    """The JSON of ``reconciler status``: per slot what is desired and what holds it, containers, shm, sources."""
-    held = slot_holders(desired, observed)
-    want = desired.slot_owner()
-    own = observed.ownership
-    whose = {c.id: owner_kind(c, desired.host.name, own) for c in observed.containers}
-    by_id = {c.id: c for c in observed.containers}
-    # What could not be observed is unknown, never "free": without Docker no container is known, and without GPU
-    # telemetry (where the host has it) a process outside any container may hold a slot.
-    blind = [s.name for s in (observed.docker, observed.gpus.source) if not s.ok]
-    slots: dict[str, Any] = {}
-    for slot, gpu in desired.host.gpus.items():
-        holders = held.get(slot, [])
-        view = observed.gpus.slots.get(slot)
-        procs = []
-        for p in view.processes if view else ():
-            owner = by_id.get(p.container_id) if p.container_id else None
-            procs.append(
-                {
-                    "pid": p.pid,
-                    "used_bytes": p.used_bytes,
-                    "container": owner.name if owner else p.container_id,
-                    "command": p.command,
-                    "resolved": p.resolved,
-                }
-            )
-        d = want.get(slot)
-        nvml_ok = observed.gpus.telemetry == "nvml" and observed.gpus.source.ok
-        fig = slot_vram(desired.host, view) if nvml_ok else None
-        unlisted = unlisted_used_bytes(desired.host, view) if nvml_ok and not holders else None
-        slots[slot] = {
-            "desired": d.recipe if d else None,
-            "index": view.index if view and view.index is not None else gpu.index,
-            "uuid": view.uuid if view and view.uuid else gpu.uuid,
-            "name": view.name if view else "",
-            "missing": bool(view and view.missing),
-            "error": view.error if view else "",
-            "memory_total_bytes": view.memory_total_bytes if view else None,
-            "memory_used_bytes": view.memory_used_bytes if view else None,
-            "containers": [
-                {
-                    "name": c.name,
-                    "id": c.id[:12],
-                    "managed": whose[c.id] == "ours",
-                    "owner": whose[c.id],
-                    "recipe": c.recipe,
-                    "state": c.state,
-                    "healthy": c.id in own.healthy,
-                }
-                for c in holders
-            ],
-            "processes": procs,
-            "free": False if holders or procs or unlisted else (None if blind else True),
-            "unknown": blind,
-            "memory_free_bytes": fig.free_bytes if fig else None,
-            "reserve_bytes": fig.reserve_bytes if fig else None,
-            "below_reserve": fig.below_reserve if fig else None,
-            "reserve_policy": desired.reserve_policy(d.recipe if d else None),
-            "unlisted_used_bytes": unlisted,
-            "utilization_percent": view.utilization_percent if view else None,
-        }
-    shm = observed.shm
-    return {
-        "host": desired.host.name,
-        "converged": plan.converged,
-        "manifest": desired.manifest_path,
-        "gpu_telemetry": observed.gpus.telemetry,
-        "gpu_source": observed.gpus.source.detail or observed.gpus.source.render(),
-        # What the driver answers (learnt from its answers): "reported", "not reported" (WSL2), "unknown".
-        "gpu_driver_reports": {
-            "process_memory": observed.gpus.process_memory,
-            "utilization": observed.gpus.utilization,
-        },
-        "sources": {n: v.render() for n, v in observed.sources.items()},
-        "slots": slots,
-        "containers": [
-            {
-                "name": c.name,
-                "id": c.id[:12],
-                "state": c.state,
-                "recipe": c.recipe,
-                "slots": list(c.slots),
-                "recipe_hash": c.recipe_hash,
-                "preserved": c.preserved,
-                "exit_code": c.exit_code,
-                "owner": whose[c.id],
-                "healthy": c.id in own.healthy,
-            }
-            for c in observed.containers
-            if whose[c.id] != "foreign"
-        ],
-        "install_id": own.install_id,
-        "shm": {
-            "dir": shm.dir,
-            "tmpfs": {
-                "size_bytes": shm.tmpfs.size_bytes,
-                "used_bytes": shm.tmpfs.used_bytes,
-                "free_bytes": shm.tmpfs.free_bytes,
-            },
-            "files": {
-                state: {"count": len(shm.by_state(state)), "bytes": sum(f.allocated_bytes for f in shm.by_state(state))}
-                for state in ("owned", "orphan", "blocked")
-            },
-            "deleted_mapped_bytes": shm.deleted_mapped_bytes,
-            "blocking_containers": list(shm.blocking_containers),
-        },
-        "plan": plan.to_json(),
-        "loop": read_loop_state(desired.host.name),
-    }
 
 
 def _whose(c: dict[str, Any]) -> str:

@@ -704,7 +704,8 @@ class HostMachine(RuleBasedStateMachine):
         from reconciler.base.errors import ReconcilerError
         from reconciler.load.desired import load_desired
         from reconciler.plan.fingerprint import file_digests
-        from reconciler.service import loop_view, viewed_applier
+        from reconciler.service.apply_session import viewed_applier
+        from reconciler.service.loop_view import loop_view
 
         w = self.world
         files = file_digests(self.root)
@@ -721,7 +722,9 @@ class HostMachine(RuleBasedStateMachine):
         return desired, viewed_applier(desired, view, observer=observer, connect=False), files
 
     def _session(self, applier: Any, files: dict[str, str]) -> Any:
-        from reconciler.service import ApplySession, Caller, HostService, loop_view
+        from reconciler.service import Caller, HostService
+        from reconciler.service.apply_session import ApplySession
+        from reconciler.service.loop_view import loop_view
 
         svc = HostService(str(self.root), caller=Caller("cli", "second terminal"))
         return ApplySession(svc, applier, files, loop_view(applier.desired.host.name))
@@ -733,7 +736,8 @@ class HostMachine(RuleBasedStateMachine):
         import json
 
         from reconciler.plan.fingerprint import fingerprint
-        from reconciler.service import loop_view, plan_document
+        from reconciler.service.loop_view import loop_view
+        from reconciler.service.saved_plans import plan_document
 
         made = self._desired_and_applier()
         if made is None:

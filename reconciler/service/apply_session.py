@@ -1,0 +1,151 @@
+"""One apply under the host's lock: the plan shown, what changed since, and the run of exactly the approved plan.
+
+``ApplySession`` is made by ``reconciler.service.host_service.HostService.apply_session`` (the command line's apply,
+the HTTP API, MCP, a saved plan's apply) and ``viewed_applier`` by it and the simulation: an applier that plans as
+``plan`` does, with a running loop's view (``reconciler.service.loop_view``). Each run leaves an audit record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from reconciler.apply.applier import Applier
+from reconciler.base.redact import redact_data
+from reconciler.plan.actions import ActionKind
+from reconciler.plan.fingerprint import (
+    FINGERPRINT_VERSION,
+    Fingerprint,
+    file_digests,
+    fingerprint,
+    plan_differences,
+    plan_from_json,
+)
+from reconciler.service.loop_view import loop_view
+
+if TYPE_CHECKING:
+    from reconciler.apply.results import PassResult, Progress
+    from reconciler.model import DesiredState
+    from reconciler.plan.actions import Plan
+    from reconciler.service.host_service import HostService
+
+
+class ApplySession:
+    """One apply under the host's lock: the plan to show, a way to see whether anything changed since it was
+    shown, and ``run()`` to carry out exactly that plan. Made by ``HostService.apply_session``.
+
+    ``approved`` is the plan the operator saw (shown here, or saved earlier): ``run`` passes it to the applier as the
+    contract, and ``refresh``/``changes_since`` compare the plan made now with it, besides the fingerprint."""
+
+    def __init__(self, service: HostService, applier: Applier, files: dict[str, str], view: dict[str, Any]):
+        self.service = service
+        self.applier = applier
+        self.view = view
+        self.observed, self.plan = applier.plan_now()
+        self.shown = fingerprint(files, applier.desired, self.observed, view)
+        self.approved: Plan = self.plan
+        self.started = time.monotonic()
+
+    def changes_since(self, before: Fingerprint, approved: dict[str, Any] | None = None) -> list[str]:
+        """What changed since ``before`` was taken, and, given the approved plan's JSON, how the plan made now
+        differs from it. Taking ``approved`` makes it the plan ``run`` holds to."""
+        if before.version < FINGERPRINT_VERSION:
+            return [
+                f"the plan was saved by an earlier version of reconciler (fingerprint {before.version}, "
+                f"{FINGERPRINT_VERSION} now), which did not record every input of the plan; save it again"
+            ]
+        changes = self.shown.changes_since(before)
+        if approved is not None:
+            changes += plan_differences(approved, redact_data(self.plan.to_json()))
+            try:
+                self.approved = plan_from_json(approved)
+            except ValueError as exc:
+                changes.append(f"the saved plan cannot be read back ({exc}); save it again")
+        return changes
+
+    def refresh(self) -> list[str]:
+        """Observe and plan again; what changed since the plan was shown, the plan itself included (then the new
+        plan is the one to show)."""
+        self.observed, self.plan = self.applier.plan_now()
+        now = fingerprint(file_digests(self.service.root), self.applier.desired, self.observed, self.view)
+        changes = now.changes_since(self.shown)
+        changes += plan_differences(redact_data(self.approved.to_json()), redact_data(self.plan.to_json()))
+        self.shown = now
+        if changes:
+            self.approved = self.plan  # what is shown next
+        return changes
+
+    def run(self, *, source: str = "") -> PassResult:
+        result = self.applier.converge(start=(self.observed, self.plan), approved=self.approved)
+        self.service.record(
+            "apply",
+            outcome=result.result,
+            reason=result.message or _summary(self.plan),
+            seconds=time.monotonic() - self.started,
+            bytes_freed=sum(o.reclaimed_bytes for o in result.outcomes),
+            plan=source,
+            actions=[
+                {
+                    "kind": o.action.kind.value,
+                    "recipe": o.action.recipe,
+                    "gpus": list(o.action.gpus),
+                    "result": o.result,
+                    "seconds": round(o.seconds, 3),
+                    "detail": o.detail,
+                    **o.extra,
+                }
+                for o in result.outcomes
+            ],
+        )
+        return result
+
+
+@contextlib.contextmanager
+def open_session(
+    service: HostService, *, progress: Progress | None = None, cancel: threading.Event | None = None
+) -> Iterator[ApplySession]:
+    """Hold the host for one apply: observe and plan under the lock, then let the caller show, approve, run.
+
+    The plan is made as ``plan`` makes it: with a running loop's view (the lanes it holds in backoff, the last
+    converged topology its fallback serves), so an apply the loop serves (the command line over its socket, the
+    HTTP API, MCP) neither enters a held lane nor takes its fallback down."""
+    files = file_digests(service.root)  # before loading: an edit in between makes the plan look stale, not fresh
+    desired = service.desired()
+    service._host_name = desired.host.name
+    with service.exclusive(desired.host.name, "apply"):
+        hooks = service.hooks
+        view = loop_view(desired.host.name)
+        applier = viewed_applier(
+            desired,
+            view,
+            progress=progress,
+            cancel=cancel,
+            on_outcome=hooks.outcome if hooks else None,
+            on_reclaim=hooks.reclaim if hooks else None,
+        )
+        yield ApplySession(service, applier, files, view)
+
+
+def viewed_applier(desired: DesiredState, view: dict[str, Any], **kwargs: Any) -> Applier:
+    """An applier that plans as ``plan`` does: with a running loop's ``view`` (``loop_view``: the lanes it holds, the
+    last converged topology its fallback serves, the seconds to each next attempt). ``kwargs`` go to ``Applier``."""
+    applier = Applier(desired, hold=view.get("hold"), **kwargs)
+    if view:
+        last_good, next_attempt = view.get("last_good", ()), view.get("next_attempt", {})
+        applier.fallback_view = lambda: (last_good, next_attempt)
+    return applier
+
+
+def _summary(p: Plan) -> str:
+    return (
+        "; ".join(
+            f"reclaim {len(a.paths)} orphan offload file(s)"
+            if a.kind is ActionKind.RECLAIM
+            else f"{a.kind.value} {a.key}"
+            for a in p.actions
+        )
+        or "nothing to do"
+    )

@@ -1,0 +1,243 @@
+"""The calls every front-end makes to a host: ``HostService``, for the host described under a root, and the hooks
+by which a running loop counts the actions its own front-ends take.
+
+Made by the command line (``reconciler.cli.common``), the HTTP API, MCP and the loop's control socket, each with its
+``Caller``. Read-only calls (plan, status, probe, shm status, audit) and destructive ones (shm reclaim, apply,
+adopt, prune), the latter serialised with the loop (``exclusive``) and recorded in the audit trail. Each longer
+call lives in a module of its own (``planning``, ``status``, ``probe``, ``shm``, ``reclaim``, ``apply_session``,
+``adopt``, ``prune``), imported when the call is made: a light command such as ``audit`` then loads no observer,
+planner or apply layer, as before (docs/performance.md, "Start-up").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from reconciler.base.errors import ReconcilerError
+from reconciler.load.desired import load_desired
+from reconciler.load.host_file import load_host
+from reconciler.plan.fingerprint import Fingerprint
+from reconciler.service.caller import Caller
+from reconciler.service.results import ApplyResult, AuditResult
+from reconciler.service.saved_plans import PLAN_ID, read_plan_document, stored_plan_path
+from reconciler.store.audit import audit_log
+from reconciler.store.lock import HostLock, LockDirUnusable, LockHeld
+
+if TYPE_CHECKING:
+    from reconciler.apply.results import Progress
+    from reconciler.model import DesiredState, HostConfig
+    from reconciler.service.apply_session import ApplySession
+    from reconciler.service.results import (
+        AdoptResult,
+        PlanResult,
+        ProbeReport,
+        PruneResult,
+        ReclaimOutcome,
+        StatusResult,
+    )
+    from reconciler.service.shm import ShmStatusResult
+
+
+@dataclass(frozen=True)
+class ActionHooks:
+    """What a running loop counts of the actions its own HTTP API and MCP take in its process, so its metrics
+    (actions, bytes reclaimed, refusals) hold every front-end's work, as the audit trail does: ``outcome`` for each
+    action of an apply, ``reclaim`` for each guarded reclaim inside one, ``shm_reclaim`` for a confirmed
+    ``shm reclaim``."""
+
+    outcome: Callable[[Any], None]
+    reclaim: Callable[[Any], None]
+    shm_reclaim: Callable[[Any], None]
+
+
+class HostService:
+    """The calls every front-end makes, for the host described under ``root``.
+
+    ``pass_lock``: the running loop's lock around each pass, when the loop itself serves this call (the HTTP API and
+    MCP on its listener); destructive calls then wait for the pass to end. Without it (the command line, MCP over
+    stdio) they take the host lock file, and are refused while another process, such as a loop, holds it.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        caller: Caller,
+        pass_lock: contextlib.AbstractContextManager[object] | None = None,
+        hooks: ActionHooks | None = None,
+        files: Any = None,
+    ):
+        self.root = root
+        self.caller = caller
+        self.pass_lock = pass_lock
+        self.hooks = hooks
+        # The caller's files (``plan --out FILE``, ``apply FILE``) when the loop serves a command line for it:
+        # read and written by that process, where it lives (``reconciler.control.ClientFiles``).
+        self.files = files
+
+    # ------------------------------------------------------------ helpers
+
+    def desired(self) -> DesiredState:
+        return load_desired(self.root)
+
+    def host(self) -> HostConfig:
+        return load_host(self.root)
+
+    @contextlib.contextmanager
+    def exclusive(self, host: str, command: str) -> Iterator[None]:
+        """Serialised with the loop: its pass lock in-process, or the host lock file."""
+        if self.pass_lock is not None:
+            with self.pass_lock:
+                yield
+            return
+        try:
+            lock = HostLock(host, command=command).acquire()
+        except (LockHeld, LockDirUnusable) as exc:
+            self.record_refusal(command.replace(" ", "-"), str(exc), host=host)
+            raise
+        try:
+            yield
+        finally:
+            lock.release()
+
+    @contextlib.contextmanager
+    def released(self) -> Iterator[None]:
+        """Inside ``exclusive``: the loop's pass lock given back for the block (a person deciding on a prompt), so
+        the loop's passes go on meanwhile and what they change makes the plan stale; taken again after it. The host
+        lock file of a stand-alone command stays held, as before."""
+        if self.pass_lock is None:
+            yield
+            return
+        self.pass_lock.__exit__(None, None, None)
+        try:
+            yield
+        finally:
+            self.pass_lock.__enter__()
+
+    def record_refusal(self, action: str, reason: str, *, host: str | None = None) -> None:
+        """An action this caller asked for and was refused before anything was done (the host lock held, no
+        approval, a plan file not its own): in the audit trail with why. An audit that cannot be written does not
+        hide the refusal itself."""
+        try:
+            audit_log(host or self._host_name or self.host().name).append(
+                {**self.caller.to_json(), "action": action, "outcome": "refused", "reason": reason}
+            )
+        except ReconcilerError:
+            return
+
+    def record(self, action: str, **fields: Any) -> None:
+        """One audit record of an action by this caller (for the host under ``root``)."""
+        host = self._host_name or self.host().name
+        audit_log(host).append({**self.caller.to_json(), "action": action, **fields})
+
+    _host_name: str | None = None
+
+    # ------------------------------------------------------------ read-only
+
+    def plan(self, *, save: bool = False, out: str | None = None) -> PlanResult:
+        """A dry run. ``save`` keeps it under the state dir and gives it a ``plan_id`` (for ``apply_saved``);
+        ``out`` writes it to a file (``reconciler plan --out``). Either way with the fingerprint of its inputs."""
+        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
+        from reconciler.service.planning import plan_host
+
+        return plan_host(self, save=save, out=out)
+
+    def status(self) -> StatusResult:
+        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
+        from reconciler.service.status import host_status
+
+        return host_status(self)
+
+    def probe(self, recipe: str, *, suite: str = "preflight") -> ProbeReport:
+        """Run one suite of a recipe's probes (``preflight``, ``regression`` or ``all``) against its running lane,
+        now, sampling its cards' free VRAM meanwhile. Read-only for the host: nothing is started or stopped; the
+        run goes to the audit trail and is kept as the suite's last run (``status``, the metrics)."""
+        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
+        from reconciler.service.probe import run_probe
+
+        return run_probe(self, recipe, suite=suite)
+
+    def shm_status(self) -> ShmStatusResult:
+        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
+        from reconciler.service.shm import shm_status
+
+        return shm_status(self)
+
+    def audit(self, *, since: float | None = None) -> AuditResult:
+        host = self.host().name
+        return AuditResult(host, audit_log(host).read(since=since))
+
+    # ------------------------------------------------------------ destructive
+
+    def shm_reclaim(self, *, confirm: bool, paths: list[str] | None = None) -> ReclaimOutcome:
+        """The guarded cleanup: a dry run unless ``confirm``; with ``paths``, nothing outside them is removed."""
+        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
+        from reconciler.service.reclaim import shm_reclaim
+
+        return shm_reclaim(self, confirm=confirm, paths=paths)
+
+    @contextlib.contextmanager
+    def apply_session(
+        self, *, progress: Progress | None = None, cancel: threading.Event | None = None
+    ) -> Iterator[ApplySession]:
+        """Hold the host for one apply: observe and plan under the lock, then let the caller show, approve, run.
+
+        The plan is made as ``plan`` makes it: with a running loop's view (the lanes it holds in backoff, the last
+        converged topology its fallback serves), so an apply the loop serves (the command line over its socket, the
+        HTTP API, MCP) neither enters a held lane nor takes its fallback down."""
+        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
+        from reconciler.service.apply_session import open_session
+
+        with open_session(self, progress=progress, cancel=cancel) as session:
+            yield session
+
+    def adopt(self, names: list[str]) -> AdoptResult:
+        """Record containers that carry this host's labels but no install id as this install's (logged)."""
+        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
+        from reconciler.service.adopt import adopt_containers
+
+        return adopt_containers(self, names)
+
+    def prune(self, *, confirm: bool) -> PruneResult:
+        """The failed containers of this install kept for their logs: listed (a dry run), or with ``confirm``
+        removed, all of them at once, each only while it is still stopped (logged in the audit trail)."""
+        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
+        from reconciler.service.prune import prune_kept_failed
+
+        return prune_kept_failed(self, confirm=confirm)
+
+    def saved_plan(self, source: str) -> tuple[str, dict[str, Any], Fingerprint]:
+        """A saved plan by its ``plan_id`` (from ``plan(save=True)``) or by file path."""
+        if PLAN_ID.match(source):
+            path = stored_plan_path(self.host().name, source)
+            doc, fp = read_plan_document(path)  # the host's own store, not the caller's file
+        else:
+            path = source
+            doc, fp = read_plan_document(path, files=self.files)
+        return path, doc, fp
+
+    def apply_saved(
+        self, source: str, *, progress: Progress | None = None, cancel: threading.Event | None = None
+    ) -> ApplyResult:
+        """Apply exactly a saved plan, refused (``stale``, with what changed) when anything changed since."""
+        try:
+            path, doc, fp = self.saved_plan(source)
+        except ReconcilerError as exc:
+            self.record_refusal("apply", str(exc))
+            raise
+        host = self.host().name
+        if doc.get("host") != host:
+            raise ReconcilerError(f"{path}: a plan for host {doc.get('host')!r}, but {self.root} is host {host!r}")
+        with self.apply_session(progress=progress, cancel=cancel) as s:
+            # The saved plan is the contract: rebuilt, compared with the plan made now, and the one the pass holds to.
+            saved = doc.get("plan")
+            changes = s.changes_since(fp, saved if isinstance(saved, dict) else {"host": host, "actions": None})
+            if changes:
+                message = f"the saved plan {source} is stale"
+                self.record("apply", outcome="stale", reason=message, plan=source, changes=changes[:40])
+                return ApplyResult(host, changes=changes, message=message, now=s.plan, observed=s.observed)
+            return ApplyResult(host, passed=s.run(source=source))

@@ -1,0 +1,38 @@
+"""``reconciler plan``: observe, plan as a running loop would (its view), take the fingerprint of the inputs, and
+keep the plan (``save``: under the host's store, by ``plan_id``) or write it (``out``: ``plan --out FILE``).
+
+Called by ``reconciler.service.host_service.HostService.plan``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from reconciler.observe import observe
+from reconciler.plan.enter_checks import enter_needs
+from reconciler.plan.fingerprint import file_digests, fingerprint
+from reconciler.plan.planner import plan
+from reconciler.service.loop_view import loop_view
+from reconciler.service.results import PlanResult
+from reconciler.service.saved_plans import plan_document, save_plan, write_private
+
+if TYPE_CHECKING:
+    from reconciler.service.host_service import HostService
+
+
+def plan_host(service: HostService, *, save: bool = False, out: str | None = None) -> PlanResult:
+    """A dry run. ``save`` keeps it under the state dir and gives it a ``plan_id`` (for ``apply_saved``);
+    ``out`` writes it to a file (``reconciler plan --out``). Either way with the fingerprint of its inputs."""
+    files = file_digests(service.root)  # before loading: an edit in between makes the saved plan stale
+    desired = service.desired()
+    service._host_name = desired.host.name
+    observed = observe(desired.host, **enter_needs(desired))
+    view = loop_view(desired.host.name)
+    p = plan(desired, observed, **view)
+    fp = fingerprint(files, desired, observed, view)
+    result = PlanResult(desired, observed, p, fingerprint=fp)
+    if save:
+        result.plan_id = save_plan(desired.host.name, p, fp)
+    if out:
+        write_private(out, plan_document(p, fp), files=service.files)
+    return result

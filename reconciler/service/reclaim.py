@@ -1,0 +1,44 @@
+"""``reconciler shm reclaim``: the guarded cleanup of orphan offload files, a dry run unless confirmed; confirmed, it
+is serialised with the loop, counted by a running loop's hooks and audited.
+
+Called by ``reconciler.service.host_service.HostService.shm_reclaim``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from reconciler.apply.shm_guard import reclaim
+from reconciler.observe.docker_obs import DockerObserver
+from reconciler.service.results import ReclaimOutcome
+from reconciler.store.state import read_ownership
+
+if TYPE_CHECKING:
+    from reconciler.service.host_service import HostService
+
+
+def shm_reclaim(service: HostService, *, confirm: bool, paths: list[str] | None = None) -> ReclaimOutcome:
+    """The guarded cleanup: a dry run unless ``confirm``; with ``paths``, nothing outside them is removed."""
+    host = service.host()
+    service._host_name = host.name
+    observer = DockerObserver.for_host(host)
+    settled = lambda: read_ownership(host.name).healthy  # noqa: E731 - read afresh for each inspection
+    if not confirm:
+        return ReclaimOutcome(
+            reclaim(host.shm, observe_docker=observer.observe, confirm=False, only_paths=paths, settled=settled)
+        )
+    t0 = time.monotonic()
+    with service.exclusive(host.name, "shm reclaim"):
+        result = reclaim(host.shm, observe_docker=observer.observe, confirm=True, only_paths=paths, settled=settled)
+    if service.hooks:
+        service.hooks.shm_reclaim(result)
+    service.record(
+        "shm-reclaim",
+        outcome="refused" if result.refused else ("ok" if result.ok else "failed"),
+        reason=result.refused or f"{len(result.reclaimed)} orphan offload file(s)",
+        bytes_freed=int(result.reclaimed_bytes),
+        paths=[r.path for r in result.reclaimed],
+        seconds=round(time.monotonic() - t0, 3),
+    )
+    return ReclaimOutcome(result)

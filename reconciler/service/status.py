@@ -1,0 +1,202 @@
+"""``reconciler status`` as data: what each GPU slot should run and what holds it, the containers, the offload shm,
+the sources, the plan and the loop; measured against the last valid desired state while the files do not validate.
+
+Called by ``reconciler.service.host_service.HostService.status``; the JSON (``status_data``) is the contract of
+docs/design.md, "JSON output", and ``reconciler.service.render.render_status`` turns it into text.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from reconciler.base.errors import ConfigError
+from reconciler.load.desired import _secret_digests
+from reconciler.load.host_file import load_host
+from reconciler.load.recipes import load_recipes
+from reconciler.model import DesiredAssignment, DesiredState
+from reconciler.observe import observe
+from reconciler.plan.actions import Plan
+from reconciler.plan.claims import owner_kind, slot_holders
+from reconciler.plan.enter_checks import enter_needs
+from reconciler.plan.observed import Observed
+from reconciler.plan.planner import plan
+from reconciler.plan.vram import slot_vram, unlisted_used_bytes
+from reconciler.service.loop_view import loop_view
+from reconciler.service.results import StatusResult, error_object, sources_error
+from reconciler.store.history import last_topology
+from reconciler.store.loop_state import read_loop_state
+from reconciler.store.probe_history import last_suites
+
+if TYPE_CHECKING:
+    from reconciler.service.host_service import HostService
+
+
+def status_data(desired: DesiredState, observed: Observed, plan: Plan) -> dict[str, Any]:
+    """The JSON of ``reconciler status``: per slot what is desired and what holds it, containers, shm, sources."""
+    held = slot_holders(desired, observed)
+    want = desired.slot_owner()
+    own = observed.ownership
+    whose = {c.id: owner_kind(c, desired.host.name, own) for c in observed.containers}
+    by_id = {c.id: c for c in observed.containers}
+    # What could not be observed is unknown, never "free": without Docker no container is known, and without GPU
+    # telemetry (where the host has it) a process outside any container may hold a slot.
+    blind = [s.name for s in (observed.docker, observed.gpus.source) if not s.ok]
+    slots: dict[str, Any] = {}
+    for slot, gpu in desired.host.gpus.items():
+        holders = held.get(slot, [])
+        view = observed.gpus.slots.get(slot)
+        procs = []
+        for p in view.processes if view else ():
+            owner = by_id.get(p.container_id) if p.container_id else None
+            procs.append(
+                {
+                    "pid": p.pid,
+                    "used_bytes": p.used_bytes,
+                    "container": owner.name if owner else p.container_id,
+                    "command": p.command,
+                    "resolved": p.resolved,
+                }
+            )
+        d = want.get(slot)
+        nvml_ok = observed.gpus.telemetry == "nvml" and observed.gpus.source.ok
+        fig = slot_vram(desired.host, view) if nvml_ok else None
+        unlisted = unlisted_used_bytes(desired.host, view) if nvml_ok and not holders else None
+        slots[slot] = {
+            "desired": d.recipe if d else None,
+            "index": view.index if view and view.index is not None else gpu.index,
+            "uuid": view.uuid if view and view.uuid else gpu.uuid,
+            "name": view.name if view else "",
+            "missing": bool(view and view.missing),
+            "error": view.error if view else "",
+            "memory_total_bytes": view.memory_total_bytes if view else None,
+            "memory_used_bytes": view.memory_used_bytes if view else None,
+            "containers": [
+                {
+                    "name": c.name,
+                    "id": c.id[:12],
+                    "managed": whose[c.id] == "ours",
+                    "owner": whose[c.id],
+                    "recipe": c.recipe,
+                    "state": c.state,
+                    "healthy": c.id in own.healthy,
+                }
+                for c in holders
+            ],
+            "processes": procs,
+            "free": False if holders or procs or unlisted else (None if blind else True),
+            "unknown": blind,
+            "memory_free_bytes": fig.free_bytes if fig else None,
+            "reserve_bytes": fig.reserve_bytes if fig else None,
+            "below_reserve": fig.below_reserve if fig else None,
+            "reserve_policy": desired.reserve_policy(d.recipe if d else None),
+            "unlisted_used_bytes": unlisted,
+            "utilization_percent": view.utilization_percent if view else None,
+        }
+    shm = observed.shm
+    return {
+        "host": desired.host.name,
+        "converged": plan.converged,
+        "manifest": desired.manifest_path,
+        "gpu_telemetry": observed.gpus.telemetry,
+        "gpu_source": observed.gpus.source.detail or observed.gpus.source.render(),
+        # What the driver answers (learnt from its answers): "reported", "not reported" (WSL2), "unknown".
+        "gpu_driver_reports": {
+            "process_memory": observed.gpus.process_memory,
+            "utilization": observed.gpus.utilization,
+        },
+        "sources": {n: v.render() for n, v in observed.sources.items()},
+        "slots": slots,
+        "containers": [
+            {
+                "name": c.name,
+                "id": c.id[:12],
+                "state": c.state,
+                "recipe": c.recipe,
+                "slots": list(c.slots),
+                "recipe_hash": c.recipe_hash,
+                "preserved": c.preserved,
+                "exit_code": c.exit_code,
+                "owner": whose[c.id],
+                "healthy": c.id in own.healthy,
+            }
+            for c in observed.containers
+            if whose[c.id] != "foreign"
+        ],
+        "install_id": own.install_id,
+        "shm": {
+            "dir": shm.dir,
+            "tmpfs": {
+                "size_bytes": shm.tmpfs.size_bytes,
+                "used_bytes": shm.tmpfs.used_bytes,
+                "free_bytes": shm.tmpfs.free_bytes,
+            },
+            "files": {
+                state: {"count": len(shm.by_state(state)), "bytes": sum(f.allocated_bytes for f in shm.by_state(state))}
+                for state in ("owned", "orphan", "blocked")
+            },
+            "deleted_mapped_bytes": shm.deleted_mapped_bytes,
+            "blocking_containers": list(shm.blocking_containers),
+        },
+        "plan": plan.to_json(),
+        "loop": read_loop_state(desired.host.name),
+    }
+
+
+def host_status(service: HostService) -> StatusResult:
+    """``reconciler status``: per slot what is desired and what holds it, as the loop's view plans it, with the last
+    run of each recipe's probe suites; against the last valid desired state while the files do not validate."""
+    try:
+        desired = service.desired()
+    except ConfigError as exc:
+        return status_of_invalid_files(service.root, exc)
+    observed = observe(desired.host, **enter_needs(desired))
+    data = status_data(desired, observed, plan(desired, observed, **loop_view(desired.host.name)))
+    data["probe_suites"] = last_suites(desired.host.name, set(desired.recipes))
+    if observed.unavailable():
+        data["error"] = sources_error(observed)
+    return StatusResult(data, observed)
+
+
+def status_of_invalid_files(root: str, exc: ConfigError) -> StatusResult:
+    """``status`` while the files do not validate: what the host runs, measured against the last valid desired
+    state (the running loop's, which it keeps acting on; else the last converged topology), with the files'
+    error in the answer (exit 1). Without a valid host file there is nothing to observe by: the error alone."""
+    try:
+        host = load_host(root)
+    except ConfigError:
+        raise exc from None
+    try:
+        recipes = load_recipes(Path(root))
+    except ConfigError:
+        recipes = {}
+    kept = (read_loop_state(host.name) or {}).get("desired")
+    if isinstance(kept, dict):
+        source, manifest = "the running loop's last valid desired state", kept.get("manifest")
+        pairs = [
+            (a.get("recipe"), tuple(a.get("gpus") or ())) for a in kept.get("assignments") or () if isinstance(a, dict)
+        ]
+    else:
+        source, manifest = "the last converged topology (no loop is running)", None
+        pairs = list(last_topology(host.name))
+    assignments = tuple(
+        DesiredAssignment(r, slots, recipes[r].content_hash(), recipes[r].offload.capacity_bytes)
+        for r, slots in pairs
+        if isinstance(r, str) and r in recipes and slots and all(s in host.gpus for s in slots)
+    )
+    desired = DesiredState(
+        host=host,
+        recipes=recipes,
+        assignments=assignments,
+        manifest_path=manifest,
+        secret_digests=_secret_digests(Path(root), host, recipes, []),
+    )
+    observed = observe(host)
+    data = status_data(desired, observed, plan(desired, observed, **loop_view(host.name)))
+    data["desired_from"] = source if pairs else "none: no loop is running and no topology ever converged"
+    data["error"] = error_object(
+        "config_invalid",
+        "the files do not validate; fix them (`reconciler validate` says the same)",
+        problems=[{"path": p.path, "line": p.line, "message": p.message} for p in exc.problems],
+    )
+    return StatusResult(data, observed)
