@@ -508,7 +508,7 @@ def test_a_simulation_seam_its_module_no_longer_binds_stops_the_run_before_it_st
     """A seam renamed or moved must not let a simulated run reach the real host through the name the patches
     missed (here the loader's look-up of the tmpfs size): the run stops at once, naming it."""
     monkeypatch.delattr(loader_mod, "tmpfs_size")
-    missing = r"simulation seam reconciler\.load\.loader\.tmpfs_size is missing"
+    missing = r"simulation seam reconciler\.load\.tmpfs\.tmpfs_size is missing"
     with pytest.raises(AssertionError, match=missing), installed(World(1)):
         pass
 
