@@ -152,7 +152,7 @@ def test_the_schema_passes_the_meta_schema_and_describes_every_field(kind: str) 
             if not prop.get("description"):
                 missing.append(f"{where}.{name}")
     assert not missing, (
-        f"fields without a description (Field(description=...) in reconciler/model/__init__.py): {missing}"
+        f"fields without a description (Field(description=...) in reconciler/model/): {missing}"
     )
 
 

@@ -193,7 +193,7 @@ def main() -> int:
                     return None
 
             applier = Applier(desired, connect=False, progress=Progress())
-            applier._extra = {}
+            applier._context.figures = {}  # this thread's figures, read back below
             out: dict[str, Any] = {"run": name, "policy": desired.reserve_policy(lane.recipe)}
             try:
                 applier._run_probes(action, recipe)
@@ -204,8 +204,8 @@ def main() -> int:
                 out.update(result="failed: ProbeFailed", cause=exc.cause)
             finally:
                 out["held"] = holder.stop() if holder is not None else None
-            out["probes"] = [(p["name"], p["ok"], p["seconds"]) for p in applier._extra.get("probes", [])]
-            out["vram_under_load"] = applier._extra.get("vram_under_load")
+            out["probes"] = [(p["name"], p["ok"], p["seconds"]) for p in applier._figures().get("probes", [])]
+            out["vram_under_load"] = applier._figures().get("vram_under_load")
             return out
 
         idle = enter_verdict("idle", None)

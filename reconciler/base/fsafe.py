@@ -18,7 +18,7 @@ The operator's root (``--root``, its ``configs/``, ``manifests/`` and every file
 same way by ``check_trusted`` and ``check_owner``, called by ``reconciler.load.files``: a recipe decides an image and
 its mounts, so a root another user can write would let that user run anything as root.
 
-Callers: ``reconciler.store.lock`` (the runtime directory: the host lock and the loop's state), ``reconciler.store.state``
+Callers: ``reconciler.store.lock`` and ``reconciler.store.loop_state`` (the runtime directory: the host lock and the loop's state), ``reconciler.store.state``
 (the state directory: install id, ownership, history, saved plans, the audit trail), ``reconciler.store.audit``,
 ``reconciler.service`` (``plan --out`` through ``write_out``, which writes to a terminal or pipe rather than
 replace it; ``apply FILE``), ``reconciler.api.tokens`` (the token) and ``reconciler.load.secrets``.
