@@ -152,3 +152,15 @@ def test_an_import_inside_a_function_says_why() -> None:
     assert unexplained == [], (
         f"imports inside functions without a reason ({', '.join(REASONS)}) beside them:\n  " + "\n  ".join(unexplained)
     )
+
+
+MAX_LINES = 600  # a module past this holds more than one concern: split it by meaning (ruff's C901 bounds functions)
+
+
+def test_no_module_is_over_600_lines() -> None:
+    long = sorted(
+        (n, str(p.relative_to(PKG.parent)))
+        for p in PKG.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    )
+    assert long == [], f"modules over {MAX_LINES} lines: {long}"
