@@ -11,6 +11,8 @@ from reconciler.base.errors import ReconcilerError
 class ApiSetupError(ReconcilerError):
     """The API cannot be served as asked: a token file that is unusable, a remote address without the flag."""
 
+    code = "api_setup"
+
 
 class _BadRequest(Exception):
     pass

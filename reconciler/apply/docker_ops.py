@@ -41,9 +41,13 @@ PRESERVE_NAME_TRIES = 10
 class DockerActionError(ReconcilerError):
     """A Docker call failed for good (permanent error, or the last of the retries)."""
 
+    code = "docker_action"
+
 
 class DockerUnavailable(ReconcilerError):
     """No engine answers at ``docker.url`` (not running, wrong URL, socket not reachable): nothing was attempted."""
+
+    code = "docker_unavailable"
 
     def __init__(self, url: str, cause: BaseException | str):
         self.url = url

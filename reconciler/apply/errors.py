@@ -13,6 +13,8 @@ from reconciler.base.errors import ReconcilerError
 class ActionFailed(ReconcilerError):
     """An action did not reach its postcondition. ``cause`` is what the operator should read first."""
 
+    code = "action_failed"
+
     def __init__(self, cause: str, *, detail: str = ""):
         self.cause = cause
         self.detail = detail
@@ -22,18 +24,26 @@ class ActionFailed(ReconcilerError):
 class BelowReserve(ActionFailed):
     """A lane healthy and settled whose cards report less free VRAM than their reserve, under ``enforce``."""
 
+    code = "below_reserve"
+
 
 class ProbeFailed(ActionFailed):
     """A lane healthy by its health URL that failed one of its recipe's functional probes."""
+
+    code = "probe_failed"
 
 
 class PortSquatted(ActionFailed):
     """A lane's health or probe port is held by a process outside its container: nothing was asked there."""
 
+    code = "port_squatted"
+
 
 class ActionRefused(ActionFailed):
     """A preflight said no (the guard refused a reclaim, no tmpfs room): nothing was attempted. ``reason`` is a
     key of the metrics' refusal reasons."""
+
+    code = "action_refused"
 
     def __init__(self, cause: str, *, reason: str):
         self.reason = reason
@@ -42,3 +52,5 @@ class ActionRefused(ActionFailed):
 
 class Cancelled(ReconcilerError):
     """A stop was requested (SIGINT/SIGTERM); the current action was abandoned at a safe point."""
+
+    code = "cancelled"

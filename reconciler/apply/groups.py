@@ -36,6 +36,8 @@ class GroupNotStarted(ReconcilerError):
     """A thread of a group could not be started: raised by ``run_in_threads`` once every thread it did start has
     ended. ``results``: each call's outcome in the calls' order, None for those that never ran."""
 
+    code = "group_not_started"
+
     def __init__(self, message: str, results: list[Outcome | None]):
         super().__init__(message)
         self.results = results

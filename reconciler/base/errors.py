@@ -6,12 +6,17 @@ that fail are not errors: they are recorded as unavailable ``Source`` values, so
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 
 class ReconcilerError(Exception):
     """Root of all errors raised on purpose by this package. Its text is redacted (``reconciler.base.redact``) wherever
-    it is shown: a message that quotes a URL, a command line or a header never carries the secret in it."""
+    it is shown: a message that quotes a URL, a command line or a header never carries the secret in it.
+
+    ``code`` is the word JSON answers carry as ``error.code``: each class states its own, so that renaming or moving a
+    class changes no contract (tests/contract/test_golden_errors.py lists them all)."""
+
+    code: ClassVar[str] = "error"
 
     def __str__(self) -> str:
         from reconciler.base.redact import redact_text  # start-up: its patterns compile on import; few errors show
@@ -44,6 +49,8 @@ def one_line(text: str) -> str:
 
 class ConfigError(ReconcilerError, ValueError):
     """The configuration or a manifest is invalid; holds every problem found, not only the first."""
+
+    code = "config"
 
     def __init__(self, problems: list[ConfigProblem]):
         self.problems = list(problems)

@@ -43,6 +43,8 @@ _MAX_SYMLINKS = 40  # as the kernel's own limit on a path walk (ELOOP)
 class UnsafePath(ReconcilerError):
     """A directory or file another user could have planted or could change: refused, with the fix."""
 
+    code = "unsafe_path"
+
 
 def _user(uid: int) -> str:
     try:

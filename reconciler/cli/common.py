@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from typing import TYPE_CHECKING, TextIO
 
@@ -129,13 +128,10 @@ def report_config_error(exc: ConfigError, args: argparse.Namespace) -> int:
 
 
 def error_code(exc: BaseException) -> str:
-    """A stable word for an error's kind, from its class: ``LockHeld`` -> ``lock_held``, ``StateError`` ->
-    ``state``; the root class is plain ``error``."""
-
-    name = re.sub(r"Error$", "", type(exc).__name__)
-    if name == "Reconciler" or not name:
-        return "error"
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+    """The stable word for an error's kind: the ``code`` its class states (``LockHeld.code == "lock_held"``);
+    ``error`` for anything else."""
+    code = getattr(type(exc), "code", None)
+    return code if isinstance(code, str) else "error"
 
 
 def report_error(args: argparse.Namespace, code: str, message: str) -> None:

@@ -26,6 +26,8 @@ from reconciler.service import ActionHooks
 class MetricsAddrUnusable(ReconcilerError):
     """``--metrics-addr`` cannot be listened on (in use, not a local address, not HOST:PORT)."""
 
+    code = "metrics_addr_unusable"
+
 
 def _hooks(hosting: Hosting) -> ActionHooks:
     """What the loop counts of the actions a front-end takes in its process."""

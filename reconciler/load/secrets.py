@@ -22,6 +22,7 @@ from reconciler.base.redact import learn_secrets
 
 
 class SecretError(ReconcilerError):
+    code = "secret"
     pass
 
 

@@ -24,6 +24,8 @@ from reconciler.observe.machine import Machine, read_machine
 class InitRefused(ReconcilerError):
     """``init`` found a root already there: nothing was written."""
 
+    code = "init_refused"
+
 
 @dataclass
 class InitResult:

@@ -40,6 +40,8 @@ def runtime_dir(*, create: bool) -> Path:
 
 
 class LockHeld(ReconcilerError):
+    code = "lock_held"
+
     def __init__(self, path: Path, holder: dict[str, object]):
         self.path = path
         self.holder = holder
@@ -50,6 +52,8 @@ class LockHeld(ReconcilerError):
 class LockDirUnusable(ReconcilerError):
     """The lock file cannot be created or opened: its directory is missing and cannot be made, read-only, not a
     directory, or not private to the running user."""
+
+    code = "lock_dir_unusable"
 
     def __init__(self, path: Path, exc: OSError | fsafe.UnsafePath):
         self.path = path

@@ -45,6 +45,7 @@ def host_dir(host: str) -> Path:
 
 
 class StateError(ReconcilerError):
+    code = "state"
     pass
 
 

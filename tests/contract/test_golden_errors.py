@@ -1,5 +1,5 @@
 """The ``error.code`` of a JSON error answer made from an exception (``{"error": {"code", "message"}}`` on stdout
-with ``--json``): the code is derived from the exception's class by the same function the command line's JSON
+with ``--json``): the code each class states (``code``), read by the same function the command line's JSON
 writer calls (``reconciler.cli.common.error_code``). The golden (tests/data/golden/errors/codes.json) maps every
 ReconcilerError subclass, found by walking ``__subclasses__()`` from the root class (so the classes may live in any
 module), to its code, keyed by class name alone: a class renamed, added or removed, or a code derived differently,
@@ -39,3 +39,13 @@ def test_every_error_class_has_its_code() -> None:
     assert len(codes) == len(found), "two error classes share a name: the code of one would be the other's"
     assert codes["ReconcilerError"] == "error" and "ConfigError" in codes, codes
     check_json("errors/codes.json", codes)
+
+
+def test_every_error_class_states_its_code_itself() -> None:
+    """The code is written in the class, never derived from its name: a class renamed or moved keeps its code, and a
+    new class must choose one (an inherited code would answer as its parent's kind)."""
+    _import_everything()
+    unstated = sorted(cls.__name__ for cls in subclasses(ReconcilerError) if "code" not in vars(cls))
+    assert unstated == [], f"error classes without a code of their own: {unstated}"
+    codes = [vars(cls)["code"] for cls in {ReconcilerError, *subclasses(ReconcilerError)}]
+    assert len(codes) == len(set(codes)), f"two error classes share a code: {sorted(codes)}"
