@@ -1,5 +1,6 @@
 """Commands that set a host up: ``reconciler init [--dry-run]`` writes a root from what the machine says (the cards by
-NVML, WSL2, the engine, /dev/shm), never over a file that is there.
+NVML, WSL2, the engine, /dev/shm), never over a file that is there; ``reconciler systemd-unit`` prints the unit that
+runs the loop for this install (the package carries it: ``reconciler/data/reconciler.service``).
 
 Registered by ``reconciler.cli.build_parser``; the service's ``init_root`` does the work, imported when the command
 runs (the start-up budget of every other command).
@@ -8,6 +9,9 @@ runs (the start-up budget of every other command).
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+from importlib.resources import files
 from typing import Any
 
 from reconciler.base.terminal import emit_json
@@ -50,3 +54,60 @@ def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--dry-run", action="store_true", help="say what it found and would write; write nothing")
     p.set_defaults(func=cmd_init)
+    p = sub.add_parser(
+        "systemd-unit",
+        parents=parents,
+        help="print the systemd unit that runs the loop for this install and --root (Type=notify, watchdog, hardening)",
+        description="Print the systemd unit this package carries, its ExecStart naming this install's console script "
+        "(or --exec), --root (made absolute) and --metrics-addr: "
+        "`reconciler --root /etc/reconciler systemd-unit > /etc/systemd/system/reconciler.service`.",
+    )
+    p.add_argument("--exec", metavar="PATH", help="the command to run instead of this install's console script")
+    p.add_argument(
+        "--metrics-addr", default="127.0.0.1:9464", help="the loop's listener (default 127.0.0.1:9464, loopback)"
+    )
+    p.set_defaults(func=cmd_systemd_unit)
+
+
+UNIT_EXEC = "ExecStart=/opt/reconciler/bin/reconciler run --root /etc/reconciler --metrics-addr 127.0.0.1:9464"
+# What systemd would read as a specifier, a variable, a quote or a word break in ExecStart's path arguments.
+_UNSAFE_IN_UNIT = set(" \t\n\"'\\%$;")
+
+
+def this_install() -> str:
+    """The console script of this install (the one beside the running interpreter, as pipx, uv tool and a venv lay
+    it out); else the interpreter with ``-m reconciler``."""
+    script = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "reconciler")
+    return script if os.access(script, os.X_OK) else f"{os.path.abspath(sys.executable)} -m reconciler"
+
+
+def render_unit(template: str, *, exe: str, root: str, metrics_addr: str) -> str:
+    """The shipped unit with ``ExecStart`` naming ``exe``, ``root`` and ``metrics_addr``; refused (ValueError) for a
+    relative root or a value systemd would not read as one word."""
+    if not os.path.isabs(root):
+        raise ValueError(f"--root {root!r}: the unit needs an absolute path (systemd starts in /)")
+    words = (
+        ("the install's path", exe.removesuffix(" -m reconciler")),
+        ("--root", root),
+        ("--metrics-addr", metrics_addr),
+    )
+    for what, value in words:
+        bad = sorted(set(value) & _UNSAFE_IN_UNIT)
+        if bad:
+            raise ValueError(f"{what} {value!r} holds {''.join(bad)!r}, which a unit file would not read as written")
+    if template.count(UNIT_EXEC) != 1:
+        raise ValueError("the shipped unit has no ExecStart line to fill in: reinstall the package")
+    return template.replace(UNIT_EXEC, f"ExecStart={exe} run --root {root} --metrics-addr {metrics_addr}")
+
+
+def cmd_systemd_unit(args: argparse.Namespace) -> int:
+    from reconciler.base.errors import ReconcilerError  # start-up: the command line's other commands never need it
+
+    template = (files("reconciler") / "data" / "reconciler.service").read_text(encoding="utf-8")
+    root = os.path.abspath(args.root)
+    try:
+        text = render_unit(template, exe=args.exec or this_install(), root=root, metrics_addr=args.metrics_addr)
+    except ValueError as exc:
+        raise ReconcilerError(str(exc)) from None
+    print(text, end="", file=console(args).out)
+    return EXIT_OK
