@@ -37,7 +37,7 @@ from e2e_helpers import (
     wait_until,
 )
 
-from reconciler.apply.results import PassResult
+from reconciler.apply.results import Outcome, PassResult
 from reconciler.apply.shm_guard import compare_inspections
 from reconciler.apply.shm_results import KeptFile, ReclaimResult, RemovedFile
 from reconciler.base.errors import ReconcilerError
@@ -662,3 +662,20 @@ def test_a_signal_that_comes_while_the_loop_writes_a_log_line_does_not_deadlock(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[0] == "stopped" and "sighup" in done.stdout, done.stdout
+
+
+def test_every_pass_verdict_has_its_metric_label() -> None:
+    """The two vocabularies held together: each verdict a pass can end with (apply.results.PassVerdict) is counted
+    under one label of reconciler_passes_total{result}, and a pass that converged after changing something is
+    "changed", one that changed nothing "converged"."""
+    from reconciler.apply.results import PASS_VERDICTS
+    from reconciler.loop import _PASS_LABEL, _pass_label
+    from reconciler.loop.metric_families import PASS_RESULTS
+
+    assert set(_PASS_LABEL) == set(PASS_VERDICTS)
+    assert set(_PASS_LABEL.values()) <= set(PASS_RESULTS)
+    empty = Plan(host="h", actions=(), blockers=())
+    done = Outcome(Action(ActionKind.LEAVE, "r", ("a",), "c", (), "why"), "ok", 1.0)
+    assert _pass_label(PassResult("converged", empty, empty)) == "converged"
+    assert _pass_label(PassResult("converged", empty, empty, [done])) == "changed"
+    assert _pass_label(PassResult("changed", empty, empty, [done])) == "failed"

@@ -151,9 +151,7 @@ def test_the_schema_passes_the_meta_schema_and_describes_every_field(kind: str) 
         for name, prop in obj.get("properties", {}).items():
             if not prop.get("description"):
                 missing.append(f"{where}.{name}")
-    assert not missing, (
-        f"fields without a description (Field(description=...) in reconciler/model/): {missing}"
-    )
+    assert not missing, f"fields without a description (Field(description=...) in reconciler/model/): {missing}"
 
 
 def test_every_shipped_file_validates_and_points_at_its_schema() -> None:

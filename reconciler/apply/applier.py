@@ -25,7 +25,7 @@ from reconciler.apply.enter import EnterSteps
 from reconciler.apply.errors import ActionFailed, ActionRefused, Cancelled
 from reconciler.apply.groups import GroupNotStarted, concurrent_group, run_in_threads, within
 from reconciler.apply.leave import LeaveSteps
-from reconciler.apply.results import NoProgress, Outcome, PassResult, Progress
+from reconciler.apply.results import NoProgress, Outcome, OutcomeResult, PassResult, PassVerdict, Progress
 from reconciler.base.errors import ReconcilerError
 from reconciler.base.units import human_bytes
 from reconciler.model import DesiredState
@@ -245,6 +245,7 @@ class Applier(EnterSteps, LeaveSteps):
     def _execute(self, action: Action, observed: Observed) -> Outcome:
         t0 = time.monotonic()
         refusal = ""
+        result: OutcomeResult
         self._announce(action)
         self._context.figures = {}
         try:
@@ -310,7 +311,7 @@ class _Pass:
     # reports the slot's dark time from there.
     dark_since: dict[str, float] = field(default_factory=dict)
 
-    def result(self, result: str, message: str = "") -> PassResult:
+    def result(self, result: PassVerdict, message: str = "") -> PassResult:
         return PassResult(result, self.first, self.current, self.outcomes, message)
 
 

@@ -7,9 +7,16 @@ Made by ``reconciler.apply.applier``; read by the command line, the service, the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 from reconciler.plan.actions import Action, Plan
+
+# The vocabularies of a result, with their JSON strings (a contract: `apply --json`'s "result", the audit trail):
+# one action's, and one pass's. "changed": the host changed after the plan was shown and its next step was not in it.
+OutcomeResult = Literal["ok", "failed", "refused", "interrupted"]
+PassVerdict = Literal["converged", "blocked", "failed", "error", "held", "interrupted", "changed"]
+OUTCOME_RESULTS: tuple[str, ...] = get_args(OutcomeResult)
+PASS_VERDICTS: tuple[str, ...] = get_args(PassVerdict)
 
 
 class Progress(Protocol):
@@ -29,7 +36,7 @@ class NoProgress:
 @dataclass(frozen=True)
 class Outcome:
     action: Action
-    result: str  # "ok" | "failed" | "refused" | "interrupted"
+    result: OutcomeResult
     seconds: float
     detail: str = ""
     reclaimed_bytes: int = 0
@@ -51,7 +58,7 @@ class Outcome:
 
 @dataclass
 class PassResult:
-    result: str  # "converged" | "blocked" | "failed" | "error" | "held" | "interrupted" | "changed"
+    result: PassVerdict
     plan: Plan
     final: Plan
     outcomes: list[Outcome] = field(default_factory=list)

@@ -25,7 +25,7 @@ from typing import Any
 
 from reconciler import __version__
 from reconciler.apply.applier import Applier
-from reconciler.apply.results import Outcome, PassResult
+from reconciler.apply.results import Outcome, PassResult, PassVerdict
 from reconciler.base import sdnotify
 from reconciler.base.errors import ConfigError, ReconcilerError
 from reconciler.base.redact import redact_data
@@ -49,7 +49,24 @@ from reconciler.store.loop_state import clear_loop_state, state_path, write_loop
 # The planner's reason for the leave of a container that stopped by itself ("NAME is exited with code 137").
 _CRASHED = re.compile(r"\bexited with code (-?\d+)")
 # How an apply pass maps to the pass results exported as metrics.
-_PASS_RESULT = {"converged": "converged", "held": "blocked", "blocked": "blocked", "failed": "failed"}
+# A pass's verdict as reconciler_passes_total{result} counts it (loop/metric_families.PASS_RESULTS). Every verdict
+# has its label (tests/test_loop.py holds the two vocabularies together): "held" is blocked; an interrupted pass is
+# an error; the verdict "changed" (the host changed after the plan was shown: exit 1) is failed. The label "changed"
+# is another thing: a pass that converged after it changed something (``_pass_label``).
+_PASS_LABEL: dict[PassVerdict, str] = {
+    "converged": "converged",
+    "held": "blocked",
+    "blocked": "blocked",
+    "failed": "failed",
+    "changed": "failed",
+    "error": "error",
+    "interrupted": "error",
+}
+
+
+def _pass_label(result: PassResult) -> str:
+    label = _PASS_LABEL[result.result]
+    return "changed" if label == "converged" and result.outcomes else label
 
 
 class Loop:
@@ -317,9 +334,7 @@ class Loop:
         self._fallbacks_changed(result.final)
         for reason in pass_refusals(result):
             self.metrics.record_refusal(reason)
-        kind = "error" if result.result in ("error", "interrupted") else _PASS_RESULT[result.result]
-        if kind == "converged" and result.outcomes:
-            kind = "changed"
+        kind = _pass_label(result)
         seconds = time.monotonic() - t0
         self.metrics.record_pass(kind, seconds)
         if result.outcomes or kind != "converged" or "start" in reasons:
