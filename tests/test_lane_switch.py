@@ -18,6 +18,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from e2e_helpers import LoopProcess, Root, wait_until
 
 A, B = "dark-compute-a", "dark-compute-b"
@@ -169,6 +170,7 @@ def test_a_leave_waits_for_two_held_requests_and_the_clients_get_their_answers(r
     assert audit.rc == 0 and "drained 2 request(s)" in json.dumps(audit.data["records"][-1]), audit.data
 
 
+@pytest.mark.safety_rule(7)
 def test_a_drain_that_times_out_stops_the_lane_anyway_and_says_so(root: Root) -> None:
     omni = root.recipe("omni", drain_timeout_s=1.5)
     root.manifest((omni, [B]))

@@ -223,6 +223,7 @@ def test_a_recipe_that_keeps_dying_backs_off_with_growing_gaps(
 # ---------------------------------------------------------------- a broken edit
 
 
+@pytest.mark.safety_rule(8)
 def test_a_broken_manifest_tears_nothing_down_and_is_exported_until_fixed(
     root: Root, start_loop: Callable[..., LoopProcess]
 ) -> None:
@@ -275,6 +276,7 @@ def test_a_broken_manifest_tears_nothing_down_and_is_exported_until_fixed(
 # ---------------------------------------------------------------- one reconciler per host
 
 
+@pytest.mark.safety_rule(8)
 def test_a_second_run_is_refused_by_the_lock_naming_the_holder(
     root: Root, start_loop: Callable[..., LoopProcess]
 ) -> None:

@@ -179,6 +179,7 @@ def kept_reason(result: ReclaimResult, path: Path | str) -> str:
 # ---------------------------------------------------------------- orphans go, verified, bytes reported
 
 
+@pytest.mark.safety_rule(5)
 def test_orphans_are_removed_verified_and_bytes_reported(shm: Path) -> None:
     a = make_file(shm / "vllm_offload_a.mmap", 3 * MIB)
     b = make_file(shm / "vllm_offload_b.mmap", 5 * MIB)
@@ -424,6 +425,7 @@ def test_verification_reports_a_name_that_is_still_there(shm: Path) -> None:
     assert _verify_absent(str(shm), [RemovedFile(str(path), MIB, MIB, st.st_dev, st.st_ino)]) == (True, [])
 
 
+@pytest.mark.safety_rule(5)
 def test_reclaim_is_not_verified_when_a_name_survives_its_unlink(shm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A filesystem that acknowledges the unlink but keeps the name (simulated): the reclaim must say so."""
     path = shm / "vllm_offload_stubborn.mmap"
@@ -650,6 +652,7 @@ def _fake_proc(root: Path, real_file: Path, dev: int, inode: int) -> None:
     (root / "self").mkdir()
 
 
+@pytest.mark.safety_rule(3)
 def test_vanished_pid_is_gone_but_unreadable_pid_fails_closed(shm: Path, tmp_path: Path) -> None:
     path = shm / "vllm_offload_a.mmap"
     st = make_file(path, MIB)
@@ -935,6 +938,7 @@ def _secrets_in(d: Path) -> dict[str, int]:
     return {n: os.stat(d / n).st_ino for n in ("id_rsa", "app.conf")}
 
 
+@pytest.mark.safety_rule(1)
 def test_star_pattern_in_a_scratch_dir_deletes_nothing_and_says_why(tmp_path: Path) -> None:
     scratch = tmp_path / "scratch"  # on the test machine's disk, not a tmpfs
     scratch.mkdir()

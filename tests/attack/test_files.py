@@ -28,6 +28,7 @@ def orphan(root: Root, name: str = "vllm_offload_stale.mmap") -> Path:
     return p
 
 
+@pytest.mark.safety_rule(12)
 def test_a_world_writable_lock_directory_is_refused_and_nothing_is_written_through_it(
     root: Root, attacker: Attacker, public: Path, precious: Path
 ) -> None:
@@ -61,6 +62,7 @@ def test_a_world_writable_lock_directory_is_refused_and_nothing_is_written_throu
     assert stale.exists(), "nothing was reclaimed without a safe lock"
 
 
+@pytest.mark.safety_rule(12)
 def test_a_runtime_directory_planted_by_another_user_is_refused(
     root: Root, attacker: Attacker, public: Path, precious: Path
 ) -> None:
