@@ -17,7 +17,7 @@ from reconciler.load.files import HOST_FILE, RECIPES_DIR
 from reconciler.load.problems import short
 from reconciler.load.recipes import host_ports, recipe_file, recipe_line
 from reconciler.load.yaml_source import yaml_line
-from reconciler.model import DesiredAssignment, HostConfig, Manifest, Recipe, offload_lands_in
+from reconciler.model import AssignmentSpec, DesiredAssignment, HostConfig, Manifest, Recipe, offload_lands_in
 
 
 def offload_placement(root: Path, host: HostConfig, recipes: dict[str, Recipe], problems: list[ConfigProblem]) -> None:
@@ -67,13 +67,61 @@ def manifests_of_host(
     return mine
 
 
+def _check_slots(
+    path: str,
+    a: AssignmentSpec,
+    i: int,
+    topology: str | None,
+    node: yaml.Node | None,
+    host: HostConfig,
+    given: dict[str, int],
+    problems: list[ConfigProblem],
+) -> None:
+    """Each slot of assignment ``i`` is the host's and given to no other assignment of its topology."""
+    label, at = _where(topology, i)
+    for slot in a.gpus:
+        if slot not in host.gpus:
+            problems.append(
+                ConfigProblem(
+                    path,
+                    yaml_line(node, (*at, "gpus")),
+                    f"{label}.gpus: unknown GPU slot {short(slot)}; slots of host {host.name!r}: "
+                    f"{', '.join(host.gpus)} (defined under gpus: in {HOST_FILE})",
+                )
+            )
+        elif slot in given and given[slot] != i:
+            problems.append(
+                ConfigProblem(
+                    path,
+                    yaml_line(node, (*at, "gpus")),
+                    f"{label}.gpus: GPU slot {slot!r} is already given to {_where(topology, given[slot])[0]}; "
+                    "a slot runs one recipe at a time. Remove it from one of them",
+                )
+            )
+        else:
+            given[slot] = i
+
+
+def _where(topology: str | None, i: int) -> tuple[str, tuple[str | int, ...]]:
+    """How a problem names assignment ``i`` of a topology, and its YAML path."""
+    if topology is None:
+        return f"assignments[{i}]", ("assignments", i)
+    return f"topologies.{topology}[{i}]", ("topologies", topology, i)
+
+
 def _port_clashes(
-    path: str, manifest: Manifest, node: yaml.Node | None, recipes: dict[str, Recipe], problems: list[ConfigProblem]
+    path: str,
+    items: list[AssignmentSpec],
+    topology: str | None,
+    node: yaml.Node | None,
+    recipes: dict[str, Recipe],
+    problems: list[ConfigProblem],
 ) -> None:
     """Two lanes of one manifest on the host's network that listen on (or are asked at) one port: the second
     cannot bind it, or its health check and probes would be answered by the first."""
     taken: dict[int, tuple[int, str, str]] = {}  # port -> (assignment, recipe, where its recipe says it)
-    for i, a in enumerate(manifest.assignments):
+    for i, a in enumerate(items):
+        label, at = _where(topology, i)
         recipe = recipes.get(a.recipe)
         if recipe is None:
             continue
@@ -94,8 +142,8 @@ def _port_clashes(
             problems.append(
                 ConfigProblem(
                     path,
-                    yaml_line(node, ("assignments", i, "recipe")),
-                    f"assignments[{i}].recipe: recipe {a.recipe!r} and assignments[{j}]'s recipe {other!r} both "
+                    yaml_line(node, (*at, "recipe")),
+                    f"{label}.recipe: recipe {a.recipe!r} and {_where(topology, j)[0]}'s recipe {other!r} both "
                     f"listen on port {port} of the host's network ({where} in {recipe_file(a.recipe)}; {other_where} "
                     f"in {recipe_file(other)}): one of them could not bind it, or would have its health checked and "
                     f"its probes answered by the other. {fix}",
@@ -115,51 +163,55 @@ def cross_check(
     shm_size: int | None,
     shm_free: int | None = None,
     host_node: yaml.Node | None = None,
+) -> dict[str | None, list[DesiredAssignment]]:
+    """Every topology of the manifest checked against the host and the recipes (``None``: the unnamed one of
+    ``assignments:``), each as the list of assignments it would run."""
+    return {
+        name: _check_topology(
+            path, items, name, node, host, recipes, problems, shm_size=shm_size, shm_free=shm_free, host_node=host_node
+        )
+        for name, items in manifest.named().items()
+    }
+
+
+def _check_topology(
+    path: str,
+    items: list[AssignmentSpec],
+    topology: str | None,
+    node: yaml.Node | None,
+    host: HostConfig,
+    recipes: dict[str, Recipe],
+    problems: list[ConfigProblem],
+    *,
+    shm_size: int | None,
+    shm_free: int | None = None,
+    host_node: yaml.Node | None = None,
 ) -> list[DesiredAssignment]:
     out: list[DesiredAssignment] = []
     given: dict[str, int] = {}
-    for i, a in enumerate(manifest.assignments):
-        line = yaml_line(node, ("assignments", i))
+    for i, a in enumerate(items):
+        label, at = _where(topology, i)
+        line = yaml_line(node, at)
         recipe = recipes.get(a.recipe)
         if recipe is None:
             known = ", ".join(sorted(recipes)) or "none"
             problems.append(
                 ConfigProblem(
                     path,
-                    yaml_line(node, ("assignments", i, "recipe")),
-                    f"assignments[{i}].recipe: unknown recipe {short(a.recipe)}; known recipes: {known} "
+                    yaml_line(node, (*at, "recipe")),
+                    f"{label}.recipe: unknown recipe {short(a.recipe)}; known recipes: {known} "
                     f"(each is a file in {RECIPES_DIR}/NAME.toml)",
                 )
             )
-        for slot in a.gpus:
-            if slot not in host.gpus:
-                problems.append(
-                    ConfigProblem(
-                        path,
-                        yaml_line(node, ("assignments", i, "gpus")),
-                        f"assignments[{i}].gpus: unknown GPU slot {short(slot)}; slots of host {host.name!r}: "
-                        f"{', '.join(host.gpus)} (defined under gpus: in {HOST_FILE})",
-                    )
-                )
-            elif slot in given and given[slot] != i:
-                problems.append(
-                    ConfigProblem(
-                        path,
-                        yaml_line(node, ("assignments", i, "gpus")),
-                        f"assignments[{i}].gpus: GPU slot {slot!r} is already given to assignments[{given[slot]}]; "
-                        "a slot runs one recipe at a time. Remove it from one of them",
-                    )
-                )
-            else:
-                given[slot] = i
+        _check_slots(path, a, i, topology, node, host, given, problems)
         if len(set(a.gpus)) != len(a.gpus):
-            problems.append(ConfigProblem(path, line, f"assignments[{i}].gpus: a slot is listed twice"))
+            problems.append(ConfigProblem(path, line, f"{label}.gpus: a slot is listed twice"))
         if recipe is not None and len(a.gpus) != recipe.tensor_parallel_size:
             problems.append(
                 ConfigProblem(
                     path,
-                    yaml_line(node, ("assignments", i, "gpus")),
-                    f"assignments[{i}].gpus: recipe {a.recipe!r} ({recipe_file(a.recipe)}) has tensor_parallel_size = "
+                    yaml_line(node, (*at, "gpus")),
+                    f"{label}.gpus: recipe {a.recipe!r} ({recipe_file(a.recipe)}) has tensor_parallel_size = "
                     f"{recipe.tensor_parallel_size} and needs exactly that many GPU slots, got {len(a.gpus)}",
                 )
             )
@@ -172,7 +224,7 @@ def cross_check(
                     offload_bytes=recipe.offload.capacity_bytes,
                 )
             )
-    _port_clashes(path, manifest, node, recipes, problems)
+    _port_clashes(path, items, topology, node, recipes, problems)
     need = sum(a.offload_bytes for a in out)
     if need:
         size = shm_size if shm_size is not None else tmpfs.tmpfs_size(host.shm.dir)
@@ -193,8 +245,8 @@ def cross_check(
             problems.append(
                 ConfigProblem(
                     path,
-                    yaml_line(node, ("assignments",)),
-                    f"assignments: the offload lanes need more room than the tmpfs at {host.shm.dir} has: "
+                    yaml_line(node, ("assignments",) if topology is None else ("topologies", topology)),
+                    f"{'assignments' if topology is None else f'topologies.{topology}'}: the offload lanes need more room than the tmpfs at {host.shm.dir} has: "
                     f"their capacities ({each}) add up to {human_bytes(need)}, and with shm.reserve_gib "
                     f"({human_bytes(reserve)}, kept free in {HOST_FILE}) that is {human_bytes(need + reserve)}, "
                     f"but the tmpfs is {human_bytes(size)}{free_now}. Assign fewer or smaller offload lanes "

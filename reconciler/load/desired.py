@@ -72,7 +72,7 @@ def load_desired(
     if problems:
         raise ConfigError(problems)
     manifest_path, manifest, node = mine[0]
-    assignments = cross_check(
+    topologies = cross_check(
         manifest_path,
         manifest,
         node,
@@ -89,10 +89,12 @@ def load_desired(
     return DesiredState(
         host=host,
         recipes=recipes,
-        assignments=tuple(assignments),
+        assignments=tuple(topologies[manifest.topology]),
         manifest_path=manifest_path,
         secret_digests=secret_digests,
         fallback=manifest.fallback,
+        topology=manifest.topology,
+        topologies={n: tuple(a) for n, a in topologies.items() if n is not None},
     )
 
 

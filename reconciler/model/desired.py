@@ -46,6 +46,10 @@ class DesiredState:
     secret_digests: Mapping[str, str] = field(default_factory=dict)
     # The manifest's ``fallback``: whether a held lane's slots serve the last converged topology meanwhile.
     fallback: bool = True
+    # The manifest's named topology that runs (None: its assignments: are the one unnamed topology), and every named
+    # one, each validated as the running one is; ``assignments`` are the running one's.
+    topology: str | None = None
+    topologies: Mapping[str, tuple[DesiredAssignment, ...]] = field(default_factory=dict)
 
     def slot_owner(self) -> dict[str, DesiredAssignment]:
         return {slot: a for a in self.assignments for slot in a.slots}

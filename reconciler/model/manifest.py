@@ -5,7 +5,9 @@ Read by ``reconciler.load.desired``, which checks it against the host file and t
 
 from __future__ import annotations
 
-from pydantic import Field
+import re
+
+from pydantic import Field, model_validator
 
 from reconciler.model.rules import NAME_PATTERN
 from reconciler.model.strict import _pattern, _Strict
@@ -35,10 +37,52 @@ class Manifest(_Strict):
         json_schema_extra=_pattern(NAME_PATTERN),
     )
     assignments: list[AssignmentSpec] = Field(
-        default_factory=list, description="One entry per container; a GPU slot not listed is free (none: all free)."
+        default_factory=list,
+        description="One entry per container; a GPU slot not listed is free (none: all free). Or name topologies "
+        "(topologies: and topology:) instead.",
+    )
+    topologies: dict[str, list[AssignmentSpec]] | None = Field(
+        default=None,
+        description="Named topologies, each a list of assignments as under assignments: (the split, the exclusive "
+        "lane, ...). Every one is validated; only the one named by topology: runs. Not together with assignments:.",
+        json_schema_extra={"propertyNames": {"pattern": NAME_PATTERN}, "minProperties": 1},
+    )
+    topology: str | None = Field(
+        default=None,
+        description="The topology that runs now, a name under topologies:. `reconciler switch NAME` rewrites this "
+        "value alone; editing it by hand is the same desired state.",
+        json_schema_extra=_pattern(NAME_PATTERN),
     )
     fallback: bool = Field(
         default=True,
         description="While a wanted lane's enter failed and waits in backoff, bring back the last converged "
         "topology on the slots it needed (false: leave them empty until the next attempt).",
     )
+
+    @model_validator(mode="after")
+    def _one_form(self) -> Manifest:
+        """Either assignments: or named topologies with the active one's name; never both, never half."""
+        if self.topologies is None:
+            if self.topology is not None:
+                raise ValueError("topology: names a topology, but there is no topologies: map to name it in")
+            return self
+        bad = [n for n in self.topologies if not re.fullmatch(NAME_PATTERN, n)]
+        if bad:
+            raise ValueError(f"topologies: {bad[0]!r} is not a name (lower-case letters, digits, '-', '_' and '.')")
+        if self.assignments:
+            raise ValueError(
+                "assignments: and topologies: together: keep one (assignments: is a single unnamed topology)"
+            )
+        if self.topology is None:
+            raise ValueError(
+                f"topologies: needs topology: NAME, the one that runs now (one of {sorted(self.topologies)})"
+            )
+        if self.topology not in self.topologies:
+            raise ValueError(f"topology: {self.topology!r} is not under topologies: (known: {sorted(self.topologies)})")
+        return self
+
+    def named(self) -> dict[str | None, list[AssignmentSpec]]:
+        """Every topology by name (``None``: the one unnamed topology of assignments:)."""
+        if self.topologies is None:
+            return {None: self.assignments}
+        return {name: items for name, items in self.topologies.items()}
