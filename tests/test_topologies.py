@@ -27,12 +27,17 @@ topologies:
 """
 
 
-@pytest.fixture
-def root(tmp_path: Path, shared_tmpfs: Path) -> Path:
+def demo_root(tmp_path: Path, shm: Path) -> Path:
+    """A copy of the demo's root, its shm.dir on the tmpfs ``shm``."""
     shutil.copytree(DEMO / "configs", tmp_path / "configs")
     shutil.copytree(DEMO / "manifests", tmp_path / "manifests")
-    point_shm_at(tmp_path, shared_tmpfs)
+    point_shm_at(tmp_path, shm)
     return tmp_path
+
+
+@pytest.fixture
+def root(tmp_path: Path, shared_tmpfs: Path) -> Path:
+    return demo_root(tmp_path, shared_tmpfs)
 
 
 def manifest(root: Path, text: str) -> None:

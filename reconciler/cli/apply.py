@@ -211,6 +211,25 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return res.exit_code
 
 
+def cmd_switch(args: argparse.Namespace) -> int:
+    """``reconciler switch NAME [--wait]``: the manifest's topology set to NAME; with ``--wait`` the pass runs now
+    as ``apply --yes`` runs it (and exits as apply does)."""
+    con = console(args)
+    res = service(args).switch(args.name)
+    if args.json and not args.wait:
+        emit_json(res.to_json(), con.out)
+        return res.exit_code
+    if res.changed:
+        print(f"{res.manifest}: topology {res.before} -> {res.after}", file=con.err if args.json else con.out)
+    else:
+        print(f"{res.manifest}: topology is {res.after} already", file=con.err if args.json else con.out)
+    if not args.wait:
+        print("the loop converges it (or run `reconciler apply`)", file=con.err if args.json else con.out)
+        return res.exit_code
+    args.plan_file, args.yes = None, True
+    return cmd_apply(args)
+
+
 def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("apply", parents=parents, help="one converge pass (0 converged, 3 blocked, 1 failed)")
     p.add_argument(
@@ -223,6 +242,17 @@ def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
         "--yes", "-y", action="store_true", help="approve the plan shown without asking (needed without a terminal)"
     )
     p.set_defaults(func=cmd_apply)
+    p = sub.add_parser(
+        "switch",
+        parents=parents,
+        help="run another named topology: set the manifest's topology: to NAME, every other byte kept",
+        description="Set the manifest's topology: to NAME (one of its topologies:), keeping every other byte of the "
+        "file; refused when NAME is unknown or the file changed meanwhile. The loop converges it as it would a hand "
+        "edit; with --wait the pass runs now, as `apply --yes` runs it, and the exit code is apply's.",
+    )
+    p.add_argument("name", metavar="NAME", help="the topology to run")
+    p.add_argument("--wait", action="store_true", help="converge now, as `apply --yes` does (0 converged, 3 blocked)")
+    p.set_defaults(func=cmd_switch)
 
     p = sub.add_parser(
         "adopt",

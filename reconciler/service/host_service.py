@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         StatusResult,
     )
     from reconciler.service.shm import ShmStatusResult
+    from reconciler.service.switch import SwitchResult
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,13 @@ class HostService:
 
         with open_session(self, progress=progress, cancel=cancel) as session:
             yield session
+
+    def switch(self, name: str) -> SwitchResult:
+        """Set the manifest's running topology to ``name`` (its ``topology:`` value alone); the loop converges it."""
+        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
+        from reconciler.service.switch import switch_topology
+
+        return switch_topology(self, name)
 
     def adopt(self, names: list[str]) -> AdoptResult:
         """Record containers that carry this host's labels but no install id as this install's (logged)."""
