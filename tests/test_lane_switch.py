@@ -300,3 +300,26 @@ def test_a_failed_tp2_enter_brings_omni_back_in_the_same_pass_and_the_next_attem
         "probes",
         "stopping",
     } <= phases, phases
+
+
+def test_switch_wait_converges_the_named_topology(root: Root) -> None:
+    """Two named topologies of real fake-vLLM lanes: the split (omni on b) and the TP=2 offload lane on both cards.
+    `reconciler switch exclusive --wait` leaves the split's lane and enters the other (exit 0, as apply); `switch split
+    --wait` brings the split back, and the offload lane's file is reclaimed by its leave."""
+    omni = root.recipe("omni")
+    wide = root.recipe("deepseek-256k-offload", offload_mib=24)
+    root.write_manifest_text(
+        f"host: {root.host}\ntopology: split   # the normal split\ntopologies:\n"
+        f"  split:\n    - recipe: {omni}\n      gpus: [dark-compute-b]\n"
+        f"  exclusive:\n    - recipe: {wide}\n      gpus: [dark-compute-a, dark-compute-b]\n"
+    )
+    assert root.apply().rc == 0
+    assert list(root.running()) == [root.cname(omni, "dark-compute-b")]
+    done = root.cli("switch", "exclusive", "--wait", "--json")
+    assert done.rc == 0, done
+    assert "topology: exclusive   # the normal split" in root.manifest_path.read_text()
+    assert list(root.running()) == [root.cname(wide, "dark-compute-a", "dark-compute-b")]
+    back = root.cli("switch", "split", "--wait")
+    assert back.rc == 0, back
+    assert list(root.running()) == [root.cname(omni, "dark-compute-b")]
+    assert root.shm_files() == [], "the offload lane's leave reclaimed its file"
