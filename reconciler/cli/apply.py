@@ -219,12 +219,12 @@ def cmd_switch(args: argparse.Namespace) -> int:
     if args.json and not args.wait:
         emit_json(res.to_json(), con.out)
         return res.exit_code
-    if res.changed:
-        print(f"{res.manifest}: topology {res.before} -> {res.after}", file=con.err if args.json else con.out)
-    else:
-        print(f"{res.manifest}: topology is {res.after} already", file=con.err if args.json else con.out)
+    # with --wait --json, stdout is apply's JSON answer: the switch's own line goes to stderr
+    note = con.err if args.json else con.out
+    done = f"topology {res.before} -> {res.after}" if res.changed else f"topology is {res.after} already"
+    print(f"{res.manifest}: {done}", file=note)
     if not args.wait:
-        print("the loop converges it (or run `reconciler apply`)", file=con.err if args.json else con.out)
+        print("the loop converges it (or run `reconciler apply`)", file=note)
         return res.exit_code
     args.plan_file, args.yes = None, True
     return cmd_apply(args)

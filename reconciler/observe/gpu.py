@@ -38,13 +38,13 @@ _FIX_NONE = f"on a host without NVIDIA GPUs set 'gpu_telemetry: none' in {HOST_F
 RawNvml = dict[str, Any]
 
 
-def _err(exc: BaseException) -> str:
+def nvml_error(exc: BaseException) -> str:
     """One line naming the NVML error class and its text, e.g. 'NVMLError_DriverNotLoaded: Driver Not Loaded'."""
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _text(value: object) -> str:
+def nvml_text(value: object) -> str:
     # Older nvidia-ml-py releases return bytes for names and UUIDs.
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
@@ -77,27 +77,27 @@ def read_nvml(host: HostConfig) -> RawNvml:
     try:
         pynvml.nvmlInit()
     except Exception as exc:  # noqa: BLE001 - NVMLError_* subclasses, or OSError from the C loader
-        raw["error"] = _err(exc)
+        raw["error"] = nvml_error(exc)
         raw["read_s"] = time.monotonic() - started
         return raw
     try:
         _read_devices(pynvml, host, raw)
     except Exception as exc:  # noqa: BLE001 - the read must never raise; the parse turns this into "unavailable"
-        raw["error"] = _err(exc)
+        raw["error"] = nvml_error(exc)
     finally:
         try:
             pynvml.nvmlShutdown()
         except Exception as exc:  # noqa: BLE001 - a failed shutdown does not spoil what was read
-            raw.setdefault("shutdown_error", _err(exc))
+            raw.setdefault("shutdown_error", nvml_error(exc))
     raw["read_s"] = time.monotonic() - started
     return raw
 
 
 def _read_devices(pynvml: Any, host: HostConfig, raw: RawNvml) -> None:
     try:
-        raw["driver_version"] = _text(pynvml.nvmlSystemGetDriverVersion())
+        raw["driver_version"] = nvml_text(pynvml.nvmlSystemGetDriverVersion())
     except pynvml.NVMLError as exc:
-        raw["driver_version_error"] = _err(exc)
+        raw["driver_version_error"] = nvml_error(exc)
     count = int(pynvml.nvmlDeviceGetCount())
     raw["device_count"] = count
     want_index = {g.index for g in host.gpus.values() if g.index is not None}
@@ -108,13 +108,13 @@ def _read_devices(pynvml: Any, host: HostConfig, raw: RawNvml) -> None:
         try:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         except pynvml.NVMLError as exc:
-            dev["errors"]["handle"] = _err(exc)
+            dev["errors"]["handle"] = nvml_error(exc)
             continue
         for key, call in (("uuid", pynvml.nvmlDeviceGetUUID), ("name", pynvml.nvmlDeviceGetName)):
             try:
-                dev[key] = _text(call(handle))
+                dev[key] = nvml_text(call(handle))
             except pynvml.NVMLError as exc:
-                dev["errors"][key] = _err(exc)
+                dev["errors"][key] = nvml_error(exc)
         if index not in want_index and dev.get("uuid") not in want_uuid and "uuid" in dev:
             continue  # not a configured slot: name and UUID are all anyone needs from it
         try:
@@ -123,12 +123,12 @@ def _read_devices(pynvml: Any, host: HostConfig, raw: RawNvml) -> None:
             dev["memory_used"] = int(mem.used)
             dev["memory_free"] = int(mem.free)
         except pynvml.NVMLError as exc:
-            dev["errors"]["memory"] = _err(exc)
+            dev["errors"]["memory"] = nvml_error(exc)
         try:
             dev["utilization_gpu"] = int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
         except pynvml.NVMLError as exc:
             # Not a failure of the source: WSL2's driver answers N/A (Not Supported) here, and nothing needs it.
-            dev["utilization_error"] = _err(exc)
+            dev["utilization_error"] = nvml_error(exc)
         _read_identity(pynvml, handle, dev)
         try:
             procs = _compute_processes(pynvml, handle)
@@ -137,7 +137,7 @@ def _read_devices(pynvml: Any, host: HostConfig, raw: RawNvml) -> None:
                 for p in procs
             ]
         except pynvml.NVMLError as exc:
-            dev["errors"]["processes"] = _err(exc)
+            dev["errors"]["processes"] = nvml_error(exc)
 
 
 def _read_identity(pynvml: Any, handle: Any, dev: dict[str, Any]) -> None:
@@ -148,13 +148,13 @@ def _read_identity(pynvml: Any, handle: Any, dev: dict[str, Any]) -> None:
     try:
         dev["minor"] = int(pynvml.nvmlDeviceGetMinorNumber(handle))
     except pynvml.NVMLError as exc:
-        errors["minor"] = _err(exc)
+        errors["minor"] = nvml_error(exc)
     try:
         current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
     except pynvml.NVMLError_NotSupported:
         current = 0  # a card without MIG has no MIG devices
     except pynvml.NVMLError as exc:
-        errors["mig"] = _err(exc)
+        errors["mig"] = nvml_error(exc)
         current = None
     if current == 0:
         dev["mig"] = []
@@ -166,10 +166,10 @@ def _read_identity(pynvml: Any, handle: Any, dev: dict[str, Any]) -> None:
                     mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
                 except pynvml.NVMLError_NotFound:
                     continue  # no MIG device at this index
-                migs.append(_text(pynvml.nvmlDeviceGetUUID(mig)))
+                migs.append(nvml_text(pynvml.nvmlDeviceGetUUID(mig)))
             dev["mig"] = migs
         except pynvml.NVMLError as exc:
-            errors["mig"] = _err(exc)
+            errors["mig"] = nvml_error(exc)
     if errors:
         dev["identity_errors"] = errors
 
@@ -492,4 +492,4 @@ def observe_gpus(
     try:
         return parse_nvml(read(host), host, container_of=container_of, command_of=command_of)
     except Exception as exc:  # noqa: BLE001 - fail closed: a malformed answer blocks GPU work, never a whole pass
-        return _unavailable(host, f"NVML answer could not be read: {_err(exc)}")
+        return _unavailable(host, f"NVML answer could not be read: {nvml_error(exc)}")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from reconciler.base.mounts import mount_holding, parse_mountinfo, read_mountinfo
 from reconciler.observe.engine import EngineClient
+from reconciler.observe.gpu import nvml_error, nvml_text
 
 # Where engines listen when nothing says otherwise: Docker's socket, then Podman's rootful one.
 ENGINE_SOCKETS = ("unix:///var/run/docker.sock", "unix:///run/podman/podman.sock")
@@ -70,9 +71,9 @@ def read_cards() -> tuple[tuple[Card, ...], str, str]:
     try:
         pynvml.nvmlInit()
     except Exception as exc:  # noqa: BLE001 - NVMLError_* or OSError from the C loader: no NVIDIA driver here
-        return (), f"NVML did not start ({type(exc).__name__}: {exc}): no NVIDIA driver on this machine", ""
+        return (), f"NVML did not start ({nvml_error(exc)}): no NVIDIA driver on this machine", ""
     try:
-        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        driver = nvml_text(pynvml.nvmlSystemGetDriverVersion())
         cards = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
@@ -80,22 +81,18 @@ def read_cards() -> tuple[tuple[Card, ...], str, str]:
             cards.append(
                 Card(
                     index=i,
-                    uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
-                    name=_text(pynvml.nvmlDeviceGetName(handle)),
+                    uuid=nvml_text(pynvml.nvmlDeviceGetUUID(handle)),
+                    name=nvml_text(pynvml.nvmlDeviceGetName(handle)),
                     memory_bytes=int(memory.total),
                     used_bytes=int(memory.used),
                 )
             )
         return tuple(cards), "", driver
     except Exception as exc:  # noqa: BLE001 - a card that does not answer: say so, write nothing guessed
-        return (), f"NVML failed while listing the cards ({type(exc).__name__}: {exc})", ""
+        return (), f"NVML failed while listing the cards ({nvml_error(exc)})", ""
     finally:
         with contextlib.suppress(Exception):  # what was read stands
             pynvml.nvmlShutdown()
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def read_engines(environ: Mapping[str, str]) -> tuple[tuple[Engine, ...], tuple[str, ...]]:
@@ -103,7 +100,7 @@ def read_engines(environ: Mapping[str, str]) -> tuple[tuple[Engine, ...], tuple[
     candidates: list[tuple[str, str]] = []
     if environ.get("DOCKER_HOST"):
         candidates.append((environ["DOCKER_HOST"], "$DOCKER_HOST"))
-    candidates += [(url, "the default socket") for url in ENGINE_SOCKETS if url not in dict(candidates)]
+    candidates += [(url, "the default socket") for url in ENGINE_SOCKETS if url != environ.get("DOCKER_HOST")]
     found: list[Engine] = []
     tried: list[str] = []
     for url, why in candidates:
