@@ -71,15 +71,67 @@ def test_every_commands_help() -> None:
         check(f"help/{'_'.join(('reconciler', *path))}.txt", text)
 
 
-def test_every_shells_completion() -> None:
+# Bash's own completion machinery run on the script: the words it offers after a command line (COMP_WORDS as bash
+# fills them, the last word the one being completed). What a user's Tab gives is the surface; shtab's rendering of
+# it changes between its releases (1.7 quotes every word, 1.13 none) and is not.
+_COMPLETE = r"""
+source "$1"; shift
+COMP_WORDS=("$@"); COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); COMPREPLY=()
+_shtab_reconciler
+printf '%s\n' "${COMPREPLY[@]}"
+"""
+
+
+def bash_offers(script: Path, *words: str) -> list[str]:
+    """Run where the only file is plan.json, so an argument that completes file names offers that one."""
+    here = script.parent / "cwd"
+    here.mkdir(exist_ok=True)
+    (here / "plan.json").touch()
+    proc = subprocess.run(
+        ["bash", "-c", _COMPLETE, "complete", str(script), "reconciler", *words],
+        capture_output=True,
+        text=True,
+        cwd=here,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode == 0 and not proc.stderr, (words, proc.returncode, proc.stderr)
+    return sorted(w for w in proc.stdout.splitlines() if w)
+
+
+def options_of(help_text: str) -> set[str]:
+    return set(re.findall(r"(?<![\w-])(--?[a-z][a-z0-9-]*)", help_text.split("\n", 1)[1]))
+
+
+def test_every_shells_completion(tmp_path: Path) -> None:
     usage = reconciler("completion", "--help").splitlines()[0]
     m = re.search(r"\{([a-z,]+)\}", usage)
     assert m, usage
     shells = m.group(1).split(",")
     check_lines("completion/SHELLS", shells)
-    for shell in shells:
-        # The script is shtab's rendering of the parser: a release of shtab that writes it otherwise changes it too.
-        check(f"completion/{shell}", reconciler("completion", shell))
+    helps = walk()
+    scripts = {shell: reconciler("completion", shell) for shell in shells}
+
+    # bash: what Tab offers after every command, for a word and for an option, held by a golden file.
+    script = tmp_path / "reconciler.bash"
+    script.write_text(scripts["bash"])
+    offers = []
+    for path in helps:
+        for word in ("", "-"):
+            line = " ".join((*path, word)) if path else word
+            offers.append(f"reconciler {line!r}: {' '.join(bash_offers(script, *path, word))}")
+    offers.append(f"reconciler run --log-format '': {' '.join(bash_offers(script, 'run', '--log-format', ''))}")
+    assert any(o.startswith("reconciler 'shm ': reclaim status") for o in offers), offers
+    check("completion/bash.txt", "".join(f"{o}\n" for o in offers))
+
+    # Every shell's script names every command and every option the help lists (zsh's own completion system is not
+    # run here: it needs an interactive zsh with compinit).
+    for shell, text in scripts.items():
+        for path, help_text in helps.items():
+            for name in (*path[-1:], *sorted(options_of(help_text))):
+                assert name in text, (
+                    f"`reconciler completion {shell}` never names {name!r} (of reconciler {' '.join(path)})"
+                )
 
 
 def test_the_published_schemas_are_what_schema_prints_byte_for_byte() -> None:
