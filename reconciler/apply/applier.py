@@ -21,11 +21,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from reconciler.apply.docker_ops import DockerOps
-from reconciler.apply.enter import EnterSteps
 from reconciler.apply.errors import ActionFailed, ActionRefused, Cancelled
 from reconciler.apply.groups import GroupNotStarted, concurrent_group, run_in_threads, within
-from reconciler.apply.leave import LeaveSteps
 from reconciler.apply.results import NoProgress, Outcome, OutcomeResult, PassResult, PassVerdict, Progress
+from reconciler.apply.sleep import SleepSteps
 from reconciler.base.errors import ReconcilerError
 from reconciler.base.units import human_bytes
 from reconciler.model import DesiredState
@@ -39,7 +38,7 @@ from reconciler.store.history import expected, record_duration, record_topology
 from reconciler.store.state import ensure_install_id, migrate_created, read_ownership, settle_created
 
 
-class Applier(EnterSteps, LeaveSteps):
+class Applier(SleepSteps):
     """Executes plans for one host. One instance per ``apply`` command or per loop."""
 
     def __init__(
@@ -255,6 +254,10 @@ class Applier(EnterSteps, LeaveSteps):
                 detail, freed = self.leave(action, observed)
             elif action.kind is ActionKind.PRUNE:
                 detail, freed = self.prune(action, observed)
+            elif action.kind is ActionKind.SLEEP:
+                detail, freed = self.sleep_lane(action, observed)
+            elif action.kind is ActionKind.WAKE:
+                detail, freed = self.wake_lane(action, observed)
             else:
                 detail, freed = self.reclaim(action)
             result = "ok"
@@ -269,7 +272,7 @@ class Applier(EnterSteps, LeaveSteps):
         except Exception as exc:  # noqa: BLE001 - a Docker API error etc.: the action failed, say why
             detail, freed, result = f"{type(exc).__name__}: {exc}", 0, "failed"
         seconds = time.monotonic() - t0
-        if result == "ok" and action.recipe and action.kind in (ActionKind.ENTER, ActionKind.LEAVE):
+        if result == "ok" and action.recipe and action.kind in _TIMED:
             with self._files_lock:
                 record_duration(self.desired.host.name, action.recipe, action.kind.value, seconds)
         self.progress.done(action, result, seconds, detail)
@@ -290,10 +293,14 @@ class Applier(EnterSteps, LeaveSteps):
     def _announce(self, action: Action) -> None:
         """Tell the progress how long this recipe's earlier enters or leaves took (none for a reclaim)."""
         expect = getattr(self.progress, "expect", None)
-        if expect is None or action.kind not in (ActionKind.ENTER, ActionKind.LEAVE) or not action.recipe:
+        if expect is None or action.kind not in _TIMED or not action.recipe:
             return
         past = expected(self.desired.host.name, action.recipe, action.kind.value)
         expect(action, past[0] if past else None, past[1] if past else 0)
+
+
+# The kinds whose earlier durations give the progress its expected time.
+_TIMED = (ActionKind.ENTER, ActionKind.LEAVE, ActionKind.SLEEP, ActionKind.WAKE)
 
 
 @dataclass
@@ -359,12 +366,13 @@ def _unavailable(observed: Observed, names: Iterable[str] = ()) -> str:
 
 
 def _with_dark(action: Action, outcome: Outcome, dark_since: dict[str, float], started: float) -> Outcome:
-    """Record a leave's slots as dark from its start; give a successful enter its slots' dark time."""
-    if action.kind is ActionKind.LEAVE and outcome.result == "ok":
+    """Record a leave's or a sleep's slots as dark from its start; give a successful enter or wake its slots' dark
+    time."""
+    if action.kind in (ActionKind.LEAVE, ActionKind.SLEEP) and outcome.result == "ok":
         for slot in action.gpus:
             dark_since.setdefault(slot, started)
         return outcome
-    if action.kind is not ActionKind.ENTER or outcome.result != "ok":
+    if action.kind not in (ActionKind.ENTER, ActionKind.WAKE) or outcome.result != "ok":
         return outcome
     end = started + outcome.seconds
     dark = {slot: round(end - dark_since.pop(slot, started), 3) for slot in action.gpus}
@@ -382,6 +390,8 @@ def _still_wanted(action: Action, current: Plan) -> bool:
         if action.kind is ActionKind.RECLAIM and set(a.paths) & set(action.paths):
             return True
         if action.kind is ActionKind.PRUNE and a.container_id == action.container_id:
+            return True
+        if action.kind in (ActionKind.SLEEP, ActionKind.WAKE) and a.key == action.key:
             return True
     return False
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from typing import NoReturn
 
 from reconciler.apply import pagecache
 from reconciler.apply.docker_ops import create_spec
@@ -26,6 +27,7 @@ from reconciler.plan.actions import Action
 from reconciler.plan.claims import slot_holders
 from reconciler.plan.observed import ENDED_STATES, LABEL_CREATE_TOKEN, Observed
 from reconciler.plan.vram import ReserveVerdict, enter_reserve_verdict
+from reconciler.store.lane_memory import record_lane_memory
 from reconciler.store.state import ensure_install_id, mark_healthy, record_created, record_pending
 
 
@@ -119,6 +121,8 @@ class EnterSteps(PortChecks):
         containers, docker_ok = self.observer.observe()
         with self._files_lock:
             mark_healthy(self.desired.host.name, cid, existing=[c.id for c in containers] if docker_ok.ok else None)
+        if recipe.sleep is not None:
+            self._record_memory(cid, "awake", after)
         detail = f"{action.container} healthy on {','.join(slots)}"
         if freed:
             detail += f" (reclaimed {human_bytes(freed)} of orphan offload files first)"
@@ -130,6 +134,21 @@ class EnterSteps(PortChecks):
         if under.get("below"):
             detail += f"; under its preflight's load {', '.join(under['below'])} fell below the reserve (policy report)"
         return detail, freed
+
+    def _record_memory(self, cid: str, how: str, observed: Observed) -> dict[str, int]:
+        """What the lane's processes hold on each card now (NVML only), recorded for its next wake's check."""
+        gpus = observed.gpus
+        if gpus.telemetry != "nvml" or not gpus.source.ok:
+            return {}
+        held = {
+            slot: sum(p.used_bytes or 0 for p in view.processes if p.container_id == cid)
+            for slot, view in gpus.slots.items()
+            if any(p.container_id == cid for p in view.processes)
+        }
+        existing = [x.id for x in observed.containers] if observed.docker.ok else None
+        with self._files_lock:
+            record_lane_memory(self.desired.host.name, cid, how, held, existing=existing)
+        return held
 
     def check_reserve(self, action: Action, observed: Observed) -> ReserveVerdict:
         """The free VRAM of the enter's slots, sampled once its lane is healthy and settled, against their
@@ -287,7 +306,7 @@ class EnterSteps(PortChecks):
                 )
         return observed
 
-    def _fail_enter(self, action: Action, cid: str, exc: ActionFailed) -> None:
+    def _fail_enter(self, action: Action, cid: str, exc: ActionFailed, *, what: str = "enter") -> NoReturn:
         """Keep the failed container for its logs, reclaim its unmapped shm, free the GPUs; then raise."""
         self.progress.phase(action, "failed: keeping the container, reclaiming its shm")
         logs = self.ops.logs_tail(cid)
@@ -320,7 +339,7 @@ class EnterSteps(PortChecks):
             if isinstance(exc, (BelowReserve, ProbeFailed, PortSquatted))
             else (_cause_from_logs(logs) or exc.cause)
         )
-        msg = f"enter {action.recipe} on {','.join(action.gpus)} failed: {cause}. Kept as {kept} (docker logs {kept}){freed_note}"
+        msg = f"{what} {action.recipe} on {','.join(action.gpus)} failed: {cause}. Kept as {kept} (docker logs {kept}){freed_note}"
         if still:
             msg += f"; WARNING: {still[0]} is still running"
         raise ActionFailed(msg, detail=logs)

@@ -17,7 +17,16 @@ from reconciler.load.files import HOST_FILE, RECIPES_DIR
 from reconciler.load.problems import short
 from reconciler.load.recipes import host_ports, recipe_file, recipe_line
 from reconciler.load.yaml_source import yaml_line
-from reconciler.model import AssignmentSpec, DesiredAssignment, HostConfig, Manifest, Recipe, offload_lands_in
+from reconciler.model import (
+    SLEEP_DEV_ENV,
+    SLEEP_MODE_FLAG,
+    AssignmentSpec,
+    DesiredAssignment,
+    HostConfig,
+    Manifest,
+    Recipe,
+    offload_lands_in,
+)
 
 
 def offload_placement(root: Path, host: HostConfig, recipes: dict[str, Recipe], problems: list[ConfigProblem]) -> None:
@@ -165,13 +174,97 @@ def cross_check(
     host_node: yaml.Node | None = None,
 ) -> dict[str | None, list[DesiredAssignment]]:
     """Every topology of the manifest checked against the host and the recipes (``None``: the unnamed one of
-    ``assignments:``), each as the list of assignments it would run."""
-    return {
+    ``assignments:``), each as the list of assignments it would run; with ``standby:``, each topology as it would run
+    beside the sleeping lanes of the others."""
+    out = {
         name: _check_topology(
             path, items, name, node, host, recipes, problems, shm_size=shm_size, shm_free=shm_free, host_node=host_node
         )
         for name, items in manifest.named().items()
     }
+    if manifest.standby:
+        size = shm_size if shm_size is not None else tmpfs.tmpfs_size(host.shm.dir)
+        _check_standby(path, manifest, node, host, recipes, out, problems, shm_size=size)
+    return out
+
+
+def _check_standby(
+    path: str,
+    manifest: Manifest,
+    node: yaml.Node | None,
+    host: HostConfig,
+    recipes: dict[str, Recipe],
+    topologies: dict[str | None, list[DesiredAssignment]],
+    problems: list[ConfigProblem],
+    *,
+    shm_size: int | None,
+) -> None:
+    """docs/design.md, sleeping lanes: a lane of a standby topology that some other topology does not run sleeps
+    while that one runs, so its recipe needs [sleep]; and whichever topology runs, it and the sleeping lanes of the
+    others are on the host at once: their ports must differ and their offload files fit the tmpfs together."""
+    every = set.intersection(*({a.key for a in lanes} for lanes in topologies.values()))
+    for name in manifest.standby:
+        for i, a in enumerate(topologies.get(name, [])):
+            recipe = recipes.get(a.recipe)
+            if a.key in every or recipe is None or recipe.sleep is not None:
+                continue
+            problems.append(
+                ConfigProblem(
+                    path,
+                    yaml_line(node, ("topologies", name, i, "recipe")),
+                    f"topologies.{name}[{i}].recipe: {name} is on standby, so its lane {a.key} sleeps while another "
+                    f"topology runs, but recipe {a.recipe!r} has no [sleep]: add [sleep] (with {SLEEP_MODE_FLAG} and "
+                    f'{SLEEP_DEV_ENV} = "1") to {recipe_file(a.recipe)}, or take {name} off standby:',
+                )
+            )
+    said: set[str] = set()
+    for running, lanes in topologies.items():
+        asleep = [
+            a
+            for other in manifest.standby
+            if other != running
+            for a in topologies.get(other, [])
+            if a.key not in {b.key for b in lanes}
+        ]
+        together = list({a.key: a for a in (*lanes, *asleep)}.values())
+        for problem in _together_problems(running, together, host, recipes, shm_size):
+            if problem not in said:
+                said.add(problem)
+                problems.append(ConfigProblem(path, yaml_line(node, ("standby",)), problem))
+
+
+def _together_problems(
+    running: str | None,
+    lanes: list[DesiredAssignment],
+    host: HostConfig,
+    recipes: dict[str, Recipe],
+    shm_size: int | None,
+) -> list[str]:
+    """What cannot be on the host at once: two lanes asked at one port, offload files beyond the tmpfs."""
+    out: list[str] = []
+    taken: dict[int, str] = {}
+    for a in lanes:
+        recipe = recipes.get(a.recipe)
+        if recipe is None:
+            continue
+        for port in dict.fromkeys(port for port, _where in host_ports(recipe)):
+            if port in taken and taken[port] != a.key:
+                out.append(
+                    f"standby: while {running} runs, {taken[port]} and {a.key} are both on the host (one of them "
+                    f"asleep) and both listen on port {port}: give one recipe another port (its --port, health.url "
+                    "and probes)"
+                )
+            taken.setdefault(port, a.key)
+    need = sum(a.offload_bytes for a in lanes)
+    reserve = host.shm.reserve_bytes
+    if need and shm_size is not None and need + reserve > shm_size:
+        out.append(
+            f"standby: while {running} runs, its lanes and the sleeping ones keep offload files of "
+            f"{human_bytes(need)} in all on {host.shm.dir} (a sleeping lane keeps its file mapped), and with "
+            f"shm.reserve_gib ({human_bytes(reserve)}) that is more than the tmpfs's {human_bytes(shm_size)}: "
+            "take a topology off standby, or give the tmpfs more room"
+        )
+    return out
 
 
 def _check_topology(

@@ -9,6 +9,7 @@ service also calls ``_secret_digests`` for the recipes it checks alone.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
@@ -21,7 +22,7 @@ from reconciler.load.recipes import read_recipes
 from reconciler.load.secrets import SecretError, digest, read_env_file, resolve
 from reconciler.load.toml_source import toml_line
 from reconciler.load.yaml_source import validate_yaml
-from reconciler.model import DesiredState, HostConfig, Manifest, Recipe
+from reconciler.model import DesiredAssignment, DesiredState, HostConfig, Manifest, Recipe
 
 
 def load_desired(
@@ -86,16 +87,34 @@ def load_desired(
     secret_digests = _secret_digests(r, host, recipes, problems)
     if problems:
         raise ConfigError(problems)
+    running = tuple(topologies[manifest.topology])
+    standby = standby_lanes(running, [topologies[n] for n in manifest.standby if n != manifest.topology])
     return DesiredState(
         host=host,
         recipes=recipes,
-        assignments=tuple(topologies[manifest.topology]),
+        assignments=running,
         manifest_path=manifest_path,
         secret_digests=secret_digests,
         fallback=manifest.fallback,
         topology=manifest.topology,
         topologies={n: tuple(a) for n, a in topologies.items() if n is not None},
+        standby_topologies=tuple(manifest.standby),
+        standby=standby,
     )
+
+
+def standby_lanes(
+    running: Sequence[DesiredAssignment], standby: Sequence[Sequence[DesiredAssignment]]
+) -> tuple[DesiredAssignment, ...]:
+    """The lanes of the standby topologies that the running one does not have, each once, in order."""
+    seen = {a.key for a in running}
+    out: list[DesiredAssignment] = []
+    for lanes in standby:
+        for a in lanes:
+            if a.key not in seen:
+                seen.add(a.key)
+                out.append(a)
+    return tuple(out)
 
 
 def _secret_digests(

@@ -414,9 +414,12 @@ class Loop:
         """One action's metrics, whoever took it: this loop, or its HTTP API or MCP (``ActionHooks``)."""
         a = o.action
         self.metrics.record_action(a.kind, "failed" if o.result == "interrupted" else o.result, o.seconds)
-        if o.result == "refused" and a.kind is ActionKind.ENTER:
-            # The enter's own tmpfs preflight; refusals of the guard are counted from its result (_on_reclaim).
+        if o.result == "refused" and a.kind in (ActionKind.ENTER, ActionKind.WAKE):
+            # The enter's own tmpfs preflight, a wake's rule 1; refusals of the guard are counted from its result
+            # (_on_reclaim).
             self.metrics.record_refusal(o.refusal)
+        if o.result == "ok" and a.kind in (ActionKind.ENTER, ActionKind.WAKE):
+            self.metrics.record_switch("wake" if a.kind is ActionKind.WAKE else "cold", o.seconds)
         if o.reclaimed_bytes:
             self.metrics.record_reclaim(o.reclaimed_bytes)
         if "page_cache" in o.extra:
@@ -461,7 +464,12 @@ class Loop:
                 )
             except ReconcilerError as exc:
                 self.log("audit-error", error=str(exc))
-        if a.kind is ActionKind.ENTER and a.recipe and o.result in ("failed", "refused"):
+        # A wake that failed is a failed enter (sleeping lanes rule 6), and so is a lane that would not sleep: each
+        # is entered cold again only after its backoff. A wake refused by rule 1 waits for its card, not a backoff.
+        failed_lane = a.kind in (ActionKind.ENTER, ActionKind.SLEEP) or (
+            a.kind is ActionKind.WAKE and o.result == "failed"
+        )
+        if failed_lane and a.recipe and o.result in ("failed", "refused"):
             e = self.backoff.failed(a.key, recipe=a.recipe, recipe_hash=a.recipe_hash or "", error=o.detail)
             self.metrics.set_backoff(a.recipe, e.until, failures=e.failures)
             self.log("backoff", assignment=a.key, failures=e.failures, until=round(e.until, 1))

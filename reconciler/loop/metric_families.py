@@ -45,6 +45,8 @@ REFUSAL_REASONS: Mapping[str, str] = {
     "gpu_held": "a GPU is held by a process or container this tool does not own (blocked)",
     "tmpfs_room": "the tmpfs has no room for the recipe's offload file (Safety 6)",
     "postcondition": "an earlier step's postcondition did not hold, so the next step was not taken",
+    "lane_awake": "a wake found another lane on its cards not asleep by its own answer, or its memory not free "
+    "(Sleeping rule 1)",
 }
 
 # What the HTTP listener refuses, by the status answered and why (reconciler.api's Guard and its protocol).
@@ -213,6 +215,21 @@ class MetricFamilies:
         )
 
         # ---- GPUs
+        self.lane_sleeping = Gauge(
+            f"{p}_lane_sleeping",
+            "1 while a lane of this tool says it sleeps (vLLM's sleep mode: its GET /is_sleeping), 0 while it says it "
+            "is awake; no series for a lane without sleep mode or one that does not answer. Asleep is never serving.",
+            ["recipe", "slots"],
+            registry=r,
+        )
+        self.switch_seconds = Histogram(
+            f"{p}_switch_seconds",
+            "How long a lane took to serve once a pass brought it in: how=wake (a sleeping lane woken and probed) or "
+            "how=cold (an enter from nothing: create, load, health, probes).",
+            ["how"],
+            buckets=ACTION_BUCKETS,
+            registry=r,
+        )
         self.gpu_owner = Gauge(
             f"{p}_gpu_owner_info",
             "Always 1; who holds each GPU slot: owner is managed (this tool's container), unmanaged (another "

@@ -145,6 +145,7 @@ class Metrics(MetricFamilies):
         self._owner_series: set[tuple[str, str, str, str]] = set()
         self._error_label: str | None = None
         self._fallback_labels: set[tuple[str, str, str]] = set()
+        self._sleep_series: set[tuple[str, str]] = set()
         r = self.registry
         MetricFamilies.__init__(self, r)
 
@@ -171,6 +172,8 @@ class Metrics(MetricFamilies):
                 self.action_duration.labels(kind=kind, result=result)
         for reason in REFUSAL_REASONS:
             self.refusals.labels(reason=reason)
+        for how in ("wake", "cold"):
+            self.switch_seconds.labels(how=how)
         for status, reason in HTTP_REFUSALS:
             self.http_refusals.labels(status=str(status), reason=reason)
         for reason in HTTP_DROPS:
@@ -257,6 +260,17 @@ class Metrics(MetricFamilies):
                 self.gpu_owner.labels(*key).set(1)
             self._owner_series = series
 
+            lanes = {
+                (c.recipe or "", ",".join(c.slots)): observed.sleeping[c.id]
+                for c in observed.containers
+                if c.id in observed.sleeping
+            }
+            for lane in self._sleep_series - set(lanes):
+                self.lane_sleeping.remove(*lane)
+            for lane, asleep in lanes.items():
+                self.lane_sleeping.labels(*lane).set(1 if asleep else 0)
+            self._sleep_series = set(lanes)
+
             telemetry_ok = observed.gpus.telemetry != "none" and observed.gpus.source.ok
             for slot in set(owners) | set(observed.gpus.slots):
                 view = observed.gpus.slots.get(slot)
@@ -327,6 +341,11 @@ class Metrics(MetricFamilies):
         _check(result, ACTION_RESULTS, "action result")
         self.actions.labels(kind=k, result=result).inc()
         self.action_duration.labels(kind=k, result=result).observe(max(seconds, 0.0))
+
+    def record_switch(self, how: str, seconds: float) -> None:
+        """A lane brought in by a wake or a cold enter, and how long it took to serve."""
+        _check(how, ("wake", "cold"), "switch how")
+        self.switch_seconds.labels(how=how).observe(max(seconds, 0.0))
 
     def record_dark(self, dark: Mapping[str, float]) -> None:
         """An enter's dark time per slot (``Outcome.extra["dark_s"]``)."""

@@ -42,6 +42,8 @@ from reconciler.model.probe_spec import (
     ToolSpec,
 )
 from reconciler.model.recipe import (
+    SLEEP_DEV_ENV,
+    SLEEP_MODE_FLAG,
     ContainerSpec,
     DrainSpec,
     HealthSpec,
@@ -49,6 +51,7 @@ from reconciler.model.recipe import (
     OffloadSpec,
     Recipe,
     RecipeReserve,
+    SleepSpec,
     StopSpec,
     offload_lands_in,
 )
@@ -117,6 +120,8 @@ __all__ = [
     "SHM_PATTERN_DEFAULT",
     "SHM_PATTERN_PATTERN",
     "SHM_SIZE_PATTERN",
+    "SLEEP_DEV_ENV",
+    "SLEEP_MODE_FLAG",
     "USER_PATTERN",
     "VOLUME_PATTERN",
     "AssignmentSpec",
@@ -138,6 +143,7 @@ __all__ = [
     "RecipeReserve",
     "SecretsConfig",
     "ShmConfig",
+    "SleepSpec",
     "StopSpec",
     "ToolSpec",
     "assignment_key",

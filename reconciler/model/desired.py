@@ -50,6 +50,15 @@ class DesiredState:
     # one, each validated as the running one is; ``assignments`` are the running one's.
     topology: str | None = None
     topologies: Mapping[str, tuple[DesiredAssignment, ...]] = field(default_factory=dict)
+    # The manifest's ``standby:`` topologies, and their lanes the running topology does not have (each once, in the
+    # manifest's order): kept asleep beside the running ones (docs/design.md, sleeping lanes).
+    standby_topologies: tuple[str, ...] = ()
+    standby: tuple[DesiredAssignment, ...] = ()
+
+    def sleeps(self, recipe: str | None) -> bool:
+        """Whether a recipe's lanes have vLLM's sleep mode ([sleep])."""
+        r = self.recipes.get(recipe or "")
+        return r is not None and r.sleep is not None
 
     def slot_owner(self) -> dict[str, DesiredAssignment]:
         return {slot: a for a in self.assignments for slot in a.slots}

@@ -53,6 +53,13 @@ class Manifest(_Strict):
         "value alone; editing it by hand is the same desired state.",
         json_schema_extra=_pattern(NAME_PATTERN),
     )
+    standby: list[str] = Field(
+        default_factory=list,
+        description="Topologies whose lanes are kept asleep (vLLM's sleep mode, the recipe's [sleep]) while another "
+        "one runs: entered once, put to sleep, woken in seconds when `reconciler switch` makes theirs the one that "
+        "runs. Names under topologies:.",
+        json_schema_extra={"uniqueItems": True, "items": {"type": "string", "pattern": NAME_PATTERN}},
+    )
     fallback: bool = Field(
         default=True,
         description="While a wanted lane's enter failed and waits in backoff, bring back the last converged "
@@ -65,7 +72,14 @@ class Manifest(_Strict):
         if self.topologies is None:
             if self.topology is not None:
                 raise ValueError("topology: names a topology, but there is no topologies: map to name it in")
+            if self.standby:
+                raise ValueError("standby: names topologies, but there is no topologies: map to name them in")
             return self
+        unknown = [n for n in self.standby if n not in self.topologies]
+        if unknown:
+            raise ValueError(f"standby: {unknown[0]!r} is not under topologies: (known: {sorted(self.topologies)})")
+        if len(set(self.standby)) != len(self.standby):
+            raise ValueError("standby: names a topology twice: name each once")
         bad = [n for n in self.topologies if not re.fullmatch(NAME_PATTERN, n)]
         if bad:
             raise ValueError(f"topologies: {bad[0]!r} is not a name (lower-case letters, digits, '-', '_' and '.')")

@@ -289,6 +289,36 @@ class DrainSpec(_Strict):
         return v if v is None else _ok(check_probe_url(v, "drain.metrics_url"), v)
 
 
+# vLLM's sleep mode and its native KV offload together: the engine dies after its first level-1 sleep and wake
+# (vLLM issue #45268, EngineDeadError). Refused unless the recipe says the runtime was requalified.
+SLEEP_WITH_OFFLOAD_ISSUE = "vLLM issue #45268: the engine dies (EngineDeadError) after its first sleep and wake"
+SLEEP_MODE_FLAG = "--enable-sleep-mode"
+SLEEP_DEV_ENV = "VLLM_SERVER_DEV_MODE"
+
+
+class SleepSpec(_Strict):
+    """vLLM's sleep mode for this lane: kept asleep (its process, CUDA context and compiled graphs kept, its GPU
+    memory given back) while its topology is on standby, woken in seconds when it runs again."""
+
+    level: Literal[1, 2] = Field(
+        default=1,
+        description="1: the weights go to CPU memory and the KV cache is discarded (a fast wake, host RAM the size "
+        "of the weights); 2: both discarded, the weights reloaded from the checkpoint on wake (slower, no host RAM).",
+    )
+    timeout_s: float = Field(
+        default=60,
+        gt=0,
+        le=DAY_S,
+        description="Seconds a sleep or a wake may take (each call, and the confirmation that follows it); a lane "
+        "that will not sleep in time is left (stopped) instead, one that will not wake is a failed enter.",
+    )
+    allow_with_offload: bool = Field(
+        default=False,
+        description=f"Allow [sleep] with [offload] enabled = true ({SLEEP_WITH_OFFLOAD_ISSUE}): only once this "
+        "image was requalified; say so in a comment beside it.",
+    )
+
+
 class RecipeReserve(_Strict):
     """A recipe's own reserve policy, over the host's ``gpu_reserve.policy``."""
 
@@ -313,6 +343,11 @@ class Recipe(_Strict):
         default_factory=list, max_length=64, description="Functional checks of the lane ([[probes]])."
     )
     drain: DrainSpec = Field(default_factory=DrainSpec, description="Waiting for requests in flight before a leave.")
+    sleep: SleepSpec | None = Field(
+        default=None,
+        description="vLLM's sleep mode ([sleep]): the lane is kept asleep while its topology is on standby. Needs "
+        f'{SLEEP_MODE_FLAG} in the command, {SLEEP_DEV_ENV} = "1" in container.env and a health.url.',
+    )
 
     @field_validator("probes")
     @classmethod
@@ -331,6 +366,37 @@ class Recipe(_Strict):
                 "probes need a server to ask: set health.url (probes go to its origin) or each probe's base_url"
             )
         return self
+
+    @model_validator(mode="after")
+    def _sleep_needs(self) -> Recipe:
+        """docs/design.md, sleeping lanes rules 4 and 7: what [sleep] needs of the rest of the recipe."""
+        if self.sleep is None:
+            return self
+        argv = [*(self.container.entrypoint or []), *self.container.command]
+        if not any(a == SLEEP_MODE_FLAG or a.startswith(SLEEP_MODE_FLAG + "=") for a in argv):
+            raise ValueError(
+                f"[sleep] needs the server started with {SLEEP_MODE_FLAG}: add it to container.command "
+                "(without it vLLM answers every sleep with an error)"
+            )
+        if self.container.env.get(SLEEP_DEV_ENV) != "1":
+            raise ValueError(
+                f'[sleep] needs {SLEEP_DEV_ENV} = "1" in [container.env]: vLLM serves /sleep, /wake_up and '
+                "/is_sleeping only then (they are reached on loopback only, never through the API)"
+            )
+        if self.health.url is None:
+            raise ValueError(
+                "[sleep] needs health.url: its origin is where /sleep, /wake_up and /is_sleeping are asked"
+            )
+        if self.offload.enabled and not self.sleep.allow_with_offload:
+            raise ValueError(
+                f"[sleep] with [offload] enabled = true is refused ({SLEEP_WITH_OFFLOAD_ISSUE}): remove one, or, "
+                "once this image was requalified, set sleep.allow_with_offload = true with a comment saying so"
+            )
+        return self
+
+    def sleep_origin(self) -> str | None:
+        """Where the lane's sleep endpoints are (the health URL's origin), with [sleep] only."""
+        return self.api_origin() if self.sleep is not None else None
 
     def suite(self, name: str) -> list[ProbeSpec]:
         """The probes of one suite (``preflight``, ``regression``), in the recipe's order; ``all``: every probe."""
@@ -355,10 +421,11 @@ class Recipe(_Strict):
         """Stable hash of everything that defines the container: a changed recipe means recreate.
 
         The free-text description is left out: rewording it must not restart a model that took minutes to load;
-        so is the reserve policy, a judgement of the lane, not part of it. So are the probes and the drain settings:
-        they say how the reconciler checks and stops the lane, not what runs in it.
+        so is the reserve policy, a judgement of the lane, not part of it. So are the probes, the drain and the sleep
+        settings: they say how the reconciler checks, stops and sleeps the lane, not what runs in it (the command's
+        --enable-sleep-mode is part of it).
         """
-        dump = self.model_dump(mode="json", exclude={"description", "gpu_reserve", "probes", "drain"})
+        dump = self.model_dump(mode="json", exclude={"description", "gpu_reserve", "probes", "drain", "sleep"})
         canon = json.dumps(dump, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canon.encode()).hexdigest()[:16]
 

@@ -8,7 +8,7 @@ reconciler.observe.shm``, say) does not pay for pydantic, the Docker SDK and NVM
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -24,9 +24,12 @@ def observe(
     proc_root: str = "/proc",
     images: Collection[str] = (),
     ports: Collection[int] = (),
+    sleep_origins: Mapping[str, str] | None = None,
 ) -> Observed:
     """One observation. ``images`` and ``ports`` (``enter_checks.enter_needs``: what the recipes' enters need) are
-    looked up for the planner's checks of knowable failures; without them those are not judged."""
+    looked up for the planner's checks of knowable failures; without them those are not judged. ``sleep_origins``
+    (recipe -> its lane's origin, for the recipes with [sleep]): each running lane of this host of those recipes is
+    asked whether it sleeps."""
     # start-up: one observer alone (python -m reconciler.observe.shm) pays for none of the others (docstring)
     from reconciler.observe.docker_obs import DockerObserver
     from reconciler.observe.gpu import observe_gpus
@@ -55,6 +58,14 @@ def observe(
             ports=looked_up,
             listeners=listeners,
         )
+    sleeping: dict[str, bool] = {}
+    memory = {}
+    if docker_source.ok and sleep_origins:
+        from reconciler.observe.lane_sleep import read_sleeping  # start-up: only hosts with sleeping lanes ask
+        from reconciler.store.lane_memory import read_lane_memory  # start-up: as above
+
+        sleeping = read_sleeping(host.name, containers, sleep_origins)
+        memory = read_lane_memory(host.name)
     return Observed(
         host=host.name,
         containers=containers,
@@ -63,4 +74,6 @@ def observe(
         docker=docker_source,
         ownership=ownership,
         enter=enter,
+        sleeping=sleeping,
+        lane_memory=memory,
     )

@@ -1,4 +1,4 @@
-"""The plan and what it holds: ``Plan``, its ``Action`` steps (leave, reclaim, enter, prune), the ``Blocker`` of a
+"""The plan and what it holds: ``Plan``, its ``Action`` steps (leave, reclaim, enter, prune, sleep, wake), the ``Blocker`` of a
 change that cannot be made safely, the ``Held`` enter postponed by backoff and the ``Fallback`` lane serving meanwhile.
 
 Plain frozen values with their JSON form. Made by ``reconciler.plan.planner``, rebuilt from a saved plan by
@@ -17,6 +17,8 @@ class ActionKind(str, Enum):
     RECLAIM = "reclaim"
     ENTER = "enter"
     PRUNE = "prune"  # remove a failed container kept for its logs (stopped; it holds no slot and no file)
+    SLEEP = "sleep"  # a lane whose topology is on standby: drained, put to sleep (vLLM's sleep mode), kept
+    WAKE = "wake"  # a sleeping lane whose topology runs now: woken, probed; a failed wake is a failed enter
 
 
 @dataclass(frozen=True)

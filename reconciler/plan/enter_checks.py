@@ -19,20 +19,23 @@ from reconciler.plan.observed import Observed
 class EnterNeeds(TypedDict):
     images: tuple[str, ...]
     ports: tuple[int, ...]
+    sleep_origins: dict[str, str]
 
 
 def enter_needs(desired: DesiredState) -> EnterNeeds:
     """What observation must look up for ``enter_problems``: the images the recipes name and the ports of their
-    health and probe URLs. Keyword arguments of ``reconciler.observe.observe``."""
+    health and probe URLs (of the running topology's lanes and the standby ones), and where each recipe with [sleep]
+    is asked whether its lane sleeps. Keyword arguments of ``reconciler.observe.observe``."""
     images: dict[str, None] = {}
     ports: dict[int, None] = {}
-    for name in dict.fromkeys(a.recipe for a in desired.assignments):
+    for name in dict.fromkeys(a.recipe for a in (*desired.assignments, *desired.standby)):
         r = desired.recipes.get(name)
         if r is None:
             continue
         images[r.container.image] = None
         ports.update(dict.fromkeys(recipe_ports(r)))
-    return {"images": tuple(images), "ports": tuple(ports)}
+    sleep_origins = {n: o for n, r in desired.recipes.items() if (o := r.sleep_origin()) is not None}
+    return {"images": tuple(images), "ports": tuple(ports), "sleep_origins": sleep_origins}
 
 
 def recipe_ports(recipe: Recipe) -> tuple[int, ...]:

@@ -7,6 +7,7 @@ and /proc; the planner and the renderers read them; nothing here talks to the wo
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 # Labels this tool puts on every container it creates. Ownership is decided by these alone.
@@ -243,6 +244,20 @@ class Ownership:
 
 
 @dataclass(frozen=True)
+class LaneMemory:
+    """GPU memory of one lane's container, bytes per slot, as NVML attributed it to the container's processes."""
+
+    awake: Mapping[str, int] = field(default_factory=dict, hash=False, compare=False)
+    asleep: Mapping[str, int] = field(default_factory=dict, hash=False, compare=False)
+
+    def wake_needs(self, slot: str) -> int | None:
+        """The bytes a wake takes on ``slot`` beyond what the sleeping lane holds there; None: never measured."""
+        if slot not in self.awake:
+            return None
+        return max(0, self.awake[slot] - self.asleep.get(slot, 0))
+
+
+@dataclass(frozen=True)
 class Listener:
     """A TCP socket listening in this host's network namespace (``/proc/net/tcp``, ``/proc/net/tcp6``), with the
     process holding it where /proc tells (``pid`` None: no process of this /proc could be found holding it)."""
@@ -295,6 +310,11 @@ class Observed:
     docker: Source
     ownership: Ownership = Ownership()
     enter: EnterFacts = EnterFacts()
+    # Container id -> its lane's own answer to GET /is_sleeping (lanes whose recipe has [sleep]); absent: not asked,
+    # or no answer. Only an answer proves a lane asleep: a 200 from /health says nothing of it.
+    sleeping: Mapping[str, bool] = field(default_factory=dict, hash=False, compare=False)
+    # Container id -> the GPU memory its lane held, measured at its last enter or wake (awake) and sleep (asleep).
+    lane_memory: Mapping[str, LaneMemory] = field(default_factory=dict, hash=False, compare=False)
 
     @property
     def sources(self) -> dict[str, Source]:

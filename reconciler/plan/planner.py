@@ -14,11 +14,19 @@ from dataclasses import dataclass, field, replace
 from reconciler.base.units import human_bytes
 from reconciler.model import DesiredAssignment, DesiredState, assignment_key
 from reconciler.plan import spec
-from reconciler.plan.actions import Action, ActionKind, Fallback, Plan
+from reconciler.plan.actions import Action, ActionKind, Blocker, Fallback, Held, Plan
 from reconciler.plan.claims import claimed_slots, is_ours, slot_holders, slot_ids
 from reconciler.plan.enters import EnterRound, place_enters
 from reconciler.plan.observed import LABEL_SPEC_PARTS, NEVER_STARTED_STATES, ContainerView, Observed, Ownership, ShmView
-from reconciler.plan.slot_problems import unsound_slots
+from reconciler.plan.sleeping import (
+    as_assignment,
+    rest_and_wake,
+    sleep_action,
+    sleep_after_enter,
+    wake_action,
+    wake_memory_problems,
+)
+from reconciler.plan.slot_problems import slot_problems, unsound_slots
 
 
 def plan(
@@ -105,11 +113,16 @@ def _plan_once(
         if not c.preserved:
             by_assignment.setdefault((c.recipe, c.slots), []).append(c)
 
-    lanes = _match_lanes(desired, observed, wanted, by_assignment, kept_lanes)
+    # The standby topologies' lanes that nothing running wants: kept beside them, asleep (plan.sleeping).
+    wanted_keys = {d.key for d in wanted}
+    standby = tuple(d for d in desired.standby if d.key not in wanted_keys)
+    standby_keys = frozenset(d.key for d in standby)
+    lanes = _match_lanes(desired, observed, (*wanted, *standby), by_assignment, kept_lanes)
     lanes.leaves.extend(_unwanted_leaves(desired, ours, lanes.claimed, kept_lanes))
     leaves = _with_paths(lanes.leaves, observed)
     leaving = {a.container_id for a in leaves}
     finishing_ids = {c.id for c in lanes.finishing.values()}
+    to_sleep, to_wake, resting = rest_and_wake(desired, observed, lanes.satisfied, standby_keys)
     reclaim = _reclaim(observed.shm)
     round_ = EnterRound(
         desired=desired,
@@ -124,18 +137,29 @@ def _plan_once(
         finishing=lanes.finishing,
         leaving=leaving,
         kept_ids={c.id for c in lanes.satisfied} | finishing_ids | set(kept_lanes),
-        holders=slot_holders(desired, observed, skip=leaving | finishing_ids),
+        # A standby lane's container sleeps (or will, before anything enters or wakes beside it): no holder.
+        holders=slot_holders(desired, observed, skip=leaving | finishing_ids | resting),
         by_id={c.id: c for c in observed.containers},
         unsound=unsound_slots(desired, observed),
         fallback_ids=frozenset(c.id for c in ours if assignment_key(c.recipe or "", c.slots) in by_fallback),
     )
-    blockers, held, enter_actions = place_enters(round_, lanes.enters, _offload_room(observed, leaving, reclaim))
+    room = _offload_room(observed, leaving, reclaim)
+    s_blockers, s_held, s_enters = _standby_enters(
+        round_, [d for d in lanes.enters if d.key in standby_keys], room, resting, to_wake
+    )
+    room -= sum(a.bytes for a in s_enters if a.kind is ActionKind.ENTER)
+    blockers, held, enter_actions = place_enters(round_, [d for d in lanes.enters if d.key not in standby_keys], room)
+    wakes, w_blockers = _wakes(round_, to_wake, to_sleep, leaves)
 
-    actions: list[Action] = [*leaves]
+    actions: list[Action] = [*leaves, *(sleep_action(c, desired) for c in to_sleep)]
     if reclaim is not None:
         actions.append(reclaim)
+    actions.extend(s_enters)
+    actions.extend(wakes)
     actions.extend(enter_actions)
-    actions.extend(_prunes(desired, observed, {d.key for d in wanted}))
+    blockers = [*s_blockers, *w_blockers, *blockers]
+    held = [*s_held, *held]
+    actions.extend(_prunes(desired, observed, wanted_keys | standby_keys))
     placed = {a.key for a in enter_actions} | {assignment_key(c.recipe or "", c.slots) for c in lanes.satisfied}
     return Plan(
         host=host,
@@ -147,6 +171,71 @@ def _plan_once(
         # Only the fallbacks that run or are entered in this plan (one that cannot be placed is not in force).
         fallbacks=tuple(f for f in fallbacks if assignment_key(f.recipe, f.gpus) in placed),
     )
+
+
+def _standby_enters(
+    r: EnterRound,
+    enters: Sequence[DesiredAssignment],
+    room: int,
+    resting: frozenset[str],
+    to_wake: Sequence[ContainerView],
+) -> tuple[list[Blocker], list[Held], list[Action]]:
+    """The cold enters of standby lanes absent from the host, each followed by its sleep. One enters only onto cards
+    no lane is awake on (a lane about to wake still sleeps then; one being finished is awake): while an awake lane of
+    ours is there, it waits, held, for a switch to put that lane to sleep (a lane is never darkened for a standby)."""
+    if not enters:
+        return [], [], []
+    waking = {c.id for c in to_wake}
+    holders = slot_holders(r.desired, r.observed, skip=r.leaving | resting | waking)
+    awake = {c.name: c for cs in holders.values() for c in cs if c.id in r.kept_ids}
+    blockers, held, placed = place_enters(replace(r, holders=holders), enters, room)
+    by_key: dict[str, list[Blocker]] = {}
+    for b in blockers:
+        by_key.setdefault(assignment_key(b.recipe, b.gpus), []).append(b)
+    out_blockers: list[Blocker] = []
+    for key, bs in by_key.items():
+        waits = [b for b in bs if b.holder in awake]
+        if len(waits) == len(bs):
+            b = bs[0]
+            names = ", ".join(dict.fromkeys(w.holder for w in waits))
+            held.append(
+                Held(
+                    recipe=b.recipe,
+                    gpus=b.gpus,
+                    reason=f"standby lane {key} is entered once its cards hold no awake lane ({names} runs there): "
+                    "at the next switch of topology",
+                )
+            )
+        else:
+            out_blockers.extend(b for b in bs if b not in waits)
+    actions: list[Action] = []
+    for a in placed:
+        actions.extend((a, sleep_after_enter(a, r.desired)))
+    return out_blockers, held, actions
+
+
+def _wakes(
+    r: EnterRound, to_wake: Sequence[ContainerView], to_sleep: Sequence[ContainerView], leaves: Sequence[Action]
+) -> tuple[list[Action], list[Blocker]]:
+    """The wakes of the sleeping lanes the running topology wants, and the blockers of those that cannot wake: what
+    holds their cards (rule 1: only lanes asleep, or put to sleep or leaving first, may be there) and the memory a
+    wake takes."""
+    settled_later = {s for c in to_sleep for s in c.slots} | {s for a in leaves for s in a.gpus}
+    wakes: list[Action] = []
+    blockers: list[Blocker] = []
+    for c in to_wake:
+        d = as_assignment(c, r.desired)
+        holders = {s: [x for x in cs if x.id != c.id] for s, cs in r.holders.items()}
+        problems = slot_problems(d, r.observed, holders, r.by_id, r.leaving, r.kept_ids, r.desired)
+        problems += wake_memory_problems(c, r.desired, r.observed, settled_later)
+        if problems:
+            blockers.extend(
+                Blocker(recipe=d.recipe, gpus=d.slots, reason=why, holder=holder, kind="".join(kind))
+                for why, holder, *kind in problems
+            )
+        else:
+            wakes.append(wake_action(c, r.desired))
+    return wakes, blockers
 
 
 def _fallbacks_in_force(

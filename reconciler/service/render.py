@@ -42,14 +42,26 @@ class Style:
         return self._c("2", t)
 
 
-_SIGN = {ActionKind.LEAVE: "-", ActionKind.RECLAIM: "~", ActionKind.ENTER: "+", ActionKind.PRUNE: "x"}
+_SIGN = {
+    ActionKind.LEAVE: "-",
+    ActionKind.RECLAIM: "~",
+    ActionKind.ENTER: "+",
+    ActionKind.PRUNE: "x",
+    ActionKind.SLEEP: "z",
+    ActionKind.WAKE: "^",
+}
 
 
 def _action_line(a: Action, s: Style) -> list[str]:
     sign = _SIGN[a.kind]
-    paint = {ActionKind.LEAVE: s.red, ActionKind.RECLAIM: s.yellow, ActionKind.ENTER: s.green, ActionKind.PRUNE: s.dim}[
-        a.kind
-    ]
+    paint = {
+        ActionKind.LEAVE: s.red,
+        ActionKind.RECLAIM: s.yellow,
+        ActionKind.ENTER: s.green,
+        ActionKind.PRUNE: s.dim,
+        ActionKind.SLEEP: s.yellow,
+        ActionKind.WAKE: s.green,
+    }[a.kind]
     if a.kind is ActionKind.PRUNE:
         return [paint(f"{sign} prune   {a.container}"), f"      why: {a.reason}"]
     if a.kind is ActionKind.RECLAIM:
@@ -113,6 +125,8 @@ def render_plan(plan: Plan, observed: Observed | None, s: Style) -> str:
             s.bold(
                 f"Plan: {counts[ActionKind.ENTER]} to enter, {counts[ActionKind.LEAVE]} to leave, "
                 f"{counts[ActionKind.RECLAIM]} reclaim"
+                + (f", {counts[ActionKind.SLEEP]} to sleep" if counts[ActionKind.SLEEP] else "")
+                + (f", {counts[ActionKind.WAKE]} to wake" if counts[ActionKind.WAKE] else "")
                 + (f", {counts[ActionKind.PRUNE]} to prune." if counts[ActionKind.PRUNE] else ".")
             )
         )
@@ -154,7 +168,8 @@ def blocked_advice(plan: Plan) -> list[str]:
 
 def _whose(c: dict[str, Any]) -> str:
     if c["owner"] == "ours":
-        return f"managed {c['recipe'] or ''}" + ("" if c.get("healthy", True) else ", never healthy")
+        state = ", asleep" if c.get("sleeping") else ", awake" if c.get("sleeping") is False else ""
+        return f"managed {c['recipe'] or ''}" + ("" if c.get("healthy", True) else ", never healthy") + state
     if c["owner"] == "legacy":
         return f"not adopted: {c['recipe'] or 'no recipe'}; `reconciler adopt {c['name']}`"
     if c["owner"] == "copied":
@@ -222,6 +237,8 @@ def _slot_line(slot: str, v: dict[str, Any], s: Style) -> str:
     ]
     if v.get("unlisted_used_bytes"):
         held.append(f"{human_bytes(v['unlisted_used_bytes'])} in use and no visible process")
+    if v.get("asleep_bytes"):
+        held.append(f"{human_bytes(v['asleep_bytes'])} kept by sleeping lanes")
     if held:
         now = "; ".join(held) + (
             s.yellow(f" (and unknown: {', '.join(v['unknown'])} unavailable)") if v["unknown"] else ""

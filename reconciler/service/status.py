@@ -19,7 +19,7 @@ from reconciler.observe import observe
 from reconciler.plan.actions import Plan
 from reconciler.plan.claims import owner_kind, slot_holders
 from reconciler.plan.enter_checks import enter_needs
-from reconciler.plan.observed import Observed
+from reconciler.plan.observed import ContainerView, Observed
 from reconciler.plan.planner import plan
 from reconciler.plan.vram import slot_vram, unlisted_used_bytes
 from reconciler.service.loop_view import loop_view
@@ -43,6 +43,11 @@ def status_data(desired: DesiredState, observed: Observed, plan: Plan) -> dict[s
     # telemetry (where the host has it) a process outside any container may hold a slot.
     blind = [s.name for s in (observed.docker, observed.gpus.source) if not s.ok]
     slots: dict[str, Any] = {}
+
+    def sleeping(c: ContainerView) -> bool | None:
+        """The lane's own answer (sleeping lanes rule 3: asleep is never serving); None: no sleep mode, or none."""
+        return observed.sleeping.get(c.id) if desired.sleeps(c.recipe) and c.state == "running" else None
+
     for slot, gpu in desired.host.gpus.items():
         holders = held.get(slot, [])
         view = observed.gpus.slots.get(slot)
@@ -80,10 +85,19 @@ def status_data(desired: DesiredState, observed: Observed, plan: Plan) -> dict[s
                     "recipe": c.recipe,
                     "state": c.state,
                     "healthy": c.id in own.healthy,
+                    "sleeping": sleeping(c),
                 }
                 for c in holders
             ],
             "processes": procs,
+            # What the sleeping lanes on this card still hold (sleeping lanes rule 2: it counts against the reserve).
+            "asleep_bytes": sum(
+                p.used_bytes or 0
+                for p in (view.processes if view else ())
+                if observed.sleeping.get(p.container_id or "")
+            )
+            if nvml_ok
+            else None,
             "free": False if holders or procs or unlisted else (None if blind else True),
             "unknown": blind,
             "memory_free_bytes": fig.free_bytes if fig else None,
@@ -119,6 +133,7 @@ def status_data(desired: DesiredState, observed: Observed, plan: Plan) -> dict[s
                 "exit_code": c.exit_code,
                 "owner": whose[c.id],
                 "healthy": c.id in own.healthy,
+                "sleeping": sleeping(c),
             }
             for c in observed.containers
             if whose[c.id] != "foreign"

@@ -1,0 +1,197 @@
+"""A sleep and a wake: vLLM's sleep mode driven on a lane's own loopback origin (docs/design.md, sleeping lanes).
+
+A sleep drains the lane first (rule 5: ``POST /sleep`` is never sent with requests in flight), asks it to sleep at
+its recipe's level and waits until the lane itself says it sleeps (``GET /is_sleeping``); then what it still holds on
+each card is recorded (rule 2). A lane that will not sleep (its drain timed out, the call failed, it never said so
+within ``sleep.timeout_s``) is left instead: stopped like any leave, its own offload file reclaimed (rule 6).
+
+A wake first checks rule 1 again on a fresh observation: every other lane on its cards asleep by its own answer, no
+process but the sleeping lanes' on them, and with NVML the memory the wake takes free beyond the reserve; else it
+is refused and nothing is called. Then ``POST /wake_up`` (level 2: the weights, ``collective_rpc reload_weights``,
+then the KV cache), the lane's own word that it is awake, its health URL and its ``preflight`` probes. A wake that
+fails is a failed enter of that lane (kept stopped for its logs, its offload file reclaimed, entered cold by a later
+pass after its backoff). Part of ``Applier`` (``reconciler.apply.applier``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from reconciler.apply.enter import EnterSteps
+from reconciler.apply.errors import ActionFailed, ActionRefused, Cancelled
+from reconciler.apply.http_check import _http_ok
+from reconciler.apply.lane_http import body_text, quote, request
+from reconciler.apply.leave import LeaveSteps
+from reconciler.base import direct_http
+from reconciler.base.units import human_bytes
+from reconciler.model import Recipe, SleepSpec
+from reconciler.observe.lane_sleep import ask_sleeping
+from reconciler.plan.actions import Action, ActionKind
+from reconciler.plan.claims import is_ours, slot_holders
+from reconciler.plan.observed import ContainerView, Observed
+from reconciler.plan.sleeping import holders_text, wake_memory_problems
+
+
+class _WontSleep(Exception):
+    """Why a lane did not go to sleep."""
+
+
+class SleepSteps(EnterSteps, LeaveSteps):
+    """The sleep and the wake of a lane whose recipe has [sleep]."""
+
+    def sleep_lane(self, action: Action, observed: Observed) -> tuple[str, int]:
+        recipe, spec, origin = self._sleep_mode(action)
+        c = self._lane(action, observed)
+        t0 = time.monotonic()
+        try:
+            drained = self._drain(action, c, recipe, observed)
+            record = self._figures().get("drain") or {}
+            if record.get("timed_out"):
+                raise _WontSleep(f"{drained}; it is never put to sleep with requests in flight")
+            if self.cancel.is_set():
+                raise Cancelled(f"stop requested before {c.name} was put to sleep; it still runs, awake")
+            self.progress.phase(action, f"sleeping (level {spec.level})", timeout=spec.timeout_s)
+            self._call(origin, f"/sleep?level={spec.level}", None, spec, _WontSleep)
+            self._await_state(action, origin, spec, asleep=True, error=_WontSleep)
+        except _WontSleep as exc:
+            left = self._leave_instead(action, c)
+            raise ActionFailed(f"{c.name} would not sleep ({exc}): left (stopped) instead; {left}") from None
+        seconds = time.monotonic() - t0
+        now = self.observe()
+        held = self._record_memory(c.id, "asleep", now)
+        kept = f"; it still holds {_per_slot(held)}" if held else ""
+        self._note("sleep", {"level": spec.level, "seconds": round(seconds, 3), "asleep_bytes": held})
+        return f"{drained}; {c.name} asleep (level {spec.level}) in {seconds:.1f} s{kept}", 0
+
+    def wake_lane(self, action: Action, observed: Observed) -> tuple[str, int]:
+        recipe, spec, origin = self._sleep_mode(action)
+        now = self.observe()
+        c = self._lane(action, now)
+        self._check_wake(action, c, now)
+        t0 = time.monotonic()
+        try:
+            self.progress.phase(action, "waking", timeout=spec.timeout_s)
+            if spec.level == 1:
+                self._call(origin, "/wake_up", None, spec, ActionFailed)
+            else:
+                self._call(origin, "/wake_up?tags=weights", None, spec, ActionFailed)
+                self.progress.phase(action, "waking: reloading the weights", timeout=spec.timeout_s)
+                self._call(origin, "/collective_rpc", {"method": "reload_weights"}, spec, ActionFailed)
+                self._call(origin, "/wake_up?tags=kv_cache", None, spec, ActionFailed)
+            self._await_state(action, origin, spec, asleep=False, error=ActionFailed)
+            if recipe.health.url and not _http_ok(recipe.health.url):
+                raise ActionFailed(f"{c.name} is awake but its health URL {recipe.health.url} does not answer 200")
+            woke = time.monotonic() - t0
+            self._run_probes(action, recipe)
+            after = self._check_enter(action, c.id)
+            verdict = self.check_reserve(action, after)
+        except ActionFailed as exc:
+            self._fail_enter(action, c.id, exc, what="wake")
+        self._record_memory(c.id, "awake", after)
+        self._note("wake", {"level": spec.level, "seconds": round(woke, 3)})
+        detail = f"{c.name} awake (level {spec.level}) in {woke:.1f} s and passed its preflight probes"
+        if verdict.checked:
+            detail += f"; free VRAM {verdict.message()}"
+        return detail, 0
+
+    def _sleep_mode(self, action: Action) -> tuple[Recipe, SleepSpec, str]:
+        recipe = self.desired.recipes.get(action.recipe or "")
+        origin = recipe.sleep_origin() if recipe is not None else None
+        if recipe is None or recipe.sleep is None or origin is None:
+            raise ActionFailed(
+                f"recipe {action.recipe} has no [sleep] (or no health.url): {action.kind.value} not done"
+            )
+        return recipe, recipe.sleep, origin
+
+    def _lane(self, action: Action, observed: Observed) -> ContainerView:
+        c = next((x for x in observed.containers if x.id == action.container_id), None)
+        if c is None or c.state != "running":
+            raise ActionFailed(f"{action.container} is not running: nothing to {action.kind.value}")
+        return c
+
+    def _call(self, origin: str, path: str, payload: dict[str, Any] | None, spec: SleepSpec, error: type) -> None:
+        """POST to the lane's own origin; anything but a 200 raises ``error`` quoting the answer."""
+        try:
+            answer = request(origin + path, payload if payload is not None else {}, spec.timeout_s)
+        except direct_http.errors() as exc:
+            raise error(f"POST {path}: {type(exc).__name__}: {exc}") from None
+        if answer.status != 200:
+            raise error(f"POST {path} answered {answer.status} {quote(body_text(answer.body))}")
+
+    def _await_state(self, action: Action, origin: str, spec: SleepSpec, *, asleep: bool, error: type) -> None:
+        """Until the lane itself says it sleeps (or is awake), at most ``sleep.timeout_s``."""
+        t0 = time.monotonic()
+        while True:
+            answer = ask_sleeping(origin)
+            if answer is asleep:
+                return
+            elapsed = time.monotonic() - t0
+            if elapsed >= spec.timeout_s:
+                said = answer if isinstance(answer, str) else f"it says is_sleeping {str(answer).lower()}"
+                want = "asleep" if asleep else "awake"
+                raise error(f"not {want} within sleep.timeout_s ({spec.timeout_s:g} s): {said}")
+            if self.cancel.is_set():
+                raise Cancelled(f"stop requested while {action.container} was {'put to sleep' if asleep else 'woken'}")
+            time.sleep(min(self.poll_s, 0.05))
+
+    def _check_wake(self, action: Action, c: ContainerView, now: Observed) -> None:
+        """Rule 1, again right before the call: on the lane's cards nothing else is awake or holds the memory."""
+        host = self.desired.host.name
+        for slot, cs in slot_holders(self.desired, now).items():
+            if slot not in c.slots:
+                continue
+            for x in cs:
+                if x.id == c.id:
+                    continue
+                if not is_ours(x, host, now.ownership):
+                    raise ActionRefused(
+                        f"wake of {c.name} refused: container {x.name} ({x.id[:12]}), not managed by this tool, holds "
+                        f"GPU slot {slot}",
+                        reason="gpu_held",
+                    )
+                if now.sleeping.get(x.id) is not True:
+                    raise ActionRefused(
+                        f"wake of {c.name} refused: {x.name} on GPU slot {slot} does not say it sleeps (GET "
+                        "/is_sleeping); two lanes are never awake on one card",
+                        reason="lane_awake",
+                    )
+        asleep = {x.id for x in now.containers if now.sleeping.get(x.id) is True}
+        for slot in c.slots:
+            view = now.gpus.slots.get(slot)
+            others = [p for p in (view.processes if view else ()) if p.container_id not in (c.id, *asleep)]
+            if others:
+                raise ActionRefused(
+                    f"wake of {c.name} refused: GPU slot {slot} is used by another process, "
+                    f"{holders_text(others, now)}",
+                    reason="gpu_held",
+                )
+        problems = wake_memory_problems(c, self.desired, now, ())
+        if problems:
+            raise ActionRefused(f"wake of {c.name} refused: {problems[0][0]}", reason="lane_awake")
+
+    def _leave_instead(self, action: Action, c: ContainerView) -> str:
+        """Rule 6: a lane that will not sleep is stopped as a leave, with the offload files only it holds."""
+        now = self.observe()
+        names = {c.name, c.id, c.id[:12]}
+        paths = tuple(f.path for f in now.shm.files if f.owners and all(o.container in names for o in f.owners))
+        leave = Action(
+            kind=ActionKind.LEAVE,
+            reason=f"{c.name} would not sleep: left instead",
+            recipe=c.recipe,
+            gpus=c.slots,
+            container=c.name,
+            container_id=c.id,
+            recipe_hash=c.recipe_hash,
+            offload=action.offload,
+            paths=paths,
+        )
+        try:
+            detail, _ = self.leave(leave, now)
+        except ActionFailed as exc:
+            return f"its leave failed too: {exc.cause}"
+        return detail
+
+
+def _per_slot(held: dict[str, int]) -> str:
+    return ", ".join(f"{human_bytes(b)} on {slot}" for slot, b in held.items())

@@ -1,0 +1,166 @@
+"""Sleeping lanes (vLLM's sleep mode): which lanes of ours sleep, which wake, and what keeps a wake from starting.
+
+A manifest's ``standby:`` topologies keep their lanes beside the running topology's, asleep: a lane of ours that a
+standby topology wants and the running one does not is put to sleep (``sleep``) once healthy, and a sleeping lane
+the running topology wants is woken (``wake``) instead of entered cold. docs/design.md, sleeping lanes, rules 1-7:
+
+1. never two awake lanes on one card: a wake starts only when every other lane on its cards is asleep by its own
+   answer (``Observed.sleeping``) or goes to sleep or leaves first in the plan, and, with NVML, when the card has the
+   memory the lane takes to wake (its awake footprint less what it holds asleep) free beyond its reserve;
+2. a sleeping lane still occupies its slots: its processes and memory are its own, nothing foreign may use its
+   cards, and a lane entered there is judged with it present.
+
+Pure. Called by ``reconciler.plan.planner`` once per round; the apply layer checks rule 1 again before the call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+
+from reconciler.base.units import human_bytes
+from reconciler.model import DesiredAssignment, DesiredState, assignment_key, container_name
+from reconciler.plan.actions import Action, ActionKind
+from reconciler.plan.observed import ContainerView, Observed
+from reconciler.plan.vram import slot_vram
+
+Problems = list[tuple[str, ...]]
+
+
+def rest_and_wake(
+    desired: DesiredState, observed: Observed, satisfied: Sequence[ContainerView], standby: Collection[str]
+) -> tuple[list[ContainerView], list[ContainerView], frozenset[str]]:
+    """Of the satisfied lanes: those to put to sleep (a standby lane not asleep by its own answer), those to wake (a
+    lane the running topology wants that says it sleeps), and the ids of every standby lane's container (asleep, or
+    asleep once its sleep is done): none of them holds its slots against a lane entered or woken there."""
+    to_sleep: list[ContainerView] = []
+    to_wake: list[ContainerView] = []
+    resting: set[str] = set()
+    for c in satisfied:
+        key = assignment_key(c.recipe or "", c.slots)
+        asleep = observed.sleeping.get(c.id) is True
+        if key in standby:
+            resting.add(c.id)
+            if not asleep:
+                to_sleep.append(c)
+        elif asleep:
+            to_wake.append(c)
+    return to_sleep, to_wake, frozenset(resting)
+
+
+def sleep_action(c: ContainerView, desired: DesiredState) -> Action:
+    recipe = desired.recipes.get(c.recipe or "")
+    level = recipe.sleep.level if recipe is not None and recipe.sleep is not None else 1
+    return Action(
+        kind=ActionKind.SLEEP,
+        reason=_sleep_reason(desired, c.recipe or "", c.slots, level),
+        recipe=c.recipe,
+        gpus=c.slots,
+        container=c.name,
+        container_id=c.id,
+        recipe_hash=c.recipe_hash,
+        offload=c.offload,
+    )
+
+
+def sleep_after_enter(enter: Action, desired: DesiredState) -> Action:
+    """The sleep of a standby lane the plan enters cold: its container is the one the enter makes."""
+    recipe = desired.recipes[enter.recipe or ""]
+    level = recipe.sleep.level if recipe.sleep is not None else 1
+    return Action(
+        kind=ActionKind.SLEEP,
+        reason=_sleep_reason(desired, enter.recipe or "", enter.gpus, level) + " once its first enter is healthy",
+        recipe=enter.recipe,
+        gpus=enter.gpus,
+        container=container_name(enter.recipe or "", enter.gpus),
+        recipe_hash=enter.recipe_hash,
+        offload=enter.offload,
+    )
+
+
+def _sleep_reason(desired: DesiredState, recipe: str, slots: tuple[str, ...], level: int) -> str:
+    key = assignment_key(recipe, slots)
+    on = [n for n in desired.standby_topologies if any(a.key == key for a in desired.topologies.get(n, ()))]
+    return (
+        f"{key} is a lane of standby topology {', '.join(on) or '?'} while {desired.topology} runs: drain, then "
+        f"sleep (level {level}); a lane that will not sleep is left (stopped) instead"
+    )
+
+
+def wake_action(c: ContainerView, desired: DesiredState) -> Action:
+    recipe = desired.recipes.get(c.recipe or "")
+    level = recipe.sleep.level if recipe is not None and recipe.sleep is not None else 1
+    how = "wake" if level == 1 else "wake the weights, reload them, wake the KV cache"
+    return Action(
+        kind=ActionKind.WAKE,
+        reason=f"{desired.topology} runs {assignment_key(c.recipe or '', c.slots)} and {c.name} sleeps (level "
+        f"{level}): {how}, then its preflight probes; a wake that fails is a failed enter",
+        recipe=c.recipe,
+        gpus=c.slots,
+        container=c.name,
+        container_id=c.id,
+        recipe_hash=c.recipe_hash,
+        offload=c.offload,
+    )
+
+
+def as_assignment(c: ContainerView, desired: DesiredState) -> DesiredAssignment:
+    r = desired.recipes[c.recipe or ""]
+    return DesiredAssignment(c.recipe or "", c.slots, r.content_hash(), r.offload.capacity_bytes)
+
+
+def wake_memory_problems(
+    c: ContainerView, desired: DesiredState, observed: Observed, settled_later: Collection[str]
+) -> Problems:
+    """Rule 1's memory half: on each card of the lane (but those a sleep or leave earlier in the plan frees, judged
+    again before the call), the memory its wake takes must be free beyond the card's reserve; else who holds it."""
+    gpus = observed.gpus
+    mem = observed.lane_memory.get(c.id)
+    if gpus.telemetry != "nvml" or not gpus.source.ok or mem is None:
+        return []
+    problems: Problems = []
+    for slot in c.slots:
+        need = mem.wake_needs(slot)
+        view = gpus.slots.get(slot)
+        v = slot_vram(desired.host, view)
+        if need is None or v is None or slot in settled_later:
+            continue
+        if v.free_bytes >= need + v.reserve_bytes:
+            continue
+        others = [p for p in (view.processes if view else ()) if p.container_id != c.id]
+        who = holders_text(others, observed)
+        problems.append(
+            (
+                f"waking {c.name} takes {human_bytes(need)} on {slot} (its awake footprint less what it holds "
+                f"asleep), but {slot} has {human_bytes(v.free_bytes)} free and keeps {human_bytes(v.reserve_bytes)} "
+                f"in reserve: {who}",
+                (others and f"pid {others[0].pid}") or f"{human_bytes(v.used_bytes)} in use",
+                "memory",
+            )
+        )
+    return problems
+
+
+def holders_text(processes: Sequence, observed: Observed) -> str:
+    """Who holds a card's memory, by pid and container."""
+    if not processes:
+        return "no other process is listed on it (something NVML does not show holds the memory)"
+    names = {c.id: c.name for c in observed.containers}
+    parts = []
+    for p in processes:
+        where = f" in container {names.get(p.container_id, p.container_id[:12])}" if p.container_id else ""
+        used = f", {human_bytes(p.used_bytes)}" if p.used_bytes else ""
+        parts.append(f"pid {p.pid}{f' ({p.command})' if p.command else ''}{where}{used}")
+    return "held by " + "; ".join(parts)
+
+
+def standby_waits(problems: Problems, awake_ours: Mapping[str, ContainerView]) -> tuple[Problems, list[str]]:
+    """A standby lane's enter problems split: those that are awake lanes of ours on its cards (it waits for them to
+    sleep, at the next switch: no blocker) and the rest."""
+    rest: Problems = []
+    waits: list[str] = []
+    for p in problems:
+        if len(p) > 1 and p[1] in awake_ours:
+            waits.append(p[1])
+        else:
+            rest.append(p)
+    return rest, waits
