@@ -318,6 +318,31 @@ class Root:
         self.write_recipe(name, data)
         return name
 
+    def sleeping_recipe(
+        self, label: str, *, tp: int = 1, level: int = 1, mode: str | None = None, start_timeout_s: float = 12
+    ) -> str:
+        """A copy of the demo's omni named ``label``-TAG on a port of its own, with ``tp`` workers and vLLM's sleep
+        mode: --enable-sleep-mode, VLLM_SERVER_DEV_MODE=1 and ``[sleep] level``. Returns its name."""
+        base = self.recipe(
+            "omni",
+            mode=mode,
+            start_timeout_s=start_timeout_s,
+            args=["--enable-sleep-mode"],
+            env={"VLLM_SERVER_DEV_MODE": "1"},
+        )
+        data = self.recipe_data(base)
+        (self.path / "configs" / "recipes" / f"{base}.toml").unlink()
+        del self.recipes["omni"]
+        name = f"{label}-{self.tag}"
+        cmd = set_flag(data["container"]["command"], "--tensor-parallel-size", str(tp))
+        cmd[2] = f"e2e/{name}"
+        data["model"]["id"] = cmd[2]
+        data["container"]["command"] = cmd
+        data["tensor_parallel_size"] = tp
+        data["sleep"] = {"level": level, "timeout_s": 20}
+        self.write_recipe(name, data)
+        return name
+
     def write_recipe(self, name: str, data: dict[str, Any]) -> None:
         """Write a recipe file atomically (a rename), as an editor's save would, so a watcher never reads half."""
         path = self.path / "configs" / "recipes" / f"{name}.toml"

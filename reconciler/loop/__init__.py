@@ -412,20 +412,7 @@ class Loop:
 
     def _count_outcome(self, o: Outcome) -> None:
         """One action's metrics, whoever took it: this loop, or its HTTP API or MCP (``ActionHooks``)."""
-        a = o.action
-        self.metrics.record_action(a.kind, "failed" if o.result == "interrupted" else o.result, o.seconds)
-        if o.result == "refused" and a.kind in (ActionKind.ENTER, ActionKind.WAKE):
-            # The enter's own tmpfs preflight, a wake's rule 1; refusals of the guard are counted from its result
-            # (_on_reclaim).
-            self.metrics.record_refusal(o.refusal)
-        if o.result == "ok" and a.kind in (ActionKind.ENTER, ActionKind.WAKE):
-            self.metrics.record_switch("wake" if a.kind is ActionKind.WAKE else "cold", o.seconds)
-        if o.reclaimed_bytes:
-            self.metrics.record_reclaim(o.reclaimed_bytes)
-        if "page_cache" in o.extra:
-            self.metrics.record_page_cache(o.extra["page_cache"])
-        if "dark_s" in o.extra:
-            self.metrics.record_dark(o.extra["dark_s"])
+        self.metrics.record_outcome(o)
 
     def _count_shm_reclaim(self, res: Any) -> None:
         """A confirmed ``shm reclaim`` through the HTTP API or MCP: its refusals and the bytes it freed."""

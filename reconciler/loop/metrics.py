@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -58,6 +59,9 @@ from reconciler.plan.actions import ActionKind, Fallback, Plan
 from reconciler.plan.claims import claimed_slots, owner_kind, slot_ids
 from reconciler.plan.observed import LABEL_HOST, ContainerView, Observed
 from reconciler.plan.vram import slot_vram, unlisted_used_bytes
+
+if TYPE_CHECKING:
+    from reconciler.apply.results import Outcome
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 # A label value is a line of text, not a log: long loader errors are cut here.
@@ -346,6 +350,21 @@ class Metrics(MetricFamilies):
         """A lane brought in by a wake or a cold enter, and how long it took to serve."""
         _check(how, ("wake", "cold"), "switch how")
         self.switch_seconds.labels(how=how).observe(max(seconds, 0.0))
+
+    def record_outcome(self, o: Outcome) -> None:
+        """One action's outcome: its count and duration, a refusal, a lane brought in, bytes freed, dark time."""
+        a = o.action
+        self.record_action(a.kind, "failed" if o.result == "interrupted" else o.result, o.seconds)
+        if o.result == "refused" and a.kind in (ActionKind.ENTER, ActionKind.WAKE):  # its own preflight or rule 1
+            self.record_refusal(o.refusal)  # (the guard's refusals are counted from its result: _on_reclaim)
+        if o.result == "ok" and a.kind in (ActionKind.ENTER, ActionKind.WAKE):
+            self.record_switch("wake" if a.kind is ActionKind.WAKE else "cold", o.seconds)
+        if o.reclaimed_bytes:
+            self.record_reclaim(o.reclaimed_bytes)
+        if "page_cache" in o.extra:
+            self.record_page_cache(o.extra["page_cache"])
+        if "dark_s" in o.extra:
+            self.record_dark(o.extra["dark_s"])
 
     def record_dark(self, dark: Mapping[str, float]) -> None:
         """An enter's dark time per slot (``Outcome.extra["dark_s"]``)."""

@@ -64,6 +64,8 @@ def observed_parts(observed: Observed) -> dict[str, list[str]]:
         f"{c.name} {c.id[:12]} {c.state} {c.image} "
         + hashlib.sha256(json.dumps(c.labels, sort_keys=True).encode()).hexdigest()[:12]
         + f" gpus={','.join(c.gpu_devices)} offload={c.offload}"
+        # A sleeping lane's own answer (sleeping lanes): asleep or awake decides between a sleep, a wake and nothing.
+        + (f" sleeping={observed.sleeping[c.id]}" if c.id in observed.sleeping else "")
         for c in observed.containers
         if c.gpu_devices or c.offload or any(k.startswith(LABEL_PREFIX) for k in c.labels)
     )

@@ -1,0 +1,129 @@
+"""Sleeping lanes on the real engine (docs/design.md, sleeping lanes): fake vLLM lanes with sleep mode
+(examples/fake-vllm: --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1), the split and the exclusive TP=2 lane both on
+standby, switched by ``reconciler switch NAME --wait`` as a whole process: the lanes are put to sleep and woken, never
+entered again (their containers keep their ids), a request in flight is answered before its lane sleeps (rule 5), a
+sleeping lane answers no request (rule 3), and a wake that fails is a failed enter, entered cold after it (rule 6).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+from e2e_helpers import Root
+
+A, B = "dark-compute-a", "dark-compute-b"
+
+pytestmark = pytest.mark.usefixtures("docker_api")
+
+
+def standby_manifest(root: Root, a: str, b: str, big: str, running: str = "split") -> None:
+    root.write_manifest_text(
+        f"host: {root.host}\n"
+        f"topology: {running}\n"
+        "standby: [split, exclusive]\n"
+        "topologies:\n"
+        "  split:\n"
+        f"    - {{recipe: {a}, gpus: [{A}]}}\n"
+        f"    - {{recipe: {b}, gpus: [{B}]}}\n"
+        "  exclusive:\n"
+        f"    - {{recipe: {big}, gpus: [{A}, {B}]}}\n"
+    )
+
+
+def ask(port: int, model: str, **extra: Any) -> tuple[int, str]:
+    body = {"model": model, "messages": [{"role": "user", "content": "Reply with the single word: ready"}], **extra}
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(), method="POST"
+    )
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError as exc:
+        return 0, str(exc)
+
+
+def kinds(r: Any) -> list[tuple[str, str, str]]:
+    return [(a["kind"], a["recipe"], a["result"]) for a in r.data["actions"]]
+
+
+def sleeping(root: Root) -> dict[str, bool | None]:
+    return {c["recipe"]: c["sleeping"] for c in root.status()["containers"] if c["state"] == "running"}
+
+
+def test_a_switch_between_standby_topologies_sleeps_and_wakes_the_same_containers(root: Root) -> None:
+    a, b = root.sleeping_recipe("small-a"), root.sleeping_recipe("small-b")
+    big = root.sleeping_recipe("big", tp=2, level=2)
+    standby_manifest(root, a, b, big)
+
+    first = root.apply()
+    assert first.rc == 0, first
+    # The standby lane first (its cards hold no awake lane yet), put to sleep once healthy; then the split.
+    assert kinds(first) == [
+        ("enter", big, "ok"),
+        ("sleep", big, "ok"),
+        ("enter", a, "ok"),
+        ("enter", b, "ok"),
+    ], kinds(first)
+    assert sleeping(root) == {a: False, b: False, big: True}
+    ids = {c["recipe"]: c["id"] for c in root.status()["containers"]}
+    big_port, a_port = root.port_of(big), root.port_of(a)
+    assert ask(big_port, f"e2e/{big}")[0] == 503  # asleep: it answers no request (rule 3)
+    assert ask(a_port, f"e2e/{a}")[0] == 200
+
+    there = root.cli("switch", "exclusive", "--wait", "--json")
+    assert there.rc == 0, there
+    assert sorted(kinds(there)) == sorted([("sleep", a, "ok"), ("sleep", b, "ok"), ("wake", big, "ok")]), kinds(there)
+    wake = next(x for x in there.data["actions"] if x["kind"] == "wake")
+    assert "reloaded" in json.dumps(wake) or "awake (level 2)" in wake["detail"], wake
+    assert set(wake["dark_s"]) == {A, B}, wake
+    assert sleeping(root) == {a: True, b: True, big: False}
+    assert {c["recipe"]: c["id"] for c in root.status()["containers"]} == ids  # nothing entered again
+    assert ask(big_port, f"e2e/{big}")[0] == 200 and ask(a_port, f"e2e/{a}")[0] == 503
+
+    # Back, with a request held in flight on the exclusive lane: it is answered before the lane sleeps (rule 5).
+    answers: list[tuple[int, str]] = []
+    held = threading.Thread(target=lambda: answers.append(ask(big_port, f"e2e/{big}", fake_hold_s=3)), daemon=True)
+    held.start()
+    back = root.cli("switch", "split", "--wait", "--json")
+    held.join(30)
+    assert back.rc == 0, back
+    assert sorted(kinds(back)) == sorted([("sleep", big, "ok"), ("wake", a, "ok"), ("wake", b, "ok")]), kinds(back)
+    assert answers and answers[0][0] == 200, answers
+    sleep = next(x for x in back.data["actions"] if x["kind"] == "sleep")
+    assert sleep["drain"]["drained"] is True and sleep["drain"]["requests_at_start"] >= 1, sleep
+    assert sleeping(root) == {a: False, b: False, big: True}
+    assert {c["recipe"]: c["id"] for c in root.status()["containers"]} == ids
+    plan = root.cli("plan", "--json")
+    assert plan.rc == 0 and plan.data["actions"] == [], plan
+
+
+def test_a_wake_that_fails_is_a_failed_enter_and_the_lane_is_entered_cold(root: Root) -> None:
+    a, b = root.sleeping_recipe("small-a"), root.sleeping_recipe("small-b")
+    big = root.sleeping_recipe("big", tp=2)
+    standby_manifest(root, a, b, big)
+    assert root.apply().rc == 0
+    # The sleeping lane's engine now fails every wake.
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{root.port_of(big)}/fake/mode", data=json.dumps({"mode": "wake-fail"}).encode()
+    )
+    urllib.request.urlopen(req, timeout=5).close()
+    failed = root.cli("switch", "exclusive", "--wait", "--json")
+    assert failed.rc == 1, failed
+    wake = next(x for x in failed.data["actions"] if x["kind"] == "wake")
+    assert wake["result"] == "failed" and "wake " in wake["detail"] and "Kept as reconciler-" in wake["detail"], wake
+    assert "fake wake failure" in wake["detail"], wake
+    kept = [c for c in root.containers() if "-failed-" in c["Names"][0]]
+    assert len(kept) == 1 and kept[0]["State"] == "exited", kept
+    # The next apply enters it cold (a fresh container, whose engine wakes as it should).
+    again = root.apply()
+    assert again.rc == 0, again
+    assert ("enter", big, "ok") in kinds(again), kinds(again)
+    assert sleeping(root)[big] is False
