@@ -104,6 +104,12 @@ def test_a_switch_between_standby_topologies_sleeps_and_wakes_the_same_container
     plan = root.cli("plan", "--json")
     assert plan.rc == 0 and plan.data["actions"] == [], plan
 
+    # Off standby: the sleeping exclusive lane leaves from beside the awake split (their cards stay theirs).
+    root.write_manifest_text(root.manifest_path.read_text().replace("standby: [split, exclusive]\n", ""))
+    off = root.apply()
+    assert off.rc == 0 and kinds(off) == [("leave", big, "ok")], off
+    assert sleeping(root) == {a: False, b: False}
+
 
 def test_a_wake_that_fails_is_a_failed_enter_and_the_lane_is_entered_cold(root: Root) -> None:
     a, b = root.sleeping_recipe("small-a"), root.sleeping_recipe("small-b")

@@ -16,16 +16,27 @@ from reconciler.base.errors import ReconcilerError
 from reconciler.plan.actions import Action, ActionKind, Plan
 
 
+# Actions that may run together: those that take lanes out (a leave, a sleep), those that bring lanes in (an enter,
+# a wake), prunes; on disjoint slots each is judged on its own cards (a wake's rule 1 on its own). A reclaim is alone.
+_PHASE = {
+    ActionKind.LEAVE: "out",
+    ActionKind.SLEEP: "out",
+    ActionKind.ENTER: "in",
+    ActionKind.WAKE: "in",
+    ActionKind.PRUNE: "prune",
+}
+
+
 def concurrent_group(actions: tuple[Action, ...]) -> list[Action]:
-    """Pure: the plan's first action and the actions right after it that may run at the same time: of the same kind
-    (leaves, then enters; a reclaim always alone) and on slots none of the others uses."""
+    """Pure: the plan's first action and the actions right after it that may run at the same time: of the same phase
+    (leaves and sleeps, then enters and wakes; a reclaim always alone) and on slots none of the others uses."""
     first = actions[0]
     group = [first]
     if first.kind is ActionKind.RECLAIM:
         return group
     used = set(first.gpus)
     for a in actions[1:]:
-        if a.kind is not first.kind or not a.gpus or used & set(a.gpus):
+        if _PHASE.get(a.kind) != _PHASE[first.kind] or not a.gpus or used & set(a.gpus):
             break
         group.append(a)
         used |= set(a.gpus)

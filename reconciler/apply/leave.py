@@ -83,9 +83,12 @@ class LeaveSteps(DrainStep):
         after = self.observe()
         if any(x.id == cid and x.active for x in after.containers):
             raise ActionFailed(f"{c.name} is still running after stop")
-        # A sleeping lane beside it (its own answer says so) stays on these cards by design (sleeping lanes rule 2).
-        asleep = {x for x, s in after.sleeping.items() if s}
-        held = slot_holders(self.desired, after, skip=asleep)
+        # A lane of sleeping mode that shared these cards with it stays there by design (sleeping lanes rule 2: one
+        # asleep beside an awake one, or the awake one beside this sleeping lane).
+        beside = {x.id for x in observed.containers if x.id != cid and x.active and self.desired.sleeps(x.recipe)} | {
+            x for x, asleep in after.sleeping.items() if asleep
+        }
+        held = slot_holders(self.desired, after, skip=beside)
         holders = sorted({x.name for slot in c.slots for x in held.get(slot, ())})
         if holders:
             raise ActionFailed(f"slots {','.join(c.slots)} still held by {', '.join(holders)} after leave")
