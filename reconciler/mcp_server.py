@@ -58,7 +58,8 @@ INSTRUCTIONS = (
     "host_manage changes the host: action 'reclaim-shared-memory' is a dry run unless "
     "confirm is true (it lists exactly what a confirmed call removes, and removes only orphan offload files, never "
     "while a native-offload container runs); action 'apply' carries out a plan made by host_plan, named by its "
-    "plan_id, and is refused when anything changed since that plan was made."
+    "plan_id, and is refused when anything changed since that plan was made; action 'switch' sets the running "
+    "topology, which the loop converges."
 )
 
 
@@ -112,8 +113,14 @@ class ProbeArgs(_Args):
 
 
 class ManageArgs(_Args):
-    action: Literal["reclaim-shared-memory", "apply"] = Field(
-        description="'reclaim-shared-memory' (dry run unless confirm) or 'apply' (needs plan_id)"
+    action: Literal["reclaim-shared-memory", "apply", "switch"] = Field(
+        description="'reclaim-shared-memory' (dry run unless confirm), 'apply' (needs plan_id) or 'switch' (needs "
+        "topology)"
+    )
+    topology: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$",
+        description="switch: the topology to run, a name under the manifest's topologies: (the loop converges it)",
     )
     confirm: bool = Field(False, description="reclaim-shared-memory: actually remove the orphans (JSON true)")
     plan_id: str | None = Field(
@@ -122,6 +129,21 @@ class ManageArgs(_Args):
     paths: list[str] | None = Field(
         None, max_length=4096, description="reclaim-shared-memory: remove nothing but these paths (from a dry run)"
     )
+
+
+def _manage_problem(args: ManageArgs) -> str:
+    """What host_manage's arguments lack or carry that their action does not take ("" when they are right)."""
+    if args.action == "reclaim-shared-memory" and args.plan_id is not None:
+        return "plan_id is for action 'apply'; reclaim-shared-memory takes confirm (and paths)"
+    if args.action == "apply" and not args.plan_id:
+        return "action 'apply' needs the plan_id of a plan made by host_plan (call host_plan first)"
+    if args.action != "reclaim-shared-memory" and (args.paths or args.confirm):
+        return "paths and confirm are for action 'reclaim-shared-memory'"
+    if (args.action == "switch") != (args.topology is not None):
+        return "action 'switch' needs topology (and only it takes one)"
+    if args.action == "switch" and args.plan_id is not None:
+        return "plan_id is for action 'apply'"
+    return ""
 
 
 REFUSED_KEY = "__refused__"  # put in a call's arguments by the stdio reader when the line itself was refused
@@ -204,25 +226,16 @@ def build_server(
     def host_manage(arguments: dict[str, Any]) -> Json:
         try:
             args = strict_args(ManageArgs, arguments, "host_manage")
-            if args.action == "reclaim-shared-memory" and args.plan_id is not None:
-                raise ToolError(
-                    "host_manage: plan_id is for action 'apply'; reclaim-shared-memory takes confirm (and "
-                    "paths); nothing was done"
-                )
-            if args.action == "apply" and not args.plan_id:
-                raise ToolError(
-                    "host_manage: action 'apply' needs the plan_id of a plan made by host_plan (call "
-                    "host_plan first); nothing was done"
-                )
-            if args.action == "apply" and (args.paths or args.confirm):
-                raise ToolError(
-                    "host_manage: paths and confirm are for action 'reclaim-shared-memory'; nothing was done"
-                )
+            problem = _manage_problem(args)
+            if problem:
+                raise ToolError(f"host_manage: {problem}; nothing was done")
         except ToolError as exc:
             refused(str(exc))
             raise
         if args.action == "reclaim-shared-memory":
             return _call(lambda: service().shm_reclaim(confirm=args.confirm, paths=args.paths))
+        if args.action == "switch":
+            return _call(lambda: service().switch(args.topology or ""))
         return _call(lambda: service().apply_saved(args.plan_id))
 
     tools = [
@@ -278,7 +291,9 @@ def build_server(
             "`reconciler shm reclaim --json`; refused while a native-offload container runs or a source cannot be "
             "read); 'paths' limits a confirmed reclaim to files a dry run listed. action 'apply': carry out the plan "
             "host_plan saved, named by plan_id; refused as stale, with what changed, when the host or its files "
-            "changed since. Arguments are checked strictly: any other type or argument is refused. Every call that "
+            "changed since. action 'switch': set the manifest's running topology to 'topology' (its topology: value "
+            "alone; the same JSON as `reconciler switch NAME --json`), which the loop then converges (sleeping lanes "
+            "wake in seconds). Arguments are checked strictly: any other type or argument is refused. Every call that "
             "changes something, or is refused, is written to the host's audit trail.",
             annotations=ToolAnnotations(title="Manage the host", **DESTRUCTIVE),
         ),

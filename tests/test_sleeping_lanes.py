@@ -11,10 +11,11 @@ import json
 import threading
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import Root
+from e2e_helpers import LoopProcess, Root, wait_until
 
 A, B = "dark-compute-a", "dark-compute-b"
 
@@ -133,3 +134,60 @@ def test_a_wake_that_fails_is_a_failed_enter_and_the_lane_is_entered_cold(root: 
     assert again.rc == 0, again
     assert ("enter", big, "ok") in kinds(again), kinds(again)
     assert sleeping(root)[big] is False
+
+
+def test_the_api_and_mcp_switch_as_the_command_does_and_the_loop_converges_it(root: Root, tmp_path: Path) -> None:
+    import asyncio
+
+    from test_api import TOKEN, Api, token_file
+    from test_mcp import on_http, structured
+
+    a, b = root.sleeping_recipe("small-a"), root.sleeping_recipe("small-b")
+    big = root.sleeping_recipe("big", tp=2)
+    standby_manifest(root, a, b, big)
+    lp = LoopProcess(root, "--api-token-file", str(token_file(tmp_path)))
+    try:
+        lp.wait("pass", result="converged", timeout=90)
+        api = Api(f"http://{lp.addr}", TOKEN)
+        assert sleeping(root) == {a: False, b: False, big: True}
+
+        # An unknown topology: refused, the file unchanged.
+        before = root.manifest_path.read_bytes()
+        status, _, body = api.post("/v1/switch", {"topology": "nowhere"})
+        assert status == 409 and "nowhere" in body["error"], body
+        status, _, body = api.post("/v1/switch", {"topology": "x", "wait": True})
+        assert status == 400, body
+        assert root.manifest_path.read_bytes() == before
+
+        status, _, body = api.post("/v1/switch", {"topology": "exclusive"})
+        assert status == 200 and body["topology"] == "exclusive" and body["from"] == "split", body
+        wait_until(lambda: sleeping(root) == {a: True, b: True, big: False}, timeout=60, what="the loop's wake")
+
+        async def back(session: Any) -> dict[str, Any]:
+            res = await session.call_tool("host_manage", {"action": "switch", "topology": "split"})
+            return structured(res)
+
+        done = asyncio.run(on_http(f"http://{lp.addr}/mcp", TOKEN, back))
+        assert done["topology"] == "split" and done["changed"] is True, done
+        wait_until(lambda: sleeping(root) == {a: False, b: False, big: True}, timeout=60, what="the loop's switch back")
+
+        def metrics() -> str:
+            return urllib.request.urlopen(f"http://{lp.addr}/metrics", timeout=10).read().decode()
+
+        # The loop exports what its pass saw once the pass ends: a moment after the host got there.
+        wanted = (
+            f'reconciler_lane_sleeping{{recipe="{big}",slots="{A},{B}"}} 1.0',
+            f'reconciler_lane_sleeping{{recipe="{a}",slots="{A}"}} 0.0',
+        )
+
+        def exported() -> str | None:
+            m = metrics()
+            return m if all(w in m for w in wanted) else None
+
+        text = wait_until(exported, timeout=30, what="the sleeping lanes in the loop's metrics")
+        wakes = [ln for ln in text.splitlines() if ln.startswith('reconciler_switch_seconds_count{how="wake"}')]
+        assert wakes and float(wakes[0].split()[-1]) >= 3, wakes
+        fronts = {r.get("front") for r in api.get("/v1/audit")[2]["records"] if r.get("action") == "switch"}
+        assert {"api", "mcp"} <= fronts, fronts
+    finally:
+        lp.stop()

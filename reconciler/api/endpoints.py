@@ -16,7 +16,15 @@ from starlette.responses import JSONResponse, Response
 
 from reconciler import __version__
 from reconciler.api.limits import MAX_BODY
-from reconciler.api.request_models import ApplyBody, AuditQuery, ErrorBody, PlanQuery, ProbeQuery, ReclaimBody
+from reconciler.api.request_models import (
+    ApplyBody,
+    AuditQuery,
+    ErrorBody,
+    PlanQuery,
+    ProbeQuery,
+    ReclaimBody,
+    SwitchBody,
+)
 from reconciler.api.routes import (
     get_audit,
     get_healthz,
@@ -27,6 +35,7 @@ from reconciler.api.routes import (
     get_status,
     post_apply,
     post_reclaim,
+    post_switch,
 )
 
 
@@ -78,6 +87,15 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "apply a saved plan; refused when stale",
         body=ApplyBody,
         responses={"409": "stale, blocked or failed (the body says which)"},
+    ),
+    Endpoint(
+        "/v1/switch",
+        "POST",
+        post_switch,
+        "switch NAME --json: set the manifest's running topology (its topology: value alone, every other byte "
+        "kept); the loop converges it",
+        body=SwitchBody,
+        responses={"409": "refused: an unknown topology, no named topologies, or a file changed meanwhile"},
     ),
     Endpoint("/v1/openapi.json", "GET", get_openapi, "this description", command=False),
     Endpoint("/metrics", "GET", get_metrics, "Prometheus metrics (text exposition format)", command=False, public=True),

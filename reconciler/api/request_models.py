@@ -1,4 +1,4 @@
-"""What a request may carry, checked before a route calls the service: the bodies (``ReclaimBody``, ``ApplyBody``)
+"""What a request may carry, checked before a route calls the service: the bodies (``ReclaimBody``, ``ApplyBody``, ``SwitchBody``)
 and queries (``PlanQuery``, ``AuditQuery``, ``ProbeQuery``) as pydantic models, ``ErrorBody`` (what a refused
 request gets), and their readers: ``strict_json`` (one strict parser for every body), ``_query`` and ``_body``
 (a ``_BadRequest`` naming the field and why).
@@ -45,6 +45,12 @@ class ApplyBody(_Strict):
     """POST /v1/apply: carry out a plan saved by GET /v1/plan?save=true."""
 
     plan_id: str = Field(pattern=r"^[0-9a-f]{32}$", description="from GET /v1/plan?save=true")
+
+
+class SwitchBody(_Strict):
+    """POST /v1/switch: set the manifest's running topology (its ``topology:`` value alone); the loop converges it."""
+
+    topology: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$", description="a name under the manifest's topologies:")
 
 
 class _Query(BaseModel):

@@ -1,5 +1,5 @@
 """The API's routes, one function each (``get_status``, ``get_plan``, ``get_shm``, ``get_audit``, ``get_probe``,
-``post_reclaim``, ``post_apply``, ``get_metrics``, ``get_healthz``), and what they share: ``AppContext`` (on
+``post_reclaim``, ``post_apply``, ``post_switch``, ``get_metrics``, ``get_healthz``), and what they share: ``AppContext`` (on
 ``app.state.ctx``: the root, the token, the loop's pass lock, metrics and health), ``SharedScrape`` (/metrics
 rendered once for all the scrapes waiting) and ``_run`` (one service call in a worker thread, its answer or its
 error, never a traceback).
@@ -27,6 +27,7 @@ from reconciler.api.request_models import (
     PlanQuery,
     ProbeQuery,
     ReclaimBody,
+    SwitchBody,
     _body,
     _Query,
     _query,
@@ -220,6 +221,15 @@ async def post_apply(request: Request) -> Response:
         return _bad(request, exc, action="apply")
     cancel = _ctx(request).cancel
     return await _run(request, lambda s: s.apply_saved(body.plan_id, cancel=cancel), write=True)
+
+
+async def post_switch(request: Request) -> Response:
+    """``switch NAME --json``: the manifest's running topology set to NAME; the loop converges it (its file watch)."""
+    try:
+        body = await _body(request, SwitchBody)
+    except _BadRequest as exc:
+        return _bad(request, exc, action="switch")
+    return await _run(request, lambda s: s.switch(body.topology), write=True)
 
 
 async def get_metrics(request: Request) -> Response:

@@ -15,7 +15,6 @@ from reconciler.apply.results import Outcome
 from reconciler.base.errors import ReconcilerError
 from reconciler.plan.actions import Action, ActionKind, Plan
 
-
 # Actions that may run together: those that take lanes out (a leave, a sleep), those that bring lanes in (an enter,
 # a wake), prunes; on disjoint slots each is judged on its own cards (a wake's rule 1 on its own). A reclaim is alone.
 _PHASE = {

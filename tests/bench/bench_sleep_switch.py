@@ -102,7 +102,7 @@ def switch(root: Root, name: str, old: dict[str, Client], new: dict[str, Client]
         last = old[slot].last_before(first) if first is not None and slot in old else None
         if first is not None and last is not None:
             seen[slot] = first - last
-    kinds = sorted(f"{a['kind']} {a['recipe']}" for a in res.data["actions"])
+    kinds = sorted(f"{a['kind']} {a['recipe']} {a['seconds']:.2f}s" for a in res.data["actions"])
     return {"total": total, "reported": reported, "seen": seen, "actions": kinds}
 
 
