@@ -135,6 +135,16 @@ def test_a_wake_that_fails_is_a_failed_enter_and_the_lane_is_entered_cold(root: 
     assert ("enter", big, "ok") in kinds(again), kinds(again)
     assert sleeping(root)[big] is False
 
+    # Their recipes deleted and the manifest emptied: every lane leaves, the awake one from beside the sleeping ones
+    # (whose recipes, and so whose sleep mode, the files no longer tell).
+    root.manifest()
+    for name in (a, b, big):
+        (root.path / "configs" / "recipes" / f"{name}.toml").unlink()
+    gone = root.apply()
+    leaves = sorted(k for k in kinds(gone) if k[0] == "leave")
+    assert gone.rc == 0 and leaves == sorted(("leave", r, "ok") for r in (a, b, big)), kinds(gone)
+    assert root.running() == {}
+
 
 def test_the_api_and_mcp_switch_as_the_command_does_and_the_loop_converges_it(root: Root, tmp_path: Path) -> None:
     import asyncio

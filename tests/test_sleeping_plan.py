@@ -116,7 +116,7 @@ def test_an_empty_host_enters_the_standby_lane_first_puts_it_to_sleep_then_enter
     assert steps(p) == [("enter", "big"), ("sleep", "big"), ("enter", "small-a"), ("enter", "small-b")], p
     sleep = p.actions[1]
     assert sleep.container_id is None and sleep.container == LANES["big"][0]
-    assert "once its first enter is healthy" in sleep.reason
+    assert "once its first enter is healthy, drain, then sleep" in sleep.reason
 
 
 def test_a_missing_standby_lane_waits_for_a_switch_rather_than_darken_an_awake_lane() -> None:

@@ -13,7 +13,7 @@ from reconciler.apply.drain import DrainStep
 from reconciler.apply.errors import ActionFailed
 from reconciler.base.units import human_bytes
 from reconciler.plan.actions import Action
-from reconciler.plan.claims import slot_holders
+from reconciler.plan.claims import is_ours, slot_holders
 from reconciler.plan.observed import INACTIVE_STATES, NEVER_STARTED_STATES, Observed
 
 CLEAN_EXIT_CODES = (0, 143)  # exited by itself, or on the SIGTERM of `docker stop`
@@ -83,11 +83,12 @@ class LeaveSteps(DrainStep):
         after = self.observe()
         if any(x.id == cid and x.active for x in after.containers):
             raise ActionFailed(f"{c.name} is still running after stop")
-        # A lane of sleeping mode that shared these cards with it stays there by design (sleeping lanes rule 2: one
-        # asleep beside an awake one, or the awake one beside this sleeping lane).
-        beside = {x.id for x in observed.containers if x.id != cid and x.active and self.desired.sleeps(x.recipe)} | {
-            x for x, asleep in after.sleeping.items() if asleep
-        }
+        # Lanes of ours that shared these cards before the leave stay there (sleeping lanes rule 2: one asleep beside
+        # an awake one, or the awake one beside a sleeping lane that leaves; its recipe may be gone from the files).
+        host = self.desired.host.name
+        beside = {
+            x.id for x in observed.containers if x.id != cid and x.active and is_ours(x, host, observed.ownership)
+        } | {x for x, asleep in after.sleeping.items() if asleep}
         held = slot_holders(self.desired, after, skip=beside)
         holders = sorted({x.name for slot in c.slots for x in held.get(slot, ())})
         if holders:

@@ -68,7 +68,7 @@ def sleep_after_enter(enter: Action, desired: DesiredState) -> Action:
     level = recipe.sleep.level if recipe.sleep is not None else 1
     return Action(
         kind=ActionKind.SLEEP,
-        reason=_sleep_reason(desired, enter.recipe or "", enter.gpus, level) + " once its first enter is healthy",
+        reason=_sleep_reason(desired, enter.recipe or "", enter.gpus, level, first=True),
         recipe=enter.recipe,
         gpus=enter.gpus,
         container=container_name(enter.recipe or "", enter.gpus),
@@ -77,12 +77,15 @@ def sleep_after_enter(enter: Action, desired: DesiredState) -> Action:
     )
 
 
-def _sleep_reason(desired: DesiredState, recipe: str, slots: tuple[str, ...], level: int) -> str:
+def _sleep_reason(
+    desired: DesiredState, recipe: str, slots: tuple[str, ...], level: int, *, first: bool = False
+) -> str:
     key = assignment_key(recipe, slots)
     on = [n for n in desired.standby_topologies if any(a.key == key for a in desired.topologies.get(n, ()))]
+    when = "once its first enter is healthy, " if first else ""
     return (
-        f"{key} is a lane of standby topology {', '.join(on) or '?'} while {desired.topology} runs: drain, then "
-        f"sleep (level {level}); a lane that will not sleep is left (stopped) instead"
+        f"{key} is a lane of standby topology {', '.join(on) or '?'} while {desired.topology} runs: {when}drain, "
+        f"then sleep (level {level}); a lane that will not sleep is left (stopped) instead"
     )
 
 
