@@ -27,6 +27,7 @@ from reconciler.cli.common import (
     run_command,
     service,
 )
+from reconciler.cli.fleet import add_commands as add_fleet
 from reconciler.cli.install import add_commands as add_install
 from reconciler.cli.run import add_commands as add_run
 from reconciler.cli.shm import add_commands as add_shm
@@ -187,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_shm(sub, parents=[common])
     add_tools(sub, root=parser)
     add_install(sub, parents=[common])
+    add_fleet(sub, parents=[common])
     _describe(parser)
     return parser
 

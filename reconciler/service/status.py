@@ -112,6 +112,7 @@ def status_data(desired: DesiredState, observed: Observed, plan: Plan) -> dict[s
         "host": desired.host.name,
         "converged": plan.converged,
         "manifest": desired.manifest_path,
+        "topology": desired.topology,
         "gpu_telemetry": observed.gpus.telemetry,
         "gpu_source": observed.gpus.source.detail or observed.gpus.source.render(),
         # What the driver answers (learnt from its answers): "reported", "not reported" (WSL2), "unknown".
