@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -201,3 +202,42 @@ def test_the_api_and_mcp_switch_as_the_command_does_and_the_loop_converges_it(ro
         assert {"api", "mcp"} <= fronts, fronts
     finally:
         lp.stop()
+
+
+def test_a_lane_whose_drain_times_out_is_never_put_to_sleep_but_left(root: Root) -> None:
+    """Rule 5: POST /sleep is never sent with a request in flight. Rule 6: a lane that will not sleep is left."""
+    a, b = root.sleeping_recipe("small-a"), root.sleeping_recipe("small-b")
+    big = root.sleeping_recipe("big", tp=2)
+    data = root.recipe_data(a)
+    data["drain"] = {"timeout_s": 0.5}
+    root.write_recipe(a, data)
+    standby_manifest(root, a, b, big)
+    assert root.apply().rc == 0
+    port = root.port_of(a)
+    answers: list[tuple[int, str]] = []
+    held = threading.Thread(target=lambda: answers.append(ask(port, f"e2e/{a}", fake_hold_s=15)), daemon=True)
+    held.start()
+    seen: list[bool] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        from reconciler.observe.lane_sleep import ask_sleeping
+
+        while not stop.is_set():
+            said = ask_sleeping(f"http://127.0.0.1:{port}", timeout=1)
+            if isinstance(said, bool):
+                seen.append(said)
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    time.sleep(0.3)
+    r = root.cli("switch", "exclusive", "--wait", "--json")
+    stop.set()
+    watcher.join(5)
+    assert r.rc == 1, r
+    sleep = next(x for x in r.data["actions"] if x["kind"] == "sleep" and x["recipe"] == a)
+    assert sleep["result"] == "failed" and "would not sleep" in sleep["detail"], sleep
+    assert "drain timed out" in sleep["detail"] and "left (stopped) instead" in sleep["detail"], sleep
+    assert seen and True not in seen, "the lane was put to sleep with a request in flight"
+    assert root.cname(a, A) not in root.running()

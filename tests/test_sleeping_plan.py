@@ -13,11 +13,14 @@ from typing import Any
 import pytest
 from planner_fixtures import make_desired, make_observed
 
+from reconciler.apply.errors import ActionRefused
+from reconciler.apply.sleep import SleepSteps
 from reconciler.load.desired import standby_lanes
 from reconciler.model import GIB, DesiredAssignment, DesiredState, Recipe
 from reconciler.plan.actions import ActionKind, Plan
 from reconciler.plan.observed import LaneMemory, Observed
 from reconciler.plan.planner import plan
+from reconciler.plan.sleeping import wake_action
 
 A, B = "dark-compute-a", "dark-compute-b"
 
@@ -191,3 +194,49 @@ def test_a_cold_enter_beside_a_sleeping_lane_is_not_blocked_by_it(asleep: bool) 
     p = plan(d, observed_with(d, {"big": asleep}))
     want = [("enter", "small-a"), ("enter", "small-b")]
     assert steps(p) == ([] if asleep else [("sleep", "big")]) + want, p
+
+
+class _WakeCheck(SleepSteps):
+    """The apply layer's own check before a wake's call, on a given observation."""
+
+    def __init__(self, desired: DesiredState):
+        self.desired = desired
+
+
+@pytest.mark.parametrize(
+    ("others", "procs", "refused"),
+    [
+        ({"small-a": True, "small-b": True}, {}, ""),
+        ({"small-a": False, "small-b": True}, {}, "does not say it sleeps"),
+        ({"small-a": None, "small-b": True}, {}, "does not say it sleeps"),
+        ({"small-a": True, "small-b": True}, {B: [{"pid": 777, "command": "python hog.py"}]}, "pid 777"),
+    ],
+)
+def test_right_before_the_call_a_wake_is_refused_unless_every_other_lane_on_its_cards_sleeps(
+    others: dict[str, bool | None], procs: dict[str, list[dict[str, Any]]], refused: str
+) -> None:
+    """Rule 1 again in the apply layer, on the observation made right before POST /wake_up: an answer of the lanes
+    themselves, not the plan's, and no process but the sleeping lanes' on the cards."""
+    d = desired_with("exclusive")
+    o = observed_with(d, {**others, "big": True}, gpu_processes=procs)
+    big = next(c for c in o.containers if c.recipe == "big")
+    check = _WakeCheck(d)
+    if not refused:
+        check._check_wake(wake_action(big, d), big, o)
+        return
+    with pytest.raises(ActionRefused) as info:
+        check._check_wake(wake_action(big, d), big, o)
+    assert refused in info.value.cause, info.value.cause
+
+
+def test_right_before_the_call_a_foreign_container_on_its_cards_refuses_the_wake() -> None:
+    d = desired_with("exclusive")
+    o = observed_with(d, {"small-a": True, "small-b": True, "big": True})
+    squatter = make_observed(
+        {"observed": {"containers": [{"name": "squatter", "gpus": ["1"], "id": "ee" * 32}]}}, d
+    ).containers[0]
+    o = replace(o, containers=(*o.containers, squatter))
+    big = next(c for c in o.containers if c.recipe == "big")
+    with pytest.raises(ActionRefused) as info:
+        _WakeCheck(d)._check_wake(wake_action(big, d), big, o)
+    assert "squatter" in info.value.cause and info.value.reason == "gpu_held", info.value.cause
