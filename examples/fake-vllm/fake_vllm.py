@@ -43,7 +43,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-VERSION = "0.0.0+fake"
+# What GET /version answers, as vLLM does; FAKE_VLLM_VERSION stands for another release.
+VERSION = os.environ.get("FAKE_VLLM_VERSION") or "0.0.0+fake"
 GIB = 1 << 30
 # Linux 5.14+; Python's mmap module only exposes the constant when its build headers had it.
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
@@ -62,7 +63,7 @@ MODE_HELP = (
     "comma-separated switches: fail-start | never-healthy | crash-after=SECONDS | start-delay=SECONDS | "
     "models-missing | chat-error | bad-json | wrong-text | broken-stream | slow-chat=SECONDS | hold-requests | "
     "wrong-tool | bad-tool-args | ignore-tool-result | responses-empty | needle-wrong | fail-request=TEXT | "
-    "sleep-delay=SECONDS | wake-delay=SECONDS | sleep-fail | wake-fail "
+    "sleep-delay=SECONDS | wake-delay=SECONDS | sleep-fail | wake-fail | unlink-mapped "
     f"(default from ${MODE_ENV}; empty = a normal server)"
 )
 # Sleep mode (vLLM's --enable-sleep-mode): its endpoints exist only with this variable set to 1, as in vLLM.
@@ -86,6 +87,7 @@ _FLAG_SWITCHES = (
     "needle-wrong",
     "sleep-fail",
     "wake-fail",
+    "unlink-mapped",
 )
 _SECONDS_SWITCHES = {
     "crash-after": "crash_after_s",
@@ -143,6 +145,9 @@ class Mode:
     wake_delay_s: float = 0.0
     sleep_fail: bool = False
     wake_fail: bool = False
+    # A current vLLM (PR #52596): the offload file is unlinked as soon as every worker has mapped it, so while the
+    # engine runs its bytes have no name (" (deleted)" in /proc/PID/maps) and only statfs counts them.
+    unlink_mapped: bool = False
 
     def __str__(self) -> str:
         words = [w for w in _FLAG_SWITCHES if getattr(self, w.replace("-", "_"))]
@@ -790,6 +795,8 @@ def make_server(
             self.mode = switches.mode
             if self.path == "/health":
                 self._answer(200 if health.ready else 503, {} if health.ready else {"status": "starting"})
+            elif self.path == "/version":
+                self._answer(200, {"version": VERSION})
             elif self.path == "/v1/models" and health.ready:
                 served = (
                     []
@@ -1273,6 +1280,12 @@ def serve(settings: Settings) -> int:
                     f"All {len(workers)} workers ready"
                     + (f"; {settings.offload_path} mapped by each" if settings.offload_bytes else ""),
                 )
+                if settings.offload_bytes and settings.mode.unlink_mapped:
+                    os.unlink(settings.offload_path)
+                    log(
+                        "INFO",
+                        f"Unlinked {settings.offload_path} once every worker mapped it ({MODE_ENV}=unlink-mapped)",
+                    )
                 crash_after = settings.mode.crash_after_s
                 if settings.mode.never_healthy:
                     log("WARNING", f"never becoming healthy ({MODE_ENV}=never-healthy)")

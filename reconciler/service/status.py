@@ -7,6 +7,7 @@ docs/design.md, "JSON output", and ``reconciler.service.render.render_status`` t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,7 @@ from reconciler.observe import observe
 from reconciler.plan.actions import Plan
 from reconciler.plan.claims import owner_kind, slot_holders
 from reconciler.plan.enter_checks import enter_needs
-from reconciler.plan.observed import Observed
+from reconciler.plan.observed import ContainerView, Observed, ShmFile
 from reconciler.plan.planner import plan
 from reconciler.plan.vram import slot_vram, unlisted_used_bytes
 from reconciler.service.loop_view import loop_view
@@ -119,6 +120,8 @@ def status_data(desired: DesiredState, observed: Observed, plan: Plan) -> dict[s
                 "exit_code": c.exit_code,
                 "owner": whose[c.id],
                 "healthy": c.id in own.healthy,
+                # A current vLLM's offload file, unlinked once mapped: its bytes, held by this container's pids.
+                "shm_deleted_mapped_bytes": _deleted_mapped_bytes(shm.deleted_mapped, c),
             }
             for c in observed.containers
             if whose[c.id] != "foreign"
@@ -200,3 +203,9 @@ def status_of_invalid_files(root: str, exc: ConfigError) -> StatusResult:
         problems=[{"path": p.path, "line": p.line, "message": p.message} for p in exc.problems],
     )
     return StatusResult(data, observed)
+
+
+def _deleted_mapped_bytes(deleted: Sequence[ShmFile], c: ContainerView) -> int:
+    """The allocated bytes of the unlinked-but-mapped offload files some process of container ``c`` holds."""
+    names = {c.name, c.id, c.id[:12]}
+    return sum(f.allocated_bytes for f in deleted if any(o.container in names for o in f.owners))
