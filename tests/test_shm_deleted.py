@@ -81,6 +81,7 @@ def test_unlinked_offload_bytes_are_shown_counted_and_never_reclaimable(root: Ro
     status = root.status()
     [mine] = [c for c in status["containers"] if c["name"] == name_a]
     assert mine["shm_deleted_mapped_bytes"] == 24 * MIB
+    assert mine["vllm"]["offload_file"] == "unlinked"
     assert status["shm"]["deleted_mapped_bytes"] == 40 * MIB
 
     # Never reclaimable: neither the dry run nor a confirmed reclaim offers them, and the bytes stay mapped.
@@ -104,5 +105,6 @@ def test_unlinked_offload_bytes_are_shown_counted_and_never_reclaimable(root: Ro
     assert plan.rc == 2, plan
     assert [x["kind"] for x in plan.data["actions"]] == ["leave", "enter"], plan.data
     applied = root.apply()
-    assert applied.rc == 0, applied
+    causes = [(x.get("kind"), x.get("result"), x.get("detail")) for x in applied.data.get("actions", [])]
+    assert applied.rc == 0, "\n".join(map(str, causes))
     assert list(root.running()) == [root.cname(b, "dark-compute-b")]

@@ -70,6 +70,7 @@ MODE_HELP = (
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")  # vllm:engine_sleep_state's sleep_state label
 MIB_BYTES = 1 << 20
+OFFLOAD_TOKEN_BYTES = 1024  # bytes of KV cache a token moves to or from the offload file (the fake's own figure)
 # Switches that take no value, each breaking what one kind of functional probe checks (see the README).
 _FLAG_SWITCHES = (
     "fail-start",
@@ -1009,7 +1010,22 @@ def make_server(
                 "# HELP vllm:prefix_cache_hits Prefix cache hits, in terms of number of cached tokens.\n"
                 "# TYPE vllm:prefix_cache_hits counter\n"
                 f"vllm:prefix_cache_hits_total{{{label}}} {float(hits)}\n"
-                "# HELP vllm:engine_sleep_state Engine sleep state; awake = 0 means engine is sleeping.\n"
+                "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
+                "# TYPE vllm:kv_cache_usage_perc gauge\n"
+                f"vllm:kv_cache_usage_perc{{{label}}} {running / engine.max_num_seqs}\n"
+                + (
+                    # The offload connector's transfers: every prompt block stored, every prefix hit loaded back
+                    # (OFFLOAD_TOKEN_BYTES a token), with --kv-offloading-size only.
+                    "# HELP vllm:kv_offload_store_bytes Bytes stored from GPU to the offload medium.\n"
+                    "# TYPE vllm:kv_offload_store_bytes counter\n"
+                    f"vllm:kv_offload_store_bytes_total{{{label}}} {float(queries * OFFLOAD_TOKEN_BYTES)}\n"
+                    "# HELP vllm:kv_offload_load_bytes Bytes loaded from the offload medium to GPU.\n"
+                    "# TYPE vllm:kv_offload_load_bytes counter\n"
+                    f"vllm:kv_offload_load_bytes_total{{{label}}} {float(hits * OFFLOAD_TOKEN_BYTES)}\n"
+                    if settings.offload_bytes
+                    else ""
+                )
+                + "# HELP vllm:engine_sleep_state Engine sleep state; awake = 0 means engine is sleeping.\n"
                 "# TYPE vllm:engine_sleep_state gauge\n"
                 + "".join(
                     f'vllm:engine_sleep_state{{{label},sleep_state="{state}"}} {float(state == asleep)}\n'
