@@ -126,7 +126,7 @@ def status_data(
                 "healthy": c.id in own.healthy,
                 # A current vLLM's offload file, unlinked once mapped: its bytes, held by this container's pids.
                 "shm_deleted_mapped_bytes": _deleted_mapped_bytes(shm.deleted_mapped, c),
-                "vllm": _vllm(c, (lanes or {}).get(c.name), shm),
+                "vllm": _vllm(c, (lanes or {}).get(c.name), shm, asked=lanes is not None),
             }
             for c in observed.containers
             if whose[c.id] != "foreign"
@@ -217,7 +217,7 @@ def _deleted_mapped_bytes(deleted: Sequence[ShmFile], c: ContainerView) -> int:
     return sum(f.allocated_bytes for f in deleted if any(o.container in names for o in f.owners))
 
 
-def _vllm(c: ContainerView, reading: LaneReading | None, shm: ShmView) -> dict[str, Any]:
+def _vllm(c: ContainerView, reading: LaneReading | None, shm: ShmView, *, asked: bool) -> dict[str, Any]:
     """A container's vLLM as its server and the tmpfs say: its release, its gauges, and whether its offload file
     is ``named`` (in shm.dir) or ``unlinked`` (mapped with no name: a current vLLM), None where it holds none."""
     names = {c.name, c.id, c.id[:12]}
@@ -232,6 +232,8 @@ def _vllm(c: ContainerView, reading: LaneReading | None, shm: ShmView) -> dict[s
             "version": None,
             "offload_file": offload,
             "gauges": dict.fromkeys(GAUGE_KEYS),
-            "error": "not read: no running lane of this install",
+            "error": "not read: no running lane of this install"
+            if asked
+            else "not read: the files do not validate, so no lane's server is asked",
         }
     return {**reading.to_json(), "offload_file": offload}
