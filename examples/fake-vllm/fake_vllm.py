@@ -146,8 +146,9 @@ class Mode:
     wake_delay_s: float = 0.0
     sleep_fail: bool = False
     wake_fail: bool = False
-    # A current vLLM (PR #52596): the offload file is unlinked as soon as every worker has mapped it, so while the
-    # engine runs its bytes have no name (" (deleted)" in /proc/PID/maps) and only statfs counts them.
+    # A current vLLM (since its fix of the offload leak): the offload file is unlinked as soon as every worker has
+    # mapped it, so while the engine runs its bytes have no name (" (deleted)" in /proc/PID/maps) and only statfs
+    # counts them.
     unlink_mapped: bool = False
 
     def __str__(self) -> str:
