@@ -2,7 +2,7 @@
 # `make setup` installs the Debian packages the tests need and creates .venv/ (the project's own virtual
 # environment); `make demo` installs only what the demo needs (the engine, the venv, curl, jq). Everything else runs
 # .venv's Python.
-.PHONY: setup setup-demo demo test bench fresh soak schemas
+.PHONY: setup setup-demo demo test bench fresh soak schemas host-install
 
 PY := .venv/bin/python
 
@@ -34,3 +34,8 @@ schemas:
 # The README's two commands on a stock Debian container (Docker in Docker): see tests/fresh/run.sh.
 fresh: setup
 	bash tests/fresh/run.sh
+
+# README's "On your own GPU host" on a stock Debian 12 container: the wheel installed with pipx and with uv, init,
+# the loop as the unit starts it, converged, uninstalled (minutes, and PyPI's network): see tests/fresh/host.sh.
+host-install: setup
+	PYTHON=$(PY) bash tests/fresh/host.sh

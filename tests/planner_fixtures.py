@@ -192,8 +192,25 @@ def make_observed(case: dict[str, Any], desired: DesiredState) -> Observed:
                 state=f.get("state", "owned" if owners else "orphan"),
             )
         )
+    # `deleted:` files unlinked but still mapped (a current vLLM's offload file): no name, used space all the same.
+    deleted = []
+    for n, f in enumerate(shm_spec.get("deleted") or []):
+        size = int(f.get("gib", 1) * GIB)
+        owners = tuple(Owner(pid=2000 + n, via="map", container=o) for o in f.get("owners") or [])
+        deleted.append(
+            ShmFile(
+                path="/dev/shm/vllm_offload_deleted.mmap (deleted)",
+                dev=42,
+                inode=200 + n,
+                size_bytes=size,
+                allocated_bytes=size,
+                owners=owners,
+                state="owned",
+            )
+        )
     size = int(shm_spec.get("size_gib", 31.4) * GIB)
-    free = int(shm_spec.get("free_gib", 31.4 - sum(f.get("gib", 1) for f in shm_spec.get("files") or [])) * GIB)
+    held = [*(shm_spec.get("files") or []), *(shm_spec.get("deleted") or [])]
+    free = int(shm_spec.get("free_gib", 31.4 - sum(f.get("gib", 1) for f in held)) * GIB)
     docker = _source("docker", obs.get("docker"))
     shm = ShmView(
         dir="/dev/shm",
@@ -203,6 +220,8 @@ def make_observed(case: dict[str, Any], desired: DesiredState) -> Observed:
         docker=docker,
         files=tuple(files),
         blocking_containers=tuple(shm_spec.get("blocking") or ()),
+        deleted_mapped_bytes=sum(f.allocated_bytes for f in deleted),
+        deleted_mapped=tuple(deleted),
     )
     # This install's record of the containers it created: every managed one but a `copied:` one (a copy of a lane
     # made from its labels); `record: none`: an install from before the record (its first apply records them).

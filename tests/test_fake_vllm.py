@@ -625,3 +625,28 @@ def test_failures_on_demand_and_no_endpoints_without_dev_mode(tmp_path: Path, ru
     woke = start(run_fake, tmp_path / "d", "--enable-sleep-mode", env={**DEV, "FAKE_VLLM_MODE": "wake-fail"})
     assert post(woke, "/sleep", {})[0] == 200
     assert post(woke, "/wake_up", {})[0] == 500 and is_sleeping(woke), "a failed wake leaves it asleep"
+
+
+@pytest.mark.root
+def test_unlink_mapped_leaves_the_bytes_mapped_with_no_name(tmpfs_dir: Path, run_fake: Callable[..., HostRun]) -> None:
+    # A current vLLM (its offload file unlinked once every worker mapped it): no name in the dir, the bytes still
+    # used in statfs and mapped "(deleted)" by each worker; GET /version answers the release.
+    run = run_fake(
+        *offload_args(tmpfs_dir, "fixed"), "--fake-mode", "unlink-mapped", env={"FAKE_VLLM_VERSION": "0.11.2"}
+    )
+    port = run.port()
+    wait_until(lambda: health(port) == 200, timeout=10, what="health 200")
+    assert list(tmpfs_dir.iterdir()) == []
+    vfs = os.statvfs(tmpfs_dir)
+    assert (vfs.f_blocks - vfs.f_bfree) * vfs.f_frsize >= OFFLOAD_BYTES
+    workers = run.worker_pids()
+    assert len(workers) == 2
+    for pid in workers:
+        maps = Path("/proc", str(pid), "maps").read_text()
+        assert f"{tmpfs_dir}/vllm_offload_fixed.mmap (deleted)" in maps
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/version", timeout=2) as resp:
+        assert json.loads(resp.read()) == {"version": "0.11.2"}
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.wait() == 0
+    vfs = os.statvfs(tmpfs_dir)
+    assert (vfs.f_blocks - vfs.f_bfree) * vfs.f_frsize < MIB

@@ -43,7 +43,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-VERSION = "0.0.0+fake"
+# What GET /version answers, as vLLM does; FAKE_VLLM_VERSION stands for another release.
+VERSION = os.environ.get("FAKE_VLLM_VERSION") or "0.0.0+fake"
 GIB = 1 << 30
 # Linux 5.14+; Python's mmap module only exposes the constant when its build headers had it.
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
@@ -62,13 +63,14 @@ MODE_HELP = (
     "comma-separated switches: fail-start | never-healthy | crash-after=SECONDS | start-delay=SECONDS | "
     "models-missing | chat-error | bad-json | wrong-text | broken-stream | slow-chat=SECONDS | hold-requests | "
     "wrong-tool | bad-tool-args | ignore-tool-result | responses-empty | needle-wrong | fail-request=TEXT | "
-    "sleep-delay=SECONDS | wake-delay=SECONDS | sleep-fail | wake-fail "
+    "sleep-delay=SECONDS | wake-delay=SECONDS | sleep-fail | wake-fail | unlink-mapped "
     f"(default from ${MODE_ENV}; empty = a normal server)"
 )
 # Sleep mode (vLLM's --enable-sleep-mode): its endpoints exist only with this variable set to 1, as in vLLM.
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")  # vllm:engine_sleep_state's sleep_state label
 MIB_BYTES = 1 << 20
+OFFLOAD_TOKEN_BYTES = 1024  # bytes of KV cache a token moves to or from the offload file (the fake's own figure)
 # Switches that take no value, each breaking what one kind of functional probe checks (see the README).
 _FLAG_SWITCHES = (
     "fail-start",
@@ -86,6 +88,7 @@ _FLAG_SWITCHES = (
     "needle-wrong",
     "sleep-fail",
     "wake-fail",
+    "unlink-mapped",
 )
 _SECONDS_SWITCHES = {
     "crash-after": "crash_after_s",
@@ -143,6 +146,10 @@ class Mode:
     wake_delay_s: float = 0.0
     sleep_fail: bool = False
     wake_fail: bool = False
+    # A current vLLM (since its fix of the offload leak): the offload file is unlinked as soon as every worker has
+    # mapped it, so while the engine runs its bytes have no name (" (deleted)" in /proc/PID/maps) and only statfs
+    # counts them.
+    unlink_mapped: bool = False
 
     def __str__(self) -> str:
         words = [w for w in _FLAG_SWITCHES if getattr(self, w.replace("-", "_"))]
@@ -790,6 +797,8 @@ def make_server(
             self.mode = switches.mode
             if self.path == "/health":
                 self._answer(200 if health.ready else 503, {} if health.ready else {"status": "starting"})
+            elif self.path == "/version":
+                self._answer(200, {"version": VERSION})
             elif self.path == "/v1/models" and health.ready:
                 served = (
                     []
@@ -1002,7 +1011,22 @@ def make_server(
                 "# HELP vllm:prefix_cache_hits Prefix cache hits, in terms of number of cached tokens.\n"
                 "# TYPE vllm:prefix_cache_hits counter\n"
                 f"vllm:prefix_cache_hits_total{{{label}}} {float(hits)}\n"
-                "# HELP vllm:engine_sleep_state Engine sleep state; awake = 0 means engine is sleeping.\n"
+                "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
+                "# TYPE vllm:kv_cache_usage_perc gauge\n"
+                f"vllm:kv_cache_usage_perc{{{label}}} {running / engine.max_num_seqs}\n"
+                + (
+                    # The offload connector's transfers: every prompt block stored, every prefix hit loaded back
+                    # (OFFLOAD_TOKEN_BYTES a token), with --kv-offloading-size only.
+                    "# HELP vllm:kv_offload_store_bytes Bytes stored from GPU to the offload medium.\n"
+                    "# TYPE vllm:kv_offload_store_bytes counter\n"
+                    f"vllm:kv_offload_store_bytes_total{{{label}}} {float(queries * OFFLOAD_TOKEN_BYTES)}\n"
+                    "# HELP vllm:kv_offload_load_bytes Bytes loaded from the offload medium to GPU.\n"
+                    "# TYPE vllm:kv_offload_load_bytes counter\n"
+                    f"vllm:kv_offload_load_bytes_total{{{label}}} {float(hits * OFFLOAD_TOKEN_BYTES)}\n"
+                    if settings.offload_bytes
+                    else ""
+                )
+                + "# HELP vllm:engine_sleep_state Engine sleep state; awake = 0 means engine is sleeping.\n"
                 "# TYPE vllm:engine_sleep_state gauge\n"
                 + "".join(
                     f'vllm:engine_sleep_state{{{label},sleep_state="{state}"}} {float(state == asleep)}\n'
@@ -1273,6 +1297,12 @@ def serve(settings: Settings) -> int:
                     f"All {len(workers)} workers ready"
                     + (f"; {settings.offload_path} mapped by each" if settings.offload_bytes else ""),
                 )
+                if settings.offload_bytes and settings.mode.unlink_mapped:
+                    os.unlink(settings.offload_path)
+                    log(
+                        "INFO",
+                        f"Unlinked {settings.offload_path} once every worker mapped it ({MODE_ENV}=unlink-mapped)",
+                    )
                 crash_after = settings.mode.crash_after_s
                 if settings.mode.never_healthy:
                     log("WARNING", f"never becoming healthy ({MODE_ENV}=never-healthy)")

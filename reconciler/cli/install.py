@@ -1,6 +1,7 @@
 """Commands that set a host up: ``reconciler init [--dry-run]`` writes a root from what the machine says (the cards by
 NVML, WSL2, the engine, /dev/shm), never over a file that is there; ``reconciler systemd-unit`` prints the unit that
-runs the loop for this install (the package carries it: ``reconciler/data/reconciler.service``).
+runs the loop for this install (the package carries it: ``reconciler/data/reconciler.service``); ``reconciler
+alert-rules`` prints the Prometheus alert and record rules the package carries (``reconciler/data/prometheus/``).
 
 Registered by ``reconciler.cli.build_parser``; the service's ``init_root`` does the work, imported when the command
 runs (the start-up budget of every other command).
@@ -67,6 +68,15 @@ def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
         "--metrics-addr", default="127.0.0.1:9464", help="the loop's listener (default 127.0.0.1:9464, loopback)"
     )
     p.set_defaults(func=cmd_systemd_unit)
+    p = sub.add_parser(
+        "alert-rules",
+        parents=parents,
+        help="print the Prometheus alert and record rules for the loop's metrics (a rule file for Prometheus)",
+        description="Print the Prometheus rule file this package carries (the alerts and records on the loop's "
+        "metrics; configs/prometheus/alerts.yml in the repository): "
+        "`reconciler alert-rules > /etc/prometheus/rules/reconciler.yml`, named under rule_files.",
+    )
+    p.set_defaults(func=cmd_alert_rules)
 
 
 UNIT_EXEC = "ExecStart=/opt/reconciler/bin/reconciler run --root /etc/reconciler --metrics-addr 127.0.0.1:9464"
@@ -109,5 +119,11 @@ def cmd_systemd_unit(args: argparse.Namespace) -> int:
         text = render_unit(template, exe=args.exec or this_install(), root=root, metrics_addr=args.metrics_addr)
     except ValueError as exc:
         raise ReconcilerError(str(exc)) from None
+    print(text, end="", file=console(args).out)
+    return EXIT_OK
+
+
+def cmd_alert_rules(args: argparse.Namespace) -> int:
+    text = (files("reconciler") / "data" / "prometheus" / "alerts.yml").read_text(encoding="utf-8")
     print(text, end="", file=console(args).out)
     return EXIT_OK

@@ -39,6 +39,7 @@ from reconciler.loop.runtime import FairLock
 from reconciler.loop.triggers import EngineEvents, Triggers, watch_files
 from reconciler.model import DesiredState, assignment_key, container_name
 from reconciler.observe.docker_obs import DockerObserver
+from reconciler.observe.lanes import lane_readings
 from reconciler.plan.actions import ActionKind, Plan
 from reconciler.plan.vram import vram_by_slot
 from reconciler.store.audit import audit_log
@@ -328,8 +329,10 @@ class Loop:
             result = applier.converge(start=(observed, plan))
             after, final = applier.plan_now()
             self.metrics.observe_state(after, final)
+            self.metrics.observe_lanes(lane_readings(desired, after).values())
         else:
             result = applier.converge(start=(observed, plan))  # no actions: classifies only, changes nothing
+            self.metrics.observe_lanes(lane_readings(desired, observed).values())
         self._held = {assignment_key(h.recipe, h.gpus) for h in result.final.held}
         self._fallbacks_changed(result.final)
         for reason in pass_refusals(result):

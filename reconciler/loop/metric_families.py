@@ -26,6 +26,16 @@ ACTION_KINDS: tuple[str, ...] = tuple(k.value for k in ActionKind)
 # check said no (the reason goes to record_refusal).
 ACTION_RESULTS: tuple[str, ...] = ("ok", "failed", "refused")
 PAGE_CACHE_RESULTS: tuple[str, ...] = ("dropped", "refused", "skipped")
+# The lane's own gauges re-exported as reconciler_lane_<key> (observe/lanes.py LANE_GAUGES); absent while the lane's
+# /metrics does not show one. The offload bytes are the lane's counters as last read. Its sleep state is
+# reconciler_lane_sleeping{recipe,slots}, from its own GET /is_sleeping (sleeping lanes rule 3), not from here.
+LANE_GAUGE_HELP: dict[str, str] = {
+    "requests_running": "Requests the lane's engine runs now (vllm:num_requests_running).",
+    "requests_waiting": "Requests waiting in the lane's queue (vllm:num_requests_waiting).",
+    "kv_cache_usage_ratio": "The lane's KV cache in use, 0 to 1 (vllm:kv_cache_usage_perc).",
+    "offload_store_bytes": "Bytes the lane stored to its offload medium so far (vllm:kv_offload_store_bytes).",
+    "offload_load_bytes": "Bytes the lane loaded back from its offload medium so far (vllm:kv_offload_load_bytes).",
+}
 # owned/orphan/blocked: the states of ``shm status``; deleted: unlinked but still mapped by a live process.
 OFFLOAD_STATES: tuple[str, ...] = ("owned", "orphan", "blocked", "deleted")
 SOURCES: tuple[str, ...] = ("docker", "proc", "gpu")
@@ -317,6 +327,25 @@ class MetricFamilies:
             ["excused"],
             registry=r,
         )
+
+        # ---- each running lane's own server (observe/lanes.py): slot is the lane's slots, joined by ","
+        self.lane_info = Gauge(
+            f"{p}_lane_info",
+            "1 for each running lane of this install, with the vLLM release its server gives (GET /version; "
+            "empty when it gives none).",
+            ["recipe", "slot", "vllm_version"],
+            registry=r,
+        )
+        self.lane_up = Gauge(
+            f"{p}_lane_up",
+            "1 when the lane's /version and /metrics both answered at the last pass, else 0.",
+            ["recipe", "slot"],
+            registry=r,
+        )
+        self.lane_gauges = {
+            key: Gauge(f"{p}_lane_{key}", help_text, ["recipe", "slot"], registry=r)
+            for key, help_text in LANE_GAUGE_HELP.items()
+        }
 
         # ---- sources and config
         self.source_up = Gauge(

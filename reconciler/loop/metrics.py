@@ -55,6 +55,7 @@ from reconciler.loop.metric_families import (
 )
 from reconciler.loop.probe_metrics import ProbeCollector
 from reconciler.model import HostConfig
+from reconciler.observe.lanes import LaneReading
 from reconciler.plan.actions import ActionKind, Fallback, Plan
 from reconciler.plan.claims import claimed_slots, owner_kind, slot_ids
 from reconciler.plan.observed import LABEL_HOST, ContainerView, Observed
@@ -150,6 +151,8 @@ class Metrics(MetricFamilies):
         self._error_label: str | None = None
         self._fallback_labels: set[tuple[str, str, str]] = set()
         self._sleep_series: set[tuple[str, str]] = set()
+        self._lane_info: set[tuple[str, str, str]] = set()
+        self._lane_series: set[tuple[str, str]] = set()
         r = self.registry
         MetricFamilies.__init__(self, r)
 
@@ -310,6 +313,31 @@ class Metrics(MetricFamilies):
                 self.drift.set(0 if converged else 1)
                 if converged:
                     self.last_converged.set(self._clock())
+
+    def observe_lanes(self, readings: Iterable[LaneReading]) -> None:
+        """Export what each running lane's server said of itself at this pass; a lane gone since, or a gauge its
+        /metrics no longer shows, is removed (absent, never 0)."""
+        with self._lock:
+            info, series = set(), set()
+            for r in readings:
+                slot = ",".join(r.slots)
+                info.add((r.recipe, slot, r.version or ""))
+                series.add((r.recipe, slot))
+                self.lane_up.labels(recipe=r.recipe, slot=slot).set(0 if r.error else 1)
+                for key, g in self.lane_gauges.items():
+                    if key in r.gauges:
+                        g.labels(recipe=r.recipe, slot=slot).set(r.gauges[key])
+                    else:
+                        g.remove(r.recipe, slot)
+            for gone in self._lane_info - info:
+                self.lane_info.remove(*gone)
+            for labels in info:
+                self.lane_info.labels(*labels).set(1)
+            for left in self._lane_series - series:
+                self.lane_up.remove(*left)
+                for g in self.lane_gauges.values():
+                    g.remove(*left)
+            self._lane_info, self._lane_series = info, series
 
     def record_listener_restart(self) -> None:
         self.listener_restarts.inc()

@@ -363,8 +363,11 @@ def _offload_room(observed: Observed, leaving: Collection[str | None], reclaim: 
     shm = observed.shm
     # Owners are named by container name (or id); these are the names of everything planned to leave.
     gone = {n for c in observed.containers if c.id in leaving for n in (c.name, c.id, c.id[:12])}
+    # A current vLLM's file, unlinked once mapped (deleted_mapped), is freed the same way: its last holder exits.
     freed_by_leaves = sum(
-        f.allocated_bytes for f in shm.files if f.owners and all(o.container in gone for o in f.owners)
+        f.allocated_bytes
+        for f in (*shm.files, *shm.deleted_mapped)
+        if f.owners and all(o.container in gone for o in f.owners)
     )
     blocked_orphans = shm.by_state("blocked")
     if blocked_orphans and shm.blocking_containers and all(n in gone for n in shm.blocking_containers):

@@ -183,7 +183,8 @@ def render_status(data: dict[str, Any], s: Style) -> str:
     out = _status_head(data, s)
     out.append("")
     out.append(s.bold("GPU slots"))
-    out.extend(_slot_line(slot, v, s) for slot, v in data["slots"].items())
+    versions = {c["name"]: (c.get("vllm") or {}).get("version") for c in data["containers"]}
+    out.extend(_slot_line(slot, v, s, versions) for slot, v in data["slots"].items())
     out.append("")
     out.extend(_shm_lines(data, s))
     out.extend(_preserved_lines(data, s))
@@ -224,9 +225,15 @@ def _status_head(data: dict[str, Any], s: Style) -> list[str]:
     return out
 
 
-def _slot_line(slot: str, v: dict[str, Any], s: Style) -> str:
-    """One GPU slot: what the manifest wants there, what holds it now, and its card."""
-    held = [f"{c['name']} ({_whose(c)}, {c['state']})" for c in v["containers"]]
+def _slot_line(slot: str, v: dict[str, Any], s: Style, versions: dict[str, str | None] | None = None) -> str:
+    """One GPU slot: what the manifest wants there, what holds it now (with the vLLM release its server gives),
+    and its card."""
+    held = [
+        f"{c['name']} ({_whose(c)}, {c['state']}"
+        + (f", vLLM {(versions or {})[c['name']]}" if (versions or {}).get(c["name"]) else "")
+        + ")"
+        for c in v["containers"]
+    ]
     held += [
         f"pid {p['pid']} "
         + (clip(p["command"], 60) if p["command"] else "(not found in this /proc: another pid namespace, or gone)")

@@ -7,6 +7,7 @@ docs/design.md, "JSON output", and ``reconciler.service.render.render_status`` t
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,10 +17,11 @@ from reconciler.load.host_file import load_host
 from reconciler.load.recipes import load_recipes
 from reconciler.model import DesiredAssignment, DesiredState
 from reconciler.observe import observe
+from reconciler.observe.lanes import GAUGE_KEYS, LaneReading, lane_readings
 from reconciler.plan.actions import Plan
 from reconciler.plan.claims import owner_kind, slot_holders
 from reconciler.plan.enter_checks import enter_needs
-from reconciler.plan.observed import ContainerView, Observed
+from reconciler.plan.observed import ContainerView, Observed, ShmFile, ShmView
 from reconciler.plan.planner import plan
 from reconciler.plan.vram import slot_vram, unlisted_used_bytes
 from reconciler.service.loop_view import loop_view
@@ -32,8 +34,11 @@ if TYPE_CHECKING:
     from reconciler.service.host_service import HostService
 
 
-def status_data(desired: DesiredState, observed: Observed, plan: Plan) -> dict[str, Any]:
-    """The JSON of ``reconciler status``: per slot what is desired and what holds it, containers, shm, sources."""
+def status_data(
+    desired: DesiredState, observed: Observed, plan: Plan, lanes: Mapping[str, LaneReading] | None = None
+) -> dict[str, Any]:
+    """The JSON of ``reconciler status``: per slot what is desired and what holds it, containers, shm, sources;
+    ``lanes``, what each running lane's server said of itself (``lane_readings``), by container name."""
     held = slot_holders(desired, observed)
     want = desired.slot_owner()
     own = observed.ownership
@@ -135,6 +140,9 @@ def status_data(desired: DesiredState, observed: Observed, plan: Plan) -> dict[s
                 "owner": whose[c.id],
                 "healthy": c.id in own.healthy,
                 "sleeping": sleeping(c),
+                # A current vLLM's offload file, unlinked once mapped: its bytes, held by this container's pids.
+                "shm_deleted_mapped_bytes": _deleted_mapped_bytes(shm.deleted_mapped, c),
+                "vllm": _vllm(c, (lanes or {}).get(c.name), shm, asked=lanes is not None),
             }
             for c in observed.containers
             if whose[c.id] != "foreign"
@@ -167,7 +175,8 @@ def host_status(service: HostService) -> StatusResult:
     except ConfigError as exc:
         return status_of_invalid_files(service.root, exc)
     observed = observe(desired.host, **enter_needs(desired))
-    data = status_data(desired, observed, plan(desired, observed, **loop_view(desired.host.name)))
+    lanes = lane_readings(desired, observed)
+    data = status_data(desired, observed, plan(desired, observed, **loop_view(desired.host.name)), lanes)
     data["probe_suites"] = last_suites(desired.host.name, set(desired.recipes))
     if observed.unavailable():
         data["error"] = sources_error(observed)
@@ -216,3 +225,31 @@ def status_of_invalid_files(root: str, exc: ConfigError) -> StatusResult:
         problems=[{"path": p.path, "line": p.line, "message": p.message} for p in exc.problems],
     )
     return StatusResult(data, observed)
+
+
+def _deleted_mapped_bytes(deleted: Sequence[ShmFile], c: ContainerView) -> int:
+    """The allocated bytes of the unlinked-but-mapped offload files some process of container ``c`` holds."""
+    names = {c.name, c.id, c.id[:12]}
+    return sum(f.allocated_bytes for f in deleted if any(o.container in names for o in f.owners))
+
+
+def _vllm(c: ContainerView, reading: LaneReading | None, shm: ShmView, *, asked: bool) -> dict[str, Any]:
+    """A container's vLLM as its server and the tmpfs say: its release, its gauges, and whether its offload file
+    is ``named`` (in shm.dir) or ``unlinked`` (mapped with no name: a current vLLM), None where it holds none."""
+    names = {c.name, c.id, c.id[:12]}
+    if any(o.container in names for f in shm.files for o in f.owners):
+        offload = "named"
+    elif any(o.container in names for f in shm.deleted_mapped for o in f.owners):
+        offload = "unlinked"
+    else:
+        offload = None
+    if reading is None:
+        return {
+            "version": None,
+            "offload_file": offload,
+            "gauges": dict.fromkeys(GAUGE_KEYS),
+            "error": "not read: no running lane of this install"
+            if asked
+            else "not read: the files do not validate, so no lane's server is asked",
+        }
+    return {**reading.to_json(), "offload_file": offload}

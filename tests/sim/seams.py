@@ -623,6 +623,9 @@ def installed(world: World) -> Iterator[str]:
             _seam(mp, mod, "_http_answer", http_answer)
         _seam(mp, ports_mod, "_port_listeners", lambda ports: _listeners(world, ports))
         _seam(mp, gauges_mod, "read_gauges", lambda url, **kw: (0.0, 0.0))
+        # What each lane's server says of itself (its /version and /metrics), read by the loop for its metrics only:
+        # no simulated lane serves HTTP, and no real server on this machine may answer for one.
+        _seam(mp, loop_mod, "lane_readings", lambda desired, observed: {})
         factory = _ObserverFactory(world)
         _seam(mp, loop_mod, "DockerObserver", factory)
         _seam(mp, applier_mod, "DockerObserver", factory)
