@@ -82,10 +82,11 @@ def header(status: dict[str, Any], health: dict[str, Any] | None, *, version: st
 
 def slot_state(slot: dict[str, Any]) -> str:
     """A slot's state in one word: free, pending (wanted, nothing on it yet), entering, serving, asleep, failed,
-    blocked (something the tool does not own holds it), unknown (a source it needs is down)."""
+    blocked (wanted, and something the tool does not own holds it), foreign (not wanted, and held so), unknown (a
+    source it needs is down)."""
     containers = slot.get("containers") or []
     if any(c.get("owner") != "ours" for c in containers) or (slot.get("processes") and not containers):
-        return "blocked"
+        return "blocked" if slot.get("desired") else "foreign"
     running = [c for c in containers if c.get("state") == "running"]
     if running:
         c = running[0]
