@@ -172,7 +172,8 @@ class Client:
 def page_loop(root: Root, tmp_path: Path) -> Iterator[tuple[LoopProcess, Client]]:
     omni = root.recipe("omni")
     root.write_manifest_text(
-        f"host: {root.host}\ntopology: none\ntopologies:\n  none: []\n  split:\n    - recipe: {omni}\n      gpus: [{B}]\n"
+        f"host: {root.host}\ntopology: none\ntopologies:\n  none: []\n"
+        f"  split:\n    - recipe: {omni}\n      gpus: [{B}]\n"
     )
     tf = tmp_path / "ops-token"
     tf.write_text(TOKEN + "\n")
@@ -273,3 +274,18 @@ def test_every_action_needs_its_csrf_token_and_a_stale_plan_is_refused(
     assert status == 303 and "Max-Age=0" in hdrs["set-cookie"]
     status, _, _ = c.call("GET", "/page/live")
     assert status == 401
+
+
+def test_every_template_and_static_file_is_package_data() -> None:
+    """A wheel carries what the page reads at run time: every file of the page's package that is not Python matches
+    a glob of pyproject.toml's package-data (setuptools' build_py copies exactly those)."""
+    import fnmatch
+    import tomllib
+
+    repo = Path(__file__).resolve().parent.parent
+    globs = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["reconciler"]
+    pkg = repo / "reconciler"
+    data = [p.relative_to(pkg).as_posix() for p in (pkg / "api" / "page").rglob("*") if p.is_file()]
+    data = [d for d in data if not d.endswith((".py", ".pyc")) and "__pycache__" not in d]
+    assert {"api/page/templates/page.html", "api/page/static/page.js", "api/page/static/page.css"} <= set(data)
+    assert [d for d in data if not any(fnmatch.fnmatch(d, g) for g in globs)] == []

@@ -72,11 +72,11 @@ def shm_section(summary: dict[str, Any], files: Sequence[dict[str, Any]]) -> Htm
     meter = ""
     if isinstance(total, int) and isinstance(free, int) and total > 0:
         meter = el("meter", min=0, max=total, value=total - free, title=f"{size(total - free)} used")
-    by_state = summary.get("files") or {}
+    by_state = {k: v for k, v in (summary.get("files") or {}).items() if isinstance(v, dict)}
     words = [
         f"{size(free)} free of {size(total)} in {summary.get('dir')}",
         *(
-            f"{state}: {(by_state.get(state) or {}).get('count', 0)} files, {size((by_state.get(state) or {}).get('bytes'))}"
+            f"{state}: {by_state.get(state, {}).get('count', 0)} files, {size(by_state.get(state, {}).get('bytes'))}"
             for state in ("owned", "orphan", "blocked")
         ),
         f"deleted but still mapped: {size(summary.get('deleted_mapped_bytes'))}",

@@ -4,9 +4,10 @@ live part of the page (``live_html``) with an ETag.
 
 A status costs about 10 ms of CPU (it observes the engine, /proc and the tmpfs); polled each second by each
 browser it would keep the loop busy. So a snapshot is made again only when something says the host may have
-changed: a pass ended (the loop's health), a pass or a call holds the pass lock (then each second, so the phases
-of a switch show as they come), a file under configs/ or manifests/ or the tmpfs changed (a stat and a listing),
-an action of this page moved on (``PageProgress``), or ``MAX_AGE_S`` passed (the figures that drift: VRAM).
+changed: a pass ended with another verdict (the loop's health), a pass or a call holds the pass lock (then each
+second, so the phases of a switch show as they come) or stopped holding it, a file under configs/ or manifests/ or
+the tmpfs changed (a stat and a listing), an action of this page moved on (``PageProgress``), or ``MAX_AGE_S``
+passed (the figures that drift: VRAM).
 
 Made by ``reconciler.api.page.handlers``; ``live_html`` is pure and measured by tests/bench/bench_page.py.
 """
@@ -31,7 +32,7 @@ from reconciler.base.redact import redact_data
 from reconciler.service import HostService
 from reconciler.service.shm import ShmStatusResult
 
-MAX_AGE_S = 10.0  # a snapshot is made again at least this often while a browser watches
+MAX_AGE_S = 30.0  # a snapshot is made again at least this often while a browser watches (VRAM figures drift)
 BUSY_EVERY_S = 1.0  # and this often while a pass (or a call) holds the pass lock
 LISTED_AT_MOST = 4096  # tmpfs entries looked at for the change check
 
@@ -176,9 +177,11 @@ class Snapshot:
     def _health(self) -> dict[str, Any] | None:
         return self.health()[1] if self.health is not None else None
 
-    def _signature(self, health: dict[str, Any] | None) -> tuple[Any, ...]:
+    def _signature(self, health: dict[str, Any] | None, busy: bool) -> tuple[Any, ...]:
+        # A pass's verdict, not its count: a pass that an unrelated engine event woke, which changed nothing, is no
+        # reason to look again; one that acted held the pass lock (``busy``), and its end changes ``busy`` back.
         last = (health or {}).get("last_pass") or {}
-        sig: list[Any] = [(health or {}).get("passes"), last.get("at"), (health or {}).get("verdict")]
+        sig: list[Any] = [last.get("result"), (health or {}).get("verdict"), (health or {}).get("files"), busy]
         sig.append(self.progress.version)
         for d in (self.root / "configs", self.root / "configs" / "recipes", self.root / "manifests"):
             sig.append(_mtimes(d))
@@ -193,7 +196,7 @@ class Snapshot:
             now = time.monotonic()
             health = self._health()
             busy = self.busy()
-            sig = self._signature(health)
+            sig = self._signature(health, busy)
             due = (
                 self.data is None
                 or sig != self._sig
@@ -205,7 +208,7 @@ class Snapshot:
                 self.html = live_html(self.data)
                 self.etag = hashlib.sha256(self.html.encode()).hexdigest()[:20]
                 self._made = now
-                self._sig = self._signature(health)  # with the tmpfs dir the snapshot names
+                self._sig = self._signature(health, busy)  # with the tmpfs dir the snapshot names
                 self.made_count += 1
             return self.etag, self.html
 
