@@ -128,6 +128,14 @@ def test_sleeping_is_shown_when_the_status_carries_it_and_not_needed_when_it_doe
         assert 'data-lane="omni" data-phase="serving"' in live_html(data(doc))
 
 
+def test_the_session_cookie_is_secure_over_tls() -> None:
+    from reconciler.api.page.sessions import cookie_header
+
+    assert cookie_header("abc", secure=True) == "reconciler_session=abc; Path=/; HttpOnly; SameSite=Strict; Secure"
+    assert "Secure" not in cookie_header("abc", secure=False)
+    assert cookie_header("", secure=True, clear=True).endswith("Max-Age=0; Secure")
+
+
 # ---------------------------------------------------------------- against a real loop
 
 

@@ -207,6 +207,19 @@ def test_the_page_in_a_real_browser(root: Root, tmp_path: Path, image: str, brow
         reported = b.wait(lambda: problems(b.console()), timeout=5, what="the CSP report")
         assert "Content Security Policy" in str(reported[0]["message"]), reported
 
+        # With JavaScript off the page is whole: the same login, the same cards and forms (it reloads itself).
+        plain = Browser(javascript=False)
+        try:
+            plain.get(base + "/")
+            plain.type("#token", TOKEN)
+            plain.submit("#login-submit", to=base + "/")
+            assert dict(plain.attrs("[data-slot]", "data-slot", "data-state")) == {A: "foreign", B: "serving"}
+            assert dict(plain.attrs("[data-lane]", "data-lane", "data-phase")) == {omni: "serving"}
+            assert plain.finds("#reclaim-form") and plain.finds("#switch-form") and plain.finds("#plan-form")
+            assert problems(plain.console()) == []
+        finally:
+            plain.close()
+
         # The audit trail: the failed login, and each action of the web front-end with its caller.
         records = [r for r in root_audit(root) if r.get("front") == "web"]
         assert {"authenticate", "switch", "apply", "shm-reclaim", "probe"} <= {r["action"] for r in records}, records

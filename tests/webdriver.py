@@ -148,6 +148,14 @@ class Browser:
         value = self._call("GET", self._s(f"/element/{self.find(css)}/attribute/{name}"))
         return None if value is None else str(value)
 
+    def attrs(self, css: str, *names: str) -> list[tuple[str | None, ...]]:
+        """The attributes ``names`` of every element ``css`` finds, by WebDriver's own element reads (no page script:
+        these work with the page's JavaScript off too)."""
+        out = []
+        for el in self.finds(css):
+            out.append(tuple(self._call("GET", self._s(f"/element/{el}/attribute/{n}")) for n in names))
+        return out
+
     def script(self, source: str, *args: Any) -> Any:
         return self._call("POST", self._s("/execute/sync"), {"script": source, "args": list(args)})
 
