@@ -245,8 +245,10 @@ def test_every_action_needs_its_csrf_token_and_a_stale_plan_is_refused(
     page_loop: tuple[LoopProcess, Client], root: Root
 ) -> None:
     _, c = page_loop
-    c.login()
     manifest = root.manifest_path.read_text()
+    status, _, text = c.call("POST", "/page/switch", {"csrf": "x", "topology": "split"})
+    assert status == 401 and 'id="login"' in text, "no session: the login form, nothing done"
+    c.login()
     for path, form in (
         ("/page/switch", {"topology": "split"}),
         ("/page/apply", {"plan_id": "0" * 32}),

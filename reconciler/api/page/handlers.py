@@ -142,7 +142,7 @@ async def _checked(request: Request, action: str) -> tuple[Session, dict[str, li
     session = _session(request)
     if session is None:
         _refuse(request, 401, "token", "no session: log in on the page", action=action)
-        return _redirect(paths.LOGIN)
+        return _html(_login_page("No session (or it ended): log in, then try again."), 401)
     try:
         form = await _form(request)
         presented = _one(form, "csrf")
