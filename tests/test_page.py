@@ -300,3 +300,14 @@ def test_every_template_and_static_file_is_package_data() -> None:
     data = [d for d in data if not d.endswith((".py", ".pyc")) and "__pycache__" not in d]
     assert {"api/page/templates/page.html", "api/page/static/page.js", "api/page/static/page.css"} <= set(data)
     assert [d for d in data if not any(fnmatch.fnmatch(d, g) for g in globs)] == []
+
+
+def test_a_host_file_that_does_not_validate_is_said_on_the_page(
+    page_loop: tuple[LoopProcess, Client], root: Root
+) -> None:
+    _, c = page_loop
+    c.login()
+    host = root.path / "configs" / "host.yaml"
+    host.write_text(host.read_text() + "gpu_telemetry: [nonsense\n")
+    status, _, page = c.call("GET", "/")
+    assert status == 200 and 'id="error"' in page and "configs/host.yaml" in page, page[:1500]

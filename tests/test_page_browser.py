@@ -34,7 +34,12 @@ def shot(browser: Browser, name: str) -> None:
 @pytest.fixture
 def browser() -> Iterator[Browser]:
     if browser_paths() is None:
-        pytest.fail("chromium and chromedriver are needed here (.ci/setup-host installs them)")
+        # As the engine's tests do (tests/conftest.py): a failure where the tests must run (make test, CI), a skip
+        # on a developer's box without a browser.
+        why = "chromium and chromedriver are needed (.ci/setup-host installs them: chromium chromium-driver)"
+        if os.environ.get("RECONCILER_REQUIRE_DOCKER") == "1" or os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
     b = Browser()
     try:
         yield b

@@ -179,12 +179,24 @@ async def _call(request: Request, session: Session, call: Callable[[HostService]
 # ---------------------------------------------------------------- the page
 
 
+async def _live(request: Request) -> tuple[str, Html]:
+    """The snapshot's ETag and markup; where the host cannot be looked at (a host file that does not validate), the
+    error in words instead, as ``status`` gives it."""
+    try:
+        return await anyio.to_thread.run_sync(_state(request).snapshot.current)
+    except ConfigError as exc:
+        text = "; ".join(f"{p.path}:{p.line}: {p.message}" for p in exc.problems)
+        return "", el("p", redact_text(f"The files do not validate: {text}"), id="error", class_="error")
+    except ReconcilerError as exc:
+        return "", el("p", redact_text(str(exc)), id="error", class_="error")
+
+
 async def get_page(request: Request) -> Response:
     session = _session(request)
     if session is None:
         return _redirect(paths.LOGIN)
     st = _state(request)
-    etag, live = await anyio.to_thread.run_sync(st.snapshot.current)
+    etag, live = await _live(request)
     data = st.snapshot.data
     message, session.flash = session.flash, None
     running = (
@@ -212,7 +224,7 @@ async def get_page(request: Request) -> Response:
 async def get_live(request: Request) -> Response:
     if _session(request) is None:
         return Response("log in again", status_code=401, media_type="text/plain", headers=HEADERS)
-    etag, live = await anyio.to_thread.run_sync(_state(request).snapshot.current)
+    etag, live = await _live(request)
     tag = f'"{etag}"'
     if request.headers.get("if-none-match") == tag:
         return Response(status_code=304, headers={**HEADERS, "etag": tag})
