@@ -1,6 +1,7 @@
 """The ASGI middleware in front of every route (``Guard``): ``Host:``/``Origin:``, the bearer token on every path
-but ``PUBLIC``, the event streams within their bounds, and the body read whole within its limits and parsed
-strictly as JSON, whatever its headers say; every refusal answered as JSON and given to the ``Refusals`` account.
+but ``PUBLIC`` and the status page's (``reconciler.api.page.paths``: its own session cookie), the event streams
+within their bounds, and the body read whole within its limits and parsed strictly as JSON, whatever its headers
+say (a form on the page's paths); every refusal answered as JSON and given to the ``Refusals`` account.
 
 Built around the Starlette app by ``reconciler.api.build_app``.
 """
