@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import re
+import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -134,6 +135,20 @@ def test_the_session_cookie_is_secure_over_tls() -> None:
     assert cookie_header("abc", secure=True) == "reconciler_session=abc; Path=/; HttpOnly; SameSite=Strict; Secure"
     assert "Secure" not in cookie_header("abc", secure=False)
     assert cookie_header("", secure=True, clear=True).endswith("Max-Age=0; Secure")
+
+
+def test_each_cards_free_vram_of_the_last_hour_is_drawn_without_a_style() -> None:
+    snap = snapshot.Snapshot("/nonexistent", lambda: None)  # type: ignore[arg-type,return-value]
+    st = status_doc()
+    st["slots"][B].update(memory_total_bytes=100 << 30, memory_used_bytes=60 << 30, memory_free_bytes=40 << 30)
+    snap._vram[B] = snapshot.deque([(time.time() - 2 * snapshot.HISTORY_S, 1), (time.time() - 600, 30 << 30)])
+    history = snap._remember_vram(st)
+    assert [free for _, free in history[B]] == [30 << 30, 40 << 30], "an hour kept, what is older dropped"
+    assert A not in history, "a card without telemetry has no history"
+    html = live_html(data(st, vram_history=history))
+    assert '<svg class="spark"' in html and "<polyline points=" in html
+    assert "free VRAM over the last 10 min: 30.0 GiB to 40.0 GiB" in html
+    assert "style=" not in html
 
 
 # ---------------------------------------------------------------- against a real loop

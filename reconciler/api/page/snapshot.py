@@ -18,8 +18,9 @@ import hashlib
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from reconciler.base.redact import redact_data
 from reconciler.service import HostService
 from reconciler.service.shm import ShmStatusResult
 
+HISTORY_S = 3600.0  # free VRAM per card is kept this long, a sample a snapshot
 MAX_AGE_S = 30.0  # a snapshot is made again at least this often while a browser watches (VRAM figures drift)
 BUSY_EVERY_S = 1.0  # and this often while a pass (or a call) holds the pass lock
 LISTED_AT_MOST = 4096  # tmpfs entries looked at for the change check
@@ -80,6 +82,7 @@ class PageData:
     busy: bool = False
     topology: str | None = None
     topologies: tuple[str, ...] = ()
+    vram_history: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
 
 
 def live_html(d: PageData) -> Html:
@@ -90,7 +93,7 @@ def live_html(d: PageData) -> Html:
     return render(
         "live.html",
         header=view.header(d.status, d.health, version=__version__, busy=d.busy),
-        slots=view.slot_cards(d.status),
+        slots=view.slot_cards(d.status, d.vram_history),
         lanes=view.lane_cards(d.status, d.recipes, d.progress),
         changes="true" if plan.get("changes") else "false",
         blocked="true" if plan.get("blocked") else "false",
@@ -173,6 +176,20 @@ class Snapshot:
         self.html = Html("")
         self.etag = ""
         self.made_count = 0
+        self._vram: dict[str, deque[tuple[float, int]]] = {}
+
+    def _remember_vram(self, status: dict[str, Any]) -> dict[str, list[tuple[float, int]]]:
+        """Each card's free VRAM of this snapshot added to its last hour (in the loop's memory, a sample a snapshot:
+        every ``MAX_AGE_S`` at least while a browser watches, each second while a pass runs)."""
+        now = time.time()
+        for slot, s in (status.get("slots") or {}).items():
+            free = s.get("memory_free_bytes")
+            if isinstance(free, int) and not isinstance(free, bool):
+                points = self._vram.setdefault(slot, deque())
+                points.append((now, free))
+                while points and now - points[0][0] > HISTORY_S:
+                    points.popleft()
+        return {slot: list(points) for slot, points in self._vram.items()}
 
     def _health(self) -> dict[str, Any] | None:
         return self.health()[1] if self.health is not None else None
@@ -204,7 +221,8 @@ class Snapshot:
                 or (busy and now - self._made >= BUSY_EVERY_S)
             )
             if due:
-                self.data = page_data(self.service(), health=health, progress=self.progress.current(), busy=busy)
+                data = page_data(self.service(), health=health, progress=self.progress.current(), busy=busy)
+                self.data = replace(data, vram_history=self._remember_vram(data.status))
                 self.html = live_html(self.data)
                 self.etag = hashlib.sha256(self.html.encode()).hexdigest()[:20]
                 self._made = now

@@ -116,7 +116,34 @@ def vram(slot: dict[str, Any]) -> Html:
     return join([meter, " ", words, below, extra])
 
 
-def slot_card(name: str, slot: dict[str, Any]) -> Html:
+def sparkline(points: list[tuple[float, int]], *, total: Any, width: int = 160, height: int = 28) -> Html:
+    """Free VRAM over the last hour as a small inline SVG line (presentation attributes only: no style, no script),
+    with its range in words for those who do not see it."""
+    if len(points) < 2 or not isinstance(total, int) or total <= 0:
+        return Html("")
+    t0, t1 = points[0][0], points[-1][0]
+    span = max(t1 - t0, 1.0)
+    xy = " ".join(
+        f"{(t - t0) / span * width:.1f},{height - min(max(free / total, 0.0), 1.0) * height:.1f}" for t, free in points
+    )
+    low, high = min(f for _, f in points), max(f for _, f in points)
+    words = f"free VRAM over the last {span / 60:.0f} min: {size(low)} to {size(high)}"
+    line = el("polyline", points=xy, fill="none", stroke="currentColor", stroke_width="1.5")
+    svg = el(
+        "svg",
+        el("title", words),
+        line,
+        class_="spark",
+        viewBox=f"0 0 {width} {height}",
+        role="img",
+        aria_label=words,
+        width=width,
+        height=height,
+    )
+    return join([svg, " ", el("span", words, class_="spark-words")])
+
+
+def slot_card(name: str, slot: dict[str, Any], history: list[tuple[float, int]] | None = None) -> Html:
     state = slot_state(slot)
     containers = slot.get("containers") or []
     running = join(
@@ -147,7 +174,7 @@ def slot_card(name: str, slot: dict[str, Any]) -> Html:
         gpu=f"index {slot.get('index')}" + (f" {slot.get('name')}" if slot.get("name") else ""),
         wanted=slot.get("desired") or "nothing (free)",
         running=running or "nothing",
-        vram=vram(slot),
+        vram=join([vram(slot), sparkline(history or [], total=slot.get("memory_total_bytes"))], " "),
         processes=procs or "none",
         unknown=el("p", f"unknown while {', '.join(unknown)} is unavailable", class_="unknown") if unknown else "",
     )
@@ -286,5 +313,5 @@ def lane_cards(status: dict[str, Any], recipes: dict[str, dict[str, Any]], progr
     return join(cards) if cards else el("p", "no lane is wanted or running", class_="none")
 
 
-def slot_cards(status: dict[str, Any]) -> Html:
-    return join(slot_card(name, s) for name, s in (status.get("slots") or {}).items())
+def slot_cards(status: dict[str, Any], history: dict[str, list[tuple[float, int]]] | None = None) -> Html:
+    return join(slot_card(name, s, (history or {}).get(name)) for name, s in (status.get("slots") or {}).items())
