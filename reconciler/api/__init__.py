@@ -14,6 +14,8 @@ of ``routes`` with its request model, and the OpenAPI document at ``/v1/openapi.
     GET  /v1/openapi.json    this API as OpenAPI 3.1
     /mcp                     the MCP server (reconciler.mcp_server), streamable HTTP
     GET  /metrics, /healthz  without a token (Prometheus and supervisors)
+    GET  /, /page/...        the host's status page (``reconciler.api.page``): a login form turns the token into a
+                             session cookie; its forms POST with a CSRF token
 
 Each answer's body is exactly the command line's ``--json`` (redacted once more on its way out); the command's exit
 code rides in ``X-Reconciler-Exit-Code``. A POST whose command would exit non-zero (a refused reclaim, a stale or
@@ -24,8 +26,9 @@ Security, in the order the ``Guard`` checks a request, before any route sees it:
 - ``Host:`` (and ``Origin:`` when sent) must name this listener: its bind address (``localhost`` too on loopback;
   any address literal on a wildcard bind) or a name given with ``--api-host``; else 421. A web page that rebinds
   its own name to 127.0.0.1 reads nothing, not even ``/metrics`` or ``/healthz``;
-- every path but ``/metrics`` and ``/healthz`` needs ``Authorization: Bearer TOKEN`` (compared in constant time),
-  reads included. The token comes from ``--api-token-file``, ``$RECONCILER_API_TOKEN``, or a file generated on first
+- every path but ``/metrics``, ``/healthz`` and the status page's (``/`` and ``/page/...``, behind a session cookie
+  its login form gives for the same token) needs ``Authorization: Bearer TOKEN`` (compared in constant time), reads
+  included. The token comes from ``--api-token-file``, ``$RECONCILER_API_TOKEN``, or a file generated on first
   start (0600, ``$RECONCILER_STATE_DIR/HOST/api-token``), each file trusted by owner and mode; its name (the file's
   name, or ``env``) is the caller in the audit trail, its value is never logged or answered;
 - event streams (``GET /mcp``) are bounded: ``MAX_STREAMS`` open, ``MAX_STREAMS_PER_TOKEN`` a token; past them 429;
@@ -75,6 +78,8 @@ from reconciler.api.guard import Guard
 from reconciler.api.hosts import AllowedHosts, check_exposure, split_addr
 from reconciler.api.limits import MAX_BODY
 from reconciler.api.listener import Supervisor
+from reconciler.api.page import ROUTES as PAGE_ROUTES
+from reconciler.api.page import page_state
 from reconciler.api.refusals import Refusals
 from reconciler.api.routes import AppContext
 from reconciler.api.tokens import ApiToken, resolve_token
@@ -129,9 +134,10 @@ def build_app(
             yield
 
     app = Starlette(
-        routes=[*(Route(ep.path, ep.handler, methods=[ep.method]) for ep in ENDPOINTS), *mcp_app.routes],
+        routes=[*(Route(ep.path, ep.handler, methods=[ep.method]) for ep in ENDPOINTS), *PAGE_ROUTES, *mcp_app.routes],
         lifespan=lifespan,
     )
     app.state.ctx = ctx
     refusals = Refusals(log=log, audit=ctx.audit, on_count=on_refusal, on_drop=on_drop)
+    app.state.page = page_state(ctx, refusals, busy=getattr(pass_lock, "busy", None), cancel=cancel)
     return Guard(app, token=token, allowed=allowed, max_body=max_body, refusals=refusals)

@@ -1,6 +1,7 @@
 """The ASGI middleware in front of every route (``Guard``): ``Host:``/``Origin:``, the bearer token on every path
-but ``PUBLIC``, the event streams within their bounds, and the body read whole within its limits and parsed
-strictly as JSON, whatever its headers say; every refusal answered as JSON and given to the ``Refusals`` account.
+but ``PUBLIC`` and the status page's (``reconciler.api.page.paths``: its own session cookie), the event streams
+within their bounds, and the body read whole within its limits and parsed strictly as JSON, whatever its headers
+say (a form on the page's paths); every refusal answered as JSON and given to the ``Refusals`` account.
 
 Built around the Starlette app by ``reconciler.api.build_app``.
 """
@@ -16,6 +17,7 @@ import anyio
 from reconciler.api.errors import _BadRequest
 from reconciler.api.hosts import AllowedHosts
 from reconciler.api.limits import BODY_TIMEOUT_S, MAX_BODY, MAX_STREAMS, MAX_STREAMS_PER_TOKEN, STATE_PEER, STATE_POOL
+from reconciler.api.page.paths import FORM_TYPE, is_page_path
 from reconciler.api.peers import _address, peer_of
 from reconciler.api.refusals import Refusal, Refusals
 from reconciler.api.request_models import strict_json
@@ -83,7 +85,9 @@ class Guard:
             )
             await self._refuse(send, req, 429, "connections", why, extra=[(b"retry-after", b"5")])
             return
-        if path not in PUBLIC:
+        # The status page's paths check their own session cookie (a login form gives it), never a bearer token.
+        page = is_page_path(path)
+        if path not in PUBLIC and not page:
             auth = headers.get(b"authorization", b"")
             scheme, _, presented = auth.partition(b" ")
             why = ""
@@ -97,7 +101,7 @@ class Guard:
                 return
             req.who = self.token.name
         if b"content-length" in headers or b"transfer-encoding" in headers:
-            body = await self._read_body(headers, receive, send, req)
+            body = await self._read_body(headers, receive, send, req, form=page)
             if body is None:
                 return
             receive = _replay(body, receive)
@@ -123,8 +127,11 @@ class Guard:
         finally:
             self._streams[key] -= 1
 
-    async def _read_body(self, headers: dict[bytes, bytes], receive: Any, send: Any, req: _Req) -> bytes | None:
-        """The whole body, strictly JSON when there is one; None once a refusal was answered (413, 408, 400)."""
+    async def _read_body(
+        self, headers: dict[bytes, bytes], receive: Any, send: Any, req: _Req, *, form: bool = False
+    ) -> bytes | None:
+        """The whole body, strictly JSON when there is one (a form for the status page's paths: ``form``); None
+        once a refusal was answered (413, 408, 400)."""
         length = headers.get(b"content-length")
         if length is not None:
             if not length.isdigit():
@@ -156,7 +163,14 @@ class Guard:
             await self._refuse_body(send, req, 408, "body-timeout", why, close=True)
             return None
         body = b"".join(chunks)
-        if body.strip():
+        if body.strip() and form:
+            ctype = headers.get(b"content-type")
+            if (ctype or b"").split(b";")[0].strip().lower() != FORM_TYPE:
+                shown = ctype.decode("latin-1")[:100] if ctype is not None else "none"
+                why = f"the page's forms are sent as {FORM_TYPE.decode()}, not {shown!r}"
+                await self._refuse_body(send, req, 400, "content-type", why)
+                return None
+        elif body.strip():
             # Every body here is JSON, read by one strict parser whatever the header says: the header must say
             # exactly that, once (a list of types, or a second header, would leave a reader to pick one).
             ctype = headers.get(b"content-type")

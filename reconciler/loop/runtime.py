@@ -33,6 +33,11 @@ class FairLock:
             self._serving += 1
             self._cond.notify_all()
 
+    def busy(self) -> bool:
+        """Whether a pass (or a front-end's call) holds the lock or waits for it: the status page looks again."""
+        with self._cond:
+            return self._next != self._serving
+
     def __enter__(self) -> Self:
         self.acquire()
         return self
