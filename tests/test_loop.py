@@ -355,6 +355,16 @@ def test_sighup_triggers_a_pass(root: Root, start_loop: Callable[..., LoopProces
     assert (lp.metric("reconciler_reclaimed_bytes_total") or 0) >= 4096
 
 
+def test_sigterm_ends_a_debounce_at_once(root: Root, start_loop: Callable[..., LoopProcess]) -> None:
+    """A file edit starts the debounce (--debounce 60); SIGTERM during it exits within seconds, not after it."""
+    lp = start_loop("--debounce", "60").started()
+    root.manifest()  # an edit: the loop now waits for the files to be quiet for 60 s
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    assert lp.stop(timeout=15) == 0
+    assert time.monotonic() - t0 < 10
+
+
 # ---------------------------------------------------------------- refusals are counted
 
 

@@ -251,7 +251,7 @@ class Loop:
                 quiet = time.monotonic() - self.triggers.fs_at
             if "file" not in self.triggers.reasons or quiet >= self.debounce_s:
                 return
-            time.sleep(self.debounce_s - quiet)
+            self.stop.wait(self.debounce_s - quiet)  # a stop ends the wait: SIGTERM never waits out a debounce
 
     # ------------------------------------------------------------ one cycle
 
