@@ -129,6 +129,23 @@ def test_sleeping_is_shown_when_the_status_carries_it_and_not_needed_when_it_doe
         assert 'data-lane="omni" data-phase="serving"' in live_html(data(doc))
 
 
+def test_a_standby_lane_asleep_beside_the_running_one_is_wanted_and_asleep_and_each_lane_shows_its_server() -> None:
+    """A lane of a standby topology is not on a slot's desired, yet it is wanted: asleep, never 'no longer wanted'."""
+    st = status_doc(vllm={"version": "0.11.2", "gauges": {"requests_running": 2.0, "kv_cache_usage_ratio": 0.25}})
+    big = {**st["containers"][0], "name": "reconciler-tp2-a-b", "id": "def", "recipe": "tp2", "slots": [A, B]}
+    big.update(sleeping=True, vllm=None)
+    st["containers"].append(big)
+    st["slots"][B]["containers"].append(big)
+    st["standby"] = [{"recipe": "tp2", "gpus": [A, B]}]
+    html = live_html(data(st))
+    assert 'data-lane="tp2" data-phase="asleep"' in html, html
+    assert "no longer wanted" not in html
+    assert "vLLM 0.11.2; 2 running, 0 waiting; KV cache 25 % used" in html
+    # Without standby: the same container is a lane no longer wanted, leaving.
+    del st["standby"]
+    assert 'data-lane="tp2" data-phase="leaving"' in live_html(data(st))
+
+
 def test_the_session_cookie_is_secure_over_tls() -> None:
     from reconciler.api.page.sessions import cookie_header
 

@@ -118,6 +118,8 @@ def status_data(
         "converged": plan.converged,
         "manifest": desired.manifest_path,
         "topology": desired.topology,
+        # The standby topologies' lanes kept asleep beside the running ones (sleeping lanes): wanted, not serving.
+        "standby": [{"recipe": a.recipe, "gpus": list(a.slots)} for a in desired.standby],
         "gpu_telemetry": observed.gpus.telemetry,
         "gpu_source": observed.gpus.source.detail or observed.gpus.source.render(),
         # What the driver answers (learnt from its answers): "reported", "not reported" (WSL2), "unknown".

@@ -207,6 +207,9 @@ def lanes_of(status: dict[str, Any]) -> list[Lane]:
     for recipe, slots in wanted.items():
         lane = Lane(recipe, tuple(slots), True)
         lanes[lane.key] = lane
+    for a in status.get("standby") or ():  # kept asleep beside the running topology: wanted too
+        lane = Lane(str(a.get("recipe")), tuple(a.get("gpus") or ()), True)
+        lanes.setdefault(lane.key, lane)
     for c in status.get("containers") or []:
         if c.get("owner") != "ours" or not c.get("recipe"):
             continue
@@ -290,6 +293,7 @@ def lane_card(
     info = recipe or {}
     return render(
         "lane.html",
+        vllm=_vllm_text(c.get("vllm")),
         recipe=lane.recipe,
         phase=phase,
         phase_text=phase if lane.wanted else f"{phase} (no longer wanted)",
@@ -301,6 +305,26 @@ def lane_card(
         detail=detail,
         probes=_probes(suites),
     )
+
+
+def _vllm_text(v: Any) -> str:
+    """The lane's own server as it answered: its vLLM release and live figures (requests, KV cache, offload)."""
+    if not isinstance(v, dict):
+        return "not read"
+    if v.get("error") and not v.get("version"):
+        return f"no answer: {v['error']}"
+    g = v.get("gauges") or {}
+    parts = [f"vLLM {v.get('version') or '?'}"]
+    if g.get("requests_running") is not None:
+        parts.append(f"{g['requests_running']:g} running, {g.get('requests_waiting') or 0:g} waiting")
+    if g.get("kv_cache_usage_ratio") is not None:
+        parts.append(f"KV cache {100 * g['kv_cache_usage_ratio']:.0f} % used")
+    if g.get("offload_store_bytes") is not None:
+        stored, loaded = size(g["offload_store_bytes"]), size(g.get("offload_load_bytes") or 0)
+        parts.append(f"offload stored {stored}, loaded {loaded}")
+    if v.get("offload_file"):
+        parts.append(f"offload file {v['offload_file']}")
+    return "; ".join(parts)
 
 
 def lane_cards(status: dict[str, Any], recipes: dict[str, dict[str, Any]], progress: dict[str, dict[str, Any]]) -> Html:
