@@ -113,3 +113,82 @@ def test_a_fleet_file_with_a_mistake_is_refused_with_its_line(tmp_path: Path, te
     r = fleet(tmp_path)
     assert r.returncode == 1 and said in r.stderr, r
     assert "Traceback" not in r.stderr and "secret" not in r.stderr
+
+
+def test_one_prometheus_over_the_fleet_names_the_blocked_host_in_its_alert(
+    root: Root, tmp_path: Path, tmpfs_dir: Path, docker_api: object, image: str
+) -> None:
+    """examples/prometheus-fleet.yml's scrape job over two real loops, a real Prometheus with the shipped rules
+    (their for: shortened, the expressions and summaries as shipped): ReconcilerBlocked fires for the blocked host
+    alone, its instance and summary naming that host."""
+    import shutil
+    import urllib.request
+
+    from e2e_helpers import stop_process, wait_until
+
+    check = subprocess.run(
+        ["promtool", "check", "config", "examples/prometheus-fleet.yml"], capture_output=True, text=True, check=False
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    second = make_root(tmp_path / "second", shm=tmpfs_dir, api=docker_api, name="fleet-prom")
+    omni = root.recipe("omni")
+    root.run_unmanaged(
+        "holder", "-e", f"NVIDIA_VISIBLE_DEVICES={root.slot_index[A]}", "-v", "/usr:/usr:ro", image, "sleep", "300"
+    )
+    root.manifest((omni, [A]))  # a container the tool does not own holds A: every pass is blocked
+    loops = [LoopProcess(root), LoopProcess(second)]
+    rules = tmp_path / "alerts.yml"
+    rules.write_text(Path("configs/prometheus/alerts.yml").read_text().replace("for: 5m", "for: 0s"))
+    config = yaml.safe_load(Path("examples/prometheus-fleet.yml").read_text())
+    config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+    config["rule_files"] = [str(rules)]
+    config["scrape_configs"][0]["scrape_timeout"] = "1s"
+    config["scrape_configs"][0]["static_configs"] = [
+        {"targets": [lp.addr], "labels": {"host": r.host}} for lp, r in zip(loops, (root, second), strict=True)
+    ]
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    server = shutil.which("prometheus")
+    assert server, "prometheus not found: .ci/setup-host installs Debian's prometheus"
+    prom = subprocess.Popen(
+        [
+            server,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        loops[0].wait("pass", result="blocked", timeout=60)
+        loops[1].wait("pass", result="converged", timeout=60)
+
+        def firing() -> list[dict[str, object]] | None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/alerts", timeout=5) as resp:
+                    alerts = json.loads(resp.read())["data"]["alerts"]
+            except OSError:  # Prometheus still starting
+                return None
+            blocked = [a for a in alerts if a["labels"]["alertname"] == "ReconcilerBlocked" and a["state"] == "firing"]
+            return blocked or None
+
+        def ask(path: str) -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+                return resp.read().decode()[:3000]
+
+        try:
+            (alert,) = wait_until(firing, timeout=60, what="ReconcilerBlocked firing in Prometheus")
+        except AssertionError as exc:
+            raise AssertionError(
+                f"{exc}\ntargets: {ask('/api/v1/targets')}\n"
+                f"blocked: {ask('/api/v1/query?query=reconciler_blocked_changes')}\nrules: {ask('/api/v1/rules')}"
+            ) from None
+        assert alert["labels"]["instance"] == root.host and alert["labels"]["host"] == root.host, alert
+        assert root.host in alert["annotations"]["summary"] and second.host not in alert["annotations"]["summary"]
+    finally:
+        stop_process(prom)
+        for lp in loops:
+            lp.stop()
+        second.cleanup()
