@@ -6,7 +6,11 @@ taken out, the case fails on the invariant named."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from sim.machine import HostMachine
+from sim.world import LIVE_STATES, World
 
 
 def _machine(seed: int = 7, **kw: object) -> HostMachine:
@@ -60,5 +64,202 @@ def test_a_standby_lane_whose_first_enter_was_interrupted_keeps_its_cards_from_t
             "sleepb": ("running", "asleep"),
             "sleepbig": ("running", "awake"),
         }, _lanes(m)
+    finally:
+        m.teardown()
+
+
+def _before_the_wake(m: HostMachine, monkeypatch: pytest.MonkeyPatch, act: Any) -> None:
+    """Run ``act(world)`` once, as the exclusive lane's wake begins (after the split's sleeps and their
+    postconditions, before the wake's own fresh observation): the world changing between the plan and the wake."""
+    import reconciler.apply.sleep as sleep_mod
+
+    real = sleep_mod.SleepSteps.wake_lane
+    done: list[bool] = []
+
+    def wake_lane(self: Any, action: Any, observed: Any) -> Any:
+        if not done:
+            done.append(True)
+            act(m.world)
+        return real(self, action, observed)
+
+    monkeypatch.setattr(sleep_mod.SleepSteps, "wake_lane", wake_lane)
+
+
+def test_rule_1_a_lane_that_woke_itself_after_its_sleep_keeps_the_wake_from_starting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rule 1 before the call: the split's lanes are put to sleep for the switch, then one of them restarts and
+    wakes itself before the exclusive lane's wake. The wake checks a fresh observation and is refused (that lane
+    does not say it sleeps), and the pass puts it back to sleep before it wakes the exclusive lane. Without GPU
+    telemetry no process list backs the check up: the lane's own answer is all there is."""
+    m = _machine(telemetry="none")
+    try:
+        _split_running_with_the_exclusive_lane_asleep(m)
+        restarted = []
+
+        def restart(world: World) -> None:
+            c = next(c for c in world.containers.values() if c.labels.get("io.reconciler.recipe") == "sleepa")
+            world.restart_lane(c)
+            restarted.append(c.name)
+
+        _before_the_wake(m, monkeypatch, restart)
+        m.operator_switches("exclusive")
+        result = m.loop.cycle({"resync"})
+        m.no_violation()
+        assert restarted, "the lane never restarted between the sleeps and the wake"
+        # Refused, the pass puts that lane back to sleep and the wake runs then.
+        kinds = [(o.action.kind.value, o.action.recipe, o.result) for o in result.outcomes]
+        assert kinds[2:] == [("wake", "sleepbig", "refused"), ("sleep", "sleepa", "ok"), ("wake", "sleepbig", "ok")]
+        assert "does not say it sleeps" in result.outcomes[2].detail, result.outcomes[2].detail
+        assert _lanes(m) == {
+            "sleepa": ("running", "asleep"),
+            "sleepb": ("running", "asleep"),
+            "sleepbig": ("running", "awake"),
+        }, _lanes(m)
+    finally:
+        m.teardown()
+
+
+def test_rule_2_a_process_that_takes_a_sleeping_lanes_card_keeps_the_wake_from_starting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rule 2 before the call: while the split's lanes go to sleep, someone's CUDA process starts on card 0, where
+    the exclusive lane sleeps. Its wake is refused naming the pid (never a wake onto a card something foreign
+    uses); once the process ends, the wake proceeds."""
+    from sim.world import Proc
+
+    m = _machine()
+    try:
+        _split_running_with_the_exclusive_lane_asleep(m)
+        pids = []
+
+        def trainer(world: World) -> None:
+            pids.append(world.add_proc(Proc(world.new_pid(), "python train.py", gpu=world.cards[0].uuid)).pid)
+
+        _before_the_wake(m, monkeypatch, trainer)
+        m.operator_switches("exclusive")
+        result = m.loop.cycle({"resync"})
+        m.no_violation()
+        assert pids, "the process never started between the sleeps and the wake"
+        (wake,) = [o for o in result.outcomes if o.action.kind.value == "wake"]
+        assert wake.result == "refused" and f"pid {pids[0]}" in wake.detail, wake.detail
+        m.foreign_gpu_processes_end()
+        m.loop_pass()
+        m.no_violation()
+        assert _lanes(m)["sleepbig"] == ("running", "awake"), _lanes(m)
+    finally:
+        m.teardown()
+
+
+def test_rule_3_status_never_calls_a_sleeping_lane_awake() -> None:
+    """Rule 3: with the exclusive lane asleep beside the split, status --json says it sleeps (the checker reads
+    status after every pass while a lane sleeps by the world's truth), and the plan counts it satisfied, not to
+    enter again."""
+    m = _machine()
+    try:
+        _split_running_with_the_exclusive_lane_asleep(m)
+        status = m._status_json()
+        (big,) = [c for c in status["containers"] if c["recipe"] == "sleepbig"]
+        assert big["sleeping"] is True, big
+        assert {c["recipe"]: c["sleeping"] for c in status["containers"]} == {
+            "sleepbig": True,
+            "sleepa": False,
+            "sleepb": False,
+        }
+        m.loop_pass()
+        m.no_violation()
+    finally:
+        m.teardown()
+
+
+def test_rule_4_a_sleeping_offload_lanes_file_is_never_reclaimed() -> None:
+    """Rule 4: the exclusive lane runs and the split's native-offload lane is entered cold and put to sleep beside
+    it (its workers keep its file mapped); an orphan appears, so the passes reclaim: the orphan goes, the sleeping
+    lane's file is never tried."""
+    m = _machine(tmpfs_gib=10.0)
+    try:
+        m.edit_manifest_named("standby-offload", "exclusive")
+        m.loop_pass()
+        m.no_violation()
+        assert _lanes(m) == {
+            "sleepoff": ("running", "asleep"),
+            "sleepb": ("running", "asleep"),
+            "sleepbig": ("running", "awake"),
+        }, _lanes(m)
+        sleeper = next(c for c in m.world.containers.values() if c.labels.get("io.reconciler.recipe") == "sleepoff")
+        m.orphan_appears(3)
+        for _ in range(2):
+            m.loop_pass()
+            m.cli_apply()
+            m.no_violation()
+        makers = {f.maker for f in m.world.files.values()}
+        assert makers == {f"container:{sleeper.id}"}, makers
+    finally:
+        m.teardown()
+
+
+def test_rule_5_a_lane_whose_drain_times_out_is_never_put_to_sleep() -> None:
+    """Rule 5: a request stuck in the split's first lane (longer than its drain's 20 s) when the switch puts it to
+    sleep: POST /sleep is never sent with it in flight; the lane is left (stopped) instead, its request unaborted
+    by a sleep, and a later pass enters it cold and puts it to sleep."""
+    m = _machine()
+    try:
+        _split_running_with_the_exclusive_lane_asleep(m)
+        lane = next(c for c in m.world.containers.values() if c.labels.get("io.reconciler.recipe") == "sleepa")
+        assert m.world.requests_arrive(lane, 1, 100000.0)
+        m.operator_switches("exclusive")
+        result = m.loop.cycle({"resync"})
+        m.no_violation()
+        (sleep,) = [o for o in result.outcomes if o.action.kind.value == "sleep" and o.action.recipe == "sleepa"]
+        assert sleep.result == "failed" and "left (stopped) instead" in sleep.detail, sleep.detail
+        assert lane.state not in LIVE_STATES and lane.aborted == 0
+        assert not [k for k, cid, _ in m.world.sleep_calls if cid == lane.id and k == "sleep"]
+        # The exclusive lane woke on cards no lane is awake on; the left lane waits, held, for the next switch.
+        assert _lanes(m)["sleepbig"] == ("running", "awake"), _lanes(m)
+        plan = m.plan_json()
+        assert not plan["actions"] and [h["recipe"] for h in plan["held"]] == ["sleepa"], plan
+    finally:
+        m.teardown()
+
+
+def test_rule_6_a_wake_that_fails_is_a_failed_enter() -> None:
+    """Rule 6, the wake: the exclusive lane's wake answers 500 (half woken). It leaves through the failed-enter
+    path (stopped, kept for its logs), and once the fault is gone a later pass enters it cold."""
+    m = _machine()
+    try:
+        _split_running_with_the_exclusive_lane_asleep(m)
+        m.sleep_fault("wake_error", 1.0)
+        m.operator_switches("exclusive")
+        result = m.loop.cycle({"resync"})
+        m.no_violation()
+        wake = next(o for o in result.outcomes if o.action.kind.value == "wake")
+        assert wake.action.recipe == "sleepbig" and wake.result == "failed", wake.detail
+        kept = [c for c in m.world.containers.values() if c.name.startswith("reconciler-sleepbig-")]
+        assert [(c.state, "-failed-" in c.name) for c in kept] == [("exited", True)], kept
+        m.faults_stop_and_host_settles()
+        m.no_violation()
+        assert _lanes(m)["sleepbig"] == ("running", "awake"), _lanes(m)
+    finally:
+        m.teardown()
+
+
+def test_rule_6_a_lane_that_will_not_sleep_is_left() -> None:
+    """Rule 6, the sleep: the split's lanes answer their POST /sleep and never say they sleep. Each is left
+    (stopped) once sleep.timeout_s has passed, and the exclusive lane wakes on cards no lane is awake on."""
+    m = _machine()
+    try:
+        _split_running_with_the_exclusive_lane_asleep(m)
+        m.sleep_fault("sleep_never", 1.0)
+        m.operator_switches("exclusive")
+        result = m.loop.cycle({"resync"})
+        m.no_violation()
+        sleeps = [o for o in result.outcomes if o.action.kind.value == "sleep"]
+        assert [o.result for o in sleeps] == ["failed", "failed"], [o.detail for o in sleeps]
+        assert all("would not sleep" in o.detail for o in sleeps)
+        split = [c for c in m.world.containers.values() if c.labels.get("io.reconciler.recipe") in ("sleepa", "sleepb")]
+        assert all(c.state not in LIVE_STATES for c in split), split
+        m.faults_stop_and_host_settles()
+        m.no_violation()
+        assert _lanes(m)["sleepbig"] == ("running", "awake"), _lanes(m)
     finally:
         m.teardown()
