@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from sim.machine import HostMachine
-from sim.world import LIVE_STATES, World
+from sim.world import GIB, LIVE_STATES, World
 
 
 def _machine(seed: int = 7, **kw: object) -> HostMachine:
@@ -263,3 +263,30 @@ def test_rule_6_a_lane_that_will_not_sleep_is_left() -> None:
         assert _lanes(m)["sleepbig"] == ("running", "awake"), _lanes(m)
     finally:
         m.teardown()
+
+
+def test_rule_2_memory_taken_while_a_lane_sleeps_keeps_its_wake_from_starting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rule 2, its memory: while the split's lanes go to sleep, something NVML lists no process for takes 70 GiB
+    of card 1, where the exclusive lane sleeps and keeps its residual. The wake takes its awake footprint less that
+    residual, which card 1 no longer has free beyond its reserve: refused before the call (never an out-of-memory
+    wake), and woken once the memory is given back."""
+    m = _machine()
+    try:
+        _split_running_with_the_exclusive_lane_asleep(m)
+
+        def take(world: World) -> None:
+            world.cards[1].hidden_used = 70 * GIB
+
+        _before_the_wake(m, monkeypatch, take)
+        m.operator_switches("exclusive")
+        result = m.loop.cycle({"resync"})
+        m.no_violation()
+        wake = next(o for o in result.outcomes if o.action.kind.value == "wake")
+        assert wake.result == "refused" and "its awake footprint less what it holds asleep" in wake.detail, wake.detail
+        m.foreign_gpu_processes_end()
+        m.loop_pass()
+        m.no_violation()
+        assert _lanes(m)["sleepbig"] == ("running", "awake"), _lanes(m)
+    finally:
+        m.teardown()
+

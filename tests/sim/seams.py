@@ -710,6 +710,14 @@ def installed(world: World) -> Iterator[str]:
             "_tmpfs_of",
             lambda path: Tmpfs(world.tmpfs_size, world.tmpfs_size - world.free_bytes(), world.free_bytes()),
         )
+
+        def wake_memory_known(cid: str) -> bool:
+            from reconciler.store.lane_memory import read_lane_memory
+
+            mem = read_lane_memory(world.host_name).get(cid)
+            return bool(mem and mem.awake) and world.telemetry == "nvml" and not world.nvml_down and not world.wsl2
+
+        world.wake_memory_known = wake_memory_known
         _no_real_seam_left(real)
         yield state
     finally:

@@ -207,6 +207,10 @@ class World:
         self.awake_mem = 20 * GIB
         # Every POST /sleep and /wake_up the tool sent: (kind, container id, level).
         self.sleep_calls: list[tuple[str, str, int]] = []
+        # Whether the tool could know what a lane's wake takes (NVML telemetry answering, pids resolved, its awake
+        # footprint recorded): set by ``seams.installed``; a wake into memory that is not free is judged only then.
+        self.wake_memory_known: Any = lambda cid: False
+        self.telemetry = "nvml"  # the host file's gpu_telemetry (the machine writes both)
 
     # ------------------------------------------------------------ the clock
 
@@ -662,6 +666,15 @@ class World:
                 return 200, "{}"
             if "kv_cache" not in path:
                 self._judge_wake(c)
+                short = self._wake_short(c)
+                if short:
+                    if self.wake_memory_known(c.id):
+                        self.violate(
+                            f"(2) woke {c.name} into memory that is not free ({short}): the residual and "
+                            "what else holds the card were not counted"
+                        )
+                    c.sleep_state, c.wake_failed, c.stop_tried = "waking", True, False
+                    return 500, f'{{"error": "simulated: CUDA out of memory ({short})"}}'
             self.advance(0.5)
             self._lane_mem(c, self.awake_mem)
             if "kv_cache" not in path and self._chance("wake_error"):
@@ -697,6 +710,19 @@ class World:
             self.violate(
                 f"(5) POST /sleep to {c.name} with {c.inflight} request(s) in flight, which its drain never saw idle"
             )
+
+    def _wake_short(self, c: Container) -> str:
+        """The cards where the wake would not find the memory it takes (its awake footprint less what it keeps
+        asleep), by the world's truth."""
+        out = []
+        for i in sorted(self.cards_of(c)):
+            card = self.cards[i]
+            procs = [p for p in self.procs.values() if p.gpu == card.uuid]
+            used = card.hidden_used + sum((p.gpu_mem or self.awake_mem) for p in procs) + GIB // 2
+            need = sum(self.awake_mem - (p.gpu_mem or 0) for p in procs if p.container == c.id)
+            if card.total - used < need:
+                out.append(f"card {i}: {max(0, card.total - used) / GIB:.1f} GiB free, {need / GIB:.1f} GiB needed")
+        return "; ".join(out)
 
     def _judge_wake(self, c: Container) -> None:
         """Rules 1 and 2 at the wake itself: on its cards nothing else awake, nothing foreign."""
