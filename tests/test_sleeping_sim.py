@@ -6,6 +6,7 @@ taken out, the case fails on the invariant named."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -290,3 +291,27 @@ def test_rule_2_memory_taken_while_a_lane_sleeps_keeps_its_wake_from_starting(mo
     finally:
         m.teardown()
 
+
+def test_under_wsl2_a_sleeping_lanes_own_pids_do_not_keep_its_wake_from_starting() -> None:
+    """WSL2: NVML lists each lane's worker by a pid of another namespace, which /proc cannot tie to its container.
+    The planner takes such a pid on a card a lane of ours claims for that lane's and plans the wake; the wake's own
+    check right before the call took it for a foreign process and refused every time, so the switch never ended
+    (the soak's seed 556 found every pass failing on it). A process of this /proc on the card still refuses it."""
+    from sim.world import Proc
+
+    m = _machine(wsl2=True)
+    try:
+        _split_running_with_the_exclusive_lane_asleep(m)
+        m.operator_switches("exclusive")
+        result = m.loop.cycle({"resync"})
+        m.no_violation()
+        assert result.final.converged, [o.detail for o in result.outcomes]
+        assert _lanes(m)["sleepbig"] == ("running", "awake"), _lanes(m)
+        m.operator_switches("split")
+        pid = m.world.add_proc(Proc(m.world.new_pid(), "python train.py", gpu=m.world.cards[1].uuid)).pid
+        m.loop_pass()
+        m.no_violation()
+        assert _lanes(m)["sleepb"] == ("running", "asleep"), _lanes(m)
+        assert f"pid {pid}" in json.dumps(m.plan_json()["blockers"])
+    finally:
+        m.teardown()
