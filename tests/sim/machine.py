@@ -9,7 +9,11 @@ through it: the kernel's write lease, the last gate, is modelled from the truth 
 that kept a file; (d) ``apply`` of a shown plan does nothing outside
 it; (e) no exception escapes a pass; (f) once faults stop, the host converges or is blocked by something that is
 really there, within a bounded number of passes; (g) no fallback starts while a container of the held lane runs
-(a fallback's start is judged by (a)).
+(a fallback's start is judged by (a)). Sleeping lanes (docs/design.md, rules 1-6), by the world's truth: (1) no two
+lanes of ours awake on one card, and no wake beside one; (2) no wake onto a card something foreign uses, or into
+memory that is not free when the tool could know it; (3) status never calls a sleeping lane awake; (4) no unlink of a
+sleeping lane's offload file is tried; (5) no POST /sleep with requests in flight its drain never saw idle; (6) a
+lane whose sleep or wake failed is stopped (left, or a failed enter) by the end of the pass.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ NVML read (``observe_gpus``'s ``read``, ``container_of`` and ``command_of``), th
 inspection (``list_dir`` and the per-process reads of ``scan_holders``, through the real ``settle_scan`` and the
 real pure ``build_view``; the world moves between the reads), the guard's unlink (behind the kernel's write lease,
 modelled from who holds the file) and its statvfs, the loader's tmpfs checks, the health URL's answer and vLLM's gauges, the clock and sleep of the apply
-layer, the guard, the loop and the engine-call retries. Kept real: the loader and its files on disk, the model, the
+layer, the guard, the loop and the engine-call retries, and a sleeping lane's answers (GET /is_sleeping, the POSTs of a sleep
+and a wake). Kept real: the loader and its files on disk, the model, the
 planner, the apply layer, the loop's cycle, the guard's decisions, the state, history and audit files.
 """
 
