@@ -315,3 +315,24 @@ def test_under_wsl2_a_sleeping_lanes_own_pids_do_not_keep_its_wake_from_starting
         assert f"pid {pid}" in json.dumps(m.plan_json()["blockers"])
     finally:
         m.teardown()
+
+
+def test_a_lane_kept_on_a_blocked_card_beside_a_sleeping_lane_keeps_the_other_card_too() -> None:
+    """The split runs with the exclusive lane asleep beside it; the manifest becomes a plain split of other
+    recipes and card 0 goes missing. The sleeping TP=2 lane is kept (its card 0 is blocked), so it holds card 1; the
+    split's lane there is kept in turn, and the enter of the new lane on card 1 was planned beside both once its
+    only causes were kept lanes (the soak's seed 20261202 found it started beside an awake lane). It waits now."""
+    m = _machine(seed=0, tmpfs_gib=10.0)
+    try:
+        _split_running_with_the_exclusive_lane_asleep(m)
+        m.edit_manifest("split2")
+        m.card_presence(card=0, present=False)
+        m.cli_apply()
+        m.no_violation()
+        assert "omni" not in _lanes(m), _lanes(m)
+        m.card_presence(card=0, present=True)
+        m.faults_stop_and_host_settles()
+        m.no_violation()
+        assert _lanes(m) == {"omni": ("running", "awake"), "small": ("running", "awake")}, _lanes(m)
+    finally:
+        m.teardown()
