@@ -159,7 +159,13 @@ class SleepSteps(EnterSteps, LeaveSteps):
         asleep = {x.id for x in now.containers if now.sleeping.get(x.id) is True}
         for slot in c.slots:
             view = now.gpus.slots.get(slot)
-            others = [p for p in (view.processes if view else ()) if p.container_id not in (c.id, *asleep)]
+            # A pid of another pid namespace (WSL2), which /proc cannot tie to a container, on a card this lane of
+            # ours claims is most likely its own or a sleeping lane's, as the planner takes it (slot_problems).
+            others = [
+                p
+                for p in (view.processes if view else ())
+                if p.container_id not in (c.id, *asleep) and (p.resolved or p.container_id is not None)
+            ]
             if others:
                 raise ActionRefused(
                     f"wake of {c.name} refused: GPU slot {slot} is used by another process, "

@@ -96,6 +96,10 @@ def _problems(r: EnterRound, d: DesiredAssignment, room: int) -> Problems:
     if d.key not in r.blocked_before:
         problems += _kept_lane_problems(r, d)
     problems += identity_problems(d, r.desired, r.observed, r.unsound, r.leaving)
+    if d.key in r.blocked_before and not problems:
+        # Blocked the round before only by lanes kept since (a sleeping lane kept for a blocked card holds its other
+        # card, and the lane beside it there is kept in turn): they still hold its slots, so it still waits.
+        problems += _kept_lane_problems(r, d)
     if d.key not in r.finishing and d.key not in r.hold:
         # The lane's own containers, those leaving first, and lanes kept on its slots may hold its ports.
         own_ids = {c.id for c in r.by_assignment.get((d.recipe, d.slots), [])} | {

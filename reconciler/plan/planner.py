@@ -122,6 +122,9 @@ def _plan_once(
     leaves = _with_paths(lanes.leaves, observed)
     leaving = {a.container_id for a in leaves}
     finishing_ids = {c.id for c in lanes.finishing.values()}
+    # A standby lane's container left waiting for health (an interrupted first enter) is awake: it holds its cards
+    # against every other lane until its finish and its sleep are placed before them (sleeping lanes rule 1).
+    standby_finishing = {c.id for k, c in lanes.finishing.items() if k in standby_keys}
     to_sleep, to_wake, resting = rest_and_wake(desired, observed, lanes.satisfied, standby_keys)
     reclaim = _reclaim(observed.shm)
     round_ = EnterRound(
@@ -138,7 +141,7 @@ def _plan_once(
         leaving=leaving,
         kept_ids={c.id for c in lanes.satisfied} | finishing_ids | set(kept_lanes),
         # A standby lane's container sleeps (or will, before anything enters or wakes beside it): no holder.
-        holders=slot_holders(desired, observed, skip=leaving | finishing_ids | resting),
+        holders=slot_holders(desired, observed, skip=leaving | (finishing_ids - standby_finishing) | resting),
         by_id={c.id: c for c in observed.containers},
         unsound=unsound_slots(desired, observed),
         fallback_ids=frozenset(c.id for c in ours if assignment_key(c.recipe or "", c.slots) in by_fallback),
@@ -148,6 +151,10 @@ def _plan_once(
         round_, [d for d in lanes.enters if d.key in standby_keys], room, resting, to_wake
     )
     room -= sum(a.bytes for a in s_enters if a.kind is ActionKind.ENTER)
+    finished = {a.container_id for a in s_enters if a.kind is ActionKind.ENTER} & standby_finishing
+    if finished:
+        skip = leaving | (finishing_ids - standby_finishing) | finished | resting
+        round_ = replace(round_, holders=slot_holders(desired, observed, skip=skip))
     blockers, held, enter_actions = place_enters(round_, [d for d in lanes.enters if d.key not in standby_keys], room)
     wakes, w_blockers = _wakes(round_, to_wake, to_sleep, leaves)
 
@@ -186,7 +193,9 @@ def _standby_enters(
     if not enters:
         return [], [], []
     waking = {c.id for c in to_wake}
-    holders = slot_holders(r.desired, r.observed, skip=r.leaving | resting | waking)
+    # A standby lane's own container left waiting for health is finished by its enter, never its holder.
+    own = {c.id for k, c in r.finishing.items() if k in {d.key for d in enters}}
+    holders = slot_holders(r.desired, r.observed, skip=r.leaving | resting | waking | own)
     awake = {c.name: c for cs in holders.values() for c in cs if c.id in r.kept_ids}
     blockers, held, placed = place_enters(replace(r, holders=holders), enters, room)
     by_key: dict[str, list[Blocker]] = {}

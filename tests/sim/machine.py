@@ -9,7 +9,11 @@ through it: the kernel's write lease, the last gate, is modelled from the truth 
 that kept a file; (d) ``apply`` of a shown plan does nothing outside
 it; (e) no exception escapes a pass; (f) once faults stop, the host converges or is blocked by something that is
 really there, within a bounded number of passes; (g) no fallback starts while a container of the held lane runs
-(a fallback's start is judged by (a)).
+(a fallback's start is judged by (a)). Sleeping lanes (docs/design.md, rules 1-6), by the world's truth: (1) no two
+lanes of ours awake on one card, and no wake beside one; (2) no wake onto a card something foreign uses, or into
+memory that is not free when the tool could know it; (3) status never calls a sleeping lane awake; (4) no unlink of a
+sleeping lane's offload file is tried; (5) no POST /sleep with requests in flight its drain never saw idle; (6) a
+lane whose sleep or wake failed is stopped (left, or a failed enter) by the end of the pass.
 """
 
 from __future__ import annotations
@@ -32,7 +36,14 @@ RECIPES = {
     "small": (1, 4, 18002),
     "big": (2, 8, 18003),
     "medium": (1, 2, 18004),
+    # Recipes with [sleep] (vLLM's sleep mode), each on a port of its own: the lanes of standby topologies.
+    "sleepa": (1, 0, 18011),
+    "sleepb": (1, 0, 18012),
+    "sleepbig": (2, 0, 18013),
+    "sleepoff": (1, 2, 18014),
 }
+# The [sleep] level of each recipe that has one (sleepoff with native offload: allow_with_offload).
+SLEEP_LEVELS = {"sleepa": 1, "sleepb": 2, "sleepbig": 2, "sleepoff": 1}
 TOPOLOGIES = {
     "empty": [],
     "split": [("omni", ["dark-compute-b"])],
@@ -44,6 +55,29 @@ TOPOLOGIES = {
     # Two native-offload lanes side by side: when one leaves or dies, its file must go while the other serves.
     "two-offload": [("small", ["dark-compute-a"]), ("medium", ["dark-compute-b"])],
     "one-offload": [("small", ["dark-compute-a"])],
+}
+# Manifests of named topologies (topologies:, topology:, standby:): name -> (topologies, standby). A switch between
+# them is the operator's ``reconciler switch`` (or an edit of topology:), a step like any other.
+NAMED = {
+    "standby": (
+        {
+            "split": [("sleepa", ["dark-compute-a"]), ("sleepb", ["dark-compute-b"])],
+            "exclusive": [("sleepbig", ["dark-compute-a", "dark-compute-b"])],
+        },
+        ["split", "exclusive"],
+    ),
+    "standby-offload": (
+        {
+            "split": [("sleepoff", ["dark-compute-a"]), ("sleepb", ["dark-compute-b"])],
+            "exclusive": [("sleepbig", ["dark-compute-a", "dark-compute-b"])],
+        },
+        ["split", "exclusive"],
+    ),
+    # Only the exclusive lane on standby: the split's lane leaves on a switch, the big one sleeps beside it.
+    "standby-half": (
+        {"split": [("omni", ["dark-compute-b"])], "exclusive": [("sleepbig", ["dark-compute-a", "dark-compute-b"])]},
+        ["exclusive"],
+    ),
 }
 # How the two slots name their cards: by index, by UUID, mixed, or (a host error) both naming card 0.
 HOST_SHAPES = ("index", "uuid", "mixed", "alias-index-uuid", "alias-uuid-case")
@@ -82,6 +116,9 @@ class HostMachine(RuleBasedStateMachine):
         self.prompt: Any = None
         # Containers a second terminal's ``adopt`` made this install's: ours from then on, for the checker too.
         self.adopted: set[str] = set()
+        # The tool ran in the last step (a pass, an apply), and its stop was requested during it.
+        self.tool_ran = False
+        self.interrupted = False
 
     # ------------------------------------------------------------ set-up and files
 
@@ -122,6 +159,7 @@ class HostMachine(RuleBasedStateMachine):
         if shape in ("mixed", "alias-index-uuid"):
             telemetry = "nvml"
         self.telemetry = telemetry
+        self.world.telemetry = telemetry
         self._write_host(shape, gpu_requests, telemetry)
         for r in RECIPES:
             self._write_recipe(r)
@@ -151,15 +189,21 @@ class HostMachine(RuleBasedStateMachine):
 
     def _write_recipe(self, name: str) -> None:
         tp, offload, port = RECIPES[name]
+        level = SLEEP_LEVELS.get(name)
+        flag, dev = (', "--enable-sleep-mode"', ', VLLM_SERVER_DEV_MODE = "1"') if level else ("", "")
         text = (
             f'description = "simulated {name}"\ntensor_parallel_size = {tp}\n'
             f'[model]\nid = "sim/{name}"\n'
-            f'[container]\nimage = "{self.images[name]}"\ncommand = ["vllm", "serve", "sim/{name}"]\n'
-            f'env = {{SIM_OFFLOAD_BYTES = "{int(offload * GIB)}", SIM_BOOT_S = "3", SIM_EDIT = "{self.edits[name]}"}}\n'
+            f'[container]\nimage = "{self.images[name]}"\ncommand = ["vllm", "serve", "sim/{name}"{flag}]\n'
+            f'env = {{SIM_OFFLOAD_BYTES = "{int(offload * GIB)}", SIM_BOOT_S = "3", SIM_EDIT = "{self.edits[name]}"'
+            f"{dev}}}\n"
             f"[offload]\nenabled = {'true' if offload else 'false'}\ncapacity_gib = {offload}\n"
             f'[health]\nurl = "http://127.0.0.1:{port}/health"\nsettle_s = 1\nstart_timeout_s = 30\n'
-            "[stop]\ntimeout_s = 10\n"
+            "[stop]\ntimeout_s = 10\n[drain]\ntimeout_s = 20\n"
         )
+        if level:
+            # sleepoff: the simulated image is taken as requalified for sleep with native offload (vLLM #45268).
+            text += f"[sleep]\nlevel = {level}\ntimeout_s = 5\n" + ("allow_with_offload = true\n" if offload else "")
         (self.root / "configs" / "recipes" / f"{name}.toml").write_text(text)
 
     def _write_manifest(self, topology: str) -> None:
@@ -168,6 +212,17 @@ class HostMachine(RuleBasedStateMachine):
             lines.append(f"  - {{recipe: {recipe}, gpus: [{', '.join(slots)}]}}")
         (self.root / "manifests" / "sim.yaml").write_text("\n".join(lines) + "\n")
         self.topology = topology
+
+    def _write_named(self, name: str, topology: str) -> None:
+        topologies, standby = NAMED[name]
+        lines = ["host: sim", f"topology: {topology}", "topologies:"]
+        for t, lanes in topologies.items():
+            lines.append(f"  {t}:")
+            for recipe, slots in lanes:
+                lines.append(f"    - {{recipe: {recipe}, gpus: [{', '.join(slots)}]}}")
+        lines.append(f"standby: [{', '.join(standby)}]")
+        (self.root / "manifests" / "sim.yaml").write_text("\n".join(lines) + "\n")
+        self.topology = f"{name}:{topology}"
 
     def _new_loop(self) -> None:
         from reconciler.loop import Loop
@@ -198,6 +253,26 @@ class HostMachine(RuleBasedStateMachine):
     @rule(topology=st.sampled_from(sorted(TOPOLOGIES)))
     def edit_manifest(self, topology: str) -> None:
         self._write_manifest(topology)
+
+    @rule(name=st.sampled_from(sorted(NAMED)), topology=st.sampled_from(["split", "exclusive"]))
+    def edit_manifest_named(self, name: str, topology: str) -> None:
+        """A manifest of named topologies, some on standby (their lanes kept asleep while another runs)."""
+        self._write_named(name, topology)
+
+    @precondition(lambda self: self.world is not None)
+    @rule(topology=st.sampled_from(["split", "exclusive", "nope"]))
+    def operator_switches(self, topology: str) -> None:
+        """``reconciler switch NAME``: the service rewrites topology: alone (an unknown name or a manifest without
+        named topologies refused, nothing written); the loop converges it."""
+        from reconciler.base.errors import ReconcilerError
+        from reconciler.service import Caller, HostService
+
+        try:
+            HostService(str(self.root), caller=Caller("cli", "operator")).switch(topology)
+        except ReconcilerError:
+            return
+        if ":" in self.topology:
+            self.topology = f"{self.topology.split(':')[0]}:{topology}"
 
     @rule(how=st.sampled_from(["yaml", "unknown-recipe", "slot"]))
     def break_manifest(self, how: str) -> None:
@@ -246,6 +321,49 @@ class HostMachine(RuleBasedStateMachine):
         for c in w.containers.values():
             if c.ours and c.labels.get("io.reconciler.recipe") == recipe:
                 c.slow_stop = slow
+
+    # ------------------------------------------------------------ sleeping lanes (vLLM's sleep mode)
+
+    @rule(
+        fault=st.sampled_from(["sleep_error", "sleep_never", "sleep_interrupted", "wake_error", "wake_never"]),
+        p=st.sampled_from([0.0, 0.3, 1.0]),
+    )
+    def sleep_fault(self, fault: str, p: float) -> None:
+        """The lanes' sleep mode fails on demand: a sleep answered 500, one never confirmed, one interrupted by its
+        engine restarting mid-sleep; a wake answered 500 (half woken), one never confirmed."""
+        self.world.sleep_faults[fault] = p
+
+    @rule(pick=st.integers(0, 7), n=st.integers(1, 4), seconds=st.sampled_from([2.0, 8.0, 100000.0]))
+    def clients_send_requests(self, pick: int, n: int, seconds: float) -> None:
+        """Clients send requests to an awake lane, answered in ``seconds`` (100000: stuck, longer than any drain)."""
+        w = self.world
+        lanes = sorted((c for c in w.containers.values() if c.ours and c.state == "running"), key=lambda c: c.name)
+        if lanes:
+            w.requests_arrive(lanes[pick % len(lanes)], n, seconds)
+
+    @rule(pick=st.integers(0, 7), during=st.integers(-1, 4))
+    def sleeping_lane_restarts(self, pick: int, during: int) -> None:
+        """A sleeping lane's container restarts and wakes itself (vLLM keeps no sleep across a restart): now, or
+        during the next pass, after ``during`` of its waits (between its sleeps and its wakes)."""
+        w = self.world
+
+        def restart(world: World) -> None:
+            asleep = sorted((c for c in world.containers.values() if c.ours and c.asleep), key=lambda c: c.name)
+            if asleep:
+                world.restart_lane(asleep[pick % len(asleep)])
+
+        if during < 0:
+            restart(w)
+            return
+        count = [0]
+
+        def once(world: World) -> None:
+            count[0] += 1
+            if count[0] > during:
+                world.on_sleep.remove(once)
+                restart(world)
+
+        w.on_sleep.append(once)
 
     @rule(seconds=st.sampled_from([-86400.0, -3600.0, -30.0, 30.0, 3600.0, 86400.0]))
     def wall_clock_jumps(self, seconds: float) -> None:
@@ -428,6 +546,13 @@ class HostMachine(RuleBasedStateMachine):
             w.add_proc(
                 Proc(w.new_pid(), "python train.py", gpu=w.cards[card].uuid, gpu_mem=None if w.wsl2 else 4 * GIB)
             )
+
+    @rule(card=st.integers(0, 1), gib=st.sampled_from([40, 70]))
+    def freed_memory_taken(self, card: int, gib: int) -> None:
+        """Something NVML lists no process for (another pid namespace, a MIG peer) takes the memory sleeping lanes
+        gave back: a wake there would not find what it takes (the tool knows it from each lane's recorded
+        footprint and the card's free memory)."""
+        self.world.cards[card].hidden_used = gib * GIB
 
     @rule()
     def foreign_gpu_processes_end(self) -> None:
@@ -636,6 +761,7 @@ class HostMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------ the tool
 
     def _pass(self) -> Any:
+        self.tool_ran = True
         try:
             result = self.loop.cycle({"resync"})
         except Exception as exc:  # noqa: BLE001 - invariant (e): nothing escapes a pass
@@ -667,6 +793,7 @@ class HostMachine(RuleBasedStateMachine):
         try:
             self._pass()
         finally:
+            self.interrupted = self.loop.cancel.is_set()
             w.on_sleep.remove(hook)
             self.loop.cancel.clear()
 
@@ -687,6 +814,7 @@ class HostMachine(RuleBasedStateMachine):
             from sim.seams import sim_observer
 
             observer = sim_observer(w, desired.host.docker.url)
+        self.tool_ran = True
         try:
             applier = Applier(desired, observer=observer, connect=False)
             observed, shown = applier.plan_now()
@@ -844,8 +972,18 @@ class HostMachine(RuleBasedStateMachine):
         ours = [c for c in w.containers.values() if c.ours and c.state in LIVE_STATES]
         for i, a in enumerate(ours):
             for b in ours[i + 1 :]:
-                if w.cards_of(a) & w.cards_of(b):
-                    w.violate(f"(a) {a.name} and {b.name} both run on card(s) {sorted(w.cards_of(a) & w.cards_of(b))}")
+                shared = w.cards_of(a) & w.cards_of(b)
+                if not shared:
+                    continue
+                # Sleeping lanes rule 1: two of ours share a card only with one of them asleep by the world's own
+                # truth (a lane that woke itself by a restart is the world's doing: the next pass puts it back).
+                if a.asleep or b.asleep or a.self_woken or b.self_woken:
+                    continue
+                if a.sleep_mode or b.sleep_mode:
+                    w.violate(f"(1) {a.name} and {b.name} are both awake on card(s) {sorted(shared)}")
+                else:
+                    w.violate(f"(a) {a.name} and {b.name} both run on card(s) {sorted(shared)}")
+        self._judge_sleeping_lanes()
         if self.loop is not None and self.steps_since_adopt_check >= 10:
             # (b) also: nothing is ever adopted here but by an explicit adopt (a second terminal's).
             from reconciler.store.state import read_ownership
@@ -863,6 +1001,44 @@ class HostMachine(RuleBasedStateMachine):
                 + "\n  ".join(self.sink.lines)
             )
 
+    def _judge_sleeping_lanes(self) -> None:
+        """Sleeping lanes rules 3 and 6 after each step (rules 1, 2, 4 and 5 are judged by the world at the call
+        that would break them: the wake, the unlink, the sleep)."""
+        w = self.world
+        interrupted, self.interrupted = self.interrupted, False
+        for c in list(w.containers.values()):
+            if (c.sleep_failed or c.wake_failed) and not interrupted:
+                what = "would not sleep" if c.sleep_failed else "failed its wake"
+                # A stop the engine refused (its fault) still shows the tool took the leave or failed-enter path.
+                if c.state in LIVE_STATES and not c.stop_tried:
+                    w.violate(f"(6) {c.name} {what} and still runs: never left (stopped) nor failed as an enter")
+            c.sleep_failed = c.wake_failed = False
+        if not self.tool_ran:
+            return
+        self.tool_ran = False
+        if not any(c.ours and c.state == "running" and c.asleep for c in w.containers.values()):
+            return
+        try:
+            status = self._status_json()
+        except Exception:  # noqa: BLE001 - the files do not load, or a source is down: nothing is reported then
+            return
+        for entry in status["containers"]:
+            c = next((x for x in w.containers.values() if x.id.startswith(entry["id"])), None)
+            if c is not None and c.state == "running" and c.asleep and entry.get("sleeping") is False:
+                w.violate(f"(3) status --json says {c.name}, which sleeps, is awake (sleeping: false)")
+
+    def _status_json(self) -> dict[str, Any]:
+        """What ``reconciler status --json`` says of the host now."""
+        from reconciler.apply.applier import Applier
+        from reconciler.load.desired import load_desired
+        from reconciler.service.status import status_data
+        from sim.seams import sim_observer
+
+        desired = load_desired(str(self.root))
+        applier = Applier(desired, observer=sim_observer(self.world, desired.host.docker.url), connect=False)
+        observed, plan = applier.plan_now()
+        return status_data(desired, observed, plan)
+
     @precondition(lambda self: self.world is not None)
     @rule()
     def faults_stop_and_host_settles(self) -> None:
@@ -871,6 +1047,7 @@ class HostMachine(RuleBasedStateMachine):
         w = self.world
         w.faults.clear()
         w.lost.clear()
+        w.sleep_faults.clear()
         w.engine_down = w.nvml_down = False
         for card in w.cards:
             card.present = True
@@ -902,6 +1079,8 @@ class HostMachine(RuleBasedStateMachine):
             if false:
                 w.violate(f"(f) sources still unavailable after faults stopped: {false}")
             return
+        if not final.blocked and final.held and not final.actions:
+            return  # a standby lane held until a switch puts the awake lane on its cards to sleep
         if not final.blocked:
             w.violate(
                 f"(f) not converged after {LIVENESS_PASSES} passes without faults: {result.result}: "

@@ -5,7 +5,8 @@ NVML read (``observe_gpus``'s ``read``, ``container_of`` and ``command_of``), th
 inspection (``list_dir`` and the per-process reads of ``scan_holders``, through the real ``settle_scan`` and the
 real pure ``build_view``; the world moves between the reads), the guard's unlink (behind the kernel's write lease,
 modelled from who holds the file) and its statvfs, the loader's tmpfs checks, the health URL's answer and vLLM's gauges, the clock and sleep of the apply
-layer, the guard, the loop and the engine-call retries. Kept real: the loader and its files on disk, the model, the
+layer, the guard, the loop and the engine-call retries, and a sleeping lane's answers (GET /is_sleeping, the POSTs of a sleep
+and a wake). Kept real: the loader and its files on disk, the model, the
 planner, the apply layer, the loop's cycle, the guard's decisions, the state, history and audit files.
 """
 
@@ -24,7 +25,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from sim.world import SHM_DIR, ApiError, World
+from sim.world import LIVE_STATES, SHM_DIR, ApiError, World
 
 
 class Interleaver:
@@ -447,9 +448,20 @@ def sim_enter_facts(world: World, host: Any, images: Any, ports: Any) -> Any:
     )
 
 
-def sim_observe(world: World, host: Any, *, docker: Any = None, images: Any = (), ports: Any = (), **_: Any) -> Any:
+def sim_observe(
+    world: World,
+    host: Any,
+    *,
+    docker: Any = None,
+    images: Any = (),
+    ports: Any = (),
+    sleep_origins: Any = None,
+    **_: Any,
+) -> Any:
     from reconciler.observe.gpu import observe_gpus
+    from reconciler.observe.lane_sleep import read_sleeping
     from reconciler.plan.observed import EnterFacts, Observed
+    from reconciler.store.lane_memory import read_lane_memory
     from reconciler.store.state import read_ownership
 
     docker = docker or sim_observer(world, host.docker.url)
@@ -467,6 +479,9 @@ def sim_observe(world: World, host: Any, *, docker: Any = None, images: Any = ()
         docker=docker_source,
         ownership=ownership,
         enter=sim_enter_facts(world, host, images, ports) if docker_source.ok and (images or ports) else EnterFacts(),
+        # Each sleeping-mode lane asked as ``observe`` asks it (the real reader, the world answering GET /is_sleeping).
+        sleeping=read_sleeping(host.name, containers, sleep_origins) if docker_source.ok and sleep_origins else {},
+        lane_memory=read_lane_memory(host.name) if docker_source.ok and sleep_origins else {},
     )
 
 
@@ -484,6 +499,11 @@ def _unlink_agreed(world: World) -> Any:
                 kept.append(KeptFile(f.path, "not a name of shm.dir matching shm.pattern: never removed", "skipped"))
                 continue
             world.point()  # between the inspection and the unlink: another action may run meanwhile
+            made = world.files[name].maker.removeprefix("container:") if name in world.files else ""
+            sleeper = world.containers.get(made)
+            if sleeper is not None and sleeper.state in LIVE_STATES and sleeper.asleep:
+                # Sleeping lanes rule 4: a sleeping offload lane's file is mapped by its workers and never reclaimed.
+                world.violate(f"(4) an unlink of {name} was tried, the offload file of sleeping lane {sleeper.name}")
             # The kernel's write lease (shm_unlink.take_lease), from the truth: refused while any process holds it.
             holders = world.lease_refused(f.inode) if name in world.files else []
             if holders:
@@ -520,6 +540,33 @@ def _path_refusal(world: World) -> Any:
 def _health(world: World, url: str) -> str | None:
     port = urlsplit(url).port
     return world.answers(port) if port is not None else None
+
+
+def _lane_request(world: World) -> Any:
+    """``lane_http.request`` as the sleep and the wake call it: a POST to the lane's own origin, answered by the
+    world (a refused connection raises as urllib's does)."""
+    from reconciler.apply.lane_http import Answer
+
+    def request(url: str, payload: Any, timeout: float) -> Any:
+        world.point()  # a request to a lane: another action may run meanwhile
+        parts = urlsplit(url)
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        try:
+            status, body = world.lane_post(parts.port, path)
+        except ConnectionRefusedError as exc:
+            import urllib.error
+
+            raise urllib.error.URLError(exc) from None
+        return Answer(status, body.encode(), "application/json")
+
+    return request
+
+
+def _ask_sleeping(world: World) -> Any:
+    def ask_sleeping(origin: str, timeout: float = 2.0) -> bool | str:
+        return world.is_sleeping(urlsplit(origin).port)
+
+    return ask_sleeping
 
 
 def _listeners(world: World, ports: Any) -> Any:
@@ -571,9 +618,11 @@ def installed(world: World) -> Iterator[str]:
     import reconciler.apply.ports as ports_mod
     import reconciler.apply.shm_guard as guard_mod
     import reconciler.apply.shm_unlink as unlink_mod
+    import reconciler.apply.sleep as sleep_mod
     import reconciler.apply.vllm_metrics as gauges_mod
     import reconciler.load.tmpfs as loader_mod
     import reconciler.loop as loop_mod
+    import reconciler.observe.lane_sleep as lane_sleep_mod
     from reconciler.plan.observed import Tmpfs
 
     clock = SimTime(world)
@@ -592,6 +641,7 @@ def installed(world: World) -> Iterator[str]:
             "_http_answer": http_mod._http_answer,
             "_port_listeners": ports_mod._port_listeners,
             "read_gauges": gauges_mod.read_gauges,
+            "ask_sleeping": lane_sleep_mod.ask_sleeping,
             **{
                 name: getattr(guard_mod, name)
                 for name in (
@@ -606,7 +656,7 @@ def installed(world: World) -> Iterator[str]:
             },
         }
         # The clock of every module whose waits a simulated run passes through.
-        for mod in (applier_mod, enter_mod, drain_mod, loop_mod, guard_mod, ops_mod):
+        for mod in (applier_mod, enter_mod, drain_mod, loop_mod, guard_mod, ops_mod, sleep_mod):
             _seam(mp, mod, "time", clock)
         _seam(mp, context_mod, "observe", lambda host, docker=None, **kw: sim_observe(world, host, docker=docker, **kw))
         # Actions on disjoint slots run interleaved at their seams, in an order the seed draws (Interleaver).
@@ -617,12 +667,17 @@ def installed(world: World) -> Iterator[str]:
         _seam(mp, applier_mod, "threading", _Threading(sched))
         http_ok = lambda url: _health(world, url) == "ok"  # noqa: E731 - one stand-in, bound where each module names it
         http_answer = lambda url, **kw: None if _health(world, url) is None else "HTTP 200"  # noqa: E731
-        for mod in (http_mod, enter_mod, drain_mod):
+        for mod in (http_mod, enter_mod, drain_mod, sleep_mod):
             _seam(mp, mod, "_http_ok", http_ok)
         for mod in (http_mod, enter_mod):
             _seam(mp, mod, "_http_answer", http_answer)
         _seam(mp, ports_mod, "_port_listeners", lambda ports: _listeners(world, ports))
-        _seam(mp, gauges_mod, "read_gauges", lambda url, **kw: (0.0, 0.0))
+        # vLLM's gauges (the drain's), its sleep mode's answers (GET /is_sleeping) and the sleep's and wake's POSTs.
+        _seam(mp, gauges_mod, "read_gauges", lambda url, **kw: world.gauges(urlsplit(url).port))
+        ask = _ask_sleeping(world)
+        for mod in (lane_sleep_mod, sleep_mod):
+            _seam(mp, mod, "ask_sleeping", ask)
+        _seam(mp, sleep_mod, "request", _lane_request(world))
         # What each lane's server says of itself (its /version and /metrics), read by the loop for its metrics only:
         # no simulated lane serves HTTP, and no real server on this machine may answer for one.
         _seam(mp, loop_mod, "lane_readings", lambda desired, observed: {})
@@ -659,6 +714,14 @@ def installed(world: World) -> Iterator[str]:
             "_tmpfs_of",
             lambda path: Tmpfs(world.tmpfs_size, world.tmpfs_size - world.free_bytes(), world.free_bytes()),
         )
+
+        def wake_memory_known(cid: str) -> bool:
+            from reconciler.store.lane_memory import read_lane_memory
+
+            mem = read_lane_memory(world.host_name).get(cid)
+            return bool(mem and mem.awake) and world.telemetry == "nvml" and not world.nvml_down and not world.wsl2
+
+        world.wake_memory_known = wake_memory_known
         _no_real_seam_left(real)
         yield state
     finally:

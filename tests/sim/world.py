@@ -108,6 +108,29 @@ class Container:
     privileged: bool = False
     # A foreign container that holds its cards without running anything on them (no process NVML would list).
     idle: bool = False
+    # vLLM's sleep mode (its command has --enable-sleep-mode): "awake", "asleep", or "waking" (a level-2 wake between
+    # its weights and its KV cache, or one that failed half way: its memory taken, so awake by the world's truth).
+    sleep_mode: bool = False
+    sleep_state: str = "awake"
+    # Woke by itself (its container restarted while asleep) since the tool last put it to sleep: two lanes awake on
+    # one card then are the world's doing, until the tool has had a pass to put it back to sleep.
+    self_woken: bool = False
+    # Requests in flight until ``busy_until`` (a drain waits them out; a sleep meanwhile aborts them), and whether the
+    # last read of its gauges said it was idle (rule 5: a sleep is sent only then).
+    inflight: int = 0
+    busy_until: float = 0.0
+    said_idle: bool = False
+    aborted: int = 0
+    # A sleep or a wake the world made fail in the pass now running (rule 6 judges what the tool did about it), and a
+    # stop the tool asked for since.
+    sleep_failed: bool = False
+    wake_failed: bool = False
+    stop_tried: bool = False
+
+    @property
+    def asleep(self) -> bool:
+        """Asleep by the world's own truth (not by anything the tool was told)."""
+        return self.sleep_mode and self.sleep_state == "asleep"
 
 
 @dataclass
@@ -176,6 +199,18 @@ class World:
         # outside any container listens on (a stale server): an enter's knowable failures.
         self.gpu_runtime = True
         self.squatted_ports: set[int] = set()
+        # Sleep mode's faults, each a probability per call: "sleep_error" (POST /sleep answers 500), "sleep_never"
+        # (200, but it never says it sleeps), "sleep_interrupted" (200, then its engine restarts mid-sleep: awake),
+        # "wake_error" (POST /wake_up answers 500, its memory half taken), "wake_never" (200, it never says awake).
+        self.sleep_faults: dict[str, float] = {}
+        self.residual = 2 * GIB  # what a sleeping lane's process keeps on its card (NCCL buffers, CUDA context)
+        self.awake_mem = 20 * GIB
+        # Every POST /sleep and /wake_up the tool sent: (kind, container id, level).
+        self.sleep_calls: list[tuple[str, str, int]] = []
+        # Whether the tool could know what a lane's wake takes (NVML telemetry answering, pids resolved, its awake
+        # footprint recorded): set by ``seams.installed``; a wake into memory that is not free is judged only then.
+        self.wake_memory_known: Any = lambda cid: False
+        self.telemetry = "nvml"  # the host file's gpu_telemetry (the machine writes both)
 
     # ------------------------------------------------------------ the clock
 
@@ -315,6 +350,7 @@ class World:
             c.behaviour = self.behaviour.get(recipe, "ok")
             c.slow_stop = recipe in self.slow_stop
             c.boot_s = float(env.get("SIM_BOOT_S", "2"))
+            c.sleep_mode = "--enable-sleep-mode" in command
         self.containers[c.id] = c
         self.writes.append(Write("create", c.id, name))
         self._lost("create")
@@ -337,6 +373,7 @@ class World:
             raise ApiError(500, 'could not select device driver "nvidia" with capabilities: [[gpu]]')
         self._check_start(c)
         c.state, c.started_at, c.exit_code = "running", self.now, 0
+        c.sleep_state, c.self_woken, c.inflight = "awake", False, 0
         self._spawn(c)
         self._lost("start")
 
@@ -348,6 +385,8 @@ class World:
         for other in self.containers.values():
             if other.id == c.id or other.state not in LIVE_STATES:
                 continue
+            if other.ours and other.asleep:
+                continue  # a sleeping lane of ours stays beside the lane started there (sleeping lanes rule 2)
             shared = mine & self.cards_of(other)
             if shared:
                 self.violate(
@@ -360,13 +399,16 @@ class World:
         if not c.ours and (c.idle or not self.cards_of(c)):
             self.add_proc(Proc(self.new_pid(), f"{c.name} main", container=c.id))
             return
-        cards = sorted(self.cards_of(c))
         inode = None
         if c.offload_bytes:
             if self.free_bytes() < c.offload_bytes:
                 self._exit(c, 1)  # the seed's Errno 14: no room for the offload file
                 return
             inode = self.add_file(c.offload_bytes, maker=f"container:{c.id}").inode
+        self._spawn_procs(c, inode)
+
+    def _spawn_procs(self, c: Container, inode: int | None) -> None:
+        cards = sorted(self.cards_of(c))
         for idx in cards or [None]:
             pid = self.new_pid()
             card = self.cards[idx] if idx is not None else None
@@ -377,17 +419,21 @@ class World:
                     container=c.id,
                     maps={inode} if inode else set(),
                     gpu=card.uuid if card and card.present else None,
-                    gpu_mem=None if self.wsl2 else 20 * GIB,
+                    gpu_mem=None if self.wsl2 else self.awake_mem,
                     resolvable=not self.wsl2,
                 )
             )
 
     def _exit(self, c: Container, code: int) -> None:
         c.state, c.exit_code = ("stopped" if self.podman else "exited"), code
+        c.sleep_state, c.self_woken, c.inflight = "awake", False, 0
         for pid in [p.pid for p in self.procs.values() if p.container == c.id]:
             self.end_proc(pid)
 
     def stop(self, ref: str, timeout: float = 10) -> None:
+        tried = self.containers.get(ref) or next((x for x in self.containers.values() if x.name == ref), None)
+        if tried is not None:
+            tried.stop_tried = True
         self._fault("stop")
         c = self.get(ref)
         self.writes.append(Write("stop", c.id, c.name))
@@ -529,6 +575,173 @@ class World:
             if c.port == port and c.state in LIVE_STATES:
                 out.append((90000 + len(out), c.id))
         return out
+
+    # ------------------------------------------------------------ sleep mode (what a lane's own origin answers)
+
+    def lane_on(self, port: int | None) -> Container | None:
+        """The running container of ours whose server listens on ``port`` (booted: it answers)."""
+        if port is None:
+            return None
+        for c in self.containers.values():
+            if (
+                c.port == port
+                and c.state == "running"
+                and c.behaviour != "hang"
+                and self.now - c.started_at >= c.boot_s
+            ):
+                return c
+        return None
+
+    def _lane_mem(self, c: Container, each: int) -> None:
+        for p in self.procs.values():
+            if p.container == c.id and p.gpu is not None and p.gpu_mem is not None:
+                p.gpu_mem = each
+
+    def _chance(self, fault: str) -> bool:
+        p = self.sleep_faults.get(fault, 0.0)
+        return bool(p) and self.rng.random() < p
+
+    def in_flight(self, c: Container) -> int:
+        if c.inflight and self.now >= c.busy_until:
+            c.inflight = 0
+        return c.inflight
+
+    def gauges(self, port: int | None) -> tuple[float, float] | str:
+        """vLLM's running and waiting gauges, as the lane's /metrics says them now."""
+        c = self.lane_on(port)
+        if c is None:
+            return f"http://127.0.0.1:{port}/metrics did not answer (connection refused, simulated)"
+        n = self.in_flight(c)
+        c.said_idle = n == 0
+        return float(n), 0.0
+
+    def requests_arrive(self, c: Container, n: int, seconds: float) -> bool:
+        """Clients send ``n`` requests that take ``seconds``; a sleeping lane fails them (vLLM answers asleep)."""
+        if c.state != "running" or c.sleep_state != "awake":
+            return False
+        c.inflight = self.in_flight(c) + n
+        c.busy_until = max(c.busy_until, self.now + seconds)
+        return True
+
+    def is_sleeping(self, port: int | None) -> bool | str:
+        """GET /is_sleeping: True only once the lane is fully asleep; a lane half woken still says it sleeps."""
+        c = self.lane_on(port)
+        if c is None:
+            return f"GET http://127.0.0.1:{port}/is_sleeping: ConnectionRefusedError (simulated)"
+        if not c.sleep_mode:
+            return f"GET http://127.0.0.1:{port}/is_sleeping answered 404"
+        return c.sleep_state != "awake"
+
+    def lane_post(self, url_port: int | None, path: str) -> tuple[int, str]:
+        """A POST to a lane's own origin: /sleep?level=N, /wake_up[?tags=...], /collective_rpc. (status, body)."""
+        c = self.lane_on(url_port)
+        if c is None:
+            raise ConnectionRefusedError(f"[Errno 111] Connection refused (simulated port {url_port})")
+        if not c.sleep_mode:
+            return 404, '{"detail": "Not Found"}'
+        if path.startswith("/sleep"):
+            level = int(path.rsplit("=", 1)[1]) if "level=" in path else 1
+            self.sleep_calls.append(("sleep", c.id, level))
+            self._judge_sleep(c)
+            if self._chance("sleep_error"):
+                c.sleep_failed, c.stop_tried = True, False
+                return 500, '{"error": "simulated: sleep failed"}'
+            if self.in_flight(c):
+                c.aborted += c.inflight  # vLLM aborts what is in flight when it is put to sleep
+                c.inflight = 0
+            self.advance(1.0)
+            if self._chance("sleep_never"):
+                c.sleep_failed, c.stop_tried = True, False
+                return 200, "{}"
+            if self._chance("sleep_interrupted"):
+                c.sleep_failed, c.stop_tried = True, False
+                self.restart_lane(c)  # its engine restarted mid-sleep: awake again, from nothing
+                return 200, "{}"
+            c.sleep_state, c.self_woken = "asleep", False
+            self._lane_mem(c, self.residual)
+            return 200, "{}"
+        if path.startswith("/wake_up"):
+            self.sleep_calls.append(("wake", c.id, 0))
+            if c.sleep_state == "awake":
+                return 200, "{}"
+            if "kv_cache" not in path:
+                self._judge_wake(c)
+                short = self._wake_short(c)
+                if short:
+                    if self.wake_memory_known(c.id):
+                        self.violate(
+                            f"(2) woke {c.name} into memory that is not free ({short}): the residual and "
+                            "what else holds the card were not counted"
+                        )
+                    c.sleep_state, c.wake_failed, c.stop_tried = "waking", True, False
+                    return 500, f'{{"error": "simulated: CUDA out of memory ({short})"}}'
+            self.advance(0.5)
+            self._lane_mem(c, self.awake_mem)
+            if "kv_cache" not in path and self._chance("wake_error"):
+                c.sleep_state, c.wake_failed, c.stop_tried = "waking", True, False
+                return 500, '{"error": "simulated: CUDA error during wake"}'
+            if "kv_cache" not in path and self._chance("wake_never"):
+                c.sleep_state, c.wake_failed, c.stop_tried = "waking", True, False
+                return 200, "{}"
+            if c.wake_failed:
+                return 200, "{}"
+            c.sleep_state = "waking" if "tags=weights" in path else "awake"
+            return 200, "{}"
+        if path.startswith("/collective_rpc"):
+            return 200, '{"results": [null]}'
+        return 404, '{"detail": "Not Found"}'
+
+    def restart_lane(self, c: Container) -> None:
+        """Its container restarts (the engine's restart policy, an OOM kill): new processes, loaded from nothing and
+        awake, whatever it was before (vLLM keeps no sleep across a restart)."""
+        was = c.asleep
+        for pid in [p.pid for p in self.procs.values() if p.container == c.id]:
+            self.end_proc(pid)
+        c.restarts += 1
+        c.started_at = self.now - c.boot_s  # up again at once: what matters is that it is awake
+        c.sleep_state, c.inflight = "awake", 0
+        c.self_woken = c.self_woken or was or c.sleep_failed
+        inode = next((f.inode for f in self.files.values() if f.maker == f"container:{c.id}"), None)
+        self._spawn_procs(c, inode)
+
+    def _judge_sleep(self, c: Container) -> None:
+        """Rule 5: no POST /sleep with requests in flight, unless its drain's last reading said it was idle."""
+        if self.in_flight(c) and not c.said_idle:
+            self.violate(
+                f"(5) POST /sleep to {c.name} with {c.inflight} request(s) in flight, which its drain never saw idle"
+            )
+
+    def _wake_short(self, c: Container) -> str:
+        """The cards where the wake would not find the memory it takes (its awake footprint less what it keeps
+        asleep), by the world's truth."""
+        out = []
+        for i in sorted(self.cards_of(c)):
+            card = self.cards[i]
+            procs = [p for p in self.procs.values() if p.gpu == card.uuid]
+            used = card.hidden_used + sum((p.gpu_mem or self.awake_mem) for p in procs) + GIB // 2
+            need = sum(self.awake_mem - (p.gpu_mem or 0) for p in procs if p.container == c.id)
+            if card.total - used < need:
+                out.append(f"card {i}: {max(0, card.total - used) / GIB:.1f} GiB free, {need / GIB:.1f} GiB needed")
+        return "; ".join(out)
+
+    def _judge_wake(self, c: Container) -> None:
+        """Rules 1 and 2 at the wake itself: on its cards nothing else awake, nothing foreign."""
+        mine = self.cards_of(c)
+        for other in self.containers.values():
+            if other.id == c.id or other.state not in LIVE_STATES:
+                continue
+            shared = mine & self.cards_of(other)
+            if not shared:
+                continue
+            if other.ours and not other.asleep:
+                self.violate(f"(1) woke {c.name} on card(s) {sorted(shared)} while {other.name} is awake there")
+            elif not other.ours:
+                self.violate(f"(2) woke {c.name} on card(s) {sorted(shared)} where foreign {other.name} runs")
+        uuids = {self.cards[i].uuid for i in mine}
+        ours = {x.id for x in self.containers.values() if x.ours}
+        for p in self.procs.values():
+            if p.gpu in uuids and p.container not in ours:
+                self.violate(f"(2) woke {c.name} on the card of foreign pid {p.pid} ({p.cmd})")
 
     # ------------------------------------------------------------ NVML's answer (read_nvml's shape)
 
