@@ -323,3 +323,31 @@ def test_switch_wait_converges_the_named_topology(root: Root) -> None:
     assert back.rc == 0, back
     assert list(root.running()) == [root.cname(omni, "dark-compute-b")]
     assert root.shm_files() == [], "the offload lane's leave reclaimed its file"
+
+
+def test_a_leave_drains_through_pause_where_the_server_offers_it(root: Root) -> None:
+    """A server with vLLM's POST /pause (the fake's --enable-pause): the leave drains through
+    /pause?wait_for_inflight_requests=true, so the request in flight gets its answer and one sent meanwhile is never
+    admitted (it is not answered by the lane that stops)."""
+    omni = root.recipe("omni", args=["--enable-pause"], drain_timeout_s=20)
+    root.manifest((omni, [B]))
+    assert root.apply().rc == 0
+    port = root.port_of(omni)
+    first = Clients(port, f"e2e/{omni}", 1, hold_s=3)
+    wait_until(lambda: (gauges(port) or (0, 0))[0] >= 1, timeout=10, what="the request in flight")
+    root.manifest()
+    done: list[Any] = []
+    leave = threading.Thread(target=lambda: done.append(root.apply()), daemon=True)
+    leave.start()
+    time.sleep(1.0)  # the leave is in its /pause now
+    late = Clients(port, f"e2e/{omni}", 1, hold_s=0)
+    leave.join(60)
+    (r,) = done
+    assert r.rc == 0, r
+    (action,) = [a for a in r.data["actions"] if a["kind"] == "leave"]
+    assert action["drain"]["via"] == "pause" and action["drain"]["drained"] is True, action
+    assert "drained 1 request(s) through POST /pause" in action["detail"], action["detail"]
+    first.threads[0].join(10)
+    assert first.answers[0][0] == 200, first.answers
+    late.threads[0].join(10)
+    assert late.answers.get(0, (0, ""))[0] != 200, late.answers  # never admitted: paused, then stopped

@@ -209,6 +209,7 @@ class Settings:
     ignored_args: tuple[str, ...]
     max_num_seqs: int = 256  # requests served at once; more wait in the queue (vllm:num_requests_waiting)
     enable_sleep_mode: bool = False  # --enable-sleep-mode
+    enable_pause: bool = False  # --enable-pause: POST /pause and /resume, as a vLLM that has them
     dev_mode: bool = False  # $VLLM_SERVER_DEV_MODE=1: the sleep endpoints are served
     cuda_mib: int = 0  # CUDA mode: MiB of GPU memory held awake (0: no CUDA)
     cuda_residual_mib: int = 0  # ... and still held asleep (vLLM keeps NCCL buffers and the CUDA context)
@@ -278,6 +279,12 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help=f"serve POST /sleep, POST /wake_up, GET /is_sleeping (with ${DEV_MODE_ENV}=1, as vLLM)",
     )
     parser.add_argument(
+        "--enable-pause",
+        action="store_true",
+        help="serve POST /pause (?wait_for_inflight_requests=true: admit nothing new, answer once the requests in "
+        "flight finished; false: abort them) and POST /resume, as vLLM's server does since it has them",
+    )
+    parser.add_argument(
         "--fake-cuda-mib",
         type=int,
         default=_env_default(environ, "FAKE_VLLM_CUDA_MIB", "0"),
@@ -345,6 +352,7 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         ignored_args=tuple(unknown),
         max_num_seqs=ns.max_num_seqs,
         enable_sleep_mode=ns.enable_sleep_mode,
+        enable_pause=ns.enable_pause,
         dev_mode=environ.get(DEV_MODE_ENV, "") == "1",
         cuda_mib=ns.fake_cuda_mib,
         cuda_residual_mib=ns.fake_cuda_residual_mib,
@@ -461,6 +469,7 @@ class Engine:
         self.holding = 0
         self.release_gen = 0
         self.abort_gen = 0  # counts the times every request in flight was aborted (a sleep aborts them, as vLLM)
+        self.paused = False  # POST /pause: nothing new is admitted until POST /resume
         # vLLM's prefix cache, as its counters show it: prompt tokens (words here) looked up and found, in blocks of
         # PREFIX_BLOCK, each block known by the hash of everything before it and itself.
         self.prefix_queries = 0
@@ -484,6 +493,7 @@ class Engine:
 
     def admit(self) -> None:
         with self.cond:
+            self.cond.wait_for(lambda: not self.paused)  # paused: not admitted (not even waiting) until resumed
             self.waiting += 1
             self.cond.wait_for(lambda: self.running < self.max_num_seqs)
             self.waiting -= 1
@@ -510,6 +520,23 @@ class Engine:
             self.release_gen += 1
             self.cond.notify_all()
             return self.running + self.waiting
+
+    def pause(self, *, wait: bool, timeout: float = 3600.0) -> bool:
+        """vLLM's pause: admit nothing new; with ``wait``, return once the requests in flight finished (False when
+        ``timeout`` passed first), else abort them."""
+        with self.cond:
+            self.paused = True
+            if not wait:
+                self.abort_gen += 1
+                self.release_gen += 1
+                self.cond.notify_all()
+                return True
+            return self.cond.wait_for(lambda: self.running + self.waiting == 0, timeout=timeout)
+
+    def resume(self) -> None:
+        with self.cond:
+            self.paused = False
+            self.cond.notify_all()
 
     def release(self) -> int:
         """Let every request that holds now go on; the number of them."""
@@ -911,6 +938,17 @@ def make_server(
             path, _, qs = self.path.partition("?")
             if sleep_served and path in ("/sleep", "/wake_up", "/collective_rpc", "/reset_prefix_cache"):
                 self._sleep_call(path, urllib.parse.parse_qs(qs), raw)
+                return
+            if path in ("/pause", "/resume") and settings is not None and settings.enable_pause:
+                if path == "/resume":
+                    engine.resume()
+                    log("INFO", "resumed: requests are admitted again")
+                    self._answer(200, {})
+                    return
+                wait = (urllib.parse.parse_qs(qs).get("wait_for_inflight_requests") or ["false"])[0] == "true"
+                drained = engine.pause(wait=wait)
+                log("INFO", f"paused ({'requests in flight finished' if wait else 'requests in flight aborted'})")
+                self._answer(200 if drained else 504, {})
                 return
             if self.path == "/fake/release":
                 self._answer(200, {"released": engine.release()})

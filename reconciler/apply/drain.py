@@ -1,7 +1,10 @@
-"""The drain before a leave: wait, at most ``drain.timeout_s``, until the lane runs and queues no request.
+"""The drain before a leave or a sleep: wait, at most ``drain.timeout_s``, until the lane runs and queues no request.
 
-Read from vLLM's gauges on its /metrics (``reconciler.apply.vllm_metrics.read_gauges``); a lane that is not healthy is
-not drained. Its figures go into the leave's outcome as ``drain``. Used by ``reconciler.apply.leave``.
+Where the lane's server offers vLLM's ``POST /pause`` it drains through it, with ``wait_for_inflight_requests=true``
+(admit nothing new, answer once the requests in flight finished; never the mode that aborts them): no request can slip
+in between the drain and the stop or the sleep. Elsewhere (a 404: an older vLLM) vLLM's gauges on its /metrics are
+polled (``reconciler.apply.vllm_metrics.read_gauges``). A lane that is not healthy is not drained. Its figures go into
+the outcome as ``drain`` (``via``: pause or gauges). Used by ``reconciler.apply.leave`` and ``.sleep``.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from typing import Any
 from reconciler.apply.context import ActionContext
 from reconciler.apply.errors import Cancelled
 from reconciler.apply.http_check import _http_ok
+from reconciler.apply.lane_http import request
+from reconciler.base import direct_http
 from reconciler.model import Recipe
 from reconciler.plan.actions import Action
 from reconciler.plan.observed import Observed
@@ -50,6 +55,9 @@ class DrainStep(ActionContext):
         timeout = recipe.drain.timeout_s
         t0 = time.monotonic()
         first = int(gauges[0] + gauges[1])
+        paused = self._drain_by_pause(action, recipe, first, timeout)
+        if paused is not None:
+            return note(*paused)
         while True:
             running, waiting = gauges
             elapsed = time.monotonic() - t0
@@ -62,6 +70,7 @@ class DrainStep(ActionContext):
                 "waiting": int(waiting),
                 "timeout_s": timeout,
                 "url": url,
+                "via": "gauges",
             }
             if running + waiting <= 0:
                 record["drained"] = True
@@ -85,3 +94,36 @@ class DrainStep(ActionContext):
             if isinstance(gauges, str):
                 record["seconds"] = round(time.monotonic() - t0, 3)
                 return note(record, f"drain ended: {gauges}")
+
+    def _drain_by_pause(
+        self, action: Action, recipe: Recipe, first: int, timeout: float
+    ) -> tuple[dict[str, Any], str] | None:
+        """Drain through the lane's ``POST /pause?wait_for_inflight_requests=true``: (record, note), or None where
+        the server does not offer it (then the gauges are polled)."""
+        origin = recipe.api_origin()
+        if origin is None:
+            return None
+        self.progress.phase(action, f"draining: POST /pause, {first} request(s) in flight", timeout=timeout)
+        t0 = time.monotonic()
+        try:
+            answer = request(f"{origin}/pause?wait_for_inflight_requests=true&clear_cache=false", {}, max(timeout, 0.5))
+            status = answer.status
+        except direct_http.errors():
+            status = 0  # no answer within the drain's time: the requests are still in flight
+        seconds = round(time.monotonic() - t0, 3)
+        if status in (404, 405):
+            return None
+        record = {
+            "drained": status == 200,
+            "timed_out": status != 200,
+            "seconds": seconds,
+            "requests_at_start": first,
+            "timeout_s": timeout,
+            "via": "pause",
+        }
+        if status == 200:
+            return record, f"drained {first} request(s) through POST /pause in {seconds:.1f} s" if first else (
+                "drained through POST /pause: no request in flight"
+            )
+        how = f"answered {status}" if status else f"gave no answer within {timeout:g} s"
+        return record, f"drain timed out: POST /pause {how} with requests in flight: stopped anyway"

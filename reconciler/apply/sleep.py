@@ -80,6 +80,7 @@ class SleepSteps(EnterSteps, LeaveSteps):
                 self._call(origin, "/collective_rpc", {"method": "reload_weights"}, spec, ActionFailed)
                 self._call(origin, "/wake_up?tags=kv_cache", None, spec, ActionFailed)
             self._await_state(action, origin, spec, asleep=False, error=ActionFailed)
+            self._resume(origin, spec)
             if recipe.health.url and not _http_ok(recipe.health.url):
                 raise ActionFailed(f"{c.name} is awake but its health URL {recipe.health.url} does not answer 200")
             woke = time.monotonic() - t0
@@ -118,6 +119,15 @@ class SleepSteps(EnterSteps, LeaveSteps):
             raise error(f"POST {path}: {type(exc).__name__}: {exc}") from None
         if answer.status != 200:
             raise error(f"POST {path} answered {answer.status} {quote(body_text(answer.body))}")
+
+    def _resume(self, origin: str, spec: SleepSpec) -> None:
+        """Admit requests again where its sleep's drain paused the server (``POST /resume``; a 404: none offered)."""
+        try:
+            answer = request(origin + "/resume", {}, spec.timeout_s)
+        except direct_http.errors() as exc:
+            raise ActionFailed(f"POST /resume: {type(exc).__name__}: {exc}") from None
+        if answer.status not in (200, 404, 405):
+            raise ActionFailed(f"POST /resume answered {answer.status} {quote(body_text(answer.body))}")
 
     def _await_state(self, action: Action, origin: str, spec: SleepSpec, *, asleep: bool, error: type) -> None:
         """Until the lane itself says it sleeps (or is awake), at most ``sleep.timeout_s``."""
