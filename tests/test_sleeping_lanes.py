@@ -75,6 +75,11 @@ def test_a_switch_between_standby_topologies_sleeps_and_wakes_the_same_container
         ("enter", b, "ok"),
     ], kinds(first)
     assert sleeping(root) == {a: False, b: False, big: True}
+    # Each enter says the lane's vLLM release (its GET /version), in its outcome and its audit record.
+    assert {x["vllm_version"] for x in first.data["actions"] if x["kind"] == "enter"} == {"0.0.0+fake"}, first.data
+    audit = root.cli("audit", "--json")
+    entered = [x for r in audit.data["records"] for x in r.get("actions") or () if x.get("kind") == "enter"]
+    assert entered and all(r.get("vllm_version") == "0.0.0+fake" for r in entered), entered
     ids = {c["recipe"]: c["id"] for c in root.status()["containers"]}
     big_port, a_port = root.port_of(big), root.port_of(a)
     assert ask(big_port, f"e2e/{big}")[0] == 503  # asleep: it answers no request (rule 3)

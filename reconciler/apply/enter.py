@@ -17,12 +17,15 @@ from reconciler.apply import pagecache
 from reconciler.apply.docker_ops import create_spec
 from reconciler.apply.errors import ActionFailed, ActionRefused, BelowReserve, Cancelled, PortSquatted, ProbeFailed
 from reconciler.apply.http_check import _http_answer, _http_ok
+from reconciler.apply.lane_http import request as lane_request
 from reconciler.apply.ports import PortChecks
+from reconciler.base import direct_http
 from reconciler.base.units import human_bytes
 from reconciler.load.secrets import SecretError
 from reconciler.load.secrets import resolve as resolve_secrets
 from reconciler.model import Recipe
 from reconciler.observe.gpu import slots_of_container, unattributable_slots
+from reconciler.observe.lanes import parse_version
 from reconciler.plan.actions import Action
 from reconciler.plan.claims import slot_holders
 from reconciler.plan.observed import ENDED_STATES, LABEL_CREATE_TOKEN, Observed
@@ -123,6 +126,7 @@ class EnterSteps(PortChecks):
             mark_healthy(self.desired.host.name, cid, existing=[c.id for c in containers] if docker_ok.ok else None)
         if recipe.sleep is not None:
             self._record_memory(cid, "awake", after)
+        self._note_version(recipe)
         detail = f"{action.container} healthy on {','.join(slots)}"
         if freed:
             detail += f" (reclaimed {human_bytes(freed)} of orphan offload files first)"
@@ -149,6 +153,20 @@ class EnterSteps(PortChecks):
         with self._files_lock:
             record_lane_memory(self.desired.host.name, cid, how, held, existing=existing)
         return held
+
+    def _note_version(self, recipe: Recipe) -> None:
+        """The lane's vLLM release (its GET /version), into the outcome and so the audit record; none when it does
+        not say."""
+        origin = recipe.api_origin()
+        if origin is None:
+            return
+        try:
+            answer = lane_request(origin + "/version", None, 1.0)
+        except direct_http.errors():
+            return
+        version = parse_version(answer.body) if answer.status == 200 else None
+        if version:
+            self._note("vllm_version", version)
 
     def check_reserve(self, action: Action, observed: Observed) -> ReserveVerdict:
         """The free VRAM of the enter's slots, sampled once its lane is healthy and settled, against their

@@ -90,6 +90,7 @@ class SleepSteps(EnterSteps, LeaveSteps):
         except ActionFailed as exc:
             self._fail_enter(action, c.id, exc, what="wake")
         self._record_memory(c.id, "awake", after)
+        self._note_version(recipe)
         self._note("wake", {"level": spec.level, "seconds": round(woke, 3)})
         detail = f"{c.name} awake (level {spec.level}) in {woke:.1f} s and passed its preflight probes"
         if verdict.checked:

@@ -678,7 +678,10 @@ def installed(world: World) -> Iterator[str]:
         for mod in (lane_sleep_mod, sleep_mod):
             _seam(mp, mod, "ask_sleeping", ask)
         _seam(mp, sleep_mod, "request", _lane_request(world))
-        _seam(mp, drain_mod, "request", _lane_request(world))  # the drain's POST /pause (a 404 here: the gauges)
+        _seam(mp, drain_mod, "request", _lane_request(world))
+        _seam(
+            mp, enter_mod, "lane_request", _lane_request(world)
+        )  # the lane's GET /version (a 404 here)  # the drain's POST /pause (a 404 here: the gauges)
         # What each lane's server says of itself (its /version and /metrics), read by the loop for its metrics only:
         # no simulated lane serves HTTP, and no real server on this machine may answer for one.
         _seam(mp, loop_mod, "lane_readings", lambda desired, observed: {})
