@@ -336,3 +336,41 @@ def test_a_lane_kept_on_a_blocked_card_beside_a_sleeping_lane_keeps_the_other_ca
         assert _lanes(m) == {"omni": ("running", "awake"), "small": ("running", "awake")}, _lanes(m)
     finally:
         m.teardown()
+
+
+def test_a_cold_enter_beside_a_lane_that_woke_itself_waits_for_it_to_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rule 1 before a start: the split's first lane is replaced by another (a new recipe on card 0) while the
+    exclusive lane sleeps there; that lane restarts and wakes itself after the plan, before the new lane's create.
+    The enter checks a fresh observation and is refused (it was started beside the awake lane: another seed of the
+    simulation); the pass puts the lane back to sleep and the enter runs then."""
+    import reconciler.apply.enter as enter_mod
+
+    m = _machine()
+    try:
+        _split_running_with_the_exclusive_lane_asleep(m)
+        real = enter_mod.EnterSteps.enter
+        done: list[bool] = []
+
+        def enter(self: Any, action: Any, observed: Any) -> Any:
+            if not done and action.recipe == "sleepoff":
+                done.append(True)
+                big = next(c for c in m.world.containers.values() if c.labels.get("io.reconciler.recipe") == "sleepbig")
+                m.world.restart_lane(big)
+            return real(self, action, observed)
+
+        monkeypatch.setattr(enter_mod.EnterSteps, "enter", enter)
+        m.edit_manifest_named("standby-offload", "split")
+        result = m.loop.cycle({"resync"})
+        m.no_violation()
+        assert done
+        refused = [o for o in result.outcomes if o.action.recipe == "sleepoff" and o.result == "refused"]
+        assert refused and "does not say it sleeps" in refused[0].detail, [o.detail for o in result.outcomes]
+        m.faults_stop_and_host_settles()
+        m.no_violation()
+        assert _lanes(m) == {
+            "sleepbig": ("running", "asleep"),
+            "sleepoff": ("running", "awake"),
+            "sleepb": ("running", "awake"),
+        }, _lanes(m)
+    finally:
+        m.teardown()

@@ -29,6 +29,7 @@ from reconciler.observe.lanes import parse_version
 from reconciler.plan.actions import Action
 from reconciler.plan.claims import slot_holders
 from reconciler.plan.observed import ENDED_STATES, LABEL_CREATE_TOKEN, Observed
+from reconciler.plan.sleeping import awake_beside
 from reconciler.plan.vram import ReserveVerdict, enter_reserve_verdict
 from reconciler.store.lane_memory import record_lane_memory
 from reconciler.store.state import ensure_install_id, mark_healthy, record_created, record_pending
@@ -71,6 +72,7 @@ class EnterSteps(PortChecks):
             )
         if self.cancel.is_set():
             raise Cancelled("stop requested before create; nothing created")
+        self._check_beside_sleeping(action, observed)
         # Act: create (labelled in the same call, so an interrupt never leaves it unowned), start, wait for health.
         self.progress.phase(action, "starting: create")
         install_id = ensure_install_id(self.desired.host.name)
@@ -91,6 +93,20 @@ class EnterSteps(PortChecks):
         with self._files_lock:
             record_created(host, cid, token=token)
         return self._bring_up(action, recipe, cid, start=True, freed=freed)
+
+    def _check_beside_sleeping(self, action: Action, observed: Observed) -> None:
+        """Sleeping lanes rule 1 again right before a create beside sleeping lanes of ours: each still says it
+        sleeps on a fresh observation (one may have woken itself by a restart since the plan)."""
+        beside = [
+            c.id
+            for c in observed.containers
+            if c.active and self.desired.sleeps(c.recipe) and set(c.slots) & set(action.gpus)
+        ]
+        if not beside:
+            return
+        why = awake_beside(self.desired, self.observe(), action.gpus)
+        if why:
+            raise ActionRefused(f"enter of {action.container} refused: {why}", reason="lane_awake")
 
     def _bring_up(
         self,

@@ -20,6 +20,7 @@ from collections.abc import Collection, Mapping, Sequence
 from reconciler.base.units import human_bytes
 from reconciler.model import DesiredAssignment, DesiredState, assignment_key, container_name
 from reconciler.plan.actions import Action, ActionKind
+from reconciler.plan.claims import is_ours, slot_holders
 from reconciler.plan.observed import ContainerView, Observed
 from reconciler.plan.vram import slot_vram
 
@@ -167,3 +168,23 @@ def standby_waits(problems: Problems, awake_ours: Mapping[str, ContainerView]) -
         else:
             rest.append(p)
     return rest, waits
+
+
+def awake_beside(desired: DesiredState, observed: Observed, slots: tuple[str, ...]) -> str | None:
+    """Rule 1 before a cold start on ``slots``: a sleeping-mode lane of ours there that does not say it sleeps now
+    (one that woke itself since the plan, by a restart), named; None when every one there sleeps."""
+    host = desired.host.name
+    for slot, cs in slot_holders(desired, observed).items():
+        if slot not in slots:
+            continue
+        for x in cs:
+            if (
+                desired.sleeps(x.recipe)
+                and is_ours(x, host, observed.ownership)
+                and observed.sleeping.get(x.id) is not True
+            ):
+                return (
+                    f"{x.name} on GPU slot {slot} does not say it sleeps (GET /is_sleeping); two lanes are never "
+                    "awake on one card"
+                )
+    return None
