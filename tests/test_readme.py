@@ -195,7 +195,9 @@ class Tour:
         self.cwd = base / "checkout"
         self.cwd.mkdir()
         for part in ("configs", "manifests", "examples"):
-            shutil.copytree(REPO / part, self.cwd / part, symlinks=True)
+            # Links into the package (the alert rules, the unit) are copied as the files they name: the copy has no
+            # reconciler/ for them to point into.
+            shutil.copytree(REPO / part, self.cwd / part, symlinks=False)
         (self.cwd / ".venv").symlink_to(REPO / ".venv")
         self.out = base / "out"
         self.outer: str | None = None  # the container the examples run in, unknown to the engine (outer_container)
