@@ -350,7 +350,7 @@ class EnterSteps(PortChecks):
         # plan, which reclaims it as an orphan once nothing can own it.
         now = self.observe()
         names = {c.name for c in now.containers if c.id == cid} | {cid, cid[:12]}
-        its_files = [f.path for f in now.shm.files if f.owners and all(o.container in names for o in f.owners)]
+        its_files = [f.path for f in now.shm.held_only_by(names)]
         try:
             self.ops.stop(cid, 5)
         except Exception:  # noqa: BLE001 - a stop that fails for good: kill it, and say so below if it still runs

@@ -71,12 +71,7 @@ class LeaveSteps(DrainStep):
         if paths:
             self.progress.phase(action, "reclaiming its offload files")
             # Those it was the only one seen holding are its own: no running offload container keeps them.
-            names = {c.name, c.id, c.id[:12]}
-            own = [
-                f.path
-                for f in observed.shm.files
-                if f.path in paths and f.owners and all(o.container in names for o in f.owners)
-            ]
+            own = [f.path for f in observed.shm.held_only_by(c.names) if f.path in paths]
             freed = int(self._guarded_reclaim(only_paths=paths, claimed=own).reclaimed_bytes)
         # Postcondition: not running, its slots free of every container, none of its listed files left unowned (one
         # that another process took meanwhile is that process's now, and the next plan sees it so).

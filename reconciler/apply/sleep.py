@@ -190,8 +190,7 @@ class SleepSteps(EnterSteps, LeaveSteps):
     def _leave_instead(self, action: Action, c: ContainerView) -> str:
         """Rule 6: a lane that will not sleep is stopped as a leave, with the offload files only it holds."""
         now = self.observe()
-        names = {c.name, c.id, c.id[:12]}
-        paths = tuple(f.path for f in now.shm.files if f.owners and all(o.container in names for o in f.owners))
+        paths = tuple(f.path for f in now.shm.held_only_by(c.names))
         leave = Action(
             kind=ActionKind.LEAVE,
             reason=f"{c.name} would not sleep: left instead",

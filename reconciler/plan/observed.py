@@ -7,7 +7,7 @@ and /proc; the planner and the renderers read them; nothing here talks to the wo
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 # Labels this tool puts on every container it creates. Ownership is decided by these alone.
@@ -104,6 +104,11 @@ class ContainerView:
     def label(self, key: str) -> str | None:
         """A label's value, unless the container only inherited it from its image."""
         return None if key in self.inherited else self.labels.get(key)
+
+    @property
+    def names(self) -> frozenset[str]:
+        """What an offload file's owner may name this container by (``Owner.container``): its name or its id."""
+        return frozenset((self.name, self.id, self.id[:12]))
 
     @property
     def slots(self) -> tuple[str, ...]:
@@ -224,6 +229,10 @@ class ShmView:
 
     def by_state(self, state: str) -> tuple[ShmFile, ...]:
         return tuple(f for f in self.files if f.state == state)
+
+    def held_only_by(self, names: Collection[str]) -> tuple[ShmFile, ...]:
+        """The files some process holds, each holder in a container named by ``names`` (one container's names)."""
+        return tuple(f for f in self.files if f.owners and all(o.container in names for o in f.owners))
 
 
 @dataclass(frozen=True)

@@ -455,7 +455,7 @@ def _with_paths(leaves: list[Action], observed: Observed) -> list[Action]:
     and, on the last leave of the running offload containers, the files they kept from being reclaimed. The plan
     shows them; the leave reclaims no other file."""
     shm = observed.shm
-    names = {c.id: {c.name, c.id, c.id[:12]} for c in observed.containers}
+    names = {c.id: c.names for c in observed.containers}
     going: set[str] = set()
     out: list[Action] = []
     blocking = set(shm.blocking_containers)
@@ -464,9 +464,9 @@ def _with_paths(leaves: list[Action], observed: Observed) -> list[Action]:
         if names.get(a.container_id or "", set()) & blocking:
             last_blocker = i
     for i, a in enumerate(leaves):
-        mine = names.get(a.container_id or "", set())
+        mine = names.get(a.container_id or "", frozenset())
         going |= mine
-        paths = [f.path for f in shm.files if f.owners and all(o.container in mine for o in f.owners)]
+        paths = [f.path for f in shm.held_only_by(mine)]
         if i == last_blocker and blocking <= going:
             paths += [f.path for f in shm.by_state("blocked")]
         out.append(replace(a, paths=tuple(dict.fromkeys(paths))) if paths else a)

@@ -48,9 +48,14 @@ def rest_and_wake(
     return to_sleep, to_wake, frozenset(resting)
 
 
+def _level(desired: DesiredState, recipe: str | None) -> int:
+    """The recipe's sleep level (1 when it has no [sleep], which validate refuses for a lane that sleeps)."""
+    r = desired.recipes.get(recipe or "")
+    return r.sleep.level if r is not None and r.sleep is not None else 1
+
+
 def sleep_action(c: ContainerView, desired: DesiredState) -> Action:
-    recipe = desired.recipes.get(c.recipe or "")
-    level = recipe.sleep.level if recipe is not None and recipe.sleep is not None else 1
+    level = _level(desired, c.recipe)
     return Action(
         kind=ActionKind.SLEEP,
         reason=_sleep_reason(desired, c.recipe or "", c.slots, level),
@@ -65,8 +70,7 @@ def sleep_action(c: ContainerView, desired: DesiredState) -> Action:
 
 def sleep_after_enter(enter: Action, desired: DesiredState) -> Action:
     """The sleep of a standby lane the plan enters cold: its container is the one the enter makes."""
-    recipe = desired.recipes[enter.recipe or ""]
-    level = recipe.sleep.level if recipe.sleep is not None else 1
+    level = _level(desired, enter.recipe)
     return Action(
         kind=ActionKind.SLEEP,
         reason=_sleep_reason(desired, enter.recipe or "", enter.gpus, level, first=True),
@@ -91,8 +95,7 @@ def _sleep_reason(
 
 
 def wake_action(c: ContainerView, desired: DesiredState) -> Action:
-    recipe = desired.recipes.get(c.recipe or "")
-    level = recipe.sleep.level if recipe is not None and recipe.sleep is not None else 1
+    level = _level(desired, c.recipe)
     how = "wake" if level == 1 else "wake the weights, reload them, wake the KV cache"
     return Action(
         kind=ActionKind.WAKE,

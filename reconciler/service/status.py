@@ -231,14 +231,14 @@ def status_of_invalid_files(root: str, exc: ConfigError) -> StatusResult:
 
 def _deleted_mapped_bytes(deleted: Sequence[ShmFile], c: ContainerView) -> int:
     """The allocated bytes of the unlinked-but-mapped offload files some process of container ``c`` holds."""
-    names = {c.name, c.id, c.id[:12]}
+    names = c.names
     return sum(f.allocated_bytes for f in deleted if any(o.container in names for o in f.owners))
 
 
 def _vllm(c: ContainerView, reading: LaneReading | None, shm: ShmView, *, asked: bool) -> dict[str, Any]:
     """A container's vLLM as its server and the tmpfs say: its release, its gauges, and whether its offload file
     is ``named`` (in shm.dir) or ``unlinked`` (mapped with no name: a current vLLM), None where it holds none."""
-    names = {c.name, c.id, c.id[:12]}
+    names = c.names
     if any(o.container in names for f in shm.files for o in f.owners):
         offload = "named"
     elif any(o.container in names for f in shm.deleted_mapped for o in f.owners):
