@@ -681,8 +681,9 @@ def test_every_pass_verdict_has_its_metric_label() -> None:
     under one label of reconciler_passes_total{result}, and a pass that converged after changing something is
     "changed", one that changed nothing "converged"."""
     from reconciler.apply.results import PASS_VERDICTS
-    from reconciler.loop import _PASS_LABEL, _pass_label
     from reconciler.loop.metric_families import PASS_RESULTS
+    from reconciler.loop.pass_labels import PASS_LABEL as _PASS_LABEL
+    from reconciler.loop.pass_labels import pass_label as _pass_label
 
     assert set(_PASS_LABEL) == set(PASS_VERDICTS)
     assert set(_PASS_LABEL.values()) <= set(PASS_RESULTS)

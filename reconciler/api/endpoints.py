@@ -24,6 +24,7 @@ from reconciler.api.request_models import (
     ProbeQuery,
     ReclaimBody,
     SwitchBody,
+    SyncBody,
 )
 from reconciler.api.routes import (
     get_audit,
@@ -36,6 +37,7 @@ from reconciler.api.routes import (
     post_apply,
     post_reclaim,
     post_switch,
+    post_sync,
 )
 
 
@@ -96,6 +98,15 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "kept); the loop converges it",
         body=SwitchBody,
         responses={"409": "refused: an unknown topology, no named topologies, or a file changed meanwhile"},
+    ),
+    Endpoint(
+        "/v1/sync",
+        "POST",
+        post_sync,
+        "sync --json: fetch the host's git source now and take its newest commit where its files validate and its "
+        "canaries converged it; the loop converges it",
+        body=SyncBody,
+        responses={"409": "refused (no source), or the newest commit refused, stopped or not fetched (the body says)"},
     ),
     Endpoint("/v1/openapi.json", "GET", get_openapi, "this description", command=False),
     Endpoint("/metrics", "GET", get_metrics, "Prometheus metrics (text exposition format)", command=False, public=True),

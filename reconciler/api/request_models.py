@@ -53,6 +53,10 @@ class SwitchBody(_Strict):
     topology: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$", description="a name under the manifest's topologies:")
 
 
+class SyncBody(_Strict):
+    """POST /v1/sync: fetch the host's git source now (no fields; an empty body will do)."""
+
+
 class _Query(BaseModel):
     # A query string carries text only: its values are read as pydantic reads text (save=true, save=1).
     model_config = ConfigDict(extra="forbid")

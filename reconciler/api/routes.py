@@ -1,5 +1,5 @@
 """The API's routes, one function each (``get_status``, ``get_plan``, ``get_shm``, ``get_audit``, ``get_probe``,
-``post_reclaim``, ``post_apply``, ``post_switch``, ``get_metrics``, ``get_healthz``), and what they share: ``AppContext`` (on
+``post_reclaim``, ``post_apply``, ``post_switch``, ``post_sync``, ``get_metrics``, ``get_healthz``), and what they share: ``AppContext`` (on
 ``app.state.ctx``: the root, the token, the loop's pass lock, metrics and health), ``SharedScrape`` (/metrics
 rendered once for all the scrapes waiting) and ``_run`` (one service call in a worker thread, its answer or its
 error, never a traceback).
@@ -28,6 +28,7 @@ from reconciler.api.request_models import (
     ProbeQuery,
     ReclaimBody,
     SwitchBody,
+    SyncBody,
     _body,
     _Query,
     _query,
@@ -230,6 +231,16 @@ async def post_switch(request: Request) -> Response:
     except _BadRequest as exc:
         return _bad(request, exc, action="switch")
     return await _run(request, lambda s: s.switch(body.topology), write=True)
+
+
+async def post_sync(request: Request) -> Response:
+    """``sync --json``: fetch the host's git source now; its newest commit taken where it may be (the loop converges
+    it at once: the record it writes is watched)."""
+    try:
+        await _body(request, SyncBody)
+    except _BadRequest as exc:
+        return _bad(request, exc, action="sync")
+    return await _run(request, lambda s: s.sync(), write=True)
 
 
 async def get_metrics(request: Request) -> Response:

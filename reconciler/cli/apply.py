@@ -230,6 +230,21 @@ def cmd_switch(args: argparse.Namespace) -> int:
     return cmd_apply(args)
 
 
+def cmd_sync(args: argparse.Namespace) -> int:
+    """``reconciler sync``: fetch the host's git source now and take its newest commit where it may be taken."""
+    con = console(args)
+    res = service(args).sync()
+    if args.json:
+        emit_json(res.to_json(), con.out)
+        return res.exit_code
+    # The start-up budget: the renderer's module, for this command only.
+    from reconciler.service.render import render_source
+
+    for line in render_source(res.record.to_json(), taken=res.taken, before=res.before):
+        print(line, file=con.out)
+    return res.exit_code
+
+
 def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("apply", parents=parents, help="one converge pass (0 converged, 3 blocked, 1 failed)")
     p.add_argument(
@@ -253,6 +268,15 @@ def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("name", metavar="NAME", help="the topology to run")
     p.add_argument("--wait", action="store_true", help="converge now, as `apply --yes` does (0 converged, 3 blocked)")
     p.set_defaults(func=cmd_switch)
+    p = sub.add_parser(
+        "sync",
+        parents=parents,
+        help="fetch the host's git source now (0 newest commit in use or waiting, 1 refused, stopped or unreachable)",
+        description="Fetch source.ref of the host file's source.git and take its newest commit when its files "
+        "validate and, with source.after, every canary host reports it converged. A commit refused or stopped keeps "
+        "the commit in use. The loop fetches on its own every source.interval_s; it converges what this takes.",
+    )
+    p.set_defaults(func=cmd_sync)
 
     p = sub.add_parser(
         "adopt",

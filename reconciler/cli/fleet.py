@@ -31,11 +31,11 @@ def cmd_fleet_status(args: argparse.Namespace) -> int:
 
 def render_fleet(hosts: list[dict[str, Any]]) -> list[str]:
     """The fleet as a table: a row per slot of each host, an unreachable host on one row with why."""
-    rows = [("HOST", "VERDICT", "TOPOLOGY", "SLOT", "WANT", "HAS", "FREE VRAM", "TMPFS")]
+    rows = [("HOST", "VERDICT", "COMMIT", "TOPOLOGY", "SLOT", "WANT", "HAS", "FREE VRAM", "TMPFS")]
     notes: list[str] = []
     for h in hosts:
         if not h["reachable"]:
-            rows.append((h["name"], "unreachable", "-", "-", "-", "-", "-", "-"))
+            rows.append((h["name"], "unreachable", "-", "-", "-", "-", "-", "-", "-"))
             notes.append(f"{h['name']}: {h['error']}")
             continue
         t = h.get("tmpfs") or {}
@@ -47,6 +47,7 @@ def render_fleet(hosts: list[dict[str, Any]]) -> list[str]:
                 (
                     h["name"] if first else "",
                     h["verdict"] if first else "",
+                    (h.get("commit") or "-")[:12] if first else "",
                     (h.get("topology") or "-") if first else "",
                     s["slot"],
                     s.get("desired") or "free",

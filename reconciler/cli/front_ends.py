@@ -31,7 +31,7 @@ class MetricsAddrUnusable(ReconcilerError):
 
 def _hooks(hosting: Hosting) -> ActionHooks:
     """What the loop counts of the actions a front-end takes in its process."""
-    return ActionHooks(hosting.on_outcome, hosting.on_reclaim, hosting.on_shm_reclaim)
+    return ActionHooks(hosting.on_outcome, hosting.on_reclaim, hosting.on_shm_reclaim, wake=hosting.wake)
 
 
 class HttpFrontEnd:

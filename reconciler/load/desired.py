@@ -17,55 +17,107 @@ import yaml
 from reconciler.base.errors import ConfigError, ConfigProblem
 from reconciler.load.cross_checks import cross_check, manifests_of_host, offload_placement
 from reconciler.load.files import HOST_FILE, MANIFESTS_DIR, RECIPES_DIR, check_root, rel_path
+from reconciler.load.git_source import GitError, SourceFiles, source_files
 from reconciler.load.host_file import load_host_file
 from reconciler.load.recipes import read_recipes
 from reconciler.load.secrets import SecretError, digest, read_env_file, resolve
 from reconciler.load.toml_source import toml_line
 from reconciler.load.yaml_source import validate_yaml
 from reconciler.model import DesiredAssignment, DesiredState, HostConfig, Manifest, Recipe
+from reconciler.store.source import note_in_use
+from reconciler.store.state import StateError
 
 
 def load_desired(
-    root: str | os.PathLike[str], *, shm_size: int | None = None, shm_free: int | None = None
+    root: str | os.PathLike[str],
+    *,
+    shm_size: int | None = None,
+    shm_free: int | None = None,
+    commit: str | None = None,
 ) -> DesiredState:
     """Load host, recipes and the host's manifest, and cross-check them. Raises ConfigError with every problem.
 
+    With ``source:`` in the host file the manifests and recipes are those of the source's commit in use (or of
+    ``commit``, a candidate the sync checks), read as a root's would be, each problem naming ``COMMIT:FILE``.
     ``shm_size`` and ``shm_free`` stand in for the tmpfs's real figures (tests)."""
     r = Path(root)
     check_root(r)
     problems: list[ConfigProblem] = []
     host: HostConfig | None = None
     host_node: yaml.Node | None = None
-    recipes: dict[str, Recipe] = {}
     try:
         host, host_node = load_host_file(r)
     except ConfigError as exc:
         problems.extend(exc.problems)
+    source: SourceFiles | None = None
+    if host is not None and host.source is not None:
+        try:
+            source = source_files(host, commit=commit)  # ConfigError while no commit is in use: nothing else is read
+        except (GitError, StateError) as exc:
+            raise ConfigError([ConfigProblem(HOST_FILE, None, f"source: {exc}")]) from None
     try:
-        recipes = read_recipes(r)
+        desired = _load_files(r, source, host, host_node, problems, shm_size=shm_size, shm_free=shm_free)
+    except ConfigError as exc:
+        if source is None:
+            raise
+        raise ConfigError([_named_by_commit(p, source) for p in exc.problems]) from None
+    if commit is None:  # the state in use, not a candidate's check: what this process's audit records now carry
+        note_in_use(desired.host.name, desired.source_commit)
+    return desired
+
+
+def _named_by_commit(p: ConfigProblem, source: SourceFiles) -> ConfigProblem:
+    """A problem of a file the source gave, named as git names it (``COMMIT:PATH/FILE``); the host file's stay."""
+    if p.path.startswith((MANIFESTS_DIR, RECIPES_DIR)):
+        return ConfigProblem(source.label(p.path), p.line, p.message)
+    return p
+
+
+def _load_files(
+    r: Path,
+    source: SourceFiles | None,
+    host: HostConfig | None,
+    host_node: yaml.Node | None,
+    problems: list[ConfigProblem],
+    *,
+    shm_size: int | None,
+    shm_free: int | None,
+) -> DesiredState:
+    """The recipes and manifests of ``source``'s tree (or of the root ``r``), cross-checked with the host file."""
+    files = source.tree if source is not None else r
+    recipes: dict[str, Recipe] = {}
+    try:
+        recipes = read_recipes(files)
     except ConfigError as exc:
         problems.extend(exc.problems)
 
-    mdir = r / MANIFESTS_DIR
-    files = sorted([*mdir.glob("*.yaml"), *mdir.glob("*.yml")]) if mdir.is_dir() else []
-    if not files:
+    mdir = files / MANIFESTS_DIR
+    paths = sorted([*mdir.glob("*.yaml"), *mdir.glob("*.yml")]) if mdir.is_dir() else []
+    if source is not None and host is not None:
+        # A repository of a fleet holds every host's manifest: this host reads its own, manifests/HOST.yaml.
+        paths = [p for p in paths if p.stem == host.name]
+    if not paths:
         problems.append(
             ConfigProblem(
                 MANIFESTS_DIR,
                 None,
-                "no manifest found: add manifests/<name>.yaml with 'host:' and 'assignments:' "
-                "(an empty list means every GPU slot free)",
+                (
+                    f"no manifest of host {host.name} in the source: add manifests/{host.name}.yaml"
+                    if source is not None and host is not None
+                    else "no manifest found: add manifests/<name>.yaml"
+                )
+                + " with 'host:' and 'assignments:' (an empty list means every GPU slot free)",
             )
         )
     manifests: list[tuple[str, Manifest, yaml.Node | None]] = []
-    for path in files:
+    for path in paths:
         try:
-            m, node = validate_yaml(r, path, Manifest, "a manifest")
-            manifests.append((rel_path(r, path), m, node))
+            m, node = validate_yaml(files, path, Manifest, "a manifest")
+            manifests.append((rel_path(files, path), m, node))
         except ConfigError as exc:
             problems.extend(exc.problems)
     if host is not None:
-        offload_placement(r, host, recipes, problems)
+        offload_placement(files, host, recipes, problems)
     if host is None or problems:
         raise ConfigError(problems)
 
@@ -84,7 +136,7 @@ def load_desired(
         shm_free=shm_free,
         host_node=host_node,
     )
-    secret_digests = _secret_digests(r, host, recipes, problems)
+    secret_digests = _secret_digests(files, host, recipes, problems)
     if problems:
         raise ConfigError(problems)
     running = tuple(topologies[manifest.topology])
@@ -93,13 +145,14 @@ def load_desired(
         host=host,
         recipes=recipes,
         assignments=running,
-        manifest_path=manifest_path,
+        manifest_path=source.label(manifest_path) if source is not None else manifest_path,
         secret_digests=secret_digests,
         fallback=manifest.fallback,
         topology=manifest.topology,
         topologies={n: tuple(a) for n, a in topologies.items() if n is not None},
         standby_topologies=tuple(manifest.standby),
         standby=standby,
+        source_commit=source.commit if source is not None else None,
     )
 
 

@@ -1,6 +1,6 @@
 """``reconciler run``: the level-triggered loop (``Loop``). This file is the package's facade: the loop itself;
 its parts are the modules beside it (``log``, ``triggers``, ``hosting``, ``refusals``, ``runtime``, ``backoff``,
-``metrics``, ``progress``).
+``metrics``, ``pass_labels``, ``progress``, ``source``: the git source's fetches).
 
 Triggers only say "look again": a change under manifests/ or configs/ (watchdog, debounced so an editor's
 save-rename-save is one trigger), a Docker event of a container (start, die, destroy), SIGHUP, a backoff that
@@ -25,17 +25,20 @@ from typing import Any
 
 from reconciler import __version__
 from reconciler.apply.applier import Applier
-from reconciler.apply.results import Outcome, PassResult, PassVerdict
+from reconciler.apply.results import Outcome, PassResult
 from reconciler.base import sdnotify
 from reconciler.base.errors import ConfigError, ReconcilerError
 from reconciler.base.redact import redact_data
 from reconciler.load.desired import load_desired
+from reconciler.load.host_file import load_host
 from reconciler.loop.backoff import Backoff
 from reconciler.loop.hosting import FrontEnd, Hosting
 from reconciler.loop.log import Log
+from reconciler.loop.pass_labels import pass_label
 from reconciler.loop.progress import LogProgress
 from reconciler.loop.refusals import pass_refusals, reclaim_refusals
 from reconciler.loop.runtime import FairLock
+from reconciler.loop.source import SourceFollower
 from reconciler.loop.triggers import EngineEvents, Triggers, watch_files
 from reconciler.model import DesiredState, assignment_key, container_name
 from reconciler.observe.docker_obs import DockerObserver
@@ -49,25 +52,6 @@ from reconciler.store.loop_state import clear_loop_state, state_path, write_loop
 
 # The planner's reason for the leave of a container that stopped by itself ("NAME is exited with code 137").
 _CRASHED = re.compile(r"\bexited with code (-?\d+)")
-# How an apply pass maps to the pass results exported as metrics.
-# A pass's verdict as reconciler_passes_total{result} counts it (loop/metric_families.PASS_RESULTS). Every verdict
-# has its label (tests/test_loop.py holds the two vocabularies together): "held" is blocked; an interrupted pass is
-# an error; the verdict "changed" (the host changed after the plan was shown: exit 1) is failed. The label "changed"
-# is another thing: a pass that converged after it changed something (``_pass_label``).
-_PASS_LABEL: dict[PassVerdict, str] = {
-    "converged": "converged",
-    "held": "blocked",
-    "blocked": "blocked",
-    "failed": "failed",
-    "changed": "failed",
-    "error": "error",
-    "interrupted": "error",
-}
-
-
-def _pass_label(result: PassResult) -> str:
-    label = _PASS_LABEL[result.result]
-    return "changed" if label == "converged" and result.outcomes else label
 
 
 class Loop:
@@ -95,6 +79,7 @@ class Loop:
         self.backoff = backoff or Backoff()
         self.metrics = Metrics()
         self.triggers = Triggers()
+        self.source = SourceFollower(root, log=self.log, metrics=self.metrics)
         self.stop = threading.Event()
         self.cancel = threading.Event()
         self.desired: DesiredState | None = None
@@ -120,6 +105,12 @@ class Loop:
     # ------------------------------------------------------------ lifecycle
 
     def run(self) -> int:
+        if self.source.needs_first():
+            # A git source of which no commit is in use yet: fetched first, under the host lock, until one is taken
+            # (its canaries may not have converged it yet): there is nothing to load before.
+            with HostLock(load_host(self.root).name, command="run"):
+                while not self.source.follow({"sync"}) and self.source.needs_first():
+                    self.stop.wait(self.source.interval_s or 5.0)
         desired = self._load()
         if desired is None:
             self.log("exit", reason="no valid desired state to start from; fix the files above")
@@ -179,6 +170,7 @@ class Loop:
             on_reclaim=self._on_reclaim,
             on_shm_reclaim=self._count_shm_reclaim,
             fatal=self._listener_lost,
+            wake=self.triggers.fire,
         )
         try:
             for front in self.front_ends:
@@ -244,8 +236,12 @@ class Loop:
         nxt = min(pending, default=None)
         if nxt is not None:
             timeout = min(timeout, max(0.05, nxt - time.time() + 0.05))
+        fetch = self.source.due_in()
+        if fetch is not None:
+            timeout = min(timeout, fetch + 0.05)
         if not self.triggers.wake.wait(timeout):
-            self.triggers.fire("resync" if nxt is None else "backoff")
+            due = self.source.due_in()
+            self.triggers.fire("sync" if due == 0.0 else "resync" if nxt is None else "backoff")
         while not self.stop.is_set():
             with self.triggers.lock:
                 quiet = time.monotonic() - self.triggers.fs_at
@@ -272,6 +268,7 @@ class Loop:
                 host=desired.host.name,
                 manifest=desired.manifest_path,
                 assignments=",".join(a.key for a in desired.assignments) or "none",
+                **({"commit": desired.source_commit[:12]} if desired.source_commit else {}),
             )
         self.metrics.set_manifest_valid(True)
         self.files_valid = True
@@ -287,6 +284,7 @@ class Loop:
     def cycle(self, reasons: set[str]) -> PassResult | None:
         t0 = time.monotonic()
         self._held = set()
+        self.source.follow(reasons)  # a commit taken is what _load reads now
         desired = self._load()
         if desired is None:
             self.metrics.record_pass("error", time.monotonic() - t0)
@@ -337,7 +335,7 @@ class Loop:
         self._fallbacks_changed(result.final)
         for reason in pass_refusals(result):
             self.metrics.record_refusal(reason)
-        kind = _pass_label(result)
+        kind = pass_label(result)
         seconds = time.monotonic() - t0
         self.metrics.record_pass(kind, seconds)
         if result.outcomes or kind != "converged" or "start" in reasons:

@@ -27,7 +27,8 @@ class Hosting:
     when the loop stops (an action in flight stops at a safe point); ``health``: ``/healthz``'s answer;
     ``on_outcome``, ``on_reclaim``, ``on_shm_reclaim``: count an action, a guarded reclaim's refusals, a confirmed
     ``shm reclaim`` of a front-end in the loop's metrics; ``fatal``: the front-end cannot go on, the loop ends with
-    exit 1 (its supervisor restarts it)."""
+    exit 1 (its supervisor restarts it); ``wake``: look again now, for a reason (a front-end's sync took a
+    commit)."""
 
     root: str
     host: str
@@ -40,6 +41,7 @@ class Hosting:
     on_reclaim: Callable[[Any], None]
     on_shm_reclaim: Callable[[Any], None]
     fatal: Callable[[str], None]
+    wake: Callable[[str], None] = lambda _reason: None
 
 
 class FrontEnd(Protocol):

@@ -378,6 +378,27 @@ class MetricFamilies:
             registry=r,
         )
 
+        # ---- the git source of the desired state (source: of the host file)
+        self.git_commit = Gauge(
+            f"{p}_git_commit_info",
+            "Always 1 for the commit of the host's git source in use (commit: full hex, ref: the branch followed).",
+            ["commit", "ref"],
+            registry=r,
+        )
+        self.git_state = Gauge(
+            f"{p}_git_state",
+            "1 for the state of the host's git source, 0 for the others: following (the newest commit in use), "
+            "waiting (for its canaries), stopped (a canary failed it), refused (its files do not validate), "
+            "unreachable (the last fetch failed), unfetched.",
+            ["state"],
+            registry=r,
+        )
+        self.git_last_fetch = Gauge(
+            f"{p}_git_last_fetch_timestamp_seconds",
+            "Unix time the host's git source last answered a fetch; 0 if never.",
+            registry=r,
+        )
+
         # ---- backoff
         self.backoff = Gauge(
             f"{p}_recipe_backoff",
@@ -397,3 +418,6 @@ class MetricFamilies:
             ["recipe"],
             registry=r,
         )
+
+
+GIT_STATES = ("following", "waiting", "stopped", "refused", "unreachable", "unfetched")

@@ -42,6 +42,7 @@ from reconciler.base.redact import redact_text
 from reconciler.loop.metric_families import (
     ACTION_KINDS,
     ACTION_RESULTS,
+    GIT_STATES,
     HTTP_DROPS,
     HTTP_REFUSALS,
     OFFLOAD_STATES,
@@ -149,6 +150,7 @@ class Metrics(MetricFamilies):
         self._slots: set[str] = set()
         self._owner_series: set[tuple[str, str, str, str]] = set()
         self._error_label: str | None = None
+        self._git_series: tuple[str, str] | None = None
         self._fallback_labels: set[tuple[str, str, str]] = set()
         self._sleep_series: set[tuple[str, str]] = set()
         self._lane_info: set[tuple[str, str, str]] = set()
@@ -434,6 +436,20 @@ class Metrics(MetricFamilies):
                 self._error_label = label
             if not ok:
                 self.manifest_last_error.set(self._clock())
+
+    def set_git_source(self, *, commit: str | None, ref: str, state: str, fetched_at: float | None) -> None:
+        """The host's git source after a sync: the commit in use (one series), its state, its last answered fetch."""
+        with self._lock:
+            now = (commit, ref) if commit else None
+            if now != self._git_series:
+                if self._git_series is not None:
+                    self.git_commit.remove(*self._git_series)
+                if now is not None:
+                    self.git_commit.labels(commit=now[0], ref=now[1]).set(1)
+                self._git_series = now
+            for name in GIT_STATES:
+                self.git_state.labels(state=name).set(1 if name == state else 0)
+            self.git_last_fetch.set(fetched_at or 0)
 
     def set_fallbacks(self, fallbacks: Iterable[Fallback]) -> None:
         """The fallbacks (``actions.Fallback``) in force after a pass; those no longer in force are removed."""

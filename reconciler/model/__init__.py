@@ -93,6 +93,7 @@ from reconciler.model.rules import (
     check_user,
     check_volume,
 )
+from reconciler.model.source import SourceConfig
 from reconciler.model.strict import (
     DAY_S,
 )
@@ -144,6 +145,7 @@ __all__ = [
     "SecretsConfig",
     "ShmConfig",
     "SleepSpec",
+    "SourceConfig",
     "StopSpec",
     "ToolSpec",
     "assignment_key",

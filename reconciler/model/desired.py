@@ -54,6 +54,8 @@ class DesiredState:
     # manifest's order): kept asleep beside the running ones (docs/design.md, sleeping lanes).
     standby_topologies: tuple[str, ...] = ()
     standby: tuple[DesiredAssignment, ...] = ()
+    # The commit of the host's git source these manifests and recipes were read from (None: this root's own files).
+    source_commit: str | None = None
 
     def sleeps(self, recipe: str | None) -> bool:
         """Whether a recipe's lanes have vLLM's sleep mode ([sleep])."""

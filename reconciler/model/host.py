@@ -26,6 +26,7 @@ from reconciler.model.rules import (
     check_shm_dir,
     check_shm_pattern,
 )
+from reconciler.model.source import SourceConfig
 from reconciler.model.strict import _ok, _pattern, _Strict
 
 PID_MAX = 4194304  # Linux's PID_MAX_LIMIT
@@ -258,6 +259,11 @@ class HostConfig(_Strict):
         default_factory=GpuReserveConfig, description="The free VRAM each card must keep, and what a shortfall does."
     )
     page_cache: PageCacheConfig = Field(default_factory=PageCacheConfig, description="Page cache after a leave.")
+    source: SourceConfig | None = Field(
+        default=None,
+        description="Where the manifests and recipes come from when not from this root: a branch of a git "
+        "repository (the host file stays here).",
+    )
 
     def reserve_bytes(self, slot: str) -> int:
         """The free VRAM ``slot``'s card must keep: its ``free_gib``, else ``gpu_reserve.free_gib``."""

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     )
     from reconciler.service.shm import ShmStatusResult
     from reconciler.service.switch import SwitchResult
+    from reconciler.service.sync import SyncResult
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class ActionHooks:
     outcome: Callable[[Any], None]
     reclaim: Callable[[Any], None]
     shm_reclaim: Callable[[Any], None]
+    wake: Callable[[str], None] = lambda _reason: None  # look again now (a sync took a commit)
 
 
 class HostService:
@@ -202,6 +204,17 @@ class HostService:
         from reconciler.service.switch import switch_topology
 
         return switch_topology(self, name)
+
+    def sync(self) -> SyncResult:
+        """Fetch the host's git source and take its newest commit when it validates and its canaries converged it
+        (``source.after``); the loop converges what it holds."""
+        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
+        from reconciler.service.sync import sync_source
+
+        res = sync_source(self)
+        if res.taken and self.hooks is not None:
+            self.hooks.wake("sync")
+        return res
 
     def adopt(self, names: list[str]) -> AdoptResult:
         """Record containers that carry this host's labels but no install id as this install's (logged)."""

@@ -209,6 +209,8 @@ def _status_head(data: dict[str, Any], s: Style) -> list[str]:
         out.append(s.red(f"files invalid: {err['message']}"))
         out.extend(s.red(f"  {ConfigProblem(p['path'], p['line'], p['message'])}") for p in err["problems"])
         out.append(s.yellow(f"desired below: {data.get('desired_from')}"))
+    if data.get("source"):
+        out.extend(render_source(data["source"]))
     out.append(f"GPU telemetry {data['gpu_telemetry']}: {data['gpu_source']}")
     reports = data.get("gpu_driver_reports") or {}
     if data["gpu_telemetry"] == "nvml":
@@ -419,3 +421,29 @@ def render_audit(records: list[dict[str, Any]]) -> str:
         cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=False))]
         lines.append("  ".join([*cells, row[-1]]).rstrip())
     return "\n".join(lines)
+
+
+def render_source(src: dict[str, Any], *, taken: bool | None = None, before: str | None = None) -> list[str]:
+    """The git source's lines, as ``sync`` and ``status`` show them."""
+    commit = (src.get("commit") or "none")[:12]
+    head = f"source {src.get('url')} {src.get('ref')}" + ("" if src.get("path") in (None, ".") else f" {src['path']}")
+    if taken:
+        lines = [f"{head}: commit {(before or 'none')[:12]} -> {commit} taken; the loop converges it"]
+    else:
+        lines = [f"{head}: commit {commit} in use ({src.get('state')})"]
+    if src.get("error"):
+        lines.append(f"  fetch failed: {src['error']}")
+    refused = src.get("refused")
+    if isinstance(refused, dict):
+        lines.append(f"  refused commit {str(refused.get('commit'))[:12]}: its files do not validate")
+        lines.extend(f"    {p}" for p in refused.get("problems") or ())
+    waiting = src.get("waiting")
+    if isinstance(waiting, dict):
+        lines.append(f"  commit {str(waiting.get('commit'))[:12]} waits for its canaries:")
+        lines.extend(f"    {h}: {why}" for h, why in sorted((waiting.get("canaries") or {}).items()))
+    stopped = src.get("stopped")
+    if isinstance(stopped, dict):
+        lines.append(
+            f"  commit {str(stopped.get('commit'))[:12]} stopped: {stopped.get('why')}; push a fix or a revert"
+        )
+    return lines

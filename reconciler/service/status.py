@@ -29,6 +29,7 @@ from reconciler.service.results import StatusResult, error_object, sources_error
 from reconciler.store.history import last_topology
 from reconciler.store.loop_state import read_loop_state
 from reconciler.store.probe_history import last_suites
+from reconciler.store.source import read_source_record
 
 if TYPE_CHECKING:
     from reconciler.service.host_service import HostService
@@ -118,6 +119,8 @@ def status_data(
         "converged": plan.converged,
         "manifest": desired.manifest_path,
         "topology": desired.topology,
+        # The host's git source (source: of the host file): the commit in use and what holds a newer one back.
+        "source": source_json(desired),
         # The standby topologies' lanes kept asleep beside the running ones (sleeping lanes): wanted, not serving.
         "standby": [{"recipe": a.recipe, "gpus": list(a.slots)} for a in desired.standby],
         "gpu_telemetry": observed.gpus.telemetry,
@@ -255,3 +258,12 @@ def _vllm(c: ContainerView, reading: LaneReading | None, shm: ShmView, *, asked:
             else "not read: the files do not validate, so no lane's server is asked",
         }
     return {**reading.to_json(), "offload_file": offload}
+
+
+def source_json(desired: DesiredState) -> dict[str, Any] | None:
+    """The host's git source as ``status`` and the fleet's canaries read it; None for a root's own files."""
+    src = desired.host.source
+    if src is None:
+        return None
+    record = read_source_record(desired.host.name).for_source(src.git, src.ref, src.path)
+    return {**record.to_json(), "in_use": desired.source_commit, "after": list(src.after)}

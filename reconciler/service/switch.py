@@ -56,6 +56,14 @@ class SwitchResult:
 def switch_topology(service: HostService, name: str) -> SwitchResult:
     desired = service.desired()  # the files as they are must validate: a switch never writes over a broken root
     host = desired.host.name
+    if desired.host.source is not None:
+        raise _refused(
+            service,
+            host,
+            name,
+            f"the manifest comes from the git source {desired.host.source.git} ({desired.host.source.ref}): switch "
+            "there, by a commit that sets its topology:",
+        )
     if desired.topology is None or desired.manifest_path is None:
         raise _refused(
             service, host, name, "the manifest has no named topologies (topologies: and topology:) to switch between"

@@ -19,6 +19,7 @@ from typing import Any
 from reconciler.base import fsafe
 from reconciler.base.errors import ReconcilerError
 from reconciler.base.redact import redact_data
+from reconciler.store.source import commit_in_use
 from reconciler.store.state import checked_host_dir, host_dir
 
 MAX_BYTES = 10 << 20
@@ -26,7 +27,8 @@ KEEP = 5
 
 
 class AuditLog:
-    def __init__(self, path: Path, *, max_bytes: int = MAX_BYTES, keep: int = KEEP):
+    def __init__(self, path: Path, *, max_bytes: int = MAX_BYTES, keep: int = KEEP, host: str | None = None):
+        self.host = host  # whose records: each carries the commit of the host's git source in use, where it has one
         self.path = path
         self.max_bytes = max_bytes
         self.keep = keep
@@ -36,7 +38,9 @@ class AuditLog:
 
     def append(self, record: dict[str, Any]) -> dict[str, Any]:
         """Add one record (``time`` is set here) and return it as written."""
-        entry = redact_data({"time": round(time.time(), 3), **record})
+        commit = commit_in_use(self.host) if self.host is not None else None
+        extra = {"commit": commit} if commit is not None and "commit" not in record else {}
+        entry = redact_data({"time": round(time.time(), 3), **record, **extra})
         line = (json.dumps(entry, sort_keys=True, default=str) + "\n").encode()
         try:
             lock_fd = fsafe.open_append(self.path.with_name(f".{self.path.name}.lock"), what="the audit lock file")
@@ -100,6 +104,6 @@ class AuditLog:
 def audit_log(host: str, *, create: bool = True) -> AuditLog:
     """The host's audit trail, in its checked state directory (``reconciler.store.state.checked_host_dir``)."""
     try:
-        return AuditLog(checked_host_dir(host, create=create) / "audit.jsonl")
+        return AuditLog(checked_host_dir(host, create=create) / "audit.jsonl", host=host)
     except FileNotFoundError:
-        return AuditLog(host_dir(host) / "audit.jsonl")  # nothing recorded yet: reads find no file
+        return AuditLog(host_dir(host) / "audit.jsonl", host=host)  # nothing recorded yet: reads find no file

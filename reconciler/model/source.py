@@ -1,0 +1,145 @@
+"""``source:`` of configs/host.yaml as pydantic types: a git repository the host's desired state is pulled from.
+
+The repository's ``path`` is laid out like a root without its host file (``manifests/HOST.yaml`` and
+``configs/recipes/*.toml``); the host file stays local, since it describes the machine. Read by
+``reconciler.load.git_source`` (which runs the git CLI) and ``reconciler.service.sync`` (which fetches, validates and
+waits for the canaries of ``after``).
+
+Every value here reaches a git command line, so each is checked to be what it says before use: a URL of a transport
+git can be held to (https, http, ssh, git, file, or ``user@host:path``), never one that runs a program (``ext::``) or
+that git would read as an option (``-...``), and no credentials in it (they would be printed: use a credential helper
+or an SSH key); a branch name git accepts; a path inside the repository.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator, model_validator
+
+from reconciler.model.rules import NAME_PATTERN, check_name
+from reconciler.model.strict import _ok, _pattern, _Strict
+
+# The transports a source may use; git is also held to them on its command line (protocol.allow).
+GIT_SCHEMES = ("https", "http", "ssh", "git", "file")
+_SCP_RE = re.compile(r"^(?:[A-Za-z0-9._-]+@)?[A-Za-z0-9][A-Za-z0-9.-]*:(?!//)[^\s]+$")
+_REF_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
+_PATH_PART_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+
+
+def check_git_url(v: str) -> str | None:
+    """What is wrong with ``v`` as a source's git URL, or None."""
+    if not v or v != v.strip() or any(c.isspace() or ord(c) < 32 for c in v):
+        return "git: a URL without spaces or control characters"
+    if v.startswith("-"):
+        return f"git {v!r} starts with '-': git would read it as an option"
+    if v.startswith("/"):
+        return None  # a repository on this machine
+    if "::" in v.split("/", 1)[0]:
+        return f"git {v!r}: transports that run a program (ext::, fd::) are refused; use https, ssh, git or file"
+    if "://" in v:
+        try:
+            u = urlsplit(v)
+            u.port  # noqa: B018 - raises on a malformed port
+        except ValueError as exc:
+            return f"git {v!r} is not a URL: {exc}"
+        if u.scheme not in GIT_SCHEMES:
+            return f"git {v!r}: scheme {u.scheme!r} is not one of {', '.join(GIT_SCHEMES)}"
+        if u.password is not None or (u.username and u.scheme in ("https", "http")):
+            return "git: no credentials in the URL (they would be printed); use a credential helper or an SSH key"
+        if u.scheme != "file" and not u.hostname:
+            return f"git {v!r}: the URL names no host"
+        return None
+    if _SCP_RE.match(v):
+        return None
+    return f"git {v!r}: give a URL (https://, ssh://, git://, file://), user@host:path, or an absolute path"
+
+
+def check_git_ref(v: str) -> str | None:
+    """What is wrong with ``v`` as a branch name, or None (git check-ref-format's rules that matter here)."""
+    if not _REF_RE.match(v) or ".." in v or "//" in v or v.endswith(("/", ".", ".lock")) or "/." in v or "@{" in v:
+        return f"ref {v!r} is not a branch name git accepts (letters, digits, . _ / -; no '..', no leading '-')"
+    return None
+
+
+def check_repo_path(v: str) -> str | None:
+    """What is wrong with ``v`` as a directory inside the repository, or None ('.' is its top)."""
+    if v == ".":
+        return None
+    parts = v.strip("/").split("/") if v.strip("/") else []
+    if v.startswith("/") or not parts or any(not _PATH_PART_RE.match(p) or p in (".", "..") for p in parts):
+        return f"path {v!r}: a directory inside the repository, like fleet or hosts/gpu (no '..', not absolute)"
+    return None
+
+
+class SourceConfig(_Strict):
+    """Where the host's manifests and recipes come from: a branch of a git repository, fetched on a timer."""
+
+    git: str = Field(
+        description="The repository: https://, ssh://, git://, file:// URL, user@host:path or an absolute path. "
+        "No credentials in it: a credential helper or an SSH key of the running user."
+    )
+    ref: str = Field(default="main", description="The branch followed.")
+    path: str = Field(
+        default=".",
+        description="The directory of the repository laid out like a root without its host file: "
+        "PATH/manifests/HOST.yaml and PATH/configs/recipes/*.toml.",
+    )
+    interval_s: float = Field(default=60.0, ge=5, le=86400, description="How often the loop fetches (seconds).")
+    timeout_s: float = Field(default=60.0, gt=0, le=3600, description="How long one fetch may take (seconds).")
+    after: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Canary hosts: a new commit is applied here only once each of them reports it converged; a "
+        "commit that leaves one blocked, failed or refused stops here. Each is a host of the fleet file.",
+        json_schema_extra={"items": {"pattern": NAME_PATTERN}},
+    )
+    fleet: str | None = Field(
+        default=None,
+        description="The fleet file (hosts: name, url, token_file) where the hosts of 'after' are found; needed "
+        "with 'after'.",
+        json_schema_extra=_pattern(r"^/"),
+    )
+
+    @field_validator("git")
+    @classmethod
+    def _git(cls, v: str) -> str:
+        return _ok(check_git_url(v), v)
+
+    @field_validator("ref")
+    @classmethod
+    def _ref(cls, v: str) -> str:
+        return _ok(check_git_ref(v), v)
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        problem = check_repo_path(v)
+        return _ok(problem, v if v == "." else v.strip("/"))
+
+    @field_validator("after")
+    @classmethod
+    def _after(cls, v: list[str]) -> list[str]:
+        for name in v:
+            problem = check_name(name, "a host of 'after'")
+            if problem:
+                raise ValueError(problem)
+        if len(set(v)) != len(v):
+            raise ValueError("after: each host once")
+        return v
+
+    @field_validator("fleet")
+    @classmethod
+    def _fleet(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError(f"source.fleet must be an absolute path, got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _after_needs_fleet(self) -> SourceConfig:
+        if self.after and self.fleet is None:
+            raise ValueError(
+                "source.after names canary hosts: give source.fleet, the fleet file that says where each answers"
+            )
+        return self

@@ -1,0 +1,143 @@
+"""Another host of the fleet read through its own loop's API: ``GET /v1/status`` with that host's token, within a
+timeout, its answer or why there is none (``HostRow``). Never guessed: a host that does not answer is unreachable.
+
+Read by ``reconciler fleet status`` (``reconciler.service.fleet``) and by a host waiting for its canaries
+(``reconciler.load.source_sync``). A token is sent to its own host only and never shown.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+from reconciler.base import direct_http, fsafe
+from reconciler.base.redact import redact_data, redact_text
+from reconciler.model.fleet import FleetHost
+
+ANSWER_LIMIT = 16 << 20  # the most a host's status may be
+
+
+@dataclass(frozen=True)
+class HostRow:
+    """One host as the fleet view shows it: reachable with its status, or why not."""
+
+    name: str
+    url: str
+    reachable: bool
+    seconds: float
+    error: str = ""
+    status: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> str:
+        if not self.reachable:
+            return "unreachable"
+        s = self.status
+        if isinstance(s.get("error"), dict) and s["error"].get("code") == "config_invalid":
+            return "files invalid"
+        if s.get("error"):
+            return "source unavailable"
+        plan = s.get("plan") or {}
+        if plan.get("blocked"):
+            return "blocked"
+        if s.get("converged"):
+            return "converged"
+        return "held" if plan.get("held") and not plan.get("actions") else "converging"
+
+    def slots(self) -> list[dict[str, Any]]:
+        out = []
+        for name, v in (self.status.get("slots") or {}).items():
+            holders = [
+                {
+                    "name": c.get("name"),
+                    "recipe": c.get("recipe"),
+                    "sleeping": c.get("sleeping"),
+                    "owner": c.get("owner"),
+                }
+                for c in v.get("containers") or ()
+            ]
+            out.append(
+                {
+                    "slot": name,
+                    "desired": v.get("desired"),
+                    "holders": holders,
+                    "free": v.get("free"),
+                    "memory_free_bytes": v.get("memory_free_bytes"),
+                    "reserve_bytes": v.get("reserve_bytes"),
+                    "below_reserve": v.get("below_reserve"),
+                    "asleep_bytes": v.get("asleep_bytes"),
+                }
+            )
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.status
+        shm = s.get("shm") or {}
+        loop = s.get("loop") or {}
+        return {
+            "name": self.name,
+            "url": self.url,
+            "reachable": self.reachable,
+            "seconds": round(self.seconds, 3),
+            "error": self.error,
+            "verdict": self.verdict,
+            "host": s.get("host"),
+            "converged": s.get("converged"),
+            "topology": s.get("topology"),
+            "commit": (s.get("source") or {}).get("commit") if isinstance(s.get("source"), dict) else None,
+            "last_pass": (loop.get("last_pass") or {}).get("result") if isinstance(loop, dict) else None,
+            "slots": self.slots(),
+            "lanes": [
+                {
+                    "name": c.get("name"),
+                    "recipe": c.get("recipe"),
+                    "slots": c.get("slots"),
+                    "sleeping": c.get("sleeping"),
+                }
+                for c in s.get("containers") or ()
+                if c.get("owner") == "ours" and c.get("state") == "running"
+            ],
+            "tmpfs": shm.get("tmpfs"),
+        }
+
+
+def ask_host(h: FleetHost, timeout: float) -> HostRow:
+    """One host's status, or why there is none."""
+    t0 = time.monotonic()
+
+    def row(error: str = "", status: dict[str, Any] | None = None) -> HostRow:
+        return HostRow(h.name, h.url, status is not None, time.monotonic() - t0, redact_text(error), status or {})
+
+    if h.token_file is None:
+        return row("no token_file for this host in the fleet file: its status needs its API token")
+    try:
+        token = fsafe.read_trusted(h.token_file, what=f"the token file of host {h.name}", secret=True, limit=4096)
+        value = token.decode("ascii").strip()
+    except (OSError, fsafe.UnsafePath, UnicodeDecodeError) as exc:
+        return row(f"cannot read its token file {h.token_file}: {getattr(exc, 'strerror', None) or exc}")
+    req = urllib.request.Request(h.url + "/v1/status", method="GET")  # noqa: S310 - http(s) only (model.fleet)
+    req.add_header("Authorization", f"Bearer {value}")
+    try:
+        with direct_http.opener().open(req, timeout=timeout) as resp:
+            body = resp.read(ANSWER_LIMIT + 1)
+    except urllib.error.HTTPError as exc:
+        return row(
+            f"GET {h.url}/v1/status answered {exc.code}" + (" (the token is refused)" if exc.code == 401 else "")
+        )
+    except direct_http.errors() as exc:
+        return row(f"no answer from {h.url} within {timeout:g} s: {type(exc).__name__}: {exc}")
+    if len(body) > ANSWER_LIMIT:
+        return row(f"{h.url}/v1/status answered more than {ANSWER_LIMIT >> 20} MiB")
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return row(f"{h.url}/v1/status answered something that is not JSON")
+    if not isinstance(data, dict):
+        return row(f"{h.url}/v1/status answered JSON that is not a status")
+    if data.get("host") not in (None, h.name):
+        return row(f"{h.url} answers for host {data.get('host')!r}, not {h.name!r}: fix the fleet file")
+    return row(status=redact_data(data))
