@@ -597,7 +597,7 @@ def test_promtool_check_rules() -> None:
     promtool = need("promtool", "prometheus")
     done = subprocess.run([promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 17 rules found" in done.stdout
+    assert "SUCCESS: 18 rules found" in done.stdout
 
 
 def test_promtool_test_rules() -> None:
@@ -694,7 +694,7 @@ def test_example_prometheus_config_is_valid_and_scrapes_the_loop() -> None:
     path = EXAMPLES / "prometheus.yml"
     done = subprocess.run([promtool, "check", "config", str(path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 17 rules found" in done.stdout  # the rule file was found through the relative path
+    assert "SUCCESS: 18 rules found" in done.stdout  # the rule file was found through the relative path
     doc = yaml.safe_load(path.read_text())
     (job,) = doc["scrape_configs"]
     assert job["job_name"] == "reconciler"
@@ -839,7 +839,7 @@ def test_a_real_prometheus_scrapes_the_exposition_and_evaluates_the_rules(metric
         assert float(orphan[0]["value"][1]) == 768 * MiB
         groups = _api(base, "/api/v1/rules")["data"]["groups"]
         rules = [r for g in groups for r in g["rules"]]
-        assert len(rules) == 17 and all(r["health"] == "ok" for r in rules), [
+        assert len(rules) == 18 and all(r["health"] == "ok" for r in rules), [
             (r["name"], r.get("lastError")) for r in rules
         ]
 
