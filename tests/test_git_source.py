@@ -295,3 +295,14 @@ def test_three_hosts_follow_one_repository_with_a_canary(
         for m in mounts:
             with pytest.raises(StopIteration):
                 next(m)
+
+
+def test_the_page_header_names_the_commit_in_use() -> None:
+    from reconciler.api.page.view import header
+
+    commit = "5d1c0a9e33b2" + "0" * 28
+    source = {"url": "ssh://git@git.example.com/fleet.git", "ref": "main", "commit": commit, "state": "waiting"}
+    html = str(header({"host": "gpu-box-2", "sources": {}, "source": source}, None, version="1"))
+    assert 'id="git-source"' in html and 'data-state="waiting"' in html
+    assert "commit 5d1c0a9e33b2 (waiting)" in html and "ssh://git@git.example.com/fleet.git main" in html
+    assert 'id="git-source"' not in str(header({"host": "h", "sources": {}}, None, version="1"))

@@ -64,9 +64,26 @@ def header(status: dict[str, Any], health: dict[str, Any] | None, *, version: st
             *(el("li", f"{p.get('path')}:{p.get('line')}: {p.get('message')}") for p in problems),
             class_="problems",
         )
+    src = status.get("source")
+    desired_from = Html("")
+    if isinstance(src, dict):
+        desired_from = join(
+            (
+                el("dt", "desired state"),
+                el(
+                    "dd",
+                    f"{src.get('url')} {src.get('ref')}: commit {(src.get('commit') or 'none')[:12]} "
+                    f"({src.get('state')})",
+                    id="git-source",
+                    data_state=str(src.get("state")),
+                ),
+            ),
+            "",
+        )
     return render(
         "header.html",
         verdict=word,
+        desired_from=desired_from,
         verdict_text=VERDICTS[word],
         host=status.get("host", "?"),
         version=version,
