@@ -622,7 +622,7 @@ def test_a_crashed_container_counts_once_in_the_backoff_before_its_leave_runs(tm
     host = HostConfig.model_validate({"name": "h", "gpus": {A: {"index": 0}, B: {"index": 1}}, "gpu_telemetry": "none"})
     desired = DesiredState(host=host, recipes={}, assignments=(DesiredAssignment("omni", (B,), "hash1", 0),))
 
-    def leave(cid: str, reason: str, recipe: str = "omni") -> Plan:
+    def leave(cid: str, reason: str, recipe: str = "omni", exit_code: int | None = None) -> Plan:
         a = Action(
             ActionKind.LEAVE,
             reason,
@@ -631,10 +631,13 @@ def test_a_crashed_container_counts_once_in_the_backoff_before_its_leave_runs(tm
             container=f"c-{cid}",
             container_id=cid,
             recipe_hash="hash1",
+            exit_code=exit_code,
         )
         return Plan(host="h", actions=(a,))
 
-    crashed = leave("c1", "reconciler-omni-dark-compute-b is exited with code 137")
+    # The crash is data the planner carries (the code its container exited with), never read back from the words.
+    assert loop._count_crashes(desired, leave("c0", "reconciler-omni-dark-compute-b is exited with code 137")) is False
+    crashed = leave("c1", "reconciler-omni-dark-compute-b is exited with code 137", exit_code=137)
     assert loop._count_crashes(desired, crashed) is True
     assert loop.backoff.entries[f"omni@{B}"].failures == 1
     assert f"omni@{B}" in loop.backoff.holds(), "the enter of this very pass is held"
@@ -642,12 +645,12 @@ def test_a_crashed_container_counts_once_in_the_backoff_before_its_leave_runs(tm
     assert loop._count_crashes(desired, crashed) is False
     assert loop.backoff.entries[f"omni@{B}"].failures == 1
     # The next crash is another container: counted, and the delay doubles.
-    assert loop._count_crashes(desired, leave("c2", "reconciler-omni-dark-compute-b is exited with code 1")) is True
+    assert loop._count_crashes(desired, leave("c2", "reconciler-omni-dark-compute-b is exited with code 1", exit_code=1))
     e = loop.backoff.entries[f"omni@{B}"]
     assert (e.failures, e.until) == (2, 1020.0)
     # A clean exit, a recipe not in the manifest, a container never started: no failure.
-    assert loop._count_crashes(desired, leave("c3", "reconciler-omni-dark-compute-b is exited with code 0")) is False
-    assert loop._count_crashes(desired, leave("c4", "x is exited with code 137", recipe="gone")) is False
+    assert loop._count_crashes(desired, leave("c3", "reconciler-omni-dark-compute-b is exited with code 0", exit_code=0)) is False
+    assert loop._count_crashes(desired, leave("c4", "x is exited with code 137", recipe="gone", exit_code=137)) is False
     assert loop._count_crashes(desired, leave("c5", "x was created but never started")) is False
     assert loop.backoff.entries[f"omni@{B}"].failures == 2
     assert loop.metrics.backoff_failures.labels(recipe="omni")._value.get() == 2
