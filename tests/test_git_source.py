@@ -154,6 +154,65 @@ def test_a_commit_is_taken_only_once_it_validates_and_a_broken_one_keeps_the_las
     assert r.returncode == 1 and "comes from the git source" in r.stderr, r
 
 
+def test_with_allowed_signers_only_a_commit_signed_by_one_of_their_keys_is_taken(
+    plain_root: Root, tmp_path: Path
+) -> None:
+    """source.allowed_signers: an unsigned commit, and one signed by another SSH key, are refused with the commit in
+    use kept; a commit signed by a key of the file is taken (git verify-commit, ssh-keygen's allowed signers)."""
+    root = plain_root
+    keys = tmp_path / "keys"
+    keys.mkdir(mode=0o700)
+    for who in ("fleet", "stranger"):
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", who, "-f", str(keys / who)], check=True, timeout=30
+        )
+    allowed = tmp_path / "allowed_signers"
+    allowed.write_text(f'fleet@example.invalid namespaces="git" {(keys / "fleet.pub").read_text().strip()}\n')
+    allowed.chmod(0o644)
+    repo = Repo(tmp_path / "repo")
+    (repo.path / "fleet" / "configs" / "recipes" / "omni.toml").write_text(
+        (DEMO / "configs" / "recipes" / "omni.toml").read_text()
+    )
+
+    def signed(message: str, key: str | None) -> str:
+        repo.git("add", "-A")
+        sign = ["-c", "gpg.format=ssh", "-c", f"user.signingkey={keys / key}", "commit", "-S"] if key else ["commit"]
+        repo.git(*sign, "-q", "--allow-empty", "-m", message)
+        return repo.git("rev-parse", "HEAD")
+
+    repo.manifest(root.host)
+    first = signed("signed by the fleet's key", "fleet")
+    follow(root, str(repo.path), allowed_signers=str(allowed))
+    r = cli(root, "--json", "sync")
+    assert r.returncode == 0 and json.loads(r.stdout)["source"]["commit"] == first, r
+
+    repo.manifest(root.host, ("omni", [B]))
+    unsigned = signed("unsigned", None)
+    src = json.loads(cli(root, "--json", "sync").stdout)["source"]
+    assert src["commit"] == first and src["refused"]["commit"] == unsigned, src
+    assert src["refused"]["problems"] == [
+        f"commit {unsigned[:12]} is not signed (source.allowed_signers asks for a signature by one of its keys)"
+    ]
+    stranger = signed("signed by a key the host does not trust", "stranger")
+    r = cli(root, "--json", "sync")
+    src = json.loads(r.stdout)["source"]
+    assert r.returncode == 1 and src["commit"] == first and src["refused"]["commit"] == stranger, src
+    assert f"commit {stranger[:12]} is not signed by a key of {allowed}" in src["refused"]["problems"][0]
+    trusted = signed("signed by the fleet's key again", "fleet")
+    r = cli(root, "--json", "sync")
+    assert r.returncode == 0 and json.loads(r.stdout)["source"]["commit"] == trusted, r
+    # Whoever could write the allowed signers could add a key: a file others may write is refused.
+    allowed.chmod(0o666)
+    repo.manifest(root.host)
+    later = signed("one more", "fleet")
+    src = json.loads(cli(root, "--json", "sync").stdout)["source"]
+    assert (
+        src["commit"] == trusted
+        and src["refused"]["commit"] == later
+        and "allowed_signers" in src["refused"]["problems"][0]
+    )
+
+
 @pytest.mark.parametrize(
     ("url", "says"),
     [
