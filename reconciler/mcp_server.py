@@ -39,9 +39,9 @@ from reconciler import __version__
 from reconciler.base import jsonstrict
 from reconciler.base.errors import ConfigError, ReconcilerError
 from reconciler.base.redact import redact_data, redact_json, redact_text
+from reconciler.base.requests import DEFAULT_SUITE, MAX_RECLAIM_PATHS, PLAN_ID_PATTERN, TOPOLOGY_PATTERN, ProbeSuite
 from reconciler.service import Caller, HostService
 
-PLAN_ID = re.compile(r"^[0-9a-f]{32}$")
 RECIPE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 # What each tool returns: its structured content is a JSON object (the command line's --json), published as such.
 Json = Annotated[CallToolResult, dict[str, Any]]
@@ -107,9 +107,7 @@ class ProbeArgs(_Args):
         max_length=128,
         description="the recipe's name (its file stem under configs/recipes/)",
     )
-    suite: Literal["preflight", "regression", "all"] = Field(
-        "preflight", description="which probes: preflight, regression, or all"
-    )
+    suite: ProbeSuite = Field(DEFAULT_SUITE, description="which probes: preflight, regression, or all")
 
 
 class ManageArgs(_Args):
@@ -119,15 +117,17 @@ class ManageArgs(_Args):
     )
     topology: str | None = Field(
         None,
-        pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$",
+        pattern=TOPOLOGY_PATTERN,
         description="switch: the topology to run, a name under the manifest's topologies: (the loop converges it)",
     )
     confirm: bool = Field(False, description="reclaim-shared-memory: actually remove the orphans (JSON true)")
     plan_id: str | None = Field(
-        None, pattern=PLAN_ID.pattern, description="apply: the plan_id host_plan returned (32 hex digits)"
+        None, pattern=PLAN_ID_PATTERN, description="apply: the plan_id host_plan returned (32 hex digits)"
     )
     paths: list[str] | None = Field(
-        None, max_length=4096, description="reclaim-shared-memory: remove nothing but these paths (from a dry run)"
+        None,
+        max_length=MAX_RECLAIM_PATHS,
+        description="reclaim-shared-memory: remove nothing but these paths (from a dry run)",
     )
 
 

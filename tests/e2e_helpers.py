@@ -569,11 +569,13 @@ class Event:
 class LoopProcess:
     """``reconciler run`` in a subprocess, its JSON log parsed line by line as it comes."""
 
-    def __init__(self, root: Root, *extra: str):
+    def __init__(self, root: Root, *extra: str, ip: str = "127.0.0.1", prefix: Sequence[str] = ()):
+        """``ip``: where its listener is; ``prefix``: what runs it (``nsenter --net=...`` for a host of its own)."""
         self.root = root
         self.port = free_port()
-        self.addr = f"127.0.0.1:{self.port}"
-        self.args = root.cli_args("run", "--metrics-addr", self.addr, "--resync", "60", "--log-format", "json", *extra)
+        self.addr = f"{ip}:{self.port}"
+        run = root.cli_args("run", "--metrics-addr", self.addr, "--resync", "60", "--log-format", "json", *extra)
+        self.args = [*prefix, *run]
         self.events: list[Event] = []
         self.other: list[str] = []  # lines that are not JSON (a traceback would land here)
         self._cond = threading.Condition()

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
+import sys
+import tempfile
+import time
 import tomllib
+import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +36,7 @@ from e2e_helpers import (
     stop_process,
     wait_until,
 )
+from netns_hosts import isolated_hosts
 from test_api import TOKEN, token_file
 
 B = "dark-compute-b"
@@ -149,6 +154,65 @@ def test_a_commit_is_taken_only_once_it_validates_and_a_broken_one_keeps_the_las
     assert r.returncode == 1 and "comes from the git source" in r.stderr, r
 
 
+def test_with_allowed_signers_only_a_commit_signed_by_one_of_their_keys_is_taken(
+    plain_root: Root, tmp_path: Path
+) -> None:
+    """source.allowed_signers: an unsigned commit, and one signed by another SSH key, are refused with the commit in
+    use kept; a commit signed by a key of the file is taken (git verify-commit, ssh-keygen's allowed signers)."""
+    root = plain_root
+    keys = tmp_path / "keys"
+    keys.mkdir(mode=0o700)
+    for who in ("fleet", "stranger"):
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", who, "-f", str(keys / who)], check=True, timeout=30
+        )
+    allowed = tmp_path / "allowed_signers"
+    allowed.write_text(f'fleet@example.invalid namespaces="git" {(keys / "fleet.pub").read_text().strip()}\n')
+    allowed.chmod(0o644)
+    repo = Repo(tmp_path / "repo")
+    (repo.path / "fleet" / "configs" / "recipes" / "omni.toml").write_text(
+        (DEMO / "configs" / "recipes" / "omni.toml").read_text()
+    )
+
+    def signed(message: str, key: str | None) -> str:
+        repo.git("add", "-A")
+        sign = ["-c", "gpg.format=ssh", "-c", f"user.signingkey={keys / key}", "commit", "-S"] if key else ["commit"]
+        repo.git(*sign, "-q", "--allow-empty", "-m", message)
+        return repo.git("rev-parse", "HEAD")
+
+    repo.manifest(root.host)
+    first = signed("signed by the fleet's key", "fleet")
+    follow(root, str(repo.path), allowed_signers=str(allowed))
+    r = cli(root, "--json", "sync")
+    assert r.returncode == 0 and json.loads(r.stdout)["source"]["commit"] == first, r
+
+    repo.manifest(root.host, ("omni", [B]))
+    unsigned = signed("unsigned", None)
+    src = json.loads(cli(root, "--json", "sync").stdout)["source"]
+    assert src["commit"] == first and src["refused"]["commit"] == unsigned, src
+    assert src["refused"]["problems"] == [
+        f"commit {unsigned[:12]} is not signed (source.allowed_signers asks for a signature by one of its keys)"
+    ]
+    stranger = signed("signed by a key the host does not trust", "stranger")
+    r = cli(root, "--json", "sync")
+    src = json.loads(r.stdout)["source"]
+    assert r.returncode == 1 and src["commit"] == first and src["refused"]["commit"] == stranger, src
+    assert f"commit {stranger[:12]} is not signed by a key of {allowed}" in src["refused"]["problems"][0]
+    trusted = signed("signed by the fleet's key again", "fleet")
+    r = cli(root, "--json", "sync")
+    assert r.returncode == 0 and json.loads(r.stdout)["source"]["commit"] == trusted, r
+    # Whoever could write the allowed signers could add a key: a file others may write is refused.
+    allowed.chmod(0o666)
+    repo.manifest(root.host)
+    later = signed("one more", "fleet")
+    src = json.loads(cli(root, "--json", "sync").stdout)["source"]
+    assert (
+        src["commit"] == trusted
+        and src["refused"]["commit"] == later
+        and "allowed_signers" in src["refused"]["problems"][0]
+    )
+
+
 @pytest.mark.parametrize(
     ("url", "says"),
     [
@@ -170,12 +234,8 @@ def test_a_git_url_that_git_would_run_or_print_is_refused(plain_root: Root, url:
     assert not Path("/tmp/pwned").exists()
 
 
-@pytest.fixture
-def git_daemon(tmp_path: Path) -> Iterator[tuple[Repo, str]]:
-    """A repository served on loopback by ``git daemon`` (git://127.0.0.1:PORT/repo)."""
-    base = tmp_path / "served"
-    base.mkdir()
-    repo = Repo(base / "repo")
+def _serve(repo_base: Path, ip: str) -> tuple[subprocess.Popen[bytes], str]:
+    """``git daemon`` serving the repositories under ``repo_base`` on ``ip``; (it, the URL of ``repo``)."""
     port = free_port()
     proc = subprocess.Popen(
         [
@@ -183,18 +243,22 @@ def git_daemon(tmp_path: Path) -> Iterator[tuple[Repo, str]]:
             "daemon",
             "--reuseaddr",
             "--export-all",
-            f"--base-path={base}",
-            "--listen=127.0.0.1",
+            f"--base-path={repo_base}",
+            f"--listen={ip}",
             f"--port={port}",
-            str(base),
+            str(repo_base),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    try:
-        yield repo, f"git://127.0.0.1:{port}/repo"
-    finally:
-        stop_process(proc)
+    wait_until(lambda: _listening(ip, port), timeout=20, what="git daemon listening")
+    return proc, f"git://{ip}:{port}/repo"
+
+
+def _listening(ip: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((ip, port)) == 0
 
 
 def _status(lp: LoopProcess) -> dict[str, Any]:
@@ -203,98 +267,220 @@ def _status(lp: LoopProcess) -> dict[str, Any]:
         return json.loads(resp.read())
 
 
-def test_three_hosts_follow_one_repository_with_a_canary(
-    tmp_path: Path, docker_api: Any, image: str, git_daemon: tuple[Repo, str]
-) -> None:
-    repo, url = git_daemon
+def _prometheus(
+    tmp_path: Path, loops: list[LoopProcess], roots: list[Root], ip: str
+) -> tuple[subprocess.Popen[bytes], str]:
+    """A real Prometheus on the fleet's outside address with examples/prometheus-fleet.yml's job over the loops and
+    the shipped rules, their for: shortened (expressions and summaries as shipped)."""
+    rules = tmp_path / "alerts.yml"
+    rules.write_text(Path("configs/prometheus/alerts.yml").read_text().replace("for: 5m", "for: 0s"))
+    config = yaml.safe_load(Path("examples/prometheus-fleet.yml").read_text())
+    config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+    config["rule_files"] = [str(rules)]
+    config["scrape_configs"][0]["scrape_timeout"] = "1s"
+    config["scrape_configs"][0]["static_configs"] = [
+        {"targets": [lp.addr], "labels": {"host": r.host}} for lp, r in zip(loops, roots, strict=True)
+    ]
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    server = shutil.which("prometheus")
+    assert server, "prometheus not found: .ci/setup-host installs Debian's prometheus"
+    prom = subprocess.Popen(
+        [
+            server,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'prom-data'}",
+            f"--web.listen-address={ip}:{port}",
+            "--log.level=warn",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return prom, f"http://{ip}:{port}"
+
+
+def _get_json(url: str) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return json.loads(resp.read())
+    except OSError:  # still starting
+        return None
+
+
+def test_three_hosts_each_with_its_own_network_and_engine_follow_one_repository(tmp_path: Path, image: str) -> None:
+    """Three hosts, each in its own network namespace with its own Docker engine, tmpfs, state directory and loop,
+    follow one git repository served on the fleet's bridge: a commit that changes two hosts' manifests is converged
+    by both (the canary first, the host behind it after) and ignored by the third; a broken commit is refused on
+    every host with the last valid state kept; a commit that leaves the canary blocked never reaches the host behind
+    it. A real Prometheus scrapes all three and fires ReconcilerBlocked for the blocked host alone, and
+    `reconciler fleet status` shows the three side by side, and a fourth, gone, as unreachable."""
     mounts = [_mounted_tmpfs("reconciler-git-", "64m") for _ in range(3)]
     roots: list[Root] = []
     loops: list[LoopProcess] = []
-    try:
-        for i, m in enumerate(mounts):
-            roots.append(make_root(tmp_path / f"h{i}", shm=next(m), api=docker_api, name=f"git-h{i}"))
-        canary, follower, other = roots
-        tf = token_file(tmp_path)
-        # Each host's lane is a recipe of the repository (its own name and port); the files go to git, not the root.
-        names = [r.recipe("omni") for r in roots]
-        for r, name in zip(roots, names, strict=True):
-            shutil.copy(r.path / "configs" / "recipes" / f"{name}.toml", repo.path / "fleet" / "configs" / "recipes")
-            repo.manifest(r.host)
-        start = repo.commit("three hosts, nothing on them")
-        fleet = tmp_path / "fleet.yaml"
-        follow(canary, url)
-        follow(follower, url, after=[canary.host], fleet=str(fleet))
-        follow(other, url)
-        loops = [LoopProcess(canary, "--api-token-file", str(tf))]
-        hosts = [{"name": canary.host, "url": f"http://{loops[0].addr}", "token_file": str(tf)}]
-        fleet.write_text(yaml.safe_dump({"hosts": hosts, "timeout_s": 3}))
-        # The follower may start before its canary serves: it waits for the canary to converge the first commit.
-        loops += [LoopProcess(r, "--api-token-file", str(tf)) for r in (follower, other)]
-        for lp in loops:
-            lp.wait("pass", result="converged", timeout=60)
-            assert _status(lp)["source"]["commit"] == start
+    daemon = prom = None
+    with isolated_hosts(3, Path(tempfile.mkdtemp(prefix="reconciler-fleet-", dir="/var/tmp")), image=image) as (
+        outside,
+        hosts,
+    ):
+        try:
+            repo = Repo(tmp_path / "served" / "repo")
+            daemon, url = _serve(tmp_path / "served", outside)
+            for i, (m, h) in enumerate(zip(mounts, hosts, strict=True)):
+                r = make_root(tmp_path / f"h{i}", shm=next(m), api=h.api, name=f"fleet-h{i}")
+                host_file = r.path / "configs" / "host.yaml"
+                doc = yaml.safe_load(host_file.read_text())
+                doc["docker"]["url"] = h.url  # the host's own engine
+                host_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+                roots.append(r)
+            canary, follower, other = roots
+            tf = token_file(tmp_path)
+            # Each host's lane is a recipe of the repository (its own name and port); the files go to git.
+            names = [r.recipe("omni") for r in roots]
+            for r, name in zip(roots, names, strict=True):
+                shutil.copy(
+                    r.path / "configs" / "recipes" / f"{name}.toml", repo.path / "fleet" / "configs" / "recipes"
+                )
+                repo.manifest(r.host)
+            start = repo.commit("three hosts, nothing on them")
+            fleet = tmp_path / "fleet.yaml"
+            follow(canary, url)
+            follow(follower, url, after=[canary.host], fleet=str(fleet))
+            follow(other, url)
 
-        # A commit that changes two hosts' manifests: the canary converges it first, the follower after it, and the
-        # third host takes it and changes nothing.
-        repo.manifest(canary.host, (names[0], [B]))
-        repo.manifest(follower.host, (names[1], [B]))
-        both = repo.commit("a lane on the canary and the follower")
-        mark = [lp.mark() for lp in loops]
-        entered = loops[0].wait("action", kind="enter", result="ok", after=mark[0], timeout=90)[0]
-        canary_done = wait_until(
-            lambda: [e.at for e in loops[0].find("pass", result="converged", after=mark[0]) if e.at >= entered.at],
-            timeout=30,
-            what="the canary's pass converged after its enter",
-        )[0]
-        taken = loops[1].wait("source-sync", commit=both[:12], after=mark[1], timeout=60)[0]
-        assert taken.at >= canary_done, "the follower took the commit before its canary converged it"
-        loops[1].wait("action", kind="enter", result="ok", after=mark[1], timeout=90)
-        loops[2].wait("source-sync", commit=both[:12], after=mark[2], timeout=30)
-        assert loops[2].find("action", after=mark[2]) == []  # its manifest did not change: nothing done
-        running = {r.host: set(r.running()) for r in roots}
-        assert running[other.host] == set() and len(running[canary.host]) == len(running[follower.host]) == 1
+            def loop(r: Root, h: Any) -> LoopProcess:
+                return LoopProcess(r, "--api-token-file", str(tf), "--api-allow-remote", ip=h.ip, prefix=h.run_prefix)
 
-        # A broken commit: refused on every host, the lanes kept as they are.
-        repo.write("configs/recipes/broken.toml", "this is = not [ toml\n")
-        broken = repo.commit("broken recipe")
-        for lp in loops:
+            loops = [loop(canary, hosts[0])]
+            as_fleet = [
+                {"name": r.host, "url": f"http://{lp.addr}", "token_file": str(tf)} for r, lp in [(canary, loops[0])]
+            ]
+            fleet.write_text(yaml.safe_dump({"hosts": as_fleet, "timeout_s": 3}))
+            # The host behind the canary may start before the canary serves: it waits for it to converge the first.
+            loops += [loop(follower, hosts[1]), loop(other, hosts[2])]
+            for lp in loops:
+                lp.wait("pass", result="converged", timeout=90)
+                assert _status(lp)["source"]["commit"] == start
+
+            # A commit that changes two hosts' manifests: the canary converges it first, the host behind it after,
+            # and the third host takes it and changes nothing.
+            repo.manifest(canary.host, (names[0], [B]))
+            repo.manifest(follower.host, (names[1], [B]))
+            both = repo.commit("a lane on the canary and the follower")
+            mark = [lp.mark() for lp in loops]
+            entered = loops[0].wait("action", kind="enter", result="ok", after=mark[0], timeout=90)[0]
+            canary_done = wait_until(
+                lambda: [e.at for e in loops[0].find("pass", result="converged", after=mark[0]) if e.at >= entered.at],
+                timeout=30,
+                what="the canary's pass converged after its enter",
+            )[0]
+            taken = loops[1].wait("source-sync", commit=both[:12], after=mark[1], timeout=60)[0]
+            assert taken.at >= canary_done, "the host behind the canary took the commit before the canary converged it"
+            loops[1].wait("action", kind="enter", result="ok", after=mark[1], timeout=90)
+            loops[2].wait("source-sync", commit=both[:12], after=mark[2], timeout=30)
+            assert loops[2].find("action", after=mark[2]) == []  # its manifest did not change: nothing done
+            running = {r.host: set(r.running()) for r in roots}
+            assert running[other.host] == set() and len(running[canary.host]) == len(running[follower.host]) == 1
+            # Each lane runs in its own host's engine, and answers in its own host's network alone.
+            for r, h in zip(roots, hosts, strict=True):
+                assert {c["Names"][0].lstrip("/") for c in h.api.containers()} == running[r.host]
+
+            # A broken commit: refused on every host, the lanes kept as they are.
+            repo.write("configs/recipes/broken.toml", "this is = not [ toml\n")
+            broken = repo.commit("broken recipe")
+            for lp in loops:
+                wait_until(
+                    lambda lp=lp: _status(lp)["source"]["state"] == "refused", timeout=30, what="the commit refused"
+                )
+                src = _status(lp)["source"]
+                assert src["commit"] == both and src["refused"]["commit"] == broken
+                assert any(f"{broken[:12]}:fleet/configs/recipes/broken.toml" in p for p in src["refused"]["problems"])
+            assert {r.host: set(r.running()) for r in roots} == running
+
+            # A commit that leaves the canary blocked (its lane's image is on no engine of the fleet): it never
+            # reaches the host behind it, which keeps the commit before and its lane; the third host takes it.
+            (repo.path / "fleet" / "configs" / "recipes" / "broken.toml").unlink()
+            recipe = repo.path / "fleet" / "configs" / "recipes" / f"{names[0]}.toml"
+            data = tomllib.loads(recipe.read_text())
+            data["container"]["image"] = "reconciler-e2e/absent:never"
+            recipe.write_text(dump_recipe(data))
+            bad = repo.commit("an image the canary does not have")
+            mark = [lp.mark() for lp in loops]
+            loops[0].wait("pass", result="blocked", after=mark[0], timeout=60)
             wait_until(
-                lambda lp=lp: _status(lp)["source"]["state"] == "refused", timeout=30, what="the broken commit refused"
+                lambda: _status(loops[1])["source"]["state"] == "stopped", timeout=30, what="the follower stopped"
             )
-            src = _status(lp)["source"]
-            assert src["commit"] == both and src["refused"]["commit"] == broken
-            assert any(f"{broken[:12]}:fleet/configs/recipes/broken.toml" in p for p in src["refused"]["problems"])
-        assert {r.host: set(r.running()) for r in roots} == running
+            src = _status(loops[1])["source"]
+            assert src["commit"] == both and src["stopped"]["commit"] == bad and canary.host in src["stopped"]["why"]
+            loops[2].wait("source-sync", commit=bad[:12], after=mark[2], timeout=30)
+            assert {r.host: set(r.running()) for r in roots} == running
+            audit = json.loads(cli(follower, "--json", "audit").stdout)["records"]
+            assert any(a["action"] == "sync" and a["outcome"] == "stopped" and a.get("commit") == bad for a in audit)
+            enters = [a for a in audit if a["action"] == "enter"]
+            assert enters and all(a.get("commit") == both for a in enters), enters
 
-        # A commit that leaves the canary blocked (its lane's image is not on this host): it never reaches the
-        # follower, which stays on the commit before, its lane untouched; the host not behind the canary takes it.
-        (repo.path / "fleet" / "configs" / "recipes" / "broken.toml").unlink()
-        recipe = repo.path / "fleet" / "configs" / "recipes" / f"{names[0]}.toml"
-        data = tomllib.loads(recipe.read_text())
-        data["container"]["image"] = "reconciler-e2e/absent:never"
-        recipe.write_text(dump_recipe(data))
-        bad = repo.commit("an image this host does not have")
-        mark = [lp.mark() for lp in loops]
-        loops[0].wait("pass", result="blocked", after=mark[0], timeout=60)
-        wait_until(lambda: _status(loops[1])["source"]["state"] == "stopped", timeout=30, what="the follower stopped")
-        src = _status(loops[1])["source"]
-        assert src["commit"] == both and src["stopped"]["commit"] == bad and canary.host in src["stopped"]["why"]
-        loops[2].wait("source-sync", commit=bad[:12], after=mark[2], timeout=30)
-        assert {r.host: set(r.running()) for r in roots} == running
-        audit = json.loads(cli(follower, "--json", "audit").stdout)["records"]
-        assert any(a["action"] == "sync" and a["outcome"] == "stopped" and a.get("commit") == bad for a in audit)
-        # Every action the follower's loop took names the commit it came from.
-        enters = [a for a in audit if a["action"] == "enter"]
-        assert enters and all(a.get("commit") == both for a in enters), enters
-        assert TOKEN not in "".join(lp.log() for lp in loops)
-    finally:
-        for lp in loops:
-            lp.stop()
-        for r in roots:
-            r.cleanup()
-        for m in mounts:
-            with pytest.raises(StopIteration):
-                next(m)
+            # One Prometheus over the three: the fleet's alert names the blocked host, and only it.
+            prom, base = _prometheus(tmp_path, loops, roots, outside)
+
+            def firing() -> list[dict[str, Any]] | None:
+                got = _get_json(f"{base}/api/v1/alerts")
+                alerts = got["data"]["alerts"] if got else []
+                return [
+                    a for a in alerts if a["labels"]["alertname"] == "ReconcilerBlocked" and a["state"] == "firing"
+                ] or None
+
+            (alert,) = wait_until(firing, timeout=60, what="ReconcilerBlocked firing in Prometheus")
+            assert alert["labels"]["instance"] == canary.host and canary.host in alert["annotations"]["summary"]
+            up = _get_json(f"{base}/api/v1/query?query=up")["data"]["result"]
+            assert sorted(r["metric"]["instance"] for r in up) == sorted(r.host for r in roots)
+            # The fleet dashboard's every query runs on it.
+            dashboard = json.loads(Path("examples/grafana-fleet.json").read_text())
+            for expr in (t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])):
+                q = urllib.parse.urlencode({"query": expr.replace("$instance", ".*")})
+                answer = _get_json(f"{base}/api/v1/query?{q}")
+                assert answer and answer["status"] == "success", (expr, answer)
+
+            # The fleet's view: three hosts side by side, and a fourth that is gone, unreachable within its timeout.
+            gone = {"name": "gone", "url": f"http://{outside.rsplit('.', 1)[0]}.99:9464", "token_file": str(tf)}
+            view = [
+                {"name": r.host, "url": f"http://{lp.addr}", "token_file": str(tf)}
+                for r, lp in zip(roots, loops, strict=True)
+            ]
+            (tmp_path / "fleet-all.yaml").write_text(yaml.safe_dump({"hosts": [*view, gone], "timeout_s": 2}))
+            t0 = time.monotonic()
+            r = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "reconciler",
+                    "fleet",
+                    "status",
+                    "--fleet",
+                    str(tmp_path / "fleet-all.yaml"),
+                    "--json",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert time.monotonic() - t0 < 15 and r.returncode == 1, r
+            by = {h["name"]: h for h in json.loads(r.stdout)["hosts"]}
+            assert by[canary.host]["verdict"] == "blocked" and by[canary.host]["commit"] == bad
+            assert by[follower.host]["verdict"] == "converged" and by[follower.host]["commit"] == both
+            assert by[other.host]["commit"] == bad and by["gone"]["verdict"] == "unreachable"
+            assert TOKEN not in r.stdout + r.stderr + "".join(lp.log() for lp in loops)
+        finally:
+            if prom is not None:
+                stop_process(prom)
+            for lp in loops:
+                lp.stop()
+            if daemon is not None:
+                stop_process(daemon)
+            for r in roots:
+                r.cleanup()
+            for m in mounts:
+                with pytest.raises(StopIteration):
+                    next(m)
 
 
 def test_the_page_header_names_the_commit_in_use() -> None:

@@ -22,6 +22,7 @@ import sys
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,8 @@ from e2e_helpers import (
 )
 
 from reconciler.apply.results import Outcome, PassResult
-from reconciler.apply.shm_guard import compare_inspections
-from reconciler.apply.shm_results import KeptFile, ReclaimResult, RemovedFile
+from reconciler.apply.shm_guard import _kept_from, compare_inspections, refusal_of
+from reconciler.apply.shm_results import REFUSAL_CODES, KeptFile, ReclaimResult, RemovedFile
 from reconciler.base.errors import ReconcilerError
 from reconciler.loop import Loop
 from reconciler.loop.backoff import Backoff
@@ -511,20 +512,34 @@ def test_reclaim_refusals_map_the_guards_reasons() -> None:
     assert reclaim_refusals(res) == ["file_owned", "inspections_disagree"]
 
     assert reclaim_refusals(_result(reclaimed=(RemovedFile(c, 1, 1, 1, 3),), verified=True)) == []
-    assert reclaim_refusals(
-        _result(refused="running container(s) with native offload configured: lane; stop them ...")
-    ) == ["offload_container_running"]
-    assert reclaim_refusals(_result(refused="docker unavailable: connection refused")) == ["source_unavailable"]
-    assert reclaim_refusals(
-        _result(refused="proc unavailable: pid 77 (python3) cannot be inspected: Permission denied; ...")
-    ) == ["uninspectable_process"]
-    assert reclaim_refusals(
-        _result(kept=(KeptFile("/s/vllm_offload_l.mmap", "a symlink (to '/etc'): never followed", "skipped"),))
-    ) == ["invalid_entry"]
+
+    # A whole reclaim refused: the guard's refusal carries its code, which is what is counted.
+    def refused(view: ShmView) -> list[str]:
+        r = refusal_of(view)
+        assert r is not None
+        return reclaim_refusals(_result(refused=r.text, refused_code=r.code))
+
+    assert refused(replace(_view(), blocking_containers=("lane",))) == ["offload_container_running"]
+    assert refused(replace(_view(), docker=Source("docker", False, "connection refused", cause="down"))) == [
+        "source_unavailable"
+    ]
+    stuck = Source("proc", False, "pid 77 (python3) cannot be inspected: Permission denied", cause="uninspectable")
+    assert refused(replace(_view(), proc=stuck)) == ["uninspectable_process"]
+    assert refused(replace(_view(), proc=Source("proc", False, "/proc did not settle"))) == ["source_unavailable"]
+    # A pattern match that is no plain file, kept from the first inspection: its code.
+    skipped = replace(_view(), skipped=(("/s/vllm_offload_l.mmap", "a symlink (to '/etc'): never followed"),))
+    assert reclaim_refusals(_result(kept=tuple(_kept_from(skipped)))) == ["invalid_entry"]
     gone = _result(candidates=(RemovedFile(a, 1, 1, 1, 1),), kept=(KeptFile(a, "gone before removal", "gone"),))
     assert reclaim_refusals(gone) == []
-    late = _result(kept=(KeptFile(b, "appeared or became unowned after the first inspection", "orphan"),))
-    assert reclaim_refusals(late) == ["inspections_disagree"]
+    # An orphan the first inspection did not see: the two inspections disagree.
+    _, late = compare_inspections([], _view(_file(b, inode=2)))
+    assert reclaim_refusals(_result(kept=tuple(late))) == ["inspections_disagree"]
+    # The words alone count nothing: no layer reads a refusal back from its sentence.
+    assert reclaim_refusals(_result(refused="docker unavailable: connection refused")) == []
+    words = KeptFile(b, "appeared or became unowned after the first inspection", "orphan")
+    assert reclaim_refusals(_result(kept=(words,))) == []
+    # Every code the guard can give is a reason the metrics know.
+    assert set(REFUSAL_CODES) <= set(REFUSAL_REASONS)
 
 
 def test_reclaim_refusals_on_a_real_unlink_race(tmp_path: Path) -> None:
@@ -622,7 +637,7 @@ def test_a_crashed_container_counts_once_in_the_backoff_before_its_leave_runs(tm
     host = HostConfig.model_validate({"name": "h", "gpus": {A: {"index": 0}, B: {"index": 1}}, "gpu_telemetry": "none"})
     desired = DesiredState(host=host, recipes={}, assignments=(DesiredAssignment("omni", (B,), "hash1", 0),))
 
-    def leave(cid: str, reason: str, recipe: str = "omni") -> Plan:
+    def leave(cid: str, reason: str, recipe: str = "omni", exit_code: int | None = None) -> Plan:
         a = Action(
             ActionKind.LEAVE,
             reason,
@@ -631,10 +646,13 @@ def test_a_crashed_container_counts_once_in_the_backoff_before_its_leave_runs(tm
             container=f"c-{cid}",
             container_id=cid,
             recipe_hash="hash1",
+            exit_code=exit_code,
         )
         return Plan(host="h", actions=(a,))
 
-    crashed = leave("c1", "reconciler-omni-dark-compute-b is exited with code 137")
+    # The crash is data the planner carries (the code its container exited with), never read back from the words.
+    assert loop._count_crashes(desired, leave("c0", "reconciler-omni-dark-compute-b is exited with code 137")) is False
+    crashed = leave("c1", "reconciler-omni-dark-compute-b is exited with code 137", exit_code=137)
     assert loop._count_crashes(desired, crashed) is True
     assert loop.backoff.entries[f"omni@{B}"].failures == 1
     assert f"omni@{B}" in loop.backoff.holds(), "the enter of this very pass is held"
@@ -642,12 +660,17 @@ def test_a_crashed_container_counts_once_in_the_backoff_before_its_leave_runs(tm
     assert loop._count_crashes(desired, crashed) is False
     assert loop.backoff.entries[f"omni@{B}"].failures == 1
     # The next crash is another container: counted, and the delay doubles.
-    assert loop._count_crashes(desired, leave("c2", "reconciler-omni-dark-compute-b is exited with code 1")) is True
+    assert loop._count_crashes(
+        desired, leave("c2", "reconciler-omni-dark-compute-b is exited with code 1", exit_code=1)
+    )
     e = loop.backoff.entries[f"omni@{B}"]
     assert (e.failures, e.until) == (2, 1020.0)
     # A clean exit, a recipe not in the manifest, a container never started: no failure.
-    assert loop._count_crashes(desired, leave("c3", "reconciler-omni-dark-compute-b is exited with code 0")) is False
-    assert loop._count_crashes(desired, leave("c4", "x is exited with code 137", recipe="gone")) is False
+    assert (
+        loop._count_crashes(desired, leave("c3", "reconciler-omni-dark-compute-b is exited with code 0", exit_code=0))
+        is False
+    )
+    assert loop._count_crashes(desired, leave("c4", "x is exited with code 137", recipe="gone", exit_code=137)) is False
     assert loop._count_crashes(desired, leave("c5", "x was created but never started")) is False
     assert loop.backoff.entries[f"omni@{B}"].failures == 2
     assert loop.metrics.backoff_failures.labels(recipe="omni")._value.get() == 2

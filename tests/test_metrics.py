@@ -680,7 +680,7 @@ def _exposed_names() -> set[str]:
 
 def test_alerts_and_dashboard_use_only_exported_metric_names() -> None:
     exposed = _exposed_names()
-    for source in (ALERTS, EXAMPLES / "grafana-dashboard.json"):
+    for source in (ALERTS, EXAMPLES / "grafana-dashboard.json", EXAMPLES / "grafana-fleet.json"):
         used = set(re.findall(r"\breconciler_[a-z_]+", source.read_text()))
         assert used, source
         assert used - exposed == set(), f"{source.name} uses metrics nobody exports"
@@ -738,8 +738,32 @@ def test_systemd_unit_runs_the_loop_and_keeps_what_it_needs(tmp_path: Path, monk
     assert done.returncode == 0 and done.stdout.strip() == "" and done.stderr.strip() == "", done.stdout + done.stderr
 
 
-def test_grafana_dashboard_is_valid() -> None:
-    dash = json.loads((EXAMPLES / "grafana-dashboard.json").read_text())
+_DASHBOARDS = {
+    "grafana-dashboard.json": (
+        "reconciler_drift",
+        "reconciler_gpu_owner_info",
+        "reconciler_offload_bytes",
+        "reconciler_tmpfs_free_bytes",
+        "reconciler_reconcile_passes_total",
+        "reconciler_actions_total",
+        "reconciler_source_up",
+    ),
+    # The fleet's: every host side by side (tests/test_git_source.py runs its every query on a real Prometheus).
+    "grafana-fleet.json": (
+        "reconciler_drift",
+        "reconciler_blocked_changes",
+        "reconciler_git_commit_info",
+        "reconciler_git_state",
+        "reconciler_gpu_memory_free_bytes",
+        "reconciler_tmpfs_free_bytes",
+        "reconciler_lane_up",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_DASHBOARDS))
+def test_grafana_dashboard_is_valid(name: str) -> None:
+    dash = json.loads((EXAMPLES / name).read_text())
     assert dash["uid"] and dash["title"] and dash["schemaVersion"] >= 36
     panels = dash["panels"]
     ids = [p["id"] for p in panels]
@@ -760,15 +784,7 @@ def test_grafana_dashboard_is_valid() -> None:
         if p["type"] != "row":
             assert p["targets"] and all(t["expr"] and t["refId"] for t in p["targets"]), p["title"]
     exprs = " ".join(t["expr"] for p in panels for t in p.get("targets", []))
-    for needed in (
-        "reconciler_drift",
-        "reconciler_gpu_owner_info",
-        "reconciler_offload_bytes",
-        "reconciler_tmpfs_free_bytes",
-        "reconciler_reconcile_passes_total",
-        "reconciler_actions_total",
-        "reconciler_source_up",
-    ):
+    for needed in _DASHBOARDS[name]:
         assert needed in exprs, needed
 
 

@@ -38,6 +38,8 @@ def test_plan_case(path: Path) -> None:
     reasons = " | ".join(a.reason for a in p.actions)
     for needle in exp.get("reasons", []):
         assert needle in reasons, f"{needle!r} not in reasons: {reasons}"
+    if "exit_codes" in exp:
+        assert [a.exit_code for a in p.actions] == exp["exit_codes"], f"{path.name}: {case['why']}"
     if "converged" in exp:
         assert p.converged is exp["converged"]
     if "held" in exp:

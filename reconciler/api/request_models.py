@@ -8,14 +8,24 @@ Used by the routes, the guard (``strict_json``) and the OpenAPI document (the mo
 
 from __future__ import annotations
 
-import re
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 from starlette.requests import Request
 
 from reconciler.api.errors import _BadRequest
 from reconciler.base import jsonstrict
+from reconciler.base.requests import (
+    DEFAULT_SUITE,
+    MAX_RECLAIM_PATHS,
+    PLAN_ID_PATTERN,
+    PROBE_SUITES,
+    RECIPE_HELP,
+    RECIPE_PATTERN,
+    TOPOLOGY_PATTERN,
+    ProbeSuite,
+    is_recipe,
+)
 
 
 def strict_json(raw: bytes) -> Any:
@@ -37,20 +47,20 @@ class ReclaimBody(_Strict):
 
     confirm: StrictBool = Field(False, description="remove the orphans (JSON true, nothing else); without it a dry run")
     paths: list[str] | None = Field(
-        None, max_length=4096, description="remove nothing but these paths (from a dry run)"
+        None, max_length=MAX_RECLAIM_PATHS, description="remove nothing but these paths (from a dry run)"
     )
 
 
 class ApplyBody(_Strict):
     """POST /v1/apply: carry out a plan saved by GET /v1/plan?save=true."""
 
-    plan_id: str = Field(pattern=r"^[0-9a-f]{32}$", description="from GET /v1/plan?save=true")
+    plan_id: str = Field(pattern=PLAN_ID_PATTERN, description="from GET /v1/plan?save=true")
 
 
 class SwitchBody(_Strict):
     """POST /v1/switch: set the manifest's running topology (its ``topology:`` value alone); the loop converges it."""
 
-    topology: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$", description="a name under the manifest's topologies:")
+    topology: str = Field(pattern=TOPOLOGY_PATTERN, description="a name under the manifest's topologies:")
 
 
 class SyncBody(_Strict):
@@ -70,27 +80,20 @@ class AuditQuery(_Query):
     since: str | None = Field(None, description="epoch seconds, an ISO time, or an age: 90s, 15m, 2h, 7d")
 
 
-PROBE_RECIPE = r"^[a-z0-9][a-z0-9._-]{0,127}$"  # a recipe's name, as the loader accepts it
-PROBE_SUITES = ("preflight", "regression", "all")
-
-
-_PROBE_RECIPE = re.compile(PROBE_RECIPE[1:-1])  # fullmatch: '$' alone would let a trailing newline through
-
-
 def probe_params(recipe: str | None, suite: str | None) -> tuple[str, str]:
     """``GET /v1/probe``'s query, checked before anything runs: a recipe name and a suite."""
-    if not recipe or not _PROBE_RECIPE.fullmatch(recipe):
+    if not recipe or not is_recipe(recipe):
         raise _BadRequest("recipe: give the recipe's name (lowercase letters, digits and '._-'), e.g. ?recipe=omni")
-    suite = suite or "preflight"
+    suite = suite or DEFAULT_SUITE
     if suite not in PROBE_SUITES:
         raise _BadRequest(f"suite: {suite!r} is not one of {', '.join(PROBE_SUITES)}")
     return recipe, suite
 
 
 class ProbeQuery(_Query):
-    recipe: str = Field(pattern=PROBE_RECIPE, description="the recipe's name (its file stem under configs/recipes/)")
-    suite: Literal["preflight", "regression", "all"] = Field(
-        "preflight", description="preflight (what every enter runs), regression (on demand) or all"
+    recipe: str = Field(pattern=RECIPE_PATTERN, description=RECIPE_HELP)
+    suite: ProbeSuite = Field(
+        DEFAULT_SUITE, description="preflight (what every enter runs), regression (on demand) or all"
     )
 
 

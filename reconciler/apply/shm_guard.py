@@ -35,9 +35,9 @@ import stat as st_mode
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
-from reconciler.apply.shm_results import KeptFile, ReclaimResult, RemovedFile
+from reconciler.apply.shm_results import KeptFile, ReclaimResult, RefusalCode, RemovedFile
 from reconciler.apply.shm_unlink import _unlink_agreed, _verify_absent
 from reconciler.base import mounts
 from reconciler.model import ShmConfig, check_shm_dir, check_shm_pattern
@@ -51,17 +51,26 @@ def _removable(f: ShmFile) -> RemovedFile:
     return RemovedFile(f.path, f.size_bytes, f.allocated_bytes, f.dev, f.inode)
 
 
-def refusal_of(view: ShmView) -> str | None:
+class Refusal(NamedTuple):
+    """Why a view forbids every removal: its code and its words."""
+
+    code: RefusalCode
+    text: str
+
+
+def refusal_of(view: ShmView) -> Refusal | None:
     """Why a view forbids every removal, or None. Names the source or the containers."""
     if not view.docker.ok:
-        return f"docker {view.docker.render()}"
+        return Refusal("source_unavailable", f"docker {view.docker.render()}")
     if not view.proc.ok:
-        return f"proc {view.proc.render()}"
+        code: RefusalCode = "uninspectable_process" if view.proc.cause == "uninspectable" else "source_unavailable"
+        return Refusal(code, f"proc {view.proc.render()}")
     if view.blocking_containers:
-        return (
+        return Refusal(
+            "offload_container_running",
             "running container(s) with native offload configured: "
             + ", ".join(view.blocking_containers)
-            + "; stop them (or let leave do it) before reclaiming"
+            + "; stop them (or let leave do it) before reclaiming",
         )
     return None
 
@@ -84,7 +93,7 @@ def _with_claims(view: ShmView, claimed: Collection[str]) -> ShmView:
     return replace(view, files=files)
 
 
-def _refusal(view: ShmView, selected: Callable[[ShmFile], bool]) -> str | None:
+def _refusal(view: ShmView, selected: Callable[[ShmFile], bool]) -> Refusal | None:
     """``refusal_of``, except that running offload containers refuse nothing when no file asked for is one they
     keep (every such file claimed: ``_with_claims``)."""
     refused = refusal_of(view)
@@ -107,7 +116,7 @@ def _kept_from(
             kept.append(KeptFile(f.path, "orphan, but not among the paths this reclaim was asked for", f.state))
         else:
             kept.append(KeptFile(f.path, f.reason, f.state))
-    kept += [KeptFile(path, why, "skipped") for path, why in view.skipped if path not in skip]
+    kept += [KeptFile(path, why, "skipped", code="invalid_entry") for path, why in view.skipped if path not in skip]
     return kept
 
 
@@ -152,16 +161,23 @@ def reclaim(
     base: dict[str, Any] = {"dir": cfg.dir, "pattern": cfg.pattern, "confirmed": confirm}
     refused_scope = scope_refusal(cfg.dir, cfg.pattern)
     if refused_scope is not None:
-        return ReclaimResult(**base, refused=refused_scope, elapsed_s=time.monotonic() - t0)
+        return ReclaimResult(
+            **base, refused=refused_scope, refused_code="source_unavailable", elapsed_s=time.monotonic() - t0
+        )
     try:
         dir_id = _dir_identity(cfg.dir)
     except OSError as exc:
         return ReclaimResult(
-            **base, refused=f"shm.dir {cfg.dir}: {exc.strerror or exc}", elapsed_s=time.monotonic() - t0
+            **base,
+            refused=f"shm.dir {cfg.dir}: {exc.strerror or exc}",
+            refused_code="source_unavailable",
+            elapsed_s=time.monotonic() - t0,
         )
     refused_mount = tmpfs_mount_refusal(cfg.dir)
     if refused_mount is not None:
-        return ReclaimResult(**base, refused=refused_mount, elapsed_s=time.monotonic() - t0)
+        return ReclaimResult(
+            **base, refused=refused_mount, refused_code="source_unavailable", elapsed_s=time.monotonic() - t0
+        )
 
     def inspect() -> ShmView:
         view = _in_scope(cfg, _inspect(cfg, observe_docker, proc_root, settled=settled() if settled else ()))
@@ -174,10 +190,12 @@ def reclaim(
     if refused is not None:
         # Refused only matters when something could have gone: with no unowned file there is nothing to do.
         unowned = [f for f in first.files if f.state != "owned" and selected(f)]
+        matters = bool(unowned) or not first.sources_ok
         return ReclaimResult(
             **common,
             kept=tuple(_kept_from(first)),
-            refused=refused if unowned or not first.sources_ok else None,
+            refused=refused.text if matters else None,
+            refused_code=refused.code if matters else None,
             verified=confirm and not unowned and first.sources_ok,
             sources=_sources(first),
             inspections=1,
@@ -205,7 +223,8 @@ def reclaim(
             **common,
             candidates=tuple(_removable(f) for f in candidates),
             kept=tuple(_kept_from(second)),
-            refused=refused,
+            refused=refused.text,
+            refused_code=refused.code,
             sources=_sources(second),
             inspections=2,
             elapsed_s=time.monotonic() - t0,
@@ -250,31 +269,35 @@ def compare_inspections(
         if g is None:
             skipped = dict(second.skipped).get(f.path)
             why = f"no longer a candidate: {skipped}" if skipped else "gone before the second inspection"
-            kept.append(KeptFile(f.path, why, "skipped" if skipped else "gone"))
-        elif (g.dev, g.inode) != (f.dev, f.inode):
-            kept.append(KeptFile(f.path, f"replaced between the inspections (inode {f.inode} -> {g.inode})", g.state))
+            kept.append(
+                KeptFile(f.path, why, "skipped", code="invalid_entry") if skipped else KeptFile(f.path, why, "gone")
+            )
+            continue
+        # A candidate the second inspection does not agree on: owned now, or not the same file any more.
+        code: RefusalCode = "file_owned" if g.state in ("owned", "blocked") else "inspections_disagree"
+        if (g.dev, g.inode) != (f.dev, f.inode):
+            why = f"replaced between the inspections (inode {f.inode} -> {g.inode})"
         elif g.size_bytes != f.size_bytes:
-            kept.append(
-                KeptFile(
-                    f.path, f"size changed between the inspections ({f.size_bytes} -> {g.size_bytes} bytes)", g.state
-                )
-            )
+            why = f"size changed between the inspections ({f.size_bytes} -> {g.size_bytes} bytes)"
         elif g.allocated_bytes != f.allocated_bytes:
-            kept.append(
-                KeptFile(
-                    f.path,
-                    f"allocation changed between the inspections ({f.allocated_bytes} -> {g.allocated_bytes} bytes)",
-                    g.state,
-                )
-            )
+            why = f"allocation changed between the inspections ({f.allocated_bytes} -> {g.allocated_bytes} bytes)"
         elif g.state != "orphan":
-            kept.append(KeptFile(f.path, f"{g.state} at the second inspection: {g.reason}", g.state))
+            why = f"{g.state} at the second inspection: {g.reason}"
         else:
             agreed.append(g)
+            continue
+        kept.append(KeptFile(f.path, why, g.state, code=code))
     first_paths = {f.path for f in candidates}
     for g in second.files:
         if g.state == "orphan" and g.path not in first_paths and selected(g):
-            kept.append(KeptFile(g.path, "appeared or became unowned after the first inspection", g.state))
+            kept.append(
+                KeptFile(
+                    g.path,
+                    "appeared or became unowned after the first inspection",
+                    g.state,
+                    code="inspections_disagree",
+                )
+            )
     return agreed, kept
 
 

@@ -8,9 +8,31 @@ line's ``shm`` commands, the service, the apply layer and the loop's metrics.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from reconciler.plan.observed import Tmpfs
+
+# Why a guarded reclaim, or one file of it, was refused, in one word: the reasons reconciler_refusals_total counts
+# (reconciler.loop.metric_families.REFUSAL_REASONS holds their help; tests/test_loop keeps the two in step). Each is
+# set where the refusal is made and carried as data; no layer reads it back from the sentence beside it.
+RefusalCode = Literal[
+    "source_unavailable",
+    "uninspectable_process",
+    "offload_container_running",
+    "inspections_disagree",
+    "file_owned",
+    "lease_refused",
+    "invalid_entry",
+]
+REFUSAL_CODES: tuple[RefusalCode, ...] = (
+    "source_unavailable",
+    "uninspectable_process",
+    "offload_container_running",
+    "inspections_disagree",
+    "file_owned",
+    "lease_refused",
+    "invalid_entry",
+)
 
 
 @dataclass(frozen=True)
@@ -36,8 +58,10 @@ class KeptFile:
     path: str
     reason: str
     state: str = ""  # the file's state in the last inspection; "skipped" for refused entries
-    # Why in one word where the last gate said no: "lease_refused" (the kernel's write lease, safety rule 4).
-    code: str = ""
+    # The refusal keeping it is (a RefusalCode: the kernel's write lease said no, the inspections disagreed, it
+    # gained an owner, it is no plain file of shm.dir); "" when keeping it refused nothing (owned all along, gone,
+    # not asked for).
+    code: RefusalCode | Literal[""] = ""
 
     def to_json(self) -> dict[str, Any]:
         return {"path": self.path, "reason": self.reason, "state": self.state, "code": self.code}
@@ -56,8 +80,9 @@ class ReclaimResult:
     candidates: tuple[RemovedFile, ...] = ()
     kept: tuple[KeptFile, ...] = ()
     verified: bool = False
-    # Why nothing at all was removed: an unavailable source or a running native-offload container.
+    # Why nothing at all was removed: an unavailable source or a running native-offload container; and its code.
     refused: str | None = None
+    refused_code: RefusalCode | None = None
     sources: dict[str, str] = field(default_factory=dict)
     blocking_containers: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()

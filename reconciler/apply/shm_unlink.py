@@ -19,7 +19,7 @@ import stat as st_mode
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from reconciler.apply.shm_results import KeptFile, RemovedFile
+from reconciler.apply.shm_results import KeptFile, RefusalCode, RemovedFile
 from reconciler.plan.observed import ShmFile
 
 # fcntl(2): F_SETLEASE with F_WRLCK is granted only when no other open file description of the file exists (a
@@ -33,15 +33,15 @@ F_GETLEASE = 1025
 F_SETSIG = 10
 LEASE_SIGNAL = signal.SIGURG
 LEASES_ENABLE = "/proc/sys/fs/leases-enable"
-LEASE_REFUSED = "lease_refused"
+LEASE_REFUSED: RefusalCode = "lease_refused"
 
 
 class LeaseRefused(Exception):
     """The kernel did not grant the write lease: the file is kept. ``code`` is the refusal's reason key."""
 
-    def __init__(self, message: str, code: str = LEASE_REFUSED):
+    def __init__(self, message: str, code: RefusalCode = LEASE_REFUSED):
         super().__init__(message)
-        self.code = code
+        self.code: RefusalCode = code
 
 
 @dataclass
@@ -130,16 +130,23 @@ def _unlink_agreed(
         dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         msg = f"{directory}: cannot open: {exc.strerror or exc}"
-        return removed, [KeptFile(f.path, msg, f.state) for f in agreed], [msg]
+        return removed, [KeptFile(f.path, msg, f.state, code="inspections_disagree") for f in agreed], [msg]
     try:
         d = os.fstat(dfd)
         if (d.st_dev, d.st_ino) != dir_id:
             msg = f"{directory} was replaced during the reclaim (device/inode changed); nothing removed"
-            return removed, [KeptFile(f.path, msg, f.state) for f in agreed], [msg]
+            return removed, [KeptFile(f.path, msg, f.state, code="inspections_disagree") for f in agreed], [msg]
         for f in agreed:
             parent, name = os.path.split(f.path)
             if parent != directory or not name or (pattern is not None and not fnmatch.fnmatchcase(name, pattern)):
-                kept.append(KeptFile(f.path, "not a name of shm.dir matching shm.pattern: never removed", "skipped"))
+                kept.append(
+                    KeptFile(
+                        f.path,
+                        "not a name of shm.dir matching shm.pattern: never removed",
+                        "skipped",
+                        code="invalid_entry",
+                    )
+                )
                 continue
             try:
                 lease = take_lease(dfd, name)
@@ -163,7 +170,12 @@ def _unlink_agreed(
                     or (s.st_dev, s.st_ino, s.st_size) != (f.dev, f.inode, f.size_bytes)
                 ):
                     kept.append(
-                        KeptFile(f.path, "changed just before removal (not the inspected file any more)", f.state)
+                        KeptFile(
+                            f.path,
+                            "changed just before removal (not the inspected file any more)",
+                            f.state,
+                            code="file_owned",
+                        )
                     )
                     continue
                 if not lease.intact():
@@ -177,7 +189,9 @@ def _unlink_agreed(
                     kept.append(KeptFile(f.path, "gone before removal (removed by someone else)", "gone"))
                     continue
                 except OSError as exc:
-                    kept.append(KeptFile(f.path, f"unlink failed: {exc.strerror}", f.state))
+                    kept.append(
+                        KeptFile(f.path, f"unlink failed: {exc.strerror}", f.state, code="inspections_disagree")
+                    )
                     errors.append(f"{f.path}: unlink failed: {exc.strerror}")
                     continue
             finally:

@@ -14,6 +14,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
+from reconciler.base.requests import DEFAULT_SUITE, PROBE_SUITES
 from reconciler.base.terminal import emit_json
 from reconciler.cli.common import EXIT_ERROR, console, service
 
@@ -302,8 +303,8 @@ def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("recipe", metavar="RECIPE", help="the recipe's name (its file stem under configs/recipes/)")
     p.add_argument(
         "--suite",
-        choices=("preflight", "regression", "all"),
-        default="preflight",
+        choices=PROBE_SUITES,
+        default=DEFAULT_SUITE,
         help="which probes: preflight (what every enter runs), regression (on demand), or all (default: %(default)s)",
     )
     p.set_defaults(func=cmd_probe)

@@ -22,6 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from reconciler.base import fsafe
 from reconciler.base.errors import ConfigError, ConfigProblem, ReconcilerError
 from reconciler.base.redact import redact_text
 from reconciler.load.files import HOST_FILE, MANIFESTS_DIR, MAX_FILE_BYTES, RECIPES_DIR
@@ -67,13 +68,14 @@ def _git_env() -> dict[str, str]:
     return env
 
 
-def _git(repo: Path, *args: str, timeout: float, stdin: bytes | None = None) -> bytes:
+def _git(repo: Path, *args: str, timeout: float, stdin: bytes | None = None, extra: tuple[str, ...] = ()) -> bytes:
     config = [
         "protocol.allow=never",
         *(f"protocol.{s}.allow=always" for s in GIT_SCHEMES),
         "core.hooksPath=/dev/null",
         "submodule.recurse=false",
         "fetch.recurseSubmodules=false",
+        *extra,
     ]
     cmd = [
         "git",
@@ -129,6 +131,35 @@ def fetch(host: str, src: SourceConfig) -> str:
     if not COMMIT_RE.match(commit):
         raise GitError(f"git rev-parse gave {commit!r} for {src.ref}, not a commit")
     return commit
+
+
+def signature_problem(host: str, commit: str, allowed_signers: str, *, timeout: float) -> str | None:
+    """None when ``commit`` is signed with an SSH key of ``allowed_signers`` (``git verify-commit`` with that file as
+    gpg.ssh.allowedSignersFile); else why not. Only an SSH signature counts: a GPG one is not judged by the running
+    user's keyring here. The file is read first as the tool's own files are (root's, not writable by others): whoever
+    could write it could add a key."""
+    try:
+        fsafe.read_trusted(allowed_signers, what="source.allowed_signers", limit=1 << 20)
+    except (OSError, fsafe.UnsafePath) as exc:
+        return f"source.allowed_signers {allowed_signers}: {getattr(exc, 'strerror', None) or exc}"
+    repo = _repo(host)
+    raw = _git(repo, "cat-file", "commit", commit, timeout=30)
+    head = raw.split(b"\n\n", 1)[0]
+    if b"\ngpgsig " not in head:
+        return f"commit {commit[:12]} is not signed (source.allowed_signers asks for a signature by one of its keys)"
+    if b"BEGIN SSH SIGNATURE" not in head:
+        return f"commit {commit[:12]} is not signed with an SSH key (source.allowed_signers holds SSH keys)"
+    try:
+        _git(
+            repo,
+            "verify-commit",
+            commit,
+            timeout=timeout,
+            extra=("gpg.format=ssh", f"gpg.ssh.allowedSignersFile={allowed_signers}"),
+        )
+    except GitError as exc:
+        return f"commit {commit[:12]} is not signed by a key of {allowed_signers}: {exc}"
+    return None
 
 
 def subject(host: str, commit: str) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 from reconciler.base.errors import ConfigError
 from reconciler.load.desired import load_desired
 from reconciler.load.fleet import load_fleet
-from reconciler.load.git_source import GitError, fetch, prune_trees, subject
+from reconciler.load.git_source import GitError, fetch, prune_trees, signature_problem, subject
 from reconciler.model.fleet import FleetHost
 from reconciler.model.host import HostConfig
 from reconciler.model.source import SourceConfig
@@ -64,14 +64,22 @@ def _step(root: str, host: str, src: SourceConfig, record: SourceRecord, audit: 
         return replace(record, refused=None, waiting=None, stopped=None)
     if record.stopped is not None and record.stopped.get("commit") == newest:
         return record  # a canary failed it: it stays stopped until a newer commit comes
-    if record.refused is not None and record.refused.get("commit") == newest:
-        return record  # its files were refused once: the same commit has the same files
+    # A refused commit is judged again at each fetch (the host file, or the allowed signers, may have changed since),
+    # and audited once.
+    again = record.refused is not None and record.refused.get("commit") == newest
     record = replace(record, stopped=None)
+    if src.allowed_signers is not None:
+        unsigned = signature_problem(host, newest, src.allowed_signers, timeout=src.timeout_s)
+        if unsigned is not None:
+            if not again:
+                audit(outcome="refused", reason=unsigned, commit=newest)
+            return replace(record, refused={"commit": newest, "problems": [unsigned]}, waiting=None)
     try:
         load_desired(root, commit=newest)
     except ConfigError as exc:
         problems = [str(p) for p in exc.problems][:50]
-        audit(outcome="refused", reason=problems[0] if problems else "invalid", commit=newest)
+        if not again:
+            audit(outcome="refused", reason=problems[0] if problems else "invalid", commit=newest)
         return replace(record, refused={"commit": newest, "problems": problems}, waiting=None)
     record = replace(record, refused=None)
     if src.after:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import queue
-import re
 import signal
 import threading
 import time
@@ -49,9 +48,6 @@ from reconciler.store.audit import audit_log
 from reconciler.store.history import last_topology
 from reconciler.store.lock import HostLock
 from reconciler.store.loop_state import clear_loop_state, state_path, write_loop_state
-
-# The planner's reason for the leave of a container that stopped by itself ("NAME is exited with code 137").
-_CRASHED = re.compile(r"\bexited with code (-?\d+)")
 
 
 class Loop:
@@ -470,9 +466,8 @@ class Loop:
         planned: set[str] = set()
         counted = False
         for a in plan.actions:
-            m = _CRASHED.search(a.reason) if a.kind is ActionKind.LEAVE else None
-            if m is None or int(m.group(1)) == 0 or not a.recipe or not a.container_id:
-                continue
+            if a.kind is not ActionKind.LEAVE or not a.exit_code or not a.recipe or not a.container_id:
+                continue  # not a container that exited by itself with a non-zero code
             key = assignment_key(a.recipe, a.gpus)
             if key not in wanted:
                 continue

@@ -30,34 +30,11 @@ def pass_refusals(result: PassResult) -> list[str]:
 def reclaim_refusals(res: Any) -> list[str]:
     """The refusal reasons of one guarded reclaim (a ``reconciler.apply.shm_guard.ReclaimResult``), each counted once.
 
-    Pure. A whole reclaim refused names its cause in ``refused``; a file kept out of the reclaim is a refusal
-    when it was a candidate of the first inspection (it changed or gained an owner before its unlink), when it
-    turned orphan only at the second inspection, when the kernel refused the write lease before its unlink, or
-    when it is a pattern match that is no plain file. Files
-    owned all along, and orphans the reclaim was not asked for, are not refusals.
+    Pure, and read from data: the code of a whole reclaim refused (``refused_code``), and the code each kept file
+    carries where keeping it was a refusal (the kernel refused the write lease, the two inspections disagreed, it
+    gained an owner before its unlink, it is no plain file of shm.dir). Files owned all along, gone, or orphans the
+    reclaim was not asked for carry none.
     """
-    found = set()
-    refused = res.refused or ""
-    if refused.startswith("running container(s) with native offload"):
-        found.add("offload_container_running")
-    elif refused.startswith("proc ") and "cannot be inspected" in refused:
-        found.add("uninspectable_process")
-    elif refused:
-        found.add("source_unavailable")
-    candidates = {f.path for f in res.candidates}
-    removed = {f.path for f in res.reclaimed}
-    for k in res.kept:
-        if k.code == "lease_refused":
-            found.add("lease_refused")  # the last gate said no: counted whatever the inspections said
-        elif k.state == "skipped":
-            found.add("invalid_entry")
-        elif k.path in candidates and k.path not in removed and not refused:
-            if k.state == "gone":
-                continue  # removed by someone else meanwhile: nothing was refused
-            if k.state in ("owned", "blocked") or "just before removal" in k.reason:
-                found.add("file_owned")
-            else:
-                found.add("inspections_disagree")
-        elif k.state == "orphan" and k.reason.startswith("appeared or became unowned"):
-            found.add("inspections_disagree")
+    found = {res.refused_code} if res.refused_code else set()
+    found.update(k.code for k in res.kept if k.code)
     return sorted(found)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from reconciler.model.rules import NAME_PATTERN, check_name
 from reconciler.model.strict import _ok, _pattern, _Strict
@@ -101,6 +101,13 @@ class SourceConfig(_Strict):
         "with 'after'.",
         json_schema_extra=_pattern(r"^/"),
     )
+    allowed_signers: str | None = Field(
+        default=None,
+        description="Only commits signed with an SSH key of this file are taken (git's gpg.ssh.allowedSignersFile, "
+        "as ssh-keygen -Y verify reads it: one 'PRINCIPAL [namespaces=\"git\"] KEY' a line); an unsigned commit, or "
+        "one signed by another key, is refused. An absolute path, root's and not writable by others.",
+        json_schema_extra=_pattern(r"^/"),
+    )
 
     @field_validator("git")
     @classmethod
@@ -129,11 +136,11 @@ class SourceConfig(_Strict):
             raise ValueError("after: each host once")
         return v
 
-    @field_validator("fleet")
+    @field_validator("fleet", "allowed_signers")
     @classmethod
-    def _fleet(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith("/"):
-            raise ValueError(f"source.fleet must be an absolute path, got {v!r}")
+    def _absolute(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None and (not v.startswith("/") or any(c.isspace() or ord(c) < 32 for c in v)):
+            raise ValueError(f"source.{info.field_name} must be an absolute path without spaces, got {v!r}")
         return v
 
     @model_validator(mode="after")

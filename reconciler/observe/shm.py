@@ -168,6 +168,7 @@ def build_view(
             False,
             f"pid {first.pid} ({first.command or '?'}) cannot be inspected: {first.reason}{more}; if that process "
             f"can never hold an offload file, list its pid under shm.ignore_uninspectable_pids in {HOST_FILE}",
+            cause="uninspectable",
         )
     else:
         proc = Source("proc", True)

@@ -33,6 +33,9 @@ class Action:
     paths: tuple[str, ...] = ()
     bytes: int = 0
     offload: bool = False
+    # A leave of a container that exited by itself: the code it exited with, as data (the loop's crash backoff
+    # counts a non-zero one). Not part of what an approval compares: the reason already says it in words.
+    exit_code: int | None = field(default=None, compare=False)
 
     @property
     def key(self) -> str:

@@ -50,7 +50,8 @@ class Source:
     ok: bool
     detail: str = ""
     # Why it is unavailable, where that is known: "slow" (answered too slowly), "down" (does not answer), "error"
-    # (answered, but with an error). "" when ok or not said.
+    # (answered, but with an error), "uninspectable" (/proc: a process whose maps or fds cannot be read, not
+    # excused). "" when ok or not said.
     cause: str = ""
 
     def render(self) -> str:

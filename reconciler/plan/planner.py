@@ -500,6 +500,7 @@ def _leave(c: ContainerView, why: str, desired: DesiredState) -> Action:
         container_id=c.id,
         recipe_hash=c.recipe_hash,
         offload=c.offload or bool(recipe and recipe.offload.enabled),
+        exit_code=c.exit_code if c.state == "exited" else None,
     )
 
 

@@ -18,12 +18,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from reconciler.base.errors import ReconcilerError
+from reconciler.base.requests import is_plan_id
 from reconciler.load.desired import load_desired
 from reconciler.load.host_file import load_host
 from reconciler.plan.fingerprint import Fingerprint
 from reconciler.service.caller import Caller
 from reconciler.service.results import ApplyResult, AuditResult
-from reconciler.service.saved_plans import PLAN_ID, read_plan_document, stored_plan_path
+from reconciler.service.saved_plans import read_plan_document, stored_plan_path
 from reconciler.store.audit import audit_log
 from reconciler.store.lock import HostLock, LockDirUnusable, LockHeld
 
@@ -233,7 +234,7 @@ class HostService:
 
     def saved_plan(self, source: str) -> tuple[str, dict[str, Any], Fingerprint]:
         """A saved plan by its ``plan_id`` (from ``plan(save=True)``) or by file path."""
-        if PLAN_ID.match(source):
+        if is_plan_id(source):
             path = stored_plan_path(self.host().name, source)
             doc, fp = read_plan_document(path)  # the host's own store, not the caller's file
         else:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from reconciler.apply.probes import run_suite
 from reconciler.base.errors import ReconcilerError
-from reconciler.model import PROBE_SUITES
+from reconciler.base.requests import PROBE_SUITES as SUITES
 from reconciler.observe.docker_obs import DockerObserver
 from reconciler.plan.observed import LABEL_HOST
 from reconciler.service.results import ProbeReport
@@ -24,8 +24,8 @@ def run_probe(service: HostService, recipe: str, *, suite: str = "preflight") ->
     """Run one suite of a recipe's probes (``preflight``, ``regression`` or ``all``) against its running lane,
     now, sampling its cards' free VRAM meanwhile. Read-only for the host: nothing is started or stopped; the
     run goes to the audit trail and is kept as the suite's last run (``status``, the metrics)."""
-    if suite not in (*PROBE_SUITES, "all"):
-        raise ReconcilerError(f"no probe suite {suite!r}: use {', '.join(PROBE_SUITES)} or all")
+    if suite not in SUITES:
+        raise ReconcilerError(f"no probe suite {suite!r}: use {', '.join(SUITES[:-1])} or all")
     desired = service.desired()
     r = desired.recipes.get(recipe)
     if r is None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,8 +22,6 @@ from reconciler.store.state import checked_subdir, host_dir
 
 if TYPE_CHECKING:
     from reconciler.plan.actions import Plan
-
-PLAN_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
 def plan_document(p: Plan, fingerprint: Fingerprint, *, plan_id: str | None = None) -> dict[str, Any]:

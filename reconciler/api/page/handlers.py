@@ -39,6 +39,7 @@ from reconciler.api.refusals import Refusal, Refusals
 from reconciler.api.request_models import probe_params
 from reconciler.base.errors import ConfigError, ReconcilerError
 from reconciler.base.redact import redact_data, redact_text
+from reconciler.base.requests import is_plan_id
 from reconciler.service import HostService
 
 FRONT = "web"
@@ -61,7 +62,6 @@ STATIC = {
 APPLY_WAIT_S = 1.5  # an apply still running after this is followed on the page itself
 MAX_FIELDS = 4200  # a confirmed reclaim names each path (the API's body takes up to 4096)
 GRAFANA = "examples/grafana-dashboard.json"  # named, not linked: the page loads and links nothing of another origin
-_PLAN_ID = re.compile(r"[0-9a-f]{32}")
 _TOPOLOGY = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 
 
@@ -316,7 +316,7 @@ async def post_apply(request: Request) -> Response:
     session, form = checked
     try:
         plan_id = _one(form, "plan_id") or ""
-        if not _PLAN_ID.fullmatch(plan_id):
+        if not is_plan_id(plan_id):
             raise _BadRequest("plan_id: give the id of a plan this page showed (32 hex digits)")
     except _BadRequest as exc:
         _service(request, session).record_refusal("apply", f"bad request: {exc}")

@@ -16,6 +16,7 @@ from typing import Any
 import reconciler.api.page.paths as paths
 from reconciler.api.page.markup import el, size, table
 from reconciler.api.page.templates import Html, join
+from reconciler.base.requests import DEFAULT_SUITE, PROBE_SUITES
 
 AUDIT_SHOWN = 20
 
@@ -179,7 +180,7 @@ def actions_section(csrf: str, *, topologies: Sequence[str], topology: str | Non
                 el("label", "Probe ", for_="probe-recipe"),
                 _select("recipe", recipes, id="probe-recipe"),
                 " ",
-                _select("suite", ("preflight", "regression", "all"), "preflight", id="probe-suite"),
+                _select("suite", PROBE_SUITES, DEFAULT_SUITE, id="probe-suite"),
                 " ",
                 el("button", "Run the suite", type="submit", id="probe"),
                 id="probe-form",
