@@ -60,7 +60,14 @@ def test_bash_completes_commands_subcommands_and_options(tmp_path: Path) -> None
     script = tmp_path / "reconciler.bash"
     script.write_text(completion("bash"))
     assert _bash_complete(script, ["reconciler", "sh"]) == ["shm"]
-    assert set(_bash_complete(script, ["reconciler", "s"])) == {"shm", "status", "schema", "switch", "sync", "systemd-unit"}
+    assert set(_bash_complete(script, ["reconciler", "s"])) == {
+        "shm",
+        "status",
+        "schema",
+        "switch",
+        "sync",
+        "systemd-unit",
+    }
     assert _bash_complete(script, ["reconciler", "shm", "re"]) == ["reclaim"]
     assert "--out" in _bash_complete(script, ["reconciler", "plan", "--o"])
     assert set(_bash_complete(script, ["reconciler", "schema", ""])) == {"host", "recipe", "manifest"}

@@ -75,7 +75,18 @@ def test_fleet_status_shows_every_host_and_an_unreachable_one_as_such(
         text = fleet(tmp_path)
         assert text.returncode == 1
         lines = text.stdout.splitlines()
-        assert lines[0].split() == ["HOST", "VERDICT", "COMMIT", "TOPOLOGY", "SLOT", "WANT", "HAS", "FREE", "VRAM", "TMPFS"]
+        assert lines[0].split() == [
+            "HOST",
+            "VERDICT",
+            "COMMIT",
+            "TOPOLOGY",
+            "SLOT",
+            "WANT",
+            "HAS",
+            "FREE",
+            "VRAM",
+            "TMPFS",
+        ]
         assert any(ln.startswith(root.host) and "converged" in ln for ln in lines), text.stdout
         assert any(omni in ln and B in ln for ln in lines), text.stdout
         assert any(ln.startswith("silent") and "unreachable" in ln for ln in lines), text.stdout
