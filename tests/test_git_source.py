@@ -221,6 +221,7 @@ def test_with_allowed_signers_only_a_commit_signed_by_one_of_their_keys_is_taken
         ("ext::sh%20-c%20touch", "transports that run a program"),
         ("https://user:secret-pass@example.com/fleet.git", "no credentials in the URL"),
         ("ftp://example.com/fleet.git", "is not one of"),
+        ("https://example.com/fleet.git?private_token=secret-pass", "no query or fragment"),
     ],
 )
 def test_a_git_url_that_git_would_run_or_print_is_refused(plain_root: Root, url: str, says: str) -> None:

@@ -48,6 +48,8 @@ def check_git_url(v: str) -> str | None:
             return f"git {v!r}: scheme {u.scheme!r} is not one of {', '.join(GIT_SCHEMES)}"
         if u.password is not None or (u.username and u.scheme in ("https", "http")):
             return "git: no credentials in the URL (they would be printed); use a credential helper or an SSH key"
+        if u.query or u.fragment:
+            return "git: no query or fragment in the URL (a token there would be printed); use a credential helper"
         if u.scheme != "file" and not u.hostname:
             return f"git {v!r}: the URL names no host"
         return None
