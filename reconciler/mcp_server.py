@@ -111,9 +111,9 @@ class ProbeArgs(_Args):
 
 
 class ManageArgs(_Args):
-    action: Literal["reclaim-shared-memory", "apply", "switch"] = Field(
-        description="'reclaim-shared-memory' (dry run unless confirm), 'apply' (needs plan_id) or 'switch' (needs "
-        "topology)"
+    action: Literal["reclaim-shared-memory", "apply", "switch", "sync"] = Field(
+        description="'reclaim-shared-memory' (dry run unless confirm), 'apply' (needs plan_id), 'switch' (needs "
+        "topology) or 'sync' (fetch the host's git source now)"
     )
     topology: str | None = Field(
         None,
@@ -141,7 +141,7 @@ def _manage_problem(args: ManageArgs) -> str:
         return "paths and confirm are for action 'reclaim-shared-memory'"
     if (args.action == "switch") != (args.topology is not None):
         return "action 'switch' needs topology (and only it takes one)"
-    if args.action == "switch" and args.plan_id is not None:
+    if args.action in ("switch", "sync") and args.plan_id is not None:
         return "plan_id is for action 'apply'"
     return ""
 
@@ -236,6 +236,8 @@ def build_server(
             return _call(lambda: service().shm_reclaim(confirm=args.confirm, paths=args.paths))
         if args.action == "switch":
             return _call(lambda: service().switch(args.topology or ""))
+        if args.action == "sync":
+            return _call(lambda: service().sync())
         return _call(lambda: service().apply_saved(args.plan_id))
 
     tools = [
@@ -293,8 +295,10 @@ def build_server(
             "host_plan saved, named by plan_id; refused as stale, with what changed, when the host or its files "
             "changed since. action 'switch': set the manifest's running topology to 'topology' (its topology: value "
             "alone; the same JSON as `reconciler switch NAME --json`), which the loop then converges (sleeping lanes "
-            "wake in seconds). Arguments are checked strictly: any other type or argument is refused. Every call that "
-            "changes something, or is refused, is written to the host's audit trail.",
+            "wake in seconds). action 'sync': fetch the host's git source now and take its newest commit where its "
+            "files validate and its canaries converged it (the same JSON as `reconciler sync --json`). Arguments are "
+            "checked strictly: any other type or argument is refused. Every call that changes something, or is "
+            "refused, is written to the host's audit trail.",
             annotations=ToolAnnotations(title="Manage the host", **DESTRUCTIVE),
         ),
     ]

@@ -154,6 +154,54 @@ def test_a_commit_is_taken_only_once_it_validates_and_a_broken_one_keeps_the_las
     assert r.returncode == 1 and "comes from the git source" in r.stderr, r
 
 
+def test_a_sync_through_mcp_and_the_http_api_is_the_command_lines(
+    plain_root: Root, tmp_path: Path, docker_api: Any
+) -> None:
+    """MCP ``host_manage`` action ``sync`` (a real MCP client over stdio) and ``POST /v1/sync`` on a running loop (a
+    real HTTP client) take a new commit as ``reconciler sync`` does, each audited as its front-end; the loop then
+    reads that commit at once."""
+    import anyio
+    from test_mcp import on_stdio, structured
+
+    root = plain_root
+    repo = Repo(tmp_path / "repo")
+    repo.manifest(root.host)
+    first = repo.commit("nothing on the host")
+    follow(root, str(repo.path))
+
+    async def check(session: Any) -> None:
+        data = structured(await session.call_tool("host_manage", {"action": "sync"}))
+        assert data["taken"] is True and data["source"]["commit"] == first, data
+        refused = await session.call_tool("host_manage", {"action": "sync", "plan_id": "0" * 32})
+        assert refused.is_error and "plan_id is for action 'apply'" in refused.content[0].text
+
+    anyio.run(on_stdio, root, check)
+    tf = token_file(tmp_path)
+    lp = LoopProcess(root, "--api-token-file", str(tf))
+    try:
+        lp.wait("pass", result="converged", timeout=60)
+        second = repo.commit("a second commit")
+        mark = lp.mark()
+        req = urllib.request.Request(
+            f"http://{lp.addr}/v1/sync",
+            data=b"",
+            method="POST",
+            headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            data = json.loads(resp.read())
+        assert data["taken"] is True and data["before"] == first and data["source"]["commit"] == second, data
+        lp.wait("config-loaded", commit=second[:12], after=mark, timeout=30)  # woken at once, not at the timer
+    finally:
+        lp.stop()
+    fronts = [
+        (a["front"], a.get("commit"))
+        for a in json.loads(cli(root, "--json", "audit").stdout)["records"]
+        if a["action"] == "sync" and a["outcome"] == "ok"
+    ]
+    assert fronts == [("mcp", first), ("api", second)], fronts
+
+
 def test_with_allowed_signers_only_a_commit_signed_by_one_of_their_keys_is_taken(
     plain_root: Root, tmp_path: Path
 ) -> None:
