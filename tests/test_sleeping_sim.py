@@ -377,7 +377,7 @@ def test_a_cold_enter_beside_a_lane_that_woke_itself_waits_for_it_to_sleep(monke
 
 
 def test_rule_1_a_lane_that_wakes_itself_while_an_enter_beside_it_is_made_is_caught_before_the_start() -> None:
-    """A seed of the soak (3971966202), shrunk, replayed: under WSL2 the split enters beside the exclusive lane asleep
+    """A seed of the soak (1319111639), shrunk, replayed: under WSL2 the split enters beside the exclusive lane asleep
     on its two cards, and that lane restarts (and wakes itself) while the split's enters are under way. No lane is
     ever started beside it once it said it is awake (it may be started in the instant between its last answer that
     it sleeps and its restart: no tool can close that, and the simulation lets it pass only so); the next pass puts
