@@ -374,3 +374,68 @@ def test_a_cold_enter_beside_a_lane_that_woke_itself_waits_for_it_to_sleep(monke
         }, _lanes(m)
     finally:
         m.teardown()
+
+
+def test_rule_1_a_lane_that_wakes_itself_while_an_enter_beside_it_is_made_is_caught_before_the_start() -> None:
+    """A seed of the soak (1319111639), shrunk, replayed: under WSL2 the split enters beside the exclusive lane asleep
+    on its two cards, and that lane restarts (and wakes itself) while the split's enters are under way. No lane is
+    ever started beside it once it said it is awake (it may be started in the instant between its last answer that
+    it sleeps and its restart: no tool can close that, and the simulation lets it pass only so); the next pass puts
+    the lane back to sleep. The start's own check is held by the case below."""
+    m = HostMachine()
+    m.setup(seed=0, shape="index", gpu_requests=False, wsl2=True, tmpfs_gib=10.0, telemetry="nvml")
+    try:
+        m.edit_manifest_named(name="standby", topology="split")
+        m.no_violation()
+        m.other_program_writes_pattern_file(gib=1, held=False, now=False)
+        m.cli_apply()
+        m.no_violation()
+        assert _lanes(m)["sleepbig"] == ("running", "asleep"), _lanes(m)
+        m.sleeping_lane_restarts(during=1, pick=0)
+        m.cli_apply()
+        m.no_violation()
+        m.cli_apply()
+        m.no_violation()
+        assert _lanes(m)["sleepbig"] == ("running", "asleep"), _lanes(m)
+    finally:
+        m.teardown()
+
+
+def test_rule_1_a_lane_that_wakes_itself_between_an_enters_create_and_its_start_keeps_it_from_starting() -> None:
+    """Rule 1 at the start itself: the split's first lane is replaced by another (a new recipe on card 0) while the
+    exclusive lane sleeps there; that lane restarts (and wakes itself) right after the new lane's container is
+    created, before its start. The enter checks once more with its container made, is refused (the container, never
+    started, removed), and the pass after puts the lane back to sleep and enters the new lane then. Without that
+    last check the new lane starts beside the awake one: the simulation's invariant (a)."""
+    m = _machine()
+    try:
+        _split_running_with_the_exclusive_lane_asleep(m)
+        world = m.world
+        real_create = world.create
+        done: list[str] = []
+
+        def create(*args: Any, **kw: Any) -> Any:
+            c = real_create(*args, **kw)
+            if not done and c.ours and "sleepoff" in c.name:
+                done.append(c.name)
+                big = next(x for x in world.containers.values() if x.labels.get("io.reconciler.recipe") == "sleepbig")
+                world.restart_lane(big)
+            return c
+
+        world.create = create  # type: ignore[method-assign]
+        m.edit_manifest_named("standby-offload", "split")
+        result = m.loop.cycle({"resync"})
+        m.no_violation()
+        assert done, "the new lane was never created"
+        refused = [o for o in result.outcomes if o.action.recipe == "sleepoff" and o.result == "refused"]
+        assert refused and "does not say it sleeps" in refused[0].detail, [o.detail for o in result.outcomes]
+        assert done[0] not in {c.name for c in world.containers.values() if c.state != "removed"}, "not removed"
+        m.faults_stop_and_host_settles()
+        m.no_violation()
+        assert _lanes(m) == {
+            "sleepbig": ("running", "asleep"),
+            "sleepoff": ("running", "awake"),
+            "sleepb": ("running", "awake"),
+        }, _lanes(m)
+    finally:
+        m.teardown()

@@ -92,6 +92,13 @@ class EnterSteps(PortChecks):
         cid = self.ops.create(create)
         with self._files_lock:
             record_created(host, cid, token=token)
+        # Rule 1 once more with the container made, right before its start: the window in which a sleeping lane
+        # beside it could wake itself unseen is the start call alone.
+        try:
+            self._check_beside_sleeping(action, observed)
+        except ActionRefused:
+            self.ops.remove(cid)  # created, never started: it held nothing
+            raise
         return self._bring_up(action, recipe, cid, start=True, freed=freed)
 
     def _check_beside_sleeping(self, action: Action, observed: Observed) -> None:

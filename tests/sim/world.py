@@ -115,6 +115,13 @@ class Container:
     # Woke by itself (its container restarted while asleep) since the tool last put it to sleep: two lanes awake on
     # one card then are the world's doing, until the tool has had a pass to put it back to sleep.
     self_woken: bool = False
+    # The order of the world's events (``World.event``) at which it last woke itself (its restart), last answered GET
+    # /is_sleeping that it sleeps, and was created: a lane started beside one that woke itself after the starting
+    # lane's own last check of it (right before its start, after its create) is the world's doing, a race no tool can
+    # close; one that woke before that check is the tool's.
+    woke_seq: int = -1
+    asleep_seq: int = -1
+    created_seq: int = -1
     # Requests in flight until ``busy_until`` (a drain waits them out; a sleep meanwhile aborts them), and whether the
     # last read of its gauges said it was idle (rule 5: a sleep is sent only then).
     inflight: int = 0
@@ -147,6 +154,7 @@ class World:
         self.seed = seed
         self.rng = random.Random(seed)
         self.now = 1_800_000_000.0  # the monotonic clock (only moves forward)
+        self._events = 0  # the order of the events ``event`` numbers (an instant of ``now`` holds many)
         # The wall clock is the monotonic one plus this offset, which jumps (NTP stepping it, an operator's date -s).
         self.wall_offset = 0.0
         # Actions of one group, run interleaved at the seams (seams.Interleaver); None: nothing to interleave.
@@ -213,6 +221,11 @@ class World:
         self.telemetry = "nvml"  # the host file's gpu_telemetry (the machine writes both)
 
     # ------------------------------------------------------------ the clock
+
+    def event(self) -> int:
+        """The next number in the order of the world's events (creates, answers, restarts)."""
+        self._events += 1
+        return self._events
 
     def wall(self) -> float:
         return self.now + self.wall_offset
@@ -342,6 +355,7 @@ class World:
         if image not in self.images:
             raise ApiError(404, f"No such image: {image}")
         c = Container(self.new_id(), name, image, dict(labels), dict(env), list(command), list(device_ids), ours=ours)
+        c.created_seq = self.event()
         if ours:
             self.install_id = labels.get("io.reconciler.install", self.install_id)
             recipe = labels.get("io.reconciler.recipe", "")
@@ -387,6 +401,10 @@ class World:
                 continue
             if other.ours and other.asleep:
                 continue  # a sleeping lane of ours stays beside the lane started there (sleeping lanes rule 2)
+            if other.ours and other.self_woken and c.created_seq < other.asleep_seq < other.woke_seq:
+                # It said it slept to a check made after this lane's create, and woke itself (a restart) after
+                # that answer: the start raced the world's restart; the next pass puts it back to sleep.
+                continue
             shared = mine & self.cards_of(other)
             if shared:
                 self.violate(
@@ -630,7 +648,10 @@ class World:
             return f"GET http://127.0.0.1:{port}/is_sleeping: ConnectionRefusedError (simulated)"
         if not c.sleep_mode:
             return f"GET http://127.0.0.1:{port}/is_sleeping answered 404"
-        return c.sleep_state != "awake"
+        if c.sleep_state != "awake":
+            c.asleep_seq = self.event()
+            return True
+        return False
 
     def lane_post(self, url_port: int | None, path: str) -> tuple[int, str]:
         """A POST to a lane's own origin: /sleep?level=N, /wake_up[?tags=...], /collective_rpc. (status, body)."""
@@ -701,6 +722,7 @@ class World:
         c.started_at = self.now - c.boot_s  # up again at once: what matters is that it is awake
         c.sleep_state, c.inflight = "awake", 0
         c.self_woken = c.self_woken or was or c.sleep_failed
+        c.woke_seq = self.event()
         inode = next((f.inode for f in self.files.values() if f.maker == f"container:{c.id}"), None)
         self._spawn_procs(c, inode)
 
