@@ -759,6 +759,10 @@ class World:
                 self.violate(f"(1) woke {c.name} on card(s) {sorted(shared)} while {other.name} is awake there")
             elif not other.ours:
                 self.violate(f"(2) woke {c.name} on card(s) {sorted(shared)} where foreign {other.name} runs")
+        if self.telemetry != "nvml":
+            # gpu_telemetry: none: no process list exists for the tool to read (the engine alone says what holds a
+            # slot, docs/design.md); a bare process on the card is outside what it is asked to see.
+            return
         uuids = {self.cards[i].uuid for i in mine}
         ours = {x.id for x in self.containers.values() if x.ours}
         for p in self.procs.values():
