@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from e2e_helpers import LoopProcess, Root, wait_until
+from e2e_helpers import LoopProcess, Root, http_get, wait_until
 
 A, B = "dark-compute-a", "dark-compute-b"
 
@@ -325,6 +325,12 @@ def test_switch_wait_converges_the_named_topology(root: Root) -> None:
     assert root.shm_files() == [], "the offload lane's leave reclaimed its file"
 
 
+def _paused(port: int) -> bool:
+    """The lane's own GET /is_paused (vLLM's, and the fake's with --enable-pause)."""
+    status, body = http_get(f"http://127.0.0.1:{port}/is_paused")
+    return status == 200 and json.loads(body).get("is_paused") is True
+
+
 def test_a_leave_drains_through_pause_where_the_server_offers_it(root: Root) -> None:
     """A server with vLLM's POST /pause (the fake's --enable-pause): the leave drains through
     /pause?wait_for_inflight_requests=true, so the request in flight gets its answer and one sent meanwhile is never
@@ -339,7 +345,8 @@ def test_a_leave_drains_through_pause_where_the_server_offers_it(root: Root) -> 
     done: list[Any] = []
     leave = threading.Thread(target=lambda: done.append(root.apply()), daemon=True)
     leave.start()
-    time.sleep(1.0)  # the leave is in its /pause now
+    # The leave is in its /pause once the server says so (a fixed wait raced the apply's own start on a busy machine).
+    wait_until(lambda: _paused(port), timeout=30, what="the lane paused by the leave")
     late = Clients(port, f"e2e/{omni}", 1, hold_s=0)
     leave.join(60)
     (r,) = done

@@ -281,7 +281,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     parser.add_argument(
         "--enable-pause",
         action="store_true",
-        help="serve POST /pause (?wait_for_inflight_requests=true: admit nothing new, answer once the requests in "
+        help="serve POST /pause and GET /is_paused (?wait_for_inflight_requests=true: admit nothing new, answer once the requests in "
         "flight finished; false: abort them) and POST /resume, as vLLM's server does since it has them",
     )
     parser.add_argument(
@@ -847,6 +847,8 @@ def make_server(
                 self._metrics()
             elif self.path == "/is_sleeping" and sleep_served:
                 self._answer(200, {"is_sleeping": sleep_.sleeping})
+            elif self.path == "/is_paused" and settings is not None and settings.enable_pause:
+                self._answer(200, {"is_paused": engine.paused})
             else:
                 self._answer(404, {"detail": "Not Found"})
 
