@@ -479,8 +479,14 @@ def test_three_hosts_each_with_its_own_network_and_engine_follow_one_repository(
 
             (alert,) = wait_until(firing, timeout=60, what="ReconcilerBlocked firing in Prometheus")
             assert alert["labels"]["instance"] == canary.host and canary.host in alert["annotations"]["summary"]
-            up = _get_json(f"{base}/api/v1/query?query=up")["data"]["result"]
-            assert sorted(r["metric"]["instance"] for r in up) == sorted(r.host for r in roots)
+
+            def scraped() -> list[str] | None:
+                got = _get_json(f"{base}/api/v1/query?query=up%20%3D%3D%201")
+                names = sorted(r["metric"]["instance"] for r in (got or {}).get("data", {}).get("result", []))
+                return names if names == sorted(r.host for r in roots) else None
+
+            # Each target is scraped at its own offset in the interval: all three are up once each was scraped.
+            wait_until(scraped, timeout=30, what="the three hosts up in Prometheus")
             # The fleet dashboard's every query runs on it.
             dashboard = json.loads(Path("examples/grafana-fleet.json").read_text())
             for expr in (t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])):
