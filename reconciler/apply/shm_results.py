@@ -8,7 +8,7 @@ line's ``shm`` commands, the service, the apply layer and the loop's metrics.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from reconciler.plan.observed import Tmpfs
 
@@ -24,15 +24,7 @@ RefusalCode = Literal[
     "lease_refused",
     "invalid_entry",
 ]
-REFUSAL_CODES: tuple[RefusalCode, ...] = (
-    "source_unavailable",
-    "uninspectable_process",
-    "offload_container_running",
-    "inspections_disagree",
-    "file_owned",
-    "lease_refused",
-    "invalid_entry",
-)
+REFUSAL_CODES: tuple[RefusalCode, ...] = get_args(RefusalCode)
 
 
 @dataclass(frozen=True)
