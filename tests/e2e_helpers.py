@@ -117,6 +117,39 @@ def running_prometheus(
         stop_process(proc)
 
 
+def fleet_prometheus(
+    workdir: Path, targets: Sequence[tuple[str, str]], *, ip: str = "127.0.0.1"
+) -> tuple[subprocess.Popen[bytes], str]:
+    """A real Prometheus on ``ip`` with examples/prometheus-fleet.yml's job over ``targets`` ((HOST:PORT, host name)
+    each) and the shipped alert rules, their for: 5m shortened to 0s (expressions and summaries as shipped), storing
+    under ``workdir``. (it, its base URL); the caller stops it (``stop_process``)."""
+    rules = workdir / "alerts.yml"
+    rules.write_text((REPO / "configs/prometheus/alerts.yml").read_text().replace("for: 5m", "for: 0s"))
+    config = yaml.safe_load((REPO / "examples/prometheus-fleet.yml").read_text())
+    config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+    config["rule_files"] = [str(rules)]
+    config["scrape_configs"][0]["scrape_timeout"] = "1s"
+    config["scrape_configs"][0]["static_configs"] = [
+        {"targets": [addr], "labels": {"host": host}} for addr, host in targets
+    ]
+    (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    server = shutil.which("prometheus")
+    assert server, "prometheus not found: .ci/setup-host installs Debian's prometheus"
+    prom = subprocess.Popen(
+        [
+            server,
+            f"--config.file={workdir / 'prometheus.yml'}",
+            f"--storage.tsdb.path={workdir / 'prom-data'}",
+            f"--web.listen-address={ip}:{port}",
+            "--log.level=warn",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return prom, f"http://{ip}:{port}"
+
+
 def stop_process(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
     """SIGTERM a helper process the test started, and wait for it; killed if it does not end within ``timeout``."""
     proc.terminate()

@@ -132,10 +132,9 @@ def test_one_prometheus_over_the_fleet_names_the_blocked_host_in_its_alert(
     """examples/prometheus-fleet.yml's scrape job over two real loops, a real Prometheus with the shipped rules
     (their for: shortened, the expressions and summaries as shipped): ReconcilerBlocked fires for the blocked host
     alone, its instance and summary naming that host."""
-    import shutil
     import urllib.request
 
-    from e2e_helpers import stop_process, wait_until
+    from e2e_helpers import fleet_prometheus, stop_process, wait_until
 
     check = subprocess.run(
         ["promtool", "check", "config", "examples/prometheus-fleet.yml"], capture_output=True, text=True, check=False
@@ -148,37 +147,14 @@ def test_one_prometheus_over_the_fleet_names_the_blocked_host_in_its_alert(
     )
     root.manifest((omni, [A]))  # a container the tool does not own holds A: every pass is blocked
     loops = [LoopProcess(root), LoopProcess(second)]
-    rules = tmp_path / "alerts.yml"
-    rules.write_text(Path("configs/prometheus/alerts.yml").read_text().replace("for: 5m", "for: 0s"))
-    config = yaml.safe_load(Path("examples/prometheus-fleet.yml").read_text())
-    config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
-    config["rule_files"] = [str(rules)]
-    config["scrape_configs"][0]["scrape_timeout"] = "1s"
-    config["scrape_configs"][0]["static_configs"] = [
-        {"targets": [lp.addr], "labels": {"host": r.host}} for lp, r in zip(loops, (root, second), strict=True)
-    ]
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    server = shutil.which("prometheus")
-    assert server, "prometheus not found: .ci/setup-host installs Debian's prometheus"
-    prom = subprocess.Popen(
-        [
-            server,
-            f"--config.file={tmp_path / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    prom, base = fleet_prometheus(tmp_path, [(lp.addr, r.host) for lp, r in zip(loops, (root, second), strict=True)])
     try:
         loops[0].wait("pass", result="blocked", timeout=60)
         loops[1].wait("pass", result="converged", timeout=60)
 
         def firing() -> list[dict[str, object]] | None:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/alerts", timeout=5) as resp:
+                with urllib.request.urlopen(f"{base}/api/v1/alerts", timeout=5) as resp:
                     alerts = json.loads(resp.read())["data"]["alerts"]
             except OSError:  # Prometheus still starting
                 return None
@@ -186,7 +162,7 @@ def test_one_prometheus_over_the_fleet_names_the_blocked_host_in_its_alert(
             return blocked or None
 
         def ask(path: str) -> str:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            with urllib.request.urlopen(f"{base}{path}", timeout=5) as resp:
                 return resp.read().decode()[:3000]
 
         try:

@@ -31,6 +31,7 @@ from e2e_helpers import (
     LoopProcess,
     Root,
     dump_recipe,
+    fleet_prometheus,
     free_port,
     make_root,
     stop_process,
@@ -316,38 +317,6 @@ def _status(lp: LoopProcess) -> dict[str, Any]:
         return json.loads(resp.read())
 
 
-def _prometheus(
-    tmp_path: Path, loops: list[LoopProcess], roots: list[Root], ip: str
-) -> tuple[subprocess.Popen[bytes], str]:
-    """A real Prometheus on the fleet's outside address with examples/prometheus-fleet.yml's job over the loops and
-    the shipped rules, their for: shortened (expressions and summaries as shipped)."""
-    rules = tmp_path / "alerts.yml"
-    rules.write_text(Path("configs/prometheus/alerts.yml").read_text().replace("for: 5m", "for: 0s"))
-    config = yaml.safe_load(Path("examples/prometheus-fleet.yml").read_text())
-    config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
-    config["rule_files"] = [str(rules)]
-    config["scrape_configs"][0]["scrape_timeout"] = "1s"
-    config["scrape_configs"][0]["static_configs"] = [
-        {"targets": [lp.addr], "labels": {"host": r.host}} for lp, r in zip(loops, roots, strict=True)
-    ]
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    server = shutil.which("prometheus")
-    assert server, "prometheus not found: .ci/setup-host installs Debian's prometheus"
-    prom = subprocess.Popen(
-        [
-            server,
-            f"--config.file={tmp_path / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'prom-data'}",
-            f"--web.listen-address={ip}:{port}",
-            "--log.level=warn",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    return prom, f"http://{ip}:{port}"
-
-
 def _get_json(url: str) -> Any:
     try:
         with urllib.request.urlopen(url, timeout=5) as resp:
@@ -468,7 +437,9 @@ def test_three_hosts_each_with_its_own_network_and_engine_follow_one_repository(
             assert enters and all(a.get("commit") == both for a in enters), enters
 
             # One Prometheus over the three: the fleet's alert names the blocked host, and only it.
-            prom, base = _prometheus(tmp_path, loops, roots, outside)
+            prom, base = fleet_prometheus(
+                tmp_path, [(lp.addr, r.host) for lp, r in zip(loops, roots, strict=True)], ip=outside
+            )
 
             def firing() -> list[dict[str, Any]] | None:
                 got = _get_json(f"{base}/api/v1/alerts")
