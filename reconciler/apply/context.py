@@ -17,7 +17,7 @@ from reconciler.apply.results import Progress
 from reconciler.model import DesiredState
 from reconciler.observe import observe
 from reconciler.observe.docker_obs import DockerObserver
-from reconciler.plan.enter_checks import EnterNeeds
+from reconciler.plan.enter_checks import EnterNeeds, enter_needs
 from reconciler.plan.observed import Observed
 from reconciler.store.state import read_ownership
 
@@ -42,9 +42,18 @@ class ActionContext:
     _guard_lock: threading.Lock
     _files_lock: threading.Lock
     _needs: EnterNeeds
+    fallback_view: Callable[[], tuple[Any, Any]] | None
 
     def observe(self) -> Observed:
-        return observe(self.desired.host, docker=self.observer, **self._needs)
+        """The host now, with what the planner's checks of an enter's knowable failures need looked up: for the
+        manifest's lanes, and in the loop for its fallback's too (a fallback is entered as any lane is: its port
+        taken or its image gone is found by the plan, not by a failed start)."""
+        needs = self._needs
+        if self.fallback_view is not None:
+            last_good, _next = self.fallback_view()
+            if last_good:
+                needs = enter_needs(self.desired, also=[recipe for recipe, _slots in last_good])
+        return observe(self.desired.host, docker=self.observer, **needs)
 
     def _figures(self) -> dict[str, Any]:
         """The figures the action running in this thread measured so far (its drain, probes, VRAM, page cache)."""

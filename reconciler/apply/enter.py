@@ -26,7 +26,7 @@ from reconciler.load.secrets import resolve as resolve_secrets
 from reconciler.model import Recipe
 from reconciler.observe.gpu import slots_of_container, unattributable_slots
 from reconciler.observe.lanes import parse_version
-from reconciler.plan.actions import Action
+from reconciler.plan.actions import Action, ActionKind
 from reconciler.plan.claims import slot_holders
 from reconciler.plan.observed import ENDED_STATES, LABEL_CREATE_TOKEN, Observed
 from reconciler.plan.sleeping import awake_beside
@@ -358,6 +358,8 @@ class EnterSteps(PortChecks):
         now = self.observe()
         names = {c.name for c in now.containers if c.id == cid} | {cid, cid[:12]}
         its_files = [f.path for f in now.shm.held_only_by(names)]
+        if action.kind is ActionKind.WAKE:  # its file existed when planned: only as the plan listed it on the wake
+            its_files = [p for p in its_files if p in action.paths]
         try:
             self.ops.stop(cid, 5)
         except Exception:  # noqa: BLE001 - a stop that fails for good: kill it, and say so below if it still runs

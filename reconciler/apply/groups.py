@@ -83,8 +83,8 @@ def within(approved: Plan, action: Action) -> Action | None:
     """Pure: ``action`` as far as the approved plan holds it, or None when it holds no such step.
 
     A leave, a prune and a wake must name the same container, an enter the same assignment and recipe hash, a sleep
-    the same assignment (and its container, unless the approved plan entered it first); a reclaim keeps only the
-    paths the approved plan listed (the operator saw those, and no others).
+    the same assignment (and its container, unless the approved plan entered it first); a reclaim, a leave, a wake
+    and a sleep keep only the paths the approved plan listed (the operator saw those, and no others).
     """
     for a in approved.actions:
         if a.kind is not action.kind:
@@ -100,9 +100,12 @@ def within(approved: Plan, action: Action) -> Action | None:
                 return replace(action, paths=paths) if paths != action.paths else action
         if action.kind is ActionKind.PRUNE and a.container_id == action.container_id:
             return action
-        if action.kind is ActionKind.WAKE and a.container_id == action.container_id:
-            return action
-        # A sleep shown for a lane the plan was to enter first names no container yet: the one entered for it.
-        if action.kind is ActionKind.SLEEP and a.key == action.key and a.container_id in (None, action.container_id):
-            return action
+        # A sleep shown for a lane the plan was to enter first names no container yet: the one entered for it. A
+        # wake and a sleep keep only the paths the approved plan listed (a failed wake, or a sleep left instead,
+        # may reclaim those).
+        if (action.kind is ActionKind.WAKE and a.container_id == action.container_id) or (
+            action.kind is ActionKind.SLEEP and a.key == action.key and a.container_id in (None, action.container_id)
+        ):
+            paths = tuple(p for p in action.paths if p in set(a.paths))
+            return replace(action, paths=paths) if paths != action.paths else action
     return None

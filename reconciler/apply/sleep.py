@@ -3,13 +3,15 @@
 A sleep drains the lane first (rule 5: ``POST /sleep`` is never sent with requests in flight), asks it to sleep at
 its recipe's level and waits until the lane itself says it sleeps (``GET /is_sleeping``); then what it still holds on
 each card is recorded (rule 2). A lane that will not sleep (its drain timed out, the call failed, it never said so
-within ``sleep.timeout_s``) is left instead: stopped like any leave, its own offload file reclaimed (rule 6).
+within ``sleep.timeout_s``) is left instead: stopped like any leave, its own offload file reclaimed (rule 6) where
+the plan listed it on the sleep.
 
 A wake first checks rule 1 again on a fresh observation: every other lane on its cards asleep by its own answer, no
 process but the sleeping lanes' on them, and with NVML the memory the wake takes free beyond the reserve; else it
 is refused and nothing is called. Then ``POST /wake_up`` (level 2: the weights, ``collective_rpc reload_weights``,
 then the KV cache), the lane's own word that it is awake, its health URL and its ``preflight`` probes. A wake that
-fails is a failed enter of that lane (kept stopped for its logs, its offload file reclaimed, entered cold by a later
+fails is a failed enter of that lane (kept stopped for its logs, its offload file reclaimed where the plan listed it
+on the wake, entered cold by a later
 pass after its backoff). Part of ``Applier`` (``reconciler.apply.applier``).
 """
 
@@ -188,9 +190,10 @@ class SleepSteps(EnterSteps, LeaveSteps):
             raise ActionRefused(f"wake of {c.name} refused: {problems[0][0]}", reason="lane_awake")
 
     def _leave_instead(self, action: Action, c: ContainerView) -> str:
-        """Rule 6: a lane that will not sleep is stopped as a leave, with the offload files only it holds."""
+        """Rule 6: a lane that will not sleep is stopped as a leave, with the offload files only it holds of those its
+        plan listed for the sleep (safety rule 13); a file it took since is left to the next plan."""
         now = self.observe()
-        paths = tuple(f.path for f in now.shm.held_only_by(c.names))
+        paths = tuple(f.path for f in now.shm.held_only_by(c.names) if f.path in action.paths)
         leave = Action(
             kind=ActionKind.LEAVE,
             reason=f"{c.name} would not sleep: left instead",

@@ -22,13 +22,14 @@ class EnterNeeds(TypedDict):
     sleep_origins: dict[str, str]
 
 
-def enter_needs(desired: DesiredState) -> EnterNeeds:
+def enter_needs(desired: DesiredState, also: Collection[str] = ()) -> EnterNeeds:
     """What observation must look up for ``enter_problems``: the images the recipes name and the ports of their
-    health and probe URLs (of the running topology's lanes and the standby ones), and where each recipe with [sleep]
-    is asked whether its lane sleeps. Keyword arguments of ``reconciler.observe.observe``."""
+    health and probe URLs (of the running topology's lanes, the standby ones, and the recipes ``also`` names: the
+    loop's fallback, the last converged topology's lanes), and where each recipe with [sleep] is asked whether its
+    lane sleeps. Keyword arguments of ``reconciler.observe.observe``."""
     images: dict[str, None] = {}
     ports: dict[int, None] = {}
-    for name in dict.fromkeys(a.recipe for a in (*desired.assignments, *desired.standby)):
+    for name in dict.fromkeys([*(a.recipe for a in (*desired.assignments, *desired.standby)), *also]):
         r = desired.recipes.get(name)
         if r is None:
             continue

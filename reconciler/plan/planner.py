@@ -158,7 +158,7 @@ def _plan_once(
     blockers, held, enter_actions = place_enters(round_, [d for d in lanes.enters if d.key not in standby_keys], room)
     wakes, w_blockers = _wakes(round_, to_wake, to_sleep, leaves)
 
-    actions: list[Action] = [*leaves, *(sleep_action(c, desired) for c in to_sleep)]
+    actions: list[Action] = [*leaves, *(sleep_action(c, desired, observed.shm) for c in to_sleep)]
     if reclaim is not None:
         actions.append(reclaim)
     actions.extend(s_enters)
@@ -243,7 +243,7 @@ def _wakes(
                 for why, holder, *kind in problems
             )
         else:
-            wakes.append(wake_action(c, r.desired))
+            wakes.append(wake_action(c, r.desired, r.observed.shm))
     return wakes, blockers
 
 

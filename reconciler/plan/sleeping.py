@@ -21,7 +21,7 @@ from reconciler.base.units import human_bytes
 from reconciler.model import DesiredAssignment, DesiredState, assignment_key, container_name
 from reconciler.plan.actions import Action, ActionKind
 from reconciler.plan.claims import is_ours, slot_holders
-from reconciler.plan.observed import ContainerView, Observed
+from reconciler.plan.observed import ContainerView, Observed, ShmView
 from reconciler.plan.vram import slot_vram
 
 Problems = list[tuple[str, ...]]
@@ -54,7 +54,13 @@ def _level(desired: DesiredState, recipe: str | None) -> int:
     return r.sleep.level if r is not None and r.sleep is not None else 1
 
 
-def sleep_action(c: ContainerView, desired: DesiredState) -> Action:
+def own_files(c: ContainerView, shm: ShmView | None) -> tuple[str, ...]:
+    """The offload files only ``c`` holds: what a sleep that is left instead, or a wake that fails, may reclaim. The
+    plan lists them on the action (safety rule 13: an action touches only what it lists), as it does for a leave."""
+    return tuple(dict.fromkeys(f.path for f in shm.held_only_by(c.names))) if shm is not None else ()
+
+
+def sleep_action(c: ContainerView, desired: DesiredState, shm: ShmView | None = None) -> Action:
     level = _level(desired, c.recipe)
     return Action(
         kind=ActionKind.SLEEP,
@@ -65,6 +71,7 @@ def sleep_action(c: ContainerView, desired: DesiredState) -> Action:
         container_id=c.id,
         recipe_hash=c.recipe_hash,
         offload=c.offload,
+        paths=own_files(c, shm),
     )
 
 
@@ -94,7 +101,7 @@ def _sleep_reason(
     )
 
 
-def wake_action(c: ContainerView, desired: DesiredState) -> Action:
+def wake_action(c: ContainerView, desired: DesiredState, shm: ShmView | None = None) -> Action:
     level = _level(desired, c.recipe)
     how = "wake" if level == 1 else "wake the weights, reload them, wake the KV cache"
     return Action(
@@ -107,6 +114,7 @@ def wake_action(c: ContainerView, desired: DesiredState) -> Action:
         container_id=c.id,
         recipe_hash=c.recipe_hash,
         offload=c.offload,
+        paths=own_files(c, shm),
     )
 
 

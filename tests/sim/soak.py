@@ -15,7 +15,7 @@ run. For a machine lent for a fixed time: ``SOAK_SEEDS=16 SOAK_STEPS=20000000 SO
 
 A failing run prints hypothesis's shrunk sequence of steps of the first failing seed as soon as it fails (the
 others' lines still printed after it): make it a regression case (tests/cases/plan/, or a test beside tests/test_sim.py). The exit code is 1 on any
-violation.
+violation, 2 when what the simulation needs cannot be imported (nothing was run).
 """
 
 from __future__ import annotations
@@ -65,10 +65,11 @@ def _worker(args: tuple[int, int, float | None]) -> tuple[int, int, str, float, 
         except BaseException as exc:  # noqa: BLE001 - a violation: report it with hypothesis's shrunk steps
             import traceback
 
+            # The violation's own message first: the traceback's tail (hypothesis's shrunk steps) can be long.
             return (
                 STEPS[0],
                 1,
-                f"seed {seed}, batch seed {seed * 100_000 + batch - 1}:\n"
+                f"seed {seed}, batch seed {seed * 100_000 + batch - 1}: {type(exc).__name__}: {str(exc)[:3000]}\n"
                 + "".join(traceback.format_exception(exc))[-6000:],
                 time.monotonic() - t0,
                 seed,
@@ -116,6 +117,18 @@ def _many(seeds: list[int], total: int, workers: int) -> int:
 
 
 def main() -> int:
+    try:  # a run that cannot import the simulation stops here, before any worker counts it a violation
+        import hypothesis  # noqa: F401
+
+        import reconciler  # noqa: F401
+        from sim import machine  # noqa: F401
+    except ImportError as exc:
+        print(
+            f"soak: cannot import what the simulation needs ({exc}): install the package and its test extras "
+            "(make setup), or put the repository on PYTHONPATH",
+            file=sys.stderr,
+        )
+        return 2
     total = int(os.environ.get("SOAK_STEPS", "1000000"))
     workers = int(os.environ.get("SOAK_WORKERS", str(os.cpu_count() or 1)))
     if os.environ.get("SOAK_SEEDS", "").strip():
