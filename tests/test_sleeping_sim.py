@@ -439,3 +439,55 @@ def test_rule_1_a_lane_that_wakes_itself_between_an_enters_create_and_its_start_
         }, _lanes(m)
     finally:
         m.teardown()
+
+
+def test_a_fallback_on_a_squatted_port_is_found_by_the_plan_not_by_a_failed_start() -> None:
+    """A seed of the 16-core soak (4241403824), shrunk, replayed: the loop's fallback (a lane of the last converged
+    topology) was entered without its port or image looked up, so a stale server on its port failed the enter that
+    the plan could have named (invariant (h)). The observation now looks up the fallback's recipes too."""
+    m = HostMachine()
+    m.setup(seed=0, shape="index", gpu_requests=False, wsl2=False, tmpfs_gib=10.0, telemetry="nvml")
+    try:
+        m.foreign_offload_container(holds_file=False)
+        m.edit_manifest_named(name="standby-half", topology="split")
+        m.cli_apply()
+        m.no_violation()
+        m.nvml_down(down=True)
+        m.operator_stops_slowly(grace=5.0, pick=7)
+        m.container_dies(code=0, pick=3)
+        m.edit_manifest_named(name="standby", topology="exclusive")
+        m.port_squatter(listening=True, recipe="omni")
+        m.cli_apply()
+        m.no_violation()
+        m.cli_apply()
+        m.no_violation()
+        m.faults_stop_and_host_settles()
+        m.no_violation()
+    finally:
+        m.teardown()
+
+
+def test_a_sleep_left_instead_reclaims_only_the_files_its_plan_listed() -> None:
+    """A seed of the 16-core soak (3245819255), shrunk, replayed: under `reconciler apply`, the split's offload lane
+    would not sleep (its /sleep failed) and was left instead, and its offload file was unlinked though the approved
+    plan listed no file (invariant (d), safety rule 13). A sleep now lists the files only its lane holds, as a leave
+    does, and the leave instead reclaims no other."""
+    m = HostMachine()
+    m.setup(
+        seed=3957, gpu_requests=False, shape="index", wsl2=False, tmpfs_gib=10.0, telemetry="nvml",
+        nvml_hides_identity=True, podman=True,
+    )  # fmt: skip
+    try:
+        m.sleep_fault(fault="sleep_error", p=0.0)
+        m.edit_manifest_named(name="standby-offload", topology="split")
+        m.cli_apply()
+        m.no_violation()
+        m.edit_manifest_named(name="standby-offload", topology="exclusive")
+        m.foreign_container(by="index", card=0, idle=False, kind="foreign", running=False)
+        m.sleep_fault(fault="sleep_error", p=0.3)
+        m.cli_apply()
+        m.no_violation()
+        m.faults_stop_and_host_settles()
+        m.no_violation()
+    finally:
+        m.teardown()
