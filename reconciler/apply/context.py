@@ -52,7 +52,7 @@ class ActionContext:
         if self.fallback_view is not None:
             last_good, _next = self.fallback_view()
             if last_good:
-                needs = enter_needs(self.desired, also=[recipe for recipe, _slots in last_good])
+                needs = enter_needs(self.desired, last_good)
         return observe(self.desired.host, docker=self.observer, **needs)
 
     def _figures(self) -> dict[str, Any]:

@@ -22,11 +22,12 @@ class EnterNeeds(TypedDict):
     sleep_origins: dict[str, str]
 
 
-def enter_needs(desired: DesiredState, also: Collection[str] = ()) -> EnterNeeds:
+def enter_needs(desired: DesiredState, last_good: Sequence[tuple[str, Sequence[str]]] = ()) -> EnterNeeds:
     """What observation must look up for ``enter_problems``: the images the recipes name and the ports of their
-    health and probe URLs (of the running topology's lanes, the standby ones, and the recipes ``also`` names: the
-    loop's fallback, the last converged topology's lanes), and where each recipe with [sleep] is asked whether its
-    lane sleeps. Keyword arguments of ``reconciler.observe.observe``."""
+    health and probe URLs (of the running topology's lanes, the standby ones, and with a loop's view the lanes of
+    ``last_good``, the last converged topology its fallback may enter), and where each recipe with [sleep] is asked
+    whether its lane sleeps. Keyword arguments of ``reconciler.observe.observe``."""
+    also = [recipe for recipe, _slots in last_good]
     images: dict[str, None] = {}
     ports: dict[int, None] = {}
     for name in dict.fromkeys([*(a.recipe for a in (*desired.assignments, *desired.standby)), *also]):

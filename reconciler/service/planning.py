@@ -26,8 +26,8 @@ def plan_host(service: HostService, *, save: bool = False, out: str | None = Non
     files = file_digests(service.root)  # before loading: an edit in between makes the saved plan stale
     desired = service.desired()
     service._host_name = desired.host.name
-    observed = observe(desired.host, **enter_needs(desired))
     view = loop_view(desired.host.name)
+    observed = observe(desired.host, **enter_needs(desired, view.get("last_good", ())))
     p = plan(desired, observed, **view)
     fp = fingerprint(files, desired, observed, view)
     result = PlanResult(desired, observed, p, fingerprint=fp)

@@ -179,9 +179,10 @@ def host_status(service: HostService) -> StatusResult:
         desired = service.desired()
     except ConfigError as exc:
         return status_of_invalid_files(service.root, exc)
-    observed = observe(desired.host, **enter_needs(desired))
+    view = loop_view(desired.host.name)
+    observed = observe(desired.host, **enter_needs(desired, view.get("last_good", ())))
     lanes = lane_readings(desired, observed)
-    data = status_data(desired, observed, plan(desired, observed, **loop_view(desired.host.name)), lanes)
+    data = status_data(desired, observed, plan(desired, observed, **view), lanes)
     data["probe_suites"] = last_suites(desired.host.name, set(desired.recipes))
     if observed.unavailable():
         data["error"] = sources_error(observed)
