@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 from sim.machine import HostMachine
 from sim.seams import installed, sim_scan
 from sim.world import World
-
-import reconciler.apply.http_check as http_mod
-import reconciler.apply.leave as leave_mod
-import reconciler.load.tmpfs as loader_mod
 
 EXAMPLES = int(os.environ.get("SIM_EXAMPLES", "1200"))
 
@@ -502,22 +499,85 @@ def test_proc_lost_in_the_middle_of_a_pass_says_why_in_the_pass_result() -> None
         m.teardown()
 
 
-def test_a_simulation_seam_its_module_no_longer_binds_stops_the_run_before_it_starts(
+def test_a_part_of_the_host_io_the_simulation_does_not_give_stops_the_run_before_it_starts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A seam renamed or moved must not let a simulated run reach the real host through the name the patches
-    missed (here the loader's look-up of the tmpfs size): the run stops at once, naming it."""
-    monkeypatch.delattr(loader_mod, "tmpfs_size")
-    missing = r"simulation seam reconciler\.load\.tmpfs\.tmpfs_size is missing"
-    with pytest.raises(AssertionError, match=missing), installed(World(1)):
+    """The simulation hands the project one ``HostIO``; a part of it left the host's own (here the lanes' POSTs, as
+    a part newly added to ``HostIO`` would be until ``sim_io`` gives it) would let a simulated run reach the real
+    host: the run stops at once, naming the part."""
+    import dataclasses
+
+    import sim.seams as seams
+
+    from reconciler.apply.host_io import REAL_LANES
+
+    made = seams.sim_io
+
+    def leaky(world: World) -> object:
+        io = made(world)
+        return dataclasses.replace(io, lanes=dataclasses.replace(io.lanes, request=REAL_LANES.request))
+
+    monkeypatch.setattr(seams, "sim_io", leaky)
+    with pytest.raises(AssertionError, match=r"HostIO parts left real .*lanes\.request"), installed(World(1)):
         pass
 
 
-def test_a_module_of_the_apply_layer_that_binds_a_real_seam_the_patches_miss_stops_the_run(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A module that imports a seam the patches do not name yet (here the leave, the health check's) would call
-    the real one from a simulated run: the run stops at once, naming the module and the name."""
-    monkeypatch.setattr(leave_mod, "_http_ok", http_mod._http_ok, raising=False)
-    with pytest.raises(AssertionError, match=r"reconciler\.apply\.leave\._http_ok"), installed(World(1)):
-        pass
+# The host's own reads and writes that ``HostIO`` carries: no module of the apply layer, the loop or the service
+# may reach one but through it (a module that did would reach the real host from a simulated run).
+_REAL_SEAMS = (
+    ("reconciler.apply.http_check", "_http_ok"),
+    ("reconciler.apply.http_check", "_http_answer"),
+    ("reconciler.apply.ports", "_port_listeners"),
+    ("reconciler.apply.groups", "run_in_threads"),
+    ("reconciler.apply.vllm_metrics", "read_gauges"),
+    ("reconciler.observe.lane_sleep", "ask_sleeping"),
+    ("reconciler.observe.lanes", "lane_readings"),
+    ("reconciler.observe", "observe"),
+    ("reconciler.apply.shm_unlink", "_unlink_agreed"),
+    ("reconciler.load.tmpfs", "tmpfs_size"),
+    ("reconciler.load.tmpfs", "tmpfs_free"),
+    ("reconciler.load.tmpfs", "shm_dir_mount_problem"),
+)
+# Where they live, and the seam object that binds them (the probes' own requests are the one exception: a probe
+# suite is not simulated, and its requests and VRAM samples go to the lane and NVML directly).
+_HOMES = {
+    "reconciler.apply.host_io",
+    "reconciler.apply.shm_guard",
+    "reconciler.apply.probes",
+    "reconciler.apply.vllm_metrics",
+} | {home for home, _ in _REAL_SEAMS}
+
+
+def test_the_apply_layer_the_loop_and_the_service_reach_the_host_only_through_the_host_io() -> None:
+    """Every module of the apply layer, the loop and the service is imported, and none but the seams' own homes
+    binds a real seam by name; the steps' clocks and waits go through ``io.clock`` (no ``time.monotonic()``,
+    ``time.time()`` or ``time.sleep()`` in the modules whose waits a simulated run passes through)."""
+    import importlib
+    import pkgutil
+    import re
+    import sys
+
+    import reconciler.apply
+    import reconciler.loop
+    import reconciler.service
+
+    for pkg in (reconciler.apply, reconciler.loop, reconciler.service):
+        for info in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + "."):
+            importlib.import_module(info.name)
+    real = {id(getattr(importlib.import_module(mod), name)): f"{mod}.{name}" for mod, name in _REAL_SEAMS}
+    bound = sorted(
+        f"{name}.{attr} ({real[id(value)]})"
+        for name, mod in sys.modules.items()
+        if name.startswith(("reconciler.apply", "reconciler.loop", "reconciler.service")) and name not in _HOMES
+        for attr, value in vars(mod).items()
+        if id(value) in real
+    )
+    assert bound == []
+    clocked = ["applier", "context", "enter", "drain", "sleep", "leave", "ports", "docker_ops", "shm_guard", "groups"]
+    root = Path(reconciler.apply.__file__).parent
+    uses = [
+        f"{path.name}: {m.group(0)}"
+        for path in [*(root / f"{n}.py" for n in clocked), Path(reconciler.loop.__file__)]
+        for m in re.finditer(r"\btime\.(monotonic|time|sleep)\(", path.read_text())
+    ]
+    assert uses == []

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import functools
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from reconciler.apply.docker_ops import DockerOps
 from reconciler.apply.errors import ActionFailed, ActionRefused, Cancelled
-from reconciler.apply.groups import GroupNotStarted, concurrent_group, run_in_threads, within
+from reconciler.apply.groups import GroupNotStarted, concurrent_group, within
+from reconciler.apply.host_io import REAL_IO, HostIO
 from reconciler.apply.results import NoProgress, Outcome, OutcomeResult, PassResult, PassVerdict, Progress
 from reconciler.apply.sleep import SleepSteps
 from reconciler.base.errors import ReconcilerError
@@ -53,14 +53,17 @@ class Applier(SleepSteps):
         on_reclaim: Callable[[Any], None] | None = None,
         poll_s: float = 0.2,
         connect: bool = True,
+        io: HostIO | None = None,
     ):
         """``connect``: reach the engine now and raise ``DockerUnavailable`` ("docker source unavailable at URL:
         ...") when it does not answer (``reconciler apply``). The loop passes False: its passes observe the engine
-        as a source like any other, report it down and wait for it."""
+        as a source like any other, report it down and wait for it. ``io``: the host's I/O seams (``REAL_IO``, or
+        the simulation's world), through which every step, the guard and the observation reach the host."""
         self.desired = desired
-        self.observer = observer or DockerObserver.for_host(desired.host)
+        self.io = io or REAL_IO
+        self.observer = observer or self.io.engine(desired.host)
         observer_ = self.observer
-        self.ops = DockerOps(connect=lambda: observer_.api, url=observer_.url, ping=observer_.ping)
+        self.ops = DockerOps(connect=lambda: observer_.api, url=observer_.url, ping=observer_.ping, clock=self.io.clock)
         if connect:
             self.ops.check()
         self.progress = progress or NoProgress()
@@ -78,11 +81,11 @@ class Applier(SleepSteps):
         self._context = threading.local()
         # The guard stays serial (its two inspections see one deletion at a time), and the state and history files
         # are read, changed and written by one action at a time.
-        self._guard_lock = threading.Lock()
-        self._files_lock = threading.Lock()
-        # How a group of actions runs: each in a thread of its own. The simulation replaces it with one that runs
-        # them interleaved at their seams in an order its seed draws, so a run replays from its seed.
-        self.run_group: Callable[[list[Callable[[], Outcome]]], list[Outcome]] = run_in_threads
+        self._guard_lock = self.io.lock()
+        self._files_lock = self.io.lock()
+        # How a group of actions runs: each in a thread of its own. The simulation's runs them interleaved at their
+        # seams in an order its seed draws, so a run replays from its seed.
+        self.run_group: Callable[[list[Callable[[], Outcome]]], list[Outcome]] = self.io.run_group
         # What each observation looks up for the planner's checks of an enter's knowable failures.
         self._needs = enter_needs(desired)
 
@@ -114,11 +117,11 @@ class Applier(SleepSteps):
         host is planned again, and a next step that the approved plan does not hold ends the pass as
         ``changed`` instead of being done unseen. Without it (the loop) every step of the new plan runs.
         """
-        t0 = time.monotonic()
+        t0 = self.io.clock.monotonic()
         self._settle_ownership()
         observed, first = start or self.plan_now()
         result = self._converge_from(observed, first, max_steps=max_steps, approved=approved)
-        result.seconds = time.monotonic() - t0
+        result.seconds = self.io.clock.monotonic() - t0
         return result
 
     def _settle_ownership(self) -> None:
@@ -176,7 +179,7 @@ class Applier(SleepSteps):
     def _run_round(self, run: _Pass, group: list[Action]) -> Outcome | None:
         """Run one group, plan the host again, and record each outcome (its postcondition checked against the new
         plan). Returns the first interrupted outcome, if any: the pass ends there, unplanned again."""
-        started = time.monotonic()
+        started = self.io.clock.monotonic()
         done = self._execute_group(group, run.observed)
         run.observed, run.current = self.plan_now(run.failed)
         done = [_with_dark(a, o, run.dark_since, started) for a, o in zip(group, done, strict=True)]
@@ -242,7 +245,7 @@ class Applier(SleepSteps):
             ]
 
     def _execute(self, action: Action, observed: Observed) -> Outcome:
-        t0 = time.monotonic()
+        t0 = self.io.clock.monotonic()
         refusal = ""
         result: OutcomeResult
         self._announce(action)
@@ -271,7 +274,7 @@ class Applier(SleepSteps):
             detail, freed, result = str(exc), 0, "failed"
         except Exception as exc:  # noqa: BLE001 - a Docker API error etc.: the action failed, say why
             detail, freed, result = f"{type(exc).__name__}: {exc}", 0, "failed"
-        seconds = time.monotonic() - t0
+        seconds = self.io.clock.monotonic() - t0
         if result == "ok" and action.recipe and action.kind in _TIMED:
             with self._files_lock:
                 record_duration(self.desired.host.name, action.recipe, action.kind.value, seconds)

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 from reconciler.apply.docker_ops import DockerOps
 from reconciler.apply.results import Progress
 from reconciler.model import DesiredState
-from reconciler.observe import observe
 from reconciler.observe.docker_obs import DockerObserver
 from reconciler.plan.enter_checks import EnterNeeds, enter_needs
 from reconciler.plan.observed import Observed
 from reconciler.store.state import read_ownership
 
 if TYPE_CHECKING:
+    from reconciler.apply.host_io import HostIO
     from reconciler.apply.shm_results import ReclaimResult
 
 
@@ -31,6 +31,7 @@ class ActionContext:
     running action, and the locks that keep the guard and the state files to one action at a time."""
 
     desired: DesiredState
+    io: HostIO
     observer: DockerObserver
     ops: DockerOps
     progress: Progress
@@ -39,8 +40,8 @@ class ActionContext:
     poll_s: float
     _unknown_listeners: dict[str, str]
     _context: threading.local
-    _guard_lock: threading.Lock
-    _files_lock: threading.Lock
+    _guard_lock: Any
+    _files_lock: Any
     _needs: EnterNeeds
     fallback_view: Callable[[], tuple[Any, Any]] | None
 
@@ -53,7 +54,7 @@ class ActionContext:
             last_good, _next = self.fallback_view()
             if last_good:
                 needs = enter_needs(self.desired, last_good)
-        return observe(self.desired.host, docker=self.observer, **needs)
+        return self.io.observe(self.desired.host, docker=self.observer, **needs)
 
     def _figures(self) -> dict[str, Any]:
         """The figures the action running in this thread measured so far (its drain, probes, VRAM, page cache)."""
@@ -74,6 +75,8 @@ class ActionContext:
                 only_paths=only_paths,
                 settled=lambda: read_ownership(self.desired.host.name).healthy,
                 claimed=claimed,
+                io=self.io.shm,
+                clock=self.io.clock,
             )
         if self.on_reclaim:
             self.on_reclaim(res)

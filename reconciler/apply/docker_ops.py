@@ -13,6 +13,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from reconciler.base.clock import REAL_CLOCK, Clock
 from reconciler.base.errors import ReconcilerError
 from reconciler.model import DesiredState, container_name
 from reconciler.observe.docker_obs import engine_kind, failure_cause, inherited_labels
@@ -75,8 +76,9 @@ def _transient(exc: BaseException) -> bool:
     return False
 
 
-def _call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run one engine call with the retry policy; permanent errors surface unchanged at once."""
+def _call(fn: Callable[..., T], *args: Any, sleep: Callable[[float], None], **kwargs: Any) -> T:
+    """Run one engine call with the retry policy (its waits through ``sleep``); permanent errors surface unchanged
+    at once."""
     # tenacity: the writes only, never the reads (start-up budget)
     from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
@@ -86,7 +88,7 @@ def _call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
             retry=retry_if_exception(_transient),
             stop=stop_after_attempt(ATTEMPTS),
             wait=wait_exponential(multiplier=0.2, max=3),
-            sleep=lambda seconds: time.sleep(seconds),  # looked up at each wait: a simulated clock replaces time
+            sleep=sleep,
             reraise=True,
         ):
             with attempt:
@@ -170,14 +172,19 @@ class DockerOps:
         connect: Callable[[], Any] | None = None,
         url: str = "",
         ping: Callable[[], None] | None = None,
+        clock: Clock = REAL_CLOCK,
     ):
         if api is None and connect is None:
             raise TypeError("DockerOps needs an api client or a connect function")
         self._api = api
         self._connect = connect
         self._ping = ping
+        self.clock = clock  # the retries' waits and the preserved names' stamps
         self.url = url
         self._engine: str | None = None
+
+    def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return _call(fn, *args, sleep=self.clock.sleep, **kwargs)
 
     def check(self) -> None:
         """Raise ``DockerUnavailable`` when no engine answers at ``url``. With ``ping`` (the observer's small
@@ -203,14 +210,14 @@ class DockerOps:
     def engine(self) -> str:
         """``podman`` or ``docker``, from the engine's own version answer (asked once)."""
         if self._engine is None:
-            self._engine = engine_kind(_call(self.api.version))
+            self._engine = engine_kind(self._call(self.api.version))
         return self._engine
 
     def image_present(self, image: str) -> bool:
         import docker.errors  # the Docker SDK: imported by the writes only, never by the reads (start-up budget)
 
         try:
-            _call(self.api.inspect_image, image)
+            self._call(self.api.inspect_image, image)
             return True
         except docker.errors.NotFound:
             return False
@@ -220,7 +227,7 @@ class DockerOps:
             return self._create_podman(spec)
         hc = self.api.create_host_config(**spec["host_config"])
         args = {k: v for k, v in spec.items() if k != "host_config"}
-        created = _call(self.api.create_container, host_config=hc, **args)
+        created = self._call(self.api.create_container, host_config=hc, **args)
         return str(created["Id"])
 
     def _create_podman(self, create: dict[str, Any]) -> str:
@@ -231,20 +238,20 @@ class DockerOps:
             res = self.api._post_json(self.api._url(spec.LIBPOD_CREATE, versioned_api=False), data=body)
             return self.api._result(res, True)
 
-        return str(_call(libpod_create)["Id"])
+        return str(self._call(libpod_create)["Id"])
 
     def start(self, cid: str) -> None:
-        _call(self.api.start, cid)
+        self._call(self.api.start, cid)
 
     def inspect(self, cid: str) -> dict[str, Any]:
-        return _call(self.api.inspect_container, cid)
+        return self._call(self.api.inspect_container, cid)
 
     def stop(self, cid: str, timeout_s: float) -> None:
         import docker.errors  # the Docker SDK: imported by the writes only, never by the reads (start-up budget)
 
         try:
             # The HTTP timeout must outlast the engine's own stop timeout.
-            _call(self.api.stop, cid, timeout=int(max(1, round(timeout_s))))
+            self._call(self.api.stop, cid, timeout=int(max(1, round(timeout_s))))
         except docker.errors.NotFound:
             return
 
@@ -252,7 +259,7 @@ class DockerOps:
         import docker.errors  # the Docker SDK: imported by the writes only, never by the reads (start-up budget)
 
         try:
-            _call(self.api.remove_container, cid, v=True, force=False)
+            self._call(self.api.remove_container, cid, v=True, force=False)
         except docker.errors.NotFound:
             return
 
@@ -260,7 +267,7 @@ class DockerOps:
         import docker.errors  # the Docker SDK: imported by the writes only, never by the reads (start-up budget)
 
         try:
-            _call(self.api.kill, cid)
+            self._call(self.api.kill, cid)
         except docker.errors.APIError:
             return  # not running any more
 
@@ -268,13 +275,13 @@ class DockerOps:
         """Rename a failed container so its name is free and its logs stay readable."""
         import docker.errors  # the Docker SDK: imported by the writes only, never by the reads (start-up budget)
 
-        now = time.time()
+        now = self.clock.time()
         # A start that fails at once can fail again within the same second (two quick applies), and the stamp
         # has one-second resolution: take the next free second rather than lose the failure to a name conflict.
         for later in range(PRESERVE_NAME_TRIES):
             new = f"{name}{PRESERVED_SUFFIX}{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now + later))}"
             try:
-                _call(self.api.rename, cid, new)
+                self._call(self.api.rename, cid, new)
                 return new
             except docker.errors.APIError as exc:
                 if exc.status_code != 409:
@@ -307,7 +314,7 @@ class DockerOps:
             return []
         pattern = re.compile(re.escape(name + PRESERVED_SUFFIX) + r"\d{8}-\d{6}$")
         own = {LABEL_MANAGED: "true", LABEL_HOST: host, LABEL_INSTALL: install_id}
-        listed = _call(self.api.containers, all=True, filters={"label": [f"{k}={v}" for k, v in own.items()]})
+        listed = self._call(self.api.containers, all=True, filters={"label": [f"{k}={v}" for k, v in own.items()]})
         images: dict[str, dict[str, str] | None] = {}
 
         def proven(c: Mapping[str, Any]) -> bool:
@@ -319,7 +326,7 @@ class DockerOps:
             image = c.get("ImageID")  # the image's id, never its name: a name may since point at another image
             if not image:
                 try:
-                    image = _call(self.api.inspect_container, c["Id"]).get("Image") or ""
+                    image = self._call(self.api.inspect_container, c["Id"]).get("Image") or ""
                 except docker.errors.NotFound:
                     return False  # removed meanwhile: nothing left to prune
             if image not in images:
@@ -351,13 +358,13 @@ class DockerOps:
         if not image_id:
             return None
         try:
-            return dict((_call(self.api.inspect_image, image_id).get("Config") or {}).get("Labels") or {})
+            return dict((self._call(self.api.inspect_image, image_id).get("Config") or {}).get("Labels") or {})
         except docker.errors.NotFound:
             return None
 
     def logs_tail(self, cid: str, lines: int = 40) -> str:
         try:
-            raw = _call(self.api.logs, cid, stdout=True, stderr=True, tail=lines)
+            raw = self._call(self.api.logs, cid, stdout=True, stderr=True, tail=lines)
         except (DockerActionError, Exception):  # noqa: BLE001 - logs are evidence, not a reason to fail harder
             return ""
         return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)

@@ -9,13 +9,10 @@ the outcome as ``drain`` (``via``: pause or gauges). Used by ``reconciler.apply.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from reconciler.apply.context import ActionContext
 from reconciler.apply.errors import Cancelled
-from reconciler.apply.http_check import _http_ok
-from reconciler.apply.lane_http import request
 from reconciler.base import direct_http
 from reconciler.model import Recipe
 from reconciler.plan.actions import Action
@@ -30,8 +27,6 @@ class DrainStep(ActionContext):
         ``vllm:num_requests_waiting`` on its /metrics), at most ``drain.timeout_s``; then it is stopped anyway. A lane
         that is not running, never passed its health check or does not answer it now is failing: not drained.
         Returns the note for the outcome's detail; the figures go into the outcome as ``drain``."""
-        # the start-up budget: a converged `reconciler apply` drains nothing (docs/performance.md, its commands table)
-        from reconciler.apply.vllm_metrics import read_gauges
 
         def note(record: dict[str, Any], text: str) -> str:
             self._note("drain", {**record, "note": text})
@@ -47,20 +42,20 @@ class DrainStep(ActionContext):
             return note(skipped, "not drained: it is not a healthy lane")
         if url is None:
             return note(skipped, "not drained: its recipe has no health.url or drain.metrics_url")
-        if recipe.health.url and not _http_ok(recipe.health.url):
+        if recipe.health.url and not self.io.lanes.health_ok(recipe.health.url):
             return note(skipped, f"not drained: its health URL {recipe.health.url} does not answer (a failing lane)")
-        gauges = read_gauges(url)
+        gauges = self.io.lanes.gauges(url)
         if isinstance(gauges, str):
             return note(skipped, f"not drained: {gauges}")
         timeout = recipe.drain.timeout_s
-        t0 = time.monotonic()
+        t0 = self.io.clock.monotonic()
         first = int(gauges[0] + gauges[1])
         paused = self._drain_by_pause(action, recipe, first, timeout)
         if paused is not None:
             return note(*paused)
         while True:
             running, waiting = gauges
-            elapsed = time.monotonic() - t0
+            elapsed = self.io.clock.monotonic() - t0
             record = {
                 "drained": False,
                 "timed_out": False,
@@ -89,10 +84,10 @@ class DrainStep(ActionContext):
             self.progress.phase(
                 action, f"draining: {int(running)} running, {int(waiting)} waiting", elapsed=elapsed, timeout=timeout
             )
-            time.sleep(min(self.poll_s, max(0.01, timeout - elapsed)))
-            gauges = read_gauges(url)
+            self.io.clock.sleep(min(self.poll_s, max(0.01, timeout - elapsed)))
+            gauges = self.io.lanes.gauges(url)
             if isinstance(gauges, str):
-                record["seconds"] = round(time.monotonic() - t0, 3)
+                record["seconds"] = round(self.io.clock.monotonic() - t0, 3)
                 return note(record, f"drain ended: {gauges}")
 
     def _drain_by_pause(
@@ -104,13 +99,15 @@ class DrainStep(ActionContext):
         if origin is None:
             return None
         self.progress.phase(action, f"draining: POST /pause, {first} request(s) in flight", timeout=timeout)
-        t0 = time.monotonic()
+        t0 = self.io.clock.monotonic()
         try:
-            answer = request(f"{origin}/pause?wait_for_inflight_requests=true&clear_cache=false", {}, max(timeout, 0.5))
+            answer = self.io.lanes.request(
+                f"{origin}/pause?wait_for_inflight_requests=true&clear_cache=false", {}, max(timeout, 0.5)
+            )
             status = answer.status
         except direct_http.errors():
             status = 0  # no answer within the drain's time: the requests are still in flight
-        seconds = round(time.monotonic() - t0, 3)
+        seconds = round(self.io.clock.monotonic() - t0, 3)
         if status in (404, 405):
             return None
         record = {

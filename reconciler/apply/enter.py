@@ -10,14 +10,11 @@ guard and frees the GPUs. Part of ``Applier`` (``reconciler.apply.applier``).
 from __future__ import annotations
 
 import secrets
-import time
 from typing import NoReturn
 
 from reconciler.apply import pagecache
 from reconciler.apply.docker_ops import create_spec
 from reconciler.apply.errors import ActionFailed, ActionRefused, BelowReserve, Cancelled, PortSquatted, ProbeFailed
-from reconciler.apply.http_check import _http_answer, _http_ok
-from reconciler.apply.lane_http import request as lane_request
 from reconciler.apply.ports import PortChecks
 from reconciler.base import direct_http
 from reconciler.base.units import human_bytes
@@ -184,7 +181,7 @@ class EnterSteps(PortChecks):
         if origin is None:
             return
         try:
-            answer = lane_request(origin + "/version", None, 1.0)
+            answer = self.io.lanes.request(origin + "/version", None, 1.0)
         except direct_http.errors():
             return
         version = parse_version(answer.body) if answer.status == 200 else None
@@ -206,31 +203,31 @@ class EnterSteps(PortChecks):
 
     def _wait_healthy(self, action: Action, cid: str, recipe: Recipe) -> None:
         h = recipe.health
-        t0 = time.monotonic()
+        t0 = self.io.clock.monotonic()
         running_since: float | None = None
         restarts: int | None = None
         while True:
-            elapsed = time.monotonic() - t0
+            elapsed = self.io.clock.monotonic() - t0
             if self.cancel.is_set():
                 raise Cancelled(f"stop requested while waiting for {action.container}; it keeps its labels")
             st = self.ops.inspect(cid).get("State") or {}
             if st.get("Status") in ENDED_STATES:
                 raise ActionFailed(f"{action.container} exited with code {st.get('ExitCode')} during start")
             if st.get("Status") == "running":
-                running_since = running_since or time.monotonic()
+                running_since = running_since or self.io.clock.monotonic()
                 count = int(st.get("RestartCount") or 0)
                 if restarts is not None and count != restarts:
-                    running_since = time.monotonic()
+                    running_since = self.io.clock.monotonic()
                 restarts = count
                 if h.url:
                     # Asked only once every listener on its ports is the container's own: a squatter is named,
                     # never asked (it would answer the health check and receive the probes' prompts).
-                    if self._ports_ours(action, cid, recipe) and _http_ok(h.url):
+                    if self._ports_ours(action, cid, recipe) and self.io.lanes.health_ok(h.url):
                         self._settle_after_health(action, cid, recipe, restarts)
                         self._require_ports_ours(action, cid, recipe)
                         self._run_probes(action, recipe)
                         return
-                elif time.monotonic() - running_since >= h.settle_s:
+                elif self.io.clock.monotonic() - running_since >= h.settle_s:
                     self._require_ports_ours(action, cid, recipe)
                     self._run_probes(action, recipe)
                     return
@@ -249,7 +246,7 @@ class EnterSteps(PortChecks):
                 else f"no health URL: serving once running and not restarted for settle_s ({h.settle_s:g} s)"
             )
             self.progress.phase(action, f"loading: {waiting}", elapsed=elapsed, timeout=h.start_timeout_s)
-            time.sleep(self.poll_s)
+            self.io.clock.sleep(self.poll_s)
 
     def _run_probes(self, action: Action, recipe: Recipe) -> None:
         """The recipe's ``preflight`` suite, once its health URL answered: each probe in order, the first that
@@ -290,7 +287,7 @@ class EnterSteps(PortChecks):
         url = recipe.health.url
         if not url:
             return
-        what = _http_answer(url)
+        what = self.io.lanes.answer(url)
         if what is not None:
             raise ActionFailed(
                 f"health URL {url} of recipe {action.recipe} already answers ({what}) before {action.container} "
@@ -315,12 +312,12 @@ class EnterSteps(PortChecks):
                 raise ActionFailed(f"{action.container} restarted {when}")
 
         check("right after its health URL answered")
-        t0 = time.monotonic()
-        while (elapsed := time.monotonic() - t0) < h.settle_s:
+        t0 = self.io.clock.monotonic()
+        while (elapsed := self.io.clock.monotonic() - t0) < h.settle_s:
             if self.cancel.is_set():
                 raise Cancelled(f"stop requested while {action.container} settles; it keeps its labels")
             self.progress.phase(action, "health: answered, settling", elapsed=elapsed, timeout=h.settle_s)
-            time.sleep(min(self.poll_s, max(0.0, h.settle_s - elapsed)))
+            self.io.clock.sleep(min(self.poll_s, max(0.0, h.settle_s - elapsed)))
             check(f"within health.settle_s ({h.settle_s:g} s) after its health URL answered")
 
     def _check_enter(self, action: Action, cid: str) -> Observed:

@@ -106,7 +106,7 @@ class PortChecks(ActionContext):
         ports = lane_ports(recipe)
         if not ports:
             return
-        view = _port_listeners(ports)
+        view = self.io.listeners(ports)
         if view is None:
             return  # /proc/net unreadable here: the HTTP check below still refuses anything that answers
         for port, held in sorted(view.items()):
@@ -125,7 +125,7 @@ class PortChecks(ActionContext):
         ports = lane_ports(recipe)
         if not ports or recipe.container.network != "host":
             return True, ""  # off the host's network, the host's sockets are not where its ports are
-        view = _port_listeners(ports)
+        view = self.io.listeners(ports)
         if view is None:
             return False, "the listening sockets could not be read from /proc/net/tcp"
         for port, held in sorted(view.items()):

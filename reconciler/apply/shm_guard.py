@@ -17,6 +17,10 @@ The safety rules 4 and 5 of docs/design.md, on top of the inspection's rules 1-3
   reason code ``lease_refused``.
 - Afterwards every removed name is checked to be absent, and the bytes freed are reported.
 
+What the guard reads of the host and its one write go through a ``ShmIO`` (``REAL_SHM``: this module's reads and
+``reconciler.apply.shm_unlink``'s unlink), its waits through a ``Clock``: the host's I/O seams
+(``reconciler.apply.host_io``), which the simulation hands in whole.
+
 Scope (docs/design.md, safety rule 1, enforced here again whatever the loader let through): the whole reclaim is
 refused, with the reason, when ``shm.pattern`` is not a literal prefix and suffix around one ``*``, when
 ``shm.dir`` is not an absolute, normalised path other than ``/``, or when at reclaim time it is not a tmpfs
@@ -32,14 +36,14 @@ from __future__ import annotations
 import fnmatch
 import os
 import stat as st_mode
-import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from reconciler.apply.shm_results import KeptFile, ReclaimResult, RefusalCode, RemovedFile
 from reconciler.apply.shm_unlink import _unlink_agreed, _verify_absent
 from reconciler.base import mounts
+from reconciler.base.clock import REAL_CLOCK, Clock
 from reconciler.model import ShmConfig, check_shm_dir, check_shm_pattern
 from reconciler.observe.shm import inspect_shm
 from reconciler.plan.observed import ContainerView, ShmFile, ShmView, Source, Tmpfs
@@ -131,6 +135,22 @@ def _inspect(
     return inspect_shm(cfg, containers=containers, docker=docker, proc_root=proc_root, settled=settled)
 
 
+@dataclass(frozen=True)
+class ShmIO:
+    """What the guard reads of the host, and its one write: one inspection of shm.dir and every process, shm.dir's
+    identity (device, inode), why it is not a tmpfs mounted right there, why a path may never be a candidate, the
+    unlink of the files both inspections agreed on (under the kernel's write lease), the check that they are gone,
+    and the tmpfs's figures afterwards."""
+
+    inspect: Callable[..., ShmView]
+    dir_identity: Callable[[str], tuple[int, int]]
+    mount_refusal: Callable[[str], str | None]
+    path_refusal: Callable[[str, str, str], str | None]
+    unlink_agreed: Callable[..., tuple[list[RemovedFile], list[KeptFile], list[str]]]
+    verify_absent: Callable[[str, Sequence[RemovedFile]], tuple[bool, list[str]]]
+    tmpfs_of: Callable[[str], Tmpfs]
+
+
 def reclaim(
     cfg: ShmConfig,
     *,
@@ -141,6 +161,8 @@ def reclaim(
     proc_root: str = "/proc",
     settled: Callable[[], Collection[str]] | None = None,
     claimed: Collection[str] = (),
+    io: ShmIO | None = None,
+    clock: Clock = REAL_CLOCK,
 ) -> ReclaimResult:
     """Remove the orphan offload files (all, or those in ``only_paths``), guarded as the module says.
 
@@ -151,8 +173,10 @@ def reclaim(
     ``claimed``: paths of files a stopped container of this install was the only one seen holding (a failed
     enter's, a leave's own); no running offload container can be making such a file, so none keeps it blocked
     (it must still be unowned, unchanged, in both inspections, and its lease granted).
+    ``io`` and ``clock``: the host's reads and write and its clocks (``REAL_SHM``, ``REAL_CLOCK``; the simulation's).
     """
-    t0 = time.monotonic()
+    io = io or REAL_SHM
+    t0 = clock.monotonic()
     wanted = None if only_paths is None else set(only_paths)
 
     def selected(f: ShmFile) -> bool:
@@ -162,25 +186,25 @@ def reclaim(
     refused_scope = scope_refusal(cfg.dir, cfg.pattern)
     if refused_scope is not None:
         return ReclaimResult(
-            **base, refused=refused_scope, refused_code="source_unavailable", elapsed_s=time.monotonic() - t0
+            **base, refused=refused_scope, refused_code="source_unavailable", elapsed_s=clock.monotonic() - t0
         )
     try:
-        dir_id = _dir_identity(cfg.dir)
+        dir_id = io.dir_identity(cfg.dir)
     except OSError as exc:
         return ReclaimResult(
             **base,
             refused=f"shm.dir {cfg.dir}: {exc.strerror or exc}",
             refused_code="source_unavailable",
-            elapsed_s=time.monotonic() - t0,
+            elapsed_s=clock.monotonic() - t0,
         )
-    refused_mount = tmpfs_mount_refusal(cfg.dir)
+    refused_mount = io.mount_refusal(cfg.dir)
     if refused_mount is not None:
         return ReclaimResult(
-            **base, refused=refused_mount, refused_code="source_unavailable", elapsed_s=time.monotonic() - t0
+            **base, refused=refused_mount, refused_code="source_unavailable", elapsed_s=clock.monotonic() - t0
         )
 
     def inspect() -> ShmView:
-        view = _in_scope(cfg, _inspect(cfg, observe_docker, proc_root, settled=settled() if settled else ()))
+        view = _in_scope(cfg, io.inspect(cfg, observe_docker, proc_root, settled=settled() if settled else ()), io)
         return _with_claims(view, claimed)
 
     first = inspect()
@@ -199,7 +223,7 @@ def reclaim(
             verified=confirm and not unowned and first.sources_ok,
             sources=_sources(first),
             inspections=1,
-            elapsed_s=time.monotonic() - t0,
+            elapsed_s=clock.monotonic() - t0,
         )
     if not confirm or not candidates:
         candidate_paths = {f.path for f in candidates}
@@ -211,10 +235,10 @@ def reclaim(
             sources=_sources(first),
             tmpfs_after=first.tmpfs if confirm else None,
             inspections=1,
-            elapsed_s=time.monotonic() - t0,
+            elapsed_s=clock.monotonic() - t0,
         )
 
-    (sleep or time.sleep)(cfg.confirm_interval_s)  # looked up now: a simulated clock replaces the module's time
+    (sleep or clock.sleep)(cfg.confirm_interval_s)
     second = inspect()
     common["blocking_containers"] = tuple(sorted(set(first.blocking_containers) | set(second.blocking_containers)))
     refused = _refusal(second, selected)
@@ -227,20 +251,20 @@ def reclaim(
             refused_code=refused.code,
             sources=_sources(second),
             inspections=2,
-            elapsed_s=time.monotonic() - t0,
+            elapsed_s=clock.monotonic() - t0,
         )
 
     agreed, kept = compare_inspections(candidates, second, selected=selected)
     # Never outside the exact set asked for, whatever the inspections said (the last gate before any unlink).
     agreed = [f for f in agreed if selected(f)]
-    removed, more_kept, errors = _unlink_agreed(cfg.dir, dir_id, agreed, pattern=cfg.pattern)
+    removed, more_kept, errors = io.unlink_agreed(cfg.dir, dir_id, agreed, pattern=cfg.pattern)
     kept += more_kept
-    verified, verify_errors = _verify_absent(cfg.dir, removed)
+    verified, verify_errors = io.verify_absent(cfg.dir, removed)
     errors += verify_errors
     handled = {f.path for f in removed} | {k.path for k in kept}
     kept += [k for k in _kept_from(second, selected=selected) if k.path not in handled]
     try:
-        after = _tmpfs_of(cfg.dir)
+        after = io.tmpfs_of(cfg.dir)
     except OSError:
         after = None
     return ReclaimResult(
@@ -253,7 +277,7 @@ def reclaim(
         errors=tuple(errors),
         tmpfs_after=after,
         inspections=2,
-        elapsed_s=time.monotonic() - t0,
+        elapsed_s=clock.monotonic() - t0,
     )
 
 
@@ -371,12 +395,12 @@ def path_refusal(directory: str, pattern: str, path: str) -> str | None:
     return None
 
 
-def _in_scope(cfg: ShmConfig, view: ShmView) -> ShmView:
+def _in_scope(cfg: ShmConfig, view: ShmView, io: ShmIO) -> ShmView:
     """The view with every file that fails ``path_refusal`` moved to ``skipped``: never a candidate."""
     keep: list[ShmFile] = []
     skipped = list(view.skipped)
     for f in view.files:
-        why = path_refusal(cfg.dir, cfg.pattern, f.path)
+        why = io.path_refusal(cfg.dir, cfg.pattern, f.path)
         if why is None:
             keep.append(f)
         else:
@@ -396,3 +420,14 @@ def _dir_identity(path: str) -> tuple[int, int]:
 def _tmpfs_of(path: str) -> Tmpfs:
     v = os.statvfs(path)
     return Tmpfs(v.f_blocks * v.f_frsize, (v.f_blocks - v.f_bfree) * v.f_frsize, v.f_bavail * v.f_frsize)
+
+
+REAL_SHM = ShmIO(
+    inspect=_inspect,
+    dir_identity=_dir_identity,
+    mount_refusal=tmpfs_mount_refusal,
+    path_refusal=path_refusal,
+    unlink_agreed=_unlink_agreed,
+    verify_absent=_verify_absent,
+    tmpfs_of=_tmpfs_of,
+)

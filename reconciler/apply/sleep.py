@@ -17,18 +17,15 @@ pass after its backoff). Part of ``Applier`` (``reconciler.apply.applier``).
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from reconciler.apply.enter import EnterSteps
 from reconciler.apply.errors import ActionFailed, ActionRefused, Cancelled
-from reconciler.apply.http_check import _http_ok
-from reconciler.apply.lane_http import body_text, quote, request
+from reconciler.apply.lane_http import body_text, quote
 from reconciler.apply.leave import LeaveSteps
 from reconciler.base import direct_http
 from reconciler.base.units import human_bytes
 from reconciler.model import Recipe, SleepSpec
-from reconciler.observe.lane_sleep import ask_sleeping
 from reconciler.plan.actions import Action, ActionKind
 from reconciler.plan.claims import is_ours, slot_holders
 from reconciler.plan.observed import ContainerView, Observed
@@ -45,7 +42,7 @@ class SleepSteps(EnterSteps, LeaveSteps):
     def sleep_lane(self, action: Action, observed: Observed) -> tuple[str, int]:
         recipe, spec, origin = self._sleep_mode(action)
         c = self._lane(action, observed)
-        t0 = time.monotonic()
+        t0 = self.io.clock.monotonic()
         try:
             drained = self._drain(action, c, recipe, observed)
             record = self._figures().get("drain") or {}
@@ -59,7 +56,7 @@ class SleepSteps(EnterSteps, LeaveSteps):
         except _WontSleep as exc:
             left = self._leave_instead(action, c)
             raise ActionFailed(f"{c.name} would not sleep ({exc}): left (stopped) instead; {left}") from None
-        seconds = time.monotonic() - t0
+        seconds = self.io.clock.monotonic() - t0
         now = self.observe()
         held = self._record_memory(c.id, "asleep", now)
         kept = f"; it still holds {_per_slot(held)}" if held else ""
@@ -71,7 +68,7 @@ class SleepSteps(EnterSteps, LeaveSteps):
         now = self.observe()
         c = self._lane(action, now)
         self._check_wake(action, c, now)
-        t0 = time.monotonic()
+        t0 = self.io.clock.monotonic()
         try:
             self.progress.phase(action, "waking", timeout=spec.timeout_s)
             if spec.level == 1:
@@ -83,9 +80,9 @@ class SleepSteps(EnterSteps, LeaveSteps):
                 self._call(origin, "/wake_up?tags=kv_cache", None, spec, ActionFailed)
             self._await_state(action, origin, spec, asleep=False, error=ActionFailed)
             self._resume(origin, spec)
-            if recipe.health.url and not _http_ok(recipe.health.url):
+            if recipe.health.url and not self.io.lanes.health_ok(recipe.health.url):
                 raise ActionFailed(f"{c.name} is awake but its health URL {recipe.health.url} does not answer 200")
-            woke = time.monotonic() - t0
+            woke = self.io.clock.monotonic() - t0
             self._run_probes(action, recipe)
             after = self._check_enter(action, c.id)
             verdict = self.check_reserve(action, after)
@@ -117,7 +114,7 @@ class SleepSteps(EnterSteps, LeaveSteps):
     def _call(self, origin: str, path: str, payload: dict[str, Any] | None, spec: SleepSpec, error: type) -> None:
         """POST to the lane's own origin; anything but a 200 raises ``error`` quoting the answer."""
         try:
-            answer = request(origin + path, payload if payload is not None else {}, spec.timeout_s)
+            answer = self.io.lanes.request(origin + path, payload if payload is not None else {}, spec.timeout_s)
         except direct_http.errors() as exc:
             raise error(f"POST {path}: {type(exc).__name__}: {exc}") from None
         if answer.status != 200:
@@ -126,7 +123,7 @@ class SleepSteps(EnterSteps, LeaveSteps):
     def _resume(self, origin: str, spec: SleepSpec) -> None:
         """Admit requests again where its sleep's drain paused the server (``POST /resume``; a 404: none offered)."""
         try:
-            answer = request(origin + "/resume", {}, spec.timeout_s)
+            answer = self.io.lanes.request(origin + "/resume", {}, spec.timeout_s)
         except direct_http.errors() as exc:
             raise ActionFailed(f"POST /resume: {type(exc).__name__}: {exc}") from None
         if answer.status not in (200, 404, 405):
@@ -134,19 +131,19 @@ class SleepSteps(EnterSteps, LeaveSteps):
 
     def _await_state(self, action: Action, origin: str, spec: SleepSpec, *, asleep: bool, error: type) -> None:
         """Until the lane itself says it sleeps (or is awake), at most ``sleep.timeout_s``."""
-        t0 = time.monotonic()
+        t0 = self.io.clock.monotonic()
         while True:
-            answer = ask_sleeping(origin)
+            answer = self.io.lanes.is_sleeping(origin)
             if answer is asleep:
                 return
-            elapsed = time.monotonic() - t0
+            elapsed = self.io.clock.monotonic() - t0
             if elapsed >= spec.timeout_s:
                 said = answer if isinstance(answer, str) else f"it says is_sleeping {str(answer).lower()}"
                 want = "asleep" if asleep else "awake"
                 raise error(f"not {want} within sleep.timeout_s ({spec.timeout_s:g} s): {said}")
             if self.cancel.is_set():
                 raise Cancelled(f"stop requested while {action.container} was {'put to sleep' if asleep else 'woken'}")
-            time.sleep(min(self.poll_s, 0.05))
+            self.io.clock.sleep(min(self.poll_s, 0.05))
 
     def _check_wake(self, action: Action, c: ContainerView, now: Observed) -> None:
         """Rule 1, again right before the call: on the lane's cards nothing else is awake or holds the memory."""

@@ -12,10 +12,10 @@ import yaml
 
 from reconciler.base.errors import ConfigProblem
 from reconciler.base.units import human_bytes
-from reconciler.load import tmpfs
 from reconciler.load.files import HOST_FILE, RECIPES_DIR
 from reconciler.load.problems import short
 from reconciler.load.recipes import host_ports, recipe_file, recipe_line
+from reconciler.load.tmpfs import REAL_TMPFS, TmpfsReads
 from reconciler.load.yaml_source import yaml_line
 from reconciler.model import (
     SLEEP_DEV_ENV,
@@ -172,18 +172,29 @@ def cross_check(
     shm_size: int | None,
     shm_free: int | None = None,
     host_node: yaml.Node | None = None,
+    tmpfs: TmpfsReads = REAL_TMPFS,
 ) -> dict[str | None, list[DesiredAssignment]]:
     """Every topology of the manifest checked against the host and the recipes (``None``: the unnamed one of
     ``assignments:``), each as the list of assignments it would run; with ``standby:``, each topology as it would run
     beside the sleeping lanes of the others."""
     out = {
         name: _check_topology(
-            path, items, name, node, host, recipes, problems, shm_size=shm_size, shm_free=shm_free, host_node=host_node
+            path,
+            items,
+            name,
+            node,
+            host,
+            recipes,
+            problems,
+            shm_size=shm_size,
+            shm_free=shm_free,
+            host_node=host_node,
+            tmpfs=tmpfs,
         )
         for name, items in manifest.named().items()
     }
     if manifest.standby:
-        size = shm_size if shm_size is not None else tmpfs.tmpfs_size(host.shm.dir)
+        size = shm_size if shm_size is not None else tmpfs.size(host.shm.dir)
         _check_standby(path, manifest, node, host, recipes, out, problems, shm_size=size)
     return out
 
@@ -279,6 +290,7 @@ def _check_topology(
     shm_size: int | None,
     shm_free: int | None = None,
     host_node: yaml.Node | None = None,
+    tmpfs: TmpfsReads = REAL_TMPFS,
 ) -> list[DesiredAssignment]:
     out: list[DesiredAssignment] = []
     given: dict[str, int] = {}
@@ -320,8 +332,8 @@ def _check_topology(
     _port_clashes(path, items, topology, node, recipes, problems)
     need = sum(a.offload_bytes for a in out)
     if need:
-        size = shm_size if shm_size is not None else tmpfs.tmpfs_size(host.shm.dir)
-        free = shm_free if shm_free is not None else (None if shm_size is not None else tmpfs.tmpfs_free(host.shm.dir))
+        size = shm_size if shm_size is not None else tmpfs.size(host.shm.dir)
+        free = shm_free if shm_free is not None else (None if shm_size is not None else tmpfs.free(host.shm.dir))
         reserve = host.shm.reserve_bytes
         if size is None:
             problems.append(

@@ -21,6 +21,7 @@ from reconciler.load.git_source import GitError, SourceFiles, source_files
 from reconciler.load.host_file import load_host_file
 from reconciler.load.recipes import read_recipes
 from reconciler.load.secrets import SecretError, digest, read_env_file, resolve
+from reconciler.load.tmpfs import REAL_TMPFS, TmpfsReads
 from reconciler.load.toml_source import toml_line
 from reconciler.load.yaml_source import validate_yaml
 from reconciler.model import DesiredAssignment, DesiredState, HostConfig, Manifest, Recipe
@@ -34,19 +35,21 @@ def load_desired(
     shm_size: int | None = None,
     shm_free: int | None = None,
     commit: str | None = None,
+    tmpfs: TmpfsReads = REAL_TMPFS,
 ) -> DesiredState:
     """Load host, recipes and the host's manifest, and cross-check them. Raises ConfigError with every problem.
 
     With ``source:`` in the host file the manifests and recipes are those of the source's commit in use (or of
     ``commit``, a candidate the sync checks), read as a root's would be, each problem naming ``COMMIT:FILE``.
-    ``shm_size`` and ``shm_free`` stand in for the tmpfs's real figures (tests)."""
+    ``shm_size`` and ``shm_free`` stand in for the tmpfs's real figures (tests); ``tmpfs`` is how they are read (the
+    host's I/O seams: the simulation's world answers)."""
     r = Path(root)
     check_root(r)
     problems: list[ConfigProblem] = []
     host: HostConfig | None = None
     host_node: yaml.Node | None = None
     try:
-        host, host_node = load_host_file(r)
+        host, host_node = load_host_file(r, tmpfs)
     except ConfigError as exc:
         problems.extend(exc.problems)
     source: SourceFiles | None = None
@@ -56,7 +59,7 @@ def load_desired(
         except (GitError, StateError) as exc:
             raise ConfigError([ConfigProblem(HOST_FILE, None, f"source: {exc}")]) from None
     try:
-        desired = _load_files(r, source, host, host_node, problems, shm_size=shm_size, shm_free=shm_free)
+        desired = _load_files(r, source, host, host_node, problems, shm_size=shm_size, shm_free=shm_free, tmpfs=tmpfs)
     except ConfigError as exc:
         if source is None:
             raise
@@ -82,6 +85,7 @@ def _load_files(
     *,
     shm_size: int | None,
     shm_free: int | None,
+    tmpfs: TmpfsReads = REAL_TMPFS,
 ) -> DesiredState:
     """The recipes and manifests of ``source``'s tree (or of the root ``r``), cross-checked with the host file."""
     files = source.tree if source is not None else r
@@ -135,6 +139,7 @@ def _load_files(
         shm_size=shm_size,
         shm_free=shm_free,
         host_node=host_node,
+        tmpfs=tmpfs,
     )
     secret_digests = _secret_digests(files, host, recipes, problems)
     if problems:

@@ -1,15 +1,17 @@
 """shm.dir's tmpfs, as the host shows it: whether shm.dir is an existing tmpfs mount point, its size and its free
 room.
 
-Called through this module's attributes (``tmpfs.shm_dir_mount_problem``, ...) by the host file's reader
-(``reconciler.load.host_file``) and the cross-checks (``reconciler.load.cross_checks``); the simulation replaces
-them here.
+Read through a ``TmpfsReads`` (``REAL_TMPFS``: these functions) handed to the host file's reader
+(``reconciler.load.host_file``) and the cross-checks (``reconciler.load.cross_checks``); it is the loader's part of the
+host's I/O seams (``reconciler.apply.host_io.HostIO.tmpfs``), which the simulation replaces whole.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from reconciler.base import mounts
 from reconciler.base.mounts import MOUNTINFO, TMPFS_MAGIC
@@ -77,3 +79,15 @@ def tmpfs_free(directory: str) -> int | None:
     except OSError:
         return None
     return st.f_frsize * st.f_bavail
+
+
+@dataclass(frozen=True)
+class TmpfsReads:
+    """What the loader reads of shm.dir's tmpfs: whether it is a tmpfs mount point, its size, its free room."""
+
+    mount_problem: Callable[[str], str | None] = shm_dir_mount_problem
+    size: Callable[[str], int | None] = tmpfs_size
+    free: Callable[[str], int | None] = tmpfs_free
+
+
+REAL_TMPFS = TmpfsReads()

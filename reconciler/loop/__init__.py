@@ -18,12 +18,12 @@ import os
 import queue
 import signal
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from reconciler import __version__
 from reconciler.apply.applier import Applier
+from reconciler.apply.host_io import REAL_IO, HostIO
 from reconciler.apply.results import Outcome, PassResult
 from reconciler.base import sdnotify
 from reconciler.base.errors import ConfigError, ReconcilerError
@@ -41,7 +41,6 @@ from reconciler.loop.source import SourceFollower
 from reconciler.loop.triggers import EngineEvents, Triggers, watch_files
 from reconciler.model import DesiredState, assignment_key, container_name
 from reconciler.observe.docker_obs import DockerObserver
-from reconciler.observe.lanes import lane_readings
 from reconciler.plan.actions import ActionKind, Plan
 from reconciler.plan.vram import vram_by_slot
 from reconciler.store.audit import audit_log
@@ -62,12 +61,16 @@ class Loop:
         log: Log | None = None,
         backoff: Backoff | None = None,
         front_ends: Sequence[FrontEnd] = (),
+        io: HostIO | None = None,
     ):
+        """``io``: the host's I/O seams (``REAL_IO``; the simulation's world), handed to each pass's applier, the
+        loader's tmpfs reads and the lanes' readings."""
         # prometheus_client is needed by `reconciler run` alone (a stand-alone apply imports this package for its
         # progress lines): an optional SDK.
         from reconciler.loop.metrics import Metrics
 
         self.root = root
+        self.io = io or REAL_IO
         self.front_ends = tuple(front_ends)
         self.resync_s = resync_s
         self.debounce_s = debounce_s
@@ -104,7 +107,7 @@ class Loop:
         if self.source.needs_first():
             # A git source of which no commit is in use yet: fetched first, under the host lock, until one is taken
             # (its canaries may not have converged it yet): there is nothing to load before.
-            with HostLock(load_host(self.root).name, command="run"):
+            with HostLock(load_host(self.root, self.io.tmpfs).name, command="run"):
                 while not self.source.follow({"sync"}) and self.source.needs_first():
                     self.stop.wait(self.source.interval_s or 5.0)
         desired = self._load()
@@ -134,7 +137,7 @@ class Loop:
                     reasons, _ = self.triggers.take()
                     try:
                         with self.pass_lock:
-                            self._pass_since = time.monotonic()
+                            self._pass_since = self.io.clock.monotonic()
                             self.cycle(reasons or {"resync"})
                     except Exception as exc:  # noqa: BLE001 - one bad pass must not end the loop: log it, go on
                         self.log("pass-error", error=f"{type(exc).__name__}: {exc}")
@@ -190,7 +193,7 @@ class Loop:
         if since is None or self.desired is None:
             return True
         limit = 600.0 + 3 * sum(r.health.start_timeout_s + r.stop.timeout_s for r in self.desired.recipes.values())
-        return time.monotonic() - since < limit
+        return self.io.clock.monotonic() - since < limit
 
     def _listener_lost(self, why: str) -> None:
         """The listener died too often to go on restarting it: end the loop with exit 1 (systemd restarts it)."""
@@ -224,14 +227,14 @@ class Loop:
     def _wait(self) -> None:
         """Sleep until a trigger, the resync timer or the next backoff expiry; debounce file events."""
         timeout = self.resync_s
-        now = time.time()
+        now = self.io.clock.time()
         pending = [e.until for e in self.backoff.entries.values() if e.until > now]
         # An enter the last pass held whose backoff ran out while that pass was still running: try it now, not
         # at the next resync.
         pending += [now for k in self._held if (e := self.backoff.entries.get(k)) is not None and e.until <= now]
         nxt = min(pending, default=None)
         if nxt is not None:
-            timeout = min(timeout, max(0.05, nxt - time.time() + 0.05))
+            timeout = min(timeout, max(0.05, nxt - self.io.clock.time() + 0.05))
         fetch = self.source.due_in()
         if fetch is not None:
             timeout = min(timeout, fetch + 0.05)
@@ -240,7 +243,7 @@ class Loop:
             self.triggers.fire("sync" if due == 0.0 else "resync" if nxt is None else "backoff")
         while not self.stop.is_set():
             with self.triggers.lock:
-                quiet = time.monotonic() - self.triggers.fs_at
+                quiet = self.io.clock.monotonic() - self.triggers.fs_at
             if "file" not in self.triggers.reasons or quiet >= self.debounce_s:
                 return
             self.stop.wait(self.debounce_s - quiet)  # a stop ends the wait: SIGTERM never waits out a debounce
@@ -249,7 +252,7 @@ class Loop:
 
     def _load(self) -> DesiredState | None:
         try:
-            desired = load_desired(self.root)
+            desired = load_desired(self.root, tmpfs=self.io.tmpfs)
         except ConfigError as exc:
             for p in exc.problems:
                 self.log("config-invalid", path=p.path, line=p.line, error=p.message)
@@ -273,17 +276,17 @@ class Loop:
             desired.host.docker.url,
             desired.host.docker.timeout_s,
         ):
-            self.observer = DockerObserver.for_host(desired.host)
+            self.observer = self.io.engine(desired.host)
         self.desired = desired
         return desired
 
     def cycle(self, reasons: set[str]) -> PassResult | None:
-        t0 = time.monotonic()
+        t0 = self.io.clock.monotonic()
         self._held = set()
         self.source.follow(reasons)  # a commit taken is what _load reads now
         desired = self._load()
         if desired is None:
-            self.metrics.record_pass("error", time.monotonic() - t0)
+            self.metrics.record_pass("error", self.io.clock.monotonic() - t0)
             return None
         recipes = {name: r.content_hash() for name, r in desired.recipes.items()}  # a fallback's entry stays
         for key in self.backoff.forget_changed({a.key: a.recipe_hash for a in desired.assignments}, recipes=recipes):
@@ -301,6 +304,7 @@ class Loop:
                 on_reclaim=self._on_reclaim,
                 connect=False,
                 progress=LogProgress(self.log),
+                io=self.io,
             )
             applier.fallback_view = lambda: self._fallback_view(desired)
             observed, plan = applier.plan_now()
@@ -311,7 +315,7 @@ class Loop:
                 plan = applier.plan_of(observed)
         except Exception as exc:  # noqa: BLE001 - the loop must survive anything one pass throws
             self.log("pass-error", error=f"{type(exc).__name__}: {exc}")
-            self.metrics.record_pass("error", time.monotonic() - t0)
+            self.metrics.record_pass("error", self.io.clock.monotonic() - t0)
             return None
         self.metrics.observe_state(observed, plan)  # free VRAM per slot against its reserve, every pass
         self._reserve_changed(desired, observed)
@@ -323,16 +327,16 @@ class Loop:
             result = applier.converge(start=(observed, plan))
             after, final = applier.plan_now()
             self.metrics.observe_state(after, final)
-            self.metrics.observe_lanes(lane_readings(desired, after).values())
+            self.metrics.observe_lanes(self.io.lanes.readings(desired, after).values())
         else:
             result = applier.converge(start=(observed, plan))  # no actions: classifies only, changes nothing
-            self.metrics.observe_lanes(lane_readings(desired, observed).values())
+            self.metrics.observe_lanes(self.io.lanes.readings(desired, observed).values())
         self._held = {assignment_key(h.recipe, h.gpus) for h in result.final.held}
         self._fallbacks_changed(result.final)
         for reason in pass_refusals(result):
             self.metrics.record_refusal(reason)
         kind = pass_label(result)
-        seconds = time.monotonic() - t0
+        seconds = self.io.clock.monotonic() - t0
         self.metrics.record_pass(kind, seconds)
         if result.outcomes or kind != "converged" or "start" in reasons:
             self.log(
@@ -343,7 +347,7 @@ class Loop:
                 message=result.message or "-",
             )
         self.passes += 1
-        self.last_pass_at = time.time()
+        self.last_pass_at = self.io.clock.time()
         self.last_pass = {
             "result": result.result,
             "message": result.message,
@@ -373,7 +377,7 @@ class Loop:
 
     def _fallback_view(self, desired: DesiredState) -> tuple[Any, dict[str, float]]:
         """For the planner: the last converged topology, and the seconds to each held assignment's next attempt."""
-        now = time.time()
+        now = self.io.clock.time()
         return last_topology(desired.host.name), {k: max(0.0, e.until - now) for k, e in self.backoff.entries.items()}
 
     def _fallbacks_changed(self, final: Plan) -> None:
@@ -494,7 +498,7 @@ class Loop:
     def _settle(self, desired: DesiredState, plan: Plan) -> None:
         """Backoff delays that ran out stop counting as held; an assignment that has run long enough since
         leaves backoff for good."""
-        now = time.time()
+        now = self.io.clock.time()
         waiting = {e.recipe for e in self.backoff.entries.values() if e.until > now}
         for recipe in {e.recipe for e in self.backoff.entries.values()} - waiting:
             self.metrics.end_backoff_wait(recipe)
@@ -547,7 +551,7 @@ class Loop:
         "unavailable". Answered without a token, so it quotes no cause: a failed enter's cause quotes its
         container's log, a source's error its engine's words. The last pass's message is its result's word;
         ``status`` and ``GET /v1/status`` say the rest."""
-        age = time.time() - self.last_pass_at if self.last_pass_at else None
+        age = self.io.clock.time() - self.last_pass_at if self.last_pass_at else None
         fresh = age is not None and age < max(3 * self.resync_s, 300)
         down = dict(self._down_codes)
         ok = fresh and not down

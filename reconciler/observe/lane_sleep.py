@@ -9,7 +9,7 @@ Read-only. Called by ``reconciler.observe.observe`` when some recipe has [sleep]
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from reconciler.base import direct_http
@@ -37,8 +37,14 @@ def ask_sleeping(origin: str, timeout: float = ASK_TIMEOUT_S) -> bool | str:
     return value
 
 
-def read_sleeping(host: str, containers: Sequence[ContainerView], origins: Mapping[str, str]) -> dict[str, bool]:
-    """Container id -> its answer, for each running container of this host whose recipe is in ``origins``."""
+def read_sleeping(
+    host: str,
+    containers: Sequence[ContainerView],
+    origins: Mapping[str, str],
+    ask: Callable[[str], bool | str] = ask_sleeping,
+) -> dict[str, bool]:
+    """Container id -> its answer, for each running container of this host whose recipe is in ``origins``; each
+    asked through ``ask`` (``ask_sleeping``; the simulation's world answers)."""
     asked = [
         (c.id, origins[c.recipe or ""])
         for c in containers
@@ -50,8 +56,8 @@ def read_sleeping(host: str, containers: Sequence[ContainerView], origins: Mappi
     if not asked:
         return {}
     if len(asked) == 1:
-        answers = [ask_sleeping(asked[0][1])]
+        answers = [ask(asked[0][1])]
     else:
         with ThreadPoolExecutor(max_workers=min(8, len(asked)), thread_name_prefix="is-sleeping") as pool:
-            answers = list(pool.map(ask_sleeping, [o for _, o in asked]))
+            answers = list(pool.map(ask, [o for _, o in asked]))
     return {cid: a for (cid, _), a in zip(asked, answers, strict=True) if isinstance(a, bool)}

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from reconciler.apply.host_io import REAL_IO
 from reconciler.base.errors import ReconcilerError
-from reconciler.observe.docker_obs import DockerObserver
 from reconciler.plan.claims import owner_kind
 from reconciler.service.results import AdoptResult
 from reconciler.store import state
@@ -26,7 +26,7 @@ def adopt_containers(service: HostService, names: list[str]) -> AdoptResult:
     host = desired.host.name
     service._host_name = host
     with service.exclusive(host, "adopt"):
-        containers, source = DockerObserver.for_host(desired.host).observe()
+        containers, source = (service.io or REAL_IO).engine(desired.host).observe()
         if not source.ok:
             raise ReconcilerError(f"docker source unavailable: {source.detail}; nothing adopted")
         own = state.read_ownership(host)

@@ -125,6 +125,7 @@ def open_session(
             cancel=cancel,
             on_outcome=hooks.outcome if hooks else None,
             on_reclaim=hooks.reclaim if hooks else None,
+            io=service.io,
         )
         yield ApplySession(service, applier, files, view)
 

@@ -21,6 +21,7 @@ from reconciler.base.errors import ReconcilerError
 from reconciler.base.requests import is_plan_id
 from reconciler.load.desired import load_desired
 from reconciler.load.host_file import load_host
+from reconciler.load.tmpfs import REAL_TMPFS
 from reconciler.plan.fingerprint import Fingerprint
 from reconciler.service.caller import Caller
 from reconciler.service.results import ApplyResult, AuditResult
@@ -29,6 +30,7 @@ from reconciler.store.audit import audit_log
 from reconciler.store.lock import HostLock, LockDirUnusable, LockHeld
 
 if TYPE_CHECKING:
+    from reconciler.apply.host_io import HostIO
     from reconciler.apply.results import Progress
     from reconciler.model import DesiredState, HostConfig
     from reconciler.service.apply_session import ApplySession
@@ -74,8 +76,12 @@ class HostService:
         pass_lock: contextlib.AbstractContextManager[object] | None = None,
         hooks: ActionHooks | None = None,
         files: Any = None,
+        io: HostIO | None = None,
     ):
         self.root = root
+        # The host's I/O seams (None: the host's own, ``REAL_IO``, resolved by the calls that reach the host: a
+        # light command loads no observer): every call that observes, plans, applies or reclaims goes through them.
+        self.io = io
         self.caller = caller
         self.pass_lock = pass_lock
         self.hooks = hooks
@@ -86,10 +92,10 @@ class HostService:
     # ------------------------------------------------------------ helpers
 
     def desired(self) -> DesiredState:
-        return load_desired(self.root)
+        return load_desired(self.root, tmpfs=self.io.tmpfs if self.io else REAL_TMPFS)
 
     def host(self) -> HostConfig:
-        return load_host(self.root)
+        return load_host(self.root, self.io.tmpfs if self.io else REAL_TMPFS)
 
     @contextlib.contextmanager
     def exclusive(self, host: str, command: str) -> Iterator[None]:

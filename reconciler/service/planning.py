@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from reconciler.observe import observe
+from reconciler.apply.host_io import REAL_IO
 from reconciler.plan.enter_checks import enter_needs
 from reconciler.plan.fingerprint import file_digests, fingerprint
 from reconciler.plan.planner import plan
@@ -27,7 +27,7 @@ def plan_host(service: HostService, *, save: bool = False, out: str | None = Non
     desired = service.desired()
     service._host_name = desired.host.name
     view = loop_view(desired.host.name)
-    observed = observe(desired.host, **enter_needs(desired, view.get("last_good", ())))
+    observed = (service.io or REAL_IO).observe(desired.host, **enter_needs(desired, view.get("last_good", ())))
     p = plan(desired, observed, **view)
     fp = fingerprint(files, desired, observed, view)
     result = PlanResult(desired, observed, p, fingerprint=fp)

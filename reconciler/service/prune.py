@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from reconciler.apply.docker_ops import DockerOps
+from reconciler.apply.host_io import REAL_IO
 from reconciler.base.errors import ReconcilerError
-from reconciler.observe.docker_obs import DockerObserver
 from reconciler.plan.observed import INACTIVE_STATES
 from reconciler.plan.planner import kept_failed
 from reconciler.service.results import PruneResult
@@ -26,7 +26,7 @@ def prune_kept_failed(service: HostService, *, confirm: bool) -> PruneResult:
     desired = service.desired()
     host = desired.host.name
     service._host_name = host
-    observer = DockerObserver.for_host(desired.host)
+    observer = (service.io or REAL_IO).engine(desired.host)
 
     def look() -> list[Any]:
         containers, source = observer.observe()

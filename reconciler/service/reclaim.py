@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from reconciler.apply.host_io import REAL_IO
 from reconciler.apply.shm_guard import reclaim
-from reconciler.observe.docker_obs import DockerObserver
 from reconciler.service.results import ReclaimOutcome
 from reconciler.store.state import read_ownership
 
@@ -22,15 +22,32 @@ def shm_reclaim(service: HostService, *, confirm: bool, paths: list[str] | None 
     """The guarded cleanup: a dry run unless ``confirm``; with ``paths``, nothing outside them is removed."""
     host = service.host()
     service._host_name = host.name
-    observer = DockerObserver.for_host(host)
+    io = service.io or REAL_IO
+    observer = io.engine(host)
     settled = lambda: read_ownership(host.name).healthy  # noqa: E731 - read afresh for each inspection
     if not confirm:
         return ReclaimOutcome(
-            reclaim(host.shm, observe_docker=observer.observe, confirm=False, only_paths=paths, settled=settled)
+            reclaim(
+                host.shm,
+                observe_docker=observer.observe,
+                confirm=False,
+                only_paths=paths,
+                settled=settled,
+                io=io.shm,
+                clock=io.clock,
+            )
         )
     t0 = time.monotonic()
     with service.exclusive(host.name, "shm reclaim"):
-        result = reclaim(host.shm, observe_docker=observer.observe, confirm=True, only_paths=paths, settled=settled)
+        result = reclaim(
+            host.shm,
+            observe_docker=observer.observe,
+            confirm=True,
+            only_paths=paths,
+            settled=settled,
+            io=io.shm,
+            clock=io.clock,
+        )
     if service.hooks:
         service.hooks.shm_reclaim(result)
     service.record(

@@ -11,13 +11,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reconciler.apply.host_io import REAL_IO, HostIO
 from reconciler.base.errors import ConfigError
 from reconciler.load.desired import _secret_digests
 from reconciler.load.host_file import load_host
 from reconciler.load.recipes import load_recipes
 from reconciler.model import DesiredAssignment, DesiredState
-from reconciler.observe import observe
-from reconciler.observe.lanes import GAUGE_KEYS, LaneReading, lane_readings
+from reconciler.observe.lanes import GAUGE_KEYS, LaneReading
 from reconciler.plan.actions import Plan
 from reconciler.plan.claims import owner_kind, slot_holders
 from reconciler.plan.enter_checks import enter_needs
@@ -178,10 +178,11 @@ def host_status(service: HostService) -> StatusResult:
     try:
         desired = service.desired()
     except ConfigError as exc:
-        return status_of_invalid_files(service.root, exc)
+        return status_of_invalid_files(service.root, exc, service.io or REAL_IO)
+    io = service.io or REAL_IO
     view = loop_view(desired.host.name)
-    observed = observe(desired.host, **enter_needs(desired, view.get("last_good", ())))
-    lanes = lane_readings(desired, observed)
+    observed = io.observe(desired.host, **enter_needs(desired, view.get("last_good", ())))
+    lanes = io.lanes.readings(desired, observed)
     data = status_data(desired, observed, plan(desired, observed, **view), lanes)
     data["probe_suites"] = last_suites(desired.host.name, set(desired.recipes))
     if observed.unavailable():
@@ -189,12 +190,12 @@ def host_status(service: HostService) -> StatusResult:
     return StatusResult(data, observed)
 
 
-def status_of_invalid_files(root: str, exc: ConfigError) -> StatusResult:
+def status_of_invalid_files(root: str, exc: ConfigError, io: HostIO = REAL_IO) -> StatusResult:
     """``status`` while the files do not validate: what the host runs, measured against the last valid desired
     state (the running loop's, which it keeps acting on; else the last converged topology), with the files'
     error in the answer (exit 1). Without a valid host file there is nothing to observe by: the error alone."""
     try:
-        host = load_host(root)
+        host = load_host(root, io.tmpfs)
     except ConfigError:
         raise exc from None
     try:
@@ -222,7 +223,7 @@ def status_of_invalid_files(root: str, exc: ConfigError) -> StatusResult:
         manifest_path=manifest,
         secret_digests=_secret_digests(Path(root), host, recipes, []),
     )
-    observed = observe(host)
+    observed = io.observe(host)
     data = status_data(desired, observed, plan(desired, observed, **loop_view(host.name)))
     data["desired_from"] = source if pairs else "none: no loop is running and no topology ever converged"
     data["error"] = error_object(

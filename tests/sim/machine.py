@@ -231,7 +231,7 @@ class HostMachine(RuleBasedStateMachine):
 
         w = self.world
         assert w is not None
-        self.loop = Loop(str(self.root), log=Log(stream=self.sink), backoff=Backoff(clock=lambda: w.wall()))
+        self.loop = Loop(str(self.root), log=Log(stream=self.sink), backoff=Backoff(clock=lambda: w.wall()), io=w.io)
 
     def teardown(self) -> None:
         if self._ctx is not None:
@@ -246,8 +246,10 @@ class HostMachine(RuleBasedStateMachine):
         from reconciler.load.desired import load_desired
         from sim.seams import sim_observer
 
-        desired = load_desired(str(self.root))
-        applier = Applier(desired, observer=sim_observer(self.world, desired.host.docker.url), connect=False)
+        desired = load_desired(str(self.root), tmpfs=self.world.io.tmpfs)
+        applier = Applier(
+            desired, observer=sim_observer(self.world, desired.host.docker.url), connect=False, io=self.world.io
+        )
         return applier.plan_now()[1].to_json()
 
     @rule(topology=st.sampled_from(sorted(TOPOLOGIES)))
@@ -268,7 +270,7 @@ class HostMachine(RuleBasedStateMachine):
         from reconciler.service import Caller, HostService
 
         try:
-            HostService(str(self.root), caller=Caller("cli", "operator")).switch(topology)
+            HostService(str(self.root), caller=Caller("cli", "operator"), io=self.world.io).switch(topology)
         except ReconcilerError:
             return
         if ":" in self.topology:
@@ -403,7 +405,9 @@ class HostMachine(RuleBasedStateMachine):
             return
         c = cands[pick % len(cands)]
         try:
-            result = HostService(str(self.root), caller=Caller("cli", "second terminal")).adopt([c.name])
+            result = HostService(str(self.root), caller=Caller("cli", "second terminal"), io=self.world.io).adopt(
+                [c.name]
+            )
         except ReconcilerError:
             return
         for a in result.adopted:
@@ -806,7 +810,7 @@ class HostMachine(RuleBasedStateMachine):
 
         w = self.world
         try:
-            desired = load_desired(str(self.root))
+            desired = load_desired(str(self.root), tmpfs=self.world.io.tmpfs)
         except ReconcilerError:
             return
         observer = self.loop.observer
@@ -816,7 +820,7 @@ class HostMachine(RuleBasedStateMachine):
             observer = sim_observer(w, desired.host.docker.url)
         self.tool_ran = True
         try:
-            applier = Applier(desired, observer=observer, connect=False)
+            applier = Applier(desired, observer=observer, connect=False, io=self.world.io)
             observed, shown = applier.plan_now()
             mark = len(w.writes)
             result = applier.converge(start=(observed, shown), approved=shown)
@@ -838,7 +842,7 @@ class HostMachine(RuleBasedStateMachine):
         w = self.world
         files = file_digests(self.root)
         try:
-            desired = load_desired(str(self.root))
+            desired = load_desired(str(self.root), tmpfs=self.world.io.tmpfs)
         except ReconcilerError:
             return None
         observer = self.loop.observer
@@ -847,14 +851,14 @@ class HostMachine(RuleBasedStateMachine):
 
             observer = sim_observer(w, desired.host.docker.url)
         view = loop_view(desired.host.name)
-        return desired, viewed_applier(desired, view, observer=observer, connect=False), files
+        return desired, viewed_applier(desired, view, observer=observer, connect=False, io=self.world.io), files
 
     def _session(self, applier: Any, files: dict[str, str]) -> Any:
         from reconciler.service import Caller, HostService
         from reconciler.service.apply_session import ApplySession
         from reconciler.service.loop_view import loop_view
 
-        svc = HostService(str(self.root), caller=Caller("cli", "second terminal"))
+        svc = HostService(str(self.root), caller=Caller("cli", "second terminal"), io=self.world.io)
         return ApplySession(svc, applier, files, loop_view(applier.desired.host.name))
 
     @precondition(lambda self: self.world is not None)
@@ -1034,8 +1038,10 @@ class HostMachine(RuleBasedStateMachine):
         from reconciler.service.status import status_data
         from sim.seams import sim_observer
 
-        desired = load_desired(str(self.root))
-        applier = Applier(desired, observer=sim_observer(self.world, desired.host.docker.url), connect=False)
+        desired = load_desired(str(self.root), tmpfs=self.world.io.tmpfs)
+        applier = Applier(
+            desired, observer=sim_observer(self.world, desired.host.docker.url), connect=False, io=self.world.io
+        )
         observed, plan = applier.plan_now()
         return status_data(desired, observed, plan)
 

@@ -1,6 +1,8 @@
-"""The outermost I/O seams of the project, replaced by the simulated world; everything between them is real.
+"""The outermost I/O seams of the project, answered by the simulated world; everything between them is real.
 
-Replaced: the engine's HTTP client (the SDK's ``APIClient`` and the small reader: one ``SimApi`` answers both), the
+The project reaches the host through one object, ``reconciler.apply.host_io.HostIO``; ``sim_io`` builds one whose
+every part is the world's and ``installed`` hands it in whole (``world.io``: the loop, the applier, the guard, the
+service and the loader take it), patching no name of the project. Answered by the world: the engine's HTTP client (the SDK's ``APIClient`` and the small reader: one ``SimApi`` answers both), the
 NVML read (``observe_gpus``'s ``read``, ``container_of`` and ``command_of``), the /proc and shm.dir reads of one
 inspection (``list_dir`` and the per-process reads of ``scan_holders``, through the real ``settle_scan`` and the
 real pure ``build_view``; the world moves between the reads), the guard's unlink (behind the kernel's write lease,
@@ -131,19 +133,6 @@ class SimLock:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
-
-
-class _Threading:
-    """``threading`` as the apply layer sees it under the simulation: its locks are ``SimLock``s."""
-
-    def __init__(self, sched: Interleaver):
-        self.sched = sched
-
-    def Lock(self) -> SimLock:
-        return SimLock(self.sched)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(threading, name)
 
 
 class SimTime:
@@ -327,19 +316,6 @@ def sim_observer(world: World, url: str) -> Any:
     return obs
 
 
-class _ObserverFactory:
-    """Stands where the loop and the apply layer name ``DockerObserver``: every observer it makes reads the world."""
-
-    def __init__(self, world: World):
-        self.world = world
-
-    def __call__(self, url: str, **_: Any) -> Any:
-        return sim_observer(self.world, url)
-
-    def for_host(self, host: Any) -> Any:
-        return sim_observer(self.world, host.docker.url)
-
-
 def sim_scan(world: World) -> Any:
     """The holder scan as ``procfs.scan_holders`` makes it, over the world's /proc: the real ``settle_scan`` lists
     again until no unread process appears, while the world's scan hooks fork, exit and hand mappings down between
@@ -480,7 +456,9 @@ def sim_observe(
         ownership=ownership,
         enter=sim_enter_facts(world, host, images, ports) if docker_source.ok and (images or ports) else EnterFacts(),
         # Each sleeping-mode lane asked as ``observe`` asks it (the real reader, the world answering GET /is_sleeping).
-        sleeping=read_sleeping(host.name, containers, sleep_origins) if docker_source.ok and sleep_origins else {},
+        sleeping=read_sleeping(host.name, containers, sleep_origins, _ask_sleeping(world))
+        if docker_source.ok and sleep_origins
+        else {},
         lane_memory=read_lane_memory(host.name) if docker_source.ok and sleep_origins else {},
     )
 
@@ -581,51 +559,91 @@ def _listeners(world: World, ports: Any) -> Any:
     return view
 
 
-def _seam(mp: pytest.MonkeyPatch, mod: Any, name: str, value: Any) -> None:
-    """Replace ``name`` where ``mod`` binds it; a module that no longer binds it stops the run, so a seam renamed or
-    moved never lets a simulated run reach the real host through the name it missed."""
-    if name not in vars(mod):
-        raise AssertionError(f"simulation seam {mod.__name__}.{name} is missing: patch the name where it lives now")
-    mp.setattr(mod, name, value)
+def sim_io(world: World) -> Any:
+    """The host's I/O seams (``reconciler.apply.host_io.HostIO``) as the world answers them: every part its own."""
+    from reconciler.apply.host_io import HostIO, LaneHttp
+    from reconciler.apply.shm_guard import ShmIO
+    from reconciler.base.clock import Clock
+    from reconciler.load.tmpfs import TmpfsReads
+    from reconciler.plan.observed import Tmpfs
+
+    clock = SimTime(world)
+    # Actions on disjoint slots run interleaved at their seams, in an order the seed draws (Interleaver); a lock of
+    # the apply layer is a SimLock: waiting for it passes the turn to its holder.
+    sched = Interleaver(world)
+    world.sched = sched
+
+    def inspect(cfg: Any, observe_docker: Any, proc_root: str, *, settled: Any = ()) -> Any:
+        containers, docker = observe_docker()
+        return sim_shm(world, cfg, containers=containers, docker=docker, settled=settled)
+
+    def verify(directory: str, removed: Any) -> tuple[bool, list[str]]:
+        return all(os.path.basename(f.path) not in world.files for f in removed), []
+
+    def tmpfs_of(path: str) -> Any:
+        return Tmpfs(world.tmpfs_size, world.tmpfs_size - world.free_bytes(), world.free_bytes())
+
+    return HostIO(
+        clock=Clock(time=clock.time, monotonic=clock.monotonic, sleep=clock.sleep),
+        engine=lambda host: sim_observer(world, host.docker.url),
+        observe=lambda host, docker=None, **kw: sim_observe(world, host, docker=docker, **kw),
+        listeners=lambda ports: _listeners(world, ports),
+        lanes=LaneHttp(
+            health_ok=lambda url: _health(world, url) == "ok",
+            answer=lambda url, **kw: None if _health(world, url) is None else "HTTP 200",
+            # The lane's POSTs (a sleep, a wake, the drain's /pause: a 404 here, so the gauges) and its GET /version.
+            request=_lane_request(world),
+            gauges=lambda url, **kw: world.gauges(urlsplit(url).port),
+            is_sleeping=_ask_sleeping(world),
+            # What each lane's server says of itself (the loop's metrics only): no simulated lane serves HTTP, and
+            # no real server on this machine may answer for one.
+            readings=lambda desired, observed: {},
+        ),
+        shm=ShmIO(
+            inspect=inspect,
+            dir_identity=lambda path: (1, 1),
+            mount_refusal=lambda directory: None,
+            path_refusal=_path_refusal(world),
+            unlink_agreed=_unlink_agreed(world),
+            verify_absent=verify,
+            tmpfs_of=tmpfs_of,
+        ),
+        tmpfs=TmpfsReads(
+            mount_problem=lambda directory: None,
+            size=lambda directory: world.tmpfs_size,
+            free=lambda directory: world.free_bytes(),
+        ),
+        run_group=sched.run,
+        lock=lambda: SimLock(sched),
+    )
 
 
-def _no_real_seam_left(real: dict[str, Any]) -> None:
-    """Every module of the apply layer binds the simulation's stand-in of each seam, none the real one (a seam a
-    new module imported and the patches below do not name yet)."""
-    import sys
+def _leaves(value: Any, at: str) -> Iterator[tuple[str, Any]]:
+    """Each callable a part of a ``HostIO`` holds, by its dotted name (``lanes.request``, ``shm.inspect``)."""
+    import dataclasses
 
-    left = [
-        f"{name}.{attr}"
-        for name, mod in sorted(sys.modules.items())
-        if name.startswith("reconciler.apply") and mod is not None
-        for attr, value in vars(mod).items()
-        if any(value is r for r in real.values())
-    ]
-    if left:
-        raise AssertionError(f"simulation seams left real (they would reach the host): {', '.join(left)}")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            yield from _leaves(getattr(value, f.name), f"{at}.{f.name}" if at else f.name)
+    else:
+        yield at, value
+
+
+def real_parts_left(io: Any) -> list[str]:
+    """The parts of ``io`` that are the host's own (``REAL_IO``'s, the real guard's, the real tmpfs reads): a part
+    added to ``HostIO`` that ``sim_io`` does not give yet would reach the host, and stops the run."""
+    from reconciler.apply.host_io import REAL_IO
+    from reconciler.apply.shm_guard import REAL_SHM
+
+    real = {id(v) for _, v in _leaves(REAL_IO, "")} | {id(v) for _, v in _leaves(REAL_SHM, "")}
+    return [name for name, value in _leaves(io, "") if value is None or id(value) in real]
 
 
 @contextlib.contextmanager
 def installed(world: World) -> Iterator[str]:
-    """Put the world under the project's code; yields a fresh state directory (the caller writes the root)."""
-    import reconciler.apply.applier as applier_mod
-    import reconciler.apply.context as context_mod
-    import reconciler.apply.docker_ops as ops_mod
-    import reconciler.apply.drain as drain_mod
-    import reconciler.apply.enter as enter_mod
-    import reconciler.apply.groups as groups_mod
-    import reconciler.apply.http_check as http_mod
-    import reconciler.apply.ports as ports_mod
-    import reconciler.apply.shm_guard as guard_mod
-    import reconciler.apply.shm_unlink as unlink_mod
-    import reconciler.apply.sleep as sleep_mod
-    import reconciler.apply.vllm_metrics as gauges_mod
-    import reconciler.load.tmpfs as loader_mod
-    import reconciler.loop as loop_mod
-    import reconciler.observe.lane_sleep as lane_sleep_mod
-    from reconciler.plan.observed import Tmpfs
-
-    clock = SimTime(world)
+    """Put the world under the project's code: ``world.io`` is the one ``HostIO`` the simulation hands to the loop,
+    the applier, the guard, the service and the loader (nothing of the project is patched); yields a fresh state
+    directory (the caller writes the root)."""
     mp = pytest.MonkeyPatch()
     state = tempfile.mkdtemp(prefix="reconciler-sim-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     try:
@@ -634,90 +652,11 @@ def installed(world: World) -> Iterator[str]:
         mp.setenv("RECONCILER_RUNTIME_DIR", os.path.join(state, "run"))
         os.makedirs(os.path.join(state, "state"), mode=0o700)
         os.makedirs(os.path.join(state, "run"), mode=0o700)
-        real = {
-            "observe": context_mod.observe,
-            "run_in_threads": groups_mod.run_in_threads,
-            "_http_ok": http_mod._http_ok,
-            "_http_answer": http_mod._http_answer,
-            "_port_listeners": ports_mod._port_listeners,
-            "read_gauges": gauges_mod.read_gauges,
-            "ask_sleeping": lane_sleep_mod.ask_sleeping,
-            **{
-                name: getattr(guard_mod, name)
-                for name in (
-                    "_inspect",
-                    "_dir_identity",
-                    "path_refusal",
-                    "tmpfs_mount_refusal",
-                    "_unlink_agreed",
-                    "_verify_absent",
-                    "_tmpfs_of",
-                )
-            },
-        }
-        # The clock of every module whose waits a simulated run passes through.
-        for mod in (applier_mod, enter_mod, drain_mod, loop_mod, guard_mod, ops_mod, sleep_mod):
-            _seam(mp, mod, "time", clock)
-        _seam(mp, context_mod, "observe", lambda host, docker=None, **kw: sim_observe(world, host, docker=docker, **kw))
-        # Actions on disjoint slots run interleaved at their seams, in an order the seed draws (Interleaver).
-        sched = Interleaver(world)
-        world.sched = sched
-        for mod in (applier_mod, groups_mod):
-            _seam(mp, mod, "run_in_threads", sched.run)
-        _seam(mp, applier_mod, "threading", _Threading(sched))
-        http_ok = lambda url: _health(world, url) == "ok"  # noqa: E731 - one stand-in, bound where each module names it
-        http_answer = lambda url, **kw: None if _health(world, url) is None else "HTTP 200"  # noqa: E731
-        for mod in (http_mod, enter_mod, drain_mod, sleep_mod):
-            _seam(mp, mod, "_http_ok", http_ok)
-        for mod in (http_mod, enter_mod):
-            _seam(mp, mod, "_http_answer", http_answer)
-        _seam(mp, ports_mod, "_port_listeners", lambda ports: _listeners(world, ports))
-        # vLLM's gauges (the drain's), its sleep mode's answers (GET /is_sleeping) and the sleep's and wake's POSTs.
-        _seam(mp, gauges_mod, "read_gauges", lambda url, **kw: world.gauges(urlsplit(url).port))
-        ask = _ask_sleeping(world)
-        for mod in (lane_sleep_mod, sleep_mod):
-            _seam(mp, mod, "ask_sleeping", ask)
-        _seam(mp, sleep_mod, "request", _lane_request(world))
-        _seam(mp, drain_mod, "request", _lane_request(world))
-        _seam(
-            mp, enter_mod, "lane_request", _lane_request(world)
-        )  # the lane's GET /version (a 404 here)  # the drain's POST /pause (a 404 here: the gauges)
-        # What each lane's server says of itself (its /version and /metrics), read by the loop for its metrics only:
-        # no simulated lane serves HTTP, and no real server on this machine may answer for one.
-        _seam(mp, loop_mod, "lane_readings", lambda desired, observed: {})
-        factory = _ObserverFactory(world)
-        _seam(mp, loop_mod, "DockerObserver", factory)
-        _seam(mp, applier_mod, "DockerObserver", factory)
-        # The service's own look-ups (``adopt``'s) name the class: its one constructor for a host reads the world too.
-        from reconciler.observe.docker_obs import DockerObserver
-
-        mp.setattr(DockerObserver, "for_host", classmethod(lambda cls, host: sim_observer(world, host.docker.url)))
-        _seam(mp, loader_mod, "shm_dir_mount_problem", lambda *a, **kw: None)
-        _seam(mp, loader_mod, "tmpfs_size", lambda *a, **kw: world.tmpfs_size)
-        _seam(mp, loader_mod, "tmpfs_free", lambda *a, **kw: world.free_bytes())
-
-        def inspect(cfg: Any, observe_docker: Any, proc_root: str, *, settled: Any = ()) -> Any:
-            containers, docker = observe_docker()
-            return sim_shm(world, cfg, containers=containers, docker=docker, settled=settled)
-
-        _seam(mp, guard_mod, "_inspect", inspect)
-        _seam(mp, guard_mod, "_dir_identity", lambda path: (1, 1))
-        _seam(mp, guard_mod, "path_refusal", _path_refusal(world))
-        _seam(mp, guard_mod, "tmpfs_mount_refusal", lambda *a, **kw: None)
-        unlink = _unlink_agreed(world)
-        verify = lambda directory, removed: (  # noqa: E731 - one stand-in, bound where each module names it
-            all(os.path.basename(f.path) not in world.files for f in removed),
-            [],
-        )
-        for mod in (guard_mod, unlink_mod):
-            _seam(mp, mod, "_unlink_agreed", unlink)
-            _seam(mp, mod, "_verify_absent", verify)
-        _seam(
-            mp,
-            guard_mod,
-            "_tmpfs_of",
-            lambda path: Tmpfs(world.tmpfs_size, world.tmpfs_size - world.free_bytes(), world.free_bytes()),
-        )
+        io = sim_io(world)
+        left = real_parts_left(io)
+        if left:
+            raise AssertionError(f"simulation: HostIO parts left real (they would reach the host): {', '.join(left)}")
+        world.io = io
 
         def wake_memory_known(cid: str) -> bool:
             from reconciler.store.lane_memory import read_lane_memory
@@ -726,7 +665,6 @@ def installed(world: World) -> Iterator[str]:
             return bool(mem and mem.awake) and world.telemetry == "nvml" and not world.nvml_down and not world.wsl2
 
         world.wake_memory_known = wake_memory_known
-        _no_real_seam_left(real)
         yield state
     finally:
         mp.undo()

@@ -159,6 +159,8 @@ class World:
         self.wall_offset = 0.0
         # Actions of one group, run interleaved at the seams (seams.Interleaver); None: nothing to interleave.
         self.sched: Any = None
+        # The host's I/O seams as this world answers them (``seams.sim_io``), handed to the project's code.
+        self.io: Any = None
         # Recipes whose containers ignore SIGTERM: a stop takes its whole timeout, then the engine kills them.
         self.slow_stop: set[str] = set()
         self.cards = [Card(i, _uuid(seed, i)) for i in range(cards)]
