@@ -27,7 +27,7 @@ bench: setup
 	status=0; for b in tests/bench/bench_*.py; do echo "== $$b"; $(PY) $$b || status=1; done; exit $$status
 
 # The published JSON Schemas of the operator's files (schemas/), regenerated from the model after a change to it;
-# tests/test_schemas.py fails while they differ.
+# tests/contract/test_schemas.py fails while they differ.
 schemas:
 	for k in host recipe manifest; do $(PY) -m reconciler schema $$k > schemas/$$k.schema.json; done
 

@@ -1,7 +1,7 @@
 """Per-test reconciler roots for the end-to-end tests that drive the real command line against the real engine.
 
-Used by tests/test_e2e_apply.py (``reconciler apply`` and the other one-shot commands), tests/test_loop.py
-(``reconciler run``) and the benchmark tests/bench/bench_loop.py; tests/test_fake_vllm.py takes ``wait_until``.
+Used by tests/real/test_e2e_apply.py (``reconciler apply`` and the other one-shot commands), tests/real/test_loop.py
+(``reconciler run``) and the benchmark tests/bench/bench_loop.py; tests/real/test_fake_vllm.py takes ``wait_until``.
 ``make_root`` copies the demo's configs (examples/demo/) into a directory of the test's
 own and adjusts them so the test cannot disturb anything else on the machine, not even a second pytest run at
 the same time:

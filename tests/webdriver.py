@@ -1,4 +1,4 @@
-"""A small W3C WebDriver client over urllib, for the status page's browser test (tests/test_page_browser.py):
+"""A small W3C WebDriver client over urllib, for the status page's browser test (tests/real/test_page_browser.py):
 Debian's ``chromedriver`` (package chromium-driver) started on a free port, driving Debian's ``chromium`` headless.
 
 Only what that test needs: open a session, navigate, find elements by CSS, type, click, read text and attributes,

@@ -16,7 +16,7 @@ README).
 
 Who runs it: ``examples/fake-vllm/build.sh`` packs it into the image ``reconciler/fake-vllm:latest`` (the host's
 ``/usr`` is bind-mounted read-only to supply Python), which the demo's recipes and the end-to-end tests start
-through the reconciler; ``tests/test_fake_vllm.py`` also runs it directly as a host process. Standard library
+through the reconciler; ``tests/real/test_fake_vllm.py`` also runs it directly as a host process. Standard library
 only, so the host's ``/usr/bin/python3`` runs it inside the image.
 
 Exit status: 0 after a graceful stop, 1 when the start fails (``fail-start``, a worker error such as Errno 14,

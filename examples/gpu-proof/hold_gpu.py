@@ -1,6 +1,6 @@
 """Hold GPU memory from a real CUDA process until told to stop: the stray process of the GPU proof.
 
-Used by ``examples/gpu-proof/run.sh`` and ``tests/test_gpu_real.py``. It allocates ``--mib`` MiB on the GPU
+Used by ``examples/gpu-proof/run.sh`` and ``tests/real/test_gpu_real.py``. It allocates ``--mib`` MiB on the GPU
 that NVML calls ``--index`` (PyTorch), or all its free memory but ``--leave-free-mib`` MiB, prints one JSON line ``{"pid", "index", "bytes"}`` once the memory is
 really taken, then waits until its stdin closes, it is signalled, or ``--seconds`` pass (so a forgotten
 holder never outlives a test run by much).

@@ -24,7 +24,7 @@ from reconciler.plan.observed import ShmFile
 
 # fcntl(2): F_SETLEASE with F_WRLCK is granted only when no other open file description of the file exists (a
 # mapping keeps its own, so a process that mapped the file and closed every descriptor still counts); checked on
-# tmpfs by tests/test_shm_handoff.py. Leases need the file's owner or CAP_LEASE (root), and
+# tmpfs by tests/real/test_shm_handoff.py. Leases need the file's owner or CAP_LEASE (root), and
 # /proc/sys/fs/leases-enable set. An opener while the lease is held waits for its release (at most
 # /proc/sys/fs/lease-break-time) and the owner gets a signal: SIGIO unless F_SETSIG names another, and SIGIO's
 # default action ends the process, so the gate names SIGURG, whose default is to ignore it.

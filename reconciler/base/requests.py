@@ -1,7 +1,7 @@
 """The one request contract every front-end derives its checks from: what a plan id, a recipe, a probe suite, a
 topology and a reclaim's paths may be. The service checks its calls with these; the HTTP API's models
 (``reconciler.api.request_models``), the MCP tools' schemas (``reconciler.mcp_server``), the status page's forms and
-the command line's choices are built from them, so the front-ends cannot drift apart (tests/test_request_contract.py
+the command line's choices are built from them, so the front-ends cannot drift apart (tests/contract/test_request_contract.py
 holds them together).
 
 In the base, as plain values (no pydantic, no service package): the command line reads the suites when it builds its

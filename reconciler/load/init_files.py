@@ -2,7 +2,7 @@
 ``configs/host.yaml`` (each NVIDIA card by UUID, its index, name and memory in a comment; ``gpu_telemetry: none``
 where NVML found none; WSL2's settings where the kernel is WSL2's; the engine found), an empty manifest, and a
 commented recipe template beside the recipes (``.toml.example``: never loaded). Pure: values in, texts out; every
-text it renders passes ``reconciler validate`` (tests/test_init.py).
+text it renders passes ``reconciler validate`` (tests/real/test_init.py).
 """
 
 from __future__ import annotations

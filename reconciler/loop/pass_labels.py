@@ -7,7 +7,7 @@ from __future__ import annotations
 from reconciler.apply.results import PassResult, PassVerdict
 
 # A pass's verdict as reconciler_passes_total{result} counts it (loop/metric_families.PASS_RESULTS). Every verdict
-# has its label (tests/test_loop.py holds the two vocabularies together): "held" is blocked; an interrupted pass is
+# has its label (tests/real/test_loop.py holds the two vocabularies together): "held" is blocked; an interrupted pass is
 # an error; the verdict "changed" (the host changed after the plan was shown: exit 1) is failed. The label "changed"
 # is another thing: a pass that converged after it changed something (``pass_label``).
 PASS_LABEL: dict[PassVerdict, str] = {

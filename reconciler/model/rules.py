@@ -300,7 +300,7 @@ def check_probe_url(url: str, what: str) -> str | None:
 # For the published schemas (``reconciler schema``, schemas/): what an editor can check while the operator types.
 # The check_* functions above stay the rules and give the messages; each pattern here says as much of its rule as
 # a regular expression can, in the dialect JSON Schema names (ECMA-262; Python's re reads them alike, except that
-# its '$' also matches before a final newline). tests/test_schemas.py holds both to the bad-input corpus and lists
+# its '$' also matches before a final newline). tests/contract/test_schemas.py holds both to the bad-input corpus and lists
 # the cases only the loader can tell.
 
 _PORT = r"(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"

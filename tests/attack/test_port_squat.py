@@ -74,7 +74,7 @@ def test_a_port_squatted_before_the_enter_fails_its_preflight_naming_the_squatte
     finally:
         stop_process(proc)
     # The plan already sees the squatter (a knowable failure of the enter): blocked, naming it, nothing created;
-    # the enter's own preflight (tests/test_health_probe.py) names it the same way should it appear later.
+    # the enter's own preflight (tests/real/test_health_probe.py) names it the same way should it appear later.
     assert res.rc == 3 and res.data["result"] == "blocked" and res.data["actions"] == [], res
     no_traceback(res.stdout + res.stderr)
     reasons = " | ".join(b["reason"] for b in res.data["final"]["blockers"] or res.data["plan"]["blockers"])

@@ -3,7 +3,7 @@
 # for command, with one installer (pipx or uv), then the uninstall, then a check that nothing of the tool is left.
 #   bash host-steps.sh prepare          the engine (Debian's docker.io) and pipx: what a serving host already has
 #   bash host-steps.sh pipx|uv WHEEL    install, init, a recipe, the unit's ExecStart as the loop, converge, uninstall
-# The lines between '# readme:' markers are the README's own (tests/test_host_install.py checks they match).
+# The lines between '# readme:' markers are the README's own (tests/real/test_host_install.py checks they match).
 set -euo pipefail
 step() { printf '\n== %s  (%ss)\n' "$*" "$SECONDS"; }
 fail() { echo "host-steps: FAIL: $*" >&2; exit 1; }

@@ -14,7 +14,7 @@ examples (every step it ran was checked) and its line says ``stopped at the time
 run. For a machine lent for a fixed time: ``SOAK_SEEDS=16 SOAK_STEPS=20000000 SOAK_SECONDS=500``.
 
 A failing run prints hypothesis's shrunk sequence of steps of the first failing seed as soon as it fails (the
-others' lines still printed after it): make it a regression case (tests/cases/plan/, or a test beside tests/test_sim.py). The exit code is 1 on any
+others' lines still printed after it): make it a regression case (tests/cases/plan/, or a test beside tests/sim/test_sim.py). The exit code is 1 on any
 violation, 2 when what the simulation needs cannot be imported (nothing was run).
 """
 

@@ -1,0 +1,166 @@
+"""The layer contract: each package of reconciler/ imports only its own package and the layers below it, counting
+the imports inside functions too (docs/design.md, "Architecture").
+
+  base < model < plan < store < observe < load < apply < loop < service < control < mcp_server < api < cli
+
+Read from the source (every import statement of every module, at any depth), so an import a function makes on
+first use counts as much as one at the top; and the graph of modules has no cycle. The second test keeps the reason
+of every import that stays inside a function written beside it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[2] / "reconciler"
+LAYERS = (
+    "base",
+    "model",
+    "plan",
+    "store",
+    "observe",
+    "load",
+    "apply",
+    "loop",
+    "service",
+    "control",
+    "mcp_server",
+    "api",
+    "cli",
+)
+# Anyone may import these: the package's version, and the entry point that only calls the command line.
+ANYONE = {"reconciler", "reconciler.__main__"}
+# Why an import may stay inside a function: the words its comment must hold (one of them).
+REASONS = ("start-up", "startup", "optional", "sdk", "cycle")
+
+
+def _module(path: Path) -> str:
+    mod = "reconciler." + ".".join(path.relative_to(PKG).with_suffix("").parts)
+    return mod.removesuffix(".__init__")
+
+
+def _typing_only(node: ast.AST) -> bool:
+    """An ``if TYPE_CHECKING:`` block: its imports are read by type checkers only, never run."""
+    return isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+
+
+def _imports(path: Path, *, runtime_only: bool = False) -> list[tuple[str, int, bool]]:
+    """(imported module, line, inside a function) for every import of reconciler's own modules in ``path``;
+    ``runtime_only`` leaves out those under ``if TYPE_CHECKING:``."""
+    tree = ast.parse(path.read_text(), str(path))
+    out: list[tuple[str, int, bool]] = []
+
+    def visit(node: ast.AST, inner: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if runtime_only and _typing_only(child):
+                continue
+            deeper = inner or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                if child.module == "reconciler":
+                    out.extend((f"reconciler.{a.name}", child.lineno, inner) for a in child.names)
+                elif child.module.startswith("reconciler."):
+                    out.append((child.module, child.lineno, inner))
+            elif isinstance(child, ast.Import):
+                out.extend((a.name, child.lineno, inner) for a in child.names if a.name.startswith("reconciler"))
+            visit(child, deeper)
+
+    visit(tree, False)
+    return out
+
+
+def _layer(mod: str) -> int | None:
+    parts = mod.split(".")
+    if len(parts) < 2 or mod in ANYONE or parts[1] == "__version__":
+        return None
+    return LAYERS.index(parts[1]) if parts[1] in LAYERS else -1
+
+
+def _graph() -> dict[str, list[tuple[str, int, bool]]]:
+    return {_module(p): _imports(p) for p in sorted(PKG.rglob("*.py"))}
+
+
+def test_every_module_belongs_to_a_layer() -> None:
+    strays = sorted(m for m in _graph() if _layer(m) == -1)
+    assert strays == [], f"modules outside every layer of {LAYERS}: {strays}"
+
+
+def test_no_layer_imports_one_above_it() -> None:
+    up = []
+    for mod, imports in _graph().items():
+        here = _layer(mod)
+        for imp, line, inner in imports:
+            there = _layer(imp)
+            if here is None or there is None or there <= here:
+                continue
+            up.append(f"{mod}:{line} imports {imp}{' (inside a function)' if inner else ''}")
+    assert up == [], "imports of a layer above:\n  " + "\n  ".join(up)
+
+
+def test_no_import_cycle_between_modules() -> None:
+    """Counting every import that runs (at the top or in a function); an import for type checkers only is no
+    edge: it never runs."""
+    runtime = {_module(p): _imports(p, runtime_only=True) for p in sorted(PKG.rglob("*.py"))}
+    graph = {m: {i for i, _, _ in imps if i != m} for m, imps in runtime.items()}
+    # a package's module importing the package's own facade counts as importing that facade's module
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def walk(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in graph:
+                continue
+            if state.get(nxt) == 1:
+                cycles.append([*path[path.index(nxt) :], nxt] if nxt in path else [node, nxt])
+            elif nxt not in state:
+                walk(nxt, [*path, nxt])
+        state[node] = 2
+
+    for mod in sorted(graph):
+        if mod not in state:
+            walk(mod, [mod])
+    assert cycles == [], "import cycles:\n  " + "\n  ".join(" -> ".join(c) for c in cycles)
+
+
+def _explained(lines: list[str], i: int) -> bool:
+    """The import on line ``i`` (0-based) has a reason: in a comment on its line, or above it, where the comment
+    may head a block of imports (the lines between are imports too)."""
+    if "#" in lines[i] and any(r in lines[i].split("#", 1)[1].lower() for r in REASONS):
+        return True
+    j = i - 1
+    while j >= 0 and lines[j].strip().startswith(("from ", "import ")):
+        j -= 1
+    block = []  # the comment lines right above (a reason may take several)
+    while j >= 0 and lines[j].strip().startswith("#"):
+        block.append(lines[j].strip().lower())
+        j -= 1
+    return any(r in text for text in block for r in REASONS)
+
+
+def test_an_import_inside_a_function_says_why() -> None:
+    """An import left inside a function carries its reason in a comment on its line or the line above: the start-up
+    budget of a command (``start-up``), an SDK only some commands need (``optional``), or a cycle (``cycle``)."""
+    unexplained = []
+    for path in sorted(PKG.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for _imp, line, inner in _imports(path):
+            if not inner:
+                continue
+            if not _explained(lines, line - 1):
+                unexplained.append(f"{path.relative_to(PKG.parent)}:{line}: {lines[line - 1].strip()}")
+    assert unexplained == [], (
+        f"imports inside functions without a reason ({', '.join(REASONS)}) beside them:\n  " + "\n  ".join(unexplained)
+    )
+
+
+MAX_LINES = 600  # a module past this holds more than one concern: split it by meaning (ruff's C901 bounds functions)
+
+
+def test_no_module_is_over_600_lines() -> None:
+    long = sorted(
+        (n, str(p.relative_to(PKG.parent)))
+        for p in PKG.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    )
+    assert long == [], f"modules over {MAX_LINES} lines: {long}"

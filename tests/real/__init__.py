@@ -1,0 +1,1 @@
+"""Tests against the real parts a user has: a real Docker or Podman engine, real processes mapping real files on a real tmpfs, real /proc, real sockets and HTTP clients, promtool and Prometheus, a real MCP client, Chromium, NVML where there is a GPU. A test here takes the fixture of what it needs (tests/conftest.py), which marks it."""
