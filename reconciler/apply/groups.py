@@ -1,8 +1,8 @@
 """Which actions of a plan run together and how: pure choices over a plan's actions, and the threads.
 
 ``concurrent_group`` picks the first action and those after it that may run at once; ``within`` says how far an
-approved plan holds a step; ``run_in_threads`` runs a group, each action in a thread of its own (the simulation
-replaces it, through ``Applier.run_group``). Called by ``reconciler.apply.applier``.
+approved plan holds a step; ``run_in_threads`` runs a group, each action in a thread of its own (the host's own
+``HostIO.run_group``; the simulation's interleaves them). Called by ``reconciler.apply.applier``.
 """
 
 from __future__ import annotations

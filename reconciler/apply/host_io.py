@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from reconciler.apply.groups import run_in_threads
@@ -76,10 +76,6 @@ class HostIO:
     tmpfs: TmpfsReads
     run_group: Callable[[list[Callable[[], Any]]], list[Any]]  # a group's actions, each in a thread of its own
     lock: Callable[[], Any]  # a lock of the apply layer (the guard's, the state files')
-
-    def parts(self) -> dict[str, Any]:
-        """Each part by its name (the simulation's check that it gave every one)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 REAL_LANES = LaneHttp(

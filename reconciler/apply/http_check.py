@@ -1,8 +1,8 @@
 """What answers a lane's URLs: whether its health URL answers 2xx, and what (if anything) listens at a URL.
 
 Never through a proxy (``reconciler.base.direct_http``). Called by the enter's waits and preflight
-(``reconciler.apply.enter``) and the drain (``reconciler.apply.drain``); the simulation replaces both functions
-where those modules use them.
+(``reconciler.apply.enter``) and the drain (``reconciler.apply.drain``) through the host's I/O seams
+(``HostIO.lanes``: ``health_ok`` and ``answer``).
 """
 
 from __future__ import annotations

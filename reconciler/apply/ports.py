@@ -1,7 +1,7 @@
 """Who holds a lane's ports, from /proc, never by asking: an enter's port checks (``PortChecks``).
 
 ``lane_ports`` lists every port an enter sends a request to (its health URL, its probes' base URLs);
-``_port_listeners`` reads who listens there (the simulation replaces it where this module uses it). Before the
+``_port_listeners`` reads who listens there (the host's own ``HostIO.listeners``: the steps ask ``self.io``). Before the
 container exists nothing may listen there; before the health answer and the probes are trusted, every listener
 must be a process of the container (a squatter is named, never asked: ``PortSquatted``). Used by
 ``reconciler.apply.enter``.
@@ -61,7 +61,7 @@ PortView = dict[int, list[tuple[TcpListener, list[PortHolder]]]]
 
 def _port_listeners(ports: Mapping[int, str]) -> PortView | None:
     """port -> each socket listening on it (any local address) with the processes that hold it, from /proc; None
-    when /proc/net/tcp cannot be read. The simulation replaces this seam."""
+    when /proc/net/tcp cannot be read."""
     try:
         listeners = [sock for sock in read_tcp_listeners() if sock.port in ports]
     except OSError:
