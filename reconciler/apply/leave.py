@@ -47,6 +47,12 @@ class LeaveSteps(DrainStep):
         assert cid is not None
         c = next((x for x in observed.containers if x.id == cid), None)
         if c is None:
+            if not observed.docker.ok:
+                # Missing from a list the engine did not give whole is not gone: never say so, never skip its stop.
+                raise ActionFailed(
+                    f"{action.container} is not in the engine's list, which did not answer ({observed.docker.detail}): "
+                    "not taken for gone, left to the next pass"
+                )
             return f"{action.container} already gone", 0
         recipe = self.desired.recipes.get(c.recipe or "")
         timeout = recipe.stop.timeout_s if recipe else DEFAULT_STOP_TIMEOUT_S

@@ -54,7 +54,7 @@ class SleepSteps(EnterSteps, LeaveSteps):
             self._call(origin, f"/sleep?level={spec.level}", None, spec, _WontSleep)
             self._await_state(action, origin, spec, asleep=True, error=_WontSleep)
         except _WontSleep as exc:
-            left = self._leave_instead(action, c)
+            left = self._leave_instead(action, c, observed)
             raise ActionFailed(f"{c.name} would not sleep ({exc}): left (stopped) instead; {left}") from None
         seconds = self.io.clock.monotonic() - t0
         now = self.observe()
@@ -186,10 +186,14 @@ class SleepSteps(EnterSteps, LeaveSteps):
         if problems:
             raise ActionRefused(f"wake of {c.name} refused: {problems[0][0]}", reason="lane_awake")
 
-    def _leave_instead(self, action: Action, c: ContainerView) -> str:
+    def _leave_instead(self, action: Action, c: ContainerView, observed: Observed) -> str:
         """Rule 6: a lane that will not sleep is stopped as a leave, with the offload files only it holds of those its
-        plan listed for the sleep (safety rule 13); a file it took since is left to the next plan."""
+        plan listed for the sleep (safety rule 13); a file it took since is left to the next plan. Its view is the
+        host now, or where the engine's list does not answer now, the one the sleep was planned on (``observed``):
+        the lane is the container the sleep just asked, never taken for gone by a list that failed."""
         now = self.observe()
+        if not now.docker.ok:
+            now = observed
         paths = tuple(f.path for f in now.shm.held_only_by(c.names) if f.path in action.paths)
         leave = Action(
             kind=ActionKind.LEAVE,

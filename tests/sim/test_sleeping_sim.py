@@ -492,3 +492,28 @@ def test_a_sleep_left_instead_reclaims_only_the_files_its_plan_listed() -> None:
         m.no_violation()
     finally:
         m.teardown()
+
+
+def test_a_lane_that_would_not_sleep_is_stopped_though_the_engines_list_fails_meanwhile() -> None:
+    """A seed of the 16-core soak (1005), shrunk, replayed: the lane's /sleep failed, and the observation its leave
+    instead was made on came while the engine's list did not answer; the leave found no container in that list,
+    said it was "already gone", and the lane kept running awake (sleeping lanes rule 6). A list that did not answer
+    now never makes a container gone: the leave instead stands on the view the sleep was planned on, and a leave
+    given such a list refuses rather than skip the stop."""
+    m = HostMachine()
+    m.setup(
+        seed=0, shape="index", gpu_requests=False, wsl2=False, tmpfs_gib=10.0, telemetry="nvml", podman=False,
+        nvml_hides_identity=False,
+    )  # fmt: skip
+    try:
+        m.sleep_fault(fault="sleep_error", p=1.0)
+        m.engine_fault(lost=False, method="list", p=0.3)
+        m.other_program_writes_pattern_file(gib=1, held=False, now=True)
+        for _ in range(10):
+            m.cli_apply()
+            m.no_violation()
+        m.edit_manifest_named(name="standby", topology="exclusive")
+        m.cli_apply()
+        m.no_violation()
+    finally:
+        m.teardown()
