@@ -1049,7 +1049,8 @@ class HostMachine(RuleBasedStateMachine):
     @rule()
     def faults_stop_and_host_settles(self) -> None:
         """Invariant (f): with every fault cleared, a bounded number of passes converges the host or leaves it
-        blocked by something that is really there."""
+        blocked by something that is really there (a process: there when the last pass read it; one that forks its
+        mapping or its GPU context down to a child meanwhile is held by a pid born after the read)."""
         w = self.world
         w.faults.clear()
         w.lost.clear()
@@ -1065,6 +1066,7 @@ class HostMachine(RuleBasedStateMachine):
         result = None
         for _ in range(LIVENESS_PASSES):
             w.advance(700.0)  # past any backoff
+            w.pids_read = set()
             result = self._pass()
             if result is not None and result.final.converged:
                 return
@@ -1094,7 +1096,7 @@ class HostMachine(RuleBasedStateMachine):
             )
             return
         names = {c.name for c in w.containers.values()}
-        pids = {f"pid {p}" for p in w.procs}
+        pids = {f"pid {p}" for p in set(w.procs) | w.pids_read}
         # A running offload container that is not ours keeps every unowned file: the room they take is really held.
         foreign_offload = any(
             not c.ours and c.state in LIVE_STATES and "--kv-offloading-size" in c.command for c in w.containers.values()

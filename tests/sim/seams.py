@@ -343,6 +343,7 @@ def sim_scan(world: World) -> Any:
             if p is None or not p.resolvable:
                 continue  # gone before it was read
             into.seen[p.pid] = p.start
+            world.pids_read.add(p.pid)
             into.pids_scanned += 1
             if not p.inspectable:
                 into.unreadable[p.pid] = "Permission denied (simulated)"

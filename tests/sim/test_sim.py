@@ -581,3 +581,34 @@ def test_the_apply_layer_the_loop_and_the_service_reach_the_host_only_through_th
         for m in re.finditer(r"\btime\.(monotonic|time|sleep)\(", path.read_text())
     ]
     assert uses == []
+
+
+def test_a_gpu_process_that_forks_its_context_down_blocks_by_the_pid_the_pass_read() -> None:
+    """A seed of the soak (2002), shrunk, replayed: a foreign GPU process that a fork chain hands down to a child on
+    every few reads of a scan (its pid number reused by the chain) blocks its card, named by the pid NVML listed;
+    by the time the pass ended that pid had forked into another. The tool's blocker was true when read: invariant
+    (f) now judges a named pid against every pid the pass read, not only those alive after it."""
+    m = HostMachine()
+    m.setup(
+        seed=587493, tmpfs_gib=10.0, gpu_requests=False, nvml_hides_identity=False, podman=False, wsl2=False,
+        shape="index", telemetry="nvml",
+    )  # fmt: skip
+    try:
+        m.edit_manifest_named(name="standby-offload", topology="split")
+        m.foreign_gpu_process(card=1, hidden=False)
+        m.cli_apply()
+        m.fork_chain_maps_file(every=2, pick=0, reuse=True)
+        m.foreign_gpu_process(card=0, hidden=False)
+        for _ in range(3):
+            m.cli_apply()
+        m.readers_exit(now=True)
+        m.process_cannot_be_inspected(excused=True, pick=0)
+        m.operator_stops_slowly(grace=5.0, pick=0)
+        m.clients_send_requests(n=1, pick=0, seconds=2.0)
+        m.fork_chain_maps_file(every=5, pick=0, reuse=False)
+        m.foreign_gpu_process(card=0, hidden=False)
+        m.faults_stop_and_host_settles()
+        m.no_violation()
+        assert m.world.pids_read - set(m.world.procs), "the chain forked no read pid away: the case lost its point"
+    finally:
+        m.teardown()

@@ -161,6 +161,9 @@ class World:
         self.sched: Any = None
         # The host's I/O seams as this world answers them (``seams.sim_io``), handed to the project's code.
         self.io: Any = None
+        # Every pid a read of the tool's returned (NVML's process list, the /proc scan's read of one process): a
+        # holder the tool names was on the host when it was read, though a fork may have replaced it since.
+        self.pids_read: set[int] = set()
         # Recipes whose containers ignore SIGTERM: a stop takes its whole timeout, then the engine kills them.
         self.slow_stop: set[str] = set()
         self.cards = [Card(i, _uuid(seed, i)) for i in range(cards)]
@@ -780,6 +783,7 @@ class World:
         present = [c for c in self.cards if c.present]
         for card in present:
             procs = [p for p in self.procs.values() if p.gpu == card.uuid]
+            self.pids_read.update(p.pid for p in procs)
             used = card.hidden_used + sum((p.gpu_mem or 20 * GIB) for p in procs) + GIB // 2
             identity: dict[str, Any] = (
                 {"identity_errors": {"minor": "NVMLError_NotSupported: simulated"}}
