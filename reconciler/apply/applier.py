@@ -83,9 +83,6 @@ class Applier(SleepSteps):
         # are read, changed and written by one action at a time.
         self._guard_lock = self.io.lock()
         self._files_lock = self.io.lock()
-        # How a group of actions runs: each in a thread of its own. The simulation's runs them interleaved at their
-        # seams in an order its seed draws, so a run replays from its seed.
-        self.run_group: Callable[[list[Callable[[], Outcome]]], list[Outcome]] = self.io.run_group
         # What each observation looks up for the planner's checks of an enter's knowable failures.
         self._needs = enter_needs(desired)
 
@@ -236,7 +233,7 @@ class Applier(SleepSteps):
         if any(a.kind is ActionKind.ENTER for a in group):
             ensure_install_id(self.desired.host.name)  # made once, before the threads that would race to make it
         try:
-            return self.run_group([functools.partial(self._execute, a, observed) for a in group])
+            return self.io.run_group([functools.partial(self._execute, a, observed) for a in group])
         except GroupNotStarted as exc:
             # Those that ran have ended (their outcomes stand); those that never ran failed, saying why.
             return [

@@ -1,9 +1,9 @@
 """The ground every action's steps stand on: ``ActionContext``, the base of ``Applier`` and of its steps.
 
-It declares what ``Applier.__init__`` sets up and holds what every step uses: an observation of the host (through the
-host's I/O seams, ``self.io``: ``reconciler.apply.host_io``), the figures the running action measured, the one guarded reclaim (every
-removal of an offload file goes through ``reconciler.apply.shm_guard``, serially), and the pruning of the failed
-containers kept for their logs. The steps are ``reconciler.apply.enter``, ``.ports``, ``.drain`` and ``.leave``.
+It declares what ``Applier.__init__`` sets up and holds what every step uses: an observation of the host (through
+the host's I/O seams, ``self.io``: ``reconciler.apply.host_io``), the figures the running action measured, the one
+guarded reclaim (every removal of an offload file goes through ``reconciler.apply.shm_guard``, serially), and the
+pruning of the failed containers kept for their logs. The steps are ``reconciler.apply.enter``, ``.ports``, ``.drain`` and ``.leave``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Who holds a lane's ports, from /proc, never by asking: an enter's port checks (``PortChecks``).
 
 ``lane_ports`` lists every port an enter sends a request to (its health URL, its probes' base URLs);
-``_port_listeners`` reads who listens there (the host's own ``HostIO.listeners``: the steps ask ``self.io``). Before the
-container exists nothing may listen there; before the health answer and the probes are trusted, every listener
-must be a process of the container (a squatter is named, never asked: ``PortSquatted``). Used by
+``_port_listeners`` reads who listens there (the host's own ``HostIO.listeners``: the steps ask ``self.io``).
+Before the container exists nothing may listen there; before the health answer and the probes are trusted, every
+listener must be a process of the container (a squatter is named, never asked: ``PortSquatted``). Used by
 ``reconciler.apply.enter``.
 """
 

@@ -82,6 +82,7 @@ class HostService:
         # The host's I/O seams (None: the host's own, ``REAL_IO``, resolved by the calls that reach the host: a
         # light command loads no observer): every call that observes, plans, applies or reclaims goes through them.
         self.io = io
+        self._tmpfs = io.tmpfs if io else REAL_TMPFS  # the loader's part of them, which light commands read too
         self.caller = caller
         self.pass_lock = pass_lock
         self.hooks = hooks
@@ -92,10 +93,10 @@ class HostService:
     # ------------------------------------------------------------ helpers
 
     def desired(self) -> DesiredState:
-        return load_desired(self.root, tmpfs=self.io.tmpfs if self.io else REAL_TMPFS)
+        return load_desired(self.root, tmpfs=self._tmpfs)
 
     def host(self) -> HostConfig:
-        return load_host(self.root, self.io.tmpfs if self.io else REAL_TMPFS)
+        return load_host(self.root, self._tmpfs)
 
     @contextlib.contextmanager
     def exclusive(self, host: str, command: str) -> Iterator[None]:

@@ -19,7 +19,6 @@ import os
 import random
 import tempfile
 import threading
-import time as _real_time
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -133,28 +132,6 @@ class SimLock:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
-
-
-class SimTime:
-    """The ``time`` module as the patched modules see it: the world's clocks (the wall clock may jump apart from
-    the monotonic one), and sleep that moves them."""
-
-    def __init__(self, world: World):
-        self.world = world
-
-    def time(self) -> float:
-        return self.world.wall()
-
-    def monotonic(self) -> float:
-        return self.world.now
-
-    perf_counter = monotonic
-
-    def sleep(self, seconds: float) -> None:
-        self.world.sleep(seconds)
-
-    def __getattr__(self, name: str) -> Any:  # strftime, gmtime, localtime, ...
-        return getattr(_real_time, name)
 
 
 def _api_error(exc: ApiError) -> Exception:
@@ -568,7 +545,6 @@ def sim_io(world: World) -> Any:
     from reconciler.load.tmpfs import TmpfsReads
     from reconciler.plan.observed import Tmpfs
 
-    clock = SimTime(world)
     # Actions on disjoint slots run interleaved at their seams, in an order the seed draws (Interleaver); a lock of
     # the apply layer is a SimLock: waiting for it passes the turn to its holder.
     sched = Interleaver(world)
@@ -585,7 +561,8 @@ def sim_io(world: World) -> Any:
         return Tmpfs(world.tmpfs_size, world.tmpfs_size - world.free_bytes(), world.free_bytes())
 
     return HostIO(
-        clock=Clock(time=clock.time, monotonic=clock.monotonic, sleep=clock.sleep),
+        # The world's clocks (the wall clock may jump apart from the monotonic one), and a sleep that moves them.
+        clock=Clock(time=world.wall, monotonic=lambda: world.now, sleep=world.sleep),
         engine=lambda host: sim_observer(world, host.docker.url),
         observe=lambda host, docker=None, **kw: sim_observe(world, host, docker=docker, **kw),
         listeners=lambda ports: _listeners(world, ports),

@@ -91,4 +91,4 @@ def test_a_pass_reports_the_actions_whose_thread_did_not_start_as_failed(
     assert "not started: action 3 of 3 could not be given a thread (RuntimeError: can't start new thread)" in (
         done[2].detail
     ), done[2]
-    assert applier.run_group is run_in_threads  # the host's own (REAL_IO's): each action in a thread of its own
+    assert applier.io.run_group is run_in_threads  # the host's own (REAL_IO's): each action in a thread of its own
