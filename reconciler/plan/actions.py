@@ -150,6 +150,9 @@ class Plan:
     unavailable: tuple[str, ...] = ()
     satisfied: tuple[str, ...] = field(default=())  # container names already matching their assignment
     fallbacks: tuple[Fallback, ...] = ()  # lanes of the last converged topology serving a held lane's slots
+    # Lanes of ours that stay awake and serving on a card a blocked action wanted (sleeping lanes rule 8): what
+    # would replace them there cannot run, so they neither leave nor sleep.
+    kept_serving: tuple[str, ...] = ()
 
     @property
     def blocked(self) -> bool:
@@ -174,4 +177,5 @@ class Plan:
             "unavailable": list(self.unavailable),
             "satisfied": list(self.satisfied),
             "fallbacks": [f.to_json() for f in self.fallbacks],
+            "kept_serving": list(self.kept_serving),
         }

@@ -94,12 +94,12 @@ def _problems(r: EnterRound, d: DesiredAssignment, room: int) -> Problems:
     d_holders = {s: [c for c in cs if c.id not in r.kept_lanes] for s, cs in r.holders.items()}
     problems = slot_problems(d, r.observed, d_holders, r.by_id, r.leaving, r.kept_ids, r.desired)
     if d.key not in r.blocked_before:
-        problems += _kept_lane_problems(r, d)
+        problems += kept_lane_problems(r, d)
     problems += identity_problems(d, r.desired, r.observed, r.unsound, r.leaving)
     if d.key in r.blocked_before and not problems:
         # Blocked the round before only by lanes kept since (a sleeping lane kept for a blocked card holds its other
         # card, and the lane beside it there is kept in turn): they still hold its slots, so it still waits.
-        problems += _kept_lane_problems(r, d)
+        problems += kept_lane_problems(r, d)
     if d.key not in r.finishing and d.key not in r.hold:
         # The lane's own containers, those leaving first, and lanes kept on its slots may hold its ports.
         own_ids = {c.id for c in r.by_assignment.get((d.recipe, d.slots), [])} | {
@@ -111,7 +111,7 @@ def _problems(r: EnterRound, d: DesiredAssignment, room: int) -> Problems:
     return problems
 
 
-def _kept_lane_problems(r: EnterRound, d: DesiredAssignment) -> Problems:
+def kept_lane_problems(r: EnterRound, d: DesiredAssignment) -> Problems:
     return [
         (
             f"{describe_container(c)} holds GPU slot {s} and keeps serving it: the lane that would replace it there "

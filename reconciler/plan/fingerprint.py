@@ -231,6 +231,7 @@ def plan_lines(data: Mapping[str, Any]) -> list[str]:
             f"{f.get('instead_of')}@{'+'.join(f.get('instead_gpus') or ())}"
         )
     out += [f"satisfied {n}" for n in data.get("satisfied") or ()]
+    out += [f"kept serving {n}" for n in data.get("kept_serving") or ()]
     out += [f"unavailable {n}" for n in data.get("unavailable") or ()]
     return out
 
@@ -291,6 +292,7 @@ def plan_from_json(data: Mapping[str, Any]) -> Plan:
             unavailable=tup(data.get("unavailable")),
             satisfied=tup(data.get("satisfied")),
             fallbacks=fallbacks,
+            kept_serving=tup(data.get("kept_serving")),
         )
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"not a plan: {type(exc).__name__}: {exc}") from None

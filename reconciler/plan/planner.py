@@ -16,7 +16,7 @@ from reconciler.model import DesiredAssignment, DesiredState, assignment_key
 from reconciler.plan import spec
 from reconciler.plan.actions import Action, ActionKind, Blocker, Fallback, Held, Plan
 from reconciler.plan.claims import claimed_slots, is_ours, slot_holders, slot_ids
-from reconciler.plan.enters import EnterRound, place_enters
+from reconciler.plan.enters import EnterRound, kept_lane_problems, place_enters
 from reconciler.plan.observed import LABEL_SPEC_PARTS, NEVER_STARTED_STATES, ContainerView, Observed, Ownership, ShmView
 from reconciler.plan.sleeping import (
     as_assignment,
@@ -44,8 +44,9 @@ def plan(
     its slots (and nobody else's) serve them meanwhile, unless the manifest says ``fallback: false``.
 
     Blockers are scoped to their slots: what touches no blocked slot is planned and runs; a running lane of ours on
-    a blocked slot does not leave (it keeps serving while what would replace it cannot enter). Keeping it may hold
-    another enter's slot in turn, so the plan is made again with those lanes kept until nothing more is kept.
+    a blocked slot neither leaves nor sleeps (it keeps serving while what would replace it cannot enter or wake:
+    sleeping lanes rule 8). Keeping it may hold another enter's slot in turn, so the plan is made again
+    with those lanes kept until nothing more is kept.
     """
     keep: frozenset[str] = frozenset()
     blocked_before: frozenset[str] = frozenset()
@@ -64,12 +65,15 @@ def plan(
         more = {
             a.container_id
             for a in p.actions
-            if a.kind is ActionKind.LEAVE
-            and a.container_id in active
-            and set(_leave_slots(a, desired, observed)) & blocked_slots
+            if a.container_id in active
+            and (
+                (a.kind is ActionKind.LEAVE and set(_leave_slots(a, desired, observed)) & blocked_slots)
+                or (a.kind is ActionKind.SLEEP and set(a.gpus) & blocked_slots)
+            )
         }
         if not more - keep:
-            return p
+            by_id = {c.id: c.name for c in observed.containers}
+            return replace(p, kept_serving=tuple(sorted(by_id[k] for k in keep if k in by_id)))
         keep = keep | {c for c in more if c is not None}
         blocked_before = blocked_before | {assignment_key(b.recipe, b.gpus) for b in p.blockers}
 
@@ -125,7 +129,7 @@ def _plan_once(
     # A standby lane's container left waiting for health (an interrupted first enter) is awake: it holds its cards
     # against every other lane until its finish and its sleep are placed before them (sleeping lanes rule 1).
     standby_finishing = {c.id for k, c in lanes.finishing.items() if k in standby_keys}
-    to_sleep, to_wake, resting = rest_and_wake(desired, observed, lanes.satisfied, standby_keys)
+    to_sleep, to_wake, resting = rest_and_wake(desired, observed, lanes.satisfied, standby_keys, kept_lanes)
     reclaim = _reclaim(observed.shm)
     round_ = EnterRound(
         desired=desired,
@@ -234,9 +238,13 @@ def _wakes(
     blockers: list[Blocker] = []
     for c in to_wake:
         d = as_assignment(c, r.desired)
-        holders = {s: [x for x in cs if x.id != c.id] for s, cs in r.holders.items()}
+        # A lane kept serving because this wake (or another action on its cards) is blocked is said as such, and is
+        # no cause of the wake the round before found blocked (its own causes are said), as for an enter.
+        holders = {s: [x for x in cs if x.id != c.id and x.id not in r.kept_lanes] for s, cs in r.holders.items()}
         problems = slot_problems(d, r.observed, holders, r.by_id, r.leaving, r.kept_ids, r.desired)
         problems += wake_memory_problems(c, r.desired, r.observed, settled_later)
+        if d.key not in r.blocked_before or not problems:
+            problems += kept_lane_problems(r, d)
         if problems:
             blockers.extend(
                 Blocker(recipe=d.recipe, gpus=d.slots, reason=why, holder=holder, kind="".join(kind))

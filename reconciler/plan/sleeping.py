@@ -28,11 +28,18 @@ Problems = list[tuple[str, ...]]
 
 
 def rest_and_wake(
-    desired: DesiredState, observed: Observed, satisfied: Sequence[ContainerView], standby: Collection[str]
+    desired: DesiredState,
+    observed: Observed,
+    satisfied: Sequence[ContainerView],
+    standby: Collection[str],
+    kept: Collection[str] = (),
 ) -> tuple[list[ContainerView], list[ContainerView], frozenset[str]]:
     """Of the satisfied lanes: those to put to sleep (a standby lane not asleep by its own answer), those to wake (a
     lane the running topology wants that says it sleeps), and the ids of every standby lane's container (asleep, or
-    asleep once its sleep is done): none of them holds its slots against a lane entered or woken there."""
+    asleep once its sleep is done): none of them holds its slots against a lane entered or woken there.
+
+    A standby lane in ``kept`` is awake on a card a blocked action wanted: it keeps serving, holding its cards
+    (sleeping lanes rule 8), so it is neither put to sleep nor resting."""
     to_sleep: list[ContainerView] = []
     to_wake: list[ContainerView] = []
     resting: set[str] = set()
@@ -40,6 +47,8 @@ def rest_and_wake(
         key = assignment_key(c.recipe or "", c.slots)
         asleep = observed.sleeping.get(c.id) is True
         if key in standby:
+            if c.id in kept and not asleep:
+                continue
             resting.add(c.id)
             if not asleep:
                 to_sleep.append(c)

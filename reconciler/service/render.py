@@ -98,8 +98,12 @@ def render_plan(plan: Plan, observed: Observed | None, s: Style) -> str:
             s.red(f"cannot plan completely: {', '.join(plan.unavailable)} unavailable")
             + " - nothing that needs it will be changed"
         )
+    kept = set(plan.kept_serving)
     for name in plan.satisfied:
-        out.append(s.dim(f"  = {name} matches its assignment"))
+        if name not in kept:
+            out.append(s.dim(f"  = {name} matches its assignment"))
+    for name in plan.kept_serving:
+        out.append(s.yellow(f"  = {name} keeps serving: what would replace it is blocked"))
     for a in plan.actions:
         out.extend("  " + line for line in _action_line(a, s))
     for b in plan.blockers:

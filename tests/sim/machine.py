@@ -9,7 +9,8 @@ through it: the kernel's write lease, the last gate, is modelled from the truth 
 that kept a file; (d) ``apply`` of a shown plan does nothing outside
 it; (e) no exception escapes a pass; (f) once faults stop, the host converges or is blocked by something that is
 really there, within a bounded number of passes; (g) no fallback starts while a container of the held lane runs
-(a fallback's start is judged by (a)). Sleeping lanes (docs/design.md, rules 1-6), by the world's truth: (1) no two
+(a fallback's start is judged by (a)); (j) no plan the tool makes stops (leaves or puts to sleep) a live lane on a
+card a blocked action of the same plan wanted (blockers are scoped to their slots; sleeping lanes rule 8). Sleeping lanes (docs/design.md, rules 1-6), by the world's truth: (1) no two
 lanes of ours awake on one card, and no wake beside one; (2) no wake onto a card something foreign uses, or into
 memory that is not free when the tool could know it; (3) status never calls a sleeping lane awake; (4) no unlink of a
 sleeping lane's offload file is tried; (5) no POST /sleep with requests in flight its drain never saw idle; (6) a
@@ -766,13 +767,39 @@ class HostMachine(RuleBasedStateMachine):
 
     def _pass(self) -> Any:
         self.tool_ran = True
+        live = self._live_ids()
         try:
             result = self.loop.cycle({"resync"})
         except Exception as exc:  # noqa: BLE001 - invariant (e): nothing escapes a pass
             self.world.violate(f"(e) {type(exc).__name__} escaped a pass: {exc}")
             return None
         self._knowable_failures(result)
+        if result is not None:
+            self._judge_darkening(result.plan, live)
         return result
+
+    def _live_ids(self) -> set[str]:
+        """The ids of the containers that serve or could (live states, not asleep) by the world's truth now."""
+        return {c.id for c in self.world.containers.values() if c.state in LIVE_STATES and not c.asleep}
+
+    def _judge_darkening(self, plan: Any, live: set[str]) -> None:
+        """Invariant (j), sleeping lanes rule 8: a plan the tool made stops (leaves or puts to
+        sleep) no lane that was live when it was made on a card a blocked action of the same plan wanted: such a
+        lane keeps serving, since what would replace it there cannot run."""
+        from reconciler.plan.actions import ActionKind
+
+        blocked = {s for b in plan.blockers for s in b.gpus}
+        for a in plan.actions:
+            if a.kind not in (ActionKind.LEAVE, ActionKind.SLEEP) or not a.container_id:
+                continue
+            if not any(i.startswith(a.container_id) or a.container_id.startswith(i) for i in live):
+                continue
+            if set(a.gpus) & blocked:
+                causes = "; ".join(f"{b.recipe}@{'+'.join(b.gpus)}" for b in plan.blockers if set(b.gpus) & set(a.gpus))
+                self.world.violate(
+                    f"(j) the plan darkens {a.container} ({a.kind.value} on {','.join(a.gpus)}) for an action that "
+                    f"cannot run: {causes} is blocked"
+                )
 
     @rule()
     def loop_pass(self) -> None:
@@ -821,7 +848,9 @@ class HostMachine(RuleBasedStateMachine):
         self.tool_ran = True
         try:
             applier = Applier(desired, observer=observer, connect=False, io=self.world.io)
+            live = self._live_ids()
             observed, shown = applier.plan_now()
+            self._judge_darkening(shown, live)
             mark = len(w.writes)
             result = applier.converge(start=(observed, shown), approved=shown)
         except Exception as exc:  # noqa: BLE001
@@ -875,7 +904,9 @@ class HostMachine(RuleBasedStateMachine):
         if made is None:
             return
         desired, applier, files = made
+        live = self._live_ids()
         observed, p = applier.plan_now()
+        self._judge_darkening(p, live)
         fp = fingerprint(files, desired, observed, loop_view(desired.host.name))
         self.saved.append(json.loads(json.dumps(plan_document(p, fp))))
 

@@ -517,3 +517,33 @@ def test_a_lane_that_would_not_sleep_is_stopped_though_the_engines_list_fails_me
         m.no_violation()
     finally:
         m.teardown()
+
+
+def test_rule_8_a_blocked_wake_darkens_no_serving_lane() -> None:
+    """The split serves with the exclusive lane asleep, and a foreign container takes card 0. A switch to the
+    exclusive topology planned both split lanes' sleeps and showed the wake blocked; apply put both to sleep, both
+    cards dark with nothing to bring them back (invariant (j)). Now neither sleeps: they keep serving, the plan says
+    so, and once the foreign container goes the switch runs."""
+    m = _machine(seed=3)
+    try:
+        _split_running_with_the_exclusive_lane_asleep(m)
+        m.foreign_container(card=0, by="index", kind="plain", running=True)
+        m.operator_switches("exclusive")
+        m.cli_apply()
+        m.no_violation()
+        m.loop_pass()
+        m.no_violation()
+        lanes = _lanes(m)
+        assert lanes["sleepbig"] == ("running", "asleep"), lanes
+        assert all(v == ("running", "awake") for k, v in lanes.items() if k != "sleepbig"), lanes
+        plan = m.plan_json()
+        assert plan["actions"] == [] and plan["blocked"], plan
+        assert len(plan["kept_serving"]) == 2, plan
+        m.operator_removes_foreign(pick=0)
+        m.loop_pass()
+        m.no_violation()
+        lanes = _lanes(m)
+        assert lanes["sleepbig"] == ("running", "awake"), lanes
+        assert all(v == ("running", "asleep") for k, v in lanes.items() if k != "sleepbig"), lanes
+    finally:
+        m.teardown()

@@ -21,6 +21,7 @@ from reconciler.plan.actions import ActionKind, Plan
 from reconciler.plan.observed import LaneMemory, Observed
 from reconciler.plan.planner import plan
 from reconciler.plan.sleeping import wake_action
+from reconciler.service.render import Style, render_plan
 
 A, B = "dark-compute-a", "dark-compute-b"
 
@@ -240,3 +241,38 @@ def test_right_before_the_call_a_foreign_container_on_its_cards_refuses_the_wake
     with pytest.raises(ActionRefused) as info:
         _WakeCheck(d)._check_wake(wake_action(big, d), big, o)
     assert "squatter" in info.value.cause and info.value.reason == "gpu_held", info.value.cause
+
+
+def test_a_blocked_wake_darkens_no_serving_lane() -> None:
+    """Sleeping lanes rule 8: the split serves, tp2 sleeps, a foreign container holds card A. A switch to the exclusive
+    topology would sleep both small lanes to make room for a wake that cannot run: neither sleeps, and the plan says
+    they keep serving (the cold path's rule for a leave)."""
+    d = desired_with("exclusive")
+    o = observed_with(d, {"small-a": False, "small-b": False, "big": True})
+    foreign = {"name": "someones-jupyter", "gpus": ["0"]}
+    o = make_observed(
+        {
+            "observed": {
+                "containers": [
+                    *({"name": n, "managed": True, "recipe": r, "slots": s} for r, (n, s) in LANES.items()),
+                    foreign,
+                ]
+            }
+        },
+        d,
+    )
+    ids = {c.recipe: c.id for c in o.containers if c.recipe}
+    o = replace(o, sleeping={ids["small-a"]: False, ids["small-b"]: False, ids["big"]: True})
+    p = plan(d, o)
+    assert steps(p) == [], p
+    assert {b.recipe for b in p.blockers} == {"big"}, p.blockers
+    reasons = " ".join(b.reason for b in p.blockers)
+    assert "someones-jupyter" in reasons, reasons
+    # Our own lanes kept awake are said as such, not counted as the wake's causes.
+    assert "small-" not in reasons, reasons
+    assert p.kept_serving == (LANES["small-a"][0], LANES["small-b"][0]), p
+    text = render_plan(p, None, Style(color=False))
+    assert f"{LANES['small-b'][0]} keeps serving: what would replace it is blocked" in text, text
+    # With the foreign container gone, the switch runs as before.
+    clear = replace(o, containers=tuple(c for c in o.containers if c.recipe))
+    assert steps(plan(d, clear)) == [("sleep", "small-a"), ("sleep", "small-b"), ("wake", "big")]
