@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import LoopProcess, Root, wait_until
+from e2e_helpers import SLEEP, LoopProcess, Root, wait_until
 
 A, B = "dark-compute-a", "dark-compute-b"
 
@@ -246,3 +246,32 @@ def test_a_lane_whose_drain_times_out_is_never_put_to_sleep_but_left(root: Root)
     assert "drain timed out" in sleep["detail"] and "left (stopped) instead" in sleep["detail"], sleep
     assert seen and True not in seen, "the lane was put to sleep with a request in flight"
     assert root.cname(a, A) not in root.running()
+
+
+def test_a_switch_whose_wake_is_blocked_darkens_no_serving_lane(root: Root) -> None:
+    """Sleeping lanes rule 8 on the real engine: the split serves, the exclusive lane sleeps, and a container this
+    tool did not start holds card A. `switch exclusive` would put both split lanes to sleep for a wake that cannot
+    run: instead both keep serving (answering requests), the plan says so and exits 3, and once the foreign container
+    is gone the switch runs."""
+    a, b = root.sleeping_recipe("small-a"), root.sleeping_recipe("small-b")
+    big = root.sleeping_recipe("big", tp=2, level=2)
+    standby_manifest(root, a, b, big)
+    assert root.apply().rc == 0
+    assert sleeping(root) == {a: False, b: False, big: True}
+    foreign = root.run_unmanaged("jupyter", "-e", f"NVIDIA_VISIBLE_DEVICES={root.slot_index[A]}", *SLEEP)
+    switched = root.cli("switch", "exclusive", "--json")
+    assert switched.rc == 0, switched
+    r = root.apply()
+    assert r.rc == 3, r
+    assert kinds(r) == [], kinds(r)
+    assert sleeping(root) == {a: False, b: False, big: True}
+    assert ask(root.port_of(a), f"e2e/{a}")[0] == 200 and ask(root.port_of(b), f"e2e/{b}")[0] == 200
+    plan = root.cli("plan")
+    assert plan.rc == 3, plan
+    assert foreign in plan.stdout, plan.stdout
+    for lane in (root.cname(a, A), root.cname(b, B)):
+        assert f"{lane} keeps serving: what would replace it is blocked" in plan.stdout, plan.stdout
+    root.api.remove_container(foreign, force=True)
+    done = root.apply()
+    assert done.rc == 0, done
+    assert sorted(kinds(done)) == sorted([("sleep", a, "ok"), ("sleep", b, "ok"), ("wake", big, "ok")]), kinds(done)
