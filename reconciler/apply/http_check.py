@@ -8,8 +8,6 @@ Never through a proxy (``reconciler.base.direct_http``). Called by the enter's w
 from __future__ import annotations
 
 import socket
-import urllib.error
-import urllib.parse
 
 from reconciler.base import direct_http
 
@@ -26,6 +24,9 @@ def _http_ok(url: str) -> bool:
 def _http_answer(url: str, *, timeout: float = 1.0) -> str | None:
     """What answers ``url`` now, in words ("HTTP 200", "HTTP 404", a connection that says nothing), or None when
     nothing listens there (the connection is refused, the host is unknown or unreachable). Never via a proxy."""
+    import urllib.error  # on first use, as direct_http's opener (the start-up budget)
+    import urllib.parse
+
     parts = urllib.parse.urlsplit(url)
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)

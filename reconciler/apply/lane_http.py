@@ -8,8 +8,6 @@ of vLLM's metrics (``reconciler.apply.vllm_metrics``).
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from typing import Any
 
 from reconciler.base import direct_http
@@ -34,6 +32,11 @@ class Answer:
 
 
 def request(url: str, payload: dict[str, Any] | None, timeout: float) -> Answer:
+    # The start-up budget: urllib.request (http.client, email, ssl) is loaded by the first request to a lane, as
+    # direct_http's opener is, not by every command that imports the apply layer.
+    import urllib.error
+    import urllib.request
+
     data = json.dumps(payload).encode() if payload is not None else None
     req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")  # noqa: S310 - the recipe's own URL: http(s) on loopback (model.check_probe_url)
     if data is not None:

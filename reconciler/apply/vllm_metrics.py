@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from reconciler.apply.lane_http import body_text, request
 from reconciler.base import direct_http
 
@@ -23,6 +21,10 @@ def parse_samples(text: str, names: Sequence[str]) -> dict[str, float] | None:
     """Each named metric's samples summed over every engine and model, from a Prometheus text exposition, by
     prometheus-client's own parser (a counter named with or without ``_total``). Only the names found are in the
     answer; None when the text is not an exposition at all."""
+    # The start-up budget: prometheus_client (its package loads its HTTP exposition too) is imported by the first
+    # exposition read, not by every command that imports the probes.
+    from prometheus_client.parser import text_string_to_metric_families
+
     wanted = set(names) | {f"{n}_total" for n in names}
     sums: dict[str, float] = {}
     try:

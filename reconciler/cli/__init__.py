@@ -12,6 +12,7 @@ them through ``run_command`` as this process would (``reconciler.cli.front_ends`
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from reconciler import __version__
@@ -211,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.root is None:
         args.root = default_root()
+    # The start-up budget: pydantic looks for plugins among every installed distribution's entry points at the
+    # first model it builds (a scan of each dist-info); the tool uses none. An operator's own setting is kept.
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     if command_name(args) in LOOP_COMMANDS:
         # The start-up budget: `--help` and a command the loop does not answer never load the socket's client.
         from reconciler.control.client import submit

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from importlib.resources import files
 from typing import Any
 
 from reconciler.base.terminal import emit_json
@@ -113,7 +112,7 @@ def render_unit(template: str, *, exe: str, root: str, metrics_addr: str) -> str
 def cmd_systemd_unit(args: argparse.Namespace) -> int:
     from reconciler.base.errors import ReconcilerError  # start-up: the command line's other commands never need it
 
-    template = (files("reconciler") / "data" / "reconciler.service").read_text(encoding="utf-8")
+    template = _data_text("reconciler.service")
     root = os.path.abspath(args.root)
     try:
         text = render_unit(template, exe=args.exec or this_install(), root=root, metrics_addr=args.metrics_addr)
@@ -124,6 +123,18 @@ def cmd_systemd_unit(args: argparse.Namespace) -> int:
 
 
 def cmd_alert_rules(args: argparse.Namespace) -> int:
-    text = (files("reconciler") / "data" / "prometheus" / "alerts.yml").read_text(encoding="utf-8")
+    text = _data_text("prometheus", "alerts.yml")
     print(text, end="", file=console(args).out)
     return EXIT_OK
+
+
+def _data_text(*parts: str) -> str:
+    """A file shipped in the package's data/ (an installed wheel's or the checkout's)."""
+    # The start-up budget: importlib.resources (with tempfile, shutil, bz2 and lzma) is imported by the two commands
+    # that print a shipped file, not by every command that builds the parser.
+    from importlib.resources import files
+
+    node = files("reconciler") / "data"
+    for part in parts:
+        node = node / part
+    return node.read_text(encoding="utf-8")

@@ -10,13 +10,9 @@ never guessed.
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from reconciler.base import direct_http
 from reconciler.model import DesiredState
@@ -67,6 +63,10 @@ def parse_lane_metrics(text: str) -> dict[str, float] | None:
     """The lane's gauges of LANE_GAUGES, each summed over its engines and models, and ``sleeping`` (1 when a
     sleep state other than awake is in force, 0 when awake is); only those found. None when the text is no
     Prometheus exposition at all."""
+    # The start-up budget: prometheus_client is imported by the first exposition read (the loop's), not by every
+    # command that imports this module for its names (status, an enter's version).
+    from prometheus_client.parser import text_string_to_metric_families
+
     wanted = {**LANE_GAUGES, **{f"{k}_total": v for k, v in LANE_GAUGES.items()}}
     out: dict[str, float] = {}
     try:
@@ -84,6 +84,9 @@ def parse_lane_metrics(text: str) -> dict[str, float] | None:
 
 
 def _get(url: str, timeout: float) -> tuple[int, bytes]:
+    import urllib.error  # on first use, as direct_http's opener (the start-up budget)
+    import urllib.request
+
     req = urllib.request.Request(url, method="GET")  # noqa: S310 - the recipe's own URL: http(s) on loopback (model.check_probe_url)
     try:
         with direct_http.opener().open(req, timeout=timeout) as resp:
