@@ -45,9 +45,13 @@ def load_recipe(root: Path, path: Path) -> Recipe:
         ) from None
     except RecursionError:
         raise ConfigError([ConfigProblem(rel, None, "the recipe is nested too deeply; flatten it")]) from None
-    problem = _command_tp_problem(recipe)
-    if problem:
-        raise ConfigError([ConfigProblem(rel, toml_line(text, ("container", "command")), problem)])
+    found = [
+        ConfigProblem(rel, toml_line(text, loc), problem)
+        for check in (_command_tp_problem, _command_port_problems, _served_name_problems)
+        for loc, problem in _located(check(recipe))
+    ]
+    if found:
+        raise ConfigError(found)
     remember(_RECIPES, text, recipe)
     return recipe
 
@@ -95,6 +99,114 @@ def _command_tp_problem(recipe: Recipe) -> str | None:
         f"slots an assignment gives it); make them agree: tensor_parallel_size = {value} or "
         f"--tensor-parallel-size {tp}"
     )
+
+
+def _located(found: str | list[tuple[tuple[Any, ...], str]] | None) -> list[tuple[tuple[Any, ...], str]]:
+    """A check's problems as (where in the file, problem); a bare sentence is the command's."""
+    if found is None:
+        return []
+    if isinstance(found, str):
+        return [(("container", "command"), found)]
+    return found
+
+
+_ANY_ADDRESS = frozenset({"0.0.0.0", "::", "[::]", ""})
+
+
+def _asked_urls(recipe: Recipe) -> list[tuple[tuple[Any, ...], str, str]]:
+    """(where in the file, what, URL) of every URL the tool asks the lane at: health, drain metrics, each probe."""
+    urls: list[tuple[tuple[Any, ...], str, str]] = []
+    if recipe.health.url:
+        urls.append((("health", "url"), "health.url", recipe.health.url))
+    if recipe.drain.metrics_url:
+        urls.append((("drain", "metrics_url"), "drain.metrics_url", recipe.drain.metrics_url))
+    for i, p in enumerate(recipe.probes):
+        if p.base_url:
+            urls.append((("probes", i, "base_url"), f"probe {p.name!r} base_url", p.base_url))
+    return urls
+
+
+def _command_port_problems(recipe: Recipe) -> list[tuple[tuple[Any, ...], str]]:
+    """On the host's network, the server's own --port (and --host) against every URL the tool asks it at: a health
+    URL on another port is never answered, and the enter waits out its whole start timeout for it."""
+    if recipe.container.network != "host":
+        return []  # another network publishes the lane's ports as the engine maps them: nothing to compare here
+    words = _argv_words(recipe)
+    port_flag = command_flag(words, "--port")
+    host_flag = command_flag(words, "--host")
+    port = int(port_flag[1]) if port_flag is not None and port_flag[1].strip().isdigit() else None
+    bound = host_flag[1].strip().lower() if host_flag is not None else None
+    out: list[tuple[tuple[Any, ...], str]] = []
+    for loc, what, url in _asked_urls(recipe):
+        u = urlsplit(url)
+        try:
+            asked = u.port or (443 if u.scheme == "https" else 80)
+        except ValueError:
+            continue  # the model's own check says what is wrong with it
+        if port is not None and asked != port:
+            out.append(
+                (
+                    loc,
+                    f"{what} {url} asks port {asked}, but the server is told {port_flag[0] if port_flag else ''}: "
+                    f"nothing would answer there; make them agree (port {port} in the URL, or --port {asked})",
+                )
+            )
+        host = (u.hostname or "").lower()
+        if _listens_elsewhere(bound, host):
+            out.append(
+                (
+                    loc,
+                    f"{what} {url} asks {host}, but the server listens on {bound} only (its command's "
+                    f"{host_flag[0] if host_flag else ''}): nothing would answer there; use --host 127.0.0.1 "
+                    "(or 0.0.0.0) or ask the address it listens on",
+                )
+            )
+    return out
+
+
+def _listens_elsewhere(bound: str | None, host: str) -> bool:
+    """Whether a server told ``--host bound`` cannot be reached at ``host`` (loopback names count as one)."""
+    if bound is None or bound in _ANY_ADDRESS:
+        return False
+    bound = bound.strip("[]")
+    return bound != host and not ("localhost" in (bound, host) and {bound, host} <= {"localhost", "127.0.0.1", "::1"})
+
+
+def served_names(recipe: Recipe) -> tuple[str, ...]:
+    """The names the server answers to: its command's --served-model-name (every name given), else the model's id."""
+    words = _argv_words(recipe)
+    names: list[str] = []
+    for i, w in enumerate(words):
+        if w == "--served-model-name":
+            names = []
+            for v in words[i + 1 :]:
+                if v.startswith("-"):
+                    break
+                names.append(v)
+        elif w.startswith("--served-model-name="):
+            names = [w.split("=", 1)[1]]
+    return tuple(names) or (recipe.model.id,)
+
+
+def _served_name_problems(recipe: Recipe) -> list[tuple[tuple[Any, ...], str]]:
+    """Every probe asks for a model the server answers to: vLLM answers 404 for any other name, and the enter fails
+    its preflight after loading the whole model."""
+    names = served_names(recipe)
+    out: list[tuple[tuple[Any, ...], str]] = []
+    for i, p in enumerate(recipe.probes):
+        if p.kind == "models":
+            continue
+        asked = p.model or recipe.model.id
+        if asked not in names:
+            out.append(
+                (
+                    ("probes", i, "model") if p.model else ("probes", i, "name"),
+                    f"probe {p.name!r} asks for model {asked!r}, but the server answers to "
+                    f"{', '.join(repr(n) for n in names)} (its command's --served-model-name, else model.id): set "
+                    "the probe's model to one of them",
+                )
+            )
+    return out
 
 
 def host_ports(recipe: Recipe) -> list[tuple[int, str]]:

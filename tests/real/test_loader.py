@@ -272,7 +272,7 @@ def test_recipe_hash_ignores_description_only(root: Path) -> None:
     p = root / "configs/recipes/omni.toml"
     p.write_text(p.read_text().replace('description = "', 'description = "reworded '))
     assert load_desired(root).recipes["omni"].content_hash() == before
-    p.write_text(p.read_text().replace('"--port", "8001"', '"--port", "8002"'))
+    p.write_text(p.read_text().replace('"--port", "8001"', '"--port", "8002"').replace(":8001/", ":8002/"))
     assert load_desired(root).recipes["omni"].content_hash() != before
 
 
