@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from reconciler.base.errors import ConfigError, ConfigProblem
+from reconciler.load.admission import admission_problems
 from reconciler.load.cross_checks import cross_check, manifests_of_host, offload_placement
 from reconciler.load.files import HOST_FILE, MANIFESTS_DIR, RECIPES_DIR, check_root, rel_path
 from reconciler.load.git_source import GitError, SourceFiles, source_files
@@ -141,6 +142,11 @@ def _load_files(
         host_node=host_node,
         tmpfs=tmpfs,
     )
+    if source is not None:  # a commit's recipes ask no more of this host than its host file allows
+        used = [a.recipe for lanes in topologies.values() for a in lanes]
+        problems.extend(admission_problems(files, host, recipes, used))
+        if problems:
+            raise ConfigError(problems)  # before any secret is read: a secret it may not take is never resolved
     secret_digests = _secret_digests(files, host, recipes, problems)
     if problems:
         raise ConfigError(problems)
