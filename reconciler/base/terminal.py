@@ -6,6 +6,7 @@ importing it. Used by ``reconciler.cli`` and its modules, and by ``reconciler.co
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, TextIO, cast
 
@@ -48,6 +49,28 @@ class Terminal:
 def terminal(stream: TextIO) -> TextIO:
     """``stream`` behind the terminal boundary (once: a stream already behind it is returned as it is)."""
     return stream if isinstance(stream, Terminal) else cast("TextIO", Terminal(stream))
+
+
+def shell_word(word: str) -> str:
+    """``word`` as one word a shell reads back exactly, on one printable line: for the commands the tool suggests be
+    copied and pasted. A printable word is quoted as POSIX sh quotes it (``shlex.quote``); any other (a file name
+    with a newline, a tab, an ESC, a byte that is not UTF-8) is written in ``$'...'`` (bash, zsh, ksh), every byte
+    outside printable ASCII as ``\\xHH``: the terminal boundary would show such a character escaped inside plain
+    quotes, which a shell then reads as other characters, another file's name, and a raw newline would end the line
+    and let the name print lines that look like the tool's own."""
+    if word.isprintable():
+        import shlex  # the start-up budget: only a command that suggests another quotes words
+
+        return shlex.quote(word)
+    out = []
+    for b in os.fsencode(word):
+        if b in (0x27, 0x5C):  # ' and \
+            out.append("\\" + chr(b))
+        elif 0x20 <= b < 0x7F:
+            out.append(chr(b))
+        else:
+            out.append(f"\\x{b:02x}")
+    return "$'" + "".join(out) + "'"
 
 
 def emit_json(data: Any, out: TextIO | None = None) -> None:

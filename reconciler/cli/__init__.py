@@ -42,12 +42,16 @@ from reconciler.cli.tools import add_commands as add_tools
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from reconciler.load.desired import load_desired  # the start-up budget (pydantic, yaml, the model)
+    from reconciler.load.files import HOST_FILE  # the start-up budget, as load_desired
 
     desired = load_desired(args.root)
+    src = desired.host.source
+    warnings = [f"{HOST_FILE}: {w}" for w in src.warnings()] if src is not None else []
     if args.json:
         emit_json(
             {
                 "valid": True,
+                "warnings": warnings,
                 "host": desired.host.name,
                 "manifest": desired.manifest_path,
                 "recipes": sorted(desired.recipes),
@@ -63,6 +67,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             f"{len(desired.assignments)} assignment(s) in {desired.manifest_path}",
             file=console(args).out,
         )
+        for w in warnings:
+            print(f"warning: {w}", file=console(args).err)
     return EXIT_OK
 
 

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
+from reconciler.base.terminal import shell_word
 from reconciler.base.units import human_bytes
 from reconciler.cli.common import console, service
 
@@ -217,10 +218,9 @@ def render_reclaim(result: Any, *, tty: bool = False) -> str:
     text = "\n".join(out) + "\n"
     listed = result.reclaimed if result.confirmed else result.candidates
     if not result.confirmed and not result.refused and result.candidates:
-        import shlex  # the start-up budget: only a dry run that found orphans quotes paths
-
-        # The exact command that removes these files and no other (a file orphaned since is left for the next look).
-        paths = " ".join(f"--path {shlex.quote(f.path)}" for f in result.candidates)
+        # The exact command that removes these files and no other (a file orphaned since is left for the next look),
+        # each name one word a shell reads back as it is, on this one line.
+        paths = " ".join(f"--path {shell_word(f.path)}" for f in result.candidates)
         text += f"to remove exactly these: reconciler shm reclaim --confirm {paths}\n"
     text += _table(
         ["SIZE", "ALLOCATED", "PATH"],

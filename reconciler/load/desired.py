@@ -15,16 +15,18 @@ from pathlib import Path
 import yaml
 
 from reconciler.base.errors import ConfigError, ConfigProblem
+from reconciler.load.admission import admission_problems
 from reconciler.load.cross_checks import cross_check, manifests_of_host, offload_placement
 from reconciler.load.files import HOST_FILE, MANIFESTS_DIR, RECIPES_DIR, check_root, rel_path
 from reconciler.load.git_source import GitError, SourceFiles, source_files
 from reconciler.load.host_file import load_host_file
 from reconciler.load.recipes import read_recipes
-from reconciler.load.secrets import SecretError, digest, read_env_file, resolve
+from reconciler.load.secrets import SecretError, digest, keyed_digest, read_env_file, resolve
 from reconciler.load.tmpfs import REAL_TMPFS, TmpfsReads
 from reconciler.load.toml_source import toml_line
 from reconciler.load.yaml_source import validate_yaml
 from reconciler.model import DesiredAssignment, DesiredState, HostConfig, Manifest, Recipe
+from reconciler.store.digest_key import digest_key
 from reconciler.store.source import note_in_use
 from reconciler.store.state import StateError
 
@@ -141,7 +143,12 @@ def _load_files(
         host_node=host_node,
         tmpfs=tmpfs,
     )
-    secret_digests = _secret_digests(files, host, recipes, problems)
+    if source is not None:  # a commit's recipes ask no more of this host than its host file allows
+        used = [a.recipe for lanes in topologies.values() for a in lanes]
+        problems.extend(admission_problems(files, host, recipes, used))
+        if problems:
+            raise ConfigError(problems)  # before any secret is read: a secret it may not take is never resolved
+    secret_digests, legacy_digests = _secret_digests(files, host, recipes, problems)
     if problems:
         raise ConfigError(problems)
     running = tuple(topologies[manifest.topology])
@@ -152,6 +159,7 @@ def _load_files(
         assignments=running,
         manifest_path=source.label(manifest_path) if source is not None else manifest_path,
         secret_digests=secret_digests,
+        legacy_secret_digests=legacy_digests,
         fallback=manifest.fallback,
         topology=manifest.topology,
         topologies={n: tuple(a) for n, a in topologies.items() if n is not None},
@@ -177,38 +185,50 @@ def standby_lanes(
 
 def _secret_digests(
     root: Path, host: HostConfig, recipes: dict[str, Recipe], problems: list[ConfigProblem]
-) -> dict[str, str]:
-    """The digest of every ``"${NAME}"`` env value the recipes take; a problem (never the value) for each that
-    cannot be resolved, at the recipe line that asks for it."""
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The digest of every ``"${NAME}"`` env value the recipes take, keyed by the install's own key (what may enter a
+    label), and its plain sha256 (only to recognise a label of an earlier version: kept in memory, never written); a
+    problem (never the value) for each that cannot be resolved, at the recipe line that asks for it."""
     wanted: dict[str, list[tuple[str, str]]] = {}
     for name, recipe in recipes.items():
         for key, var in recipe.container.env_refs().items():
             wanted.setdefault(var, []).append((name, key))
     if not wanted:
-        return {}
+        return {}, {}
     env_file = host.secrets.env_file
     if env_file:
         try:
             read_env_file(env_file)
         except SecretError as exc:
             problems.append(ConfigProblem(HOST_FILE, None, f"{exc}"))
-            return {}
+            return {}, {}
     out: dict[str, str] = {}
+    legacy: dict[str, str] = {}
+    mac_key: bytes | None = None
     for var, users in wanted.items():
         try:
-            out[var] = digest(resolve(env_file, [var])[var])
+            value = resolve(env_file, [var])[var]
         except SecretError as exc:
-            for recipe_name, key in users:
+            for recipe_name, env_key in users:
                 path = root / RECIPES_DIR / f"{recipe_name}.toml"
                 try:
-                    line = toml_line(path.read_text(encoding="utf-8"), ("container", "env", key))
+                    line = toml_line(path.read_text(encoding="utf-8"), ("container", "env", env_key))
                 except (OSError, UnicodeDecodeError):
                     line = None
                 problems.append(
                     ConfigProblem(
                         rel_path(root, path),
                         line,
-                        f"container.env.{key}: ${{{var}}} is {exc}. Set it there (the value is never printed)",
+                        f"container.env.{env_key}: ${{{var}}} is {exc}. Set it there (the value is never printed)",
                     )
                 )
-    return out
+            continue
+        if mac_key is None:
+            try:
+                mac_key = digest_key(host.name)
+            except StateError as exc:
+                problems.append(ConfigProblem(HOST_FILE, None, f"secrets: the key of their digests: {exc}"))
+                return {}, {}
+        out[var] = keyed_digest(mac_key, var, value)
+        legacy[var] = digest(value)
+    return out, legacy

@@ -9,7 +9,8 @@ outside that folder on the host; a symlink or a submodule where a manifest or re
 the commit and the file. What is read then goes through the same validation as a local file (``load_desired``).
 
 git runs with its prompts off, its transports held to those of ``reconciler.model.source.GIT_SCHEMES`` (never
-``ext::``), no hooks and no submodules, a deadline, and its messages redacted before they are shown.
+``ext::``; http and git only with ``source.insecure_transport``), no hooks and no submodules, a deadline, and its
+messages redacted before they are shown.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from reconciler.base.errors import ConfigError, ConfigProblem, ReconcilerError
 from reconciler.base.redact import redact_text
 from reconciler.load.files import HOST_FILE, MANIFESTS_DIR, MAX_FILE_BYTES, RECIPES_DIR
 from reconciler.model.host import HostConfig
-from reconciler.model.source import GIT_SCHEMES, SourceConfig
+from reconciler.model.source import GIT_SCHEMES, PLAINTEXT_SCHEMES, SourceConfig
 from reconciler.store.source import COMMIT_RE, read_source_record, source_dir, trees_dir
 
 FETCHED_REF = "refs/reconciler/source"
@@ -126,6 +127,8 @@ def fetch(host: str, src: SourceConfig) -> str:
         src.git,
         f"+refs/heads/{src.ref}:{FETCHED_REF}",
         timeout=src.timeout_s,
+        # git itself held to it too: a redirect of https:// to http:// is refused, not followed
+        extra=() if src.insecure_transport else tuple(f"protocol.{s}.allow=never" for s in PLAINTEXT_SCHEMES),
     )
     commit = _git(repo, "rev-parse", "--verify", "--quiet", f"{FETCHED_REF}^{{commit}}", timeout=30).decode().strip()
     if not COMMIT_RE.match(commit):

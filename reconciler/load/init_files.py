@@ -109,6 +109,18 @@ def host_yaml(machine: Machine, name: str) -> str:
         "# lines (root's, mode 0600) named here:",
         "# secrets:",
         "#   env_file: /etc/reconciler/secrets.env",
+        "# Manifests and recipes from a git repository instead of this root's. Whoever can push to it chooses what",
+        "# runs as root here: take only commits signed by the keys of allowed_signers, and bound what its recipes",
+        "# may ask of this host in allow (by default: no host directory but shm.dir, not the host's network, no",
+        "# secret; https:// or ssh:// only).",
+        "# source:",
+        "#   git: ssh://git@git.example.com/gpu/fleet.git",
+        "#   path: fleet",
+        '#   allowed_signers: /etc/reconciler/allowed_signers   # PRINCIPAL namespaces="git" ssh-ed25519 KEY',
+        "#   allow:",
+        "#     mounts: [/var/cache/huggingface]",
+        "#     network_host: true",
+        "#     env_from_secrets: [HF_TOKEN]",
     ]
     return "\n".join(lines) + "\n"
 

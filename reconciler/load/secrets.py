@@ -5,14 +5,17 @@ the reconciler's own environment. Values are read here and nowhere else, never p
 read is handed to the redaction boundary (``reconciler.base.redact.learn_secrets``), which masks it in every string that
 leaves the process, however it got there (a lane that prints its environment, a cause quoting its log).
 
-The loader (``reconciler.load.desired``) takes the ``digest`` of each referenced value (its sha256, so that a
-rotated secret recreates its container through the spec hash without the value appearing anywhere); the apply layer
-calls ``resolve`` at create time.
+The loader (``reconciler.load.desired``) takes the ``keyed_digest`` of each referenced value (an HMAC-SHA256 under
+the install's own key, ``reconciler.store.digest_key``, so that a rotated secret recreates its container through the
+spec hash, whose label anyone who can inspect the container reads, without giving them a digest to test guesses
+against); the apply layer calls ``resolve`` at create time. ``digest`` (a plain sha256) is what labels of earlier
+versions were made from: the planner accepts a running lane labelled so, held in memory only.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 from collections.abc import Iterable, Mapping
 
@@ -94,4 +97,10 @@ def resolve(env_file: str | None, names: Iterable[str], *, environ: Mapping[str,
 
 
 def digest(value: str) -> str:
+    """The plain sha256 of a value: only to recognise a label of an earlier version, never to write one."""
     return hashlib.sha256(value.encode()).hexdigest()
+
+
+def keyed_digest(key: bytes, name: str, value: str) -> str:
+    """The digest of secret ``name``'s value that may enter a label: keyed by the install's own key."""
+    return hmac.new(key, f"{name}\0{value}".encode(), hashlib.sha256).hexdigest()

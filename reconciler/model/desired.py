@@ -42,8 +42,12 @@ class DesiredState:
     recipes: dict[str, Recipe]
     assignments: tuple[DesiredAssignment, ...]
     manifest_path: str | None = None
-    # sha256 of each "${NAME}" value the recipes take (never the value): it goes into the spec hash.
+    # The digest of each "${NAME}" value the recipes take, keyed by the install's own key (never the value, nor a
+    # plain digest of it): it goes into the spec hash, which is a label anyone who inspects the container reads.
     secret_digests: Mapping[str, str] = field(default_factory=dict)
+    # The plain sha256 of each: only to recognise a lane labelled by an earlier version (the planner accepts either,
+    # so an upgrade recreates nothing); never written anywhere.
+    legacy_secret_digests: Mapping[str, str] = field(default_factory=dict)
     # The manifest's ``fallback``: whether a held lane's slots serve the last converged topology meanwhile.
     fallback: bool = True
     # The manifest's named topology that runs (None: its assignments: are the one unnamed topology), and every named

@@ -8,7 +8,13 @@ waits for the canaries of ``after``).
 Every value here reaches a git command line, so each is checked to be what it says before use: a URL of a transport
 git can be held to (https, http, ssh, git, file, or ``user@host:path``), never one that runs a program (``ext::``) or
 that git would read as an option (``-...``), and no credentials in it (they would be printed: use a credential helper
-or an SSH key); a branch name git accepts; a path inside the repository.
+or an SSH key); a branch name git accepts; a path inside the repository. A plaintext transport (``http://``,
+``git://``: anyone on the path can hand the host a commit of their own) is refused unless ``insecure_transport`` says
+so.
+
+Whoever can push to the repository chooses what runs as root on the host: ``allow`` (``SourceAllow``) is this host's
+bound on it, kept in the host file, which never comes from git. ``reconciler.load.admission`` holds the recipes a
+commit's manifest runs to it.
 """
 
 from __future__ import annotations
@@ -18,11 +24,13 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from reconciler.model.rules import NAME_PATTERN, check_name
+from reconciler.model.rules import _VOLUME_NAME, ENV_NAME_PATTERN, NAME_PATTERN, _path_problem, check_name
 from reconciler.model.strict import _ok, _pattern, _Strict
 
 # The transports a source may use; git is also held to them on its command line (protocol.allow).
 GIT_SCHEMES = ("https", "http", "ssh", "git", "file")
+# Those that neither authenticate the server nor protect what it sends: only with source.insecure_transport.
+PLAINTEXT_SCHEMES = ("http", "git")
 _SCP_RE = re.compile(r"^(?:[A-Za-z0-9._-]+@)?[A-Za-z0-9][A-Za-z0-9.-]*:(?!//)[^\s]+$")
 _REF_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
 _PATH_PART_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
@@ -75,6 +83,89 @@ def check_repo_path(v: str) -> str | None:
     return None
 
 
+def check_allowed_mount(entry: str) -> str | None:
+    """What is wrong with ``entry`` of ``source.allow.mounts``, or None: ``/ABSOLUTE/PATH`` (that directory and
+    everything under it), the same with ``:ro`` (only mounted read-only), or a named volume's name."""
+    path, sep, mode = entry.partition(":")
+    if sep and mode != "ro":
+        return f"source.allow.mounts {entry!r}: only ':ro' may follow the path (mounted read-only)"
+    if not path.startswith("/"):
+        if sep or not _VOLUME_NAME.fullmatch(path):
+            return (
+                f"source.allow.mounts {entry!r}: an absolute directory (like /models or /models:ro), or a volume's name"
+            )
+        return None
+    problem = _path_problem(path, "allowed")
+    if problem:
+        return f"source.allow.mounts: {problem}"
+    if path == "/":
+        return "source.allow.mounts '/': that is the host's whole filesystem; list the directories lanes need"
+    return None
+
+
+class SourceAllow(_Strict):
+    """What the recipes a commit runs on this host may ask of it; the rest is refused like a file that does not
+    validate. Each default allows what a serving lane needs and nothing more (docs/design.md, Many hosts)."""
+
+    images: list[str] = Field(
+        default_factory=lambda: ["*"],
+        max_length=256,
+        description="Images a recipe may run: shell-style patterns of the reference as written (fnmatch: * matches "
+        "any characters, '/' included), like registry.example.com/vllm/*. Default: any image the engine already has "
+        "(the tool never pulls one).",
+        json_schema_extra={"items": {"type": "string", "minLength": 1, "pattern": r"^[^\s]+$"}},
+    )
+    mounts: list[str] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Host directories a recipe may bind-mount, each with everything under it: /ABSOLUTE/PATH, or "
+        "/ABSOLUTE/PATH:ro for read-only mounts only; or the name of a volume. shm.dir is always allowed (the "
+        "offload tmpfs). Default: none.",
+        json_schema_extra={"items": {"type": "string", "minLength": 1}},
+    )
+    ipc_host: bool = Field(
+        default=True,
+        description='A recipe may share an IPC namespace beyond its own: the host\'s (ipc = "host", where native '
+        "offload files land in the host's /dev/shm) or another container's (container:NAME). Default: true.",
+    )
+    network_host: bool = Field(
+        default=False,
+        description='A recipe may share a network namespace beyond its own: the host\'s (network = "host", every '
+        "port and interface of the host, which a lane whose health URL is on loopback needs) or another "
+        "container's (container:NAME). Default: false.",
+    )
+    env_from_secrets: list[str] = Field(
+        default_factory=list,
+        max_length=256,
+        description='The secrets a recipe may take ("${NAME}" env values, from secrets.env_file or the '
+        "reconciler's own environment), by name. Default: none.",
+        json_schema_extra={"items": {"pattern": ENV_NAME_PATTERN}},
+    )
+
+    @field_validator("images")
+    @classmethod
+    def _images(cls, v: list[str]) -> list[str]:
+        for pattern in v:
+            if not pattern or any(c.isspace() or ord(c) < 32 for c in pattern):
+                raise ValueError(f"source.allow.images {pattern!r}: a pattern without spaces, like registry/vllm/*")
+        return v
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, v: list[str]) -> list[str]:
+        for entry in v:
+            _ok(check_allowed_mount(entry), entry)
+        return v
+
+    @field_validator("env_from_secrets")
+    @classmethod
+    def _secrets(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not re.fullmatch(ENV_NAME_PATTERN, name):
+                raise ValueError(f"source.allow.env_from_secrets {name!r}: a variable's name, like HF_TOKEN")
+        return v
+
+
 class SourceConfig(_Strict):
     """Where the host's manifests and recipes come from: a branch of a git repository, fetched on a timer."""
 
@@ -111,6 +202,19 @@ class SourceConfig(_Strict):
         json_schema_extra=_pattern(r"^/"),
     )
 
+    allow: SourceAllow = Field(
+        default_factory=SourceAllow,
+        description="What the recipes a commit runs here may ask of the host (images, mounts, namespaces, "
+        "secrets); a commit whose recipes ask more is refused. Whoever can push to the repository chooses what runs "
+        "as root here: this is the host's own bound on it.",
+    )
+    insecure_transport: bool = Field(
+        default=False,
+        description="Take commits over http:// or git://, which neither authenticate the server nor protect what "
+        "it sends (anyone on the path can hand the host a commit). Default false: those URLs are refused; "
+        "validate warns while this is true.",
+    )
+
     @field_validator("git")
     @classmethod
     def _git(cls, v: str) -> str:
@@ -144,6 +248,39 @@ class SourceConfig(_Strict):
         if v is not None and (not v.startswith("/") or any(c.isspace() or ord(c) < 32 for c in v)):
             raise ValueError(f"source.{info.field_name} must be an absolute path without spaces, got {v!r}")
         return v
+
+    def warnings(self) -> list[str]:
+        """What ``validate`` warns of while this source stands as it is: a risk the operator chose, or a guard left
+        off."""
+        out = []
+        if self.plaintext():
+            out.append(
+                f"source.insecure_transport is true: commits of {self.git} come over a transport that neither "
+                "authenticates the server nor protects what it sends; anyone on the path can choose what runs as root "
+                "here. Use https:// or ssh://"
+            )
+        if self.allowed_signers is None:
+            out.append(
+                "source.allowed_signers is not set: any commit that reaches the branch is taken, and whoever can push "
+                "to it chooses what runs as root here (within source.allow). Name an allowed-signers file of the "
+                "keys that may sign"
+            )
+        return out
+
+    def plaintext(self) -> bool:
+        """Whether ``git`` names a transport that neither authenticates the server nor protects the commits."""
+        return "://" in self.git and self.git.split("://", 1)[0] in PLAINTEXT_SCHEMES
+
+    @model_validator(mode="after")
+    def _plaintext(self) -> SourceConfig:
+        if self.plaintext() and not self.insecure_transport:
+            scheme = self.git.split("://", 1)[0]
+            raise ValueError(
+                f"source.git {self.git!r}: {scheme}:// neither authenticates the server nor protects what it sends, "
+                "so anyone on the path could hand this host a commit (and with it what runs as root here). Use "
+                "https:// or ssh://, or set source.insecure_transport: true to take that risk"
+            )
+        return self
 
     @model_validator(mode="after")
     def _after_needs_fleet(self) -> SourceConfig:

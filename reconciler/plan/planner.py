@@ -494,7 +494,15 @@ def _matches(c: ContainerView, d: DesiredAssignment, parts: dict[str, str], desi
         diff = [] if c.recipe_hash == d.recipe_hash else ["recipe"]
         want = {desired.host.gpus[s].preferred_id() for s in d.slots}
         return diff + ([] if set(c.gpu_devices) == want else ["gpus"])
-    return spec.changed_parts(label, parts)
+    changed = spec.changed_parts(label, parts)
+    if changed == ["env"] and desired.legacy_secret_digests:
+        # A lane an earlier version labelled with its secrets' plain digests: the same secrets, not recreated for
+        # the upgrade (it is labelled keyed when it is next recreated, or its secret rotated).
+        recipe = desired.recipes[d.recipe]
+        legacy = spec.part_hashes(desired.host, recipe, d.slots, secret_digests=desired.legacy_secret_digests)
+        if not spec.changed_parts(label, legacy):
+            return []
+    return changed
 
 
 def _leave(c: ContainerView, why: str, desired: DesiredState) -> Action:

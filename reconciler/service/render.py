@@ -5,7 +5,9 @@ Called by the CLI. Colour only when writing to a terminal (and NO_COLOR is unset
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pwd
 import sys
 from typing import Any, TextIO
 
@@ -398,6 +400,18 @@ def _audit_what(r: dict[str, Any]) -> str:
     return str(text)
 
 
+def _audit_by(r: dict[str, Any]) -> str:
+    """The BY column: the front-end and its caller; for a caller the listener knows by its socket's owner (a refused,
+    unauthenticated request: its ``who`` is its address), that user too, as ``uid N (NAME)``."""
+    who = str(r.get("who") or "")
+    peer = str(r.get("peer") or "")
+    if peer.startswith("uid ") and peer[4:].isdigit() and peer not in who:
+        with contextlib.suppress(KeyError):  # a uid with no name: the number says it
+            peer += f" ({pwd.getpwuid(int(peer[4:])).pw_name})"
+        who = f"{who}, {peer}" if who else peer
+    return one_line(str(r.get("front") or "?") + (f" ({who})" if who else ""))
+
+
 def render_audit(records: list[dict[str, Any]]) -> str:
     """``reconciler audit``: one row per record under a header, columns aligned, times in ISO 8601 with the zone,
     and for a failure its own error (the record's ``detail``), not the reason it was planned."""
@@ -409,7 +423,7 @@ def render_audit(records: list[dict[str, Any]]) -> str:
         rows.append(
             (
                 iso_time(float(r.get("time") or 0)),
-                str(r.get("front") or "?") + (f" ({r['who']})" if r.get("who") else ""),
+                _audit_by(r),
                 str(r.get("action") or "?"),
                 str(r.get("outcome") or "?"),
                 f"{secs:.1f}" if isinstance(secs, (int, float)) else "-",

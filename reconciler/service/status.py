@@ -216,12 +216,14 @@ def status_of_invalid_files(root: str, exc: ConfigError, io: HostIO = REAL_IO) -
         for r, slots in pairs
         if isinstance(r, str) and r in recipes and slots and all(s in host.gpus for s in slots)
     )
+    digests, legacy = _secret_digests(Path(root), host, recipes, [])
     desired = DesiredState(
         host=host,
         recipes=recipes,
         assignments=assignments,
         manifest_path=manifest,
-        secret_digests=_secret_digests(Path(root), host, recipes, []),
+        secret_digests=digests,
+        legacy_secret_digests=legacy,
     )
     observed = io.observe(host)
     data = status_data(desired, observed, plan(desired, observed, **loop_view(host.name)))

@@ -277,6 +277,24 @@ def test_every_refusal_is_counted_and_audited_within_a_limit(root: Root, attacke
     assert lp.proc.poll() is None and "Traceback" not in "\n".join(lp.other)
 
 
+def test_the_text_audit_names_the_user_of_an_unauthenticated_caller(root: Root, attacker: Attacker, loops: Any) -> None:
+    """A request without a valid token is recorded with the uid owning its socket (``peer``), and ``reconciler audit``
+    shows it, not only ``--json``: the address alone says nothing of a local user, who has every loopback one."""
+    root.manifest()
+    lp = loop_with_token(root)
+    loops.append(lp)
+    assert attacker.python(BAD_TOKENS, str(lp.port), "40", timeout=60).stdout.strip() == "{401: 40}"
+
+    def refused() -> list[dict[str, Any]] | None:
+        records = root.cli("audit", "--json").data["records"]
+        return [r for r in records if r.get("peer") == "uid 65534" and r["outcome"] == "refused"] or None
+
+    record = wait_until(refused, timeout=30, what="the refusal audited")[0]
+    assert record["who"] != "uid 65534", record  # its address: the uid is the peer's alone
+    text = root.cli("audit").stdout
+    assert f"api ({record['who']}, uid 65534 (nobody))" in text, text
+
+
 # One connection of uid 65534 that pipelines GET /metrics and never reads: when does the listener reset it? Its TCP
 # state says, without a byte read.
 ONE_NON_READER = r"""

@@ -128,3 +128,55 @@ def test_on_a_terminal_the_tools_colours_stay_and_the_names_escapes_do_not(root:
     assert "\\x1b]0;owned\\x07\\x1b[2J" in text and "\\u009b31mred" in text, repr(text)
     # Only the tool's own colour codes are raw: with them taken out, nothing raw is left.
     _no_raw("shm status on a pty", re.sub(r"\x1b\[[0-9;]*m", "", text).replace("\r\n", "\n"))
+
+
+# A newline in a name would let it forge a line of the tool's own (FORGED at the start of a line); a quote would end
+# the copy-paste command's quoting; an ESC sequence would drive the terminal.
+FORGING = (
+    "vllm_offload_a\nFORGED: removed 0 file(s)\x1b[2K.mmap",
+    'vllm_offload_it\'s "quoted"\t$(touch pwned).mmap',
+)
+
+
+def _no_forged_line(where: str, text: str) -> None:
+    _no_raw(where, text)
+    forged = [line for line in text.splitlines() if line.lstrip().startswith("FORGED")]
+    assert not forged, f"{where}: a file name's newline made a line of its own: {forged!r}\n{text}"[:3000]
+
+
+def test_a_name_with_a_newline_or_a_quote_forges_no_line_in_any_text_output(root: Root, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Every command that prints the tmpfs's files, in text: shm status, the dry run of shm reclaim (with the exact
+    command it suggests), plan, status, apply and audit. A name's newline, tab, ESC and quotes are shown escaped;
+    the suggested command, read by a shell, names exactly these files, and run, removes exactly them."""
+    root.manifest()
+    for name in FORGING:
+        (root.shm / name).write_bytes(b"\0" * 4096)
+    outputs = {" ".join(a): root.cli(*a) for a in (("shm", "status"), ("plan",), ("status",), ("audit",))}
+    deadline = time.monotonic() + 120
+    while True:
+        hint = root.cli("shm", "reclaim")
+        if "native offload" not in hint.stdout + hint.stderr or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    outputs["shm reclaim"] = hint
+    for where, r in outputs.items():
+        assert "Traceback" not in r.stderr, r
+        _no_forged_line(where, r.stdout + r.stderr)
+    assert "\\nFORGED" in outputs["shm status"].stdout, outputs["shm status"].stdout
+    (line,) = [x for x in hint.stdout.splitlines() if "reclaim --confirm" in x]
+    command = line.split(": ", 1)[1]
+    words = subprocess.run(
+        ["bash", "-c", f"set -- {command.removeprefix('reconciler ')}; printf '%s\\0' \"$@\""],
+        capture_output=True,
+        check=True,
+        timeout=30,
+        cwd=tmp_path,
+    ).stdout.split(b"\0")[:-1]
+    paths = [w.decode() for w, flag in zip(words[1:], words, strict=False) if flag == b"--path"]
+    assert sorted(paths) == sorted(str(root.shm / n) for n in FORGING), words
+    assert not (tmp_path / "pwned").exists()
+    done = root.cli("shm", "reclaim", *[a.decode() for a in words[2:]])
+    _no_forged_line("shm reclaim --confirm", done.stdout + done.stderr)
+    assert done.rc == 0 and not any((root.shm / n).exists() for n in FORGING), done
+    applied = root.cli("apply", "--yes")
+    _no_forged_line("apply", applied.stdout + applied.stderr)

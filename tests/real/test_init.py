@@ -119,3 +119,20 @@ def test_the_command_writes_then_refuses_without_a_traceback(tmp_path: Path) -> 
     assert again.returncode == 1 and "never overwrites" in again.stdout + again.stderr
     assert "Traceback" not in again.stderr
     assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == written
+
+
+def test_the_host_file_recommends_signed_commits_and_a_bound_for_a_git_source() -> None:
+    """The commented ``source:`` of the host file init writes names allowed_signers and an allow, and is a source
+    the model takes once uncommented."""
+    import yaml
+
+    from reconciler.load.init_files import host_yaml
+    from reconciler.model.source import SourceConfig
+
+    text = host_yaml(Machine(cards=(H200,), engines=(ENGINE,)), "gpu-box-1")
+    assert "Whoever can push to it chooses what" in text and "allowed_signers" in text
+    block = text[text.index("# source:") :]
+    doc = yaml.safe_load("\n".join(line.removeprefix("# ") for line in block.splitlines()))
+    src = SourceConfig.model_validate(doc["source"], strict=False)
+    assert src.allowed_signers == "/etc/reconciler/allowed_signers" and src.allow.mounts == ["/var/cache/huggingface"]
+    assert src.allow.network_host and src.allow.env_from_secrets == ["HF_TOKEN"] and not src.insecure_transport

@@ -118,3 +118,38 @@ def test_a_reference_must_be_the_whole_value(tmp_path: Path, tmpfs_dir: Path) ->
     root.write_recipe(omni, data)
     v = root.cli("validate")
     assert v.rc == 1 and "a reference must be the whole value" in v.stderr, v
+
+
+def test_no_secret_value_nor_a_plain_digest_of_it_reaches_a_label(
+    root: Root, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A label (read by whoever can inspect the container) carries the secret's digest keyed by the install's own
+    key, never the value or its plain sha256, from which a guess could be tested offline: the spec hash's env part
+    is not what a plain digest makes of it. A lane an earlier version labelled with the plain digest is still taken
+    for the same lane (tests/unit/test_secret_labels.py)."""
+    import hashlib
+
+    from reconciler.load.desired import load_desired
+    from reconciler.plan import spec
+    from reconciler.plan.observed import LABEL_SPEC_PARTS
+
+    env_file = tmp_path / "secrets.env"
+    env_file.write_text(f"HF_TOKEN={SECRET}\n")
+    env_file.chmod(0o600)
+    omni = root.with_secret(env_file)
+    assert root.cli("apply", "--yes").rc == 0
+    labels = root.api.inspect_container(root.cname(omni, "dark-compute-b"))["Config"]["Labels"]
+    plain = hashlib.sha256(SECRET.encode()).hexdigest()
+    assert not any(SECRET in v or plain[:8] in v for v in labels.values()), labels
+
+    for k, v in root.env.items():
+        if k.startswith("RECONCILER_"):
+            monkeypatch.setenv(k, v)
+    desired = load_desired(root.path)
+    recipe, slots = desired.recipes[omni], ("dark-compute-b",)
+    keyed = spec.part_hashes(desired.host, recipe, slots, secret_digests=desired.secret_digests)
+    guessed = spec.part_hashes(desired.host, recipe, slots, secret_digests={"HF_TOKEN": plain})
+    worn = spec.decode_parts(labels[LABEL_SPEC_PARTS])
+    assert worn["env"] == keyed["env"] != guessed["env"], (worn, keyed, guessed)
+    assert plain not in desired.secret_digests.values()
+    assert root.cli("plan").rc == 0
