@@ -6,9 +6,9 @@ Hash version 1 is the key set of the release that first labelled lanes: ``HASH_V
 edited. Those keys are hashed as that release hashed them, each with its value or its default, byte for byte. A key
 added since is hashed only where the recipe's value differs from the key's default (the default it was added with),
 so adding a key with a default moves no hash and restarts no lane. A default changed since is a migration
-(``DEFAULT_CHANGES``, each written in CHANGELOG.md): every recipe that leaves the key unwritten gets a new hash, one
-more hash version is put on the containers created from then on, and ``changes_since`` names the change for the plan
-that recreates the lanes it touches.
+(``DEFAULT_CHANGES``, each written in docs/changelog.md): every recipe that leaves the key unwritten gets a new hash,
+the containers created from then on are labelled with one more hash version, and ``changes_since`` names the change
+for the plan that recreates the lanes it touches.
 
 Pure: called by ``reconciler.model.recipe.Recipe.content_hash`` and by the planner's recreate reason.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
@@ -67,7 +67,7 @@ class DefaultChange:
     path: str  # the key, as in HASH_V1_KEYS ("stop.timeout_s")
     old: Any  # its default before
     new: Any  # its default from ``version`` on (the model's default)
-    note: str  # why, as CHANGELOG.md says it
+    note: str  # why, as docs/changelog.md says it
 
     def describe(self) -> str:
         return (
@@ -75,7 +75,7 @@ class DefaultChange:
         )
 
 
-# Each change of a hashed key's default, oldest first; each also in CHANGELOG.md. None so far.
+# Each change of a hashed key's default, oldest first; each also in docs/changelog.md. None so far.
 DEFAULT_CHANGES: tuple[DefaultChange, ...] = ()
 
 
@@ -142,14 +142,17 @@ def changes_since(
     return [c for c in changes if c.version > version and not _written(recipe, c.path)]
 
 
-def _with(model: BaseModel, path: str, value: Any) -> BaseModel:
+def _with(model: _M, path: str, value: Any) -> _M:
     head, _, rest = path.partition(".")
     if not rest:
         return model.model_copy(update={head: value})
     return model.model_copy(update={head: _with(getattr(model, head), rest, value)})
 
 
-def as_of(recipe: BaseModel, version: int, changes: tuple[DefaultChange, ...] | None = None) -> BaseModel:
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def as_of(recipe: _M, version: int, changes: tuple[DefaultChange, ...] | None = None) -> _M:
     """The recipe as a release of hash version ``version`` read it: each key whose default changed since, and
     which the operator left unwritten, at the default it had then."""
     changes = DEFAULT_CHANGES if changes is None else changes
