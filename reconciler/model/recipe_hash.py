@@ -65,7 +65,7 @@ class DefaultChange:
 
     version: int  # the hash version this change starts (2 for the first)
     path: str  # the key, as in HASH_V1_KEYS ("stop.timeout_s")
-    old: Any  # its default before
+    old: Any  # its default before, as that release's model held it (180, not 180.0: the hash is of its JSON)
     new: Any  # its default from ``version`` on (the model's default)
     note: str  # why, as docs/changelog.md says it
 
