@@ -15,12 +15,13 @@ from urllib.parse import urlsplit
 
 from reconciler.base.clock import REAL_CLOCK, Clock
 from reconciler.base.errors import ReconcilerError
-from reconciler.model import DesiredState, container_name
+from reconciler.model import DesiredState, container_name, recipe_hash
 from reconciler.observe.docker_obs import engine_kind, failure_cause, inherited_labels
 from reconciler.plan import spec
 from reconciler.plan.observed import (
     INACTIVE_STATES,
     LABEL_GPUS,
+    LABEL_HASH_VERSION,
     LABEL_HOST,
     LABEL_INSTALL,
     LABEL_MANAGED,
@@ -132,6 +133,7 @@ def labels_for(desired: DesiredState, recipe_name: str, slots: tuple[str, ...], 
         LABEL_RECIPE_HASH: recipe.content_hash(),
         LABEL_SPEC_HASH: spec.spec_hash(parts),
         LABEL_SPEC_PARTS: spec.encode_parts(parts),
+        LABEL_HASH_VERSION: str(recipe_hash.hash_version()),
         LABEL_SLOTS: ",".join(slots),
         LABEL_GPUS: ",".join(gpus),
         LABEL_OFFLOAD: "true" if recipe.offload.enabled else "false",

@@ -3,8 +3,8 @@
 This is the package's one facade: it re-exports every public name of its modules, and importers write
 ``from reconciler.model import X``. The modules: ``rules`` (the rules of single values, as checks and as schema
 patterns), ``strict`` (the file models' base), ``host`` (configs/host.yaml), ``recipe`` (configs/recipes/NAME.toml),
-``probe_spec`` and ``probe_schema`` (a recipe's probes), ``manifest`` (manifests/NAME.yaml) and ``desired`` (the
-desired state the planner consumes).
+``recipe_hash`` (what a recipe's hash covers, across releases), ``probe_spec`` and ``probe_schema`` (a recipe's
+probes), ``manifest`` (manifests/NAME.yaml) and ``desired`` (the desired state the planner consumes).
 
 Pure: no I/O beyond what the caller hands in, and no Docker, NVML or metrics imports (checked by a test).
 ``reconciler.load`` reads the files into these types; the planner consumes ``DesiredState``.

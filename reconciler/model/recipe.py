@@ -6,8 +6,6 @@ Read by ``reconciler.load.recipes``; the planner, the apply layer and the servic
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -15,6 +13,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from reconciler.base.units import GIB
 from reconciler.model.probe_spec import ProbeSpec
+from reconciler.model.recipe_hash import content_hash as _content_hash
 from reconciler.model.rules import (
     _NO_CONTROL,
     _NO_NUL,
@@ -423,11 +422,10 @@ class Recipe(_Strict):
         The free-text description is left out: rewording it must not restart a model that took minutes to load;
         so is the reserve policy, a judgement of the lane, not part of it. So are the probes, the drain and the sleep
         settings: they say how the reconciler checks, stops and sleeps the lane, not what runs in it (the command's
-        --enable-sleep-mode is part of it).
+        --enable-sleep-mode is part of it). A key added after hash version 1 counts only where it is not at its
+        default, so a release that adds one restarts no lane (``reconciler.model.recipe_hash``).
         """
-        dump = self.model_dump(mode="json", exclude={"description", "gpu_reserve", "probes", "drain", "sleep"})
-        canon = json.dumps(dump, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canon.encode()).hexdigest()[:16]
+        return _content_hash(self)
 
 
 def offload_lands_in(container: ContainerSpec, shm_dir: str) -> bool:

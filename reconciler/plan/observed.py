@@ -28,6 +28,9 @@ LABEL_CREATE_TOKEN = LABEL_PREFIX + "create-token"
 # The hash of the whole rendered container (reconciler.plan.spec), and the hash of each of its parts.
 LABEL_SPEC_HASH = LABEL_PREFIX + "spec-hash"
 LABEL_SPEC_PARTS = LABEL_PREFIX + "spec-parts"
+# The recipe hash's version its hashes were made under (reconciler.model.recipe_hash.hash_version); none: version 1,
+# the release before the label.
+LABEL_HASH_VERSION = LABEL_PREFIX + "hash-version"
 
 # Docker cannot relabel a container, so a failed one kept for its logs is marked by this name suffix.
 PRESERVED_SUFFIX = "-failed-"
@@ -101,6 +104,15 @@ class ContainerView:
     @property
     def spec_hash(self) -> str | None:
         return self.labels.get(LABEL_SPEC_HASH)
+
+    @property
+    def hash_version(self) -> int | None:
+        """The hash version of its labels: 1 without the label (or with one only its image gave it), None when the
+        label is no version."""
+        raw = self.label(LABEL_HASH_VERSION)
+        if raw is None:
+            return 1
+        return int(raw) if raw.isascii() and raw.isdigit() and 0 < int(raw) < 1 << 16 else None
 
     def label(self, key: str) -> str | None:
         """A label's value, unless the container only inherited it from its image."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from reconciler.base.units import human_bytes
 from reconciler.model import DesiredAssignment, DesiredState, assignment_key
-from reconciler.plan import spec
+from reconciler.plan import spec, upgrades
 from reconciler.plan.actions import Action, ActionKind, Blocker, Fallback, Held, Plan
 from reconciler.plan.claims import claimed_slots, is_ours, slot_holders, slot_ids
 from reconciler.plan.enters import EnterRound, kept_lane_problems, place_enters
@@ -314,7 +314,7 @@ def _match_lanes(
         for c in mine:
             if c is keep or c is lanes.finishing.get(d.key) or c.id in kept_lanes:
                 continue
-            why = _replaced_reason(c, d, keep, good, diffs[c.id], parts)
+            why = _replaced_reason(c, d, keep, good, diffs[c.id], parts, desired)
             lanes.leaves.append(_leave(c, why, desired))
     return lanes
 
@@ -326,14 +326,16 @@ def _replaced_reason(
     good: Sequence[ContainerView],
     diff: list[str],
     parts: dict[str, str],
+    desired: DesiredState,
 ) -> str:
-    """Why a container of a wanted assignment leaves: a duplicate, not running, changed, or never healthy."""
+    """Why a container of a wanted assignment leaves: a duplicate, not running, changed (by a default a release
+    changed, or otherwise), or never healthy."""
     if keep is not None and c in good:
         return f"duplicate of {keep.name} for {d.key}"
     if c.active and c.state != "running":
         return f"{c.name} is {c.state}: it serves nothing; recreate"
     if c.active and diff:
-        return (
+        return upgrades.recreate_reason(c, d, parts, desired) or (
             f"{c.name} differs from what the files now make of {d.recipe} on {','.join(d.slots)}: "
             f"{_changed_text(diff)} changed (hash {c.spec_hash or c.recipe_hash} -> "
             f"{spec.spec_hash(parts)}): recreate"

@@ -19,6 +19,13 @@ from reconciler.model import HostConfig, Recipe
 # The parts of a rendered container, in the order a "what changed" message lists them.
 PARTS = ("image", "command", "env", "volumes", "gpus", "runtime", "recipe")
 
+# Hash version 1 of the rendering (reconciler.model.recipe_hash): the keys ``render`` gave when lanes were first
+# labelled, hashed as then. Never edit these; a setting rendered later goes to the runtime part, counted only where
+# it differs from what it renders to at its default, which RENDER_LATER_DEFAULTS says (absent: None, left out).
+RENDER_V1_TOP = frozenset({"image", "command", "entrypoint", "environment", "user", "host_config"})
+RUNTIME_V1_HOST = frozenset({"ipc_mode", "network_mode", "init", "shm_size", "restart_policy"})
+RENDER_LATER_DEFAULTS: Mapping[str, Any] = {}
+
 
 def render(
     host: HostConfig, recipe: Recipe, slots: tuple[str, ...], *, secrets: Mapping[str, str] | None = None
@@ -154,6 +161,26 @@ def part_hashes(
         slots,
         secrets={var: f"sha256:{digests.get(var, '?')}" for var in recipe.container.env_refs().values()},
     )
+    return rendered_parts(r, recipe.content_hash())
+
+
+def _runtime(r: Mapping[str, Any], later_defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The runtime part: the host-level settings of hash version 1 as they were hashed then, and each setting
+    rendered since (top-level or in host_config) only where it differs from what its default renders to."""
+    hc = r["host_config"]
+    out = {k: v for k, v in hc.items() if k in RUNTIME_V1_HOST} | {"user": r["user"]}
+    later = {k: v for k, v in hc.items() if k not in RUNTIME_V1_HOST and k not in ("binds", "device_requests")}
+    later |= {k: v for k, v in r.items() if k not in RENDER_V1_TOP}
+    out.update({k: v for k, v in later.items() if v != later_defaults.get(k)})
+    return out
+
+
+def rendered_parts(
+    r: Mapping[str, Any], recipe_hash: str, *, later_defaults: Mapping[str, Any] | None = None
+) -> dict[str, str]:
+    """Pure: the part hashes of a rendered container (``render``'s form, a secret as its digest) and its recipe's
+    content hash. What a setting rendered after hash version 1 renders to at its default (``RENDER_LATER_DEFAULTS``,
+    None when it is left out) moves no part: a release that adds one restarts no lane."""
     hc = r["host_config"]
     env = {k: v for k, v in r["environment"].items() if k != "NVIDIA_VISIBLE_DEVICES"}
     return {
@@ -162,11 +189,9 @@ def part_hashes(
         "env": _digest(env, 8),
         "volumes": _digest(hc.get("binds"), 8),
         "gpus": _digest([r["environment"]["NVIDIA_VISIBLE_DEVICES"], hc.get("device_requests")], 8),
-        "runtime": _digest(
-            {k: v for k, v in hc.items() if k not in ("binds", "device_requests")} | {"user": r["user"]}, 8
-        ),
+        "runtime": _digest(_runtime(r, RENDER_LATER_DEFAULTS if later_defaults is None else later_defaults), 8),
         # What the recipe says beyond the container (model, offload, health, stop): editing it recreates too.
-        "recipe": recipe.content_hash()[:8],
+        "recipe": recipe_hash[:8],
     }
 
 

@@ -67,12 +67,27 @@ def read_plan_document(path: str, *, files: Any = None) -> tuple[dict[str, Any],
         raise ReconcilerError(
             f"{path}: not a saved plan ({exc}); write one with `reconciler plan --out FILE`"
         ) from None
+    if isinstance(data, dict) and (newer := _newer_format(data.get("format"))):
+        raise ReconcilerError(
+            f"{path}: a plan saved by a newer reconciler (format {newer!r}; this one reads {PLAN_FORMAT!r}); nothing "
+            "was applied. Apply it with that release, or make a plan with this one: `reconciler plan --out FILE`"
+        )
     if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
         raise ReconcilerError(f"{path}: not a saved plan of this tool (format {PLAN_FORMAT!r} expected)")
     try:
         return data, Fingerprint.from_json(data.get("fingerprint") or {})
     except ValueError as exc:
         raise ReconcilerError(f"{path}: {exc}") from None
+
+
+def _newer_format(value: object) -> str | None:
+    """``value`` when it names a saved plan's format of a version after this release's (``reconciler-plan/N``)."""
+    name, _, version = PLAN_FORMAT.rpartition("/")
+    if isinstance(value, str) and value.startswith(name + "/"):
+        n = value[len(name) + 1 :]
+        if n.isdigit() and int(n) > int(version):
+            return value
+    return None
 
 
 def save_plan(host: str, p: Plan, fp: Fingerprint) -> str:

@@ -4,6 +4,8 @@ Written by the service layer and the loop, read by ``reconciler audit`` and ``GE
 (``$RECONCILER_STATE_DIR/HOST/audit.jsonl``) is only ever appended to; past ``max_bytes`` it is rotated
 (``audit.jsonl.1`` … ``.KEEP``, the oldest dropped), never rewritten. Records are redacted like every other output.
 The directory is checked and the files opened through ``reconciler.base.fsafe`` (no symlink followed, ours only).
+Each line carries its format version (``reconciler.base.formats``); a line of a newer format is read as a record that
+says so, never guessed at.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from typing import Any
 
 from reconciler.base import fsafe
 from reconciler.base.errors import ReconcilerError
+from reconciler.base.formats import format_problem, stamped, unstamped
 from reconciler.base.redact import redact_data
 from reconciler.store.source import commit_in_use
 from reconciler.store.state import checked_host_dir, host_dir
 
 MAX_BYTES = 10 << 20
 KEEP = 5
+AUDIT_FORMAT = 1  # the format version of a line: this release writes it, and reads it and every older one
 
 
 class AuditLog:
@@ -41,7 +45,7 @@ class AuditLog:
         commit = commit_in_use(self.host) if self.host is not None else None
         extra = {"commit": commit} if commit is not None and "commit" not in record else {}
         entry = redact_data({"time": round(time.time(), 3), **record, **extra})
-        line = (json.dumps(entry, sort_keys=True, default=str) + "\n").encode()
+        line = (json.dumps(stamped(entry, AUDIT_FORMAT), sort_keys=True, default=str) + "\n").encode()
         try:
             lock_fd = fsafe.open_append(self.path.with_name(f".{self.path.name}.lock"), what="the audit lock file")
             try:
@@ -96,8 +100,12 @@ class AuditLog:
                 rec = json.loads(line)
             except ValueError:
                 continue  # a line cut by a crash mid-write: skipped, never fatal
-            if isinstance(rec, dict) and (since is None or float(rec.get("time", 0)) >= since):
-                out.append(rec)
+            if not isinstance(rec, dict):
+                continue
+            if problem := format_problem(rec, reads=AUDIT_FORMAT):
+                rec = {"time": rec.get("time"), "outcome": "unreadable", "detail": f"an audit record: {problem}"}
+            if since is None or float(rec.get("time") or 0) >= since:
+                out.append(unstamped(rec))
         return out
 
 

@@ -27,11 +27,15 @@ from typing import Any
 
 from reconciler.base import fsafe
 from reconciler.base.errors import ReconcilerError
+from reconciler.base.formats import format_problem, stamped, unstamped
 from reconciler.plan.observed import Ownership
 
 _ID_RE = re.compile(r"^[0-9a-f]{32}$")
 ENV = "RECONCILER_STATE_DIR"
 DEFAULT_DIR = "/var/lib/reconciler"
+# The format version of every record under the state directory and of each line of the ownership log
+# (``reconciler.base.formats``): this release writes it and reads it and every older one.
+RECORD_FORMAT = 1
 
 
 def state_dir() -> Path:
@@ -84,11 +88,12 @@ def _checked(path: Path, *, create: bool) -> Path:
         ) from None
 
 
-def write_record(host: str, name: str, data: Any) -> None:
-    """Write ``name`` (a JSON file) under the host's directory, atomically and 0600 (``fsafe.write_json``)."""
+def write_record(host: str, name: str, data: dict[str, Any]) -> None:
+    """Write ``name`` (a JSON object) under the host's directory, atomically and 0600 (``fsafe.write_json``), with
+    its format version."""
     path = checked_host_dir(host, create=True) / name
     try:
-        fsafe.write_json(path, data)
+        fsafe.write_json(path, stamped(data, RECORD_FORMAT))
     except OSError as exc:
         raise StateError(
             f"cannot write {path}: {exc.strerror or exc} (the state directory is ${ENV}, default {DEFAULT_DIR}; "
@@ -97,8 +102,8 @@ def write_record(host: str, name: str, data: Any) -> None:
 
 
 def read_record(host: str, name: str) -> dict[str, Any]:
-    """``name`` under the host's directory as a JSON object: {} when it does not exist yet; StateError when it
-    cannot be read, is not JSON, or is not safe to trust."""
+    """``name`` under the host's directory as a JSON object (without its format version): {} when it does not exist
+    yet; StateError when it cannot be read, is not JSON, is not safe to trust or is of a newer format."""
     try:
         path = checked_host_dir(host, create=False) / name
     except FileNotFoundError:
@@ -113,7 +118,11 @@ def read_record(host: str, name: str) -> dict[str, Any]:
         raise StateError(
             f"cannot read {path}: {exc}; move it aside to start over (containers become foreign)"
         ) from None
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        return {}
+    if problem := format_problem(data, reads=RECORD_FORMAT):
+        raise StateError(f"cannot read {path}: {problem}; nothing was changed")
+    return unstamped(data)
 
 
 # install.json's mark that this install records the id of every container it creates (containers.json "created").
@@ -239,7 +248,7 @@ def adopt(host: str, container_ids: Iterable[str], *, existing: Collection[str] 
 def record(host: str, event: dict[str, object]) -> None:
     """Append one JSON line to the host's log of ownership decisions (``adopt``), never rewriting it."""
     path = checked_host_dir(host, create=True) / "ownership.log"
-    line = json.dumps({"time": time.time(), **event}, sort_keys=True) + "\n"
+    line = json.dumps(stamped({"time": time.time(), **event}, RECORD_FORMAT), sort_keys=True) + "\n"
     try:
         fd = fsafe.open_append(path, what="the ownership log")
         try:
