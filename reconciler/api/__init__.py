@@ -51,7 +51,9 @@ a request pipelined behind an answer not taken waits for it); /healthz and /metr
 (``HEALTH_SLOTS``, ``HEALTH_PER_PEER`` a peer) for connections past those bounds; /metrics is rendered in a worker
 thread, once for all the scrapes waiting; the service calls run in a bounded pool of worker threads, the open-file
 limit is raised at start, an error in its event loop is logged and never ends it, and a listener that stops anyway
-is started again (or the loop exits 1 for its supervisor to restart it).
+is started again (or the loop exits 1 for its supervisor to restart it). An address another process holds (a local
+user who bound the port while the loop was down) never ends the loop: the supervisor binds it again with backoff,
+saying who holds it, while the loop reconciles.
 
 A destructive call (a confirmed reclaim, an apply) takes the loop's pass lock: it waits for a pass to end, and no
 pass starts while it runs.

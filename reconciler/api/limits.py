@@ -20,6 +20,10 @@ MAX_CONNECTIONS = 256  # open connections at most (fewer under a low open-file l
 BACKLOG = 1024
 MAX_HEAD_BYTES = 16 << 10  # a request line and headers larger than this are refused by h11
 RESTARTS_PER_HOUR = 5  # listener restarts before the loop gives up and exits 1
+# An address another process holds (a local user bound the port while the loop was down): bound again after this,
+# doubling up to the most; the loop reconciles meanwhile and never exits for it.
+BIND_RETRY_BASE_S = 1.0
+BIND_RETRY_MAX_S = 30.0
 # A client that does not take its answer: once the bytes waiting to be sent to it have not gone down for this long,
 # its connection is dropped (an answer is one write; a client that reads slowly but steadily is never cut off).
 WRITE_TIMEOUT_S = 10.0

@@ -9,7 +9,6 @@ the loop, the API and the control server import none of each other.
 from __future__ import annotations
 
 import argparse
-import errno
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -24,7 +23,8 @@ from reconciler.service import ActionHooks
 
 
 class MetricsAddrUnusable(ReconcilerError):
-    """``--metrics-addr`` cannot be listened on (in use, not a local address, not HOST:PORT)."""
+    """``--metrics-addr`` cannot be listened on (not a local address, not HOST:PORT; one in use is bound again
+    with backoff, never this error)."""
 
     code = "metrics_addr_unusable"
 
@@ -85,6 +85,8 @@ class HttpFrontEnd:
             )
 
         try:
+            # An address another process holds is no error here: the supervisor binds it again with backoff while
+            # the loop reconciles (it says so in the log, the loop's state and systemd's STATUS).
             self._http = Supervisor(
                 make_app,
                 host,
@@ -92,17 +94,17 @@ class HttpFrontEnd:
                 log=hosting.log,
                 on_restart=hosting.metrics.record_listener_restart,
                 on_fatal=hosting.fatal,
+                on_state=lambda state: hosting.publish("listener", state),
             ).start()
         except (OSError, OverflowError) as exc:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            hint = (
-                "something else listens there (another `reconciler run`?): stop it or choose another --metrics-addr"
-                if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE
-                else "give --metrics-addr as HOST:PORT on this machine, or '' to serve nothing"
-            )
-            raise MetricsAddrUnusable(f"cannot serve /metrics on {self.metrics_addr}: {why}; {hint}") from None
+            raise MetricsAddrUnusable(
+                f"cannot serve /metrics on {self.metrics_addr}: {why}; give --metrics-addr as HOST:PORT on this "
+                "machine, or '' to serve nothing"
+            ) from None
         base = f"http://{'[' + host + ']' if ':' in host else host}:{self._http.port}"
-        hosting.log("metrics", addr=f"{base}/metrics")
+        bound = {} if self._http.bound else {"bound": False}
+        hosting.log("metrics", addr=f"{base}/metrics", **bound)
         hosting.log(
             "api",
             addr=f"{base}/v1",
@@ -110,6 +112,7 @@ class HttpFrontEnd:
             token_from=token.describe(),
             caller=token.name,
             max_connections=self._http.max_connections,
+            **bound,
         )
 
     def alive(self) -> bool:

@@ -14,6 +14,7 @@ life. Built, with its front-ends, by ``reconciler.cli.run``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -31,7 +32,8 @@ from reconciler.base.redact import redact_data
 from reconciler.load.desired import load_desired
 from reconciler.load.host_file import load_host
 from reconciler.loop.backoff import Backoff
-from reconciler.loop.hosting import FrontEnd, Hosting
+from reconciler.loop.health import health_answer
+from reconciler.loop.hosting import FrontEnd, FrontEndStates, Hosting
 from reconciler.loop.log import Log
 from reconciler.loop.pass_labels import pass_label
 from reconciler.loop.progress import LogProgress
@@ -88,6 +90,8 @@ class Loop:
         self.last_pass: dict[str, Any] = {}
         self.passes = 0
         self._serving: list[FrontEnd] = []  # the front-ends started, in their order
+        self.front_states = FrontEndStates()  # what they published of themselves (the listener bound or not)
+        self._state_lock = threading.Lock()
         self.exit_code = 0  # 1 when the loop gives up on a front-end (its listener)
         self._pass_since: float | None = None  # monotonic start of the pass running now (the watchdog's view)
         # Held for each pass; a destructive call of the API or MCP takes it too, so the two never interleave (first
@@ -170,6 +174,7 @@ class Loop:
             on_shm_reclaim=self._count_shm_reclaim,
             fatal=self._listener_lost,
             wake=self.triggers.fire,
+            publish=self._publish,
         )
         try:
             for front in self.front_ends:
@@ -194,6 +199,14 @@ class Loop:
             return True
         limit = 600.0 + 3 * sum(r.health.start_timeout_s + r.stop.timeout_s for r in self.desired.recipes.values())
         return self.io.clock.monotonic() - since < limit
+
+    def _publish(self, name: str, state: dict[str, Any]) -> None:
+        """A front-end's own state (the listener bound, or why not): systemd's STATUS and the loop's state now."""
+        sdnotify.notify("STATUS=" + self.front_states.set(name, state))
+        if self.desired is not None:
+            # A pass changing the backoff while it is read here writes the state itself next.
+            with contextlib.suppress(RuntimeError):
+                self._write_state(self.desired)
 
     def _listener_lost(self, why: str) -> None:
         """The listener died too often to go on restarting it: end the loop with exit 1 (systemd restarts it)."""
@@ -513,23 +526,26 @@ class Loop:
     def _write_state(self, desired: DesiredState) -> None:
         # The desired state the loop acts on: after an invalid edit the last valid one, which `status` then shows
         # beside the files' error (the operator sees what the loop keeps doing, not only that the files are bad).
-        kept = {
-            "manifest": desired.manifest_path,
-            "assignments": [{"recipe": a.recipe, "gpus": list(a.slots)} for a in desired.assignments],
-        }
-        data = {
-            "pid": os.getpid(),
-            "host": desired.host.name,
-            "backoff": self.backoff.to_json(),
-            "fallbacks": self._fallback_json,
-            "desired": kept,
-            "last_pass": self.last_pass,
-            "passes": self.passes,
-        }
-        try:
-            write_loop_state(desired.host.name, redact_data(data))  # failed-enter details quote container logs
-        except (OSError, ReconcilerError) as exc:
-            self.log("state-write-failed", path=str(state_path(desired.host.name)), error=str(exc))
+        # Under a lock: the pass writes it, and so does a front-end publishing its state from its own thread.
+        with self._state_lock:
+            kept = {
+                "manifest": desired.manifest_path,
+                "assignments": [{"recipe": a.recipe, "gpus": list(a.slots)} for a in desired.assignments],
+            }
+            data = {
+                "pid": os.getpid(),
+                "host": desired.host.name,
+                "backoff": self.backoff.to_json(),
+                "fallbacks": self._fallback_json,
+                "desired": kept,
+                "last_pass": self.last_pass,
+                "passes": self.passes,
+                **self.front_states.to_json(),
+            }
+            try:
+                write_loop_state(desired.host.name, redact_data(data))  # failed-enter details quote container logs
+            except (OSError, ReconcilerError) as exc:
+                self.log("state-write-failed", path=str(state_path(desired.host.name)), error=str(exc))
 
     # ------------------------------------------------------------ triggers
 
@@ -546,46 +562,12 @@ class Loop:
     # ------------------------------------------------------------ health
 
     def health(self) -> tuple[int, dict[str, Any]]:
-        """``/healthz``: a recent pass that could read every source. A loop waiting for an engine that does not
-        answer is alive but cannot act: 503, with the source and its short cause (slow, down, error) in
-        "unavailable". Answered without a token, so it quotes no cause: a failed enter's cause quotes its
-        container's log, a source's error its engine's words. The last pass's message is its result's word;
-        ``status`` and ``GET /v1/status`` say the rest."""
-        age = self.io.clock.time() - self.last_pass_at if self.last_pass_at else None
-        fresh = age is not None and age < max(3 * self.resync_s, 300)
-        down = dict(self._down_codes)
-        ok = fresh and not down
-        last = self.last_pass
-        last_pass = (
-            {
-                "result": last["result"],
-                "message": last["result"],
-                "at": last["at"],
-                "unavailable": {name: self._down_codes.get(name, "error") for name in last.get("unavailable", {})},
-            }
-            if last
-            else {}
-        )
-        # The files' state is part of the verdict, not of the status code: a loop keeping the last valid desired
-        # state while an edit does not validate is alive and acting (status and validate say what is wrong).
-        files = {None: "unread", True: "valid", False: "invalid"}[self.files_valid]
-        verdict = (
-            "files invalid: the last valid desired state is kept"
-            if self.files_valid is False
-            else "sources unavailable"
-            if down
-            else last["result"]
-            if last
-            else "starting"
-        )
-        return (200 if ok else 503), redact_data(
-            {
-                "ok": ok,
-                "verdict": verdict,
-                "files": files,
-                "passes": self.passes,
-                "last_pass_age_s": age,
-                "unavailable": down,
-                "last_pass": last_pass,
-            }
+        """``/healthz`` (``reconciler.loop.health``)."""
+        return health_answer(
+            age=self.io.clock.time() - self.last_pass_at if self.last_pass_at else None,
+            resync_s=self.resync_s,
+            down_codes=self._down_codes,
+            last=self.last_pass,
+            files_valid=self.files_valid,
+            passes=self.passes,
         )

@@ -28,7 +28,8 @@ class Hosting:
     ``on_outcome``, ``on_reclaim``, ``on_shm_reclaim``: count an action, a guarded reclaim's refusals, a confirmed
     ``shm reclaim`` of a front-end in the loop's metrics; ``fatal``: the front-end cannot go on, the loop ends with
     exit 1 (its supervisor restarts it); ``wake``: look again now, for a reason (a front-end's sync took a
-    commit)."""
+    commit); ``publish``: a front-end's own state under its name (the listener's: bound, or why not), into the
+    loop's published state (``status``) and systemd's STATUS."""
 
     root: str
     host: str
@@ -42,6 +43,37 @@ class Hosting:
     on_shm_reclaim: Callable[[Any], None]
     fatal: Callable[[str], None]
     wake: Callable[[str], None] = lambda _reason: None
+    publish: Callable[[str, dict[str, Any]], None] = lambda _name, _state: None
+
+
+def status_line(name: str, state: dict[str, Any]) -> str:
+    """A front-end's published state in the words of systemd's STATUS (``systemctl status`` shows it)."""
+    if state.get("bound", True):
+        return f"{name} {state.get('addr', '')} serving"
+    holder = f"; held by {state['holder']}" if state.get("holder") else ""
+    return (
+        f"{name} {state.get('addr', '')} not bound ({state.get('error', '?')}{holder}); reconciling without it, "
+        f"binding again in {state.get('retry_in_s', '?')} s"
+    )
+
+
+class FrontEndStates:
+    """What the front-ends published of themselves, by name (``Hosting.publish``): kept for the loop's published
+    state (``status``: the listener bound, or why not)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._states: dict[str, dict[str, Any]] = {}
+
+    def set(self, name: str, state: dict[str, Any]) -> str:
+        """Keep ``state``; its STATUS line."""
+        with self._lock:
+            self._states[name] = dict(state)
+        return status_line(name, state)
+
+    def to_json(self) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            return {name: dict(state) for name, state in self._states.items()}
 
 
 class FrontEnd(Protocol):

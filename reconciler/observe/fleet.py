@@ -2,7 +2,9 @@
 timeout, its answer or why there is none (``HostRow``). Never guessed: a host that does not answer is unreachable.
 
 Read by ``reconciler fleet status`` (``reconciler.service.fleet``) and by a host waiting for its canaries
-(``reconciler.load.source_sync``). A token is sent to its own host only and never shown.
+(``reconciler.load.source_sync``). A token is sent to its own host only and never shown, and to a listener of this
+host only once it is proven that host's loop (``reconciler.observe.loop_listener``): a local user who took the loop's
+port gets no request, and the row says why.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from reconciler.base import direct_http, fsafe
 from reconciler.base.redact import redact_data, redact_text
 from reconciler.model.fleet import FleetHost
+from reconciler.observe.loop_listener import ListenerNotProven, proven_opener
 
 ANSWER_LIMIT = 16 << 20  # the most a host's status may be
 
@@ -122,12 +125,18 @@ def ask_host(h: FleetHost, timeout: float) -> HostRow:
     req = urllib.request.Request(h.url + "/v1/status", method="GET")  # noqa: S310 - http(s) only (model.fleet)
     req.add_header("Authorization", f"Bearer {value}")
     try:
-        with direct_http.opener().open(req, timeout=timeout) as resp:
+        with proven_opener(h.name).open(req, timeout=timeout) as resp:
             body = resp.read(ANSWER_LIMIT + 1)
     except urllib.error.HTTPError as exc:
         return row(
             f"GET {h.url}/v1/status answered {exc.code}" + (" (the token is refused)" if exc.code == 401 else "")
         )
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, ListenerNotProven):
+            return row(f"the token was not sent to {h.url}: {exc.reason}")
+        return row(f"no answer from {h.url} within {timeout:g} s: {type(exc).__name__}: {exc}")
+    except ListenerNotProven as exc:
+        return row(f"the token was not sent to {h.url}: {exc}")
     except direct_http.errors() as exc:
         return row(f"no answer from {h.url} within {timeout:g} s: {type(exc).__name__}: {exc}")
     if len(body) > ANSWER_LIMIT:

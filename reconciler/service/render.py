@@ -344,6 +344,18 @@ def _loop_lines(data: dict[str, Any], s: Style) -> list[str]:
         "",
         s.bold("loop") + f"  pid {loop['pid']}, {loop.get('passes', 0)} passes, last: {last.get('result', '-')}",
     ]
+    listener = loop.get("listener")
+    if isinstance(listener, dict) and listener.get("bound") is False:
+        holder = f"; held by {listener['holder']}" if listener.get("holder") else ""
+        out.append(
+            s.red(
+                f"  listener {listener.get('addr')} NOT BOUND since {iso_time(listener.get('since') or 0)} "
+                f"({listener.get('error')}{holder}): no /metrics, /healthz, API or page; the loop reconciles "
+                f"meanwhile and binds again (attempt {listener.get('attempts')}, next in {listener.get('retry_in_s')} s)"
+            )
+        )
+    elif isinstance(listener, dict):
+        out.append(f"  listener {listener.get('addr')} serving")
     for key, e in (loop.get("backoff") or {}).items():
         out.append(
             s.yellow(

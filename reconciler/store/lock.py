@@ -68,9 +68,15 @@ class LockDirUnusable(ReconcilerError):
         )
 
 
+def lock_file_name(host: str) -> str:
+    """The name of the lock file of ``host`` in the runtime directory (a client proving a listener the loop's finds
+    it among the loop's open files: ``reconciler.observe.loop_listener``)."""
+    return f"reconciler-{host}.lock"
+
+
 class HostLock:
     def __init__(self, host: str, *, command: str):
-        self.path = lock_dir() / f"reconciler-{host}.lock"
+        self.path = lock_dir() / lock_file_name(host)
         self.command = command
         self._fd: int | None = None
 

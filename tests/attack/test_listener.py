@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import os
 import socket
 import subprocess
 import threading
@@ -339,5 +340,67 @@ def test_a_listener_that_stops_is_started_again_and_says_so() -> None:
         ]
         assert restarts == [1] and _status(sup.port, "/") == 200
     finally:
+        sup.shutdown()
+    no_traceback(json.dumps([f for _, f in lines], default=str))
+
+
+def test_an_address_held_by_another_process_is_bound_again_with_backoff_never_fatal() -> None:
+    """Held at the start, and taken again in the gap of a restart: neither ends the supervisor (main: the first was
+    ``cannot start``, the second ``giving up``); each attempt is published, and it serves once the address is free."""
+    from reconciler.api.listener import Supervisor
+
+    lines: list[tuple[str, dict[str, Any]]] = []
+    states: list[dict[str, Any]] = []
+    fatal: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                m = await receive()
+                await send({"type": m["type"] + ".complete"})
+                if m["type"] == "lifespan.shutdown":
+                    return
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    port = free_port()
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", port))
+    holder.listen(1)
+    sup = Supervisor(
+        lambda _port: app,
+        "127.0.0.1",
+        port,
+        log=lambda e, **f: lines.append((e, f)),
+        on_fatal=fatal.append,
+        on_state=states.append,
+        check_every_s=0.1,
+        retry_base_s=0.2,
+        retry_max_s=0.4,
+    ).start()
+    try:
+        assert not sup.bound and sup.alive(), "waiting to bind is well: the watchdog keeps pinging"
+        wait_until(lambda: sum(e == "http-listener-unbound" for e, _ in lines) >= 3, timeout=10, what="3 attempts")
+        assert states[-1]["bound"] is False and states[-1]["addr"] == f"127.0.0.1:{port}", states[-1]
+        assert f"pid {os.getpid()}" in states[-1]["holder"], states[-1]
+        holder.close()
+        wait_until(lambda: sup.bound and _status(port, "/") == 200, timeout=10, what="bound once free")
+        assert states[-1] == {"addr": f"127.0.0.1:{port}", "bound": True}
+        # Taken in the gap of a restart: bound again once free, never fatal.
+        assert sup.listener is not None
+        sup.check_every_s = 2.0  # the watch sees the listener gone only once the address is held again
+        time.sleep(0.3)
+        sup.listener.server.should_exit = True
+        sup.listener.thread.join(5)
+        sup.listener.sock.close()
+        holder = socket.socket()
+        holder.bind(("127.0.0.1", port))
+        holder.listen(1)
+        wait_until(lambda: states[-1]["bound"] is False, timeout=10, what="unbound after the restart's gap")
+        holder.close()
+        wait_until(lambda: sup.bound and _status(port, "/") == 200, timeout=10, what="bound again")
+        assert fatal == [], fatal
+    finally:
+        holder.close()
         sup.shutdown()
     no_traceback(json.dumps([f for _, f in lines], default=str))

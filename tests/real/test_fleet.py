@@ -17,6 +17,7 @@ import yaml
 from e2e_helpers import LoopProcess, Root, free_port, make_root
 
 from real.test_api import TOKEN, token_file
+from reconciler.store.lock import HostLock
 
 A, B = "dark-compute-a", "dark-compute-b"
 
@@ -32,14 +33,18 @@ def fleet(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_fleet_status_shows_every_host_and_an_unreachable_one_as_such(
-    root: Root, tmp_path: Path, tmpfs_dir: Path, docker_api: object
+    root: Root, tmp_path: Path, tmpfs_dir: Path, docker_api: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     second = make_root(tmp_path / "second", shm=tmpfs_dir, api=docker_api, name="fleet-second")
     omni = root.recipe("omni")
     root.manifest((omni, [B]))
     tf = token_file(tmp_path)
     loops = [LoopProcess(root, "--api-token-file", str(tf)), LoopProcess(second, "--api-token-file", str(tf))]
-    # A host that takes the connection and never answers, and one where nothing listens.
+    # A host that takes the connection and never answers, and one where nothing listens. The silent one is a loop
+    # as a client proves one (a process of root's holding its host's lock file and the listening socket), so the
+    # request is sent and its answer waited for.
+    monkeypatch.setenv("RECONCILER_LOCK_DIR", str(tmp_path / "silent-run"))
+    silent_lock = HostLock("silent", command="run").acquire()
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(8)
@@ -105,6 +110,7 @@ def test_fleet_status_shows_every_host_and_an_unreachable_one_as_such(
         assert r.returncode == 1 and by[root.host]["reachable"] and "401" in by[second.host]["error"], by
     finally:
         silent.close()
+        silent_lock.release()
         for lp in loops:
             lp.stop()
         second.cleanup()

@@ -273,6 +273,22 @@ def test_login_session_cookie_csp_and_host_check(page_loop: tuple[LoopProcess, C
     assert "topology: none" in root.manifest_path.read_text()
 
 
+def test_the_login_form_says_where_the_token_is_and_that_nothing_else_asks_for_it(
+    page_loop: tuple[LoopProcess, Client], tmp_path: Path
+) -> None:
+    """A local user who binds the loop's port while it is down can serve a look-alike form: the loop's own says where
+    the token lives, that the tool asks for it nowhere else, and how to tell whether this listener is the loop's."""
+    _, c = page_loop
+    for status, _, text in (c.call("GET", "/page/login"), c.login("wrong-" + TOKEN[6:])):
+        assert status in (200, 401) and 'id="login"' in text
+        where = re.search(r'<p id="token-where">(.*?)</p>', text, re.S)
+        check = re.search(r'<p id="token-check">(.*?)</p>', text, re.S)
+        assert where and check, text
+        assert f"The token is in the file {tmp_path / 'ops-token'} on this host" in where.group(1), where.group(1)
+        assert "nowhere else" in where.group(1) and TOKEN not in text
+        assert "reconciler status" in check.group(1) and "NOT BOUND" in check.group(1), check.group(1)
+
+
 def test_every_action_needs_its_csrf_token_and_a_stale_plan_is_refused(
     page_loop: tuple[LoopProcess, Client], root: Root
 ) -> None:

@@ -37,6 +37,7 @@ from reconciler.api.page.templates import Html, render, static_file
 from reconciler.api.peers import _address, peer_of
 from reconciler.api.refusals import Refusal, Refusals
 from reconciler.api.request_models import probe_params
+from reconciler.api.tokens import TOKEN_ENV
 from reconciler.base.errors import ConfigError, ReconcilerError
 from reconciler.base.redact import redact_data, redact_text
 from reconciler.base.requests import is_plan_id
@@ -142,7 +143,7 @@ async def _checked(request: Request, action: str) -> tuple[Session, dict[str, li
     session = _session(request)
     if session is None:
         _refuse(request, 401, "token", "no session: log in on the page", action=action)
-        return _html(_login_page("No session (or it ended): log in, then try again."), 401)
+        return _html(_login_page(request, "No session (or it ended): log in, then try again."), 401)
     try:
         form = await _form(request)
         presented = _one(form, "csrf")
@@ -243,14 +244,22 @@ async def get_static(request: Request) -> Response:
 # ---------------------------------------------------------------- login
 
 
-def _login_page(message: str = "") -> str:
-    return render("login.html", message=el("p", message, id="login-error", class_="error") if message else Html(""))
+def _login_page(request: Request, message: str = "") -> str:
+    """The login form, saying where the token is and that the tool asks for it nowhere else: a look-alike page of
+    another user's on the loop's port (bound while the loop was down) asks for it too."""
+    token = request.app.state.ctx.token
+    where = f"the file {token.path}" if token.path else f"the loop's environment (${TOKEN_ENV})"
+    return render(
+        "login.html",
+        where=where,
+        message=el("p", message, id="login-error", class_="error") if message else Html(""),
+    )
 
 
 async def get_login(request: Request) -> Response:
     if _session(request) is not None:
         return _redirect(paths.ROOT)
-    return _html(_login_page())
+    return _html(_login_page(request))
 
 
 async def post_login(request: Request) -> Response:
@@ -259,11 +268,11 @@ async def post_login(request: Request) -> Response:
         token = _one(form, "token") or ""
     except _BadRequest as exc:
         _refuse(request, 400, "body-json", f"bad request: {exc}", action="authenticate")
-        return _html(_login_page(str(exc)), 400)
+        return _html(_login_page(request, str(exc)), 400)
     ctx_token = request.app.state.ctx.token
     if not token or not ctx_token.matches(token.strip().encode()):
         _refuse(request, 401, "token", "wrong token" if token else "no token", action="authenticate")
-        return _html(_login_page("Wrong token: nothing was opened."), 401)
+        return _html(_login_page(request, "Wrong token: nothing was opened."), 401)
     session = _state(request).sessions.open(ctx_token.name)
     return _redirect(paths.ROOT, {"set-cookie": cookie_header(session.sid, secure=_secure(request))})
 
