@@ -284,6 +284,8 @@ class Applier(SleepSteps):
         if res.refused:
             why = "offload_container_running" if res.blocking_containers else "source_unavailable"
             raise ActionRefused(f"reclaim refused: {res.refused}", reason=why)
+        if res.errors:
+            raise ActionFailed("reclaim failed: " + "; ".join(res.errors))
         if res.reclaimed and not res.verified:
             raise ActionFailed(f"reclaim could not verify that {len(res.reclaimed)} removed file(s) are gone")
         if not res.reclaimed and res.kept:
