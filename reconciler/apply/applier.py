@@ -336,12 +336,17 @@ class _Pass:
 
     def kept(self) -> list[Action]:
         """The prunes of the current plan that this pass's own steps made: a container one of its leaves stopped and
-        kept for its logs (its lane exited badly, e.g. killed at its stop timeout). The pass's own consequence, not
-        a change of the host: an approved pass leaves them to the next plan (docs/design.md, safety rule 13)
-        instead of ending as changed; the loop, approving each of its own plans, prunes them at once."""
+        kept for its logs (its lane exited badly, e.g. killed at its stop timeout; or a sleep's lane that would not
+        sleep, left instead). The pass's own consequence, not a change of the host: an approved pass leaves them to
+        the next plan (docs/design.md, safety rule 13) instead of ending as changed; the loop, approving each of
+        its own plans, prunes them at once."""
         if self.approved is None:
             return []
-        stopped = {o.action.container_id for o in self.outcomes if o.result == "ok" and o.action.container_id}
+        stopped = {
+            o.action.container_id
+            for o in self.outcomes
+            if o.result == "ok" and o.action.kind in (ActionKind.LEAVE, ActionKind.SLEEP) and o.action.container_id
+        }
         return [
             a
             for a in self.current.actions
