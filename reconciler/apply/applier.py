@@ -142,17 +142,25 @@ class Applier(SleepSteps):
     def _converge_from(
         self, observed: Observed, first: Plan, *, max_steps: int | None, approved: Plan | None = None
     ) -> PassResult:
-        if first.unavailable:
-            return PassResult("error", first, first, message=f"{_unavailable(observed)}; nothing changed")
+        if first.apply_refusal is not None:
+            return PassResult(
+                "error", first, first, message=f"{_unavailable(observed, first.unavailable)}; nothing changed"
+            )
         if first.blocked and not first.actions:
             return PassResult("blocked", first, first, message="; ".join(b.reason for b in first.blockers))
         # Blockers are scoped to their slots (the planner plans nothing on a blocked slot): what they do not touch
         # runs, and the pass ends blocked.
-        run = _Pass(first, observed, first, limit=max_steps if max_steps is not None else 2 * len(first.actions) + 6)
-        while run.current.actions and len(run.outcomes) < run.limit:
+        run = _Pass(
+            first,
+            observed,
+            first,
+            limit=max_steps if max_steps is not None else 2 * len(first.actions) + 6,
+            approved=approved,
+        )
+        while run.todo() and len(run.outcomes) < run.limit:
             if self.cancel.is_set():
                 return run.result("interrupted", "stop requested; nothing left half-owned")
-            group = concurrent_group(run.current.actions)
+            group = concurrent_group(tuple(run.todo()))
             if approved is not None:
                 held = _as_approved(run, approved, group)
                 if isinstance(held, PassResult):
@@ -208,13 +216,13 @@ class Applier(SleepSteps):
             # the cause too, as before the first action: the operator reads why the pass stopped here
             return run.result("error", _unavailable(run.observed, current.unavailable))
         if current.blocked:
-            return run.result("blocked", "; ".join(b.reason for b in current.blockers))
-        if current.actions:
+            return run.result("blocked", run.with_kept("; ".join(b.reason for b in current.blockers)))
+        if run.todo():
             return run.result("failed", f"did not converge after {len(run.outcomes)} actions")
         if current.held:
-            return run.result("held", "; ".join(h.reason for h in current.held))
+            return run.result("held", run.with_kept("; ".join(h.reason for h in current.held)))
         record_topology(self.desired.host.name, [(a.recipe, a.slots) for a in self.desired.assignments])
-        return run.result("converged")
+        return run.result("converged", run.with_kept(""))
 
     def _room_for(self, group: list[Action], observed: Observed) -> bool:
         """Whether the concurrent enters of ``group`` fit the tmpfs together, with its reserve (each enter's own
@@ -284,6 +292,8 @@ class Applier(SleepSteps):
         if res.refused:
             why = "offload_container_running" if res.blocking_containers else "source_unavailable"
             raise ActionRefused(f"reclaim refused: {res.refused}", reason=why)
+        if res.errors:
+            raise ActionFailed("reclaim failed: " + "; ".join(res.errors))
         if res.reclaimed and not res.verified:
             raise ActionFailed(f"reclaim could not verify that {len(res.reclaimed)} removed file(s) are gone")
         if not res.reclaimed and res.kept:
@@ -318,8 +328,44 @@ class _Pass:
     # reports the slot's dark time from there.
     dark_since: dict[str, float] = field(default_factory=dict)
 
+    # The plan the operator approved (None in the loop, where every step of each new plan runs).
+    approved: Plan | None = None
+
     def result(self, result: PassVerdict, message: str = "") -> PassResult:
         return PassResult(result, self.first, self.current, self.outcomes, message)
+
+    def kept(self) -> list[Action]:
+        """The prunes of the current plan that this pass's own steps made: a container one of its leaves stopped and
+        kept for its logs (its lane exited badly, e.g. killed at its stop timeout; or a sleep's lane that would not
+        sleep, left instead). The pass's own consequence, not a change of the host: an approved pass leaves them to
+        the next plan (docs/design.md, safety rule 13) instead of ending as changed; the loop, approving each of
+        its own plans, prunes them at once."""
+        if self.approved is None:
+            return []
+        stopped = {
+            o.action.container_id
+            for o in self.outcomes
+            if o.result == "ok" and o.action.kind in (ActionKind.LEAVE, ActionKind.SLEEP) and o.action.container_id
+        }
+        return [
+            a
+            for a in self.current.actions
+            if a.kind is ActionKind.PRUNE and a.container_id in stopped and within(self.approved, a) is None
+        ]
+
+    def todo(self) -> list[Action]:
+        """The current plan's steps this pass still runs (or ends on, where the approved plan does not hold them)."""
+        kept = self.kept()
+        return [a for a in self.current.actions if a not in kept]
+
+    def with_kept(self, message: str) -> str:
+        """``message`` with what this pass kept for its logs and left to the next plan."""
+        kept = self.kept()
+        if not kept:
+            return message
+        names = ", ".join(a.container or (a.container_id or "")[:12] for a in kept)
+        note = f"kept {names} for its logs (stopped by this pass's leave; the next plan prunes it)"
+        return f"{message}; {note}" if message else note
 
 
 def _as_approved(run: _Pass, approved: Plan, group: list[Action]) -> list[Action] | PassResult:

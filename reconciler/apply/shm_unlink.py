@@ -24,7 +24,8 @@ from reconciler.plan.observed import ShmFile
 
 # fcntl(2): F_SETLEASE with F_WRLCK is granted only when no other open file description of the file exists (a
 # mapping keeps its own, so a process that mapped the file and closed every descriptor still counts); checked on
-# tmpfs by tests/real/test_shm_handoff.py. Leases need the file's owner or CAP_LEASE (root), and
+# tmpfs by tests/real/test_shm_handoff.py. Leases need the file's owner or CAP_LEASE (a lane of another user
+# makes its file: root without CAP_LEASE, as under a unit that bounds it away, is refused with EACCES), and
 # /proc/sys/fs/leases-enable set. An opener while the lease is held waits for its release (at most
 # /proc/sys/fs/lease-break-time) and the owner gets a signal: SIGIO unless F_SETSIG names another, and SIGIO's
 # default action ends the process, so the gate names SIGURG, whose default is to ignore it.
@@ -34,14 +35,20 @@ F_SETSIG = 10
 LEASE_SIGNAL = signal.SIGURG
 LEASES_ENABLE = "/proc/sys/fs/leases-enable"
 LEASE_REFUSED: RefusalCode = "lease_refused"
+# capability(7): the lease on a file of another uid needs CAP_LEASE, bit 28 of the capability sets.
+CAP_LEASE = 28
+PROC_SELF_STATUS = "/proc/self/status"
 
 
 class LeaseRefused(Exception):
-    """The kernel did not grant the write lease: the file is kept. ``code`` is the refusal's reason key."""
+    """The kernel did not grant the write lease: the file is kept. ``code`` is the refusal's reason key;
+    ``no_right``: refused for what this process may do (EACCES, EPERM), not for what holds the file, so the reclaim
+    fails with the fix in its errors rather than keeping the file as in use."""
 
-    def __init__(self, message: str, code: RefusalCode = LEASE_REFUSED):
+    def __init__(self, message: str, code: RefusalCode = LEASE_REFUSED, *, no_right: bool = False):
         super().__init__(message)
         self.code: RefusalCode = code
+        self.no_right = no_right
 
 
 @dataclass
@@ -64,6 +71,32 @@ class Lease:
         os.close(self.fd)
 
 
+def has_cap_lease(status: str = PROC_SELF_STATUS) -> bool | None:
+    """Whether CAP_LEASE is in this process's effective set (``CapEff`` of /proc/self/status), or None where it
+    cannot be read."""
+    try:
+        with open(status, encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_LEASE & 1)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _no_lease_right(path: str, st: os.stat_result | None, exc: OSError) -> str:
+    """Why the kernel said EACCES or EPERM to the lease, in words with the fix: the lease needs the file's owner
+    (the process's file-system uid) or CAP_LEASE, and a lane of another user made this file."""
+    code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+    if st is not None and st.st_uid != os.geteuid() and has_cap_lease() is not True:
+        return (
+            f"cannot take the write lease on {path}: it belongs to uid {st.st_uid} and this process lacks CAP_LEASE "
+            f"(the kernel answered {code}); the unit that `reconciler systemd-unit` prints grants it "
+            "(CapabilityBoundingSet= names CAP_LEASE): run the reclaim there, or as root with CAP_LEASE"
+        )
+    return f"cannot take the write lease on {path}: the kernel answered {code} ({exc.strerror or exc})"
+
+
 def _leases_off() -> bool:
     try:
         with open(LEASES_ENABLE, encoding="ascii") as fh:
@@ -72,12 +105,13 @@ def _leases_off() -> bool:
         return False
 
 
-def take_lease(dfd: int, name: str) -> Lease:
+def take_lease(dfd: int, name: str, *, path: str | None = None) -> Lease:
     """A write lease on the file ``name`` of the opened directory ``dfd``, or LeaseRefused saying why.
 
     Opened ``O_RDONLY`` (a descriptor open for writing would itself count against a write lease),
     ``O_NOFOLLOW`` (never a symlink's target) and ``O_NONBLOCK`` (a lease someone else holds refuses at once,
-    rather than waiting out its break time). FileNotFoundError passes through: the name is gone.
+    rather than waiting out its break time). FileNotFoundError passes through: the name is gone. ``path`` names
+    the file in a refusal's words (``name`` when not given).
     """
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
     try:
@@ -88,27 +122,28 @@ def take_lease(dfd: int, name: str) -> Lease:
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
             raise LeaseRefused("another process holds a lease on it: it is in use") from None
         raise LeaseRefused(f"cannot open it for the write lease: {exc.strerror or exc}") from None
+    st: os.stat_result | None = None
     try:
         st = os.fstat(fd)
         if not st_mode.S_ISREG(st.st_mode):
             raise LeaseRefused("not a regular file when opened for the write lease")
         fcntl.fcntl(fd, F_SETSIG, LEASE_SIGNAL)
         fcntl.fcntl(fd, F_SETLEASE, fcntl.F_WRLCK)
+        return Lease(fd, st)
     except LeaseRefused:
         os.close(fd)
         raise
     except OSError as exc:
         os.close(fd)
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise LeaseRefused(_no_lease_right(path or name, st, exc), no_right=True) from None
         if exc.errno in (errno.EAGAIN, errno.EBUSY):
             why = "the kernel refused the write lease: another open file description of it exists (a process maps it or holds it open)"
-        elif exc.errno in (errno.EACCES, errno.EPERM):
-            why = "the kernel refused the write lease: leases need the file's owner or CAP_LEASE (run as root)"
         elif exc.errno == errno.EINVAL and _leases_off():
             why = f"the kernel refused the write lease: leases are off ({LEASES_ENABLE} is 0; set it to 1)"
         else:
             why = f"the kernel refused the write lease: {exc.strerror or exc}"
         raise LeaseRefused(why) from None
-    return Lease(fd, st)
 
 
 def lease_kept(f: ShmFile, exc: LeaseRefused) -> KeptFile:
@@ -149,12 +184,14 @@ def _unlink_agreed(
                 )
                 continue
             try:
-                lease = take_lease(dfd, name)
+                lease = take_lease(dfd, name, path=f.path)
             except FileNotFoundError:
                 kept.append(KeptFile(f.path, "gone before removal (removed by someone else)", "gone"))
                 continue
             except LeaseRefused as exc:
                 kept.append(lease_kept(f, exc))
+                if exc.no_right:
+                    errors.append(str(exc))
                 continue
             try:
                 s = lease.stat

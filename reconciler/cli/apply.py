@@ -76,7 +76,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
                     print(render_plan(session.plan, session.observed, con.style()), file=con.out)
                     con.out.flush()  # the plan comes before the progress lines (stderr), also when piped
                 first = session.plan
-                acts = bool(first.actions) and not first.unavailable
+                acts = bool(first.actions) and first.apply_refusal is None
                 if acts and not args.yes:
                     if args.json or not con.stdin_tty:
                         why = "--json never prompts" if args.json else "no terminal to ask on"
@@ -124,7 +124,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
     else:
         s = con.style()
         if result.result == "converged":
-            print(s.green(f"converged in {result.seconds:.1f}s ({len(result.outcomes)} action(s))"), file=con.out)
+            done = f"converged in {result.seconds:.1f}s ({len(result.outcomes)} action(s))"
+            # What the pass kept for its logs and left to the next plan, where it did.
+            print(s.green(f"{done}; {result.message}" if result.message else done), file=con.out)
         elif result.result == "blocked":
             print(s.red(f"blocked: {result.message}"), file=con.err)
         else:

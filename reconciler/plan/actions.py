@@ -166,6 +166,17 @@ class Plan:
     def converged(self) -> bool:
         return not self.actions and not self.blockers and not self.held and not self.unavailable
 
+    @property
+    def apply_refusal(self) -> str | None:
+        """Why an apply of this plan runs none of its actions, or None where it runs them (the unblocked ones): a
+        source that did not answer (safety rule 3: a pass acts only on a whole view of the host). The applier's
+        pass ends on it before its first action and ``plan``'s summary says it, so a plan never promises what
+        apply refuses."""
+        if not self.unavailable:
+            return None
+        names = " and ".join(self.unavailable)
+        return f"the {names} source{'s are' if len(self.unavailable) > 1 else ' is'} unavailable"
+
     def to_json(self) -> dict:
         return {
             "host": self.host,

@@ -115,7 +115,18 @@ def render_plan(plan: Plan, observed: Observed | None, s: Style) -> str:
     for f in plan.fallbacks:
         out.append(s.yellow(f"  ↺ {f.text}"))
     counts = {k: sum(1 for a in plan.actions if a.kind is k) for k in ActionKind}
-    if plan.blocked:
+    refusal = plan.apply_refusal  # the applier's own decision: a plan never promises what apply refuses
+    if plan.actions and refusal is not None:
+        lead = f"Blocked: {len(plan.blockers)} problem(s); apply" if plan.blocked else "Apply"
+        out.append(
+            s.red(
+                f"{lead} refuses all {len(plan.actions)} action(s) above and changes nothing: {refusal} "
+                "(a pass acts only on a whole view of the host). Fix the source named above, then plan again."
+            )
+        )
+        if plan.blocked:
+            out.extend("  " + line for line in blocked_advice(plan))
+    elif plan.blocked:
         if plan.actions:
             out.append(
                 s.red(

@@ -728,7 +728,7 @@ def test_systemd_unit_runs_the_loop_and_keeps_what_it_needs(tmp_path: Path, monk
     # /dev/shm, the NVIDIA device nodes and every process in /proc must stay visible.
     assert "PrivateDevices" not in conf and "ProtectProc" not in conf and "ProcSubset" not in conf
     assert "AF_UNIX" in conf["RestrictAddressFamilies"]  # the Docker socket
-    assert {"CAP_SYS_PTRACE", "CAP_FOWNER"} <= set(conf["CapabilityBoundingSet"].split())
+    assert {"CAP_SYS_PTRACE", "CAP_FOWNER", "CAP_LEASE"} <= set(conf["CapabilityBoundingSet"].split())
     analyze = need("systemd-analyze", "systemd")
     # verify checks the binary exists: point ExecStart at this checkout's console script.
     script = shutil.which("reconciler") or sys.executable
