@@ -90,6 +90,20 @@ def source_word(observed: Observed, name: str) -> str:
     return observed.sources[name].render()
 
 
+def _plan_lines(plan: Plan, s: Style) -> list[str]:
+    """One line per lane as it stays, per step, per blocker, per held lane and per fallback."""
+    out: list[str] = []
+    kept = set(plan.kept_serving)
+    out.extend(s.dim(f"  = {name} matches its assignment") for name in plan.satisfied if name not in kept)
+    out.extend(s.yellow(f"  = {name} keeps serving: what would replace it is blocked") for name in plan.kept_serving)
+    for a in plan.actions:
+        out.extend("  " + line for line in _action_line(a, s))
+    out.extend(s.red(f"  ! blocked {b.recipe} on {','.join(b.gpus)}: {b.reason}") for b in plan.blockers)
+    out.extend(s.yellow(f"  … held {h.recipe} on {','.join(h.gpus)}: {h.reason}") for h in plan.held)
+    out.extend(s.yellow(f"  ↺ {f.text}") for f in plan.fallbacks)
+    return out
+
+
 def render_plan(plan: Plan, observed: Observed | None, s: Style) -> str:
     out: list[str] = []
     if observed is not None:
@@ -100,20 +114,7 @@ def render_plan(plan: Plan, observed: Observed | None, s: Style) -> str:
             s.red(f"cannot plan completely: {', '.join(plan.unavailable)} unavailable")
             + " - nothing that needs it will be changed"
         )
-    kept = set(plan.kept_serving)
-    for name in plan.satisfied:
-        if name not in kept:
-            out.append(s.dim(f"  = {name} matches its assignment"))
-    for name in plan.kept_serving:
-        out.append(s.yellow(f"  = {name} keeps serving: what would replace it is blocked"))
-    for a in plan.actions:
-        out.extend("  " + line for line in _action_line(a, s))
-    for b in plan.blockers:
-        out.append(s.red(f"  ! blocked {b.recipe} on {','.join(b.gpus)}: {b.reason}"))
-    for h in plan.held:
-        out.append(s.yellow(f"  … held {h.recipe} on {','.join(h.gpus)}: {h.reason}"))
-    for f in plan.fallbacks:
-        out.append(s.yellow(f"  ↺ {f.text}"))
+    out.extend(_plan_lines(plan, s))
     counts = {k: sum(1 for a in plan.actions if a.kind is k) for k in ActionKind}
     refusal = plan.apply_refusal  # the applier's own decision: a plan never promises what apply refuses
     if plan.actions and refusal is not None:
