@@ -9,7 +9,7 @@ to one that has the node bound in. ``/dev/nvidiactl`` (195:255), ``/dev/nvidia-m
 them reaches no card.
 
 Pure, but ``read_proc_devices``: called by ``reconciler.observe.docker_obs`` (``gpu_devices_of``), and tested on
-captured engine answers and a captured ``/proc/devices``. docs/design.md, safety rule 11.
+captured engine answers and a ``/proc/devices`` text. docs/design.md, safety rule 11.
 """
 
 from __future__ import annotations

@@ -287,7 +287,7 @@ def read_fd_targets(fd_dir: str, dev: int, cards: set[int] | None = None) -> lis
                 continue  # closed between the listing and the stat
             if st.st_dev == dev:
                 out.append(FdTarget(int(name), st.st_ino, st.st_size, st.st_blocks * 512, st.st_nlink))
-            elif st.st_rdev and cards is not None and stat_mod.S_ISCHR(st.st_mode) and _is_card(st.st_rdev):
+            if st.st_rdev and cards is not None and stat_mod.S_ISCHR(st.st_mode) and _is_card(st.st_rdev):
                 cards.add(os.minor(st.st_rdev))
         return out
     finally:
