@@ -156,6 +156,16 @@ def claimed_slots(
     return tuple(slots)
 
 
+def node_slots(minor: int, ids: SlotIds, slots: tuple[str, ...]) -> tuple[str, ...]:
+    """Of ``slots``, those whose card a process holding node 195:``minor`` open holds: the slot NVML's minor numbers
+    give it, or every one where nothing here resolves a minor (docs/design.md, safety rule 11)."""
+    node = f"/dev/nvidia{minor}"
+    slot = ids.slot(node)
+    if slot is not None:
+        return (slot,) if slot in slots else ()
+    return slots if ids.unresolvable(node) else ()
+
+
 def slot_holders(
     desired: DesiredState, observed: Observed, *, skip: Collection[str | None] = ()
 ) -> dict[str, list[ContainerView]]:

@@ -21,6 +21,7 @@ from reconciler.plan.claims import (
     describe_container,
     id_kind,
     is_ours,
+    node_slots,
     owner_kind,
     slot_ids,
     unresolved_text,
@@ -224,8 +225,7 @@ def node_problems(
     problems: list[tuple[str, ...]] = []
     for h in nodes.holders:
         node = f"/dev/nvidia{h.minor}"
-        slot = ids.slot(node)
-        on = d.slots if slot is None and ids.unresolvable(node) else tuple(s for s in d.slots if s == slot)
+        on = node_slots(h.minor, ids, d.slots)
         owner = by_id.get(h.container_id) if h.container_id else None
         for s in on:
             if owner is not None and (owner.id in leaving or (owner.id in kept and s in owner.slots)):
@@ -237,7 +237,11 @@ def node_problems(
                 continue  # named already
             where = f"container {h.container}" if h.container else "no container"
             cmd = f" ({h.command})" if h.command else ""
-            how = "" if slot is not None else " (only NVML's minor numbers tell which card that is: it may be any)"
+            how = (
+                ""
+                if ids.slot(node) is not None
+                else " (only NVML's minor numbers tell which card that is: it may be any)"
+            )
             problems.append(
                 (
                     f"pid {h.pid}{cmd} in {where} holds {node} open{how}, so it holds GPU slot {s}: it can use the "

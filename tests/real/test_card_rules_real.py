@@ -154,6 +154,12 @@ def test_a_container_process_holding_a_card_node_blocks_whatever_its_configurati
         assert blocker["holder"] == f"pid {pid}", blocker
         assert f"in container {holder}" in blocker["reason"], blocker
         assert "holds /dev/nvidia1 open" in blocker["reason"], blocker
+        st = root.cli("status", "--json")
+        assert st.data["converged"] is False, st
+        shown = st.data["slots"]["dark-compute-b"]
+        assert [(n["pid"], n["container"]) for n in shown["node_holders"]] == [(pid, holder)], shown
+        assert shown["free"] is False, shown
+        assert f"pid {pid} holds /dev/nvidia1 open" in root.cli("status").stdout
     finally:
         docker_cli("rm", "-f", holder, check=False)
     assert root.cli("plan").rc == 2
