@@ -263,8 +263,8 @@ class FdTarget:
     nlink: int  # 0: the file was unlinked and lives on through this descriptor
 
 
-def _is_card(rdev: int) -> bool:
-    return os.major(rdev) == NVIDIA_MAJOR and os.minor(rdev) in NVIDIA_CARD_MINORS
+def _is_card(st: os.stat_result) -> bool:
+    return stat_mod.S_ISCHR(st.st_mode) and os.minor(st.st_rdev) in NVIDIA_CARD_MINORS
 
 
 def read_fd_targets(fd_dir: str, dev: int, cards: set[int] | None = None) -> list[FdTarget]:
@@ -279,7 +279,7 @@ def read_fd_targets(fd_dir: str, dev: int, cards: set[int] | None = None) -> lis
     dfd = os.open(fd_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         out: list[FdTarget] = []
-        stat = os.stat
+        stat, major = os.stat, os.major
         for name in os.listdir(dfd):
             try:
                 st = stat(name, dir_fd=dfd)
@@ -287,7 +287,8 @@ def read_fd_targets(fd_dir: str, dev: int, cards: set[int] | None = None) -> lis
                 continue  # closed between the listing and the stat
             if st.st_dev == dev:
                 out.append(FdTarget(int(name), st.st_ino, st.st_size, st.st_blocks * 512, st.st_nlink))
-            if st.st_rdev and cards is not None and stat_mod.S_ISCHR(st.st_mode) and _is_card(st.st_rdev):
+            # Most descriptors have no device number (files, sockets, pipes): one test; /dev/null and ttys two.
+            if st.st_rdev and major(st.st_rdev) == NVIDIA_MAJOR and cards is not None and _is_card(st):
                 cards.add(os.minor(st.st_rdev))
         return out
     finally:
