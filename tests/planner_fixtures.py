@@ -20,12 +20,14 @@ from reconciler.plan.observed import (
     LABEL_SLOTS,
     LABEL_SPEC_HASH,
     LABEL_SPEC_PARTS,
+    CardNodes,
     ContainerView,
     EnterFacts,
     GpuProcess,
     GpuSlotView,
     GpuView,
     Listener,
+    NodeHolder,
     Observed,
     Owner,
     Ownership,
@@ -256,6 +258,32 @@ def make_observed(case: dict[str, Any], desired: DesiredState) -> Observed:
         ports=frozenset(e.get("ports") or {x.port for x in listeners}),
         listeners=listeners,
     )
+    # `card_nodes:` the processes the /proc scan found holding a card's node open ([{pid, minor, container}]), or
+    # `unread` where that scan could not be made.
+    nodes = obs.get("card_nodes") or []
+    card_nodes = (
+        CardNodes(read=False, detail="proc unavailable: /proc: processes kept appearing")
+        if nodes == "unread"
+        else CardNodes(
+            tuple(
+                NodeHolder(
+                    pid=x["pid"],
+                    minor=x["minor"],
+                    container_id=by_name[x["container"]].id if x.get("container") in by_name else None,
+                    container=x.get("container"),
+                    command=x.get("command", "python"),
+                )
+                for x in nodes
+            )
+        )
+    )
     return Observed(
-        host="h", containers=tuple(containers), gpus=gpus, shm=shm, docker=docker, ownership=ownership, enter=enter
+        host="h",
+        containers=tuple(containers),
+        gpus=gpus,
+        shm=shm,
+        docker=docker,
+        ownership=ownership,
+        enter=enter,
+        card_nodes=card_nodes,
     )

@@ -34,7 +34,7 @@ def observe(
     from reconciler.observe.docker_obs import DockerObserver
     from reconciler.observe.gpu import observe_gpus
     from reconciler.observe.shm import inspect_shm
-    from reconciler.plan.observed import EnterFacts, Observed
+    from reconciler.plan.observed import CardNodes, EnterFacts, NodeHolder, Observed
     from reconciler.store.state import read_ownership
 
     docker = docker or DockerObserver.for_host(host)
@@ -42,9 +42,17 @@ def observe(
     known = {c.id for c in containers} if docker_source.ok else None
     gpus = observe_gpus(host, known_containers=known)
     ownership = read_ownership(host.name)
+    found: list[tuple[NodeHolder, ...]] = []
     shm = inspect_shm(
-        host.shm, containers=containers, docker=docker_source, proc_root=proc_root, settled=ownership.healthy
+        host.shm,
+        containers=containers,
+        docker=docker_source,
+        proc_root=proc_root,
+        settled=ownership.healthy,
+        on_cards=found.append,
     )
+    # The card nodes held open are read by the shm guard's scan of every process (the same stat of each descriptor).
+    card_nodes = CardNodes(found[0]) if found else CardNodes(read=False, detail=shm.proc.render())
     enter = EnterFacts()
     if docker_source.ok and (images or ports):
         from reconciler.observe.listeners import read_listeners  # start-up: only a plan with enters reads ports
@@ -76,4 +84,5 @@ def observe(
         enter=enter,
         sleeping=sleeping,
         lane_memory=memory,
+        card_nodes=card_nodes,
     )

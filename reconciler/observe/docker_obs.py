@@ -18,7 +18,9 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from reconciler.observe.device_rules import DEVICE_RULE, bind_pairs, nvidia_majors, read_proc_devices, rule_cards
 from reconciler.observe.engine import EngineClient, EngineDown, EngineSlow, NotFound, slow_text
+from reconciler.observe.procfs import NVIDIA_CARD_MINORS, NVIDIA_MAJOR
 from reconciler.plan.observed import (
     LABEL_HOST,
     LABEL_OFFLOAD,
@@ -48,10 +50,8 @@ CDI_GPU_PREFIX = "nvidia.com/gpu="
 CDI_NVIDIA_VENDOR = "nvidia.com/"
 # The id a container run with --privileged holds: every device node of the host, every card among them.
 PRIVILEGED = "privileged"
-# A card's device node: /dev/nvidiaN, N its minor number (character major 195). /dev/nvidiactl (minor 255),
-# /dev/nvidia-modeset (254), /dev/nvidia-uvm and /dev/nvidia-caps/* are not cards.
-NVIDIA_MAJOR = 195
-NVIDIA_CARD_MINORS = range(254)
+# A card's device node: /dev/nvidiaN, N its minor number (character major 195, NVIDIA_MAJOR). /dev/nvidiactl (minor
+# 255), /dev/nvidia-modeset (254), /dev/nvidia-uvm and /dev/nvidia-caps/* are not cards.
 _CARD_NODE = re.compile(r"^/dev/nvidia(\d{1,3})$")
 # A path that holds the card nodes beneath it: --device /dev maps every node in it.
 _NODE_DIRS = ("/dev", "/dev/")
@@ -72,7 +72,8 @@ def node_of_rdev(rdev: int) -> str | None:
 def gpu_devices_of(inspect: Mapping[str, Any]) -> tuple[str, ...]:
     """GPU ids a container is given: from its DeviceRequests (NVIDIA's, or CDI names), its devices (a card's device
     node ``/dev/nvidiaN`` by the path on the host, the path in the container, or the node's device number the
-    observer read, ``DeviceNodes``; a CDI name), ``--privileged`` (``PRIVILEGED``: every card), and its
+    observer read, ``DeviceNodes``; a CDI name), ``--privileged`` (``PRIVILEGED``: every card), its device cgroup
+    rules with the card nodes it can reach (``device_rules.rule_cards``; ``DEVICE_RULE``: every card), and its
     NVIDIA_VISIBLE_DEVICES env (every value of it: a CDI spec's own ``void`` comes after ours). Ids are returned as
     written (an index, a UUID, a MIG id, ``i:j``, a device node); ``reconciler.plan.claims`` resolves them to slots and
     holds every slot for one it cannot resolve."""
@@ -85,6 +86,10 @@ def gpu_devices_of(inspect: Mapping[str, Any]) -> tuple[str, ...]:
         return ("all",)
     (devices, cdi), (requested, cdi_requested) = paths, requests
     devices.extend(str(n) for n in inspect.get("DeviceNodes") or [])
+    ruled = rule_cards(inspect)
+    if ruled is None:
+        return (DEVICE_RULE,)
+    devices.extend(ruled)
     devices.extend(requested)
     for more in (_cdi_gpus([*cdi, *cdi_requested]), _visible_devices(inspect)):
         if more is None:
@@ -300,6 +305,7 @@ class DockerObserver:
         self._engine: str | None = None
         self._cache: dict[str, dict[str, Any]] = {}
         self._images: dict[str, dict[str, str]] = {}  # image id -> its labels (an image id's labels never change)
+        self._card_majors: list[int] | None = None
         self._lock = threading.Lock()
 
     @classmethod
@@ -349,13 +355,13 @@ class DockerObserver:
             "Name": full.get("Name"),
             "Args": full.get("Args"),
             "Config": {k: (full.get("Config") or {}).get(k) for k in ("Env", "Cmd", "Entrypoint", "Labels", "Image")},
-            "HostConfig": {
-                k: (full.get("HostConfig") or {}).get(k) for k in ("DeviceRequests", "Devices", "Privileged")
-            },
+            "HostConfig": {k: (full.get("HostConfig") or {}).get(k) for k in _HOST_CONFIG_KEYS},
         }
         nodes = device_nodes((full.get("HostConfig") or {}).get("Devices") or [])
         if nodes:
             keep["DeviceNodes"] = nodes
+        if (full.get("HostConfig") or {}).get("DeviceCgroupRules"):
+            self._rule_facts(full, keep)
         labels = (full.get("Config") or {}).get("Labels") or {}
         if any(k.startswith(LABEL_PREFIX) for k in labels) and full.get("Image"):
             # A container inherits its image's labels: ours on an image prove nothing about its containers.
@@ -363,6 +369,20 @@ class DockerObserver:
         with self._lock:
             self._cache[cid] = keep
         return keep
+
+    def _rule_facts(self, full: Mapping[str, Any], keep: dict[str, Any]) -> None:
+        """What ``rule_cards`` reads of a container with device cgroup rules besides its HostConfig: its mounts, its
+        capabilities where the engine says them (Podman), the card nodes among its bound paths (by device number),
+        and the cards' majors (/proc/devices, read once per observer)."""
+        keep["Mounts"] = full.get("Mounts")
+        if isinstance(full.get("EffectiveCaps"), list):
+            keep["EffectiveCaps"] = full["EffectiveCaps"]
+        bound = device_nodes({"PathOnHost": src} for src, _ in bind_pairs(full))
+        if bound:
+            keep["BoundNodes"] = bound
+        if self._card_majors is None:
+            self._card_majors = sorted(nvidia_majors(read_proc_devices())[0])
+        keep["CardMajors"] = self._card_majors
 
     def _image_labels(self, image_id: str) -> dict[str, str]:
         with self._lock:
@@ -444,6 +464,19 @@ class DockerObserver:
         elif cause == "down" and "does not answer" not in text:
             text = f"the engine does not answer: {text}"
         return Source("docker", False, f"{self.url}: {text}", cause=cause)
+
+
+# What an inspect's HostConfig gives a container of the cards (kept in the observer's cache).
+_HOST_CONFIG_KEYS = (
+    "DeviceRequests",
+    "Devices",
+    "Privileged",
+    "DeviceCgroupRules",
+    "Binds",
+    "Mounts",
+    "CapAdd",
+    "CapDrop",
+)
 
 
 def device_nodes(devices: Iterable[Any], *, stat: Callable[[str], os.stat_result] = os.stat) -> list[str]:

@@ -9,6 +9,7 @@ import errno
 import marshal
 import os
 import re
+import stat as stat_mod
 import subprocess
 import sys
 import time
@@ -121,6 +122,10 @@ def read_comm(pid: int, proc_root: str = "/proc") -> str:
 # (an entry of /proc/PID/fd). Both are matched by device and inode, never by path text: a container sees the same
 # file under another path, and a mapped file may already be unlinked. ``scan_holders`` is the hot path the shm
 # guard runs twice per reclaim; ``parse_maps`` is its pure half, tested on captured text.
+
+# A card's node, whatever its path: character 195:N for card N (nvidiactl is 255, nvidia-modeset 254: no cards).
+NVIDIA_MAJOR = 195
+NVIDIA_CARD_MINORS = range(254)
 
 _GONE_ERRNOS = frozenset({errno.ENOENT, errno.ESRCH})
 _MAPS_READ_CHUNK = 1 << 17  # procfs hands out about one page per read; a larger buffer costs nothing
@@ -258,17 +263,23 @@ class FdTarget:
     nlink: int  # 0: the file was unlinked and lives on through this descriptor
 
 
-def read_fd_targets(fd_dir: str, dev: int) -> list[FdTarget]:
-    """The descriptors in a /proc/PID/fd directory that point at files on ``dev``.
+def _is_card(st: os.stat_result) -> bool:
+    return stat_mod.S_ISCHR(st.st_mode) and os.minor(st.st_rdev) in NVIDIA_CARD_MINORS
+
+
+def read_fd_targets(fd_dir: str, dev: int, cards: set[int] | None = None) -> list[FdTarget]:
+    """The descriptors in a /proc/PID/fd directory that point at files on ``dev``; with ``cards``, the minor N of
+    each card node (195:N) it holds open is added to it.
 
     Each descriptor is stat'ed through its magic link (one syscall, relative to the opened directory): that
-    reaches the open file itself, whatever path it was opened under. A descriptor closed meanwhile is skipped;
-    any other error is raised, so the caller can call the process uninspectable.
+    reaches the open file itself, whatever path it was opened under (so a card's node is known by its number,
+    at no further call). A descriptor closed meanwhile is skipped; any other error is raised, so the caller can
+    call the process uninspectable.
     """
     dfd = os.open(fd_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         out: list[FdTarget] = []
-        stat = os.stat
+        stat, major = os.stat, os.major
         for name in os.listdir(dfd):
             try:
                 st = stat(name, dir_fd=dfd)
@@ -276,6 +287,9 @@ def read_fd_targets(fd_dir: str, dev: int) -> list[FdTarget]:
                 continue  # closed between the listing and the stat
             if st.st_dev == dev:
                 out.append(FdTarget(int(name), st.st_ino, st.st_size, st.st_blocks * 512, st.st_nlink))
+            # Most descriptors have no device number (files, sockets, pipes): one test; /dev/null and ttys two.
+            if st.st_rdev and major(st.st_rdev) == NVIDIA_MAJOR and cards is not None and _is_card(st):
+                cards.add(os.minor(st.st_rdev))
         return out
     finally:
         os.close(dfd)
@@ -301,6 +315,8 @@ class HolderScan:
     # Why the scan did not settle (new processes kept appearing for MAX_SCAN_ROUNDS listings): it is incomplete.
     unstable: str = ""
     workers: int = 1  # processes that shared the scan, this one included
+    # pid -> the cards whose node it holds open (195:N): usable before NVML lists it (with a CUDA context).
+    cards: dict[int, set[int]] = field(default_factory=dict)
     worker_failures: int = 0  # workers whose share was scanned here instead (no answer, or a bad one)
 
     def holders(self) -> dict[int, list[tuple[int, str]]]:
@@ -335,8 +351,9 @@ def _scan_task(base: str, pid: int, dev: int, token: bytes, scan: HolderScan) ->
             scan.mapped.setdefault(pid, set()).update(inodes)
         if unlinked:
             scan.unlinked_maps.setdefault(pid, []).extend(unlinked)
+    cards: set[int] = set()
     try:
-        fds = read_fd_targets(base + "/fd", dev)
+        fds = read_fd_targets(base + "/fd", dev, cards)
     except OSError as exc:
         if exc.errno in _GONE_ERRNOS:
             return bool(text)
@@ -344,6 +361,8 @@ def _scan_task(base: str, pid: int, dev: int, token: bytes, scan: HolderScan) ->
         return True
     if fds:
         scan.fds.setdefault(pid, []).extend(fds)
+    if cards:
+        scan.cards.setdefault(pid, set()).update(cards)
     if not text and not fds:
         # Empty maps: a kernel thread, a zombie, or a thread-group leader that exited while its other threads
         # run on with the memory and descriptors. Only the last holds anything; look at its threads.
@@ -522,7 +541,7 @@ def _collect_worker(child: subprocess.Popen[bytes], scan: HolderScan) -> bool:
     if child.returncode != 0:
         return False
     try:
-        scanned, mapped, unlinked, fds, unreadable, seen = marshal.loads(out)
+        scanned, mapped, unlinked, fds, unreadable, seen, cards = marshal.loads(out)
     except (EOFError, ValueError, TypeError):
         return False
     scan.pids_scanned += scanned
@@ -535,6 +554,8 @@ def _collect_worker(child: subprocess.Popen[bytes], scan: HolderScan) -> bool:
     for pid, why in unreadable:
         scan.unreadable.setdefault(pid, why)
     scan.seen.update(seen)
+    for pid, minors in cards:
+        scan.cards.setdefault(pid, set()).update(minors)
     return True
 
 
@@ -563,6 +584,7 @@ def _worker_main(argv: list[str]) -> int:
         [(pid, [(f.fd, f.inode, f.size, f.allocated, f.nlink) for f in items]) for pid, items in scan.fds.items()],
         list(scan.unreadable.items()),
         list(scan.seen.items()),
+        [(pid, list(minors)) for pid, minors in scan.cards.items()],
     )
     sys.stdout.buffer.write(marshal.dumps(payload))
     return 0

@@ -26,11 +26,12 @@ import fnmatch
 import os
 import stat as st_mode
 import sys
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from reconciler.base.redact import redact_argv
+from reconciler.observe.card_nodes import card_holders
 from reconciler.observe.procfs import (
     HolderScan,
     innermost_known,
@@ -41,6 +42,7 @@ from reconciler.observe.procfs import (
 from reconciler.observe.shapes import status_json
 from reconciler.plan.observed import (
     ContainerView,
+    NodeHolder,
     Owner,
     ShmFile,
     ShmView,
@@ -308,10 +310,13 @@ def inspect_shm(
     proc_root: str = "/proc",
     workers: int | None = None,
     settled: Collection[str] = (),
+    on_cards: Callable[[tuple[NodeHolder, ...]], None] | None = None,
 ) -> ShmView:
     """One full inspection: the dir's entries, every process's mappings and descriptors, the verdict per file.
 
-    ``settled``: the ids of containers this install recorded healthy (``build_view``, safety rule 2)."""
+    ``settled``: the ids of containers this install recorded healthy (``build_view``, safety rule 2). ``on_cards``
+    is handed the processes that hold a card's node open (``card_nodes.card_holders``), read by the same scan; it
+    is not called when the scan could not be made whole."""
     try:
         listing = list_dir(cfg)
     except OSError as exc:
@@ -330,6 +335,12 @@ def inspect_shm(
         )
     names = {c.id: c.name for c in containers}
     resolve = _Resolver(proc_root, names, engine_ok=docker.ok)
+    if on_cards is not None:
+        on_cards(
+            card_holders(
+                scan.cards, names, container_of=resolve.container, command_of=resolve.command, proc_root=proc_root
+            )
+        )
     holders = {ino: [resolve.owner(pid, via) for pid, via in pairs] for ino, pairs in scan.holders().items()}
     live = {e.inode for e in listing.entries}
     deleted = _deleted_files(scan, live, holders, proc_root)

@@ -53,8 +53,11 @@ class SlotIds:
 _MIG_INDEX = re.compile(r"^(\d+):(\d+)$")
 _CARD_NODE = re.compile(r"^/dev/nvidia(\d+)$")
 _OLD_MIG = re.compile(r"^mig-(gpu-[0-9a-f-]+)/\d+/\d+$")
-# The id of a container that sees every card (``reconciler.observe.docker_obs.PRIVILEGED``).
+# The id of a container that sees every card (``reconciler.observe.docker_obs.PRIVILEGED``), and of one whose device
+# cgroup rules let it open every card's node (``reconciler.observe.device_rules.DEVICE_RULE``).
 PRIVILEGED = "privileged"
+DEVICE_RULE = "device-rule"
+EVERY_CARD = ("all", PRIVILEGED, DEVICE_RULE)
 
 
 def id_kind(dev: str) -> str:
@@ -145,12 +148,22 @@ def claimed_slots(
     """
     slots: list[str] = list(c.slots) if (_claims_host(c, host) if host is not None else c.managed) else []
     for dev in c.gpu_devices:
-        if dev in ("all", PRIVILEGED) or ids.unresolvable(dev):
+        if dev in EVERY_CARD or ids.unresolvable(dev):
             return all_slots
         slot = ids.slot(dev)
         if slot is not None and slot not in slots:
             slots.append(slot)
     return tuple(slots)
+
+
+def node_slots(minor: int, ids: SlotIds, slots: tuple[str, ...]) -> tuple[str, ...]:
+    """Of ``slots``, those whose card a process holding node 195:``minor`` open holds: the slot NVML's minor numbers
+    give it, or every one where nothing here resolves a minor (docs/design.md, safety rule 11)."""
+    node = f"/dev/nvidia{minor}"
+    slot = ids.slot(node)
+    if slot is not None:
+        return (slot,) if slot in slots else ()
+    return slots if ids.unresolvable(node) else ()
 
 
 def slot_holders(

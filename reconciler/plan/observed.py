@@ -183,6 +183,28 @@ class GpuView:
 
 
 @dataclass(frozen=True)
+class NodeHolder:
+    """A process that holds a card's device node open (a descriptor on character node 195:``minor``, whatever its
+    path): it can use that card though NVML lists it nowhere (NVML lists a process once it has a CUDA context)."""
+
+    pid: int
+    minor: int
+    container_id: str | None = None  # the engine's container it runs in (full id); None: none the engine lists
+    container: str | None = None  # what to call that container (its name, or what its cgroup says)
+    command: str = ""
+
+
+@dataclass(frozen=True)
+class CardNodes:
+    """Who holds a card's node open, from the /proc scan of every pass; ``read`` False when that scan could not be
+    made (``detail`` says why): then no process is known not to hold one."""
+
+    holders: tuple[NodeHolder, ...] = ()
+    read: bool = True
+    detail: str = ""
+
+
+@dataclass(frozen=True)
 class Owner:
     pid: int
     via: str  # "map" | "fd"
@@ -337,6 +359,8 @@ class Observed:
     sleeping: Mapping[str, bool] = field(default_factory=dict, hash=False, compare=False)
     # Container id -> the GPU memory its lane held, measured at its last enter or wake (awake) and sleep (asleep).
     lane_memory: Mapping[str, LaneMemory] = field(default_factory=dict, hash=False, compare=False)
+    # The processes holding a card's device node open (docs/design.md, safety rule 11).
+    card_nodes: CardNodes = CardNodes()
 
     @property
     def sources(self) -> dict[str, Source]:

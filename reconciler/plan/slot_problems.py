@@ -13,12 +13,15 @@ from collections.abc import Mapping
 from reconciler.base.units import human_bytes
 from reconciler.model import DesiredAssignment, DesiredState, container_name
 from reconciler.plan.claims import (
+    DEVICE_RULE,
+    EVERY_CARD,
     PRIVILEGED,
     SlotIds,
     claimed_by,
     describe_container,
     id_kind,
     is_ours,
+    node_slots,
     owner_kind,
     slot_ids,
     unresolved_text,
@@ -100,6 +103,7 @@ def slot_problems(
         problems.append(_holder_problem(c, slots, ids, observed, desired))
     going_or_kept = claimed_by(ids, desired, observed, leaving | kept)
     problems.extend(_process_problems(d, observed, by_id, leaving, kept, going_or_kept))
+    problems.extend(node_problems(d, observed, holders, by_id, leaving, kept, ids))
     problems.extend(memory_problems(d, observed, holders, leaving | kept, desired, ids))
     return problems
 
@@ -153,10 +157,15 @@ def _holder_problem(
 
 def _held_text(c: ContainerView, slots: list[str], ids: SlotIds, telemetry: str) -> str:
     """ "container X holds GPU slot S", with how it holds it where its GPU ids alone do not say."""
-    unresolved = [dev for dev in c.gpu_devices if dev not in ("all", PRIVILEGED) and ids.unresolvable(dev)]
+    unresolved = [dev for dev in c.gpu_devices if dev not in EVERY_CARD and ids.unresolvable(dev)]
     held = f"{describe_container(c)} {'may hold' if unresolved else 'holds'} GPU slot {','.join(slots)}"
     if PRIVILEGED in c.gpu_devices:
         return held + " (it runs privileged: every card of the host is in it)"
+    if DEVICE_RULE in c.gpu_devices:
+        return held + (
+            " (a device cgroup rule lets it open every card's node (major 195), and it has one or can make one: "
+            "/dev bound in, or CAP_MKNOD)"
+        )
     if unresolved:
         return held + f" ({unresolved_text(unresolved[0], telemetry)})"
     nodes = [dev for dev in c.gpu_devices if id_kind(dev) == "minor" and ids.slot(dev) in slots]
@@ -194,6 +203,53 @@ def _process_problems(
             where = f"container {owner.name}" if owner else ("a container" if p.container_id else "no container")
             cmd = f" ({p.command})" if p.command else ""
             problems.append((f"pid {p.pid}{cmd} in {where} uses GPU slot {slot}", f"pid {p.pid}"))
+    return problems
+
+
+def node_problems(
+    d: DesiredAssignment,
+    observed: Observed,
+    holders: Mapping[str, list[ContainerView]],
+    by_id: Mapping[str, ContainerView],
+    leaving: set[str | None],
+    kept: set[str],
+    ids: SlotIds,
+) -> list[tuple[str, ...]]:
+    """The processes that hold the node of a card of ``d`` open (a descriptor on 195:N, whatever their container's
+    configuration says): all but those of a container leaving first or of a lane of ours kept on its own slots, and
+    those named already (their container holds the slot, or NVML lists them on its card). A node whose card nothing
+    here resolves (no minor numbers without NVML) may be any slot's. Without the /proc scan none is known free."""
+    nodes = observed.card_nodes
+    if not nodes.read:
+        return [(f"who holds a card's device node open could not be read ({nodes.detail})", "")]
+    problems: list[tuple[str, ...]] = []
+    for h in nodes.holders:
+        node = f"/dev/nvidia{h.minor}"
+        on = node_slots(h.minor, ids, d.slots)
+        owner = by_id.get(h.container_id) if h.container_id else None
+        for s in on:
+            if owner is not None and (owner.id in leaving or (owner.id in kept and s in owner.slots)):
+                continue  # goes away with a planned leave, or a kept lane of ours on its own card
+            view = observed.gpus.slots.get(s)
+            if (owner is not None and owner in holders.get(s, ())) or (
+                view is not None and any(p.pid == h.pid for p in view.processes)
+            ):
+                continue  # named already
+            where = f"container {h.container}" if h.container else "no container"
+            cmd = f" ({h.command})" if h.command else ""
+            how = (
+                ""
+                if ids.slot(node) is not None
+                else " (only NVML's minor numbers tell which card that is: it may be any)"
+            )
+            problems.append(
+                (
+                    f"pid {h.pid}{cmd} in {where} holds {node} open{how}, so it holds GPU slot {s}: it can use the "
+                    "card though NVML lists no process of it (no CUDA context yet)",
+                    f"pid {h.pid}",
+                )
+            )
+            break
     return problems
 
 

@@ -262,6 +262,11 @@ def _slot_line(slot: str, v: dict[str, Any], s: Style, versions: dict[str, str |
         + ")"
         for p in v["processes"]
     ]
+    held += [
+        f"pid {n['pid']} holds {n['node']} open ({clip(n['command'], 60) or 'command unknown'}"
+        + (f", in {n['container']})" if n["container"] else ", no container)")
+        for n in v.get("node_holders") or ()
+    ]
     if v.get("unlisted_used_bytes"):
         held.append(f"{human_bytes(v['unlisted_used_bytes'])} in use and no visible process")
     if v.get("asleep_bytes"):

@@ -19,7 +19,7 @@ from reconciler.load.recipes import load_recipes
 from reconciler.model import DesiredAssignment, DesiredState
 from reconciler.observe.lanes import GAUGE_KEYS, LaneReading
 from reconciler.plan.actions import Plan
-from reconciler.plan.claims import owner_kind, slot_holders
+from reconciler.plan.claims import node_slots, owner_kind, slot_holders, slot_ids
 from reconciler.plan.enter_checks import enter_needs
 from reconciler.plan.observed import ContainerView, Observed, ShmFile, ShmView
 from reconciler.plan.planner import plan
@@ -49,6 +49,13 @@ def status_data(
     # telemetry (where the host has it) a process outside any container may hold a slot.
     blind = [s.name for s in (observed.docker, observed.gpus.source) if not s.ok]
     slots: dict[str, Any] = {}
+    ids = slot_ids(desired.host, observed)
+    # The processes holding a card's node open, by the slots they hold (safety rule 11).
+    nodes: dict[str, list[dict[str, Any]]] = {}
+    for h in observed.card_nodes.holders:
+        for s in node_slots(h.minor, ids, tuple(desired.host.gpus)):
+            shown = {"pid": h.pid, "node": f"/dev/nvidia{h.minor}", "container": h.container, "command": h.command}
+            nodes.setdefault(s, []).append(shown)
 
     def sleeping(c: ContainerView) -> bool | None:
         """The lane's own answer (sleeping lanes rule 3: asleep is never serving); None: no sleep mode, or none."""
@@ -104,7 +111,8 @@ def status_data(
             )
             if nvml_ok
             else None,
-            "free": False if holders or procs or unlisted else (None if blind else True),
+            "node_holders": nodes.get(slot, []),
+            "free": False if holders or procs or unlisted or nodes.get(slot) else (None if blind else True),
             "unknown": blind,
             "memory_free_bytes": fig.free_bytes if fig else None,
             "reserve_bytes": fig.reserve_bytes if fig else None,

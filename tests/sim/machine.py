@@ -447,7 +447,10 @@ class HostMachine(RuleBasedStateMachine):
     @rule(
         card=st.integers(0, 1),
         by=st.sampled_from(
-            ["index", "uuid", "uuid-upper", "none", "device-node", "cdi", "privileged", "mig-uuid", "mig-index"]
+            [
+                *("index", "uuid", "uuid-upper", "none", "device-node", "cdi", "privileged", "mig-uuid", "mig-index"),
+                *("cgroup-rule-mknod", "cgroup-rule-dev", "cgroup-rule-bound", "cgroup-rule-alone"),
+            ]
         ),
         kind=st.sampled_from(["foreign", "named-like-ours", "other-install", "legacy", "image-labels", "copied"]),
         running=st.booleans(),
@@ -455,8 +458,10 @@ class HostMachine(RuleBasedStateMachine):
     )
     def foreign_container(self, card: int, by: str, kind: str, running: bool, idle: bool = False) -> None:
         """A container this install did not create. It names its card by index or UUID (a GPU request), by a CDI
-        name, by its device node (docker run --device /dev/nvidiaN), by a MIG device (UUID or i:j), or is privileged
-        (every card); an idle one runs nothing on its card, so only the engine says it holds it."""
+        name, by its device node (docker run --device /dev/nvidiaN), by a MIG device (UUID or i:j), is privileged
+        (every card), or has a device cgroup rule for the cards' major (with CAP_MKNOD to make a node, /dev bound in,
+        a card's node bound in, or none of them: no card); an idle one runs nothing on its card, so only the engine
+        says it holds it."""
         w = self.world
         c = w.cards[card]
         ids = {
@@ -501,10 +506,18 @@ class HostMachine(RuleBasedStateMachine):
             env = {}
         if any(x.name == name for x in w.containers.values()):
             return
+        rule = {
+            "cgroup-rule-mknod": {},
+            "cgroup-rule-dev": {"binds": ["/dev:/dev"], "cap_drop": ["MKNOD"]},
+            "cgroup-rule-bound": {"binds": [f"/dev/nvidia{c.minor}:/dev/nvidia{c.minor}"], "cap_drop": ["MKNOD"]},
+            "cgroup-rule-alone": {"cap_drop": ["MKNOD"]},
+        }.get(by)
         f = w.foreign(
             name,
             device_ids=ids,
             devices=devices,
+            cgroup_rules=["c 195:* rmw"] if rule is not None else [],
+            **(rule or {}),
             privileged=by == "privileged",
             idle=idle,
             labels=labels,
@@ -552,6 +565,18 @@ class HostMachine(RuleBasedStateMachine):
                 Proc(w.new_pid(), "python train.py", gpu=w.cards[card].uuid, gpu_mem=None if w.wsl2 else 4 * GIB)
             )
 
+    @rule(card=st.integers(0, 1), where=st.sampled_from(["host", "container"]))
+    def card_node_opened(self, card: int, where: str) -> None:
+        """A process opens a card's node and holds it, with no CUDA context (NVML lists it nowhere): on the host, or
+        in a foreign container whose configuration gives it no card (it made the node with mknod)."""
+        from sim.world import Proc
+
+        w = self.world
+        box = None
+        if where == "container":
+            box = w.foreign(f"node-holder-{len(w.containers)}", idle=True)
+        w.add_proc(Proc(w.new_pid(), "python warm.py", container=box.id if box else None, nodes={w.cards[card].minor}))
+
     @rule(card=st.integers(0, 1), gib=st.sampled_from([40, 70]))
     def freed_memory_taken(self, card: int, gib: int) -> None:
         """Something NVML lists no process for (another pid namespace, a MIG peer) takes the memory sleeping lanes
@@ -564,7 +589,7 @@ class HostMachine(RuleBasedStateMachine):
         w = self.world
         for card in w.cards:
             card.hidden_used = 0
-        for pid in [p.pid for p in w.procs.values() if p.container is None and p.gpu]:
+        for pid in [p.pid for p in w.procs.values() if p.container is None and (p.gpu or p.nodes)]:
             w.end_proc(pid)
 
     @rule(gib=st.sampled_from([1, 3, 8]))

@@ -216,6 +216,9 @@ class SimApi:
                 "DeviceRequests": reqs,
                 "Devices": [{"PathOnHost": d, "PathInContainer": d, "CgroupPermissions": "rwm"} for d in c.devices],
                 "Privileged": c.privileged,
+                "DeviceCgroupRules": list(c.cgroup_rules) or None,
+                "Binds": list(c.binds) or None,
+                "CapDrop": list(c.cap_drop) or None,
             },
         }
 
@@ -414,7 +417,7 @@ def sim_observe(
 ) -> Any:
     from reconciler.observe.gpu import observe_gpus
     from reconciler.observe.lane_sleep import read_sleeping
-    from reconciler.plan.observed import EnterFacts, Observed
+    from reconciler.plan.observed import CardNodes, EnterFacts, NodeHolder, Observed
     from reconciler.store.lane_memory import read_lane_memory
     from reconciler.store.state import read_ownership
 
@@ -425,6 +428,16 @@ def sim_observe(
     )
     ownership = read_ownership(host.name)
     shm = sim_shm(world, host.shm, containers=containers, docker=docker_source, settled=ownership.healthy)
+    # The card nodes held open, as the shm guard's scan reads them (made whole only when that scan was).
+    names = {c.id: c.name for c in containers}
+    nodes = tuple(
+        NodeHolder(p.pid, minor, cid, names.get(cid or ""), world.command_of(p.pid))
+        for p in sorted(world.procs.values(), key=lambda p: p.pid)
+        if p.resolvable
+        for minor in sorted(p.nodes)
+        for cid in [world.container_of(p.pid)]
+    )
+    card_nodes = CardNodes(nodes) if shm.proc.ok else CardNodes(read=False, detail=shm.proc.render())
     return Observed(
         host=host.name,
         containers=containers,
@@ -438,6 +451,7 @@ def sim_observe(
         if docker_source.ok and sleep_origins
         else {},
         lane_memory=read_lane_memory(host.name) if docker_source.ok and sleep_origins else {},
+        card_nodes=card_nodes,
     )
 
 

@@ -170,6 +170,56 @@ def test_device_nodes_and_mig_ids_hold_their_cards_idle_or_not() -> None:
             m.teardown()
 
 
+def test_device_cgroup_rules_hold_the_cards_their_nodes_reach() -> None:
+    """Idle foreign containers with a device cgroup rule for the cards' major (c 195:* rmw): with CAP_MKNOD kept or
+    /dev bound in they can open every card's node, so neither lane enters; with card 1's node bound in they hold
+    card 1 only; with neither (CAP_MKNOD dropped, no node) they hold nothing and both lanes enter. docs/design.md,
+    safety rule 11."""
+    for by, entered in (
+        ("cgroup-rule-mknod", []),
+        ("cgroup-rule-dev", []),
+        ("cgroup-rule-bound", ["reconciler-omni-dark-compute-a"]),
+        ("cgroup-rule-alone", ["reconciler-omni-dark-compute-a", "reconciler-small-dark-compute-b"]),
+    ):
+        m = _machine()
+        try:
+            m.foreign_container(card=1, by=by, kind="foreign", running=True, idle=True)
+            m.edit_manifest("swapped")
+            m.loop_pass()
+            ours = sorted(c.name for c in m.world.containers.values() if c.ours and c.state == "running")
+            assert ours == entered, (by, ours)
+            m.no_violation()
+        finally:
+            m.teardown()
+
+
+def test_a_process_holding_a_card_node_open_holds_the_card() -> None:
+    """A process that opened card 1's node and has no CUDA context (NVML lists it nowhere), on the host or in a
+    foreign container whose configuration gives it no card: the lane on card 1 waits, named by its pid, the other
+    enters; once the holder ends, the waiting lane enters too."""
+    for where in ("host", "container"):
+        m = _machine()
+        try:
+            m.card_node_opened(card=1, where=where)
+            m.edit_manifest("swapped")
+            plan = m.plan_json()
+            assert [(b["recipe"], b["gpus"]) for b in plan["blockers"]] == [("small", ["dark-compute-b"])], plan
+            assert "holds /dev/nvidia" in json.dumps(plan["blockers"]), plan
+            m.loop_pass()
+            ours = [c.name for c in m.world.containers.values() if c.ours and c.state == "running"]
+            assert ours == ["reconciler-omni-dark-compute-a"], (where, ours)
+            if where == "host":
+                m.foreign_gpu_processes_end()
+            else:
+                m.operator_removes_foreign(pick=0)
+            m.loop_pass()
+            ours = sorted(c.name for c in m.world.containers.values() if c.ours and c.state == "running")
+            assert ours == ["reconciler-omni-dark-compute-a", "reconciler-small-dark-compute-b"], (where, ours)
+            m.no_violation()
+        finally:
+            m.teardown()
+
+
 def test_a_copy_of_a_lane_with_every_label_is_never_touched() -> None:
     """A copy of this install's running lane made from its labels (its install id and create token included), on
     the same card: not a duplicate to remove, and an empty manifest stops the lane, never the copy."""

@@ -51,6 +51,9 @@ class Proc:
     maps: set[int] = field(default_factory=set)  # inodes mapped
     fds: set[int] = field(default_factory=set)  # inodes held open
     gpu: str | None = None  # card uuid
+    nodes: set[int] = field(
+        default_factory=set
+    )  # minors of the card nodes it holds open (no CUDA context: NVML is blind)
     gpu_mem: int | None = 0  # None: the driver does not say (WSL2)
     resolvable: bool = True  # False: not in this /proc (another pid namespace)
     inspectable: bool = True
@@ -106,6 +109,11 @@ class Container:
     # Cards given other than by a GPU request: device nodes mapped in (/dev/nvidiaN), --privileged (every card).
     devices: list[str] = field(default_factory=list)
     privileged: bool = False
+    # Cards given by a device cgroup rule (docker run --device-cgroup-rule 'c 195:* rmw'): with a card's node bound in
+    # (binds, "SRC:DST"), /dev bound in, or CAP_MKNOD kept (not in cap_drop) to make any node inside.
+    cgroup_rules: list[str] = field(default_factory=list)
+    binds: list[str] = field(default_factory=list)
+    cap_drop: list[str] = field(default_factory=list)
     # A foreign container that holds its cards without running anything on them (no process NVML would list).
     idle: bool = False
     # vLLM's sleep mode (its command has --enable-sleep-mode): "awake", "asleep", or "waking" (a level-2 wake between
@@ -274,12 +282,22 @@ class World:
     def cards_of(self, c: Container) -> set[int]:
         if c.privileged:
             return {card.index for card in self.cards}
+        ruled: set[int] = set()
+        if c.cgroup_rules:  # the world's rules reach every card's node (c 195:* rmw)
+            every = "MKNOD" not in c.cap_drop or any(b.split(":")[0] == "/dev" for b in c.binds)
+            bound = {b.split(":")[1] for b in c.binds}
+            ruled = {card.index for card in self.cards if every or f"/dev/nvidia{card.minor}" in bound}
         ids = list(c.device_ids) + list(c.devices)
         if not c.device_ids and c.env.get("NVIDIA_VISIBLE_DEVICES"):
             ids += [d for d in c.env["NVIDIA_VISIBLE_DEVICES"].split(",") if d]
         if "all" in ids:
             return {card.index for card in self.cards}
-        return {card.index for d in ids if (card := self.card_of_id(d)) is not None}
+        return ruled | {card.index for d in ids if (card := self.card_of_id(d)) is not None}
+
+    def node_holders(self, card: int) -> list[Proc]:
+        """The processes that hold card ``card``'s node open: they hold it whatever their container's configuration."""
+        minor = self.cards[card].minor
+        return [p for p in self.procs.values() if minor in p.nodes]
 
     def new_id(self) -> str:
         return hashlib.sha256(f"{self.seed}-{self.rng.random()}".encode()).hexdigest()
@@ -315,6 +333,7 @@ class World:
             container=p.container,
             maps=set(p.maps),
             fds=set(p.fds),
+            nodes=set(p.nodes),
             gpu=p.gpu,
             gpu_mem=p.gpu_mem,
             resolvable=p.resolvable,
@@ -416,6 +435,11 @@ class World:
                     f"(a) started {c.name} on card(s) {sorted(shared)} while {other.name} "
                     f"({'ours' if other.ours else 'foreign'}, {other.state}) runs there"
                 )
+        for i in sorted(mine):
+            for p in self.node_holders(i):
+                owner = self.containers.get(p.container or "")
+                if owner is None or not owner.ours:
+                    self.violate(f"(a) started {c.name} on card {i} while pid {p.pid} ({p.cmd}) holds its node open")
 
     def _spawn(self, c: Container) -> None:
         """The processes of a started container: one per card (TP workers), mapping the offload file if any."""
@@ -527,6 +551,9 @@ class World:
         devices: list[str] = (),
         privileged: bool = False,
         idle: bool = False,
+        cgroup_rules: list[str] = (),
+        binds: list[str] = (),
+        cap_drop: list[str] = (),
     ) -> Container:
         c = Container(
             self.new_id(),
@@ -540,6 +567,9 @@ class World:
             devices=list(devices),
             privileged=privileged,
             idle=idle,
+            cgroup_rules=list(cgroup_rules),
+            binds=list(binds),
+            cap_drop=list(cap_drop),
         )
         self.containers[c.id] = c
         if state == "running":
