@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from reconciler.base.errors import ReconcilerError
 from reconciler.base.fsafe import read_trusted, write_atomic
 from reconciler.load.topology_edit import TopologyEditError, set_topology, topology_of
-from reconciler.store.lock import EditLockTimeout, manifest_edit_lock
+from reconciler.store.lock import manifest_edit_lock
 
 if TYPE_CHECKING:
     from reconciler.service.host_service import HostService
@@ -110,7 +110,7 @@ def switch_topology(service: HostService, name: str) -> SwitchResult:
             service.record(
                 "switch", outcome="ok", reason=f"topology {before} -> {name}", manifest=desired.manifest_path
             )
-    except EditLockTimeout as exc:
+    except TimeoutError as exc:
         raise _refused(service, host, name, f"{exc}: run the switch again") from None
     return SwitchResult(host, desired.manifest_path, before, name)
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from reconciler.base import fsafe
 from reconciler.base.errors import ReconcilerError
+from reconciler.store.state import checked_host_dir
 
 DEFAULT_DIR = "/run/reconciler"
 ENV = "RECONCILER_LOCK_DIR"
@@ -124,21 +125,13 @@ class HostLock:
         self.release()
 
 
-class EditLockTimeout(ReconcilerError):
-    """Another edit of the host's manifest held its lock for longer than the wait."""
-
-    code = "edit_lock_held"
-
-
 @contextlib.contextmanager
 def manifest_edit_lock(host: str, *, timeout_s: float = 10.0) -> Iterator[None]:
     """One edit of the host's manifest at a time, in this process and across processes (``reconciler switch`` from
     the command line, the HTTP API and MCP, a loop's and a stand-alone command's alike): an flock on
     ``STATE_DIR/HOST/manifest-edit.lock``, each holder with its own open file, so two threads of one process exclude
     each other as two processes do. Waited for at most ``timeout_s`` (an edit takes milliseconds); then
-    ``EditLockTimeout``. The loop's host lock is not this one: a switch goes on while the loop runs."""
-    from reconciler.store.state import checked_host_dir  # the state directory's checks, where the lock is taken
-
+    TimeoutError, saying who waited for what. The loop's host lock is not this one: a switch goes on while the loop runs."""
     path = checked_host_dir(host, create=True) / "manifest-edit.lock"
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY, 0o600)
@@ -156,7 +149,7 @@ def manifest_edit_lock(host: str, *, timeout_s: float = 10.0) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    raise EditLockTimeout(
+                    raise TimeoutError(
                         f"another edit of the manifest of {host} held {path} for over {timeout_s:g} s"
                     ) from None
                 time.sleep(0.01)
