@@ -345,6 +345,55 @@ def test_an_adopt_during_the_prompt_stops_no_container_that_was_not_on_screen(
     assert state == "running", "a container that was not on screen was stopped"
 
 
+@pytest.mark.docker
+@pytest.mark.root
+def test_a_commit_taken_while_the_prompt_waits_makes_the_approval_stale(
+    root: Root, tmp_path: Path, start_loop: Callable[..., LoopProcess]
+) -> None:
+    """An interactive apply the loop serves, with desired state from git: while its prompt waits, `reconciler sync`
+    takes a commit that changes only the lane's preflight probe. The answer finds the desired state loaded again
+    and the approval stale, in words; nothing starts (safety rule 13)."""
+    import time
+    import tomllib
+
+    from e2e_helpers import dump_recipe
+
+    from real.test_git_source import Repo, follow
+
+    omni = root.recipe("omni")
+    data = tomllib.loads((root.path / "configs" / "recipes" / f"{omni}.toml").read_text())
+    repo = Repo(tmp_path / "repo")
+    repo.write(f"configs/recipes/{omni}.toml", dump_recipe(data))
+    repo.manifest(root.host)
+    repo.commit("nothing yet")
+    follow(root, str(repo.path))
+    assert root.cli("sync").rc == 0
+    lp = start_loop("--debounce", "60").started()
+    # A file event: the loop's next pass waits out its 60 s debounce, so it enters nothing meanwhile.
+    mark = lp.mark()
+    (root.path / "configs" / "touch.txt").write_text(str(time.time()))
+    time.sleep(0.3)
+    repo.manifest(root.host, (omni, [B]))
+    first = repo.commit("omni on b")
+    assert root.cli("sync").rc == 0
+
+    def take_a_probe_change() -> None:
+        (smoke,) = [p for p in data["probes"] if p["name"] == "smoke"]
+        smoke["max_latency_s"] = 9
+        repo.write(f"configs/recipes/{omni}.toml", dump_recipe(data))
+        nonlocal second
+        second = repo.commit("omni: a slower smoke probe")
+        assert root.cli("sync").rc == 0
+
+    second = ""
+    rc, text = _apply_on_a_terminal(root, take_a_probe_change)
+    assert not lp.find("pass", after=mark), "the loop passed within its debounce"
+    assert rc == 1 and "changed while the plan waited for approval" in text, text
+    words = f"the git source moved from {first[:7]} to {second[:7]}: recipe {omni}'s probe smoke changed"
+    assert words in text, text
+    assert root.containers() == [], "nothing was started"
+
+
 # ---------------------------------------------------------------- served by the loop: command line, API, MCP
 
 
