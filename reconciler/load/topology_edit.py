@@ -3,8 +3,8 @@ other byte of the file kept (comments, order, quoting, line ends), so a GitOps d
 
 Pure: text in, text out. The key is found by YAML's own parser (``yaml.compose``: the node and the marks of where its
 value starts and ends in the text), never by a pattern over lines, so a ``topology:`` inside a comment, a block
-scalar or a nested map is never taken for it. Called by the service's switch; the write (atomic, refused when the
-file changed since it was read) is the caller's.
+scalar or a nested map is never taken for it. Called by the service's switch; the write (atomic, under the lock of
+the host's manifest edits, refused when the file changed since it was read) is the caller's.
 """
 
 from __future__ import annotations
@@ -19,6 +19,19 @@ NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 
 class TopologyEditError(ValueError):
     """The manifest cannot be switched by editing its ``topology:`` value; the message says why and what to do."""
+
+
+def topology_of(text: str) -> str | None:
+    """The value of the top-level ``topology:`` of ``text`` (None without one); TopologyEditError when the text is
+    not one YAML mapping."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise TopologyEditError(f"the manifest is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise TopologyEditError("the manifest is not a YAML mapping at its top level")
+    value = data.get("topology")
+    return value if isinstance(value, str) else None
 
 
 def set_topology(text: str, name: str) -> str:

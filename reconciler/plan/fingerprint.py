@@ -1,20 +1,25 @@
 """What a plan was made from, as a fingerprint, and the plan itself as the contract of an approval.
 
-The fingerprint covers every input of the planner: the operator's files, the secrets the recipes take, the
-containers, the GPUs (their processes and memory figures), the offload files and who holds each, the tmpfs, the
+The fingerprint covers every input of the planner, as values: the desired state as it was loaded, wherever from
+(``reconciler.plan.inputs``: every field of it, each recipe and the host file whole, walked rather than listed, so a
+field added later is covered without an edit here), the commit of the git source in use, the secrets the recipes take,
+the containers, the GPUs (their processes and memory figures), the offload files and who holds each, the tmpfs, the
 ownership record, the sources, and a running loop's view (held lanes, the last converged topology its fallback
-serves). Two fingerprints that differ say which of these changed. Memory figures enter rounded
-(``GPU_MEMORY_QUANTUM``, ``TMPFS_QUANTUM``): a figure that moves by a few pages does not make every saved plan
-stale, and a move that changes a decision changes the plan, which is compared exactly.
+serves); and, besides, the digests of the root's own files (an edit that changes no value, such as a comment, is
+still one the operator did not see). Two fingerprints that differ say which of these changed, in words. Memory
+figures enter rounded (``GPU_MEMORY_QUANTUM``, ``TMPFS_QUANTUM``): a figure that moves by a few pages does not make
+every saved plan stale, and a move that changes a decision changes the plan, which is compared exactly.
 
 ``plan_differences`` compares an approved plan (saved or shown) with the plan made now: its actions with their
-paths, container ids and hashes, its blockers, held lanes, fallbacks, satisfied containers and unavailable sources.
-Any difference, like any change of the fingerprint, makes the approval stale.
+paths, container ids, hashes and the full specification of their recipe (``spec``: everything the recipe says of how
+the lane is entered, probed, drained, slept and kept within its reserve, which its hash leaves out), its blockers,
+held lanes, fallbacks, satisfied containers and unavailable sources. Any difference, like any change of the
+fingerprint, makes the approval stale.
 
 Used by ``reconciler plan --out FILE`` (saved with the plan), ``reconciler apply FILE`` (a stale plan is refused
 with what changed) and the interactive ``apply`` (the host or the files changed between showing the plan and the
-approval: stop and show the new one). ``observed_parts``, ``input_parts``, ``plan_lines`` and ``plan_from_json``
-are pure; ``file_digests`` and ``secret_parts`` read files.
+approval: stop and show the new one). ``observed_parts``, ``input_parts``, ``plan_lines``, ``approval_json`` and
+``plan_from_json`` are pure; ``file_digests`` and ``secret_parts`` read files.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reconciler.base.redact import redact_data
 from reconciler.plan.actions import Action, ActionKind, Blocker, Fallback, Held, Plan
+from reconciler.plan.inputs import desired_changes, desired_lines, recipe_spec, source_lines
 from reconciler.plan.observed import LABEL_PREFIX, Observed
 
 if TYPE_CHECKING:
@@ -35,8 +42,11 @@ if TYPE_CHECKING:
 PLAN_FORMAT = "reconciler-plan/1"
 # The fingerprint's own version, saved beside its parts. 1 (no version saved): containers, GPU processes, offload
 # files and sources only. 2: every planner input. A saved plan of an older version is refused as stale: what it
-# did not record could have changed unseen.
-FINGERPRINT_VERSION = 2
+# did not record could have changed unseen. 3: the desired state as values and the commit in use (``desired``,
+# ``source``), and each action's full specification (``spec``) in the plan.
+FINGERPRINT_VERSION = 3
+# The parts told in words by ``reconciler.plan.inputs.desired_changes``, not line by line.
+_IN_WORDS = ("desired", "source")
 GPU_MEMORY_QUANTUM = 256 * 1024 * 1024
 TMPFS_QUANTUM = 64 * 1024 * 1024
 
@@ -151,7 +161,13 @@ def secret_parts(desired: DesiredState) -> list[str]:
 
 def input_parts(desired: DesiredState, observed: Observed, view: Mapping[str, Any] | None) -> dict[str, list[str]]:
     """Every input of the planner, as sorted lines per part (the files' digests aside)."""
-    return {**observed_parts(observed), "secrets": secret_parts(desired), "loop": loop_parts(view)}
+    return {
+        **observed_parts(observed),
+        "secrets": secret_parts(desired),
+        "loop": loop_parts(view),
+        "source": source_lines(desired),
+        "desired": desired_lines(desired),
+    }
 
 
 @dataclass(frozen=True)
@@ -190,7 +206,8 @@ class Fingerprint:
             old, new = before.files.get(name), self.files.get(name)
             if old != new:
                 out.append(f"{name} " + ("added" if old is None else "removed" if new is None else "edited"))
-        for part in sorted(set(before.parts) | set(self.parts)):
+        out += desired_changes(before.parts, self.parts)
+        for part in sorted((set(before.parts) | set(self.parts)) - set(_IN_WORDS)):
             old_lines, new_lines = set(before.parts.get(part, [])), set(self.parts.get(part, []))
             for line in sorted(old_lines - new_lines):
                 out.append(f"{part}: no longer {line}")
@@ -219,7 +236,7 @@ def plan_lines(data: Mapping[str, Any]) -> list[str]:
         out.append(
             f"{a.get('kind')} {a.get('recipe')}@{'+'.join(a.get('gpus') or ())} container={a.get('container')} "
             f"id={a.get('container_id')} hash={a.get('recipe_hash')} bytes={a.get('bytes')} "
-            f"paths={','.join(a.get('paths') or ()) or '-'}"
+            f"paths={','.join(a.get('paths') or ()) or '-'} spec={a.get('spec')}"
         )
     for b in data.get("blockers") or ():
         out.append(f"blocked {b.get('recipe')}@{'+'.join(b.get('gpus') or ())} by {b.get('holder')} ({b.get('cause')})")
@@ -234,6 +251,18 @@ def plan_lines(data: Mapping[str, Any]) -> list[str]:
     out += [f"kept serving {n}" for n in data.get("kept_serving") or ()]
     out += [f"unavailable {n}" for n in data.get("unavailable") or ()]
     return out
+
+
+def approval_json(p: Plan, desired: DesiredState) -> dict[str, Any]:
+    """Pure: a plan's JSON as an approval holds it (saved, or compared): redacted, each action with ``spec``, the
+    digest of its recipe whole as ``desired`` holds it (``reconciler.plan.inputs.recipe_spec``; None for an action
+    of no recipe, or of one no longer in the files). The recipe hash says when a container is made again; the spec
+    also how its lane is probed, drained, slept and kept within its reserve."""
+    data = redact_data(p.to_json())
+    for a in data.get("actions") or ():
+        recipe = desired.recipes.get(a.get("recipe") or "")
+        a["spec"] = recipe_spec(recipe) if recipe is not None else None
+    return data
 
 
 def plan_differences(approved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:

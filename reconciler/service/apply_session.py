@@ -14,11 +14,12 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from reconciler.apply.applier import Applier
-from reconciler.base.redact import redact_data
+from reconciler.base.errors import ReconcilerError
 from reconciler.plan.actions import ActionKind
 from reconciler.plan.fingerprint import (
     FINGERPRINT_VERSION,
     Fingerprint,
+    approval_json,
     file_digests,
     fingerprint,
     plan_differences,
@@ -52,14 +53,15 @@ class ApplySession:
     def changes_since(self, before: Fingerprint, approved: dict[str, Any] | None = None) -> list[str]:
         """What changed since ``before`` was taken, and, given the approved plan's JSON, how the plan made now
         differs from it. Taking ``approved`` makes it the plan ``run`` holds to."""
-        if before.version < FINGERPRINT_VERSION:
+        if before.version != FINGERPRINT_VERSION:
             return [
-                f"the plan was saved by an earlier version of reconciler (fingerprint {before.version}, "
-                f"{FINGERPRINT_VERSION} now), which did not record every input of the plan; save it again"
+                f"the plan was saved by {'an earlier' if before.version < FINGERPRINT_VERSION else 'another'} "
+                f"version of reconciler (fingerprint {before.version}, {FINGERPRINT_VERSION} now), which did not "
+                "record its inputs as this one does; save it again (`reconciler plan --out FILE`)"
             ]
         changes = self.shown.changes_since(before)
         if approved is not None:
-            changes += plan_differences(approved, redact_data(self.plan.to_json()))
+            changes += plan_differences(approved, approval_json(self.plan, self.applier.desired))
             try:
                 self.approved = plan_from_json(approved)
             except ValueError as exc:
@@ -67,12 +69,21 @@ class ApplySession:
         return changes
 
     def refresh(self) -> list[str]:
-        """Observe and plan again; what changed since the plan was shown, the plan itself included (then the new
-        plan is the one to show)."""
+        """Observe and plan again, and load the desired state again (a commit the loop took, a file edited while
+        the plan waited: the plan shown was made from the state loaded before); what changed since the plan was
+        shown, the plan itself included (then the new plan is the one to show)."""
+        files = file_digests(self.service.root)
+        changes: list[str] = []
+        try:
+            desired = self.service.desired()
+        except ReconcilerError as exc:
+            desired = self.applier.desired
+            changes.append(f"the desired state no longer loads: {exc}")
         self.observed, self.plan = self.applier.plan_now()
-        now = fingerprint(file_digests(self.service.root), self.applier.desired, self.observed, self.view)
-        changes = now.changes_since(self.shown)
-        changes += plan_differences(redact_data(self.approved.to_json()), redact_data(self.plan.to_json()))
+        now = fingerprint(files, desired, self.observed, self.view)
+        changes += now.changes_since(self.shown)
+        mine = self.applier.desired
+        changes += plan_differences(approval_json(self.approved, mine), approval_json(self.plan, mine))
         self.shown = now
         if changes:
             self.approved = self.plan  # what is shown next

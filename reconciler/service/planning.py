@@ -32,7 +32,7 @@ def plan_host(service: HostService, *, save: bool = False, out: str | None = Non
     fp = fingerprint(files, desired, observed, view)
     result = PlanResult(desired, observed, p, fingerprint=fp)
     if save:
-        result.plan_id = save_plan(desired.host.name, p, fp)
+        result.plan_id = save_plan(desired.host.name, p, fp, desired)
     if out:
-        write_private(out, plan_document(p, fp), files=service.files)
+        write_private(out, plan_document(p, fp, desired), files=service.files)
     return result

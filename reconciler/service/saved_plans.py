@@ -17,21 +17,25 @@ from typing import TYPE_CHECKING, Any
 from reconciler.base import fsafe
 from reconciler.base.errors import ReconcilerError
 from reconciler.base.redact import redact_data
-from reconciler.plan.fingerprint import PLAN_FORMAT, Fingerprint
+from reconciler.plan.fingerprint import PLAN_FORMAT, Fingerprint, approval_json
 from reconciler.store.state import checked_subdir, host_dir
 
 if TYPE_CHECKING:
+    from reconciler.model import DesiredState
     from reconciler.plan.actions import Plan
 
 
-def plan_document(p: Plan, fingerprint: Fingerprint, *, plan_id: str | None = None) -> dict[str, Any]:
-    """A saved plan: the plan and the fingerprint of what it was made from (redacted: reasons quote commands)."""
+def plan_document(
+    p: Plan, fingerprint: Fingerprint, desired: DesiredState, *, plan_id: str | None = None
+) -> dict[str, Any]:
+    """A saved plan: the plan (each action with the full specification of its recipe, ``approval_json``) and the
+    fingerprint of what it was made from (redacted: reasons quote commands)."""
     doc = {
         "format": PLAN_FORMAT,
         "host": p.host,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "fingerprint": fingerprint.to_json(),
-        "plan": p.to_json(),
+        "plan": approval_json(p, desired),
     }
     if plan_id:
         doc["plan_id"] = plan_id
@@ -90,14 +94,14 @@ def _newer_format(value: object) -> str | None:
     return None
 
 
-def save_plan(host: str, p: Plan, fp: Fingerprint) -> str:
+def save_plan(host: str, p: Plan, fp: Fingerprint, desired: DesiredState) -> str:
     """Keep a plan in the host's store under a new ``plan_id`` (older ones pruned first), and return the id."""
     import uuid  # here: with platform, 3 ms of every command's start, for a saved plan's name
 
     plan_id = uuid.uuid4().hex
     d = checked_subdir(host, "plans", create=True)
     prune_old_plans(d)
-    write_private(str(d / f"{plan_id}.json"), plan_document(p, fp, plan_id=plan_id))
+    write_private(str(d / f"{plan_id}.json"), plan_document(p, fp, desired, plan_id=plan_id))
     return plan_id
 
 

@@ -1,8 +1,14 @@
-"""``reconciler switch NAME`` (and ``POST /v1/switch``, MCP ``host_manage`` action ``switch`` once they stand on it):
+"""``reconciler switch NAME`` (and ``POST /v1/switch``, MCP ``host_manage`` action ``switch``, which stand on it):
 the manifest's ``topology:`` set to NAME, every other byte of the file kept (``load.topology_edit``), written
 atomically with the file's mode and owner, refused when NAME is no topology of the manifest or when the file changed
-after it was read. Audited with its caller. It changes the desired state only: the loop (or the next ``apply``)
-converges it, as it would a hand edit.
+after it was read. Audited with its caller, as it ended (switched, or refused and why). It changes the desired state
+only: the loop (or the next ``apply``) converges it, as it would a hand edit.
+
+Switches are serialised (docs/design.md, safety rule 8): the bytes read are the ones the edit is made from, their
+``topology:`` must be the one the desired state was validated with, and the check that the file still holds exactly
+those bytes and the write happen under one lock (``store.lock.manifest_edit_lock``) taken by every switch of the
+host, from any front-end and any process. Of two switches at once one wins; the other finds the bytes changed and is
+refused, changing nothing, never writing over the first with a state it did not see.
 
 Called by ``reconciler.service.host_service.HostService.switch``.
 """
@@ -16,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from reconciler.base.errors import ReconcilerError
 from reconciler.base.fsafe import read_trusted, write_atomic
-from reconciler.load.topology_edit import TopologyEditError, set_topology
+from reconciler.load.topology_edit import TopologyEditError, set_topology, topology_of
+from reconciler.store.lock import manifest_edit_lock
 
 if TYPE_CHECKING:
     from reconciler.service.host_service import HostService
@@ -77,24 +84,35 @@ def switch_topology(service: HostService, name: str) -> SwitchResult:
         )
     path = Path(service.root) / desired.manifest_path
     read = read_trusted(path, what="the manifest")
-    if name == desired.topology:
-        return SwitchResult(host, desired.manifest_path, name, name)
+    changed = f"{desired.manifest_path} changed while the switch read it: run the switch again"
     try:
-        edited = set_topology(read.decode("utf-8"), name)
+        text = read.decode("utf-8")
+        before = topology_of(text)
     except (TopologyEditError, UnicodeDecodeError) as exc:
         raise _refused(service, host, name, f"{desired.manifest_path}: {exc}") from None
-    st = os.stat(path)
-    if read_trusted(path, what="the manifest") != read:
-        raise _refused(
-            service, host, name, f"{desired.manifest_path} changed while the switch read it: run the switch again"
-        )
-    write_atomic(path, edited, mode=st.st_mode & 0o777)
-    if os.geteuid() == 0 and (st.st_uid, st.st_gid) != (0, 0):
-        os.chown(path, st.st_uid, st.st_gid)  # the operator's file stays the operator's
-    service.record(
-        "switch", outcome="ok", reason=f"topology {desired.topology} -> {name}", manifest=desired.manifest_path
-    )
-    return SwitchResult(host, desired.manifest_path, desired.topology, name)
+    if before != desired.topology:
+        raise _refused(service, host, name, changed)  # another switch (or a hand) wrote after it was validated
+    if name == before:
+        return SwitchResult(host, desired.manifest_path, name, name)
+    try:
+        edited = set_topology(text, name)
+    except TopologyEditError as exc:
+        raise _refused(service, host, name, f"{desired.manifest_path}: {exc}") from None
+    try:
+        with manifest_edit_lock(host):
+            # Under the lock: the file holds exactly the bytes the edit was made from, or another edit came first.
+            if read_trusted(path, what="the manifest") != read:
+                raise _refused(service, host, name, changed)
+            st = os.stat(path)
+            write_atomic(path, edited, mode=st.st_mode & 0o777)
+            if os.geteuid() == 0 and (st.st_uid, st.st_gid) != (0, 0):
+                os.chown(path, st.st_uid, st.st_gid)  # the operator's file stays the operator's
+            service.record(
+                "switch", outcome="ok", reason=f"topology {before} -> {name}", manifest=desired.manifest_path
+            )
+    except TimeoutError as exc:
+        raise _refused(service, host, name, f"{exc}: run the switch again") from None
+    return SwitchResult(host, desired.manifest_path, before, name)
 
 
 def _refused(service: HostService, host: str, name: str, why: str) -> SwitchRefused:

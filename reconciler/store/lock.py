@@ -1,6 +1,7 @@
 """One reconciler per host: an advisory lock (flock) on a file that says who holds it; and the runtime directory.
 
-Taken by ``reconciler apply``, ``reconciler run`` and the service's destructive calls. The kernel drops a flock when
+Taken by ``reconciler apply``, ``reconciler run`` and the service's destructive calls; ``manifest_edit_lock``, by a
+switch (``reconciler.service.switch``), serialises the edits of a host's manifest, with or without a loop running. The kernel drops a flock when
 its holder dies, so the lock of a dead process is simply taken over; the file's content (pid, command, start time)
 is only for the message that a refused second instance prints.
 
@@ -14,14 +15,17 @@ checked to be ours and locked by us.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from reconciler.base import fsafe
 from reconciler.base.errors import ReconcilerError
+from reconciler.store.state import checked_host_dir
 
 DEFAULT_DIR = "/run/reconciler"
 ENV = "RECONCILER_LOCK_DIR"
@@ -125,3 +129,39 @@ class HostLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+@contextlib.contextmanager
+def manifest_edit_lock(host: str, *, timeout_s: float = 10.0) -> Iterator[None]:
+    """One edit of the host's manifest at a time, in this process and across processes (``reconciler switch`` from
+    the command line, the HTTP API and MCP, a loop's and a stand-alone command's alike): an flock on
+    ``STATE_DIR/HOST/manifest-edit.lock``, each holder with its own open file, so two threads of one process exclude
+    each other as two processes do. Waited for at most ``timeout_s`` (an edit takes milliseconds); then
+    TimeoutError, saying who waited for what. The loop's host lock is not this one: a switch goes on while the loop runs."""
+    path = checked_host_dir(host, create=True) / "manifest-edit.lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY, 0o600)
+    except OSError as exc:
+        raise ReconcilerError(f"cannot take the manifest's edit lock {path}: {exc.strerror or exc}") from None
+    try:
+        try:
+            fsafe.check_fd(fd, path, what="the manifest's edit lock")
+        except fsafe.UnsafePath as exc:
+            raise ReconcilerError(f"cannot take the manifest's edit lock: {exc}") from None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"another edit of the manifest of {host} held {path} for over {timeout_s:g} s"
+                    ) from None
+                time.sleep(0.01)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

@@ -191,11 +191,69 @@ def test_a_saved_plan_of_an_earlier_version_is_refused_as_stale(root: Root, tmp_
     saved = tmp_path / "old.json"
     assert root.cli("plan", "--out", str(saved)).rc == 2
     doc = json.loads(saved.read_text())
-    del doc["fingerprint"]["version"]
-    saved.write_text(json.dumps(doc))
-    r = root.cli("apply", str(saved))
-    assert r.rc == 1 and "saved by an earlier version of reconciler" in r.stderr and "save it again" in r.stderr, r
+    # No version (the first release), and 2: the release before the desired state was held as values.
+    for version in (None, 2):
+        if version is None:
+            del doc["fingerprint"]["version"]
+        else:
+            doc["fingerprint"]["version"] = version
+        saved.write_text(json.dumps(doc))
+        r = root.cli("apply", str(saved))
+        assert r.rc == 1 and "saved by an earlier version of reconciler" in r.stderr, r
+        assert "save it again (`reconciler plan --out FILE`)" in r.stderr, r
     assert root.containers() == []
+
+
+@pytest.mark.docker
+@pytest.mark.root
+def test_a_plan_saved_under_one_commit_is_stale_once_the_next_changed_only_a_probe(root: Root, tmp_path: Path) -> None:
+    """Desired state from a real git repository: a plan saved under commit A, then commit B, which changes only the
+    lane's preflight probe (no part of the recipe's hash), taken by the host before the saved plan is applied. The
+    fingerprint holds the desired state as values and the commit in use, and the plan each action's full recipe:
+    refused as stale (exit 1), the commits and the probe named in words, nothing started (safety rule 13)."""
+    import tomllib
+
+    from e2e_helpers import dump_recipe
+
+    from real.test_git_source import Repo, follow
+
+    omni = root.recipe("omni")
+    data = tomllib.loads((root.path / "configs" / "recipes" / f"{omni}.toml").read_text())
+    (smoke,) = [p for p in data["probes"] if p["name"] == "smoke"]
+    repo = Repo(tmp_path / "repo")
+    repo.write(f"configs/recipes/{omni}.toml", dump_recipe(data))
+    repo.manifest(root.host, (omni, [B]))
+    first = repo.commit("omni on b")
+    follow(root, str(repo.path))
+    assert root.cli("sync").rc == 0
+    saved = tmp_path / "under-a.json"
+    p = root.cli("plan", "--out", str(saved), "--json")
+    assert p.rc == 2 and [a["kind"] for a in p.data["actions"]] == ["enter"], p
+    doc = json.loads(saved.read_text())
+    assert doc["fingerprint"]["parts"]["source"] == [f"commit {first}"], doc["fingerprint"]["parts"]["source"]
+
+    smoke["max_latency_s"] = 9  # the preflight probe alone: the recipe's hash leaves probes out
+    repo.write(f"configs/recipes/{omni}.toml", dump_recipe(data))
+    second = repo.commit("omni: a slower smoke probe")
+    r = root.cli("--json", "sync")
+    assert r.rc == 0 and r.data["source"]["commit"] == second, r
+    assert root.cli("plan", "--json").data["actions"] == p.data["actions"], "the same steps under commit B"
+
+    words = f"the git source moved from {first[:7]} to {second[:7]}: recipe {omni}'s probe smoke changed"
+    r = root.cli("apply", str(saved), "--json")
+    assert r.rc == 1 and r.data["result"] == "stale", r
+    assert words in r.data["changes"], r.data["changes"]
+    assert any(c.startswith(f"plan: now enter {omni}@") for c in r.data["changes"]), r.data["changes"]
+    r = root.cli("apply", str(saved))
+    assert r.rc == 1 and "is stale; nothing was changed" in r.stderr and words in r.stderr, r
+    assert root.containers() == [], "nothing was started"
+    # Saved again under commit B, it runs (saved again while other tests' containers on this engine made it stale).
+
+    def again() -> dict[str, Any]:
+        assert root.cli("plan", "--out", str(saved)).rc == 2
+        return root.cli("apply", str(saved), "--json").data  # type: ignore[no-any-return]
+
+    assert _unless_the_engine_moved(again)["result"] == "converged"
 
 
 # ---------------------------------------------------------------- the prompt
@@ -285,6 +343,55 @@ def test_an_adopt_during_the_prompt_stops_no_container_that_was_not_on_screen(
     assert "ownership: now adopted" in text, text
     state = root.api.inspect_container(legacy)["State"]["Status"]
     assert state == "running", "a container that was not on screen was stopped"
+
+
+@pytest.mark.docker
+@pytest.mark.root
+def test_a_commit_taken_while_the_prompt_waits_makes_the_approval_stale(
+    root: Root, tmp_path: Path, start_loop: Callable[..., LoopProcess]
+) -> None:
+    """An interactive apply the loop serves, with desired state from git: while its prompt waits, `reconciler sync`
+    takes a commit that changes only the lane's preflight probe. The answer finds the desired state loaded again
+    and the approval stale, in words; nothing starts (safety rule 13)."""
+    import time
+    import tomllib
+
+    from e2e_helpers import dump_recipe
+
+    from real.test_git_source import Repo, follow
+
+    omni = root.recipe("omni")
+    data = tomllib.loads((root.path / "configs" / "recipes" / f"{omni}.toml").read_text())
+    repo = Repo(tmp_path / "repo")
+    repo.write(f"configs/recipes/{omni}.toml", dump_recipe(data))
+    repo.manifest(root.host)
+    repo.commit("nothing yet")
+    follow(root, str(repo.path))
+    assert root.cli("sync").rc == 0
+    lp = start_loop("--debounce", "60").started()
+    # A file event: the loop's next pass waits out its 60 s debounce, so it enters nothing meanwhile.
+    mark = lp.mark()
+    (root.path / "configs" / "touch.txt").write_text(str(time.time()))
+    time.sleep(0.3)
+    repo.manifest(root.host, (omni, [B]))
+    first = repo.commit("omni on b")
+    assert root.cli("sync").rc == 0
+
+    def take_a_probe_change() -> None:
+        (smoke,) = [p for p in data["probes"] if p["name"] == "smoke"]
+        smoke["max_latency_s"] = 9
+        repo.write(f"configs/recipes/{omni}.toml", dump_recipe(data))
+        nonlocal second
+        second = repo.commit("omni: a slower smoke probe")
+        assert root.cli("sync").rc == 0
+
+    second = ""
+    rc, text = _apply_on_a_terminal(root, take_a_probe_change)
+    assert not lp.find("pass", after=mark), "the loop passed within its debounce"
+    assert rc == 1 and "changed while the plan waited for approval" in text, text
+    words = f"the git source moved from {first[:7]} to {second[:7]}: recipe {omni}'s probe smoke changed"
+    assert words in text, text
+    assert root.containers() == [], "nothing was started"
 
 
 # ---------------------------------------------------------------- served by the loop: command line, API, MCP

@@ -100,3 +100,112 @@ def test_a_file_changed_while_the_switch_read_it_is_refused(
     with pytest.raises(SwitchRefused, match="changed while the switch read it"):
         HostService(str(root), caller=user_caller("cli", uid=os.getuid())).switch("exclusive")
     assert path.read_text().endswith("# an operator's edit meanwhile\n") and "topology: split" in path.read_text()
+
+
+THREE = (
+    "# three topologies, and comments that must survive\n"
+    + SPLIT_AND_EXCLUSIVE.replace("topology: split", "topology: split  # the usual")
+    + "  solo-a:   # omni alone, on the other card\n    - recipe: omni\n      gpus: [dark-compute-a]\n"
+)
+
+
+@pytest.mark.parametrize("targets", [("exclusive", "solo-a"), ("exclusive", "exclusive")])
+def test_two_switches_at_once_one_wins_and_the_other_is_refused_as_changed(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, targets: tuple[str, str]
+) -> None:
+    """Two switches of one manifest at once (two threads of one process, each as the HTTP API or MCP would call it):
+    both read the file before either writes, and each write is slow. One lock serialises the check of the bytes
+    read and the write (safety rule 8): exactly one wins, the other is refused as changed, the file holds the
+    winner's topology with every other byte kept, and both are in the audit trail as they ended."""
+    import threading
+    import time
+
+    import reconciler.service.switch as switch_mod
+
+    monkeypatch.setenv("RECONCILER_STATE_DIR", str(tmp_path / "state"))
+    manifest(root, THREE)
+    path = root / "manifests" / "demo.yaml"
+    both_read = threading.Barrier(2, timeout=30)
+    real_edit, real_write = switch_mod.set_topology, switch_mod.write_atomic
+
+    def edit_once_both_read(text: str, name: str) -> str:
+        both_read.wait()  # each has read the file: neither has written
+        return real_edit(text, name)
+
+    def slow_write(*args: object, **kw: object) -> None:
+        time.sleep(0.3)  # wide open for the other switch, were its check and write not under the lock
+        real_write(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(switch_mod, "set_topology", edit_once_both_read)
+    monkeypatch.setattr(switch_mod, "write_atomic", slow_write)
+    ended: dict[int, object] = {}
+
+    def switch_to(i: int, name: str) -> None:
+        svc = HostService(str(root), caller=user_caller("api", uid=os.getuid()))
+        try:
+            ended[i] = svc.switch(name)
+        except SwitchRefused as exc:
+            ended[i] = exc
+
+    threads = [threading.Thread(target=switch_to, args=(i, n)) for i, n in enumerate(targets)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    won = [i for i, r in ended.items() if not isinstance(r, Exception)]
+    lost = [i for i, r in ended.items() if isinstance(r, SwitchRefused)]
+    assert len(won) == 1 and len(lost) == 1, ended
+    winner = targets[won[0]]
+    assert "changed while the switch read it" in str(ended[lost[0]]), ended
+    assert path.read_text() == THREE.replace("topology: split ", f"topology: {winner} ", 1)
+    records = [
+        r for r in HostService(str(root), caller=user_caller("cli", uid=0)).audit().records if r["action"] == "switch"
+    ]
+    assert sorted(r["outcome"] for r in records) == ["ok", "refused"], records
+    (ok,) = [r for r in records if r["outcome"] == "ok"]
+    (refused,) = [r for r in records if r["outcome"] == "refused"]
+    assert ok["reason"] == f"topology split -> {winner}" and "changed while the switch read it" in refused["reason"]
+
+
+def test_switches_racing_through_the_command_line_lose_no_update(root: Path, tmp_path: Path) -> None:
+    """Two `reconciler switch` processes started at once, a few times over: whichever order they end in, no switch
+    writes over another it did not see. Every exit 0 that switched is an audited "ok" and every exit 1 an audited
+    refusal; the
+    "ok" records chain (each switches from the topology the one before it set) and the file holds the last one's
+    topology with every other byte kept (safety rule 8)."""
+    env = {"RECONCILER_STATE_DIR": str(tmp_path / "state")}
+    manifest(root, THREE)
+    path = root / "manifests" / "demo.yaml"
+    base = [sys.executable, "-m", "reconciler", "--root", str(root), "switch"]
+    outcomes: list[tuple[int, bool]] = []  # (exit code, switched: not "already" that topology)
+    for targets in (("exclusive", "solo-a"), ("split", "exclusive"), ("solo-a", "split")):
+        procs = [
+            (
+                name,
+                subprocess.Popen(
+                    [*base, name], env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                ),
+            )
+            for name in targets
+        ]
+        for name, proc in procs:
+            out, err = proc.communicate(timeout=60)
+            assert proc.returncode in (0, 1) and "Traceback" not in err, err
+            assert proc.returncode == 0 or "changed while the switch read it" in err, err
+            outcomes.append((proc.returncode, f"topology is {name} already" not in out))
+    audit = subprocess.run(
+        [sys.executable, "-m", "reconciler", "--root", str(root), "audit", "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+    )
+    records = [r for r in json.loads(audit.stdout)["records"] if r.get("action") == "switch"]
+    oks = [r["reason"].removeprefix("topology ").split(" -> ") for r in records if r["outcome"] == "ok"]
+    refused = [r for r in records if r["outcome"] == "refused"]
+    assert len(oks) == sum(rc == 0 and switched for rc, switched in outcomes), (outcomes, records)
+    assert len(refused) == sum(rc == 1 for rc, _ in outcomes), (outcomes, records)
+    now = "split"
+    for before, after in oks:
+        assert before == now, f"a switch wrote over one it did not see: {oks}"
+        now = after
+    assert path.read_text() == THREE.replace("topology: split ", f"topology: {now} ", 1)

@@ -933,7 +933,7 @@ class HostMachine(RuleBasedStateMachine):
         observed, p = applier.plan_now()
         self._judge_darkening(p, live)
         fp = fingerprint(files, desired, observed, loop_view(desired.host.name))
-        self.saved.append(json.loads(json.dumps(plan_document(p, fp))))
+        self.saved.append(json.loads(json.dumps(plan_document(p, fp, desired))))
 
     @precondition(lambda self: self.world is not None and self.saved)
     @rule(pick=st.integers(0, 3))
