@@ -82,15 +82,16 @@ from reconciler.api.page import ROUTES as PAGE_ROUTES
 from reconciler.api.page import page_state
 from reconciler.api.refusals import Refusals
 from reconciler.api.routes import AppContext
-from reconciler.api.tokens import ApiToken, resolve_token
+from reconciler.api.tls import TlsFiles, check_tls
+from reconciler.api.tokens import PUBLIC, Tokens, resolve_tokens
 
-__all__ = ["Supervisor", "build_app", "check_exposure", "resolve_token", "split_addr"]
+__all__ = ["Supervisor", "build_app", "check_exposure", "check_tls", "resolve_tokens", "split_addr"]
 
 
 def build_app(
     root: str,
     *,
-    token: ApiToken,
+    tokens: Tokens,
     pass_lock: Any,
     bind_host: str = "127.0.0.1",
     port: int = 0,
@@ -104,17 +105,19 @@ def build_app(
     hooks: Any = None,
     on_refusal: Callable[[int, str], None] | None = None,
     on_drop: Callable[[str], None] | None = None,
+    tls: TlsFiles | None = None,
 ) -> Any:
     """The ASGI app (the ``Guard`` around Starlette): ``ENDPOINTS``, and MCP at /mcp. ``host``: the host's name, for
     the audit records of refused requests; ``port``: the listener's (the Host check); ``on_refusal(status, reason)``
-    and ``on_drop(reason)``: the metrics of refused requests and dropped connections."""
+    and ``on_drop(reason)``: the metrics of refused requests and dropped connections; ``tls``: the listener serves
+    HTTPS with it (its ``Listener`` reads it from the app) and /metrics then needs a token too."""
     # An optional SDK (mcp, through the MCP server: about half a second of imports), loaded here rather than with the
     # package, so that a listener refused for its address or its token (``split_addr``, ``check_exposure``) is
     # refused as soon as before.
     from reconciler.mcp_server import build_server
 
     ctx = AppContext(
-        root, token, pass_lock, host=host, log=log, metrics=metrics, health=health, cancel=cancel, hooks=hooks
+        root, tokens, pass_lock, host=host, log=log, metrics=metrics, health=health, cancel=cancel, hooks=hooks
     )
     allowed = AllowedHosts.of(bind_host, port, api_hosts)
     mcp = build_server(
@@ -140,4 +143,7 @@ def build_app(
     app.state.ctx = ctx
     refusals = Refusals(log=log, audit=ctx.audit, on_count=on_refusal, on_drop=on_drop)
     app.state.page = page_state(ctx, refusals, busy=getattr(pass_lock, "busy", None), cancel=cancel)
-    return Guard(app, token=token, allowed=allowed, max_body=max_body, refusals=refusals)
+    public = PUBLIC if tls is None else frozenset({"/healthz"})
+    guard = Guard(app, tokens=tokens, allowed=allowed, max_body=max_body, refusals=refusals, public=public)
+    guard.tls = tls
+    return guard

@@ -39,7 +39,7 @@ from reconciler.loop.refusals import pass_refusals, reclaim_refusals
 from reconciler.loop.runtime import FairLock
 from reconciler.loop.source import SourceFollower
 from reconciler.loop.triggers import EngineEvents, Triggers, watch_files
-from reconciler.model import DesiredState, assignment_key, container_name
+from reconciler.model import ApiConfig, DesiredState, assignment_key, container_name
 from reconciler.observe.docker_obs import DockerObserver
 from reconciler.plan.actions import ActionKind, Plan
 from reconciler.plan.vram import vram_by_slot
@@ -116,7 +116,7 @@ class Loop:
             return 1
         with HostLock(desired.host.name, command="run"):
             self._install_signals()
-            self._start_front_ends(desired.host.name)
+            self._start_front_ends(desired.host.name, desired.host.api)
             watcher = watch_files(self.root, self.triggers)
             EngineEvents(
                 triggers=self.triggers,
@@ -154,7 +154,7 @@ class Loop:
                 self.log("exit", reason="signal" if not self.exit_code else "listener", passes=self.passes)
         return self.exit_code
 
-    def _start_front_ends(self, host: str) -> None:
+    def _start_front_ends(self, host: str, api: ApiConfig | None = None) -> None:
         """Start each front-end in its order; one that cannot start closes those started before it, and its error
         ends the loop before its first pass."""
         hosting = Hosting(
@@ -170,6 +170,7 @@ class Loop:
             on_shm_reclaim=self._count_shm_reclaim,
             fatal=self._listener_lost,
             wake=self.triggers.fire,
+            api=api,
         )
         try:
             for front in self.front_ends:

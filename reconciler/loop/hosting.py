@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from reconciler.loop.log import Log
     from reconciler.loop.metrics import Metrics
     from reconciler.loop.runtime import FairLock
+    from reconciler.model import ApiConfig
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class Hosting:
     ``on_outcome``, ``on_reclaim``, ``on_shm_reclaim``: count an action, a guarded reclaim's refusals, a confirmed
     ``shm reclaim`` of a front-end in the loop's metrics; ``fatal``: the front-end cannot go on, the loop ends with
     exit 1 (its supervisor restarts it); ``wake``: look again now, for a reason (a front-end's sync took a
-    commit)."""
+    commit); ``api``: host.yaml's ``api`` section as the loop started (its listener's TLS)."""
 
     root: str
     host: str
@@ -42,6 +43,7 @@ class Hosting:
     on_shm_reclaim: Callable[[Any], None]
     fatal: Callable[[str], None]
     wake: Callable[[str], None] = lambda _reason: None
+    api: ApiConfig | None = None
 
 
 class FrontEnd(Protocol):

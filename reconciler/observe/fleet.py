@@ -2,12 +2,15 @@
 timeout, its answer or why there is none (``HostRow``). Never guessed: a host that does not answer is unreachable.
 
 Read by ``reconciler fleet status`` (``reconciler.service.fleet``) and by a host waiting for its canaries
-(``reconciler.load.source_sync``). A token is sent to its own host only and never shown.
+(``reconciler.load.source_sync``). A token is sent to its own host only and never shown; to an https:// host only
+once its certificate is verified (against the CA of its fleet entry, else this machine's) for the URL's address or
+name: a listener that cannot prove it is the host's gets no token.
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -105,6 +108,14 @@ class HostRow:
         }
 
 
+def _refused(code: int) -> str:
+    if code == 401:
+        return " (the token is refused)"
+    if code == 403:
+        return " (the token's scope does not allow it)"
+    return ""
+
+
 def ask_host(h: FleetHost, timeout: float) -> HostRow:
     """One host's status, or why there is none."""
     t0 = time.monotonic()
@@ -119,16 +130,25 @@ def ask_host(h: FleetHost, timeout: float) -> HostRow:
         value = token.decode("ascii").strip()
     except (OSError, fsafe.UnsafePath, UnicodeDecodeError) as exc:
         return row(f"cannot read its token file {h.token_file}: {getattr(exc, 'strerror', None) or exc}")
+    try:
+        context = ssl.create_default_context(cafile=h.ca) if h.url.startswith("https:") else None
+    except (OSError, ssl.SSLError) as exc:
+        return row(f"cannot read its CA file {h.ca}: {getattr(exc, 'strerror', None) or exc}; no token was sent")
     req = urllib.request.Request(h.url + "/v1/status", method="GET")  # noqa: S310 - http(s) only (model.fleet)
     req.add_header("Authorization", f"Bearer {value}")
     try:
-        with direct_http.opener().open(req, timeout=timeout) as resp:
+        with direct_http.opener(context).open(req, timeout=timeout) as resp:
             body = resp.read(ANSWER_LIMIT + 1)
     except urllib.error.HTTPError as exc:
-        return row(
-            f"GET {h.url}/v1/status answered {exc.code}" + (" (the token is refused)" if exc.code == 401 else "")
-        )
+        return row(f"GET {h.url}/v1/status answered {exc.code}" + _refused(exc.code))
     except direct_http.errors() as exc:
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, ssl.SSLCertVerificationError):
+            trusted = f"the CA of {h.ca}" if h.ca else "this machine's CAs (give the host's CA: ca: FILE)"
+            return row(
+                f"{h.url} is not the host's listener as far as its certificate proves ({reason.verify_message}, "
+                f"verified against {trusted}): no token was sent"
+            )
         return row(f"no answer from {h.url} within {timeout:g} s: {type(exc).__name__}: {exc}")
     if len(body) > ANSWER_LIMIT:
         return row(f"{h.url}/v1/status answered more than {ANSWER_LIMIT >> 20} MiB")
