@@ -8,6 +8,7 @@ reaches it.
 - the read token (``api-token-read`` beside ``api-token``, made 0600 on first start): reads are answered, and every
   write (apply, switch, reclaim, sync, a plan kept for an apply, MCP) is 403 naming the scope and changes nothing;
   a page session opened with it is read-only; the page's session cookie is ``Secure``;
+- a real Prometheus with examples/prometheus-fleet.yml's job as shipped (https, the CA, the read token) scrapes it;
 - ``fleet status`` with the host's CA reads it; with another CA it refuses, says why, and sends no token (the
   recording listener gets not one byte of a request);
 - neither token is in the loop's log, its metrics, or any output.
@@ -32,7 +33,7 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e_helpers import LoopProcess, Root
+from e2e_helpers import LoopProcess, Root, fleet_prometheus, stop_process, wait_until
 
 from real.test_api import TOKEN, token_file
 
@@ -355,3 +356,42 @@ def test_remote_without_tls_is_refused_unless_insecure_and_a_bad_key_is_refused_
     _set_api(root, {"tls": {"cert": str(pki.cert), "key": str(pki.key)}, "insecure": True})
     r = root.cli("validate", timeout=30)
     assert r.rc == 1 and "configs/host.yaml" in r.stderr and "drop insecure" in r.stderr, r
+
+
+def test_prometheus_scrapes_the_tls_listener_with_the_read_token_as_the_fleet_example_says(
+    tls_loop: tuple[LoopProcess, str, Pki, str], root: Root, tmp_path: Path
+) -> None:
+    lp, _, pki, read = tls_loop
+    read_file = token_file(tmp_path, value=read, name="api-token-read")
+    (tmp_path / "prom").mkdir()
+    prom, base = fleet_prometheus(tmp_path / "prom", [(lp.addr, root.host)], tls=(pki.ca, read_file))
+    try:
+        check = subprocess.run(
+            ["promtool", "check", "config", str(tmp_path / "prom" / "prometheus.yml")],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert check.returncode == 0, check.stdout + check.stderr
+
+        def scraped() -> dict[str, Any] | None:
+            q = urllib.parse.quote('up{job="reconciler"}')
+            try:
+                conn = http.client.HTTPConnection(
+                    base.removeprefix("http://").split(":")[0], int(base.rsplit(":", 1)[1])
+                )
+                conn.request("GET", "/api/v1/targets?state=active")
+                targets = json.loads(conn.getresponse().read())["data"]["activeTargets"]
+                conn.request("GET", f"/api/v1/query?query={q}")
+                result = json.loads(conn.getresponse().read())["data"]["result"]
+                conn.close()
+            except (OSError, ValueError, KeyError):
+                return None  # Prometheus still starting
+            up = [r for r in result if r["value"][1] == "1"]
+            return {"targets": targets} if up else None
+
+        got = wait_until(scraped, timeout=60, what="Prometheus scraping the TLS listener with the read token")
+        (target,) = got["targets"]
+        assert target["scrapeUrl"].startswith("https://") and target["health"] == "up", target
+    finally:
+        stop_process(prom)
