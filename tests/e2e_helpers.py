@@ -118,11 +118,17 @@ def running_prometheus(
 
 
 def fleet_prometheus(
-    workdir: Path, targets: Sequence[tuple[str, str]], *, ip: str = "127.0.0.1"
+    workdir: Path,
+    targets: Sequence[tuple[str, str]],
+    *,
+    ip: str = "127.0.0.1",
+    tls: tuple[Path, Path] | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """A real Prometheus on ``ip`` with examples/prometheus-fleet.yml's job over ``targets`` ((HOST:PORT, host name)
     each) and the shipped alert rules, their for: 5m shortened to 0s (expressions and summaries as shipped), storing
-    under ``workdir``. (it, its base URL); the caller stops it (``stop_process``)."""
+    under ``workdir``. ``tls``: (the CA's file, the read token's file) for the job's tls_config and authorization as
+    shipped; without it the targets are scraped over plain HTTP (loopback, or api.insecure). (it, its base URL); the
+    caller stops it (``stop_process``)."""
     rules = workdir / "alerts.yml"
     rules.write_text((REPO / "configs/prometheus/alerts.yml").read_text().replace("for: 5m", "for: 0s"))
     config = yaml.safe_load((REPO / "examples/prometheus-fleet.yml").read_text())
@@ -132,6 +138,12 @@ def fleet_prometheus(
     config["scrape_configs"][0]["static_configs"] = [
         {"targets": [addr], "labels": {"host": host}} for addr, host in targets
     ]
+    job = config["scrape_configs"][0]
+    if tls is None:
+        for key in ("scheme", "tls_config", "authorization"):
+            job.pop(key)
+    else:
+        job["tls_config"]["ca_file"], job["authorization"]["credentials_file"] = (str(p) for p in tls)
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     server = shutil.which("prometheus")

@@ -30,7 +30,9 @@ Security, in the order the ``Guard`` checks a request, before any route sees it:
   its login form gives for the same token) needs ``Authorization: Bearer TOKEN`` (compared in constant time), reads
   included. The token comes from ``--api-token-file``, ``$RECONCILER_API_TOKEN``, or a file generated on first
   start (0600, ``$RECONCILER_STATE_DIR/HOST/api-token``), each file trusted by owner and mode; its name (the file's
-  name, or ``env``) is the caller in the audit trail, its value is never logged or answered;
+  name, or ``env``) is the caller in the audit trail, its value is never logged or answered. Beside it the read
+  token (``api-token-read``, generated likewise) is answered on the routes ``scopes.ROUTES`` calls read and refused
+  (403, naming its scope) on those it calls write; a route not in that table needs the full token;
 - event streams (``GET /mcp``) are bounded: ``MAX_STREAMS`` open, ``MAX_STREAMS_PER_TOKEN`` a token; past them 429;
 - a body is read whole first, within ``BODY_TIMEOUT_S``: over ``MAX_BODY`` bytes is 413, chunked or not. Every body
   is JSON, read by one strict parser (``reconciler.base.jsonstrict``: a duplicate key or nesting too deep is 400)
@@ -41,8 +43,9 @@ Every refusal (400, 401, 403, 408, 413, 421, 429) is counted in ``reconciler_htt
 reason, and logged (``api-refused``) and audited at most ``REFUSALS_AUDITED`` times a peer in ``REFUSAL_WINDOW_S``;
 what is dropped beyond is summed up when the window ends ("N more refusals from PEER dropped in the last M s").
 
-The listener is loopback unless ``--api-allow-remote`` is given, and then only with a token given explicitly. It
-cannot be silenced (``guarded_protocol``): a peer is a local user (the uid owning the connecting socket, found by
+The listener is loopback unless ``--api-allow-remote`` is given, and then only with a token given explicitly and
+over TLS (host.yaml's ``api.tls``: uvicorn's own, checked first by ``tls.check_tls``; under it /metrics needs a
+token too), or plain HTTP where ``api.insecure`` says so. It cannot be silenced (``guarded_protocol``): a peer is a local user (the uid owning the connecting socket, found by
 the kernel's ``sock_diag``; a local user has every loopback address, so an address says nothing) or a remote
 address; each peer holds at most a ``PEER_SHARE``-th of the connections and all of them ``max_connections`` (past
 either the oldest idle one is closed for the new one); a client must send its request head within
@@ -59,8 +62,9 @@ A destructive call (a confirmed reclaim, an apply) takes the loop's pass lock: i
 pass starts while it runs.
 
 This ``__init__`` is the package's one facade: it assembles the app (``build_app``) and hands the loop what it
-serves it with (``split_addr``, ``resolve_token``, ``check_exposure``, ``Supervisor``). The parts, each in its
-module: ``limits`` (the bounds), ``errors``, ``tokens``, ``hosts`` (addresses and names), ``peers``, ``refusals``,
+serves it with (``split_addr``, ``resolve_tokens``, ``check_tls``, ``check_exposure``, ``Supervisor``). The parts,
+each in its module: ``limits`` (the bounds), ``errors``, ``tokens``, ``scopes`` (which token each route needs),
+``tls``, ``hosts`` (addresses and names), ``peers``, ``refusals``,
 ``guard``, ``request_models``, ``routes``, ``endpoints`` (the table and the OpenAPI document), ``protocol`` (the
 connection-level bounds) and ``listener``. The loop's pass lock and pass gate are ``reconciler.loop.runtime``.
 """
@@ -84,15 +88,16 @@ from reconciler.api.page import ROUTES as PAGE_ROUTES
 from reconciler.api.page import page_state
 from reconciler.api.refusals import Refusals
 from reconciler.api.routes import AppContext
-from reconciler.api.tokens import ApiToken, resolve_token
+from reconciler.api.tls import TlsFiles, check_tls
+from reconciler.api.tokens import PUBLIC, Tokens, resolve_tokens
 
-__all__ = ["Supervisor", "build_app", "check_exposure", "resolve_token", "split_addr"]
+__all__ = ["Supervisor", "build_app", "check_exposure", "check_tls", "resolve_tokens", "split_addr"]
 
 
 def build_app(
     root: str,
     *,
-    token: ApiToken,
+    tokens: Tokens,
     pass_lock: Any,
     bind_host: str = "127.0.0.1",
     port: int = 0,
@@ -106,17 +111,19 @@ def build_app(
     hooks: Any = None,
     on_refusal: Callable[[int, str], None] | None = None,
     on_drop: Callable[[str], None] | None = None,
+    tls: TlsFiles | None = None,
 ) -> Any:
     """The ASGI app (the ``Guard`` around Starlette): ``ENDPOINTS``, and MCP at /mcp. ``host``: the host's name, for
     the audit records of refused requests; ``port``: the listener's (the Host check); ``on_refusal(status, reason)``
-    and ``on_drop(reason)``: the metrics of refused requests and dropped connections."""
+    and ``on_drop(reason)``: the metrics of refused requests and dropped connections; ``tls``: the listener serves
+    HTTPS with it (its ``Listener`` reads it from the app) and /metrics then needs a token too."""
     # An optional SDK (mcp, through the MCP server: about half a second of imports), loaded here rather than with the
     # package, so that a listener refused for its address or its token (``split_addr``, ``check_exposure``) is
     # refused as soon as before.
     from reconciler.mcp_server import build_server
 
     ctx = AppContext(
-        root, token, pass_lock, host=host, log=log, metrics=metrics, health=health, cancel=cancel, hooks=hooks
+        root, tokens, pass_lock, host=host, log=log, metrics=metrics, health=health, cancel=cancel, hooks=hooks
     )
     allowed = AllowedHosts.of(bind_host, port, api_hosts)
     mcp = build_server(
@@ -142,4 +149,7 @@ def build_app(
     app.state.ctx = ctx
     refusals = Refusals(log=log, audit=ctx.audit, on_count=on_refusal, on_drop=on_drop)
     app.state.page = page_state(ctx, refusals, busy=getattr(pass_lock, "busy", None), cancel=cancel)
-    return Guard(app, token=token, allowed=allowed, max_body=max_body, refusals=refusals)
+    public = PUBLIC if tls is None else frozenset({"/healthz"})
+    guard = Guard(app, tokens=tokens, allowed=allowed, max_body=max_body, refusals=refusals, public=public)
+    guard.tls = tls
+    return guard

@@ -1,6 +1,7 @@
 """The ASGI middleware in front of every route (``Guard``): ``Host:``/``Origin:``, the bearer token on every path
-but ``PUBLIC`` and the status page's (``reconciler.api.page.paths``: its own session cookie), the event streams
-within their bounds, and the body read whole within its limits and parsed strictly as JSON, whatever its headers
+but ``PUBLIC`` and the status page's (``reconciler.api.page.paths``: its own session cookie) and the token's scope
+for the route (``reconciler.api.scopes``: a read token on a write route is 403), the event streams within their
+bounds, and the body read whole within its limits and parsed strictly as JSON, whatever its headers
 say (a form on the page's paths); every refusal answered as JSON and given to the ``Refusals`` account.
 
 Built around the Starlette app by ``reconciler.api.build_app``.
@@ -16,25 +17,36 @@ import anyio
 
 from reconciler.api.errors import _BadRequest
 from reconciler.api.hosts import AllowedHosts
-from reconciler.api.limits import BODY_TIMEOUT_S, MAX_BODY, MAX_STREAMS, MAX_STREAMS_PER_TOKEN, STATE_PEER, STATE_POOL
+from reconciler.api.limits import (
+    BODY_TIMEOUT_S,
+    MAX_BODY,
+    MAX_STREAMS,
+    MAX_STREAMS_PER_TOKEN,
+    STATE_CALLER,
+    STATE_PEER,
+    STATE_POOL,
+)
 from reconciler.api.page.paths import FORM_TYPE, is_page_path
 from reconciler.api.peers import _address, peer_of
 from reconciler.api.refusals import Refusal, Refusals
 from reconciler.api.request_models import strict_json
-from reconciler.api.tokens import PUBLIC, ApiToken
+from reconciler.api.scopes import needed, refusal
+from reconciler.api.tokens import PUBLIC, Tokens
 
 
 class Guard:
-    """Pure ASGI middleware in front of every route: ``Host:``/``Origin:``, the bearer token on every path but
-    ``PUBLIC``, the event streams within their bounds, and the body read whole within its limits and parsed strictly
-    as JSON, whatever its headers say. Every refusal goes to ``refusals``."""
+    """Pure ASGI middleware in front of every route: ``Host:``/``Origin:``, a bearer token on every path but
+    ``public`` (``PUBLIC``; under TLS /healthz alone) and its scope for the route, the event streams within their
+    bounds, and the body read whole within its limits and parsed strictly as JSON, whatever its headers say. Every
+    refusal goes to ``refusals``."""
 
     def __init__(
         self,
         app: Any,
         *,
-        token: ApiToken,
+        tokens: Tokens,
         allowed: AllowedHosts,
+        public: frozenset[str] = PUBLIC,
         max_body: int = MAX_BODY,
         refusals: Refusals | None = None,
         body_timeout_s: float = BODY_TIMEOUT_S,
@@ -42,7 +54,8 @@ class Guard:
         max_streams_per_token: int = MAX_STREAMS_PER_TOKEN,
     ):
         self.app = app
-        self.token = token
+        self.tokens = tokens
+        self.public = public
         self.allowed = allowed
         self.max_body = max_body
         self.refusals = refusals or Refusals()
@@ -50,6 +63,7 @@ class Guard:
         self.max_streams = max_streams
         self.max_streams_per_token = max_streams_per_token
         self._streams: dict[str, int] = {}
+        self.tls: Any = None  # the listener's TlsFiles (reconciler.api.tls), read by its Listener
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -87,19 +101,9 @@ class Guard:
             return
         # The status page's paths check their own session cookie (a login form gives it), never a bearer token.
         page = is_page_path(path)
-        if path not in PUBLIC and not page:
-            auth = headers.get(b"authorization", b"")
-            scheme, _, presented = auth.partition(b" ")
-            why = ""
-            if not auth or scheme.lower() != b"bearer":
-                why = "no bearer token: send Authorization: Bearer TOKEN"
-            elif not self.token.matches(presented.strip()):
-                why = "wrong token"
-            if why:
-                bearer = [(b"www-authenticate", b'Bearer realm="reconciler"')]
-                await self._refuse(send, req, 401, "token", why, action="authenticate", extra=bearer)
-                return
-            req.who = self.token.name
+        auth = headers.get(b"authorization", b"")
+        if path not in self.public and not page and not await self._authorized(scope, send, req, auth):
+            return
         if b"content-length" in headers or b"transfer-encoding" in headers:
             body = await self._read_body(headers, receive, send, req, form=page)
             if body is None:
@@ -110,9 +114,34 @@ class Guard:
             return
         await self.app(scope, receive, send)
 
+    async def _authorized(self, scope: Any, send: Any, req: _Req, auth: bytes) -> bool:
+        """Whether the request's bearer token is one of the listener's, of a scope its route allows; else the
+        refusal answered (401, or 403 naming the scope). The token's name goes to the routes as the caller."""
+        scheme, _, presented = auth.partition(b" ")
+        token = self.tokens.match(presented.strip()) if auth and scheme.lower() == b"bearer" else None
+        if token is None:
+            why = (
+                "wrong token"
+                if auth and scheme.lower() == b"bearer"
+                else "no bearer token: send Authorization: Bearer TOKEN"
+            )
+            bearer = [(b"www-authenticate", b'Bearer realm="reconciler"')]
+            await self._refuse(send, req, 401, "token", why, action="authenticate", extra=bearer)
+            return False
+        req.who = token.name
+        need = needed(req.method, req.path)
+        if not token.allows(need):
+            why = refusal(token.scope, req.method, req.path)
+            await self._refuse(
+                send, req, 403, "scope", why, action="authorize", fields={"scope": token.scope, "needs": need}
+            )
+            return False
+        scope.setdefault("state", {})[STATE_CALLER] = token
+        return True
+
     async def _stream(self, scope: Any, receive: Any, send: Any, req: _Req) -> None:
         """An event stream (GET /mcp), within ``max_streams`` open in all and ``max_streams_per_token`` a token."""
-        key = self.token.name
+        key = req.who or "-"
         total = sum(self._streams.values())
         if total >= self.max_streams or self._streams.get(key, 0) >= self.max_streams_per_token:
             why = (
@@ -219,6 +248,7 @@ class Guard:
         audit: str | None = None,
         extra: Sequence[tuple[bytes, bytes]] = (),
         close: bool = False,
+        fields: dict[str, str] | None = None,
     ) -> None:
         self.refusals.refuse(
             Refusal(
@@ -233,7 +263,7 @@ class Guard:
                 who=req.who,
             )
         )
-        await _send_json(send, status, {"error": why}, extra=extra, close=close)
+        await _send_json(send, status, {"error": why, **(fields or {})}, extra=extra, close=close)
 
 
 _BODY_ACTIONS = {"/v1/shm/reclaim": ("api", "shm-reclaim"), "/v1/apply": ("api", "apply"), "/mcp": ("mcp", "request")}

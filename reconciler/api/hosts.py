@@ -1,5 +1,6 @@
 """Where the listener listens and which names it answers to: ``split_addr`` (``--metrics-addr``), ``bind``, the
-exposure check (loopback unless ``--api-allow-remote``, and then only with a token given explicitly) and
+exposure check (loopback unless ``--api-allow-remote``, and then only with a token given explicitly and over TLS,
+or plain HTTP where host.yaml says ``api: {insecure: true}``) and
 ``AllowedHosts``, the ``Host:``/``Origin:`` values the guard accepts (and the MCP SDK's own check, from the same
 names).
 
@@ -55,8 +56,11 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def check_exposure(host: str, *, allow_remote: bool, token: ApiToken) -> None:
-    """Loopback by default; any other address needs ``--api-allow-remote`` and a token given explicitly."""
+def check_exposure(
+    host: str, *, allow_remote: bool, token: ApiToken, tls: bool = False, insecure: bool = False
+) -> None:
+    """Loopback by default; any other address needs ``--api-allow-remote``, a token given explicitly, and TLS
+    (``tls``: host.yaml's ``api.tls``) unless host.yaml's ``api.insecure`` is set."""
     if is_loopback(host):
         return
     if not allow_remote:
@@ -67,6 +71,13 @@ def check_exposure(host: str, *, allow_remote: bool, token: ApiToken) -> None:
         )
     if token.source == "generated":
         raise ApiSetupError(f"--api-allow-remote needs a token given explicitly: --api-token-file FILE or ${TOKEN_ENV}")
+    if not tls and not insecure:
+        raise ApiSetupError(
+            "--api-allow-remote without TLS: the tokens and every answer would cross the network in clear. Give "
+            "configs/host.yaml an api.tls section (api: {tls: {cert: /PATH/cert.pem, key: /PATH/key.pem}}), or "
+            "set api: {insecure: true} there to serve plain HTTP anyway (behind a TLS proxy, or on a link nobody "
+            "else can read)"
+        )
 
 
 def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:

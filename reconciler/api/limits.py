@@ -46,3 +46,5 @@ REFUSAL_PEERS = 256  # peers tracked at once; past them, refusals share one "oth
 # The scope's state keys by which the protocol tells the Guard who a connection's peer is and which pool it is in.
 STATE_PEER = "reconciler.peer"
 STATE_POOL = "reconciler.pool"
+# And by which the Guard tells the routes which token a request came with (its name is the audit trail's caller).
+STATE_CALLER = "reconciler.caller"

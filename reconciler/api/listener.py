@@ -93,6 +93,7 @@ class Listener:
         self.sock = sock
         self.log = log
         self.refusals: Refusals | None = getattr(app, "refusals", None)  # the Guard's: one account per listener
+        tls = getattr(app, "tls", None)  # HTTPS with host.yaml's api.tls (reconciler.api.tls.TlsFiles), uvicorn's own
         config = uvicorn.Config(
             app,
             log_config=None,
@@ -110,6 +111,8 @@ class Listener:
             http=guarded_protocol(
                 max_connections=max_connections, head_timeout_s=HEAD_TIMEOUT_S, refusals=self.refusals
             ),
+            ssl_certfile=tls.cert if tls is not None else None,
+            ssl_keyfile=tls.key if tls is not None else None,
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self._serve, name="http", daemon=True)

@@ -114,8 +114,10 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
-        # Writing pauses as soon as a byte waits beyond the kernel's buffer, and resumes once none does.
-        transport.set_write_buffer_limits(high=0)
+        # Writing pauses as soon as a byte waits beyond the kernel's buffer, and resumes once none does. asyncio's TLS
+        # transport pauses at a size >= high (its plain one at > high): high=0 there paused every answer for good.
+        tls = transport.get_extra_info("ssl_object") is not None
+        transport.set_write_buffer_limits(high=1 if tls else 0)
         self._since = self.loop.time()
         self._peer = self.bounds.peer(self.client, self.server)
         pool = self._admit()

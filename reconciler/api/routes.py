@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from reconciler.api.errors import _BadRequest
+from reconciler.api.limits import STATE_CALLER
 from reconciler.api.request_models import (
     ApplyBody,
     AuditQuery,
@@ -34,7 +35,8 @@ from reconciler.api.request_models import (
     _query,
     probe_params,
 )
-from reconciler.api.tokens import ApiToken
+from reconciler.api.scopes import WRITE, refusal
+from reconciler.api.tokens import ApiToken, Tokens
 from reconciler.base.errors import ConfigError, ReconcilerError
 from reconciler.base.redact import redact_data, redact_text
 from reconciler.loop.metrics import CONTENT_TYPE
@@ -45,11 +47,11 @@ from reconciler.store.audit import audit_log
 
 @dataclass
 class AppContext:
-    """Everything a route needs, on ``app.state.ctx``: the root, the caller's token, the loop's pass lock and the
+    """Everything a route needs, on ``app.state.ctx``: the root, the listener's tokens, the loop's pass lock and the
     loop's metrics and health."""
 
     root: str
-    token: ApiToken
+    tokens: Tokens
     pass_lock: Any
     host: str | None = None
     log: Callable[..., None] | None = None
@@ -59,11 +61,12 @@ class AppContext:
     hooks: Any = None
     scrape: SharedScrape = field(default_factory=lambda: SharedScrape())
 
-    def service(self, front: str) -> HostService:
+    def service(self, front: str, who: str | None = None) -> HostService:
+        """The service for ``front``, its caller ``who`` (a token's name; by default the full token's)."""
         kwargs: dict[str, Any] = {"hooks": self.hooks} if self.hooks is not None else {}
         return HostService(
             self.root,
-            caller=Caller(front, self.token.name),
+            caller=Caller(front, who or self.tokens.full.name),
             pass_lock=PassGate(self.pass_lock, self.log, front),
             **kwargs,
         )
@@ -78,9 +81,10 @@ class AppContext:
             if self.log:
                 self.log("audit-error", error=str(exc))
 
-    def refused_request(self, front: str, action: str, reason: str) -> None:
+    def refused_request(self, front: str, action: str, reason: str, who: str | None = None) -> None:
         """A destructive request refused before it reached the service (a bad body): audited with why."""
-        self.audit({"front": front, "who": self.token.name, "action": action, "outcome": "refused", "reason": reason})
+        who = who or self.tokens.full.name
+        self.audit({"front": front, "who": who, "action": action, "outcome": "refused", "reason": reason})
 
 
 class SharedScrape:
@@ -116,6 +120,17 @@ def _ctx(request: Request) -> AppContext:
     return request.app.state.ctx
 
 
+def _caller(request: Request) -> ApiToken | None:
+    """The token the request came with (the Guard put it there)."""
+    token = (request.scope.get("state") or {}).get(STATE_CALLER)
+    return token if isinstance(token, ApiToken) else None
+
+
+def _who(request: Request) -> str | None:
+    token = _caller(request)
+    return token.name if token is not None else None
+
+
 def _answer(res: Any, *, write: bool) -> Response:
     code = res.exit_code
     status = 409 if write and code != 0 else 200
@@ -126,7 +141,7 @@ async def _run(request: Request, call: Callable[[HostService], Any], *, write: b
     """One service call in a worker thread, its result or error as the answer (never a traceback)."""
     ctx = _ctx(request)
     try:
-        res = await anyio.to_thread.run_sync(lambda: call(ctx.service("api")))
+        res = await anyio.to_thread.run_sync(lambda: call(ctx.service("api", _who(request))))
     except ConfigError as exc:
         return JSONResponse(
             {
@@ -148,7 +163,7 @@ async def _run(request: Request, call: Callable[[HostService], Any], *, write: b
 
 def _bad(request: Request, exc: _BadRequest, *, action: str | None = None) -> Response:
     if action is not None:
-        _ctx(request).refused_request("api", action, f"bad request: {exc}")
+        _ctx(request).refused_request("api", action, f"bad request: {exc}", _who(request))
     return JSONResponse({"error": str(exc)}, status_code=400)
 
 
@@ -165,11 +180,16 @@ async def get_status(request: Request) -> Response:
 
 
 async def get_plan(request: Request) -> Response:
-    """``plan --json``; with ``save`` the plan is kept and its ``plan_id`` is for POST /v1/apply."""
+    """``plan --json``; with ``save`` the plan is kept and its ``plan_id`` is for POST /v1/apply: a write (403 to
+    the read token)."""
     try:
         q = _query(request, PlanQuery)
     except _BadRequest as exc:
         return _bad(request, exc)
+    token = _caller(request)
+    if q.save and token is not None and not token.allows(WRITE):
+        why = refusal(token.scope, "GET", "/v1/plan", what="save=true (a plan kept for POST /v1/apply)")
+        return JSONResponse({"error": why, "scope": token.scope, "needs": WRITE}, status_code=403)
     return await _run(request, lambda s: s.plan(save=q.save))
 
 

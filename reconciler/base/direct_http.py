@@ -3,7 +3,8 @@ http_proxy/HTTP_PROXY in the environment (a proxy would answer, or fail, for a s
 another URL a redirect names: a 3xx is an answer of its own (an error), so a health URL that redirects to another
 address never counts as healthy.
 
-The opener is built on first use, so commands that probe nothing do not import urllib.request and http.client.
+The opener is built on first use, so commands that probe nothing do not import urllib.request and http.client. An
+opener given an ``ssl.SSLContext`` verifies an https:// peer with it (a fleet host's CA).
 """
 
 from __future__ import annotations
@@ -12,15 +13,25 @@ import functools
 from typing import Any
 
 
+def opener(context: Any = None) -> Any:
+    """The opener (one for all when ``context`` is None; a new one with that TLS context else)."""
+    return _opener() if context is None else _build(context)
+
+
 @functools.cache
-def opener() -> Any:
+def _opener() -> Any:
+    return _build(None)
+
+
+def _build(context: Any) -> Any:
     import urllib.request
 
     class NoRedirects(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, *args: Any, **kwargs: Any) -> None:
             return None  # urllib then raises HTTPError with the 3xx status
 
-    return urllib.request.build_opener(urllib.request.ProxyHandler({}), NoRedirects())
+    tls = [urllib.request.HTTPSHandler(context=context)] if context is not None else []
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}), NoRedirects(), *tls)
 
 
 def errors() -> tuple[type[BaseException], ...]:

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from reconciler.api import Supervisor, build_app, check_exposure, resolve_token, split_addr
+from reconciler.api import Supervisor, build_app, check_exposure, check_tls, resolve_tokens, split_addr
 from reconciler.base.errors import ReconcilerError
 from reconciler.cli.common import LOOP_COMMANDS, Console, command_name, report_error, run_command
 from reconciler.control.server import Client, ControlServer
@@ -62,14 +62,19 @@ class HttpFrontEnd:
                 "HOST:PORT on this machine, or '' to serve nothing"
             ) from None
         name = hosting.host
-        token = resolve_token(name, token_file=self.api_token_file)
-        check_exposure(host, allow_remote=self.api_allow_remote, token=token)
+        tokens = resolve_tokens(name, token_file=self.api_token_file)
+        api = hosting.api
+        tls = check_tls(api.tls.cert, api.tls.key) if api is not None and api.tls is not None else None
+        insecure = api is not None and api.insecure
+        check_exposure(
+            host, allow_remote=self.api_allow_remote, token=tokens.full, tls=tls is not None, insecure=insecure
+        )
         hooks = _hooks(hosting)
 
         def make_app(bound_port: int) -> Any:
             return build_app(
                 hosting.root,
-                token=token,
+                tokens=tokens,
                 pass_lock=hosting.pass_lock,
                 bind_host=host,
                 port=bound_port,
@@ -82,6 +87,7 @@ class HttpFrontEnd:
                 hooks=hooks,
                 on_refusal=hosting.metrics.record_http_refusal,
                 on_drop=hosting.metrics.record_http_drop,
+                tls=tls,
             )
 
         try:
@@ -102,15 +108,17 @@ class HttpFrontEnd:
                 f"cannot serve /metrics on {self.metrics_addr}: {why}; give --metrics-addr as HOST:PORT on this "
                 "machine, or '' to serve nothing"
             ) from None
-        base = f"http://{'[' + host + ']' if ':' in host else host}:{self._http.port}"
+        scheme = "https" if tls is not None else "http"
+        base = f"{scheme}://{'[' + host + ']' if ':' in host else host}:{self._http.port}"
         bound = {} if self._http.bound else {"bound": False}
         hosting.log("metrics", addr=f"{base}/metrics", **bound)
         hosting.log(
             "api",
             addr=f"{base}/v1",
             mcp=f"{base}/mcp",
-            token_from=token.describe(),
-            caller=token.name,
+            token_from=tokens.full.describe(),
+            caller=tokens.full.name,
+            read_token_from=tokens.read.describe() if tokens.read is not None else "-",
             max_connections=self._http.max_connections,
             **bound,
         )

@@ -41,7 +41,7 @@ from reconciler.loop.refusals import pass_refusals, reclaim_refusals
 from reconciler.loop.runtime import FairLock
 from reconciler.loop.source import SourceFollower
 from reconciler.loop.triggers import EngineEvents, Triggers, watch_files
-from reconciler.model import DesiredState, assignment_key, container_name
+from reconciler.model import ApiConfig, DesiredState, assignment_key, container_name
 from reconciler.observe.docker_obs import DockerObserver
 from reconciler.plan.actions import ActionKind, Plan
 from reconciler.plan.vram import vram_by_slot
@@ -120,7 +120,7 @@ class Loop:
             return 1
         with HostLock(desired.host.name, command="run"):
             self._install_signals()
-            self._start_front_ends(desired.host.name)
+            self._start_front_ends(desired.host.name, desired.host.api)
             watcher = watch_files(self.root, self.triggers)
             EngineEvents(
                 triggers=self.triggers,
@@ -158,7 +158,7 @@ class Loop:
                 self.log("exit", reason="signal" if not self.exit_code else "listener", passes=self.passes)
         return self.exit_code
 
-    def _start_front_ends(self, host: str) -> None:
+    def _start_front_ends(self, host: str, api: ApiConfig | None = None) -> None:
         """Start each front-end in its order; one that cannot start closes those started before it, and its error
         ends the loop before its first pass."""
         hosting = Hosting(
@@ -175,6 +175,7 @@ class Loop:
             fatal=self._listener_lost,
             wake=self.triggers.fire,
             publish=self._publish,
+            api=api,
         )
         try:
             for front in self.front_ends:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from reconciler.loop.log import Log
     from reconciler.loop.metrics import Metrics
     from reconciler.loop.runtime import FairLock
+    from reconciler.model import ApiConfig
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,8 @@ class Hosting:
     ``shm reclaim`` of a front-end in the loop's metrics; ``fatal``: the front-end cannot go on, the loop ends with
     exit 1 (its supervisor restarts it); ``wake``: look again now, for a reason (a front-end's sync took a
     commit); ``publish``: a front-end's own state under its name (the listener's: bound, or why not), into the
-    loop's published state (``status``) and systemd's STATUS."""
+    loop's published state (``status``) and systemd's STATUS; ``api``: host.yaml's ``api`` section as the loop
+    started (its listener's TLS)."""
 
     root: str
     host: str
@@ -44,6 +46,7 @@ class Hosting:
     fatal: Callable[[str], None]
     wake: Callable[[str], None] = lambda _reason: None
     publish: Callable[[str, dict[str, Any]], None] = lambda _name, _state: None
+    api: ApiConfig | None = None
 
 
 def status_line(name: str, state: dict[str, Any]) -> str:

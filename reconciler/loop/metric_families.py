@@ -65,6 +65,7 @@ HTTP_REFUSALS: Mapping[tuple[int, str], str] = {
     (400, "body-json"): "a body that is not strict JSON (a duplicate key, nested too deep, not JSON)",
     (401, "token"): "no bearer token, or a wrong one",
     (403, "origin"): "a web page of another origin",
+    (403, "scope"): "the read token (or a session opened with it) on a route that changes something",
     (408, "body-timeout"): "a body that did not arrive in time",
     (413, "body-size"): "a body over the limit",
     (400, "content-type"): "a body not sent as application/json, with one Content-Type header",

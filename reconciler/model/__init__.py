@@ -21,6 +21,8 @@ from reconciler.model.desired import (
 )
 from reconciler.model.host import (
     PID_MAX,
+    ApiConfig,
+    ApiTlsConfig,
     DockerConfig,
     GpuReserveConfig,
     GpuSlot,
@@ -125,6 +127,8 @@ __all__ = [
     "SLEEP_MODE_FLAG",
     "USER_PATTERN",
     "VOLUME_PATTERN",
+    "ApiConfig",
+    "ApiTlsConfig",
     "AssignmentSpec",
     "ContainerSpec",
     "DesiredAssignment",

@@ -1,11 +1,14 @@
 """A fleet file as pydantic types: the hosts one operator watches together, each by its loop's listener.
 
-Read by ``reconciler.load.fleet`` for ``reconciler fleet status --fleet FILE``. A host's own files stay its own: the
-fleet file only says where each host answers and with which token file.
+Read by ``reconciler.load.fleet`` for ``reconciler fleet status --fleet FILE`` and a host's canary check
+(``source.after``). A host's own files stay its own: the fleet file only says where each host answers, with which
+token file, and which CA signed its listener's certificate. A token is sent off loopback over TLS alone (its
+certificate verified), or over plain HTTP where the host's entry says ``insecure: true``.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
@@ -20,11 +23,25 @@ class FleetHost(_Strict):
     name: str = Field(
         description="The host's name (its configs/host.yaml name).", json_schema_extra=_pattern(NAME_PATTERN)
     )
-    url: str = Field(description="http(s)://ADDRESS:PORT of the host's `reconciler run --metrics-addr` listener.")
+    url: str = Field(
+        description="https://ADDRESS:PORT of the host's `reconciler run --metrics-addr` listener (http:// on "
+        "loopback, or with insecure: true)."
+    )
     token_file: str | None = Field(
         default=None,
-        description="A file holding the host's API token (the running user's, mode 0600): sent as a bearer token, "
-        "never printed. Without it the host's status is not asked.",
+        description="A file holding the host's read token (its state directory's api-token-read; the running "
+        "user's, mode 0600): sent as a bearer token, never printed. Without it the host's status is not asked.",
+    )
+    ca: str | None = Field(
+        default=None,
+        description="A PEM file of the CA that signed the host's listener certificate (its api.tls.cert): the "
+        "certificate and the url's address or name are verified against it before the token is sent. Without "
+        "it, against this machine's trusted CAs. https:// URLs only.",
+    )
+    insecure: bool = Field(
+        default=False,
+        description="Send the token over plain http:// to an address off loopback (in clear: only on a link "
+        "nobody else can read).",
     )
 
     @field_validator("url")
@@ -42,6 +59,27 @@ class FleetHost(_Strict):
         if u.path not in ("", "/") or u.query or u.fragment:
             raise ValueError(f"url {v!r}: the listener's address alone, no path or query")
         return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _transport(self) -> FleetHost:
+        u = urlsplit(self.url)
+        if u.scheme == "http" and self.ca is not None:
+            raise ValueError(f"ca: a CA verifies an https:// listener; {self.url} is plain HTTP (use https://)")
+        if u.scheme == "http" and not self.insecure and not _loopback(u.hostname or ""):
+            raise ValueError(
+                f"url {self.url}: plain HTTP off loopback sends the token in clear to whatever answers there: use "
+                "https:// (the host's api.tls, with ca: its CA's PEM file), or set insecure: true for this host"
+            )
+        return self
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to anything
 
 
 class FleetFile(_Strict):

@@ -1,5 +1,5 @@
 """configs/host.yaml as pydantic types: the machine, its GPU slots, its engine, its tmpfs, its secrets file, its
-VRAM reserve and its page cache.
+VRAM reserve, its page cache and its loop's listener (``api``: TLS, or plain text off loopback on purpose).
 
 Read by ``reconciler.load.host_file``; the planner, the observers and the apply layer read the ``HostConfig`` it
 gives.
@@ -232,6 +232,50 @@ class PageCacheConfig(_Strict):
     )
 
 
+class ApiTlsConfig(_Strict):
+    """The certificate and key the loop's listener serves HTTPS with."""
+
+    cert: str = Field(
+        description="An absolute path of the listener's certificate (PEM; the chain after it), naming the addresses "
+        "and names clients reach it by (subjectAltName).",
+        json_schema_extra=_pattern(r"^/"),
+    )
+    key: str = Field(
+        description="An absolute path of the certificate's private key (PEM, unencrypted): the running user's, "
+        "readable by no one else.",
+        json_schema_extra=_pattern(r"^/"),
+    )
+
+    @field_validator("cert", "key")
+    @classmethod
+    def _absolute(cls, v: str, info: ValidationInfo) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"api.tls.{info.field_name} must be an absolute path, got {v!r}")
+        return v
+
+
+class ApiConfig(_Strict):
+    """The listener of ``reconciler run`` (``--metrics-addr``): HTTPS with ``tls``; off loopback
+    (``--api-allow-remote``) it needs ``tls``, or ``insecure: true`` to serve plain HTTP there on purpose."""
+
+    tls: ApiTlsConfig | None = Field(
+        default=None,
+        description="Serve HTTPS with this certificate and key (the page's session cookie is then Secure, and "
+        "/metrics needs a token: the read token suffices).",
+    )
+    insecure: bool = Field(
+        default=False,
+        description="With --api-allow-remote and no tls: serve plain HTTP off loopback anyway (tokens and answers "
+        "cross the network in clear: only behind a TLS proxy or on a link nobody else can read).",
+    )
+
+    @model_validator(mode="after")
+    def _one_of(self) -> ApiConfig:
+        if self.tls is not None and self.insecure:
+            raise ValueError("api: tls and insecure: true say opposite things; drop insecure (tls is served)")
+        return self
+
+
 class HostConfig(_Strict):
     """configs/host.yaml: the machine, its GPU slots, its engine and its tmpfs."""
 
@@ -263,6 +307,10 @@ class HostConfig(_Strict):
         default=None,
         description="Where the manifests and recipes come from when not from this root: a branch of a git "
         "repository (the host file stays here).",
+    )
+    api: ApiConfig = Field(
+        default_factory=ApiConfig,
+        description="The listener of `reconciler run`: HTTPS (tls), or plain HTTP off loopback on purpose (insecure).",
     )
 
     def reserve_bytes(self, slot: str) -> int:

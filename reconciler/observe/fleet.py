@@ -2,14 +2,17 @@
 timeout, its answer or why there is none (``HostRow``). Never guessed: a host that does not answer is unreachable.
 
 Read by ``reconciler fleet status`` (``reconciler.service.fleet``) and by a host waiting for its canaries
-(``reconciler.load.source_sync``). A token is sent to its own host only and never shown, and to a listener of this
-host only once it is proven that host's loop (``reconciler.observe.loop_listener``): a local user who took the loop's
-port gets no request, and the row says why.
+(``reconciler.load.source_sync``). A token is sent to its own host only and never shown; to a listener of this host
+only once it is proven that host's loop (``reconciler.observe.loop_listener``: a local user who took the loop's port
+gets no request, and the row says why); to an https:// host only once its certificate is verified (against the CA of
+its fleet entry, else this machine's) for the URL's address or name: a listener that cannot prove it is the host's
+gets no token.
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -108,6 +111,43 @@ class HostRow:
         }
 
 
+def _not_verified(h: FleetHost, reason: ssl.SSLCertVerificationError) -> str:
+    trusted = f"the CA of {h.ca}" if h.ca else "this machine's CAs (give the host's CA: ca: FILE)"
+    return (
+        f"{h.url} is not the host's listener as far as its certificate proves ({reason.verify_message}, "
+        f"verified against {trusted}): no token was sent"
+    )
+
+
+def _refused(code: int) -> str:
+    if code == 401:
+        return " (the token is refused)"
+    if code == 403:
+        return " (the token's scope does not allow it)"
+    return ""
+
+
+def _fetch(h: FleetHost, token: str, context: ssl.SSLContext | None, timeout: float) -> bytes | str:
+    """The body of the host's ``GET /v1/status`` (at most ANSWER_LIMIT + 1 bytes), or why there is none; the token
+    goes only over a connection proven the host's loop (loopback) and a certificate verified (https)."""
+    req = urllib.request.Request(h.url + "/v1/status", method="GET")  # noqa: S310 - http(s) only (model.fleet)
+    req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with proven_opener(h.name, context).open(req, timeout=timeout) as resp:
+            return bytes(resp.read(ANSWER_LIMIT + 1))
+    except urllib.error.HTTPError as exc:
+        return f"GET {h.url}/v1/status answered {exc.code}" + _refused(exc.code)
+    except ListenerNotProven as exc:
+        return f"the token was not sent to {h.url}: {exc}"
+    except direct_http.errors() as exc:  # URLError among them
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, ListenerNotProven):
+            return f"the token was not sent to {h.url}: {reason}"
+        if isinstance(reason, ssl.SSLCertVerificationError):
+            return _not_verified(h, reason)
+        return f"no answer from {h.url} within {timeout:g} s: {type(exc).__name__}: {exc}"
+
+
 def ask_host(h: FleetHost, timeout: float) -> HostRow:
     """One host's status, or why there is none."""
     t0 = time.monotonic()
@@ -122,23 +162,14 @@ def ask_host(h: FleetHost, timeout: float) -> HostRow:
         value = token.decode("ascii").strip()
     except (OSError, fsafe.UnsafePath, UnicodeDecodeError) as exc:
         return row(f"cannot read its token file {h.token_file}: {getattr(exc, 'strerror', None) or exc}")
-    req = urllib.request.Request(h.url + "/v1/status", method="GET")  # noqa: S310 - http(s) only (model.fleet)
-    req.add_header("Authorization", f"Bearer {value}")
     try:
-        with proven_opener(h.name).open(req, timeout=timeout) as resp:
-            body = resp.read(ANSWER_LIMIT + 1)
-    except urllib.error.HTTPError as exc:
-        return row(
-            f"GET {h.url}/v1/status answered {exc.code}" + (" (the token is refused)" if exc.code == 401 else "")
-        )
-    except urllib.error.URLError as exc:
-        if isinstance(exc.reason, ListenerNotProven):
-            return row(f"the token was not sent to {h.url}: {exc.reason}")
-        return row(f"no answer from {h.url} within {timeout:g} s: {type(exc).__name__}: {exc}")
-    except ListenerNotProven as exc:
-        return row(f"the token was not sent to {h.url}: {exc}")
-    except direct_http.errors() as exc:
-        return row(f"no answer from {h.url} within {timeout:g} s: {type(exc).__name__}: {exc}")
+        context = ssl.create_default_context(cafile=h.ca) if h.url.startswith("https:") else None
+    except (OSError, ssl.SSLError) as exc:
+        return row(f"cannot read its CA file {h.ca}: {getattr(exc, 'strerror', None) or exc}; no token was sent")
+    fetched = _fetch(h, value, context, timeout)
+    if isinstance(fetched, str):
+        return row(fetched)
+    body = fetched
     if len(body) > ANSWER_LIMIT:
         return row(f"{h.url}/v1/status answered more than {ANSWER_LIMIT >> 20} MiB")
     try:

@@ -178,9 +178,10 @@ def prove(sock: socket.socket, host: str, proc_root: str = "/proc") -> None:
 
 
 @functools.cache
-def proven_opener(host: str) -> Any:
+def proven_opener(host: str, context: Any = None) -> Any:
     """urllib's opener for the loop of ``host``: straight to the URL (no proxy, no redirect followed, as
-    ``reconciler.base.direct_http``), each connection proven (``prove``) before its request is sent."""
+    ``reconciler.base.direct_http``), each connection proven (``prove``) before its request is sent; an https:// peer
+    verified with ``context`` (an ``ssl.SSLContext``: a fleet host's CA) when one is given."""
     # Built on first use (the start-up budget: a command that asks no loop imports neither).
     import http.client
     import urllib.request
@@ -214,4 +215,6 @@ def proven_opener(host: str) -> Any:
         def redirect_request(self, *args: Any, **kwargs: Any) -> None:
             return None  # urllib then raises HTTPError with the 3xx status
 
-    return urllib.request.build_opener(urllib.request.ProxyHandler({}), NoRedirects(), HTTPHandler(), HTTPSHandler())
+    return urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), NoRedirects(), HTTPHandler(), HTTPSHandler(context=context)
+    )

@@ -381,11 +381,16 @@ def test_loopback_unless_allowed_with_a_token_of_ones_own(root: Root, tmp_path: 
     assert r.rc == 1 and "at least 16" in r.stderr, r
     assert "Traceback" not in r.stderr
 
-    # With the flag and a token file, another address of this machine is served (here: the first non-loopback one).
+    # With the flag and a token file, another address of this machine is served (here: the first non-loopback one),
+    # over plain HTTP only where host.yaml says so (api.insecure; else TLS: tests/real/test_api_tls.py).
     addr = _non_loopback_address()
     if addr is None:
         pytest.skip("no non-loopback address on this machine")
     tf = token_file(tmp_path, name="remote-token")
+    r = root.cli("run", "--metrics-addr", f"{addr}:{port}", "--api-allow-remote", "--api-token-file", str(tf))
+    assert r.rc == 1 and "without TLS" in r.stderr and "api: {insecure: true}" in r.stderr, r
+    host_file = root.path / "configs" / "host.yaml"
+    host_file.write_text(host_file.read_text() + "api: {insecure: true}\n")
     r = subprocess.Popen(
         root.cli_args(
             "run",

@@ -355,6 +355,7 @@ def test_three_hosts_each_with_its_own_network_and_engine_follow_one_repository(
                 host_file = r.path / "configs" / "host.yaml"
                 doc = yaml.safe_load(host_file.read_text())
                 doc["docker"]["url"] = h.url  # the host's own engine
+                doc["api"] = {"insecure": True}  # plain HTTP on the fleet's bridge (TLS: tests/real/test_api_tls.py)
                 host_file.write_text(yaml.safe_dump(doc, sort_keys=False))
                 roots.append(r)
             canary, follower, other = roots
@@ -378,7 +379,8 @@ def test_three_hosts_each_with_its_own_network_and_engine_follow_one_repository(
 
             loops = [loop(canary, hosts[0])]
             as_fleet = [
-                {"name": r.host, "url": f"http://{lp.addr}", "token_file": str(tf)} for r, lp in [(canary, loops[0])]
+                {"name": r.host, "url": f"http://{lp.addr}", "token_file": str(tf), "insecure": True}
+                for r, lp in [(canary, loops[0])]
             ]
             fleet.write_text(yaml.safe_dump({"hosts": as_fleet, "timeout_s": 3}))
             # The host behind the canary may start before the canary serves: it waits for it to converge the first.
@@ -474,9 +476,14 @@ def test_three_hosts_each_with_its_own_network_and_engine_follow_one_repository(
                 assert answer and answer["status"] == "success", (expr, answer)
 
             # The fleet's view: three hosts side by side, and a fourth that is gone, unreachable within its timeout.
-            gone = {"name": "gone", "url": f"http://{outside.rsplit('.', 1)[0]}.99:9464", "token_file": str(tf)}
+            gone = {
+                "name": "gone",
+                "url": f"http://{outside.rsplit('.', 1)[0]}.99:9464",
+                "token_file": str(tf),
+                "insecure": True,
+            }
             view = [
-                {"name": r.host, "url": f"http://{lp.addr}", "token_file": str(tf)}
+                {"name": r.host, "url": f"http://{lp.addr}", "token_file": str(tf), "insecure": True}
                 for r, lp in zip(roots, loops, strict=True)
             ]
             (tmp_path / "fleet-all.yaml").write_text(yaml.safe_dump({"hosts": [*view, gone], "timeout_s": 2}))

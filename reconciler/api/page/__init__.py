@@ -31,4 +31,4 @@ def page_state(
     """What the page's routes share: ``ctx`` is the API's ``AppContext`` (its root, token and service)."""
     progress = PageProgress()
     snapshot = Snapshot(ctx.root, lambda: ctx.service(FRONT), health=ctx.health, busy=busy, progress=progress)
-    return PageState(lambda: ctx.service(FRONT), refusals, snapshot, progress, cancel=cancel)
+    return PageState(lambda who: ctx.service(FRONT, who), refusals, snapshot, progress, cancel=cancel)

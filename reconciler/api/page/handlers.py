@@ -1,6 +1,7 @@
 """The page's routes: the page itself (``/``), its login and logout, the live part it polls (``/page/live``), its
 static files, and its actions, each a POST form with the session's CSRF token that makes the same service call
-with the same checks as the API's endpoint, audited as the web front-end (``web``) with the token's name:
+with the same checks as the API's endpoint, audited as the web front-end (``web``) with the token's name; a session
+opened with the read token is refused (403) every action ``reconciler.api.scopes`` calls a write:
 
     POST /page/plan     the plan saved now (as GET /v1/plan?save=true), shown with its id and the form to apply it
     POST /page/apply    that plan by its id (as POST /v1/apply): refused as stale when the host changed meanwhile
@@ -37,6 +38,7 @@ from reconciler.api.page.templates import Html, render, static_file
 from reconciler.api.peers import _address, peer_of
 from reconciler.api.refusals import Refusal, Refusals
 from reconciler.api.request_models import probe_params
+from reconciler.api.scopes import WRITE, needed, refusal
 from reconciler.api.tokens import TOKEN_ENV
 from reconciler.base.errors import ConfigError, ReconcilerError
 from reconciler.base.redact import redact_data, redact_text
@@ -70,7 +72,7 @@ _TOPOLOGY = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 class PageState:
     """What the page's routes share, on ``app.state.page``."""
 
-    service: Callable[[], HostService]
+    service: Callable[[str], HostService]  # the service as the web front-end, for a caller (a token's name)
     refusals: Refusals
     snapshot: Snapshot
     progress: PageProgress
@@ -138,12 +140,18 @@ def _one(form: dict[str, list[str]], name: str) -> str | None:
 
 
 async def _checked(request: Request, action: str) -> tuple[Session, dict[str, list[str]]] | Response:
-    """The session and the form of an action, or the refusal answered: no session (401), a CSRF token missing or
-    wrong (403), a body that is no form (400)."""
+    """The session and the form of an action, or the refusal answered: no session (401), a session of the read
+    token on a write (403, before its form is read), a CSRF token missing or wrong (403), a body that is no form
+    (400)."""
     session = _session(request)
     if session is None:
         _refuse(request, 401, "token", "no session: log in on the page", action=action)
         return _html(_login_page(request, "No session (or it ended): log in, then try again."), 401)
+    need = needed(request.method, request.url.path)
+    if session.scope != WRITE and need == WRITE:
+        why = refusal(session.scope, request.method, request.url.path)
+        _refuse(request, 403, "scope", why, action=action, who=session.who)
+        return _html(_message_page("Refused", f"This session was opened with the read token: {why}."), 403)
     try:
         form = await _form(request)
         presented = _one(form, "csrf")
@@ -162,7 +170,7 @@ def _message_page(title: str, text: str, kind: str = "message") -> str:
 
 def _service(request: Request, session: Session) -> HostService:
     """The service as the web front-end: the caller is the token's name the session was opened with."""
-    return _state(request).service()
+    return _state(request).service(session.who)
 
 
 async def _call(request: Request, session: Session, call: Callable[[HostService], Any]) -> tuple[Any, str | None]:
@@ -208,6 +216,7 @@ async def get_page(request: Request) -> Response:
         topologies=data.topologies if data else (),
         topology=data.topology if data else None,
         recipes=[str(r) for r in running],
+        read_only=session.scope != WRITE,
     )
     body = render(
         "page.html",
@@ -247,8 +256,11 @@ async def get_static(request: Request) -> Response:
 def _login_page(request: Request, message: str = "") -> str:
     """The login form, saying where the token is and that the tool asks for it nowhere else: a look-alike page of
     another user's on the loop's port (bound while the loop was down) asks for it too."""
-    token = request.app.state.ctx.token
+    tokens = request.app.state.ctx.tokens
+    token = tokens.full
     where = f"the file {token.path}" if token.path else f"the loop's environment (${TOKEN_ENV})"
+    if tokens.read is not None and tokens.read.path:
+        where += f" (or, to look without acting, the read token in the file {tokens.read.path})"
     return render(
         "login.html",
         where=where,
@@ -269,11 +281,11 @@ async def post_login(request: Request) -> Response:
     except _BadRequest as exc:
         _refuse(request, 400, "body-json", f"bad request: {exc}", action="authenticate")
         return _html(_login_page(request, str(exc)), 400)
-    ctx_token = request.app.state.ctx.token
-    if not token or not ctx_token.matches(token.strip().encode()):
+    matched = request.app.state.ctx.tokens.match(token.strip().encode()) if token else None
+    if matched is None:
         _refuse(request, 401, "token", "wrong token" if token else "no token", action="authenticate")
         return _html(_login_page(request, "Wrong token: nothing was opened."), 401)
-    session = _state(request).sessions.open(ctx_token.name)
+    session = _state(request).sessions.open(matched.name, scope=matched.scope)
     return _redirect(paths.ROOT, {"set-cookie": cookie_header(session.sid, secure=_secure(request))})
 
 

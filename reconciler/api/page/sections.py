@@ -139,8 +139,12 @@ def _select(name: str, options: Sequence[str], selected: str | None = None, **at
     return el("select", *(el("option", o, value=o, selected=o == selected) for o in options), name=name, **attrs)
 
 
-def actions_section(csrf: str, *, topologies: Sequence[str], topology: str | None, recipes: Sequence[str]) -> Html:
-    parts = [
+READ_ONLY = "This session was opened with the read token: it shows the host and runs probes, and changes nothing."
+
+
+def _write_forms(csrf: str, *, topologies: Sequence[str], topology: str | None) -> list[Html | str]:
+    """The forms that change something: the plan to apply, the switch, the reclaim."""
+    parts: list[Html | str] = [
         form(
             paths.PLAN,
             csrf,
@@ -171,6 +175,18 @@ def actions_section(csrf: str, *, topologies: Sequence[str], topology: str | Non
             " a dry run first: nothing is removed before you confirm",
             id="reclaim-form",
         )
+    )
+    return parts
+
+
+def actions_section(
+    csrf: str, *, topologies: Sequence[str], topology: str | None, recipes: Sequence[str], read_only: bool = False
+) -> Html:
+    """The forms of the page's actions; ``read_only`` (a session opened with the read token): the probe's alone."""
+    parts: list[Html | str] = (
+        [el("p", READ_ONLY, id="read-only", class_="none")]
+        if read_only
+        else _write_forms(csrf, topologies=topologies, topology=topology)
     )
     if recipes:
         parts.append(

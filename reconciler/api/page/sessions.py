@@ -1,6 +1,7 @@
 """The page's sessions: the API token given once on the login form becomes a random session id in an ``HttpOnly``,
 ``SameSite=Strict`` cookie (``Secure`` when the listener is reached over TLS), never a token in a URL; each session
-has its own CSRF token that every form of the page carries, and a message to show once after an action.
+has the scope of the token it was opened with (one opened with the read token changes nothing), its own CSRF token
+that every form of the page carries, and a message to show once after an action.
 
 Kept in memory by the listener's app (a restarted listener asks for the token again). Used by
 ``reconciler.api.page.handlers``.
@@ -27,6 +28,7 @@ class Session:
     csrf: str
     created: float
     flash: dict[str, Any] | None = None
+    scope: str = "write"  # the token's: "read" is refused every action reconciler.api.scopes calls a write
 
     def csrf_ok(self, presented: str | None) -> bool:
         return presented is not None and hmac.compare_digest(presented.encode(), self.csrf.encode())
@@ -39,8 +41,8 @@ class Sessions:
     _by_id: dict[str, Session] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def open(self, who: str) -> Session:
-        s = Session(secrets.token_urlsafe(32), who, secrets.token_urlsafe(32), time.monotonic())
+    def open(self, who: str, *, scope: str) -> Session:
+        s = Session(secrets.token_urlsafe(32), who, secrets.token_urlsafe(32), time.monotonic(), scope=scope)
         with self._lock:
             self._expire()
             while len(self._by_id) >= self.limit:
