@@ -7,7 +7,9 @@
 # is below the 3 GiB reserve of root/configs/host.yaml; `status` (text and JSON) must say so, and the check an enter
 # makes once its lane is healthy (Applier.check_reserve, via reserve_check.py: no Docker here, so no real enter)
 # must fail it under policy enforce and let it stay under report. Each NVML answer read is kept (nvml-*.json, and
-# copied to $OUT when that is set) as test data.
+# copied to $OUT when that is set) as test data. Last, a process that opens GPU 0's device node and makes no CUDA
+# context (NVML lists no such process): the plan must be blocked naming its pid, from the /proc scan's read of
+# which processes hold a card's node open (safety rule 11).
 #
 # Needs: an NVIDIA driver, nvidia-ml-py, PyTorch with CUDA, and this package importable (installed, or run from
 # the repository: the script puts the repository on PYTHONPATH). Exits 0 only when every check holds.
@@ -225,6 +227,28 @@ PY
 exec 4>&-
 wait "$holder_pid" || true
 holder_pid=""
+
+echo
+echo "== a process that opens GPU 0's node and makes no CUDA context: NVML lists nothing, the /proc scan names it"
+"$py" -c 'import os, time; fd = os.open("/dev/nvidia0", os.O_RDWR); print("open", flush=True); time.sleep(120)' \
+    >"$work/node.out" &
+node_pid=$!
+for _ in $(seq 50); do [[ -s "$work/node.out" ]] && break; sleep 0.1; done
+show_to "$work/plan-node.json" "${rec[@]}" --root "$root" plan --json
+node_rc=$rc
+show nvidia-smi --query-compute-apps=pid --format=csv,noheader
+"$py" - "$work" "$node_pid" "$node_rc" <<'PY' || checks_rc=1
+import json, sys
+work, pid, rc = sys.argv[1], sys.argv[2], int(sys.argv[3])
+plan = json.load(open(f"{work}/plan-node.json"))
+ok = rc == 3 and any(f"pid {pid}" in b["reason"] or b["holder"] == f"pid {pid}" for b in plan["blockers"])
+print(("ok    " if ok else "FAIL  ") + f"plan blocked (exit {rc}) naming pid {pid}, which holds /dev/nvidia0 open: "
+      + "; ".join(b["reason"] for b in plan["blockers"]))
+print("NODE PROOF OK" if ok else "NODE PROOF FAILED")
+sys.exit(0 if ok else 1)
+PY
+kill "$node_pid" 2>/dev/null || true
+wait "$node_pid" 2>/dev/null || true
 if [[ -n "${OUT:-}" ]]; then
     cp "$work"/nvml-idle.json "$work"/nvml-busy.json "$work"/nvml-below-reserve.json "$work"/status-below.json "$OUT"/
 fi
