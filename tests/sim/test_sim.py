@@ -473,8 +473,8 @@ def test_a_container_adopted_by_a_second_terminal_is_ours_from_then_on() -> None
 
 def test_proc_lost_in_the_middle_of_a_pass_says_why_in_the_pass_result() -> None:
     """A fork chain starts mapping a file while a pass's leaves run: the pass's first plan had /proc, its re-plan
-    after the leaves does not. The pass's message names the cause ("processes kept appearing ... handed down by
-    fork"), as a pass that lost the source before its first action does, so the operator (and the liveness check)
+    after the leaves does not. The pass's message names the cause ("processes listed in /proc kept vanishing ...
+    handed down by fork"), as a pass that lost the source before its first action does, so the operator (and the liveness check)
     knows why nothing more was done (the soak's seed 772293419 found a bare "source unavailable: proc")."""
     m = HostMachine()
     m.setup(
