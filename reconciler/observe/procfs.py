@@ -12,7 +12,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 
 # Container ids on a cgroup path, in every form Docker, containerd, CRI-O and Podman write (tests/data/cgroup holds
@@ -299,9 +299,9 @@ class HolderScan:
     seen: dict[int, int] = field(default_factory=dict)
     rounds: int = 1  # listings of /proc that were read from: one more after each round that lost a process
     # pids listed but gone before they were read, or read with their memory already gone (exiting, a zombie): what
-    # they held is not known, and a child they forked after the listing may hold it (``settle_scan``).
+    # they held is not known, and a child they forked after the listing may hold it (``proc_settle``).
     lost: list[int] = field(default_factory=list)  # a list: a reused number can be lost twice
-    # Why the scan did not settle (listed processes kept vanishing unread for MAX_SCAN_ROUNDS listings): incomplete.
+    # Why the scan did not settle (listed processes kept vanishing unread for 16 listings: ``proc_settle``): incomplete.
     unstable: str = ""
     workers: int = 1  # processes that shared the scan, this one included
     worker_failures: int = 0  # workers whose share was scanned here instead (no answer, or a bad one)
@@ -392,17 +392,7 @@ def read_stat(pid: int, proc_root: str = "/proc") -> tuple[int, bool] | None:
         start = int(fields[19])
     except (IndexError, ValueError):
         return -1, False
-    try:
-        kernel = bool(int(fields[6]) & _PF_KTHREAD)
-    except ValueError:
-        kernel = False
-    return start, kernel
-
-
-def read_start_time(pid: int, proc_root: str = "/proc") -> int | None:
-    """``read_stat``'s start time alone: None when the process is gone, -1 when not known."""
-    stat = read_stat(pid, proc_root)
-    return None if stat is None else stat[0]
+    return start, fields[6].isdigit() and bool(int(fields[6]) & _PF_KTHREAD)
 
 
 def _scan_names(names: list[str], dev: int, proc_root: str, scan: HolderScan) -> None:
@@ -422,60 +412,6 @@ def _scan_names(names: list[str], dev: int, proc_root: str, scan: HolderScan) ->
             scan.lost.append(pid)
         if got != _GONE:
             scan.pids_scanned += 1
-
-
-# How many listings of /proc one scan takes at most before it gives up as incomplete (fail closed, rule 3). A
-# listing after the first reads only the processes born since the one before (a few, in a few milliseconds).
-MAX_SCAN_ROUNDS = 16
-
-
-def settle_scan(
-    scan: HolderScan,
-    *,
-    list_pids: Callable[[], list[str]],
-    start_time: Callable[[int], int | None],
-    scan_names: Callable[[list[str], HolderScan], None],
-    max_rounds: int = MAX_SCAN_ROUNDS,
-) -> HolderScan:
-    """List /proc again while a listing lost a process: one listed, then gone before it was read (docs/design.md,
-    safety rule 2).
-
-    A holder can hand its mapping down by fork and exit (a daemonising double fork, a prefork recycler): gone
-    when its pid is read, its child born after the listing. So after the first listing /proc is listed again, and
-    each further listing reads every process not read yet (a new pid, or one whose start time changed: a reused
-    number); while a listing's reads lose a process (``HolderScan.lost``: gone unread, or its memory gone when
-    read), or a process it shows is gone before it could be read, the children that process may have forked since
-    are in the next listing. A listing whose processes were all read ends the scan: everything born after it
-    descends from a process read alive and inherited what that process held, which the scan saw (or acquired by
-    mapping a file afterwards: the second inspection and the write lease catch that, rules 4). New processes
-    alone (a build forking hundreds a second) never keep it going. A chain that keeps handing down faster than a
-    listing is read leaves the scan ``unstable`` after ``max_rounds`` listings: incomplete, so the caller refuses
-    (safety rule 3). ``list_pids``, ``start_time`` and ``scan_names`` are the reads; the simulation passes its own.
-    """
-    lost = True  # what the first listing's reads lost is not known here: list again in any case
-    while lost:
-        fresh: list[str] = []
-        lost = False
-        for name in list_pids():
-            pid = int(name)
-            now = start_time(pid)
-            if now is None:
-                lost = lost or pid not in scan.seen  # listed, and gone before it was ever read
-            elif now != scan.seen.get(pid):
-                fresh.append(name)
-        if not fresh and not lost:
-            return scan
-        if scan.rounds >= max_rounds:
-            scan.unstable = (
-                f"processes listed in /proc kept vanishing before they were read ({len(fresh)} new, and some gone "
-                f"unread, after {scan.rounds} listings): a holder handed down by fork cannot be ruled out"
-            )
-            return scan
-        scan.rounds += 1
-        before = len(scan.lost)
-        scan_names(fresh, scan)
-        lost = lost or len(scan.lost) > before
-    return scan
 
 
 # Below this many processes one process scans alone: starting a worker (~15 ms) would cost more than it saves.
@@ -503,7 +439,7 @@ def scan_holders(dev: int, *, proc_root: str = "/proc", workers: int | None = No
 
     A process that exits during the scan is simply gone. One whose maps or fd directory cannot be read for any
     other reason is recorded in ``unreadable``: the caller must treat the scan as incomplete for it, as it must
-    an ``unstable`` one (``settle_scan``: /proc is listed again while a listing loses a process unread).
+    an ``unstable`` one (``proc_settle.settle_scan``: /proc is listed again while a listing loses a process unread).
     Raises OSError when ``proc_root`` itself cannot be listed.
 
     Reading maps is kernel work (the kernel formats every mapping of every process), and Python threads do
@@ -524,10 +460,13 @@ def scan_holders(dev: int, *, proc_root: str = "/proc", workers: int | None = No
         if child is None or not _collect_worker(child, scan):
             scan.worker_failures += 1
             _scan_names(shard, dev, proc_root, scan)
+    # start-up: the scan's worker interpreters run this file alone (-I -S, no package): it imports none at the top
+    from reconciler.observe.proc_settle import settle_scan
+
     settle_scan(
         scan,
         list_pids=lambda: [n for n in os.listdir(proc_root) if n.isdigit()],
-        start_time=lambda pid: read_start_time(pid, proc_root),
+        start_time=lambda pid: (read_stat(pid, proc_root) or (None, False))[0],
         scan_names=lambda more, into: _scan_names(more, dev, proc_root, into),
     )
     scan.elapsed_s = time.perf_counter() - t0

@@ -297,7 +297,8 @@ def sim_scan(world: World) -> Any:
     """The holder scan as ``procfs.scan_holders`` makes it, over the world's /proc: the real ``settle_scan`` lists
     again while a listing loses a process unread, while the world's scan hooks fork, exit and hand mappings down between
     the reads. Records which inodes were held without a break all through it (the lease check's truth)."""
-    from reconciler.observe.procfs import FdTarget, HolderScan, settle_scan
+    from reconciler.observe.proc_settle import settle_scan
+    from reconciler.observe.procfs import FdTarget, HolderScan
 
     scan = HolderScan(dev=1)
     through = world.held_inodes()

@@ -227,12 +227,9 @@ def test_a_mapping_handed_down_by_fork_during_the_scan_is_never_unlinked(every: 
 def test_the_checker_catches_a_scan_that_lists_proc_once(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """The checker has teeth: with the scan's re-listing taken away (one listing, as before), the fork chain's
     file is judged orphan, and the only thing that keeps it is the lease gate, which the checker reports."""
-    import reconciler.observe.procfs as procfs
+    import reconciler.observe.proc_settle as proc_settle
 
-    monkeypatch.setattr(procfs, "settle_scan", lambda scan, **kw: scan)
-    import sim.seams as seams
-
-    monkeypatch.setattr(seams, "settle_scan", lambda scan, **kw: scan, raising=False)
+    monkeypatch.setattr(proc_settle, "settle_scan", lambda scan, **kw: scan)
     m = _machine()
     try:
         m.orphan_appears(1)

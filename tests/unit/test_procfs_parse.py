@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.observe.proc_settle import settle_scan
 from reconciler.observe.procfs import (
     FdTarget,
     HolderScan,
@@ -20,7 +21,6 @@ from reconciler.observe.procfs import (
     parse_maps,
     parse_maps_line,
     scan_holders,
-    settle_scan,
 )
 from reconciler.observe.shm import DirEntry, DirListing, build_view, describe_owners, owner_container
 from reconciler.plan.observed import ContainerView, Owner, Source, Tmpfs
