@@ -6,7 +6,9 @@ A commit's files are written by this tool from the commit's blobs (``git ls-tree
 checked out: only ``PATH/manifests/*.yaml`` (or ``.yml``) and ``PATH/configs/recipes/*.toml`` are taken, each a regular
 file of at most 1 MiB under a plain name, so nothing in the repository can place a symlink, a device, a hook or a file
 outside that folder on the host; a symlink or a submodule where a manifest or recipe would be is a problem named by
-the commit and the file. What is read then goes through the same validation as a local file (``load_desired``).
+the commit and the file. Every size comes from git (``ls-tree -l``, ``cat-file -s``) before an object is read: a file
+over the limit is refused unread, so no commit can make the loop hold more than a few MiB of it. What is read then goes
+through the same validation as a local file (``load_desired``).
 
 git runs with its prompts off, its transports held to those of ``reconciler.model.source.GIT_SCHEMES`` (never
 ``ext::``; http and git only with ``source.insecure_transport``), no hooks and no submodules, a deadline, and its
@@ -26,6 +28,7 @@ from pathlib import Path
 from reconciler.base import fsafe
 from reconciler.base.errors import ConfigError, ConfigProblem, ReconcilerError
 from reconciler.base.redact import redact_text
+from reconciler.base.units import human_bytes
 from reconciler.load.files import HOST_FILE, MANIFESTS_DIR, MAX_FILE_BYTES, RECIPES_DIR
 from reconciler.model.host import HostConfig
 from reconciler.model.source import GIT_SCHEMES, PLAINTEXT_SCHEMES, SourceConfig
@@ -33,6 +36,10 @@ from reconciler.store.source import COMMIT_RE, read_source_record, source_dir, t
 
 FETCHED_REF = "refs/reconciler/source"
 MAX_FILES = 4096  # manifests and recipes of one commit: a few dozen on any real fleet
+# All of one commit's manifests and recipes together (read in one batch): a few hundred KiB on any real fleet.
+MAX_TOTAL_BYTES = 16 << 20
+# A commit object (its header, signature and message), read whole to check its signature and show its subject.
+MAX_COMMIT_BYTES = 1 << 20
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,254}$")
 _REGULAR = ("100644", "100755")
 
@@ -136,6 +143,17 @@ def fetch(host: str, src: SourceConfig) -> str:
     return commit
 
 
+def _commit_too_large(repo: Path, commit: str) -> str | None:
+    """Why the commit object is not read whole (its size from ``git cat-file -s``, read first), or None."""
+    size = int(_git(repo, "cat-file", "-s", commit, timeout=30).decode("ascii", "replace").strip() or "0")
+    if size <= MAX_COMMIT_BYTES:
+        return None
+    return (
+        f"commit {commit[:12]} is {size} bytes ({human_bytes(size)}), over the limit of "
+        f"{human_bytes(MAX_COMMIT_BYTES)} for a commit's header and message: refused before it was read"
+    )
+
+
 def signature_problem(host: str, commit: str, allowed_signers: str, *, timeout: float) -> str | None:
     """None when ``commit`` is signed with an SSH key of ``allowed_signers`` (``git verify-commit`` with that file as
     gpg.ssh.allowedSignersFile); else why not. Only an SSH signature counts: a GPG one is not judged by the running
@@ -146,6 +164,9 @@ def signature_problem(host: str, commit: str, allowed_signers: str, *, timeout: 
     except (OSError, fsafe.UnsafePath) as exc:
         return f"source.allowed_signers {allowed_signers}: {getattr(exc, 'strerror', None) or exc}"
     repo = _repo(host)
+    too_large = _commit_too_large(repo, commit)
+    if too_large is not None:
+        return too_large
     raw = _git(repo, "cat-file", "commit", commit, timeout=30)
     head = raw.split(b"\n\n", 1)[0]
     if b"\ngpgsig " not in head:
@@ -168,8 +189,11 @@ def signature_problem(host: str, commit: str, allowed_signers: str, *, timeout: 
 def subject(host: str, commit: str) -> str:
     """The commit's subject line, for the audit trail and the status (redacted, one line, at most 200 chars)."""
     try:
-        text = _git(_repo(host), "log", "-1", "--format=%s", commit, timeout=30).decode("utf-8", "replace")
-    except GitError:
+        repo = _repo(host)
+        if _commit_too_large(repo, commit) is not None:
+            return ""
+        text = _git(repo, "log", "-1", "--format=%s", commit, timeout=30).decode("utf-8", "replace")
+    except (GitError, ValueError):
         return ""
     return redact_text(text.strip().splitlines()[0] if text.strip() else "")[:200]
 
@@ -181,16 +205,15 @@ def _wanted(rel: str) -> bool:
     return folder == RECIPES_DIR and name.endswith(".toml")
 
 
-def _export(host: str, src: SourceConfig, commit: str, dest: Path) -> None:
-    """Write ``commit``'s manifests and recipes of ``src.path`` under ``dest`` (which does not exist yet)."""
-    repo = _repo(host)
-    top = "" if src.path == "." else f"{src.path}/"
-    files = SourceFiles(dest, commit, src.path)
+def _listed_blobs(repo: Path, commit: str, top: str, files: SourceFiles) -> list[tuple[str, str]]:
+    """The (object id, path under the tree) of ``commit``'s manifests and recipes under ``top``, each checked by its
+    listing alone (name, mode, size as git gives it): ConfigError with every problem, before any blob is read."""
     listing = _git(
         repo,
         "ls-tree",
         "-r",
         "-z",
+        "-l",  # each blob's size, so that none is read before it is known to fit
         "--full-tree",
         commit,
         "--",
@@ -199,32 +222,59 @@ def _export(host: str, src: SourceConfig, commit: str, dest: Path) -> None:
         timeout=60,
     )
     problems: list[ConfigProblem] = []
-    blobs: list[tuple[str, str]] = []  # (object id, path under the tree)
+    blobs: list[tuple[str, str]] = []
+    total = 0
     for entry in listing.split(b"\0"):
         if not entry:
             continue
         meta, _, raw = entry.partition(b"\t")
-        mode, kind, oid = meta.decode("ascii", "replace").split(" ")
+        mode, kind, oid, size_s = meta.decode("ascii", "replace").split()  # the size right-aligned, "-" for no blob
         name = raw.decode("utf-8", "replace")
         rel = name[len(top) :] if name.startswith(top) else name
         if not _wanted(rel):
             continue  # other files of the repository (a README, another host's notes) are not read
-        base = rel.rpartition("/")[2]
-        if not _NAME_RE.match(base):
-            problems.append(ConfigProblem(files.label(rel), None, "a file name of letters, digits, . _ - only"))
-        elif kind != "blob" or mode not in _REGULAR:
-            what = {"120000": "a symlink", "160000": "a submodule"}.get(mode, f"mode {mode}")
-            problems.append(
-                ConfigProblem(
-                    files.label(rel), None, f"{what} in the source: only regular files are read; commit the file itself"
-                )
-            )
+        why = _entry_problem(rel, mode, kind, size_s)
+        if why is not None:
+            problems.append(ConfigProblem(files.label(rel), None, why))
         else:
             blobs.append((oid, rel))
+            total += int(size_s)
     if len(blobs) > MAX_FILES:
         problems.append(ConfigProblem(files.label(MANIFESTS_DIR), None, f"more than {MAX_FILES} manifests and recipes"))
+    elif total > MAX_TOTAL_BYTES:
+        where = files.label(f"{MANIFESTS_DIR} and {RECIPES_DIR}")
+        problems.append(ConfigProblem(where, None, _over(total, MAX_TOTAL_BYTES, "all manifests and recipes together")))
     if problems:
         raise ConfigError(problems)
+    return blobs
+
+
+def _entry_problem(rel: str, mode: str, kind: str, size: str) -> str | None:
+    """Pure: why a listed manifest or recipe is not read (its name, its mode, its size), or None."""
+    if not _NAME_RE.match(rel.rpartition("/")[2]):
+        return "a file name of letters, digits, . _ - only"
+    if kind != "blob" or mode not in _REGULAR:
+        what = {"120000": "a symlink", "160000": "a submodule"}.get(mode, f"mode {mode}")
+        return f"{what} in the source: only regular files are read; commit the file itself"
+    if not size.isdigit() or int(size) > MAX_FILE_BYTES:
+        return _over(int(size) if size.isdigit() else -1, MAX_FILE_BYTES, "a manifest or recipe")
+    return None
+
+
+def _over(size: int, limit: int, what: str) -> str:
+    return (
+        f"{size} bytes ({human_bytes(size)}), over the limit of {human_bytes(limit)} for {what}: "
+        "refused before it was read"
+    )
+
+
+def _export(host: str, src: SourceConfig, commit: str, dest: Path) -> None:
+    """Write ``commit``'s manifests and recipes of ``src.path`` under ``dest`` (which does not exist yet)."""
+    repo = _repo(host)
+    top = "" if src.path == "." else f"{src.path}/"
+    files = SourceFiles(dest, commit, src.path)
+    blobs = _listed_blobs(repo, commit, top, files)
+    problems: list[ConfigProblem] = []
     out = _git(repo, "cat-file", "--batch", timeout=60, stdin=b"".join(f"{oid}\n".encode() for oid, _ in blobs))
     tmp = Path(tempfile.mkdtemp(prefix=f".{commit[:12]}.", dir=dest.parent))
     try:
@@ -239,8 +289,10 @@ def _export(host: str, src: SourceConfig, commit: str, dest: Path) -> None:
                 raise GitError(f"git cat-file answered {got_oid} {kind} for {oid}")
             data = out[nl + 1 : nl + 1 + size]
             pos = nl + 1 + size + 1
-            if size > MAX_FILE_BYTES:
-                problems.append(ConfigProblem(files.label(rel), None, f"larger than {MAX_FILE_BYTES >> 20} MiB"))
+            if size > MAX_FILE_BYTES:  # never, for the object the listing sized; checked where it is used all the same
+                problems.append(
+                    ConfigProblem(files.label(rel), None, _over(size, MAX_FILE_BYTES, "a manifest or recipe"))
+                )
                 continue
             fd = os.open(tmp / rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "wb") as f:

@@ -13,7 +13,7 @@ import stat as stat_mod
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 
 # Container ids on a cgroup path, in every form Docker, containerd, CRI-O and Podman write (tests/data/cgroup holds
@@ -311,8 +311,11 @@ class HolderScan:
     # pid -> its start time (/proc/PID/stat, clock ticks since boot) when it was read: a pid listed again with
     # another start time is a new process under a reused number, and is read again.
     seen: dict[int, int] = field(default_factory=dict)
-    rounds: int = 1  # listings of /proc: one more after each that showed a process not read yet
-    # Why the scan did not settle (new processes kept appearing for MAX_SCAN_ROUNDS listings): it is incomplete.
+    rounds: int = 1  # listings of /proc that were read from: one more after each round that lost a process
+    # pids listed but gone before they were read, or read with their memory already gone (exiting, a zombie): what
+    # they held is not known, and a child they forked after the listing may hold it (``proc_settle``).
+    lost: list[int] = field(default_factory=list)  # a list: a reused number can be lost twice
+    # Why the scan did not settle (listed processes kept vanishing unread for 16 listings: ``proc_settle``): incomplete.
     unstable: str = ""
     workers: int = 1  # processes that shared the scan, this one included
     # pid -> the cards whose node it holds open (195:N): usable before NVML lists it (with a CUDA context).
@@ -335,13 +338,18 @@ def _why(exc: OSError) -> str:
     return f"{exc.filename}: {exc.strerror or exc}"
 
 
-def _scan_task(base: str, pid: int, dev: int, token: bytes, scan: HolderScan) -> bool:
-    """Scan one process (or thread) directory; False when it turned out to be gone."""
+# What reading one process found: gone (before its maps could be read), its memory gone already (empty maps: a
+# kernel thread, a zombie, a process exiting), or read.
+_GONE, _NO_MEMORY, _READ = 0, 1, 2
+
+
+def _scan_task(base: str, pid: int, dev: int, token: bytes, scan: HolderScan) -> int:
+    """Scan one process (or thread) directory: ``_GONE``, ``_NO_MEMORY`` or ``_READ``."""
     try:
         text = read_proc_bytes(base + "/maps")
     except OSError as exc:
         if exc.errno in _GONE_ERRNOS:
-            return False
+            return _GONE
         scan.unreadable[pid] = _why(exc)
         text = b""
     # Most processes map nothing on the device: one substring search decides, no line is split.
@@ -356,47 +364,54 @@ def _scan_task(base: str, pid: int, dev: int, token: bytes, scan: HolderScan) ->
         fds = read_fd_targets(base + "/fd", dev, cards)
     except OSError as exc:
         if exc.errno in _GONE_ERRNOS:
-            return bool(text)
+            return _READ if text else _GONE
         scan.unreadable.setdefault(pid, _why(exc))
-        return True
+        return _READ
     if fds:
         scan.fds.setdefault(pid, []).extend(fds)
     if cards:
         scan.cards.setdefault(pid, set()).update(cards)
-    if not text and not fds:
-        # Empty maps: a kernel thread, a zombie, or a thread-group leader that exited while its other threads
-        # run on with the memory and descriptors. Only the last holds anything; look at its threads.
-        _scan_threads(base, pid, dev, token, scan)
-    return True
+    if text or pid in scan.unreadable:
+        return _READ
+    # Empty maps: a kernel thread, a zombie, a process exiting, or a thread-group leader that exited while its other
+    # threads run on with the memory and descriptors. Only the last holds anything; look at its threads.
+    if not fds and _scan_threads(base, pid, dev, token, scan):
+        return _READ
+    return _NO_MEMORY
 
 
-def _scan_threads(base: str, pid: int, dev: int, token: bytes, scan: HolderScan) -> None:
+def _scan_threads(base: str, pid: int, dev: int, token: bytes, scan: HolderScan) -> bool:
+    """Scan the other threads of a leader whose maps were empty; True when one of them had memory to read."""
     try:
         tids = [t for t in os.listdir(base + "/task") if t != str(pid)]
     except OSError:
-        return  # gone, or a kernel thread without a readable task list: nothing mapped either way
-    for tid in tids:
-        _scan_task(f"{base}/task/{tid}", pid, dev, token, scan)
+        return False  # gone, or a kernel thread without a readable task list: nothing mapped either way
+    found = [_scan_task(f"{base}/task/{tid}", pid, dev, token, scan) for tid in tids]
+    return _READ in found
 
 
-def read_start_time(pid: int, proc_root: str = "/proc") -> int | None:
-    """A process's start time (field 22 of /proc/PID/stat, clock ticks after boot); None when it is gone, -1 when
-    its stat cannot be read or parsed.
+_PF_KTHREAD = 0x00200000  # a kernel thread (flags, field 9 of /proc/PID/stat): it never has memory of its own
 
-    With the pid it names one process for the life of the system: a pid number is reused, a start time with it
-    is not (two processes started in one tick under one pid number would need the whole pid space in a tick).
+
+def read_stat(pid: int, proc_root: str = "/proc") -> tuple[int, bool] | None:
+    """A process's start time (field 22 of /proc/PID/stat, clock ticks after boot) and whether it is a kernel thread;
+    None when it is gone, a start time of -1 when its stat cannot be read or parsed.
+
+    With the pid the start time names one process for the life of the system: a pid number is reused, a start time
+    with it is not (two processes started in one tick under one pid number would need the whole pid space in a tick).
     """
     try:
         raw = read_proc_bytes(f"{proc_root}/{pid}/stat")
     except OSError as exc:
         # Unreadable for another reason: read its maps all the same (their error decides); -1, not known.
-        return None if exc.errno in _GONE_ERRNOS else -1
+        return None if exc.errno in _GONE_ERRNOS else (-1, False)
     # The command (field 2) is in parentheses and may hold anything, ')' and blanks included: split after it.
     fields = raw.rpartition(b")")[2].split()
     try:
-        return int(fields[19])
+        start = int(fields[19])
     except (IndexError, ValueError):
-        return -1
+        return -1, False
+    return start, fields[6].isdigit() and bool(int(fields[6]) & _PF_KTHREAD)
 
 
 def _scan_names(names: list[str], dev: int, proc_root: str, scan: HolderScan) -> None:
@@ -404,53 +419,18 @@ def _scan_names(names: list[str], dev: int, proc_root: str, scan: HolderScan) ->
     for name in names:
         pid = int(name)
         # Read before its maps: a number reused after this read shows another start time at the next listing.
-        start = read_start_time(pid, proc_root)
-        if start is None:
-            continue  # gone before it was read
+        stat = read_stat(pid, proc_root)
+        if stat is None:
+            scan.lost.append(pid)  # listed, gone before it was read
+            continue
+        start, kernel = stat
         scan.seen[pid] = start
-        if _scan_task(f"{proc_root}/{name}", pid, dev, token, scan):
+        got = _scan_task(f"{proc_root}/{name}", pid, dev, token, scan)
+        if got == _GONE or (got == _NO_MEMORY and not kernel):
+            # What it held is not known: gone, or its memory already gone (exiting, a zombie) when it was read.
+            scan.lost.append(pid)
+        if got != _GONE:
             scan.pids_scanned += 1
-
-
-# How many listings of /proc one scan takes at most before it gives up as incomplete (fail closed, rule 3). A
-# listing after the first reads only the processes born since the one before (a few, in a few milliseconds).
-MAX_SCAN_ROUNDS = 16
-
-
-def settle_scan(
-    scan: HolderScan,
-    *,
-    list_pids: Callable[[], list[str]],
-    start_time: Callable[[int], int | None],
-    scan_names: Callable[[list[str], HolderScan], None],
-    max_rounds: int = MAX_SCAN_ROUNDS,
-) -> HolderScan:
-    """List /proc again until a listing shows no process the scan has not read (docs/design.md, safety rule 2).
-
-    One listing misses every pid born after it: a holder that hands its mapping down by fork and exits (a
-    daemonising double fork, a prefork recycler) is gone when its pid is read, and its child was never listed.
-    Each further listing reads the pids that are new, or whose start time changed (a reused number). A chain
-    that keeps handing down faster than a listing settles leaves the scan ``unstable``: incomplete, so the
-    caller refuses (safety rule 3). ``list_pids``, ``start_time`` and ``scan_names`` are the reads; the
-    simulation passes its own.
-    """
-    while True:
-        fresh = []
-        for name in list_pids():
-            pid = int(name)
-            now = start_time(pid)  # None: gone again (a pid listed, exited before it could be read)
-            if now is not None and now != scan.seen.get(pid):
-                fresh.append(name)
-        if not fresh:
-            return scan
-        if scan.rounds >= max_rounds:
-            scan.unstable = (
-                f"processes kept appearing while /proc was scanned ({len(fresh)} not read after {scan.rounds} "
-                "listings): a holder handed down by fork cannot be ruled out"
-            )
-            return scan
-        scan.rounds += 1
-        scan_names(fresh, scan)
 
 
 # Below this many processes one process scans alone: starting a worker (~15 ms) would cost more than it saves.
@@ -478,7 +458,7 @@ def scan_holders(dev: int, *, proc_root: str = "/proc", workers: int | None = No
 
     A process that exits during the scan is simply gone. One whose maps or fd directory cannot be read for any
     other reason is recorded in ``unreadable``: the caller must treat the scan as incomplete for it, as it must
-    an ``unstable`` one (``settle_scan``: /proc is listed again until no unread process appears).
+    an ``unstable`` one (``proc_settle.settle_scan``: /proc is listed again while a listing loses a process unread).
     Raises OSError when ``proc_root`` itself cannot be listed.
 
     Reading maps is kernel work (the kernel formats every mapping of every process), and Python threads do
@@ -499,10 +479,13 @@ def scan_holders(dev: int, *, proc_root: str = "/proc", workers: int | None = No
         if child is None or not _collect_worker(child, scan):
             scan.worker_failures += 1
             _scan_names(shard, dev, proc_root, scan)
+    # start-up: the scan's worker interpreters run this file alone (-I -S, no package): it imports none at the top
+    from reconciler.observe.proc_settle import settle_scan
+
     settle_scan(
         scan,
         list_pids=lambda: [n for n in os.listdir(proc_root) if n.isdigit()],
-        start_time=lambda pid: read_start_time(pid, proc_root),
+        start_time=lambda pid: (read_stat(pid, proc_root) or (None, False))[0],
         scan_names=lambda more, into: _scan_names(more, dev, proc_root, into),
     )
     scan.elapsed_s = time.perf_counter() - t0
@@ -541,7 +524,7 @@ def _collect_worker(child: subprocess.Popen[bytes], scan: HolderScan) -> bool:
     if child.returncode != 0:
         return False
     try:
-        scanned, mapped, unlinked, fds, unreadable, seen, cards = marshal.loads(out)
+        scanned, mapped, unlinked, fds, unreadable, seen, cards, lost = marshal.loads(out)
     except (EOFError, ValueError, TypeError):
         return False
     scan.pids_scanned += scanned
@@ -556,6 +539,7 @@ def _collect_worker(child: subprocess.Popen[bytes], scan: HolderScan) -> bool:
     scan.seen.update(seen)
     for pid, minors in cards:
         scan.cards.setdefault(pid, set()).update(minors)
+    scan.lost.extend(lost)
     return True
 
 
@@ -585,6 +569,7 @@ def _worker_main(argv: list[str]) -> int:
         list(scan.unreadable.items()),
         list(scan.seen.items()),
         [(pid, list(minors)) for pid, minors in scan.cards.items()],
+        scan.lost,
     )
     sys.stdout.buffer.write(marshal.dumps(payload))
     return 0

@@ -269,6 +269,53 @@ def test_with_allowed_signers_only_a_commit_signed_by_one_of_their_keys_is_taken
     )
 
 
+# Runs a command (its stdout into the file argv[1]) and prints the peak resident memory, in KiB, of it and of every
+# process it waited for (wait4's rusage: git's children of `reconciler sync` included).
+PEAK_RSS = """
+import os, subprocess, sys
+with open(sys.argv[1], "wb") as out:
+    child = subprocess.Popen(sys.argv[2:], stdout=out)
+    _, status, usage = os.wait4(child.pid, 0)
+print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)
+"""
+
+
+def test_a_700_mb_file_in_a_commit_is_refused_before_it_is_read(plain_root: Root, tmp_path: Path) -> None:
+    """A commit adds a 700 MB recipe: its size comes from git before any blob is read, so the commit is refused,
+    naming COMMIT:PATH, the size and the limit, while `reconciler sync` and the git it runs stay under 200 MB of
+    resident memory (reading the whole batch took 1.4 GiB: the loop died under the unit's MemoryMax=512M)."""
+    root = plain_root
+    repo = Repo(tmp_path / "repo")
+    repo.manifest(root.host)
+    first = repo.commit("an empty manifest")
+    follow(root, str(repo.path))
+    r = cli(root, "--json", "sync")
+    assert r.returncode == 0 and json.loads(r.stdout)["source"]["commit"] == first, r
+
+    huge = repo.path / "fleet" / "configs" / "recipes" / "huge.toml"
+    with open(huge, "wb") as f:
+        f.truncate(700_000_000)  # sparse zeros: no disk here, and git stores them compressed to under 1 MB
+    big = repo.commit("a large file")
+    huge.unlink()
+    out = tmp_path / "sync.json"
+    measured = subprocess.run(
+        [sys.executable, "-c", PEAK_RSS, str(out), *root.cli_args("--json", "sync")],
+        env=root.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    rc, peak_kib = (int(v) for v in measured.stdout.split())
+    assert peak_kib < 200 * 1024, f"peak resident memory {peak_kib >> 10} MiB"
+    src = json.loads(out.read_text())["source"]
+    assert rc == 1 and src["commit"] == first and src["refused"]["commit"] == big, (rc, src)
+    assert src["refused"]["problems"] == [
+        f"{big[:12]}:fleet/configs/recipes/huge.toml: 700000000 bytes (667.57 MiB), over the limit of 1.00 MiB for a "
+        "manifest or recipe: refused before it was read"
+    ], src["refused"]
+
+
 @pytest.mark.parametrize(
     ("url", "says"),
     [

@@ -1136,7 +1136,7 @@ class HostMachine(RuleBasedStateMachine):
                 "proc": any(not p.inspectable and p.pid != 1 for p in w.procs.values())
                 or (
                     any(getattr(h, "chain", False) for h in w.scan_hooks)
-                    and "processes kept appearing" in (result.message or "")
+                    and "kept vanishing before they were read" in (result.message or "")
                 ),
             }
             false = [s for s in final.unavailable if not true_cause.get(s, False)]

@@ -298,9 +298,10 @@ def sim_observer(world: World, url: str) -> Any:
 
 def sim_scan(world: World) -> Any:
     """The holder scan as ``procfs.scan_holders`` makes it, over the world's /proc: the real ``settle_scan`` lists
-    again until no unread process appears, while the world's scan hooks fork, exit and hand mappings down between
+    again while a listing loses a process unread, while the world's scan hooks fork, exit and hand mappings down between
     the reads. Records which inodes were held without a break all through it (the lease check's truth)."""
-    from reconciler.observe.procfs import FdTarget, HolderScan, settle_scan
+    from reconciler.observe.proc_settle import settle_scan
+    from reconciler.observe.procfs import FdTarget, HolderScan
 
     scan = HolderScan(dev=1)
     through = world.held_inodes()
@@ -321,7 +322,8 @@ def sim_scan(world: World) -> Any:
             through &= world.held_inodes()
             p = world.procs.get(int(name))
             if p is None or not p.resolvable:
-                continue  # gone before it was read
+                into.lost.append(int(name))  # gone before it was read: a child forked since may hold what it held
+                continue
             into.seen[p.pid] = p.start
             world.pids_read.add(p.pid)
             into.pids_scanned += 1

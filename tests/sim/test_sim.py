@@ -277,12 +277,9 @@ def test_a_mapping_handed_down_by_fork_during_the_scan_is_never_unlinked(every: 
 def test_the_checker_catches_a_scan_that_lists_proc_once(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """The checker has teeth: with the scan's re-listing taken away (one listing, as before), the fork chain's
     file is judged orphan, and the only thing that keeps it is the lease gate, which the checker reports."""
-    import reconciler.observe.procfs as procfs
+    import reconciler.observe.proc_settle as proc_settle
 
-    monkeypatch.setattr(procfs, "settle_scan", lambda scan, **kw: scan)
-    import sim.seams as seams
-
-    monkeypatch.setattr(seams, "settle_scan", lambda scan, **kw: scan, raising=False)
+    monkeypatch.setattr(proc_settle, "settle_scan", lambda scan, **kw: scan)
     m = _machine()
     try:
         m.orphan_appears(1)
@@ -523,8 +520,8 @@ def test_a_container_adopted_by_a_second_terminal_is_ours_from_then_on() -> None
 
 def test_proc_lost_in_the_middle_of_a_pass_says_why_in_the_pass_result() -> None:
     """A fork chain starts mapping a file while a pass's leaves run: the pass's first plan had /proc, its re-plan
-    after the leaves does not. The pass's message names the cause ("processes kept appearing ... handed down by
-    fork"), as a pass that lost the source before its first action does, so the operator (and the liveness check)
+    after the leaves does not. The pass's message names the cause ("processes listed in /proc kept vanishing ...
+    handed down by fork"), as a pass that lost the source before its first action does, so the operator (and the liveness check)
     knows why nothing more was done (the soak's seed 772293419 found a bare "source unavailable: proc")."""
     m = HostMachine()
     m.setup(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.observe.proc_settle import settle_scan
 from reconciler.observe.procfs import (
     FdTarget,
     HolderScan,
@@ -20,7 +21,6 @@ from reconciler.observe.procfs import (
     parse_maps,
     parse_maps_line,
     scan_holders,
-    settle_scan,
 )
 from reconciler.observe.shm import DirEntry, DirListing, build_view, describe_owners, owner_container
 from reconciler.plan.observed import ContainerView, Owner, Source, Tmpfs
@@ -356,6 +356,7 @@ class _Proc:
                 hook()
             pid = int(name)
             if pid not in self.procs:
+                scan.lost.append(pid)  # gone before it was read
                 continue
             self.reads.append(pid)
             start, maps = self.procs[pid]
@@ -415,7 +416,10 @@ def test_a_listed_pid_that_cannot_be_read_does_not_keep_the_scan_going(tmp_path:
     assert scan.rounds == 1 and scan.unstable == "" and set(scan.seen) == {10, 11}
 
 
-def test_processes_that_keep_appearing_leave_the_scan_incomplete() -> None:
+def test_processes_that_keep_appearing_and_are_read_do_not_keep_the_scan_going() -> None:
+    """A build forks at every read and every listing (issue 40: one fork every 2 ms): each listing shows new
+    processes, all read alive. They descend from processes the scan read, so the scan settles (it used to give up
+    after 16 listings, and every pass refused as "source unavailable: proc")."""
     proc = _Proc({10: (1, set())})
     born = [100]
 
@@ -425,4 +429,43 @@ def test_processes_that_keep_appearing_leave_the_scan_incomplete() -> None:
 
     proc.on_read.append(fork)
     scan = proc.scan(max_rounds=4)
-    assert scan.rounds == 4 and "processes kept appearing" in scan.unstable
+    assert scan.unstable == "" and scan.rounds == 2 and not scan.lost
+
+
+def test_a_chain_that_hands_down_before_every_read_leaves_the_scan_incomplete() -> None:
+    """The holder forks its child and exits before each read of it: every listing loses the holder unread, so
+    after ``max_rounds`` listings the scan is incomplete (fail closed) rather than settled without the file."""
+    proc = _Proc({10: (1, set()), 20: (2, {7})})
+    head = [20]
+
+    def hand_down() -> None:
+        if head[0] in proc.procs:
+            child = head[0] + 1
+            proc.procs[child] = (child, {7})
+            del proc.procs[head[0]]
+            head[0] = child
+
+    proc.on_read.append(hand_down)
+    scan = proc.scan(max_rounds=4)
+    assert scan.rounds == 4 and "kept vanishing before they were read" in scan.unstable
+    assert 7 not in scan.holders()
+
+
+def test_a_process_gone_unread_at_a_later_listing_means_one_more_listing() -> None:
+    """A process born after a listing, listed by the next one and gone before it is read: its child, born
+    meanwhile, is read at the listing after."""
+    proc = _Proc({10: (1, set())})
+    steps = [0]
+
+    def moves() -> None:
+        steps[0] += 1
+        if steps[0] == 2:  # after the first read: a holder is born
+            proc.procs[20] = (2, {7})
+        elif steps[0] == 4 and 20 in proc.procs:  # after the second listing, before 20 is read: it hands down
+            proc.procs[30] = (3, {7})
+            del proc.procs[20]
+
+    proc.on_read.append(moves)
+    scan = proc.scan()
+    assert scan.unstable == "" and 20 in scan.lost
+    assert scan.holders() == {7: [(30, "map")]}
