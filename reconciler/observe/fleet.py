@@ -12,17 +12,17 @@ gets no token.
 from __future__ import annotations
 
 import json
-import ssl
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reconciler.base import direct_http, fsafe
 from reconciler.base.redact import redact_data, redact_text
 from reconciler.model.fleet import FleetHost
 from reconciler.observe.loop_listener import ListenerNotProven, proven_opener
+
+if TYPE_CHECKING:
+    import ssl
 
 ANSWER_LIMIT = 16 << 20  # the most a host's status may be
 
@@ -130,6 +130,12 @@ def _refused(code: int) -> str:
 def _fetch(h: FleetHost, token: str, context: ssl.SSLContext | None, timeout: float) -> bytes | str:
     """The body of the host's ``GET /v1/status`` (at most ANSWER_LIMIT + 1 bytes), or why there is none; the token
     goes only over a connection proven the host's loop (loopback) and a certificate verified (https)."""
+    # The start-up budget: urllib.request and ssl are loaded by the first host asked (fleet status, a canary), not
+    # by every command that imports the source's follower.
+    import ssl
+    import urllib.error
+    import urllib.request
+
     req = urllib.request.Request(h.url + "/v1/status", method="GET")  # noqa: S310 - http(s) only (model.fleet)
     req.add_header("Authorization", f"Bearer {token}")
     try:
@@ -162,6 +168,8 @@ def ask_host(h: FleetHost, timeout: float) -> HostRow:
         value = token.decode("ascii").strip()
     except (OSError, fsafe.UnsafePath, UnicodeDecodeError) as exc:
         return row(f"cannot read its token file {h.token_file}: {getattr(exc, 'strerror', None) or exc}")
+    import ssl  # on first use (the start-up budget)
+
     try:
         context = ssl.create_default_context(cafile=h.ca) if h.url.startswith("https:") else None
     except (OSError, ssl.SSLError) as exc:

@@ -498,3 +498,34 @@ def test_the_audit_trail_names_the_user_of_each_command_line_action(
     ], recs
     table = root.cli("audit", env=ALONE)
     assert f"cli ({me} (sudo from alice))" in table.stdout, table
+
+
+# Never loaded by a stand-alone plan, status or converged apply: the lanes' HTTP client (the first request to a lane
+# loads it) and the front-ends' servers. (``email`` and ``importlib.resources`` are loaded all the same: pydantic's
+# plugin loader imports importlib.metadata, which imports both.)
+STAND_ALONE_HEAVY = (
+    "urllib.request",
+    "http.client",
+    "docker",
+    "requests",
+    "starlette",
+    "uvicorn",
+    "mcp",
+    "prometheus_client",
+    "watchdog",
+)
+
+
+def test_a_stand_alone_plan_and_apply_load_no_client_they_do_not_use(
+    root: Root, client: Callable[..., tuple[CliResult, list[str]]]
+) -> None:
+    """The start-up budget of the commands people wait on (docs/performance.md): a stand-alone ``plan --json`` and a
+    converged ``apply --yes`` of a host whose lane has no sleep mode ask no lane anything, so they load no HTTP client
+    of the lanes' and nothing of the servers. (``status`` reads each lane's gauges: it loads both.)"""
+    root.manifest((root.recipe("omni"), [B]))
+    assert root.apply().rc == 0
+    for args in (("plan", "--json"), ("apply", "--yes", "--json")):
+        r, modules = client(*args, env=ALONE)
+        assert r.rc == 0, r
+        bad = [m for m in modules if any(m == h or m.startswith(h + ".") for h in STAND_ALONE_HEAVY)]
+        assert not bad, (args, bad)
