@@ -80,7 +80,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(res.to_json(), con.out)
     else:
-        from reconciler.service.render import render_plan  # the start-up budget (the service layer)
+        from reconciler.cli.render import render_plan  # the start-up budget (the text renderer)
 
         print(render_plan(res.plan, res.observed, con.style()), file=con.out)
     if res.exit_code == EXIT_ERROR:
@@ -90,7 +90,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from reconciler.service.render import render_status  # the start-up budget (the service layer)
+    from reconciler.cli.render import render_status  # the start-up budget (the text renderer)
 
     con = console(args)
     res = service(args).status()
@@ -110,7 +110,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         emit_json(res.to_json(), con.out)
         return res.exit_code
     if res.records:
-        from reconciler.service.render import render_audit  # the start-up budget (the service layer)
+        from reconciler.cli.render import render_audit  # the start-up budget (the text renderer)
 
         print(render_audit(res.records), file=con.out)
     else:

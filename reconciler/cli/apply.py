@@ -30,7 +30,7 @@ APPROVAL_HELP = (
 
 def _stale(res: ApplyResult, args: argparse.Namespace) -> int:
     """A plan whose inputs changed: say what changed and show the plan as it would be now. Exit 1."""
-    from reconciler.service.render import render_plan  # the start-up budget (the service layer)
+    from reconciler.cli.render import render_plan  # the start-up budget (the text renderer)
 
     con = console(args)
     if args.json:
@@ -49,9 +49,9 @@ def _stale(res: ApplyResult, args: argparse.Namespace) -> int:
 
 def cmd_apply(args: argparse.Namespace) -> int:
     # The start-up budget: the parser registers this command for `--help` too, which must not load the model.
+    from reconciler.cli.render import render_plan
     from reconciler.loop.progress import TerminalProgress
     from reconciler.service import ApplyResult
-    from reconciler.service.render import render_plan
 
     con = console(args)
     svc = service(args)
@@ -241,7 +241,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
         emit_json(res.to_json(), con.out)
         return res.exit_code
     # The start-up budget: the renderer's module, for this command only.
-    from reconciler.service.render import render_source
+    from reconciler.cli.render import render_source
 
     for line in render_source(res.record.to_json(), taken=res.taken, before=res.before):
         print(line, file=con.out)

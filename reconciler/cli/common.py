@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from reconciler.base.errors import ConfigError
+    from reconciler.cli.render import Style
     from reconciler.service import HostService
-    from reconciler.service.render import Style
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -76,7 +76,7 @@ class Console:
 
     def style(self, stream: TextIO | None = None) -> Style:
         """Colour only on a terminal and without NO_COLOR (the client's, when the loop answers)."""
-        from reconciler.service.render import Style  # the start-up budget (the service layer)
+        from reconciler.cli.render import Style  # the start-up budget (the text renderer)
 
         stream = stream or self.out
         return Style(stream, color=stream.isatty() and not self.no_color)
@@ -94,7 +94,7 @@ def service(args: argparse.Namespace) -> HostService:
     """The service for this command. Inside a running loop (``reconciler.control``) it carries the loop's pass
     lock and action hooks, like the loop's HTTP API: destructive calls then wait for a pass to end rather than
     meeting the host lock the loop holds."""
-    from reconciler.service import HostService, user_caller  # the start-up budget (the service layer)
+    from reconciler.service import HostService, user_caller  # the start-up budget (the text renderer)
 
     # The user: the peer's on the loop's socket (its SO_PEERCRED uid, and the SUDO_USER it came with), else ours.
     peer = getattr(args, "peer", None) or {"uid": os.getuid(), "sudo_user": os.environ.get("SUDO_USER") or ""}

@@ -140,7 +140,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, tty: bool) 
     (``render.Style``: the one helper for colour). Widths are those of the plain text: colour never shifts a column."""
     if not rows:
         return ""
-    from reconciler.service.render import Style  # the start-up budget (the service layer)
+    from reconciler.cli.render import Style  # the start-up budget (the text renderer)
 
     s = Style(color=tty)
     paint = {"owned": s.green, "orphan": s.yellow, "blocked": s.red}

@@ -2,7 +2,7 @@
 the sources, the plan and the loop; measured against the last valid desired state while the files do not validate.
 
 Called by ``reconciler.service.host_service.HostService.status``; the JSON (``status_data``) is the contract of
-docs/design.md, "JSON output", and ``reconciler.service.render.render_status`` turns it into text.
+docs/design.md, "JSON output", and ``reconciler.cli.render.render_status`` turns it into text.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ from pathlib import Path
 import yaml
 from e2e_helpers import make_root
 
+from reconciler.cli.render import Style, render_plan
 from reconciler.plan.actions import Blocker, Plan
-from reconciler.service.render import Style, render_plan
 
 
 def _dead_docker_root(tmp_path: Path, shm: Path):  # type: ignore[no-untyped-def]

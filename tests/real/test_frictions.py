@@ -82,9 +82,9 @@ def test_iso_time_carries_the_local_zone() -> None:
 
 
 def test_the_plan_header_says_gpu_n_a_without_gpu_telemetry() -> None:
+    from reconciler.cli.render import Style, render_plan
     from reconciler.plan.actions import Plan
     from reconciler.plan.observed import GpuView, Observed, ShmView, Source, Tmpfs
-    from reconciler.service.render import Style, render_plan
 
     def header(telemetry: str) -> str:
         shm = ShmView(
@@ -108,7 +108,7 @@ def test_the_plan_header_says_gpu_n_a_without_gpu_telemetry() -> None:
 
 
 def test_the_audit_table_has_a_header_aligned_columns_the_zone_and_the_failures_own_reason() -> None:
-    from reconciler.service.render import render_audit
+    from reconciler.cli.render import render_audit
 
     t = 1_796_106_835.3
     records = [

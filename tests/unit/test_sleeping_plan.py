@@ -15,13 +15,13 @@ from planner_fixtures import make_desired, make_observed
 
 from reconciler.apply.errors import ActionRefused
 from reconciler.apply.sleep import SleepSteps
+from reconciler.cli.render import Style, render_plan
 from reconciler.load.desired import standby_lanes
 from reconciler.model import GIB, DesiredAssignment, DesiredState, Recipe
 from reconciler.plan.actions import ActionKind, Plan
 from reconciler.plan.observed import LaneMemory, Observed
 from reconciler.plan.planner import plan
 from reconciler.plan.sleeping import wake_action
-from reconciler.service.render import Style, render_plan
 
 A, B = "dark-compute-a", "dark-compute-b"
 

@@ -12,12 +12,12 @@ from pydantic import ValidationError
 
 from reconciler.apply.applier import Applier
 from reconciler.apply.errors import BelowReserve
+from reconciler.cli.render import Style, render_status
 from reconciler.loop.metrics import Metrics
 from reconciler.model import GIB, HostConfig, Recipe, container_name
 from reconciler.plan.actions import Action, ActionKind
 from reconciler.plan.planner import plan
 from reconciler.plan.vram import enter_reserve_verdict, unlisted_used_bytes, vram_by_slot
-from reconciler.service.render import Style, render_status
 from reconciler.service.status import status_data
 
 EXCLUSIVE: dict[str, Any] = {
