@@ -1274,6 +1274,12 @@ def make_server(
                 )
                 + tiers
                 + spec
+                # vLLM's info gauge of its cache config (vllm/v1/metrics/loggers.py, log_metrics_info): the GPU
+                # tier's size, num_gpu_blocks of block_size tokens.
+                + "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+                "# TYPE vllm:cache_config_info gauge\n"
+                f'vllm:cache_config_info{{block_size="{PREFIX_BLOCK}",engine="0",'
+                f'num_gpu_blocks="{engine.gpu_blocks}"}} 1.0\n'
                 + "# HELP vllm:engine_sleep_state Engine sleep state; awake = 0 means engine is sleeping.\n"
                 "# TYPE vllm:engine_sleep_state gauge\n"
                 + "".join(
