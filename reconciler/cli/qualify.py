@@ -18,7 +18,7 @@ from reconciler.cli.common import EXIT_ERROR, EXIT_OK, console, service
 def cmd_qualify(args: argparse.Namespace) -> int:
     """Exit 0 every run passed, 1 a run failed (its record kept) or the qualification was refused."""
     from reconciler.service.evidence import LADDER_HEAD, ladder_rows  # the start-up budget (the service layer)
-    from reconciler.service.qualify import parse_ladder
+    from reconciler.service.qualify import parse_ladder  # the start-up budget (the service layer)
 
     con = console(args)
     res = service(args).qualify(args.recipe, ladder=parse_ladder(args.ladder), reload=args.reload, repeat=args.repeat)
@@ -55,8 +55,8 @@ def cmd_evidence(args: argparse.Namespace) -> int:
     con = console(args)
     res = service(args).evidence(args.recipe)
     if args.report:
-        from reconciler.base.jsonstrict import loads
-        from reconciler.service.evidence import render_report
+        from reconciler.base.jsonstrict import loads  # the start-up budget, as the renderer
+        from reconciler.service.evidence import render_report  # the start-up budget (the service layer)
 
         readable = [r for r in res.records if not r.get("unreadable")]
         if not args.recipe or not readable:
