@@ -145,7 +145,9 @@ def _gate_spec(runs: Sequence[Mapping[str, Any]], want: float) -> list[str]:
     out = []
     for i, run in enumerate(runs, 1):
         spec = run.get("spec")
-        got = _num(spec.get("acceptance")) if isinstance(spec, Mapping) else None
+        drafts = _num(spec.get("draft_tokens")) if isinstance(spec, Mapping) else None
+        accepted = _num(spec.get("accepted_tokens")) if isinstance(spec, Mapping) else None
+        got = accepted / drafts if drafts and accepted is not None else None
         if got is None:
             out.append(f"min_spec_acceptance: run {i} has no speculative decoding counters (not exported)")
         elif got < want:

@@ -59,6 +59,11 @@ def _k(tokens: object) -> str:
     return f"{int(tokens) // 1000}K" if isinstance(tokens, int) and tokens % 1000 == 0 else _n(tokens)
 
 
+def _ratio(spec: Mapping[str, Any]) -> str:
+    drafts, accepted = spec.get("draft_tokens"), spec.get("accepted_tokens")
+    return f"{accepted / drafts:.1%}" if isinstance(drafts, int) and isinstance(accepted, int) and drafts else "—"
+
+
 def ladder_rows(run: Mapping[str, Any]) -> list[tuple[str, ...]]:
     """The ladder table's rows, each figure as the report writes it."""
     return [
@@ -173,7 +178,7 @@ def render_report(record: Mapping[str, Any], *, current_hash: str | None, gates:
             lines += [
                 "",
                 f"Speculative decoding accepted {_n(spec.get('accepted_tokens'))} of {_n(spec.get('draft_tokens'))} "
-                f"draft tokens ({float(spec.get('acceptance') or 0):.1%}).",
+                f"draft tokens ({_ratio(spec)}).",
             ]
         vram = run.get("vram") or {}
         for slot, low in sorted(vram.items()):
