@@ -26,10 +26,12 @@ a worker that dies), 2 on a bad command line, 137 for the ``crash-after`` switch
 from __future__ import annotations
 
 import argparse
+import collections
 import ctypes
 import dataclasses
 import http.server
 import json
+import math
 import mmap
 import os
 import select
@@ -52,7 +54,7 @@ PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 POLL_S = 0.05
 PREFIX_BLOCK = 16  # words per prefix-cache block (vLLM's default block size is 16 tokens)
-PREFIX_CACHE_BLOCKS = 1 << 20  # blocks remembered at most; a real cache evicts, this one stops adding
+PREFIX_CACHE_BLOCKS = 1 << 20  # blocks the GPU tier holds unless --fake-gpu-cache-tokens says otherwise
 RETRIEVE_CHARS = 2000  # a user message longer than this is a document with a question: answered by retrieval
 # After SIGTERM the workers get this long to unmap before they are killed; docker stop waits 10 s by default.
 WORKER_STOP_GRACE_S = 5.0
@@ -71,6 +73,27 @@ DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")  # vllm:engine_sleep_state's sleep_state label
 MIB_BYTES = 1 << 20
 OFFLOAD_TOKEN_BYTES = 1024  # bytes of KV cache a token moves to or from the offload file (the fake's own figure)
+# How fast the offload tier's blocks come back to the GPU: the report's reload moved 1,001,721,600 bytes in 0.344 s.
+OFFLOAD_LOAD_BYTES_S = 2.9e9
+# What a reasoning model thinks aloud before it answers (streamed as `reasoning` deltas, as vLLM's DeltaMessage has).
+REASONING_WORDS = [
+    "Let",
+    "me",
+    "read",
+    "the",
+    "question",
+    "and",
+    "look",
+    "through",
+    "the",
+    "document",
+    "for",
+    "the",
+    "sentence",
+    "that",
+    "answers",
+    "it",
+]
 # Switches that take no value, each breaking what one kind of functional probe checks (see the README).
 _FLAG_SWITCHES = (
     "fail-start",
@@ -213,6 +236,14 @@ class Settings:
     dev_mode: bool = False  # $VLLM_SERVER_DEV_MODE=1: the sleep endpoints are served
     cuda_mib: int = 0  # CUDA mode: MiB of GPU memory held awake (0: no CUDA)
     cuda_residual_mib: int = 0  # ... and still held asleep (vLLM keeps NCCL buffers and the CUDA context)
+    cuda_token_kib: int = 0  # ... and per prompt token while a request runs (its KV cache)
+    prefill_tok_s: float = 0.0  # prefill speed (0: at once)
+    decode_tok_s: float = 0.0  # decode speed, one streamed token each 1/decode s (0: at once)
+    reasoning_tokens: int = 0  # reasoning deltas before a chat answer's content
+    gpu_cache_tokens: int = 0  # the GPU prefix cache's size (0: PREFIX_CACHE_BLOCKS blocks)
+    offload_cache_tokens: int = 0  # the offload tier's size (0: the offload file's bytes / OFFLOAD_TOKEN_BYTES)
+    spec_draft_tokens: int = 0  # speculative decoding's draft tokens a step (0: not configured)
+    spec_acceptance: float = 0.0  # ... and the rate at which they are accepted
 
     @property
     def offload_path(self) -> str:
@@ -298,6 +329,39 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="MiB it keeps asleep, as vLLM keeps its CUDA context and NCCL buffers (default 0)",
     )
     parser.add_argument(
+        "--fake-cuda-token-kib",
+        type=int,
+        default=_env_default(environ, "FAKE_VLLM_CUDA_TOKEN_KIB", "0"),
+        help="CUDA mode: KiB of GPU memory each prompt token takes while its request runs (default 0)",
+    )
+    for flag, env, kind, help_ in (
+        ("--fake-prefill-tok-s", "FAKE_VLLM_PREFILL_TOK_S", float, "prefill speed in tokens/s (default 0: at once)"),
+        ("--fake-decode-tok-s", "FAKE_VLLM_DECODE_TOK_S", float, "decode speed in tokens/s (default 0: at once)"),
+        ("--fake-reasoning-tokens", "FAKE_VLLM_REASONING_TOKENS", int, "reasoning tokens before content (default 0)"),
+        (
+            "--fake-gpu-cache-tokens",
+            "FAKE_VLLM_GPU_CACHE_TOKENS",
+            int,
+            "the GPU prefix cache's size in tokens, least recently used evicted (default 0: 16M tokens)",
+        ),
+        (
+            "--fake-offload-cache-tokens",
+            "FAKE_VLLM_OFFLOAD_CACHE_TOKENS",
+            int,
+            f"the offload tier's size in tokens (default 0: the offload file's size / {OFFLOAD_TOKEN_BYTES} bytes)",
+        ),
+        (
+            "--fake-spec-acceptance",
+            "FAKE_VLLM_SPEC_ACCEPTANCE",
+            float,
+            "speculative decoding: the share of draft tokens accepted, 0..1 (default 0: not configured)",
+        ),
+        ("--fake-spec-draft-tokens", "FAKE_VLLM_SPEC_DRAFT_TOKENS", int, "draft tokens a step (default 5)"),
+    ):
+        parser.add_argument(
+            flag, type=kind, default=_env_default(environ, env, "5" if "draft" in flag else "0"), help=help_
+        )
+    parser.add_argument(
         "--fake-file-wait",
         type=float,
         default=60.0,
@@ -325,6 +389,11 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         parser.error("--fake-cuda-mib must be >= 0 and --fake-cuda-residual-mib between 0 and it")
     if ns.kv_offloading_size < 0:
         parser.error(f"--kv-offloading-size is in GiB and must be >= 0, got {ns.kv_offloading_size}")
+    speeds = (ns.fake_prefill_tok_s, ns.fake_decode_tok_s, ns.fake_reasoning_tokens, ns.fake_gpu_cache_tokens)
+    if min(speeds) < 0 or ns.fake_offload_cache_tokens < 0 or ns.fake_cuda_token_kib < 0:
+        parser.error("--fake-prefill-tok-s, --fake-decode-tok-s and the --fake-*-tokens sizes must be >= 0")
+    if not 0 <= ns.fake_spec_acceptance <= 1 or ns.fake_spec_draft_tokens < 1:
+        parser.error("--fake-spec-acceptance is a share between 0 and 1; --fake-spec-draft-tokens at least 1")
     mode_text = ns.fake_mode
     if ns.fake_mode_file:
         try:
@@ -356,6 +425,14 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         dev_mode=environ.get(DEV_MODE_ENV, "") == "1",
         cuda_mib=ns.fake_cuda_mib,
         cuda_residual_mib=ns.fake_cuda_residual_mib,
+        cuda_token_kib=ns.fake_cuda_token_kib,
+        prefill_tok_s=ns.fake_prefill_tok_s,
+        decode_tok_s=ns.fake_decode_tok_s,
+        reasoning_tokens=ns.fake_reasoning_tokens,
+        gpu_cache_tokens=ns.fake_gpu_cache_tokens,
+        offload_cache_tokens=ns.fake_offload_cache_tokens or offload_bytes // OFFLOAD_TOKEN_BYTES,
+        spec_draft_tokens=ns.fake_spec_draft_tokens if ns.fake_spec_acceptance > 0 else 0,
+        spec_acceptance=ns.fake_spec_acceptance,
     )
 
 
@@ -455,13 +532,36 @@ class Health:
     model: str = ""
 
 
+@dataclasses.dataclass(frozen=True)
+class Lookup:
+    """One prompt in the prefix cache: its tokens, those found in the GPU tier, those loaded back from the offload
+    tier, and the seconds that load takes."""
+
+    tokens: int
+    gpu_hits: int = 0
+    external_hits: int = 0
+    load_s: float = 0.0
+
+    @property
+    def cached(self) -> int:
+        return self.gpu_hits + self.external_hits
+
+
 class Engine:
     """The requests in flight, as vLLM's scheduler counts them: at most ``max_num_seqs`` running, the rest waiting.
 
     A request asked to hold (``"fake_hold_s": S`` in its body, or the ``hold-requests`` switch) keeps its place
     until ``POST /fake/release`` (or S seconds); that is how a test keeps requests in flight across a drain."""
 
-    def __init__(self, max_num_seqs: int):
+    def __init__(
+        self,
+        max_num_seqs: int,
+        *,
+        gpu_cache_tokens: int = 0,
+        offload_cache_tokens: int = 0,
+        spec_draft_tokens: int = 0,
+        spec_acceptance: float = 0.0,
+    ):
         self.max_num_seqs = max_num_seqs
         self.cond = threading.Condition()
         self.running = 0
@@ -471,25 +571,75 @@ class Engine:
         self.abort_gen = 0  # counts the times every request in flight was aborted (a sleep aborts them, as vLLM)
         self.paused = False  # POST /pause: nothing new is admitted until POST /resume
         # vLLM's prefix cache, as its counters show it: prompt tokens (words here) looked up and found, in blocks of
-        # PREFIX_BLOCK, each block known by the hash of everything before it and itself.
+        # PREFIX_BLOCK, each block known by the hash of everything before it and itself. The GPU tier holds
+        # ``gpu_blocks`` and evicts the least recently used; with an offload tier, an evicted block goes there (its
+        # bytes counted GPU to CPU) and a prompt that finds it there loads it back (CPU to GPU, an external hit).
+        self.gpu_blocks = max(1, gpu_cache_tokens // PREFIX_BLOCK) if gpu_cache_tokens else PREFIX_CACHE_BLOCKS
+        self.offload_blocks = offload_cache_tokens // PREFIX_BLOCK
+        self.blocks: collections.OrderedDict[int, None] = collections.OrderedDict()  # the GPU tier, LRU first
+        self.offloaded: collections.OrderedDict[int, None] = collections.OrderedDict()
         self.prefix_queries = 0
         self.prefix_hits = 0
-        self.blocks: set[int] = set()
+        self.external_queries = 0
+        self.external_hits = 0
+        self.bytes = {"GPU_to_CPU": 0, "CPU_to_GPU": 0}  # vllm:kv_offload_total_bytes by transfer_type
+        self.seconds = {"GPU_to_CPU": 0.0, "CPU_to_GPU": 0.0}  # vllm:kv_offload_total_time
+        # Speculative decoding: K draft tokens a step, each accepted at the set rate (0 K: not configured).
+        self.spec_k = spec_draft_tokens
+        self.spec_rate = spec_acceptance
+        self.spec_drafts = 0
+        self.spec_draft_tokens = 0
+        self.spec_accepted = 0
 
-    def cache_prompt(self, words: Sequence[str]) -> None:
-        """Count one prompt's lookup in the prefix cache: its leading blocks seen before are hits."""
+    def _to_gpu(self, block: int) -> None:
+        self.blocks[block] = None
+        self.blocks.move_to_end(block)
+        while len(self.blocks) > self.gpu_blocks:
+            evicted, _ = self.blocks.popitem(last=False)
+            if self.offload_blocks:
+                self.offloaded[evicted] = None
+                self.offloaded.move_to_end(evicted)
+                self.bytes["GPU_to_CPU"] += PREFIX_BLOCK * OFFLOAD_TOKEN_BYTES
+                self.seconds["GPU_to_CPU"] += PREFIX_BLOCK * OFFLOAD_TOKEN_BYTES / OFFLOAD_LOAD_BYTES_S
+                while len(self.offloaded) > self.offload_blocks:
+                    self.offloaded.popitem(last=False)
+
+    def cache_prompt(self, words: Sequence[str]) -> Lookup:
+        """Count one prompt's lookup in the prefix cache: its leading blocks in the GPU tier are hits, the blocks
+        after them found in the offload tier are external hits (loaded back), the rest is computed and cached."""
         with self.cond:
-            self.prefix_queries += len(words)
             chain = 0
+            gpu = external = 0
             hitting = True
             for start in range(0, len(words) - len(words) % PREFIX_BLOCK, PREFIX_BLOCK):
                 chain = hash((chain, *words[start : start + PREFIX_BLOCK]))
-                if hitting and chain in self.blocks:
-                    self.prefix_hits += PREFIX_BLOCK
+                if hitting and chain in self.blocks and not external:
+                    gpu += PREFIX_BLOCK
+                elif hitting and chain in self.offloaded:
+                    del self.offloaded[chain]
+                    external += PREFIX_BLOCK
                 else:
                     hitting = False
-                    if len(self.blocks) < PREFIX_CACHE_BLOCKS:
-                        self.blocks.add(chain)
+                self._to_gpu(chain)
+            self.prefix_queries += len(words)
+            self.prefix_hits += gpu
+            load = external * OFFLOAD_TOKEN_BYTES
+            if self.offload_blocks:
+                self.external_queries += len(words) - gpu
+                self.external_hits += external
+                self.bytes["CPU_to_GPU"] += load
+                self.seconds["CPU_to_GPU"] += load / OFFLOAD_LOAD_BYTES_S
+            return Lookup(len(words), gpu, external, load / OFFLOAD_LOAD_BYTES_S)
+
+    def speculate(self, tokens: int) -> None:
+        """Count the drafts that made ``tokens`` output tokens at the set acceptance rate."""
+        if not self.spec_k or tokens <= 0:
+            return
+        steps = max(1, math.ceil(tokens / (1 + self.spec_k * self.spec_rate)))
+        with self.cond:
+            self.spec_drafts += steps
+            self.spec_draft_tokens += steps * self.spec_k
+            self.spec_accepted += round(steps * self.spec_k * self.spec_rate)
 
     def admit(self) -> None:
         with self.cond:
@@ -567,6 +717,15 @@ class Cuda:
         block.fill_(1)
         self.torch.cuda.synchronize()
         return block
+
+    def take_kib(self, kib: int) -> object | None:
+        """More memory, for one request's KV cache while it runs (a long prompt takes more)."""
+        return self._take(-(-kib // 1024)) if kib > 0 else None
+
+    def give_back(self, block: object) -> None:
+        del block
+        self.torch.cuda.synchronize()
+        self.torch.cuda.empty_cache()
 
     def wake(self) -> None:
         if self.rest is None:
@@ -799,6 +958,31 @@ def responses_body(rid: str, body: dict[str, object], *, model: str, mode: Mode)
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class Pace:
+    """How fast the engine works: prefill at ``prefill_tok_s`` (the uncached prompt tokens; a prefix loaded back from
+    the offload tier takes its transfer time), decode at ``decode_tok_s`` (one streamed token each 1/decode s), and
+    ``reasoning_tokens`` of reasoning before a chat answer's content. 0 speeds: at once, as before."""
+
+    prefill_tok_s: float = 0.0
+    decode_tok_s: float = 0.0
+    reasoning_tokens: int = 0
+    cuda_token_kib: int = 0  # CUDA mode: KiB of GPU memory a prompt token takes while its request runs
+
+    def prefill(self, lookup: Lookup) -> None:
+        if self.prefill_tok_s > 0:
+            time.sleep((lookup.tokens - lookup.cached) / self.prefill_tok_s + lookup.load_s)
+
+    def decode(self, tokens: int) -> None:
+        if self.decode_tok_s > 0 and tokens > 1:
+            time.sleep((tokens - 1) / self.decode_tok_s)
+
+    def wait_token(self, first_at: float, index: int) -> None:
+        """Until token ``index`` (0 the first, sent as prefill ends) is due."""
+        if self.decode_tok_s > 0 and index > 0:
+            time.sleep(max(0.0, first_at + index / self.decode_tok_s - time.monotonic()))
+
+
 def make_server(
     *,
     host: str,
@@ -816,6 +1000,11 @@ def make_server(
     sleep_enabled = settings is not None and settings.enable_sleep_mode
     tp = settings.tensor_parallel_size if settings is not None else 1
     counter = iter(range(1, 1 << 62))
+    pace = (
+        Pace(settings.prefill_tok_s, settings.decode_tok_s, settings.reasoning_tokens, settings.cuda_token_kib)
+        if settings is not None
+        else Pace()
+    )
 
     class Handler(http.server.BaseHTTPRequestHandler):
         mode: Mode  # the switches of this request: read once as it starts, so a change never splits an answer
@@ -997,9 +1186,10 @@ def make_server(
                     ),
                 )
                 return
-            engine.cache_prompt(prompt_words(body))
+            lookup = engine.cache_prompt(prompt_words(body))
             aborts = engine.abort_gen
             engine.admit()
+            kv_block = None  # CUDA mode: the GPU memory this request's KV cache takes while it runs
             try:
                 hold = body.get("fake_hold_s")
                 if isinstance(hold, (int, float)) and hold > 0:
@@ -1014,6 +1204,9 @@ def make_server(
                 if not sleep_.weights_loaded:
                     # level 2 woke its weights without reloading them: the model speaks garbage, as vLLM's would
                     self.mode = dataclasses.replace(self.mode, wrong_text=True)
+                if sleep_.cuda is not None and pace.cuda_token_kib:
+                    kv_block = sleep_.cuda.take_kib(lookup.tokens * pace.cuda_token_kib)
+                pace.prefill(lookup)
                 if self.path == "/v1/responses":
                     rid = f"resp_fake{next(counter)}"
                     self._answer(200, responses_body(rid, body, model=health.model, mode=self.mode))
@@ -1025,18 +1218,31 @@ def make_server(
                     call = None  # the tool answered: now the model speaks
                 text = "" if call else answer_text(body, model=health.model, mode=self.mode)
                 rid = f"{'chatcmpl' if chat else 'cmpl'}-fake{next(counter)}"
+                thinking = REASONING_WORDS * (pace.reasoning_tokens // len(REASONING_WORDS) + 1)
+                reasoning = thinking[: pace.reasoning_tokens] if chat and call is None else []
+                engine.speculate(len(reasoning) + len(text.split()))
                 if body.get("stream"):
-                    self._stream(rid, text, chat=chat, call=call)
+                    self._stream(rid, text, chat=chat, call=call, reasoning=reasoning, lookup=lookup, body=body)
                 else:
-                    self._answer(200, _completion(rid, text, body, model=health.model, chat=chat, call=call))
+                    pace.decode(len(reasoning) + len(text.split()))
+                    answer = _completion(rid, text, body, model=health.model, chat=chat, call=call, lookup=lookup)
+                    if reasoning:
+                        answer["choices"][0]["message"]["reasoning"] = " ".join(reasoning)  # type: ignore[index]
+                        answer["usage"]["completion_tokens"] += len(reasoning)  # type: ignore[index]
+                        answer["usage"]["total_tokens"] += len(reasoning)  # type: ignore[index]
+                    self._answer(200, answer)
             finally:
                 engine.finish()
+                if kv_block is not None and sleep_.cuda is not None:
+                    sleep_.cuda.give_back(kv_block)
 
         def _metrics(self) -> None:
             label = f'engine="0",model_name="{health.model}"'
             with engine.cond:
                 running, waiting = engine.running, engine.waiting
                 queries, hits = engine.prefix_queries, engine.prefix_hits
+                tiers = _tier_metrics(engine, label) if engine.offload_blocks else ""
+                spec = _spec_metrics(engine, label) if engine.spec_k else ""
             asleep = sleep_.state()
             text = (
                 "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
@@ -1066,6 +1272,14 @@ def make_server(
                     if settings.offload_bytes
                     else ""
                 )
+                + tiers
+                + spec
+                # vLLM's info gauge of its cache config (vllm/v1/metrics/loggers.py, log_metrics_info): the GPU
+                # tier's size, num_gpu_blocks of block_size tokens.
+                + "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+                "# TYPE vllm:cache_config_info gauge\n"
+                f'vllm:cache_config_info{{block_size="{PREFIX_BLOCK}",engine="0",'
+                f'num_gpu_blocks="{engine.gpu_blocks}"}} 1.0\n'
                 + "# HELP vllm:engine_sleep_state Engine sleep state; awake = 0 means engine is sleeping.\n"
                 "# TYPE vllm:engine_sleep_state gauge\n"
                 + "".join(
@@ -1079,9 +1293,21 @@ def make_server(
             self.end_headers()
             self.wfile.write(text)
 
-        def _stream(self, rid: str, text: str, *, chat: bool, call: dict[str, object] | None = None) -> None:
-            """Server-sent events as vLLM sends them: a role chunk, content chunks (or a tool call: its name, then
-            its arguments in pieces), a finish chunk, [DONE]. ``broken-stream`` ends after the first pieces."""
+        def _stream(
+            self,
+            rid: str,
+            text: str,
+            *,
+            chat: bool,
+            call: dict[str, object] | None = None,
+            reasoning: Sequence[str] = (),
+            lookup: Lookup | None = None,
+            body: dict[str, object] | None = None,
+        ) -> None:
+            """Server-sent events as vLLM sends them: a role chunk, reasoning chunks (``reasoning``, as vLLM's
+            DeltaMessage), content chunks (or a tool call: its name, then its arguments in pieces), a finish chunk,
+            with ``stream_options.include_usage`` a chunk of usage alone, [DONE]. Tokens come at the decode speed.
+            ``broken-stream`` ends after the first pieces."""
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream; charset=utf-8")
             self.send_header("Cache-Control", "no-cache")
@@ -1091,6 +1317,7 @@ def make_server(
             pieces: list[tuple[dict[str, object], object]] = []
             if chat:
                 pieces.append(({"role": "assistant", "content": ""}, None))
+            pieces += [({"reasoning": w + " "}, None) for w in reasoning]
             if call is not None:
                 args = str(call["arguments"])
                 pieces.append(
@@ -1119,7 +1346,12 @@ def make_server(
             if self.mode.broken_stream:
                 # The connection ends mid-answer (a tool call: mid-arguments), without a finish chunk or [DONE].
                 pieces = pieces[: 3 if call is not None else 2]
+            first_at = time.monotonic()
+            token = 0
             for delta, finish in pieces:
+                if delta.get("reasoning") or delta.get("content") or delta.get("tool_calls"):
+                    pace.wait_token(first_at, token)
+                    token += 1
                 if chat:
                     choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
                 else:
@@ -1133,6 +1365,18 @@ def make_server(
                 }
                 self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 self.wfile.flush()
+            options = (body or {}).get("stream_options")
+            if isinstance(options, dict) and options.get("include_usage") is True and not self.mode.broken_stream:
+                usage = _usage(lookup, len(reasoning) + (0 if call is not None else len(text.split())))
+                chunk = {
+                    "id": rid,
+                    "object": "chat.completion.chunk" if chat else "text_completion",
+                    "created": int(time.time()),
+                    "model": health.model,
+                    "choices": [],
+                    "usage": usage,
+                }
+                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             if not self.mode.broken_stream:
                 self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
@@ -1159,19 +1403,75 @@ def make_server(
     return server
 
 
+def _tier_metrics(engine: Engine, label: str) -> str:
+    """The offload tier's counters under vLLM's names: the connector's prefix cache (vllm/v1/metrics/loggers.py) and
+    the offloading connector's transfers by direction (its OffloadPromMetrics: vllm:kv_offload_total_bytes and
+    vllm:kv_offload_total_time, label transfer_type). Called with ``engine.cond`` held."""
+    lines = [
+        "# HELP vllm:external_prefix_cache_queries External prefix cache queries from KV connector "
+        "cross-instance cache sharing, in terms of number of queried tokens.",
+        "# TYPE vllm:external_prefix_cache_queries counter",
+        f"vllm:external_prefix_cache_queries_total{{{label}}} {float(engine.external_queries)}",
+        "# HELP vllm:external_prefix_cache_hits External prefix cache hits from KV connector "
+        "cross-instance cache sharing, in terms of number of cached tokens.",
+        "# TYPE vllm:external_prefix_cache_hits counter",
+        f"vllm:external_prefix_cache_hits_total{{{label}}} {float(engine.external_hits)}",
+        "# HELP vllm:kv_offload_total_bytes Number of bytes offloaded by KV connector",
+        "# TYPE vllm:kv_offload_total_bytes counter",
+        *(
+            f'vllm:kv_offload_total_bytes_total{{{label},transfer_type="{t}"}} {float(n)}'
+            for t, n in sorted(engine.bytes.items())
+        ),
+        "# HELP vllm:kv_offload_total_time Total time measured by all KV offloading operations",
+        "# TYPE vllm:kv_offload_total_time counter",
+        *(
+            f'vllm:kv_offload_total_time_total{{{label},transfer_type="{t}"}} {x}'
+            for t, x in sorted(engine.seconds.items())
+        ),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _spec_metrics(engine: Engine, label: str) -> str:
+    """Speculative decoding's counters under vLLM's names (vllm/v1/spec_decode/metrics.py, SpecDecodingProm).
+    Called with ``engine.cond`` held."""
+    out = []
+    for name, doc, value in (
+        ("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", engine.spec_drafts),
+        ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", engine.spec_draft_tokens),
+        ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", engine.spec_accepted),
+    ):
+        out += [f"# HELP {name} {doc}", f"# TYPE {name} counter", f"{name}_total{{{label}}} {float(value)}"]
+    return "\n".join(out) + "\n"
+
+
 def _error(message: str, code: int, kind: str = "BadRequestError") -> dict[str, object]:
     return {"object": "error", "message": message, "type": kind, "param": None, "code": code}
 
 
-def _completion(
-    rid: str, text: str, body: dict[str, object], *, model: str, chat: bool, call: dict[str, object] | None = None
-) -> dict[str, object]:
-    prompt_tokens = len(prompt_words(body))
-    usage = {
+def _usage(lookup: Lookup | None, completion_tokens: int) -> dict[str, object]:
+    """vLLM's usage: prompt and completion tokens, and the prompt tokens served from the prefix cache (either tier)
+    as ``prompt_tokens_details.cached_tokens``."""
+    prompt_tokens = lookup.tokens if lookup is not None else 0
+    return {
         "prompt_tokens": prompt_tokens,
-        "completion_tokens": len(text.split()),
-        "total_tokens": prompt_tokens + len(text.split()),
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": lookup.cached if lookup is not None else 0},
     }
+
+
+def _completion(
+    rid: str,
+    text: str,
+    body: dict[str, object],
+    *,
+    model: str,
+    chat: bool,
+    call: dict[str, object] | None = None,
+    lookup: Lookup | None = None,
+) -> dict[str, object]:
+    usage = _usage(lookup or Lookup(len(prompt_words(body))), len(text.split()))
     if chat and call is not None:
         calls = [{"id": f"chatcmpl-tool-{rid[-8:]}", "type": "function", "function": call}]
         choice: dict[str, object] = {
@@ -1295,7 +1595,13 @@ def serve(settings: Settings) -> int:
             port=settings.port,
             health=health,
             mode=settings.mode,
-            engine=Engine(settings.max_num_seqs),
+            engine=Engine(
+                settings.max_num_seqs,
+                gpu_cache_tokens=settings.gpu_cache_tokens,
+                offload_cache_tokens=settings.offload_cache_tokens,
+                spec_draft_tokens=settings.spec_draft_tokens,
+                spec_acceptance=settings.spec_acceptance,
+            ),
             settings=settings,
             sleep=sleep,
         )

@@ -30,6 +30,7 @@ from reconciler.cli.common import (
 )
 from reconciler.cli.fleet import add_commands as add_fleet
 from reconciler.cli.install import add_commands as add_install
+from reconciler.cli.qualify import add_commands as add_qualify
 from reconciler.cli.run import add_commands as add_run
 from reconciler.cli.shm import add_commands as add_shm
 from reconciler.cli.tools import add_commands as add_tools
@@ -191,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_mcp)
 
     add_apply(sub, parents=[common])
+    add_qualify(sub, parents=[common])
     add_run(sub, parents=[common], command_parser=build_parser)
     add_shm(sub, parents=[common])
     add_tools(sub, root=parser)

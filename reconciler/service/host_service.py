@@ -172,6 +172,22 @@ class HostService:
 
         return run_probe(self, recipe, suite=suite)
 
+    def qualify(self, recipe: str, *, ladder: Any = None, reload: bool = False, repeat: int = 1) -> Any:
+        """The report's qualification against the recipe's running, awake lane (refused otherwise): preflight, the
+        context ladder, with ``reload`` the offload reload proof; kept as evidence (a failed run too) and audited.
+        Read-only for the host: nothing is started, stopped or switched."""
+        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
+        from reconciler.service.qualify import DEFAULT_LADDER, run_qualify
+
+        return run_qualify(self, recipe, ladder=ladder or DEFAULT_LADDER, reload=reload, repeat=repeat)
+
+    def evidence(self, recipe: str | None = None) -> Any:
+        """The kept qualification records (of ``recipe``, or all), oldest first."""
+        # This call's own module, imported here (start-up).
+        from reconciler.service.evidence import list_evidence
+
+        return list_evidence(self, recipe)
+
     def shm_status(self) -> ShmStatusResult:
         # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
         from reconciler.service.shm import shm_status

@@ -37,6 +37,7 @@ HELP_MODULES = frozenset(
         "reconciler.cli.common",
         "reconciler.cli.fleet",
         "reconciler.cli.install",
+        "reconciler.cli.qualify",
         "reconciler.cli.run",
         "reconciler.cli.shm",
         "reconciler.cli.tools",
