@@ -213,6 +213,8 @@ class Settings:
     dev_mode: bool = False  # $VLLM_SERVER_DEV_MODE=1: the sleep endpoints are served
     cuda_mib: int = 0  # CUDA mode: MiB of GPU memory held awake (0: no CUDA)
     cuda_residual_mib: int = 0  # ... and still held asleep (vLLM keeps NCCL buffers and the CUDA context)
+    served_names: tuple[str, ...] = ()  # --served-model-name: the names it answers to (empty: the model)
+    tokens_per_s: float = 0.0  # --fake-tokens-per-s: the streaming pace (0: no pace)
 
     @property
     def offload_path(self) -> str:
@@ -233,6 +235,19 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         description="A vLLM stand-in: TP workers sharing one offload mmap in the shm dir, and /health.",
     )
     parser.add_argument("--model", default=None, help="model name, shown in logs and /v1/models")
+    parser.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="the names it answers to, as vLLM's (every one listed by /v1/models; default: the model)",
+    )
+    parser.add_argument(
+        "--fake-tokens-per-s",
+        type=float,
+        default=0.0,
+        help="stream at this pace (tokens a second), answering max_tokens tokens when the request gives it "
+        "(default 0: as fast as it can, the usual answer)",
+    )
     parser.add_argument(
         "--tensor-parallel-size",
         "-tp",
@@ -356,6 +371,8 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         dev_mode=environ.get(DEV_MODE_ENV, "") == "1",
         cuda_mib=ns.fake_cuda_mib,
         cuda_residual_mib=ns.fake_cuda_residual_mib,
+        served_names=tuple(ns.served_model_name or ()),
+        tokens_per_s=max(0.0, ns.fake_tokens_per_s),
     )
 
 
@@ -453,6 +470,7 @@ class Health:
 
     ready: bool = False
     model: str = ""
+    names: tuple[str, ...] = ()  # every name it answers to (the first is ``model``)
 
 
 class Engine:
@@ -832,12 +850,13 @@ def make_server(
                     if self.mode.models_missing
                     else [
                         {
-                            "id": health.model,
+                            "id": name,
                             "object": "model",
                             "owned_by": "vllm",
                             "root": health.model,
                             "max_model_len": 262144,
                         }
+                        for name in (health.names or (health.model,))
                     ]
                 )
                 self._answer(200, {"object": "list", "data": served})
@@ -981,7 +1000,7 @@ def make_server(
             except (ValueError, AssertionError):
                 self._answer(400, _error("the request body is not a JSON object", 400))
                 return
-            if body.get("model") != health.model:
+            if body.get("model") not in (health.names or (health.model,)):
                 self._answer(404, _error(f"The model `{body.get('model')}` does not exist.", 404, "NotFoundError"))
                 return
             if self.mode.chat_error:
@@ -1024,9 +1043,21 @@ def make_server(
                 if isinstance(last, dict) and last.get("role") == "tool":
                     call = None  # the tool answered: now the model speaks
                 text = "" if call else answer_text(body, model=health.model, mode=self.mode)
+                paced = settings is not None and settings.tokens_per_s > 0
+                if paced and isinstance(body.get("max_tokens"), int) and not call:
+                    text = " ".join(["tok"] * max(1, min(int(body["max_tokens"]), 100_000)))  # type: ignore[call-overload]
                 rid = f"{'chatcmpl' if chat else 'cmpl'}-fake{next(counter)}"
                 if body.get("stream"):
-                    self._stream(rid, text, chat=chat, call=call)
+                    options = body.get("stream_options")
+                    usage = isinstance(options, dict) and options.get("include_usage") is True
+                    self._stream(
+                        rid,
+                        text,
+                        chat=chat,
+                        call=call,
+                        usage=_usage(body, text) if usage else None,
+                        pace=settings.tokens_per_s if settings is not None else 0.0,
+                    )
                 else:
                     self._answer(200, _completion(rid, text, body, model=health.model, chat=chat, call=call))
             finally:
@@ -1079,7 +1110,16 @@ def make_server(
             self.end_headers()
             self.wfile.write(text)
 
-        def _stream(self, rid: str, text: str, *, chat: bool, call: dict[str, object] | None = None) -> None:
+        def _stream(
+            self,
+            rid: str,
+            text: str,
+            *,
+            chat: bool,
+            call: dict[str, object] | None = None,
+            usage: dict[str, int] | None = None,
+            pace: float = 0.0,
+        ) -> None:
             """Server-sent events as vLLM sends them: a role chunk, content chunks (or a tool call: its name, then
             its arguments in pieces), a finish chunk, [DONE]. ``broken-stream`` ends after the first pieces."""
             self.send_response(200)
@@ -1131,8 +1171,21 @@ def make_server(
                     "model": health.model,
                     "choices": [choice],
                 }
+                if pace:
+                    time.sleep(1.0 / pace)
                 self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 self.wfile.flush()
+            if usage is not None and not self.mode.broken_stream:
+                # stream_options.include_usage: one more chunk, no choices, the usage (as vLLM and OpenAI send it)
+                tail = {
+                    "id": rid,
+                    "object": "chat.completion.chunk" if chat else "text_completion",
+                    "created": int(time.time()),
+                    "model": health.model,
+                    "choices": [],
+                    "usage": usage,
+                }
+                self.wfile.write(b"data: " + json.dumps(tail).encode() + b"\n\n")
             if not self.mode.broken_stream:
                 self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
@@ -1161,6 +1214,15 @@ def make_server(
 
 def _error(message: str, code: int, kind: str = "BadRequestError") -> dict[str, object]:
     return {"object": "error", "message": message, "type": kind, "param": None, "code": code}
+
+
+def _usage(body: dict[str, object], text: str) -> dict[str, int]:
+    prompt_tokens = len(prompt_words(body))
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": len(text.split()),
+        "total_tokens": prompt_tokens + len(text.split()),
+    }
 
 
 def _completion(
@@ -1285,7 +1347,8 @@ def serve(settings: Settings) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    health = Health(model=settings.model)
+    names = settings.served_names or (settings.model,)
+    health = Health(model=names[0], names=names)
     if settings.enable_sleep_mode and not settings.dev_mode:
         log("WARNING", f"--enable-sleep-mode without {DEV_MODE_ENV}=1: the sleep endpoints are not served")
     sleep = Sleep()
