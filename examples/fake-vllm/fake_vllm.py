@@ -244,6 +244,8 @@ class Settings:
     offload_cache_tokens: int = 0  # the offload tier's size (0: the offload file's bytes / OFFLOAD_TOKEN_BYTES)
     spec_draft_tokens: int = 0  # speculative decoding's draft tokens a step (0: not configured)
     spec_acceptance: float = 0.0  # ... and the rate at which they are accepted
+    served_names: tuple[str, ...] = ()  # --served-model-name: the names it answers to (empty: the model)
+    tokens_per_s: float = 0.0  # --fake-tokens-per-s: the streaming pace (0: no pace)
 
     @property
     def offload_path(self) -> str:
@@ -264,6 +266,19 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         description="A vLLM stand-in: TP workers sharing one offload mmap in the shm dir, and /health.",
     )
     parser.add_argument("--model", default=None, help="model name, shown in logs and /v1/models")
+    parser.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="the names it answers to, as vLLM's (every one listed by /v1/models; default: the model)",
+    )
+    parser.add_argument(
+        "--fake-tokens-per-s",
+        type=float,
+        default=0.0,
+        help="stream at this pace (tokens a second), answering max_tokens tokens when the request gives it "
+        "(default 0: as fast as it can, the usual answer)",
+    )
     parser.add_argument(
         "--tensor-parallel-size",
         "-tp",
@@ -427,12 +442,15 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         cuda_residual_mib=ns.fake_cuda_residual_mib,
         cuda_token_kib=ns.fake_cuda_token_kib,
         prefill_tok_s=ns.fake_prefill_tok_s,
-        decode_tok_s=ns.fake_decode_tok_s,
+        # --fake-tokens-per-s (the door's streaming pace) is the decode speed where --fake-decode-tok-s is not given
+        decode_tok_s=ns.fake_decode_tok_s or max(0.0, ns.fake_tokens_per_s),
         reasoning_tokens=ns.fake_reasoning_tokens,
         gpu_cache_tokens=ns.fake_gpu_cache_tokens,
         offload_cache_tokens=ns.fake_offload_cache_tokens or offload_bytes // OFFLOAD_TOKEN_BYTES,
         spec_draft_tokens=ns.fake_spec_draft_tokens if ns.fake_spec_acceptance > 0 else 0,
         spec_acceptance=ns.fake_spec_acceptance,
+        served_names=tuple(ns.served_model_name or ()),
+        tokens_per_s=max(0.0, ns.fake_tokens_per_s),
     )
 
 
@@ -530,6 +548,7 @@ class Health:
 
     ready: bool = False
     model: str = ""
+    names: tuple[str, ...] = ()  # every name it answers to (the first is ``model``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1021,12 +1040,13 @@ def make_server(
                     if self.mode.models_missing
                     else [
                         {
-                            "id": health.model,
+                            "id": name,
                             "object": "model",
                             "owned_by": "vllm",
                             "root": health.model,
                             "max_model_len": 262144,
                         }
+                        for name in (health.names or (health.model,))
                     ]
                 )
                 self._answer(200, {"object": "list", "data": served})
@@ -1170,7 +1190,7 @@ def make_server(
             except (ValueError, AssertionError):
                 self._answer(400, _error("the request body is not a JSON object", 400))
                 return
-            if body.get("model") != health.model:
+            if body.get("model") not in (health.names or (health.model,)):
                 self._answer(404, _error(f"The model `{body.get('model')}` does not exist.", 404, "NotFoundError"))
                 return
             if self.mode.chat_error:
@@ -1217,6 +1237,9 @@ def make_server(
                 if isinstance(last, dict) and last.get("role") == "tool":
                     call = None  # the tool answered: now the model speaks
                 text = "" if call else answer_text(body, model=health.model, mode=self.mode)
+                paced = settings is not None and settings.tokens_per_s > 0
+                if paced and isinstance(body.get("max_tokens"), int) and not call:
+                    text = " ".join(["tok"] * max(1, min(int(body["max_tokens"]), 100_000)))  # type: ignore[call-overload]
                 rid = f"{'chatcmpl' if chat else 'cmpl'}-fake{next(counter)}"
                 thinking = REASONING_WORDS * (pace.reasoning_tokens // len(REASONING_WORDS) + 1)
                 reasoning = thinking[: pace.reasoning_tokens] if chat and call is None else []
@@ -1585,7 +1608,8 @@ def serve(settings: Settings) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    health = Health(model=settings.model)
+    names = settings.served_names or (settings.model,)
+    health = Health(model=names[0], names=names)
     if settings.enable_sleep_mode and not settings.dev_mode:
         log("WARNING", f"--enable-sleep-mode without {DEV_MODE_ENV}=1: the sleep endpoints are not served")
     sleep = Sleep()

@@ -4,7 +4,9 @@ Where the lane's server offers vLLM's ``POST /pause`` it drains through it, with
 (admit nothing new, answer once the requests in flight finished; never the mode that aborts them): no request can slip
 in between the drain and the stop or the sleep. Elsewhere (a 404: an older vLLM) vLLM's gauges on its /metrics are
 polled (``reconciler.apply.vllm_metrics.read_gauges``). A lane that is not healthy is not drained. Its figures go into
-the outcome as ``drain`` (``via``: pause or gauges). Used by ``reconciler.apply.leave`` and ``.sleep``.
+the outcome as ``drain`` (``via``: pause or gauges). Before either, the requests the host's front door has in flight to
+the lane are waited for (``reconciler door`` publishes them, ``HostIO.lanes.front`` reads them): the door holds new
+ones for a lane whose topology no longer runs, and the drain waits until it has looked since the drain began. Used by ``reconciler.apply.leave`` and ``.sleep``.
 """
 
 from __future__ import annotations
@@ -44,19 +46,21 @@ class DrainStep(ActionContext):
             return note(skipped, "not drained: its recipe has no health.url or drain.metrics_url")
         if recipe.health.url and not self.io.lanes.health_ok(recipe.health.url):
             return note(skipped, f"not drained: its health URL {recipe.health.url} does not answer (a failing lane)")
-        gauges = self.io.lanes.gauges(url)
-        if isinstance(gauges, str):
-            return note(skipped, f"not drained: {gauges}")
         timeout = recipe.drain.timeout_s
         t0 = self.io.clock.monotonic()
+        door = self._drain_door(action, timeout)
+        gauges = self.io.lanes.gauges(url)
+        if isinstance(gauges, str):
+            return note({**skipped, **door}, f"not drained: {gauges}")
         first = int(gauges[0] + gauges[1])
-        paused = self._drain_by_pause(action, recipe, first, timeout)
+        paused = self._drain_by_pause(action, recipe, first, max(0.5, timeout - (self.io.clock.monotonic() - t0)))
         if paused is not None:
-            return note(*paused)
+            return note({**door, **paused[0]}, paused[1])
         while True:
             running, waiting = gauges
             elapsed = self.io.clock.monotonic() - t0
             record = {
+                **door,
                 "drained": False,
                 "timed_out": False,
                 "seconds": round(elapsed, 3),
@@ -89,6 +93,32 @@ class DrainStep(ActionContext):
             if isinstance(gauges, str):
                 record["seconds"] = round(self.io.clock.monotonic() - t0, 3)
                 return note(record, f"drain ended: {gauges}")
+
+    def _drain_door(self, action: Action, timeout: float) -> dict[str, Any]:
+        """The front door's requests to this lane (``reconciler door``, when one runs): wait, within the drain's time,
+        until the door has looked at the host since this drain began (so it saw the switch and holds new requests
+        for the lane) and has none in flight to it. The figures for the outcome's ``drain`` (``door_*``)."""
+        host, name = self.desired.host.name, action.recipe  # the door counts its requests by recipe
+        begun_wall = self.io.clock.time()
+        t0 = self.io.clock.monotonic()
+        first: int | None = None
+        while True:
+            seen = self.io.lanes.front(host, name) if name else None
+            elapsed = self.io.clock.monotonic() - t0
+            if seen is None:
+                return {} if first is None else {"door_requests_at_start": first, "door_seconds": round(elapsed, 3)}
+            at, in_flight, _admitting = seen
+            first = in_flight if first is None else first
+            if at >= begun_wall and in_flight <= 0:
+                return {"door_requests_at_start": first, "door_seconds": round(elapsed, 3)}
+            if elapsed >= timeout:
+                return {"door_requests_at_start": first, "door_seconds": round(elapsed, 3), "door_timed_out": True}
+            if self.cancel.is_set():
+                raise Cancelled(f"stop requested while draining the front door's requests to {name}")
+            self.progress.phase(
+                action, f"draining: {in_flight} request(s) of the front door", elapsed=elapsed, timeout=timeout
+            )
+            self.io.clock.sleep(min(0.05, max(0.01, timeout - elapsed)))
 
     def _drain_by_pause(
         self, action: Action, recipe: Recipe, first: int, timeout: float

@@ -31,6 +31,7 @@ from reconciler.load.tmpfs import REAL_TMPFS, TmpfsReads
 from reconciler.observe import observe
 from reconciler.observe.docker_obs import DockerObserver
 from reconciler.observe.lane_sleep import ask_sleeping
+from reconciler.store.door_state import door_lane
 
 if TYPE_CHECKING:
     from reconciler.apply.shm_guard import ShmIO
@@ -60,6 +61,9 @@ class LaneHttp:
     gauges: Callable[..., tuple[float, float] | str]  # vLLM's running and waiting requests, or why not
     is_sleeping: Callable[..., bool | str]  # GET /is_sleeping: True, False, or why there is no answer
     readings: Callable[[Any, Any], dict[str, Any]]  # what each running lane says of itself (the loop's metrics)
+    # What the host's front door says of a lane (host, recipe): (when it last looked, its requests in flight there,
+    # whether it admits new ones), or None without a live door (``reconciler.store.door_state``).
+    front: Callable[[str, str], tuple[float, int, bool] | None]
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,7 @@ REAL_LANES = LaneHttp(
     gauges=_read_gauges,
     is_sleeping=ask_sleeping,
     readings=_lane_readings,
+    front=door_lane,
 )
 
 REAL_IO = HostIO(

@@ -126,6 +126,13 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     return serve_stdio(args.root)
 
 
+def cmd_door(args: argparse.Namespace) -> int:
+    """The front door, until SIGTERM or SIGINT."""
+    from reconciler.door.run import serve  # start-up: the door's ASGI stack and HTTP client, for this command alone
+
+    return serve(args.root, listen=args.listen, token_file=args.token_file)
+
+
 def _since(text: str | None) -> float | None:
     """``--since``, parsed by the service layer like the API's ``since``."""
     from reconciler.base.errors import ReconcilerError  # the start-up budget, as in run_command
@@ -190,6 +197,17 @@ def build_parser() -> argparse.ArgumentParser:
         "host_shared_memory, host_probe, host_manage) until its client closes it",
     )
     p.set_defaults(func=cmd_mcp)
+    p = sub.add_parser(
+        "door",
+        parents=[root_only],
+        help="the front door: one OpenAI endpoint for the host, routed by model and alias, held through switches",
+        description="Serve host.yaml's door.listen (loopback by default): each OpenAI request goes to the lane that "
+        "serves its model or alias, held while that lane enters, wakes or is about to leave (door.hold_s), streamed "
+        "back as it comes. Off loopback it needs its own token (door-token in the state directory, or --token-file).",
+    )
+    p.add_argument("--listen", metavar="HOST:PORT", help="listen here instead of host.yaml's door.listen")
+    p.add_argument("--token-file", metavar="FILE", help="the door's own token (needed off loopback)")
+    p.set_defaults(func=cmd_door)
 
     add_apply(sub, parents=[common])
     add_qualify(sub, parents=[common])

@@ -17,6 +17,7 @@ import yaml
 from reconciler.base.errors import ConfigError, ConfigProblem
 from reconciler.load.admission import admission_problems
 from reconciler.load.cross_checks import cross_check, manifests_of_host, offload_placement
+from reconciler.load.door_checks import door_problems
 from reconciler.load.files import HOST_FILE, MANIFESTS_DIR, RECIPES_DIR, check_root, rel_path
 from reconciler.load.git_source import GitError, SourceFiles, source_files
 from reconciler.load.host_file import load_host_file
@@ -143,6 +144,9 @@ def _load_files(
         host_node=host_node,
         tmpfs=tmpfs,
     )
+    problems.extend(door_problems(manifest_path, manifest, node, host, recipes, topologies))
+    if problems:
+        raise ConfigError(problems)
     if source is not None:  # a commit's recipes ask no more of this host than its host file allows
         used = [a.recipe for lanes in topologies.values() for a in lanes]
         problems.extend(admission_problems(files, host, recipes, used))
@@ -166,6 +170,8 @@ def _load_files(
         standby_topologies=tuple(manifest.standby),
         standby=standby,
         source_commit=source.commit if source is not None else None,
+        aliases=manifest.alias_targets(),
+        demand=manifest.demand,
     )
 
 

@@ -7,7 +7,6 @@ Called by ``reconciler.load.desired`` and the service (``load_recipes``); the cr
 
 from __future__ import annotations
 
-import shlex
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,7 +19,8 @@ from reconciler.base.errors import ConfigError, ConfigProblem
 from reconciler.load.files import RECIPES_DIR, check_root, read_text, rel_path, remember
 from reconciler.load.problems import problems_from
 from reconciler.load.toml_source import toml_line, toml_problem
-from reconciler.model import Recipe, check_name
+from reconciler.model import Recipe, check_name, served_names
+from reconciler.model.door import argv_words, command_served_names
 
 _RECIPES: dict[str, Recipe] = {}  # a recipe's TOML text -> its validated recipe (files.remember says why)
 
@@ -57,18 +57,8 @@ def load_recipe(root: Path, path: Path) -> Recipe:
 
 
 def _argv_words(recipe: Recipe) -> list[str]:
-    """The words of the recipe's program and arguments; an argument holding spaces (``sh -c "vllm serve ..."``)
-    split as a shell would, where it can be."""
-    words: list[str] = []
-    for arg in [*(recipe.container.entrypoint or ()), *recipe.container.command]:
-        if any(c.isspace() for c in arg):
-            try:
-                words.extend(shlex.split(arg))
-                continue
-            except ValueError:
-                pass
-        words.append(arg)
-    return words
+    """The words of the recipe's program and arguments (``reconciler.model.door.argv_words``)."""
+    return argv_words([*(recipe.container.entrypoint or ()), *recipe.container.command])
 
 
 def command_flag(words: Sequence[str], *names: str) -> tuple[str, str] | None:
@@ -172,27 +162,20 @@ def _listens_elsewhere(bound: str | None, host: str) -> bool:
     return bound != host and not ("localhost" in (bound, host) and {bound, host} <= {"localhost", "127.0.0.1", "::1"})
 
 
-def served_names(recipe: Recipe) -> tuple[str, ...]:
-    """The names the server answers to: its command's --served-model-name (every name given), else the model's id."""
-    words = _argv_words(recipe)
-    names: list[str] = []
-    for i, w in enumerate(words):
-        if w == "--served-model-name":
-            names = []
-            for v in words[i + 1 :]:
-                if v.startswith("-"):
-                    break
-                names.append(v)
-        elif w.startswith("--served-model-name="):
-            names = [w.split("=", 1)[1]]
-    return tuple(names) or (recipe.model.id,)
-
-
 def _served_name_problems(recipe: Recipe) -> list[tuple[tuple[Any, ...], str]]:
     """Every probe asks for a model the server answers to: vLLM answers 404 for any other name, and the enter fails
     its preflight after loading the whole model."""
     names = served_names(recipe)
     out: list[tuple[tuple[Any, ...], str]] = []
+    said = command_served_names(recipe)
+    if said and recipe.model.served_names and list(said) != recipe.model.served_names:
+        out.append(
+            (
+                ("model", "served_names"),
+                f"model.served_names {recipe.model.served_names} differs from the command's --served-model-name "
+                f"{list(said)}, which is what the server answers to: drop model.served_names or make them equal",
+            )
+        )
     for i, p in enumerate(recipe.probes):
         if p.kind == "models":
             continue
@@ -202,7 +185,7 @@ def _served_name_problems(recipe: Recipe) -> list[tuple[tuple[Any, ...], str]]:
                 (
                     ("probes", i, "model") if p.model else ("probes", i, "name"),
                     f"probe {p.name!r} asks for model {asked!r}, but the server answers to "
-                    f"{', '.join(repr(n) for n in names)} (its command's --served-model-name, else model.id): set "
+                    f"{', '.join(repr(n) for n in names)} (its command's --served-model-name, else model.served_names, else model.id): set "
                     "the probe's model to one of them",
                 )
             )

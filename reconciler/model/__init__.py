@@ -19,6 +19,13 @@ from reconciler.model.desired import (
     assignment_key,
     container_name,
 )
+from reconciler.model.door import (
+    DOOR_DEFAULT_LISTEN,
+    AliasSpec,
+    DemandSpec,
+    DoorConfig,
+    served_names,
+)
 from reconciler.model.host import (
     PID_MAX,
     ApiConfig,
@@ -104,6 +111,7 @@ __all__ = [
     "DAY_S",
     "DOCKER_URL_PATTERN",
     "DOCKER_URL_SCHEMES",
+    "DOOR_DEFAULT_LISTEN",
     "ENV_NAME_PATTERN",
     "ENV_REF",
     "ENV_VALUE_PATTERN",
@@ -127,13 +135,16 @@ __all__ = [
     "SLEEP_MODE_FLAG",
     "USER_PATTERN",
     "VOLUME_PATTERN",
+    "AliasSpec",
     "ApiConfig",
     "ApiTlsConfig",
     "AssignmentSpec",
     "ContainerSpec",
+    "DemandSpec",
     "DesiredAssignment",
     "DesiredState",
     "DockerConfig",
+    "DoorConfig",
     "DrainSpec",
     "GpuReserveConfig",
     "GpuSlot",
@@ -172,4 +183,5 @@ __all__ = [
     "check_volume",
     "container_name",
     "offload_lands_in",
+    "served_names",
 ]

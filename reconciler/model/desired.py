@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from reconciler.model.door import AliasSpec, DemandSpec
 from reconciler.model.host import HostConfig
 from reconciler.model.recipe import Recipe
 
@@ -60,6 +61,9 @@ class DesiredState:
     standby: tuple[DesiredAssignment, ...] = ()
     # The commit of the host's git source these manifests and recipes were read from (None: this root's own files).
     source_commit: str | None = None
+    # The manifest's ``aliases:`` (each in its long form) and ``demand:``: what the front door routes and may switch.
+    aliases: Mapping[str, AliasSpec] = field(default_factory=dict)
+    demand: DemandSpec | None = None
 
     def sleeps(self, recipe: str | None) -> bool:
         """Whether a recipe's lanes have vLLM's sleep mode ([sleep])."""

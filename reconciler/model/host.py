@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from reconciler.base.units import GIB
+from reconciler.model.door import DoorConfig
 from reconciler.model.rules import (
     DOCKER_URL_PATTERN,
     GPU_UUID_PATTERN,
@@ -311,6 +312,11 @@ class HostConfig(_Strict):
     api: ApiConfig = Field(
         default_factory=ApiConfig,
         description="The listener of `reconciler run`: HTTPS (tls), or plain HTTP off loopback on purpose (insecure).",
+    )
+    door: DoorConfig = Field(
+        default_factory=DoorConfig,
+        description="The front door (`reconciler door`): one OpenAI endpoint routing each request to the lane "
+        "serving its model, holding it through a switch.",
     )
 
     def reserve_bytes(self, slot: str) -> int:

@@ -9,7 +9,8 @@ import re
 
 from pydantic import Field, model_validator
 
-from reconciler.model.rules import NAME_PATTERN
+from reconciler.model.door import AliasSpec, DemandSpec
+from reconciler.model.rules import NAME_PATTERN, SERVED_NAME_PATTERN
 from reconciler.model.strict import _pattern, _Strict
 
 
@@ -65,11 +66,27 @@ class Manifest(_Strict):
         description="While a wanted lane's enter failed and waits in backoff, bring back the last converged "
         "topology on the slots it needed (false: leave them empty until the next attempt).",
     )
+    aliases: dict[str, str | AliasSpec] = Field(
+        default_factory=dict,
+        description="Names clients may ask the front door for, each routed to a recipe's lane: NAME: RECIPE, or "
+        "NAME: {recipe: RECIPE, gates: {...}}. An alias may not be a name some recipe's server answers to.",
+        json_schema_extra={"propertyNames": {"pattern": SERVED_NAME_PATTERN}},
+    )
+    demand: DemandSpec | None = Field(
+        default=None,
+        description="Let the front door switch the host among these topologies for the models asked for, and "
+        "return to default when idle. Needs topologies:; refused on a host whose desired state comes from git.",
+    )
 
     @model_validator(mode="after")
     def _one_form(self) -> Manifest:
         """Either assignments: or named topologies with the active one's name; never both, never half."""
+        bad_alias = [n for n in self.aliases if not re.fullmatch(SERVED_NAME_PATTERN, n)]
+        if bad_alias:
+            raise ValueError(f"aliases: {bad_alias[0]!r} is empty, too long, or holds a space or control character")
         if self.topologies is None:
+            if self.demand is not None:
+                raise ValueError("demand: names topologies, but there is no topologies: map to name them in")
             if self.topology is not None:
                 raise ValueError("topology: names a topology, but there is no topologies: map to name it in")
             if self.standby:
@@ -93,7 +110,16 @@ class Manifest(_Strict):
             )
         if self.topology not in self.topologies:
             raise ValueError(f"topology: {self.topology!r} is not under topologies: (known: {sorted(self.topologies)})")
+        unknown = [n for n in (self.demand.topologies if self.demand else []) if n not in self.topologies]
+        if unknown:
+            raise ValueError(
+                f"demand.topologies: {unknown[0]!r} is not under topologies: (known: {sorted(self.topologies)})"
+            )
         return self
+
+    def alias_targets(self) -> dict[str, AliasSpec]:
+        """Every alias in its long form."""
+        return {n: AliasSpec(recipe=t) if isinstance(t, str) else t for n, t in self.aliases.items()}
 
     def named(self) -> dict[str | None, list[AssignmentSpec]]:
         """Every topology by name (``None``: the one unnamed topology of assignments:)."""

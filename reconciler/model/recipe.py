@@ -6,6 +6,7 @@ Read by ``reconciler.load.recipes``; the planner, the apply layer and the servic
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -24,6 +25,7 @@ from reconciler.model.rules import (
     IPC_PATTERN,
     LOOPBACK_URL_PATTERN,
     NETWORK_PATTERN,
+    SERVED_NAME_PATTERN,
     SHM_SIZE_PATTERN,
     USER_PATTERN,
     VOLUME_PATTERN,
@@ -55,6 +57,25 @@ class ModelRef(_Strict):
         description="The model's pinned revision (a commit hash).",
         json_schema_extra=_pattern(_NO_CONTROL),
     )
+    served_names: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="The names the server answers to when its command gives no --served-model-name (a server that "
+        "takes its names otherwise): the front door routes a request's model by them. Default: id. Not part of the "
+        "recipe's hash (it says how the lane is asked, not what runs in it).",
+        json_schema_extra={"uniqueItems": True, "items": {"type": "string", "pattern": SERVED_NAME_PATTERN}},
+    )
+
+    @field_validator("served_names")
+    @classmethod
+    def _names(cls, v: list[str] | None) -> list[str] | None:
+        for name in v or ():
+            if not re.fullmatch(SERVED_NAME_PATTERN, name):
+                raise ValueError(f"served name {name!r} is empty, too long, or holds a space or control character")
+        if v is not None and len(set(v)) != len(v):
+            raise ValueError("served_names names a model twice: name each once")
+        return v
 
     @field_validator("id", "revision")
     @classmethod

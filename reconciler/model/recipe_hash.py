@@ -25,6 +25,9 @@ from pydantic_core import PydanticUndefined
 
 # What a recipe says of checking, stopping and sleeping the lane, not of what runs in it: never hashed.
 NOT_HASHED = frozenset({"description", "gpu_reserve", "probes", "drain", "sleep"})
+# Keys inside a section that say how the lane is asked, not what runs in it: never hashed either. ``model.served_names``
+# names what the front door routes to a server that takes its names otherwise than by --served-model-name.
+NOT_HASHED_NESTED = {"model": {"served_names": True}}
 
 # Hash version 1: every key the recipe's hash covered when lanes were first labelled. Never edit this list: a running
 # lane's label is the hash of these keys, defaults included (tests/unit/test_recipe_hash.py holds each still a key).
@@ -113,7 +116,8 @@ def hashed_form(recipe: BaseModel, changes: tuple[DefaultChange, ...] | None = N
     """The recipe as its hash sees it: its JSON form without the keys never hashed and without each later key that
     holds its default."""
     changes = DEFAULT_CHANGES if changes is None else changes
-    dump = recipe.model_dump(mode="json", exclude=set(NOT_HASHED))
+    exclude: dict[str, Any] = {k: True for k in NOT_HASHED} | NOT_HASHED_NESTED
+    dump = recipe.model_dump(mode="json", exclude=exclude)
     _prune(recipe, dump, "", changes)
     return dump
 

@@ -307,6 +307,8 @@ _PORT = r"(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|
 _NO_CONTROL = r"^[^\x00-\x1f]*$"
 _NO_NUL = r"^[^\x00]*$"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,127}$"
+# What a client may call a model (a served name, an alias): no space or control character, at most 256 characters.
+SERVED_NAME_PATTERN = r"^[^\s\x00-\x1f\x7f]{1,256}$"
 GPU_UUID_PATTERN = r"^(GPU|MIG)-[A-Za-z0-9][A-Za-z0-9/-]*$"
 DOCKER_URL_PATTERN = (
     r"^(unix:///[^\s]*[^\s/][^\s]*|(tcp|ssh|http|https)://([^\s/@]+@)?([^\s/:@\[\]]+|\[[0-9A-Fa-f:.]+\])"

@@ -159,7 +159,9 @@ def _go_through(h: Host, image: str) -> None:
     # its own): blocked.
     other = f"other-{r.tag}"
     port = str(r.port_of(omni))
-    r.write_recipe(other, json.loads(json.dumps(r.recipe_data(omni)).replace(port, str(free_port()))))
+    data = json.loads(json.dumps(r.recipe_data(omni)).replace(port, str(free_port())))
+    data["model"]["id"] = data["container"]["command"][2] = f"e2e/{other}"  # a name of its own (one lane per name)
+    r.write_recipe(other, data)
     squatter = r.run_unmanaged(
         "squatter", "-e", f"NVIDIA_VISIBLE_DEVICES={r.slot_index[B]}", "-v", "/usr:/usr:ro", image, "sleep", "300"
     )

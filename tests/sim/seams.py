@@ -592,6 +592,8 @@ def sim_io(world: World) -> Any:
             # What each lane's server says of itself (the loop's metrics only): no simulated lane serves HTTP, and
             # no real server on this machine may answer for one.
             readings=lambda desired, observed: {},
+            # No front door stands before the simulated host's lanes.
+            front=lambda host, recipe: None,
         ),
         shm=ShmIO(
             inspect=inspect,

@@ -1,0 +1,312 @@
+"""The front door's ASGI app: OpenAI's paths routed by the request's ``model`` to the lane that serves it, held
+while that lane is not serving, streamed back as it comes (docs/design.md, the front door).
+
+``Door`` keeps the last look at the host (``reconciler.service.door_view.DoorView``, refreshed by
+``reconciler.door.run``), the requests held per model (``reconciler.door.hold``), the requests in flight per lane
+(published for the drain) and the metrics. Upstream requests go through one ``httpx.AsyncClient`` (streaming, a
+connection pool per lane, never a proxy from the environment); a client that goes away cancels its upstream request,
+and a lane that fails mid-stream ends the stream with an error event.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import math
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from reconciler.base import jsonstrict
+from reconciler.door.hold import Holds, Refused
+from reconciler.door.metrics import DoorMetrics
+from reconciler.model import DoorConfig
+from reconciler.service.door_view import HOLDABLE, DoorView
+
+# Headers that describe one connection (RFC 9110 7.6.1) or that the door sets itself: never passed on.
+_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+
+
+def openai_error(status: int, message: str, *, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    """An error as OpenAI's API shapes one."""
+    body = {"error": {"message": message, "type": _TYPES.get(status, "error"), "param": None, "code": kind}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+}
+
+
+class Door:
+    """The door's state, shared by its routes and its look at the host."""
+
+    def __init__(
+        self,
+        config: DoorConfig,
+        *,
+        token: str | None = None,
+        metrics: DoorMetrics | None = None,
+        publish: Callable[[], None] = lambda: None,
+    ):
+        self.config = config
+        self.token = token
+        self.metrics = metrics or DoorMetrics()
+        self.view: DoorView | None = None
+        self.holds = Holds(max_queue=config.max_queue, hold_s=config.hold_s)
+        self.in_flight: dict[str, int] = {}
+        self.last_request: dict[str, float] = {}
+        self.publish = publish
+        self.client: httpx.AsyncClient | None = None
+
+    # ------------------------------------------------------------ the host's state
+
+    def admitting(self, recipe: str) -> bool:
+        lane = self.view.lanes.get(recipe) if self.view else None
+        return lane is not None and lane.state == "serving"
+
+    def apply_view(self, view: DoorView) -> None:
+        """A new look at the host: release each model's held requests whose lane serves now, refuse those whose
+        lane can no longer come (its topology blocked, or run by no topology)."""
+        self.view = view
+        for model in list(self.holds.queues):
+            recipe = view.recipe_of(model)
+            lane = view.lanes.get(recipe) if recipe else None
+            if lane is None:
+                self.holds.refuse(
+                    model, Refused(404, f"model {model!r} is no longer served", retry_after=0, kind="gone")
+                )
+            elif lane.state == "serving":
+                self.holds.release(model)
+            elif lane.state not in HOLDABLE:
+                self.holds.refuse(model, self._not_served(model, lane.state, lane.why))
+        for model in {*self.holds.queues, *self.metrics.queued_models}:
+            self.metrics.queue_depth(model, self.holds.depth(model))
+
+    def _not_served(self, model: str, state: str, why: str) -> Refused:
+        if state == "blocked":
+            text = f"model {model!r} cannot be served: its topology is blocked ({why})"
+        else:
+            text = f"model {model!r} is not served now: its lane is {state} ({why})"
+        return Refused(503, text, retry_after=min(self.config.hold_s, 30.0), kind=state.replace("-", "_"))
+
+    # ------------------------------------------------------------ routes
+
+    async def models(self, request: Request) -> Response:
+        if (denied := self._check_token(request)) is not None:
+            return denied
+        view = self.view
+        data: list[dict[str, Any]] = []
+        if view is not None:
+            for name, recipe in sorted(view.names.items()):
+                lane = view.lanes[recipe]
+                entry: dict[str, Any] = {
+                    "id": name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "reconciler",
+                    "reconciler": {"recipe": recipe, "state": lane.state},
+                }
+                if name in view.aliases:
+                    entry["reconciler"]["alias"] = True
+                data.append(entry)
+        return JSONResponse({"object": "list", "data": data})
+
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"ok": self.view is not None})
+
+    async def metrics_route(self, request: Request) -> Response:
+        body, ctype = self.metrics.render()
+        return Response(body, media_type=ctype)
+
+    def _check_token(self, request: Request) -> Response | None:
+        if self.token is None:
+            return None
+        given = request.headers.get("authorization", "")
+        if given.startswith("Bearer ") and hmac.compare_digest(given[7:].strip().encode(), self.token.encode()):
+            return None
+        return openai_error(401, "the front door needs its token: Authorization: Bearer TOKEN", kind="unauthorized")
+
+    async def _body(self, request: Request) -> bytes | Response:
+        limit = int(self.config.max_body_mib * (1 << 20))
+        declared = request.headers.get("content-length")
+        too_big = openai_error(
+            413, f"the request body is over door.max_body_mib ({self.config.max_body_mib:g} MiB)", kind="too_large"
+        )
+        if declared and declared.isdigit() and int(declared) > limit:
+            return too_big
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    return too_big
+                chunks.append(chunk)
+        except ClientDisconnect:
+            return Response(status_code=400)
+        return b"".join(chunks)
+
+    async def openai(self, request: Request) -> Response:
+        """Any ``/v1/*`` carrying a ``model``: held until its lane serves, then passed to it."""
+        if (denied := self._check_token(request)) is not None:
+            return denied
+        raw = await self._body(request)
+        if isinstance(raw, Response):
+            return self._count("-", raw)
+        try:
+            body = jsonstrict.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            return self._count("-", openai_error(400, f"the request body is not JSON: {exc}", kind="bad_json"))
+        model = body.get("model") if isinstance(body, dict) else None
+        if not isinstance(model, str) or not model:
+            return self._count("-", openai_error(400, 'the request names no model (a string "model")', kind="no_model"))
+        view = self.view
+        recipe = view.recipe_of(model) if view else None
+        if view is None or recipe is None:
+            known = sorted(view.names) if view else []
+            return self._count(
+                "-",
+                openai_error(
+                    404,
+                    f"the model {model!r} does not exist here; known: {', '.join(known) or 'none'}",
+                    kind="unknown_model",
+                ),
+            )
+        self.last_request[model] = time.time()
+        lane = view.lanes[recipe]
+        held_s = 0.0
+        if lane.state != "serving":
+            if lane.state not in HOLDABLE:
+                return self._refused(model, self._not_served(model, lane.state, lane.why))
+            client = f"{request.client.host if request.client else '-'}/{body.get('user', '')}"
+            try:
+                held_s = await self.holds.wait(model, client, why=f"its lane is {lane.state}: {lane.why}")
+            except Refused as exc:
+                return self._refused(model, exc)
+            finally:
+                self.metrics.queue_depth(model, self.holds.depth(model))
+            self.metrics.held(held_s)
+            view = self.view or view
+            lane = view.lanes.get(recipe, lane)
+        if model in view.aliases:
+            body["model"] = lane.names[0]  # the lane knows its own names, not the manifest's aliases
+            raw = json.dumps(body, separators=(",", ":")).encode()
+        return await self._forward(request, model, recipe, lane.origin or "", raw)
+
+    def _refused(self, model: str, exc: Refused) -> Response:
+        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))} if exc.status == 503 else None
+        return self._count(model, openai_error(exc.status, exc.why, kind=exc.kind, headers=headers))
+
+    def _count(self, model: str, response: Response) -> Response:
+        self.metrics.request(model, response.status_code)
+        return response
+
+    async def _forward(self, request: Request, model: str, recipe: str, origin: str, raw: bytes) -> Response:
+        assert self.client is not None
+        url = origin + request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() not in _HOP and not (self.token is not None and k.lower() == "authorization")
+        }
+        upstream = self.client.build_request(request.method, url, content=raw, headers=headers)
+        self._enter(recipe)
+        t0 = time.monotonic()
+        try:
+            resp = await self.client.send(upstream, stream=True)
+        except httpx.HTTPError as exc:
+            self._leave(recipe)
+            return self._count(
+                model, openai_error(502, f"the lane of {model!r} did not answer: {exc}", kind="upstream")
+            )
+        except BaseException:
+            self._leave(recipe)
+            raise
+        self.metrics.first_byte(time.monotonic() - t0)
+        self.metrics.request(model, resp.status_code)
+        stream = "text/event-stream" in resp.headers.get("content-type", "")
+
+        # OpenAI's completions streams end with "data: [DONE]": one that ends without it was cut (a lane that died
+        # answering with a close-delimited body shows no transport error at all).
+        ends_done = stream and request.url.path.rstrip("/").endswith(("/chat/completions", "/completions"))
+
+        async def body() -> AsyncIterator[bytes]:
+            tail = b""
+            try:
+                try:
+                    async for chunk in resp.aiter_raw():
+                        tail = (tail + chunk)[-64:]
+                        yield chunk
+                    failed = "the stream ended without [DONE]" if ends_done and b"[DONE]" not in tail else ""
+                except httpx.HTTPError as exc:
+                    failed = str(exc) or type(exc).__name__
+                if failed and stream:
+                    err = {
+                        "error": {
+                            "message": f"the lane of {model!r} failed mid-stream: {failed}",
+                            "type": "upstream",
+                            "code": "lane_failed",
+                        }
+                    }
+                    yield b"data: " + json.dumps(err).encode() + b"\n\n"
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await resp.aclose()
+                    self._leave(recipe)
+
+        out = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP and k.lower() != "content-encoding"}
+        return StreamingResponse(body(), status_code=resp.status_code, headers=out)
+
+    def _enter(self, recipe: str) -> None:
+        self.in_flight[recipe] = self.in_flight.get(recipe, 0) + 1
+
+    def _leave(self, recipe: str) -> None:
+        self.in_flight[recipe] = max(0, self.in_flight.get(recipe, 0) - 1)
+        if not self.in_flight[recipe]:
+            self.publish()  # the drain may be waiting for this very count
+
+    def app(self) -> Starlette:
+        async def lifespan(app: Starlette) -> AsyncIterator[None]:
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+            async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0), limits=limits, trust_env=False) as c:
+                self.client = c
+                yield
+                self.client = None
+
+        routes = [
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/metrics", self.metrics_route, methods=["GET"]),
+            Route("/v1/{rest:path}", self.openai, methods=["POST"]),
+        ]
+        return Starlette(routes=routes, lifespan=_as_cm(lifespan))
+
+
+def _as_cm(fn: Callable[[Starlette], AsyncIterator[None]]) -> Any:
+    import contextlib  # start-up: only the door builds an app
+
+    return contextlib.asynccontextmanager(fn)

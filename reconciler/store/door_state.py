@@ -1,0 +1,67 @@
+"""The front door's published state: the requests it has in flight to each lane, and whether it admits new ones.
+
+Written by ``reconciler door`` (``reconciler.door``) whenever a count changes and at least every second; read by the
+drain before a lane leaves or sleeps (``reconciler.apply.drain``, through ``HostIO.lanes.front``), which waits for
+the door's requests to that lane beside the lane's own. The file lives in the runtime directory beside the loop's
+state (``reconciler.store.lock.runtime_dir``, checked before each use, written through the one safe write) and
+counts only while the pid it names is alive. It carries its format version (``reconciler.base.formats``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from reconciler.base import fsafe
+from reconciler.base.formats import format_problem, stamped, unstamped
+from reconciler.store.lock import lock_dir, runtime_dir
+
+DOOR_STATE_FORMAT = 1
+
+
+def door_state_path(host: str) -> Path:
+    return lock_dir() / f"reconciler-{host}.door.json"
+
+
+def write_door_state(host: str, data: dict[str, object]) -> None:
+    """Publish the door's counts (OSError or ``fsafe.UnsafePath`` when it cannot be written safely)."""
+    runtime_dir(create=True)
+    fsafe.write_json(door_state_path(host), stamped({**data, "pid": os.getpid()}, DOOR_STATE_FORMAT), indent=None)
+
+
+def clear_door_state(host: str) -> None:
+    try:
+        runtime_dir(create=False)
+        door_state_path(host).unlink()
+    except (OSError, fsafe.UnsafePath):
+        pass
+
+
+def read_door_state(host: str) -> dict[str, object] | None:
+    """What a running door last wrote, or None when no live door wrote it (or the file is not safe to read)."""
+    try:
+        runtime_dir(create=False)
+        data = fsafe.read_json(door_state_path(host), what="the front door's state file")
+        os.kill(int(data["pid"]), 0)
+    except (OSError, ValueError, KeyError, TypeError, fsafe.UnsafePath):
+        return None
+    if not isinstance(data, dict) or format_problem(data, reads=DOOR_STATE_FORMAT):
+        return None
+    return unstamped(data)
+
+
+def door_lane(host: str, recipe: str) -> tuple[float, int, bool] | None:
+    """(when the door last looked, its requests in flight to ``recipe``'s lane, whether it admits new ones), or None
+    without a live door."""
+    data = read_door_state(host)
+    if data is None:
+        return None
+    try:
+        at = float(data["at"])  # type: ignore[arg-type]
+        lanes = data.get("lanes") or {}
+        lane = lanes.get(recipe) if isinstance(lanes, dict) else None
+        if not isinstance(lane, dict):
+            return at, 0, True
+        return at, int(lane.get("in_flight", 0)), bool(lane.get("admitting", True))
+    except (KeyError, TypeError, ValueError):
+        return None

@@ -1,0 +1,233 @@
+"""The front door (``reconciler door``, docs/design.md, the front door) on real parts: the loop brings fake vLLM lanes
+up on the real engine, the door runs as its own process, and the real ``openai`` client streams through it.
+
+What each test proves: routing by served name and alias with streaming and ``usage`` kept, ``GET /v1/models`` in
+OpenAI's shape with each name's recipe and state; a request for a lane still entering is held and answered once it
+serves; the refusals (unknown model 404 naming the known ones, bad JSON 400, a body over door.max_body_mib 413, a
+topology that does not run 503 with Retry-After); a client that goes away cancels its upstream request; a lane that
+dies mid-stream ends the stream with an error event; the drain of a switch waits for the door's requests in flight.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+import yaml
+from e2e_helpers import LoopProcess, Root, free_port, stop_process, wait_until
+
+openai = pytest.importorskip("openai")
+
+
+class DoorProcess:
+    def __init__(self, root: Root, *extra: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            root.cli_args("door", "--listen", f"127.0.0.1:{self.port}", *extra),
+            env=root.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        wait_until(lambda: self.get("/healthz")[0] == 200, timeout=20, what="the door answers")
+
+    def get(self, path: str) -> tuple[int, Any]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=2) as r:
+                return r.status, json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+        except OSError:
+            return 0, None
+
+    def post(self, path: str, data: bytes, timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
+        req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return r.status, dict(r.headers), r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, dict(e.headers), e.read()
+
+    def client(self) -> Any:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+        out = self.proc.stdout.read() if self.proc.stdout else ""
+        assert "Traceback" not in out, out
+
+
+def _lane(root: Root, label: str, *names: str, pace: float = 200.0, **kw: Any) -> str:
+    args = ["--fake-tokens-per-s", str(pace)]
+    if names:
+        args += ["--served-model-name", *names]
+    name = root.recipe("omni", args=args, **kw)
+    data = root.recipe_data(name)
+    data["probes"] = []
+    renamed = f"{label}-{root.tag}"
+    (root.path / "configs" / "recipes" / f"{name}.toml").unlink()
+    del root.recipes["omni"]
+    data["model"]["id"] = data["container"]["command"][2] = f"e2e/{renamed}"
+    root.write_recipe(renamed, data)
+    return renamed
+
+
+def _manifest(root: Root, topologies: dict[str, list[tuple[str, list[str]]]], topology: str, **extra: Any) -> None:
+    doc = {
+        "host": root.host,
+        "topologies": {n: [{"recipe": r, "gpus": g} for r, g in lanes] for n, lanes in topologies.items()},
+        "topology": topology,
+        **extra,
+    }
+    root.write_manifest_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def _stream_words(client: Any, model: str, n: int = 20) -> tuple[str, Any]:
+    stream = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "hi"}],
+        stream=True,
+        max_tokens=n,
+        stream_options={"include_usage": True},
+    )
+    text, usage = "", None
+    for chunk in stream:
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+        if chunk.usage is not None:
+            usage = chunk.usage
+    return text, usage
+
+
+def test_openai_client_streams_through_the_door_by_name_and_alias(root: Root) -> None:
+    a = _lane(root, "coder", "coder", "coder-long")
+    _manifest(root, {"only": [(a, ["dark-compute-a"])]}, "only", aliases={"coding-agent": a})
+    loop = LoopProcess(root).started(timeout=60)
+    door = DoorProcess(root)
+    try:
+        wait_until(lambda: _state(door, "coder") == "serving", timeout=60, what="the lane serves")
+        status, models = door.get("/v1/models")
+        assert status == 200 and models["object"] == "list"
+        by_id = {m["id"]: m for m in models["data"]}
+        assert set(by_id) == {"coder", "coder-long", "coding-agent"}
+        assert by_id["coding-agent"]["reconciler"] == {"recipe": a, "state": "serving", "alias": True}
+        assert by_id["coder"]["object"] == "model" and by_id["coder"]["reconciler"]["recipe"] == a
+        client = door.client()
+        for model in ("coder", "coder-long", "coding-agent"):
+            text, usage = _stream_words(client, model, 12)
+            assert text.split() == ["tok"] * 12, text
+            assert usage is not None and usage.completion_tokens == 12  # stream_options.include_usage kept
+        # the refusals, each in OpenAI's shape
+        with pytest.raises(openai.NotFoundError, match="known: coder, coder-long, coding-agent"):
+            client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+        status, _, body = door.post("/v1/chat/completions", b"{not json")
+        assert status == 400 and json.loads(body)["error"]["code"] == "bad_json"
+        conn = http.client.HTTPConnection("127.0.0.1", door.port, timeout=10)
+        conn.putrequest("POST", "/v1/chat/completions")
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(17 << 20))  # over the default 16 MiB: refused before it is read
+        conn.endheaders()
+        answer = conn.getresponse()
+        assert answer.status == 413 and "max_body_mib" in json.loads(answer.read())["error"]["message"]
+        conn.close()
+        metrics = urllib.request.urlopen(door.url + "/metrics", timeout=2).read().decode()
+        assert 'reconciler_door_requests_total{code="200",model="coding-agent"} 1.0' in metrics
+        assert "reconciler_door_upstream_first_byte_seconds_bucket" in metrics
+    finally:
+        door.stop()
+        loop.stop()
+
+
+def _state(door: DoorProcess, name: str) -> str | None:
+    status, models = door.get("/v1/models")
+    if status != 200:
+        return None
+    return next((m["reconciler"]["state"] for m in models["data"] if m["id"] == name), None)
+
+
+def test_a_request_for_an_entering_lane_is_held_until_it_serves(root: Root) -> None:
+    """The door starts before the lane: the request is held (not refused) and answered once the lane is healthy; a
+    model of a topology that does not run is 503 with Retry-After at once."""
+    a = _lane(root, "first", "first", start_timeout_s=30)
+    b = _lane(root, "second", "second")
+    _manifest(root, {"one": [(a, ["dark-compute-a"])], "two": [(b, ["dark-compute-b"])]}, "one")
+    door = DoorProcess(root)
+    loop = None
+    try:
+        wait_until(lambda: _state(door, "first") == "entering", timeout=20, what="the door sees the lane entering")
+        got: dict[str, Any] = {}
+
+        def ask() -> None:
+            t0 = time.monotonic()
+            try:
+                got["text"], _ = _stream_words(door.client(), "first", 5)
+            except openai.APIError as exc:
+                got["error"] = f"{exc!r} after {time.monotonic() - t0:.1f} s"
+            got["s"] = time.monotonic() - t0
+
+        t = threading.Thread(target=ask)
+        t.start()
+        time.sleep(1.0)
+        assert t.is_alive(), "the request was answered before the lane existed"
+        status, headers, body = door.post("/v1/chat/completions", b'{"model": "second", "messages": []}')
+        assert status == 503 and {k.lower(): v for k, v in headers.items()}.get("retry-after"), body
+        assert json.loads(body)["error"]["code"] == "not_in_topology"
+        loop = LoopProcess(root).started(timeout=60)
+        t.join(timeout=90)
+        assert got.get("text", "").split() == ["tok"] * 5, got
+        assert got["s"] > 1.0
+        held = urllib.request.urlopen(door.url + "/metrics", timeout=2).read().decode()
+        assert "reconciler_door_held_seconds_count 1.0" in held
+    finally:
+        door.stop()
+        if loop is not None:
+            loop.stop()
+
+
+def test_a_client_gone_cancels_upstream_and_a_dead_lane_ends_the_stream(root: Root) -> None:
+    a = _lane(root, "slow", "slow", pace=20.0)
+    _manifest(root, {"only": [(a, ["dark-compute-a"])]}, "only")
+    loop = LoopProcess(root).started(timeout=60)
+    door = DoorProcess(root)
+    try:
+        wait_until(lambda: _state(door, "slow") == "serving", timeout=60, what="the lane serves")
+        port = root.port_of(a)
+
+        def running() -> float:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            line = next(x for x in text.splitlines() if x.startswith("vllm:num_requests_running"))
+            return float(line.rsplit(" ", 1)[1])
+
+        # A client that goes away after the first chunks: the lane's request ends within a token or two.
+        stream = door.client().chat.completions.create(
+            model="slow", messages=[{"role": "user", "content": "x"}], stream=True, max_tokens=2000
+        )
+        next(iter(stream))
+        assert running() == 1
+        stream.close()
+        wait_until(lambda: running() == 0, timeout=3, what="the upstream request cancelled")
+
+        # A lane that dies mid-stream: the stream ends with an error event, never hangs.
+        stream = door.client().chat.completions.create(
+            model="slow", messages=[{"role": "user", "content": "x"}], stream=True, max_tokens=2000
+        )
+        it = iter(stream)
+        next(it)
+        container = f"reconciler-{a}-dark-compute-a"
+        subprocess.run(["docker", "kill", container], check=True, capture_output=True, timeout=30)
+        t0 = time.monotonic()
+        with pytest.raises(openai.APIError, match="failed mid-stream"):
+            for _ in it:
+                pass
+        assert time.monotonic() - t0 < 10
+    finally:
+        door.stop()
+        loop.stop()
