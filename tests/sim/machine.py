@@ -127,6 +127,7 @@ class HostMachine(RuleBasedStateMachine):
         self.source: Any = None
         self.tree = Path()
         self.steps_since_adopt_check = 0
+        self.stale_words: list[str] = []  # the changes the last saved plan's apply found
         self.races = 0  # switches_race's calls, naming each racer's caller in the audit trail
         # Plans a second terminal saved (``plan --out FILE``), as their files hold them, newest last.
         self.saved: deque[dict[str, Any]] = deque(maxlen=4)
@@ -365,8 +366,8 @@ class HostMachine(RuleBasedStateMachine):
         nothing and is not audited)."""
         import random
 
+        from reconciler.base.errors import ReconcilerError
         from reconciler.service import Caller, HostService
-        from reconciler.service.switch import SwitchRefused
         from reconciler.store.audit import audit_log
 
         w = self.world
@@ -381,7 +382,7 @@ class HostMachine(RuleBasedStateMachine):
             svc = HostService(str(self.root), caller=Caller("api" if i else "cli", who[i]), io=w.io)
             try:
                 ended[i] = svc.switch(asked[i])
-            except SwitchRefused as exc:
+            except ReconcilerError as exc:  # refused (SwitchRefused, audited), or the files do not load
                 ended[i] = exc
 
         try:
@@ -419,7 +420,9 @@ class HostMachine(RuleBasedStateMachine):
         refused = [r for r in records if r.get("action") == "switch" and r.get("outcome") == "refused"]
         if oks != sorted(f"topology {r.before} -> {r.after}" for r in writes):
             w.violate(f"(k) the switches that wrote are not audited as they ended: {oks} for {ended}")
-        if len(refused) != sum(isinstance(r, Exception) for r in ended):
+        from reconciler.service.switch import SwitchRefused
+
+        if len(refused) != sum(isinstance(r, SwitchRefused) for r in ended):
             w.violate(f"(k) the switches refused are not each audited as refused: {refused} for {ended}")
         if ":" in self.topology:
             self.topology = f"{self.topology.split(':')[0]}:{now}"
@@ -1138,6 +1141,7 @@ class HostMachine(RuleBasedStateMachine):
         try:
             session = self._session(applier, files)
             changes = session.changes_since(Fingerprint.from_json(doc["fingerprint"]), doc["plan"])
+            self.stale_words = changes  # what ``apply FILE`` says of a stale plan (the conformance test's)
             if not changes:
                 session.run(source="saved")
         except Exception as exc:  # noqa: BLE001
