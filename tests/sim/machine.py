@@ -7,10 +7,13 @@ live process, and nothing outside shm.dir + pattern, is unlinked, and the /proc 
 it reads: forks, exits, mappings handed down by fork, reused pids) never misses a holder that held its file all
 through it: the kernel's write lease, the last gate, is modelled from the truth and must never be the only thing
 that kept a file; (d) ``apply`` of a shown plan does nothing outside
-it; (e) no exception escapes a pass; (f) once faults stop, the host converges or is blocked by something that is
+it, and an approval (a saved plan, a prompt) made under one commit of a git source never runs under another that
+changed what the host reads: stale, it writes nothing and says the source moved, naming both commits; (e) no exception escapes a pass; (f) once faults stop, the host converges or is blocked by something that is
 really there, within a bounded number of passes; (g) no fallback starts while a container of the held lane runs
 (a fallback's start is judged by (a)); (j) no plan the tool makes stops (leaves or puts to sleep) a live lane on a
-card a blocked action of the same plan wanted (blockers are scoped to their slots; sleeping lanes rule 8). Sleeping lanes (docs/design.md, rules 1-6), by the world's truth: (1) no two
+card a blocked action of the same plan wanted (blockers are scoped to their slots; sleeping lanes rule 8); (k) two
+switches at once lose no update (safety rule 8's lock of the manifest's edits): none writes over a topology it did
+not read, the file holds the last winner's topology with every other byte kept, and each is audited as it ended. Sleeping lanes (docs/design.md, rules 1-6), by the world's truth: (1) no two
 lanes of ours awake on one card, and no wake beside one; (2) no wake onto a card something foreign uses, or into
 memory that is not free when the tool could know it; (3) status never calls a sleeping lane awake; (4) no unlink of a
 sleeping lane's offload file is tried; (5) no POST /sleep with requests in flight its drain never saw idle; (6) a
