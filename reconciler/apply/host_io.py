@@ -5,8 +5,9 @@ engine (an observer of a host's engine, whose client also writes), the whole obs
 shm.dir, the ports and the lanes' sleep, ``reconciler.observe.observe``), who listens on a port (/proc/net), the
 lanes' HTTP (their health URL, their POSTs of a sleep, a wake and a drain, their gauges, GET /is_sleeping, what
 they say of themselves), the guard's reads and its one unlink (``shm_guard.ShmIO``), the loader's tmpfs reads
-(``load.tmpfs.TmpfsReads``), the clocks and the wait (``base.clock.Clock``), and how a group of actions runs at
-once (threads, and the lock that keeps the guard and the state files to one action at a time).
+(``load.tmpfs.TmpfsReads``), the clocks and the wait (``base.clock.Clock``), how a group of actions runs at
+once (threads, and the lock that keeps the guard and the state files to one action at a time), and the lock of the
+manifest's edits that serialises switches (``store.lock.manifest_edit_lock``: an flock across processes).
 
 ``REAL_IO`` is the host's own. The simulation (tests/sim) builds one whose every part answers from its world and
 hands it in whole, as FoundationDB's simulation replaces its one ``INetwork``: nothing between the seams is
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +34,7 @@ from reconciler.observe import observe
 from reconciler.observe.docker_obs import DockerObserver
 from reconciler.observe.lane_sleep import ask_sleeping
 from reconciler.store.door_state import door_lane
+from reconciler.store.lock import manifest_edit_lock
 
 if TYPE_CHECKING:
     from reconciler.apply.shm_guard import ShmIO
@@ -80,6 +83,7 @@ class HostIO:
     tmpfs: TmpfsReads
     run_group: Callable[[list[Callable[[], Any]]], list[Any]]  # a group's actions, each in a thread of its own
     lock: Callable[[], Any]  # a lock of the apply layer (the guard's, the state files')
+    edit_lock: Callable[[str], AbstractContextManager[None]]  # one edit of a host's manifest at a time (a switch)
 
 
 REAL_LANES = LaneHttp(
@@ -102,4 +106,5 @@ REAL_IO = HostIO(
     tmpfs=REAL_TMPFS,
     run_group=run_in_threads,
     lock=threading.Lock,
+    edit_lock=manifest_edit_lock,
 )

@@ -80,7 +80,7 @@ class Loop:
         self.backoff = backoff or Backoff()
         self.metrics = Metrics()
         self.triggers = Triggers()
-        self.source = SourceFollower(root, log=self.log, metrics=self.metrics)
+        self.source = SourceFollower(root, log=self.log, metrics=self.metrics, clock=self.io.clock)
         self.stop = threading.Event()
         self.cancel = threading.Event()
         self.desired: DesiredState | None = None

@@ -7,9 +7,9 @@ waiting or stopped keeps the commit in use, so nothing is torn down for it.
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
+from reconciler.base.clock import REAL_CLOCK, Clock
 from reconciler.base.errors import ConfigError, ReconcilerError
 from reconciler.load.host_file import load_host
 from reconciler.load.source_sync import sync_held
@@ -25,10 +25,11 @@ if TYPE_CHECKING:
 class SourceFollower:
     """When the loop fetches, and what a fetch did."""
 
-    def __init__(self, root: str, *, log: Log, metrics: Metrics):
+    def __init__(self, root: str, *, log: Log, metrics: Metrics, clock: Clock = REAL_CLOCK):
         self.root = root
         self.log = log
         self.metrics = metrics
+        self.clock = clock  # the loop's (``HostIO.clock``): its fetch timer runs on the host's monotonic clock
         self.interval_s: float | None = None  # the source's, once a host file naming one was read
         self._next = 0.0  # monotonic time of the next fetch: at once
         self._said: dict[str, Any] = {}  # the last fetch's line in the log
@@ -45,7 +46,7 @@ class SourceFollower:
         """Seconds until the next fetch (0 when due); None when the host file names no source."""
         if self.interval_s is None:
             return None
-        return max(0.0, self._next - time.monotonic())
+        return max(0.0, self._next - self.clock.monotonic())
 
     def needs_first(self) -> bool:
         """Whether the host file names a source of which no commit is in use yet (the loop then fetches before it
@@ -61,9 +62,9 @@ class SourceFollower:
         host = self._host()
         if host is None or host.source is None:
             return False
-        if "sync" not in reasons and time.monotonic() < self._next:
+        if "sync" not in reasons and self.clock.monotonic() < self._next:
             return False
-        self._next = time.monotonic() + host.source.interval_s
+        self._next = self.clock.monotonic() + host.source.interval_s
         try:
             before, record = sync_held(self.root, host, self._audit(host.name))
         except ReconcilerError as exc:  # the state directory: said, and tried again at the next fetch

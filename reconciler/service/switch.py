@@ -6,8 +6,8 @@ only: the loop (or the next ``apply``) converges it, as it would a hand edit.
 
 Switches are serialised (docs/design.md, safety rule 8): the bytes read are the ones the edit is made from, their
 ``topology:`` must be the one the desired state was validated with, and the check that the file still holds exactly
-those bytes and the write happen under one lock (``store.lock.manifest_edit_lock``) taken by every switch of the
-host, from any front-end and any process. Of two switches at once one wins; the other finds the bytes changed and is
+those bytes and the write happen under one lock (``store.lock.manifest_edit_lock``, the host I/O's ``edit_lock``)
+taken by every switch of the host, from any front-end and any process. Of two switches at once one wins; the other finds the bytes changed and is
 refused, changing nothing, never writing over the first with a state it did not see.
 
 Called by ``reconciler.service.host_service.HostService.switch``.
@@ -98,8 +98,11 @@ def switch_topology(service: HostService, name: str) -> SwitchResult:
         edited = set_topology(text, name)
     except TopologyEditError as exc:
         raise _refused(service, host, name, f"{desired.manifest_path}: {exc}") from None
+    # The host I/O's lock where the caller handed one in (the simulation's interleaves two switches at it), else the
+    # host's own flock: a light command imports no apply layer.
+    edit_lock = service.io.edit_lock if service.io is not None else manifest_edit_lock
     try:
-        with manifest_edit_lock(host):
+        with edit_lock(host):
             # Under the lock: the file holds exactly the bytes the edit was made from, or another edit came first.
             if read_trusted(path, what="the manifest") != read:
                 raise _refused(service, host, name, changed)

@@ -7,10 +7,13 @@ live process, and nothing outside shm.dir + pattern, is unlinked, and the /proc 
 it reads: forks, exits, mappings handed down by fork, reused pids) never misses a holder that held its file all
 through it: the kernel's write lease, the last gate, is modelled from the truth and must never be the only thing
 that kept a file; (d) ``apply`` of a shown plan does nothing outside
-it; (e) no exception escapes a pass; (f) once faults stop, the host converges or is blocked by something that is
+it, and an approval (a saved plan, a prompt) made under one commit of a git source never runs under another that
+changed what the host reads: stale, it writes nothing and says the source moved, naming both commits; (e) no exception escapes a pass; (f) once faults stop, the host converges or is blocked by something that is
 really there, within a bounded number of passes; (g) no fallback starts while a container of the held lane runs
 (a fallback's start is judged by (a)); (j) no plan the tool makes stops (leaves or puts to sleep) a live lane on a
-card a blocked action of the same plan wanted (blockers are scoped to their slots; sleeping lanes rule 8). Sleeping lanes (docs/design.md, rules 1-6), by the world's truth: (1) no two
+card a blocked action of the same plan wanted (blockers are scoped to their slots; sleeping lanes rule 8); (k) two
+switches at once lose no update (safety rule 8's lock of the manifest's edits): none writes over a topology it did
+not read, the file holds the last winner's topology with every other byte kept, and each is audited as it ended. Sleeping lanes (docs/design.md, rules 1-6), by the world's truth: (1) no two
 lanes of ours awake on one card, and no wake beside one; (2) no wake onto a card something foreign uses, or into
 memory that is not free when the tool could know it; (3) status never calls a sleeping lane awake; (4) no unlink of a
 sleeping lane's offload file is tried; (5) no POST /sleep with requests in flight its drain never saw idle; (6) a
@@ -64,6 +67,7 @@ NAMED = {
         {
             "split": [("sleepa", ["dark-compute-a"]), ("sleepb", ["dark-compute-b"])],
             "exclusive": [("sleepbig", ["dark-compute-a", "dark-compute-b"])],
+            "solo": [("sleepa", ["dark-compute-a"])],
         },
         ["split", "exclusive"],
     ),
@@ -71,18 +75,26 @@ NAMED = {
         {
             "split": [("sleepoff", ["dark-compute-a"]), ("sleepb", ["dark-compute-b"])],
             "exclusive": [("sleepbig", ["dark-compute-a", "dark-compute-b"])],
+            "solo": [("sleepa", ["dark-compute-a"])],
         },
         ["split", "exclusive"],
     ),
     # Only the exclusive lane on standby: the split's lane leaves on a switch, the big one sleeps beside it.
     "standby-half": (
-        {"split": [("omni", ["dark-compute-b"])], "exclusive": [("sleepbig", ["dark-compute-a", "dark-compute-b"])]},
+        {
+            "split": [("omni", ["dark-compute-b"])],
+            "exclusive": [("sleepbig", ["dark-compute-a", "dark-compute-b"])],
+            "solo": [("omni", ["dark-compute-a"])],
+        },
         ["exclusive"],
     ),
 }
 # How the two slots name their cards: by index, by UUID, mixed, or (a host error) both naming card 0.
 HOST_SHAPES = ("index", "uuid", "mixed", "alias-index-uuid", "alias-uuid-case")
 LIVENESS_PASSES = 8
+# One run in GIT_SHARE + 1 follows a git source (each commit and fetch runs git's processes: a run that follows one
+# costs some ten of the others; tests/sim/test_sim.py runs a budget of them alone). -1: every run.
+GIT_SHARE = [int(__import__("os").environ.get("SIM_GIT_SHARE", "47"))]
 
 # Steps taken by every machine in this process (the soak's counter).
 STEPS = [0]
@@ -110,7 +122,16 @@ class HostMachine(RuleBasedStateMachine):
         self.topology = "empty"
         self.edits = {r: 0 for r in RECIPES}
         self.images = {r: "sim-vllm:1" for r in RECIPES}  # the image each recipe names
+        # What a commit of the git source changes in a recipe beside its image: its regression probe and its drain.
+        self.probes = {r: 0 for r in RECIPES}
+        self.drains = {r: 20 for r in RECIPES}
+        # The host's git source, when it follows one (its manifests and recipes then live in the repository's work
+        # tree, ``self.tree``, and land as commits); else the root's own files.
+        self.source: Any = None
+        self.tree = Path()
         self.steps_since_adopt_check = 0
+        self.stale_words: list[str] = []  # the changes the last saved plan's apply found
+        self.races = 0  # switches_race's calls, naming each racer's caller in the audit trail
         # Plans a second terminal saved (``plan --out FILE``), as their files hold them, newest last.
         self.saved: deque[dict[str, Any]] = deque(maxlen=4)
         # An interactive ``apply`` whose prompt waits for its answer while the host goes on.
@@ -132,6 +153,10 @@ class HostMachine(RuleBasedStateMachine):
         telemetry=st.sampled_from(["nvml", "nvml", "none"]),
         podman=st.booleans(),
         nvml_hides_identity=st.booleans(),
+        # Desired state from a git source in a share of the runs (GIT_SHARE).
+        git=st.deferred(
+            lambda: st.sampled_from([False] * GIT_SHARE[0] + [True]) if GIT_SHARE[0] >= 0 else st.just(True)
+        ),
     )
     def setup(
         self,
@@ -143,6 +168,7 @@ class HostMachine(RuleBasedStateMachine):
         telemetry: str = "nvml",
         podman: bool = False,
         nvml_hides_identity: bool = False,
+        git: bool = False,
     ) -> None:
         self.world = World(seed, tmpfs_gib=tmpfs_gib, wsl2=wsl2)
         self.world.podman = podman
@@ -155,6 +181,12 @@ class HostMachine(RuleBasedStateMachine):
         self.root = Path(state) / "root"
         (self.root / "configs" / "recipes").mkdir(parents=True)
         (self.root / "manifests").mkdir()
+        self.tree = self.root
+        if git:
+            from sim.source import SimSource
+
+            self.source = SimSource(Path(state) / "repo")
+            self.tree = self.source.path
         # Without telemetry only the engine says who holds a card (the loader refuses slots named by index and UUID
         # side by side then: nothing could tell whether they are one card).
         if shape in ("mixed", "alias-index-uuid"):
@@ -165,7 +197,9 @@ class HostMachine(RuleBasedStateMachine):
         for r in RECIPES:
             self._write_recipe(r)
         self._write_manifest("empty")
+        self._publish("the recipes, and no lane yet")
         self._new_loop()
+        self._sync()
 
     def _write_host(self, shape: str, gpu_requests: bool, telemetry: str = "nvml") -> None:
         w = self.world
@@ -186,6 +220,14 @@ class HostMachine(RuleBasedStateMachine):
             f"docker: {{url: 'unix:///sim/docker.sock', gpu_requests: {str(gpu_requests).lower()}, keep_failed: 2}}\n"
             "shm: {dir: /dev/shm, confirm_interval_s: 2.0, reserve_gib: 1, ignore_uninspectable_pids: [1]}\n"
             "gpu_reserve: {free_gib: 3.0, policy: report, idle_used_gib: 1.0}\n"
+            + (
+                # The loop's own fetch once a day of the world's clock (and at a new loop's first pass); a second
+                # terminal's sync at any step.
+                f"source: {{git: '{self.source.path}', ref: main, path: ., interval_s: 86400, "
+                "allow: {network_host: true}}\n"
+                if self.source is not None
+                else ""
+            )
         )
 
     def _write_recipe(self, name: str) -> None:
@@ -200,18 +242,20 @@ class HostMachine(RuleBasedStateMachine):
             f"{dev}}}\n"
             f"[offload]\nenabled = {'true' if offload else 'false'}\ncapacity_gib = {offload}\n"
             f'[health]\nurl = "http://127.0.0.1:{port}/health"\nsettle_s = 1\nstart_timeout_s = 30\n'
-            "[stop]\ntimeout_s = 10\n[drain]\ntimeout_s = 20\n"
+            f"[stop]\ntimeout_s = 10\n[drain]\ntimeout_s = {self.drains[name]}\n"
+            '[[probes]]\nname = "smoke"\nsuite = "regression"\n'
+            f'prompt = "Reply with the single word: ready ({self.probes[name]})"\n'
         )
         if level:
             # sleepoff: the simulated image is taken as requalified for sleep with native offload (vLLM #45268).
             text += f"[sleep]\nlevel = {level}\ntimeout_s = 5\n" + ("allow_with_offload = true\n" if offload else "")
-        (self.root / "configs" / "recipes" / f"{name}.toml").write_text(text)
+        (self.tree / "configs" / "recipes" / f"{name}.toml").write_text(text)
 
     def _write_manifest(self, topology: str) -> None:
         lines = ["host: sim", "assignments:" + (" []" if not TOPOLOGIES[topology] else "")]
         for recipe, slots in TOPOLOGIES[topology]:
             lines.append(f"  - {{recipe: {recipe}, gpus: [{', '.join(slots)}]}}")
-        (self.root / "manifests" / "sim.yaml").write_text("\n".join(lines) + "\n")
+        (self.tree / "manifests" / "sim.yaml").write_text("\n".join(lines) + "\n")
         self.topology = topology
 
     def _write_named(self, name: str, topology: str) -> None:
@@ -222,8 +266,40 @@ class HostMachine(RuleBasedStateMachine):
             for recipe, slots in lanes:
                 lines.append(f"    - {{recipe: {recipe}, gpus: [{', '.join(slots)}]}}")
         lines.append(f"standby: [{', '.join(standby)}]")
-        (self.root / "manifests" / "sim.yaml").write_text("\n".join(lines) + "\n")
+        (self.tree / "manifests" / "sim.yaml").write_text("\n".join(lines) + "\n")
         self.topology = f"{name}:{topology}"
+
+    def _publish(self, message: str) -> None:
+        """The operator's edits land where the host reads them: at once for a root's own files; as a commit of the
+        git source (taken by the host at its next fetch) when it follows one."""
+        if self.source is not None:
+            self.source.commit(message)
+
+    def _sync(self) -> None:
+        """``reconciler sync`` in a second terminal: the source fetched now, its newest commit taken when it validates
+        (a broken one is refused and the commit in use kept). Only when a commit landed since the last sync: a fetch
+        that finds nothing new is git's processes for nothing."""
+        if self.source is None or self.source.synced == self.source.commits:
+            return
+        self.source.synced = self.source.commits
+        from reconciler.base.errors import ReconcilerError
+        from reconciler.load.git_source import GitError
+        from reconciler.service import Caller, HostService
+
+        try:
+            HostService(str(self.root), caller=Caller("cli", "second terminal"), io=self.world.io).sync()
+        except GitError as exc:
+            self.world.violate(f"(e) reconciler sync of a local repository failed: {exc}")
+        except ReconcilerError:
+            return  # the host file itself is refused (two slots on one card): said, and nothing is fetched
+
+    def _commit_in_use(self) -> str | None:
+        """The commit of the git source the host reads now (None without a source, or before the first)."""
+        if self.source is None:
+            return None
+        from reconciler.store.source import read_source_record
+
+        return read_source_record("sim").commit
 
     def _new_loop(self) -> None:
         from reconciler.loop import Loop
@@ -256,14 +332,16 @@ class HostMachine(RuleBasedStateMachine):
     @rule(topology=st.sampled_from(sorted(TOPOLOGIES)))
     def edit_manifest(self, topology: str) -> None:
         self._write_manifest(topology)
+        self._publish(f"topology {topology}")
 
     @rule(name=st.sampled_from(sorted(NAMED)), topology=st.sampled_from(["split", "exclusive"]))
     def edit_manifest_named(self, name: str, topology: str) -> None:
         """A manifest of named topologies, some on standby (their lanes kept asleep while another runs)."""
         self._write_named(name, topology)
+        self._publish(f"named topologies {name}, {topology} running")
 
     @precondition(lambda self: self.world is not None)
-    @rule(topology=st.sampled_from(["split", "exclusive", "nope"]))
+    @rule(topology=st.sampled_from(["split", "exclusive", "solo", "nope"]))
     def operator_switches(self, topology: str) -> None:
         """``reconciler switch NAME``: the service rewrites topology: alone (an unknown name or a manifest without
         named topologies refused, nothing written); the loop converges it."""
@@ -277,6 +355,113 @@ class HostMachine(RuleBasedStateMachine):
         if ":" in self.topology:
             self.topology = f"{self.topology.split(':')[0]}:{topology}"
 
+    @precondition(lambda self: self.world is not None and self.source is None and ":" in self.topology)
+    @rule(
+        asked=st.tuples(*[st.sampled_from(["split", "exclusive", "solo"])] * 2),
+        seed=st.integers(0, 2**32 - 1),
+    )
+    def switches_race(self, asked: tuple[str, str], seed: int) -> None:
+        """Two ``reconciler switch`` calls at once (two terminals, the API and MCP: each the service's switch), run as
+        two actions of one group that take turns at their seams (the manifest edit lock's taking and holding), in an
+        order ``seed`` draws. Safety rule 8's lock of the manifest's edits: of two that read the same bytes and asked
+        for different topologies one wins and the other is refused as changed; the file holds the last winner's
+        topology with every other byte kept; each is audited as it ended (a switch to the topology in force writes
+        nothing and is not audited)."""
+        import random
+
+        from reconciler.base.errors import ReconcilerError
+        from reconciler.service import Caller, HostService
+        from reconciler.store.audit import audit_log
+
+        w = self.world
+        path = self.root / "manifests" / "sim.yaml"
+        before_bytes = path.read_text()
+        self.races += 1
+        who = [f"racer {self.races}.{i}" for i in (0, 1)]
+        w.sched.rng = random.Random(seed)
+        ended: list[Any] = [None, None]
+
+        def switch(i: int) -> None:
+            svc = HostService(str(self.root), caller=Caller("api" if i else "cli", who[i]), io=w.io)
+            try:
+                ended[i] = svc.switch(asked[i])
+            except ReconcilerError as exc:  # refused (SwitchRefused, audited), or the files do not load
+                ended[i] = exc
+
+        try:
+            w.sched.run([lambda: switch(0), lambda: switch(1)])
+        except Exception as exc:  # noqa: BLE001 - invariant (e)
+            w.violate(f"(e) {type(exc).__name__} escaped a switch: {exc}")
+            return
+        records = [r for r in audit_log("sim").read() if r.get("who") in who]
+        self._judge_switches(ended, before_bytes, path.read_text(), records)
+
+    def _judge_switches(self, ended: list[Any], before: str, after: str, records: list[dict[str, Any]]) -> None:
+        """Invariant (k): two switches at once lose no update and are audited as they ended."""
+        import re
+
+        w = self.world
+        m = re.search(r"^topology: (\S+)$", before, re.M)
+        if m is None:
+            return  # not a manifest of named topologies (both refused: judged by the audit below)
+        now = m.group(1)
+        writes = [r for r in ended if not isinstance(r, Exception) and r.changed]
+        # The writes chain: each switched from the topology the one before it set (none wrote over what it did not see).
+        for r in sorted(writes, key=lambda r: r.before != now):
+            if r.before != now:
+                w.violate(f"(k) a switch wrote {r.before} -> {r.after} over {now}, which it did not see: {ended}")
+                return
+            now = r.after
+        if len({r.before for r in writes}) < len(writes):
+            w.violate(f"(k) two switches from the same bytes both won: {ended}")
+        expected = before if not writes else re.sub(r"^topology: \S+$", f"topology: {now}", before, count=1, flags=re.M)
+        if after != expected:
+            w.violate(
+                f"(k) the manifest after the switches is not the winner's topology with every other byte kept:\n{after}"
+            )
+        oks = sorted(r["reason"] for r in records if r.get("action") == "switch" and r.get("outcome") == "ok")
+        refused = [r for r in records if r.get("action") == "switch" and r.get("outcome") == "refused"]
+        if oks != sorted(f"topology {r.before} -> {r.after}" for r in writes):
+            w.violate(f"(k) the switches that wrote are not audited as they ended: {oks} for {ended}")
+        from reconciler.service.switch import SwitchRefused
+
+        if len(refused) != sum(isinstance(r, SwitchRefused) for r in ended):
+            w.violate(f"(k) the switches refused are not each audited as refused: {refused} for {ended}")
+        if ":" in self.topology:
+            self.topology = f"{self.topology.split(':')[0]}:{now}"
+
+    @precondition(lambda self: self.world is not None and self.source is not None)
+    @rule(
+        change=st.sampled_from(["probe", "drain", "image", "topology", "nothing"]),
+        recipe=st.sampled_from(sorted(RECIPES)),
+        topology=st.sampled_from(sorted(TOPOLOGIES)),
+        synced=st.booleans(),
+    )
+    def source_commit_lands(self, change: str, recipe: str, topology: str, synced: bool) -> None:
+        """A commit lands on the git source the host follows, changing one thing the host reads (a recipe's probe,
+        its drain, its image, the manifest's topology) or nothing it reads; taken at once by a second terminal's
+        ``reconciler sync`` or at the loop's next fetch. Between a plan shown or saved and its approval it makes the
+        approval stale: invariant (d) judges that nothing of it runs."""
+        if change == "probe":
+            self.probes[recipe] += 1
+        elif change == "drain":
+            self.drains[recipe] = 20 if self.drains[recipe] != 20 else 25
+        elif change == "image":
+            self.images[recipe] = "sim-missing:1" if self.images[recipe] == "sim-vllm:1" else "sim-vllm:1"
+        if change == "topology":
+            self._write_manifest(topology)
+        elif change != "nothing":
+            self._write_recipe(recipe)
+        self._publish(f"{change} of {recipe if change != 'topology' else topology}")
+        if synced:
+            self._sync()
+
+    @precondition(lambda self: self.world is not None and self.source is not None)
+    @rule()
+    def second_terminal_syncs(self) -> None:
+        """``reconciler sync``: the newest commit of the source taken now."""
+        self._sync()
+
     @rule(how=st.sampled_from(["yaml", "unknown-recipe", "slot"]))
     def break_manifest(self, how: str) -> None:
         text = {
@@ -284,19 +469,22 @@ class HostMachine(RuleBasedStateMachine):
             "unknown-recipe": "host: sim\nassignments:\n  - {recipe: nope, gpus: [dark-compute-a]}\n",
             "slot": "host: sim\nassignments:\n  - {recipe: omni, gpus: [dark-compute-z]}\n",
         }[how]
-        (self.root / "manifests" / "sim.yaml").write_text(text)
+        (self.tree / "manifests" / "sim.yaml").write_text(text)
+        self._publish(f"a broken manifest ({how})")
         self.topology = "broken"
 
     @rule(recipe=st.sampled_from(sorted(RECIPES)))
     def edit_recipe(self, recipe: str) -> None:
         self.edits[recipe] += 1
         self._write_recipe(recipe)
+        self._publish(f"recipe {recipe} edited")
 
     @rule(recipe=st.sampled_from(sorted(RECIPES)))
     def break_recipe(self, recipe: str) -> None:
         """A bad edit of a recipe (a TOML error): the loop keeps the last valid desired state."""
-        path = self.root / "configs" / "recipes" / f"{recipe}.toml"
+        path = self.tree / "configs" / "recipes" / f"{recipe}.toml"
         path.write_text(path.read_text() + "\n[offload\n")
+        self._publish(f"a broken recipe {recipe}")
         self.topology = "broken"
 
     @rule(pick=st.integers(0, 7), excused=st.booleans())
@@ -749,6 +937,7 @@ class HostMachine(RuleBasedStateMachine):
         self.images[recipe] = "sim-missing:1" if missing else "sim-vllm:1"
         self.edits[recipe] += 1
         self._write_recipe(recipe)
+        self._publish(f"recipe {recipe} runs {self.images[recipe]}")
 
     @rule(present=st.booleans())
     def missing_image_pulled(self, present: bool) -> None:
@@ -933,7 +1122,10 @@ class HostMachine(RuleBasedStateMachine):
         observed, p = applier.plan_now()
         self._judge_darkening(p, live)
         fp = fingerprint(files, desired, observed, loop_view(desired.host.name))
-        self.saved.append(json.loads(json.dumps(plan_document(p, fp, desired))))
+        # Beside the file's own JSON, the commit the plan was made under (the checker's, read from the loaded state).
+        self.saved.append(
+            {**json.loads(json.dumps(plan_document(p, fp, desired))), "sim_commit": desired.source_commit}
+        )
 
     @precondition(lambda self: self.world is not None and self.saved)
     @rule(pick=st.integers(0, 3))
@@ -952,6 +1144,7 @@ class HostMachine(RuleBasedStateMachine):
         try:
             session = self._session(applier, files)
             changes = session.changes_since(Fingerprint.from_json(doc["fingerprint"]), doc["plan"])
+            self.stale_words = changes  # what ``apply FILE`` says of a stale plan (the conformance test's)
             if not changes:
                 session.run(source="saved")
         except Exception as exc:  # noqa: BLE001
@@ -959,6 +1152,7 @@ class HostMachine(RuleBasedStateMachine):
             return
         if changes and w.writes[mark:]:
             w.violate(f"(d) a stale saved plan wrote: {[wr.kind for wr in w.writes[mark:]]}")
+        self._judge_commits("a saved plan", doc.get("sim_commit"), changes, w.writes[mark:])
         if not changes:
             self._check_within(session.approved, w.writes[mark:])
 
@@ -979,6 +1173,7 @@ class HostMachine(RuleBasedStateMachine):
         a change since the plan was shown is stale (nothing written); else only the shown plan's steps run."""
         w = self.world
         session, self.prompt = self.prompt, None
+        made_under = session.applier.desired.source_commit
         mark = len(w.writes)
         try:
             changes = session.refresh()
@@ -989,8 +1184,28 @@ class HostMachine(RuleBasedStateMachine):
             return
         if changes and w.writes[mark:]:
             w.violate(f"(d) an approval gone stale wrote: {[wr.kind for wr in w.writes[mark:]]}")
+        self._judge_commits("an approved prompt", made_under, changes, w.writes[mark:])
         if not changes:
             self._check_within(session.approved, w.writes[mark:])
+
+    def _judge_commits(self, what: str, made_under: str | None, changes: list[str], writes: list[Any]) -> None:
+        """Invariant (d) across commits of the git source: a plan made under one commit never runs under another that
+        changed anything the host reads (its manifests and recipes); the approval is stale, writes nothing, and its
+        refusal says the source moved, naming both commits."""
+        now = self._commit_in_use()
+        if made_under is None or now is None or now == made_under or not self.source.differs(made_under, now):
+            return
+        moved = f"from {made_under[:7]} to {now[:7]}"
+        if not changes:
+            self.world.violate(f"(d) {what} made under commit {made_under[:12]} ran under {now[:12]}, which changed it")
+        elif writes:
+            self.world.violate(
+                f"(d) {what} made under commit {made_under[:12]}, stale under {now[:12]}, wrote: {[w.kind for w in writes]}"
+            )
+        elif not any(moved in line for line in changes):
+            self.world.violate(
+                f"(d) {what} went stale as the git source moved {moved}, and its refusal does not say so: {changes}"
+            )
 
     def _check_within(self, shown: Any, writes: list[Any]) -> None:
         """Invariant (d): every write of the apply belongs to an action of the plan it showed."""
@@ -1119,6 +1334,8 @@ class HostMachine(RuleBasedStateMachine):
             for r in RECIPES:
                 self._write_recipe(r)
             self._write_manifest("split")
+            self._publish("the files fixed")
+        self._sync()  # the operator takes the newest commit (the loop would within source.interval_s)
         result = None
         for _ in range(LIVENESS_PASSES):
             w.advance(700.0)  # past any backoff

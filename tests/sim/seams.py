@@ -611,7 +611,25 @@ def sim_io(world: World) -> Any:
         ),
         run_group=sched.run,
         lock=lambda: SimLock(sched),
+        edit_lock=_edit_lock(world, sched),
     )
+
+
+def _edit_lock(world: World, sched: Interleaver) -> Any:
+    """The lock of the manifest's edits (``store.lock.manifest_edit_lock``'s place): one per host, a ``SimLock``.
+    Taking it is a seam (another switch may read the manifest meanwhile), and so is holding it (another switch that
+    reaches it then waits, passing the turn back): two switches run in one group interleave at both."""
+    locks: dict[str, SimLock] = {}
+
+    @contextlib.contextmanager
+    def edit_lock(host: str) -> Iterator[None]:
+        lock = locks.setdefault(host, SimLock(sched))
+        world.point()
+        with lock:
+            world.point()
+            yield
+
+    return edit_lock
 
 
 def _leaves(value: Any, at: str) -> Iterator[tuple[str, Any]]:

@@ -624,7 +624,11 @@ def test_the_apply_layer_the_loop_and_the_service_reach_the_host_only_through_th
     root = Path(reconciler.apply.__file__).parent
     uses = [
         f"{path.name}: {m.group(0)}"
-        for path in [*(root / f"{n}.py" for n in clocked), Path(reconciler.loop.__file__)]
+        # The loop's fetch timer of a git source too: a simulated run replays its fetches from its seed.
+        for path in [
+            *(root / f"{n}.py" for n in clocked),
+            *(Path(reconciler.loop.__file__).parent / n for n in ("__init__.py", "source.py")),
+        ]
         for m in re.finditer(r"\btime\.(monotonic|time|sleep)\(", path.read_text())
     ]
     assert uses == []
@@ -657,5 +661,100 @@ def test_a_gpu_process_that_forks_its_context_down_blocks_by_the_pid_the_pass_re
         m.faults_stop_and_host_settles()
         m.no_violation()
         assert m.world.pids_read - set(m.world.procs), "the chain forked no read pid away: the case lost its point"
+    finally:
+        m.teardown()
+
+
+GIT_EXAMPLES = max(1, EXAMPLES // 40)
+
+
+def test_runs_that_follow_a_git_source() -> None:
+    """The budget's runs that follow a git source (a real repository, committed to between a plan and its approval,
+    taken by ``reconciler sync`` and the loop's fetch), run alone: the soak draws them in a small share only, each
+    commit and fetch being git's processes."""
+    from hypothesis.stateful import run_state_machine_as_test
+
+    import sim.machine as machine
+
+    share = machine.GIT_SHARE[0]
+    machine.GIT_SHARE[0] = -1
+    try:
+        run_state_machine_as_test(
+            HostMachine,
+            settings=settings(
+                max_examples=GIT_EXAMPLES,
+                stateful_step_count=50,
+                deadline=None,
+                derandomize=True,
+                database=None,
+                suppress_health_check=list(HealthCheck),
+            ),
+        )
+    finally:
+        machine.GIT_SHARE[0] = share
+
+
+def test_two_switches_at_once_lose_no_update_and_are_audited_as_they_ended() -> None:
+    """Two `reconciler switch` calls at once, from split to solo and to exclusive, interleaved at the manifest edit
+    lock in the orders the seeds draw: of two that read the same bytes one wins and the other is refused as changed
+    (without the check under the lock the second writes over the first: invariant (k)); the file holds the winner's
+    topology with every other byte kept, and each is audited as it ended."""
+    refused = 0
+    for seed in range(12):
+        m = _machine()
+        try:
+            m.edit_manifest_named(name="standby", topology="split")
+            m.switches_race(("solo", "exclusive") if seed % 2 else ("exclusive", "solo"), seed)
+            m.no_violation()
+            refused += any(r.get("action") == "switch" and r.get("outcome") == "refused" for r in _audit(m))
+        finally:
+            m.teardown()
+    assert refused, "no seed made the two switches read the same bytes"
+
+
+def _audit(m: HostMachine) -> list[dict[str, object]]:
+    from reconciler.store.audit import audit_log
+
+    return audit_log("sim").read()
+
+
+def _git_machine() -> HostMachine:
+    m = HostMachine()
+    m.setup(seed=7, shape="index", gpu_requests=True, wsl2=False, tmpfs_gib=20.0, git=True)
+    return m
+
+
+def test_a_plan_approved_under_one_commit_never_runs_under_the_next() -> None:
+    """With desired state from a git source, a plan is saved (and another shown at a prompt), then a commit that
+    changes only the running lane's probe is taken by `reconciler sync`: both approvals are stale, write nothing, and
+    say that the git source moved, naming both commits and the probe (invariant (d) across commits)."""
+    m = _git_machine()
+    try:
+        m.edit_manifest("split")
+        m.second_terminal_syncs()
+        m.loop_pass()
+        m.no_violation()
+        assert [c.name for c in m.world.containers.values() if c.ours], "the split's lane runs"
+        m.recipe_stops_slowly("omni", slow=False)
+        m.orphan_appears(1)  # something for the plans to do
+        m.plan_saved()
+        m.prompt_shown()
+        made_under = m._commit_in_use()
+        m.source_commit_lands("probe", "omni", "split", synced=True)
+        now = m._commit_in_use()
+        assert now != made_under
+        mark = len(m.world.writes)
+        m.saved_plan_applied(0)
+        m.prompt_answered()
+        m.no_violation()
+        assert m.world.writes[mark:] == [], "a stale approval wrote"
+        from reconciler.plan.fingerprint import Fingerprint
+
+        session = m._session(m._desired_and_applier()[1], m._desired_and_applier()[2])
+        changes = session.changes_since(Fingerprint.from_json(m.saved[0]["fingerprint"]), m.saved[0]["plan"])
+        assert any(
+            f"the git source moved from {made_under[:7]} to {now[:7]}" in c and "probe smoke changed" in c
+            for c in changes
+        ), changes
     finally:
         m.teardown()

@@ -10,7 +10,7 @@ import stat
 from typing import Any
 
 import pytest
-from e2e_helpers import Root, docker_cli
+from e2e_helpers import SLEEP, Root, docker_cli
 from real.test_e2e_apply import wait_for_no_offload_container
 
 from reconciler.observe.docker_obs import NVIDIA_MAJOR
@@ -32,6 +32,13 @@ def _shape(plan: dict[str, Any], roles: dict[str, str]) -> dict[str, Any]:
         "blocked": plan["blocked"],
         "causes": sorted(b["cause"] for b in plan.get("blockers", [])),
     }
+
+
+def _named(text: str, roles: dict[str, str]) -> str:
+    """The real host's names (a recipe's name carries its test's tag) as the simulation's roles."""
+    for real, role in sorted(roles.items(), key=lambda kv: -len(kv[0])):
+        text = text.replace(real, role)
+    return text
 
 
 class Sim:
@@ -137,5 +144,98 @@ def test_the_simulation_plans_as_the_real_host_does(root: Root, image: str) -> N
         compare("a device-node squatter")
         assert steps[-1][1]["blocked"] and steps[-1][1]["causes"] == ["held"], steps[-1]
         docker_cli("rm", "-f", f"node-squatter-{root.tag}")
+    finally:
+        sim.m.teardown()
+
+
+def test_a_switch_whose_wake_is_blocked_is_planned_alike(root: Root) -> None:
+    """Sleeping lanes rule 8 on both hosts: the split serves with the exclusive lane asleep, a container this tool
+    did not start takes card A, and the manifest switches to the exclusive topology. Both plans keep both split lanes
+    serving (no sleep, no leave), name the same lanes in ``kept_serving`` and the same blocker."""
+    from real.test_sleeping_lanes import standby_manifest
+
+    a, b = root.sleeping_recipe("small-a"), root.sleeping_recipe("small-b")
+    big = root.sleeping_recipe("big", tp=2, level=2)
+    roles = {a: "sleepa", b: "sleepb", big: "sleepbig"}
+    sim = Sim()
+    try:
+
+        def plans(what: str) -> tuple[dict[str, Any], dict[str, Any]]:
+            real = root.cli("plan", "--json")
+            assert real.rc in (0, 2, 3), str(real)
+            pair = real.data, sim.plan()
+            assert _shape(pair[0], roles) == _shape(pair[1], {}), f"{what}: {_shape(pair[0], roles)} != {pair[1]}"
+            return pair
+
+        standby_manifest(root, a, b, big)
+        sim.m.edit_manifest_named("standby", "split")
+        plans("the split with the exclusive lane on standby")
+        assert root.apply().rc == 0
+        sim.m.cli_apply()
+        sim.m.no_violation()
+        plans("converged")
+        root.run_unmanaged("jupyter", "-e", f"NVIDIA_VISIBLE_DEVICES={root.slot_index['dark-compute-a']}", *SLEEP)
+        sim.m.world.foreign("jupyter", env={"NVIDIA_VISIBLE_DEVICES": "0"})
+        assert root.cli("switch", "exclusive").rc == 0
+        sim.m.operator_switches("exclusive")
+        real, simulated = plans("the switch to the exclusive lane, its wake blocked by a foreign container")
+        assert real["actions"] == [] and real["blocked"], real
+        kept = sorted(_named(n, roles) for n in real["kept_serving"])
+        assert kept == sorted(simulated["kept_serving"]), (real["kept_serving"], simulated["kept_serving"])
+        assert kept == ["reconciler-sleepa-dark-compute-a", "reconciler-sleepb-dark-compute-b"], kept
+        blockers = (
+            [(_named(x["recipe"], roles), tuple(x["gpus"]), x["cause"]) for x in real["blockers"]],
+            [(x["recipe"], tuple(x["gpus"]), x["cause"]) for x in simulated["blockers"]],
+        )
+        assert blockers[0] == blockers[1], blockers
+        assert all(x["holder"].startswith("jupyter") for x in [*real["blockers"], *simulated["blockers"]]), blockers
+        # Applied, both keep the split serving: nothing is put to sleep.
+        assert root.apply().rc == 3
+        sim.m.cli_apply()
+        sim.m.no_violation()
+        plans("after the apply")
+    finally:
+        sim.m.teardown()
+
+
+def test_a_saved_plan_whose_probe_changed_is_stale_in_the_same_words(root: Root, tmp_path: Any) -> None:
+    """Safety rule 13 on both hosts: a plan saved, then the desired state changed in one recipe's probe only (no
+    part of its hash): ``apply FILE`` refuses it as stale on both, naming the file and the probe in the same words,
+    and changes nothing."""
+    import tomllib
+
+    from e2e_helpers import dump_recipe
+
+    omni = root.recipe("omni")
+    roles = {omni: "omni"}
+    path = root.path / "configs" / "recipes" / f"{omni}.toml"
+    data = tomllib.loads(path.read_text())
+    data["probes"] = [p for p in data.get("probes", []) if p["name"] != "smoke"] + [
+        {"name": "smoke", "suite": "regression", "prompt": "Reply with the single word: ready (0)"}
+    ]
+    path.write_text(dump_recipe(data))
+    sim = Sim()
+    try:
+        root.manifest((omni, ["dark-compute-b"]))
+        sim.m.edit_manifest("split")
+        saved = tmp_path / "saved.json"
+        assert root.cli("plan", "--out", str(saved)).rc == 2
+        sim.m.plan_saved()
+        data["probes"][-1]["prompt"] = "Reply with the single word: ready (1)"
+        path.write_text(dump_recipe(data))
+        sim.m.probes["omni"] += 1
+        sim.m._write_recipe("omni")
+        before, writes = root.snapshot(), len(sim.m.world.writes)
+        real = root.cli("apply", str(saved), "--json")
+        assert real.rc == 1 and real.data["result"] == "stale", str(real)
+        sim.m.saved_plan_applied(len(sim.m.saved) - 1)
+        sim.m.no_violation()
+        assert root.snapshot() == before and sim.m.world.writes[writes:] == [], "the stale plan changed nothing"
+
+        def words(changes: list[str]) -> list[str]:
+            return sorted(w for c in changes if (w := _named(c, roles)).startswith(("recipe ", "configs/")))
+
+        assert words(real.data["changes"]) == words(sim.m.stale_words), (real.data["changes"], sim.m.stale_words)
+        assert words(sim.m.stale_words) == ["configs/recipes/omni.toml edited", "recipe omni's probe smoke changed"]
     finally:
         sim.m.teardown()
