@@ -92,7 +92,9 @@ def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=cmd_alert_rules)
 
 
-UNIT_EXEC = "ExecStart=/opt/pipx/venvs/reconciler/bin/reconciler run --root /etc/reconciler --metrics-addr 127.0.0.1:9464"
+UNIT_EXEC = (
+    "ExecStart=/opt/pipx/venvs/reconciler/bin/reconciler run --root /etc/reconciler --metrics-addr 127.0.0.1:9464"
+)
 # What systemd would read as a specifier, a variable, a quote or a word break in ExecStart's path arguments.
 _UNSAFE_IN_UNIT = set(" \t\n\"'\\%$;")
 

@@ -213,7 +213,8 @@ class Tour:
             # Python's stdout unbuffered, so stdout and stderr interleave as on a terminal.
             "PYTHONUNBUFFERED": "1",
         }
-        for k in ("RECONCILER_TEST_DOCKER_URL", "DOCKER_HOST"):
+        # PYTHONPATH: a worktree run with another checkout's .venv (the demo's script and `reconciler` take it).
+        for k in ("RECONCILER_TEST_DOCKER_URL", "DOCKER_HOST", "PYTHONPATH", "PYTHON"):
             if k in os.environ:
                 self.env[k] = os.environ[k]
 
