@@ -117,7 +117,7 @@ def proxy_refusal(exc: BaseException) -> str | None:
     path = re.sub(r"^/v[0-9.]+/", "/", urlsplit(request.url or "").path)
     return (
         f"the proxy in front of the engine refused {request.method} {path} ({exc.status_code}); allow it "
-        "there, or point docker.url at an engine that allows it (README: Podman and socket proxies)"
+        "there, or point docker.url at an engine that allows it (docs/reference/engines.md)"
     )
 
 

@@ -22,7 +22,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     from reconciler.service.init_root import init_root  # the start-up budget: NVML, the engine client, the loader
 
     con = console(args)
-    res = init_root(args.root, dry_run=args.dry_run)
+    res = init_root(args.root, dry_run=args.dry_run, no_gpu=args.no_gpu)
     if args.json:
         emit_json(res.to_json(), con.out)
         return EXIT_OK
@@ -33,7 +33,14 @@ def cmd_init(args: argparse.Namespace) -> int:
     print(f"{verb} in {res.root} (host {res.host}):", file=con.out)
     for rel in sorted(res.files):
         print(f"  {rel}", file=con.out)
-    if not res.dry_run:
+    if not res.dry_run and res.no_gpu:
+        print(
+            f"next: `reconciler --root {res.root} apply` starts its recipes on the stand-in image (where `make demo` "
+            "did not build it: examples/fake-vllm/build.sh); edit configs/recipes/first.toml and `plan` shows the "
+            "change",
+            file=con.out,
+        )
+    elif not res.dry_run:
         print(
             f"next: copy configs/recipes/TEMPLATE.toml.example to a recipe of yours, assign it in "
             f"manifests/{res.host}.yaml, then `reconciler --root {res.root} plan`",
@@ -50,9 +57,16 @@ def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
         description="Read this machine (each NVIDIA card through NVML, WSL2, the container engine that answers at "
         "$DOCKER_HOST or the default sockets, the tmpfs of /dev/shm) and write configs/host.yaml, an empty manifest "
         "and a recipe template under --root. It never overwrites a file: with any of them there it refuses and "
-        "changes nothing. What it writes passes `reconciler validate`.",
+        "changes nothing. What it writes passes `reconciler validate`. With --no-gpu it writes a root whose recipes "
+        "run on the stand-in vLLM image instead, to try recipes of your own before a GPU host.",
     )
     p.add_argument("--dry-run", action="store_true", help="say what it found and would write; write nothing")
+    p.add_argument(
+        "--no-gpu",
+        action="store_true",
+        help="a root to try the tool on a machine without a GPU: host `try`, two stand-in slots and two recipes "
+        "of the stand-in vLLM image `make demo` builds (reconciler/fake-vllm:latest)",
+    )
     p.set_defaults(func=cmd_init)
     p = sub.add_parser(
         "systemd-unit",
@@ -78,7 +92,9 @@ def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=cmd_alert_rules)
 
 
-UNIT_EXEC = "ExecStart=/opt/reconciler/bin/reconciler run --root /etc/reconciler --metrics-addr 127.0.0.1:9464"
+UNIT_EXEC = (
+    "ExecStart=/opt/pipx/venvs/reconciler/bin/reconciler run --root /etc/reconciler --metrics-addr 127.0.0.1:9464"
+)
 # What systemd would read as a specifier, a variable, a quote or a word break in ExecStart's path arguments.
 _UNSAFE_IN_UNIT = set(" \t\n\"'\\%$;")
 

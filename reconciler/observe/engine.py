@@ -9,7 +9,7 @@ library's socket and json, nothing else) and the SDK is imported only by the wri
 Speaks HTTP/1.1 over ``unix:///PATH`` and plain ``tcp://`` / ``http://HOST:PORT``; for any other URL (``ssh://``,
 ``https://``, TLS settings) ``EngineClient.for_url`` returns None and the caller uses the SDK. An answer ends where
 HTTP/1.1 says it does (its Content-Length, or its last chunk), never only when the other side closes: a socket proxy
-in front of the engine may keep the connection open long after the answer (README: Podman and socket proxies). Connections
+in front of the engine may keep the connection open long after the answer (docs/reference/engines.md). Connections
 are kept alive and reused (a few idle ones, shared between threads under a lock); a reused one that the other side
 closed meanwhile is replaced once, which is safe because every request here is a GET. Paths carry no API version:
 the engine answers them in its own current version, whose container and event fields this tool reads have been
@@ -356,7 +356,7 @@ class EngineClient:
                 # An engine answers JSON; a bare page here is a proxy's refusal (an allow-list in front of it).
                 message = (
                     f"refused by the proxy in front of the engine ({text or 'no reason given'}); allow "
-                    "GET " + path.split("?")[0] + " there (README: Podman and socket proxies)"
+                    "GET " + path.split("?")[0] + " there (docs/reference/engines.md)"
                 )
             else:
                 message = text

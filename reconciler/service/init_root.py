@@ -18,6 +18,7 @@ from reconciler.base.errors import ConfigError, ReconcilerError
 from reconciler.base.fsafe import write_atomic
 from reconciler.load.desired import load_desired
 from reconciler.load.init_files import HOST_FILE, files, host_name
+from reconciler.load.init_stand_in import STAND_IN_HOST, STAND_IN_IMAGE, STAND_IN_SLOTS, stand_in_files
 from reconciler.observe.machine import Machine, read_machine
 
 
@@ -35,6 +36,7 @@ class InitResult:
     files: dict[str, str]
     written: list[str] = field(default_factory=list)
     dry_run: bool = False
+    no_gpu: bool = False
 
     @property
     def exit_code(self) -> int:
@@ -44,7 +46,12 @@ class InitResult:
         """What init read of the machine and why it wrote what it did, one line each."""
         m = self.machine
         out = []
-        if m.cards:
+        if self.no_gpu:
+            out.append(
+                f"--no-gpu: stand-in slots {', '.join(STAND_IN_SLOTS)} -> gpu_telemetry: none, recipes of the "
+                f"stand-in image {STAND_IN_IMAGE}"
+            )
+        elif m.cards:
             out += [
                 f"GPU {c.index}: {c.name}, {c.memory_bytes >> 20} MiB, {c.uuid} (NVML, driver {m.driver})"
                 for c in m.cards
@@ -68,7 +75,8 @@ class InitResult:
             "gpus": [
                 {"index": c.index, "uuid": c.uuid, "name": c.name, "memory_bytes": c.memory_bytes} for c in m.cards
             ],
-            "gpu_telemetry": "nvml" if m.cards else "none",
+            "gpu_telemetry": "nvml" if m.cards and not self.no_gpu else "none",
+            "no_gpu": self.no_gpu,
             "nvml": m.nvml or "ok",
             "wsl2": m.wsl2,
             "engines": [{"url": e.url, "name": e.name, "version": e.version} for e in m.engines],
@@ -79,12 +87,18 @@ class InitResult:
         }
 
 
-def init_root(root: str | os.PathLike[str], *, dry_run: bool = False, machine: Machine | None = None) -> InitResult:
-    """Read the machine and write a root at ``root`` that validates (``dry_run``: only say what it would write)."""
+def init_root(
+    root: str | os.PathLike[str], *, dry_run: bool = False, machine: Machine | None = None, no_gpu: bool = False
+) -> InitResult:
+    """Read the machine and write a root at ``root`` that validates (``dry_run``: only say what it would write;
+    ``no_gpu``: the stand-in root of ``load.init_stand_in``, whatever cards the machine has)."""
     r = Path(root)
     m = machine or read_machine()
-    name = host_name(socket.gethostname())
-    texts = files(m, name)
+    if no_gpu:
+        name, texts = STAND_IN_HOST, stand_in_files(m)
+    else:
+        name = host_name(socket.gethostname())
+        texts = files(m, name)
     there = [p for p in [*texts, HOST_FILE] if (r / p).exists() or (r / p).is_symlink()]
     if there:
         raise InitRefused(
@@ -92,7 +106,7 @@ def init_root(root: str | os.PathLike[str], *, dry_run: bool = False, machine: M
             "init with --root on an empty directory"
         )
     _validate(texts)
-    result = InitResult(root=str(r), host=name, machine=m, files=texts, dry_run=dry_run)
+    result = InitResult(root=str(r), host=name, machine=m, files=texts, dry_run=dry_run, no_gpu=no_gpu)
     if dry_run:
         return result
     for rel, text in texts.items():

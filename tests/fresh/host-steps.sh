@@ -2,7 +2,9 @@
 # Run inside the stock Debian container by tests/fresh/host.sh, as root: README's "On your own GPU host", command
 # for command, with one installer (pipx or uv), then the uninstall, then a check that nothing of the tool is left.
 #   bash host-steps.sh prepare          the engine (Debian's docker.io) and pipx: what a serving host already has
-#   bash host-steps.sh pipx|uv WHEEL    install, init, a recipe, the unit's ExecStart as the loop, converge, uninstall
+#   bash host-steps.sh build SRC        the README's build line in a copy of the checkout: SRC/dist/reconciler-*.whl
+#   bash host-steps.sh pipx|uv WHEEL    install (over a link like make demo's), init, a recipe, the unit's ExecStart
+#                                       as the loop, converge, uninstall
 # The lines between '# readme:' markers are the README's own (tests/real/test_host_install.py checks they match).
 set -euo pipefail
 step() { printf '\n== %s  (%ss)\n' "$*" "$SECONDS"; }
@@ -19,6 +21,16 @@ if [ "$1" = prepare ]; then
     exit 0
 fi
 
+if [ "$1" = build ]; then
+    step "build: the wheel, as the README builds it (Debian's python3 has no \`build\` module; pipx runs PyPI's)"
+    cd "$2"
+    # readme: build
+    pipx run build
+    # readme: end
+    ls dist/reconciler-*.whl dist/reconciler-*.tar.gz
+    exit 0
+fi
+
 installer=$1 wheel=$2
 cd "$(dirname "$wheel")"
 snapshot() {  # every path outside the kernel's, the engine's and the scratch file systems, sorted
@@ -27,25 +39,40 @@ snapshot() {  # every path outside the kernel's, the engine's and the scratch fi
         -o -path /var/cache \) -prune -o -print | sort
 }
 snapshot >/tmp/before.txt
+demo_link() {  # what `make demo` leaves on a host: /usr/local/bin/reconciler, a link into a checkout's .venv
+    mkdir -p /srv/demo-checkout/.venv/bin
+    printf '#!/bin/sh\necho "the checkout of make demo, not the install"\n' >/srv/demo-checkout/.venv/bin/reconciler
+    chmod +x /srv/demo-checkout/.venv/bin/reconciler
+    ln -sfn /srv/demo-checkout/.venv/bin/reconciler /usr/local/bin/reconciler
+}
 
 step "$installer: install the wheel"
 case $installer in
     pipx)
+        demo_link
         # readme: pipx
-        PIPX_HOME=/opt/pipx PIPX_BIN_DIR=/usr/local/bin pipx install ./reconciler-*.whl
+        PIPX_HOME=/opt/pipx PIPX_BIN_DIR=/usr/local/bin pipx install --force ./reconciler-*.whl
         # readme: end
         ;;
     uv)
-        # uv itself, from PyPI, as its own tool (not part of what the check below looks for)
-        PIPX_HOME=/opt/pipx PIPX_BIN_DIR=/usr/local/bin pipx install uv >/dev/null
+        # uv itself, from PyPI, as its own tool on root's PATH (not part of what the check below looks for)
+        # readme: uv-itself
+        PIPX_HOME=/opt/pipx PIPX_BIN_DIR=/usr/local/bin pipx install uv
+        # readme: end
+        command -v uv || fail "uv is not on root's PATH after the README's line"
         snapshot >/tmp/before.txt
+        demo_link
         # readme: uv
-        UV_TOOL_DIR=/opt/uv-tools UV_TOOL_BIN_DIR=/usr/local/bin uv tool install ./reconciler-*.whl
+        UV_TOOL_DIR=/opt/uv-tools UV_TOOL_BIN_DIR=/usr/local/bin uv tool install --force ./reconciler-*.whl
         # readme: end
         ;;
     *) fail "installer is pipx or uv, not '$installer'" ;;
 esac
 command -v reconciler
+case $(readlink -f "$(command -v reconciler)") in
+    /opt/*) ;;
+    *) fail "reconciler on PATH is $(readlink -f "$(command -v reconciler)"), not this install's: make demo's link was kept" ;;
+esac
 reconciler --version
 
 step "$installer: init, a recipe, the unit"
@@ -128,6 +155,7 @@ rm -f /etc/prometheus/rules/reconciler.yml
 rmdir /etc/prometheus/rules /etc/prometheus
 
 step "$installer: nothing of it is left"
+rm -rf /srv/demo-checkout  # the stand-in for make demo's checkout: the install replaced its link
 snapshot >/tmp/after.txt
 diff /tmp/before.txt /tmp/after.txt >/tmp/diff.txt || true
 echo "paths that differ from before the install (uv's, pipx's own bookkeeping may show):"

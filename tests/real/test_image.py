@@ -1,6 +1,6 @@
 """The tool as an image (Containerfile): built here from a local base (the stock Debian 12 root of tests/fresh, whose
 python3 has no pip) with no network in the build, the wheel and its dependencies' wheels in its context, and run as
-the README's ``docker run`` line says (--pid=host, the engine's socket, the shm dir, the root at /etc/reconciler,
+the ``docker run`` line of docs/how-to/image.md says (--pid=host, the engine's socket, the shm dir, the root at /etc/reconciler,
 the host's lock and state directories). A small root converges through the image, and the image's ``shm status``,
 ``plan`` and ``status`` give the verdicts the host-side command gives: the same files with the same states, held by
 the same pids of the same containers (a lane's worker attributed to its container, a host process to none), read
@@ -114,7 +114,7 @@ def tool_image(docker_api: Any, tmp_path_factory: pytest.TempPathFactory) -> str
 
 
 def in_image(image: str, root: Root, *args: str) -> subprocess.CompletedProcess[str]:
-    """The README's ``docker run`` line for the image, on this root (the test's lock and state directories and its
+    """The ``docker run`` line of docs/how-to/image.md for the image, on this root (the test's lock and state directories and its
     tmpfs stand for /run/reconciler, /var/lib/reconciler and /dev/shm, at their own paths)."""
     lock, state = root.env["RECONCILER_LOCK_DIR"], root.env["RECONCILER_STATE_DIR"]
     for d in (lock, state):

@@ -709,7 +709,8 @@ def test_systemd_unit_runs_the_loop_and_keeps_what_it_needs(tmp_path: Path, monk
     settings = [ln.split("=", 1) for ln in unit.splitlines() if "=" in ln and not ln.startswith("#")]
     conf = {k: v for k, v in settings}
     assert (
-        conf["ExecStart"] == "/opt/reconciler/bin/reconciler run --root /etc/reconciler --metrics-addr 127.0.0.1:9464"
+        conf["ExecStart"]
+        == "/opt/pipx/venvs/reconciler/bin/reconciler run --root /etc/reconciler --metrics-addr 127.0.0.1:9464"
     )
     assert conf["ExecReload"] == "/bin/kill -HUP $MAINPID"
     assert conf["ProtectSystem"] == "strict" and conf["NoNewPrivileges"] == "yes"
@@ -733,7 +734,7 @@ def test_systemd_unit_runs_the_loop_and_keeps_what_it_needs(tmp_path: Path, monk
     # verify checks the binary exists: point ExecStart at this checkout's console script.
     script = shutil.which("reconciler") or sys.executable
     local = tmp_path / "reconciler.service"
-    local.write_text(unit.replace("/opt/reconciler/bin/reconciler", script))
+    local.write_text(unit.replace("/opt/pipx/venvs/reconciler/bin/reconciler", script))
     done = subprocess.run([analyze, "verify", str(local)], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == "" and done.stderr.strip() == "", done.stdout + done.stderr
 

@@ -1,6 +1,7 @@
-"""The README runs: every command example in README.md and docs/*.md is executed, as typed and in the order the page
-shows them, and its output compared with what the page shows, so a changed flag, port, message or JSON key fails
-here instead of failing the reader.
+"""The docs run: every command example in README.md and in every page under docs/ (the tutorial, the how-to guides,
+the reference) is executed, as typed and in the order the page shows them, and its output compared with what the page
+shows, so a changed flag, port, message or JSON key fails here instead of failing the reader. Each page is a test of
+its own (README.md first, then docs/ in path order).
 
 How a page is read (the page itself says so where a reader can see it):
 
@@ -10,7 +11,8 @@ How a page is read (the page itself says so where a reader can see it):
   ``examples/``, with the PATH a root shell has: ``reconciler`` must be the set-up's link in /usr/local/bin. There is
   no hidden set-up: what a session needs, the page types before it. The lines below a command are its output (stdout
   and stderr as a terminal shows them). A trailing ``# exit N`` on a command is checked too.
-- The host starts as ``make demo`` leaves it: the demo's tmpfs mounted, omni running on ``dark-compute-b``.
+- Each page starts on the host as ``make demo`` leaves it: the demo's tmpfs mounted, omni running on
+  ``dark-compute-b`` (the demo's root applied again before each page, so one page's end is never another's start).
 - A ``python`` block preceded by ``<!-- example file: NAME -->`` is a file the page tells the reader to save as NAME;
   it is written there before the next session runs. No other HTML comment may steer an example.
 - A block that is deliberately not run says so on its first line: ``# not run by the README's test: WHY``.
@@ -40,7 +42,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 NOT_RUN = "# not run by the README's test:"
 ROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEMO_SHM = "/run/reconciler-demo/shm"
@@ -211,7 +213,8 @@ class Tour:
             # Python's stdout unbuffered, so stdout and stderr interleave as on a terminal.
             "PYTHONUNBUFFERED": "1",
         }
-        for k in ("RECONCILER_TEST_DOCKER_URL", "DOCKER_HOST"):
+        # PYTHONPATH: a worktree run with another checkout's .venv (the demo's script and `reconciler` take it).
+        for k in ("RECONCILER_TEST_DOCKER_URL", "DOCKER_HOST", "PYTHONPATH", "PYTHON"):
             if k in os.environ:
                 self.env[k] = os.environ[k]
 
@@ -270,6 +273,9 @@ def tour(tmp_path_factory: pytest.TempPathFactory, docker_api, image: str) -> It
 def test_every_command_example_is_run_or_says_why_not() -> None:
     sessions = [b for b in BLOCKS if b.is_session]
     assert len(SESSIONS) >= 8, [b.where for b in SESSIONS]
+    # Pages in docs/'s folders are run too: the tutorial's and the how-to guides' examples.
+    run = {b.page.relative_to(REPO).as_posix() for b in SESSIONS}
+    assert {"README.md", "docs/tutorial.md", "docs/how-to/switch.md", "docs/how-to/api.md"} <= run, sorted(run)
     for b in sessions:
         if b.not_run is not None:
             assert len(b.not_run) > 10, f"{b.where}: say why it is not run"
@@ -311,7 +317,9 @@ def test_no_example_has_hidden_set_up() -> None:
 
 @pytest.mark.docker
 @pytest.mark.root
-@pytest.mark.parametrize("page", [p for p in PAGES if any(b.page == p for b in SESSIONS)], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "page", [p for p in PAGES if any(b.page == p for b in SESSIONS)], ids=lambda p: str(p.relative_to(REPO))
+)
 def test_the_examples_typed_in_order_print_what_the_page_shows(page: Path, tour: Tour) -> None:
     # A second try of the whole page, which ends as it starts (the split topology converged, the tmpfs empty, no
     # loop): while the page's loop runs, any engine event wakes it, and a pass of its own may reclaim the orphan an
@@ -322,8 +330,18 @@ def test_the_examples_typed_in_order_print_what_the_page_shows(page: Path, tour:
         _run_page(page, tour)
 
 
+def _as_make_demo_left_it(tour: Tour) -> None:
+    """The demo's split topology converged and its tmpfs mounted, whatever the page before left."""
+    if not _mounted(DEMO_SHM):
+        os.makedirs(DEMO_SHM, exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m,mode=1777", "tmpfs", DEMO_SHM], check=True)
+    up = tour.shell("reconciler --root examples/demo apply --yes")
+    assert up.returncode == 0, up.stdout + up.stderr
+
+
 def _run_page(page: Path, tour: Tour) -> None:
     blocks = [b for b in BLOCKS if b.page == page and (b in SESSIONS or b.file_name)]
+    _as_make_demo_left_it(tour)
     shutil.rmtree(tour.out, ignore_errors=True)
     tour.out.mkdir()
     script = ["set +e"]
@@ -394,10 +412,10 @@ def test_the_demo_teardown_leaves_nothing_of_the_demo(tour: Tour, docker_api) ->
 
 
 def test_the_first_host_shown_is_the_shipped_one() -> None:
-    """The host, recipe and manifest the page shows for a first host are examples/first-host's files, byte for byte,
-    so the copied recipe is the one `validate` passes above."""
-    shown = {"\n".join(b.body) for b in BLOCKS if b.page.name == "README.md"}
+    """The host, recipe and manifest the tutorial shows for a first host are examples/first-host's files, byte for
+    byte, so the copied recipe is the one `validate` passes there."""
+    shown = {"\n".join(b.body) for b in BLOCKS if b.page == REPO / "docs" / "tutorial.md"}
     root = REPO / "examples" / "first-host"
     for f in ("configs/host.yaml", "configs/recipes/qwen3-8b.toml", "manifests/gpu-box.yaml"):
         text = (root / f).read_text().rstrip("\n")
-        assert text in shown, f"README.md does not show examples/first-host/{f} as it is"
+        assert text in shown, f"docs/tutorial.md does not show examples/first-host/{f} as it is"

@@ -19,7 +19,7 @@ def unit(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_for_an_install_in_opt_it_is_the_shipped_example() -> None:
-    done = unit("--root", "/etc/reconciler", "systemd-unit", "--exec", "/opt/reconciler/bin/reconciler")
+    done = unit("--root", "/etc/reconciler", "systemd-unit", "--exec", "/opt/pipx/venvs/reconciler/bin/reconciler")
     assert done.returncode == 0, done.stderr
     assert done.stdout == (REPO / "examples" / "reconciler.service").read_text()
 

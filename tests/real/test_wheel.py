@@ -95,7 +95,7 @@ def test_the_unpacked_wheel_prints_its_unit_and_rules_away_from_the_checkout(dis
     rules = run("alert-rules")
     assert rules.returncode == 0, rules.stderr
     assert rules.stdout == (REPO / "configs" / "prometheus" / "alerts.yml").read_text()
-    unit = run("--root", "/etc/reconciler", "systemd-unit", "--exec", "/opt/reconciler/bin/reconciler")
+    unit = run("--root", "/etc/reconciler", "systemd-unit", "--exec", "/opt/pipx/venvs/reconciler/bin/reconciler")
     assert unit.returncode == 0, unit.stderr
     assert unit.stdout == (REPO / "examples" / "reconciler.service").read_text()
     which = subprocess.run(
