@@ -87,7 +87,7 @@ from reconciler.api.listener import Supervisor
 from reconciler.api.page import ROUTES as PAGE_ROUTES
 from reconciler.api.page import page_state
 from reconciler.api.refusals import Refusals
-from reconciler.api.routes import AppContext
+from reconciler.api.routes import AppContext, not_routed
 from reconciler.api.tls import TlsFiles, check_tls
 from reconciler.api.tokens import PUBLIC, Tokens, resolve_tokens
 
@@ -145,6 +145,7 @@ def build_app(
     app = Starlette(
         routes=[*(Route(ep.path, ep.handler, methods=[ep.method]) for ep in ENDPOINTS), *PAGE_ROUTES, *mcp_app.routes],
         lifespan=lifespan,
+        exception_handlers={404: not_routed, 405: not_routed},
     )
     app.state.ctx = ctx
     refusals = Refusals(log=log, audit=ctx.audit, on_count=on_refusal, on_drop=on_drop)

@@ -167,6 +167,20 @@ def _bad(request: Request, exc: _BadRequest, *, action: str | None = None) -> Re
     return JSONResponse({"error": str(exc)}, status_code=400)
 
 
+async def not_routed(request: Request, exc: Exception) -> Response:
+    """A path no route serves (404), or a method its route does not take (405): JSON like every other error, with
+    where to look (405 keeps its ``Allow`` header)."""
+    status = getattr(exc, "status_code", 404)
+    headers = getattr(exc, "headers", None) or {}
+    where = f"{request.method} {request.url.path}"
+    if status == 405:
+        allowed = headers.get("Allow", "")
+        why = f"{where}: this route does not take {request.method}" + (f"; it takes {allowed}" if allowed else "")
+    else:
+        why = f"{where}: no such route; GET /v1/openapi.json lists them"
+    return JSONResponse({"error": why}, status_code=status, headers=headers)
+
+
 # ---------------------------------------------------------------- the routes, one function each
 
 

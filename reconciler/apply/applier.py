@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from reconciler.apply.docker_ops import DockerOps
-from reconciler.apply.errors import ActionFailed, ActionRefused, Cancelled
+from reconciler.apply.errors import ActionFailed, ActionRefused, Cancelled, Superseded
 from reconciler.apply.groups import GroupNotStarted, concurrent_group, within
 from reconciler.apply.host_io import REAL_IO, HostIO
 from reconciler.apply.results import NoProgress, Outcome, OutcomeResult, PassResult, PassVerdict, Progress
@@ -77,6 +77,9 @@ class Applier(SleepSteps):
         # The loop's view for the fallback: () -> (last converged topology, seconds to each held lane's next attempt).
         # None (``reconciler apply``): no fallback; a failed enter leaves its slots as they are.
         self.fallback_view: Callable[[], tuple[Any, Mapping[str, float]]] | None = None
+        # The loop's check of an edit made while an enter waits for health: why the enter's lane is no longer wanted
+        # (None while it is). None (``reconciler apply``: its plan was approved as shown): never asked.
+        self.superseded: Callable[[Action], str | None] | None = None
         # Each running action's figures, per thread: actions on disjoint slots run at once (``_execute_group``).
         self._context = threading.local()
         # The guard stays serial (its two inspections see one deletion at a time), and the state and history files
@@ -168,7 +171,9 @@ class Applier(SleepSteps):
                 group = held
             stop = self._run_round(run, self._fitted(run, group))
             if stop is not None:
-                return run.result("interrupted", stop.detail)
+                # A superseded enter ends the pass too: what it was planned from is no longer wanted, and the next
+                # pass plans the new desired state.
+                return run.result("superseded" if stop.result == "superseded" else "interrupted", stop.detail)
             if run.current.unavailable:
                 break
         return self._verdict(run)
@@ -183,7 +188,7 @@ class Applier(SleepSteps):
 
     def _run_round(self, run: _Pass, group: list[Action]) -> Outcome | None:
         """Run one group, plan the host again, and record each outcome (its postcondition checked against the new
-        plan). Returns the first interrupted outcome, if any: the pass ends there, unplanned again."""
+        plan). Returns the first interrupted or superseded outcome, if any: the pass ends there, unplanned again."""
         started = self.io.clock.monotonic()
         done = self._execute_group(group, run.observed)
         run.observed, run.current = self.plan_now(run.failed)
@@ -194,7 +199,7 @@ class Applier(SleepSteps):
             run.outcomes.append(outcome)
             if self.on_outcome:
                 self.on_outcome(outcome)
-            if outcome.result == "interrupted":
+            if outcome.result in ("interrupted", "superseded"):
                 stop = stop or outcome
             if outcome.result in ("failed", "refused"):
                 run.failed[action.key] = f"{action.kind.value} failed in this pass: {outcome.detail}"
@@ -271,6 +276,8 @@ class Applier(SleepSteps):
             result = "ok"
         except Cancelled as exc:
             detail, freed, result = str(exc), 0, "interrupted"
+        except Superseded as exc:
+            detail, freed, result = exc.cause, 0, "superseded"
         except ActionRefused as exc:
             detail, freed, result, refusal = exc.cause, 0, "refused", exc.reason
         except ActionFailed as exc:

@@ -16,6 +16,7 @@ from reconciler.apply.docker_ops import DockerOps
 from reconciler.apply.results import Progress
 from reconciler.model import DesiredState
 from reconciler.observe.docker_obs import DockerObserver
+from reconciler.plan.actions import Action
 from reconciler.plan.enter_checks import EnterNeeds, enter_needs
 from reconciler.plan.observed import Observed
 from reconciler.store.state import read_ownership
@@ -44,6 +45,7 @@ class ActionContext:
     _files_lock: Any
     _needs: EnterNeeds
     fallback_view: Callable[[], tuple[Any, Any]] | None
+    superseded: Callable[[Action], str | None] | None
 
     def observe(self) -> Observed:
         """The host now, with what the planner's checks of an enter's knowable failures need looked up: for the

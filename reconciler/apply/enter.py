@@ -14,7 +14,15 @@ from typing import NoReturn
 
 from reconciler.apply import pagecache
 from reconciler.apply.docker_ops import create_spec
-from reconciler.apply.errors import ActionFailed, ActionRefused, BelowReserve, Cancelled, PortSquatted, ProbeFailed
+from reconciler.apply.errors import (
+    ActionFailed,
+    ActionRefused,
+    BelowReserve,
+    Cancelled,
+    PortSquatted,
+    ProbeFailed,
+    Superseded,
+)
 from reconciler.apply.ports import PortChecks
 from reconciler.base import direct_http
 from reconciler.base.units import human_bytes
@@ -210,6 +218,7 @@ class EnterSteps(PortChecks):
             elapsed = self.io.clock.monotonic() - t0
             if self.cancel.is_set():
                 raise Cancelled(f"stop requested while waiting for {action.container}; it keeps its labels")
+            self._check_still_wanted(action)
             st = self.ops.inspect(cid).get("State") or {}
             if st.get("Status") in ENDED_STATES:
                 raise ActionFailed(f"{action.container} exited with code {st.get('ExitCode')} during start")
@@ -247,6 +256,17 @@ class EnterSteps(PortChecks):
             )
             self.progress.phase(action, f"loading: {waiting}", elapsed=elapsed, timeout=h.start_timeout_s)
             self.io.clock.sleep(self.poll_s)
+
+    def _check_still_wanted(self, action: Action) -> None:
+        """At each health poll of an enter, in the loop: an edit made meanwhile that leaves its lane unwanted (a
+        wrong recipe fixed a second later, a switch) abandons it now rather than at its start timeout. Cheap while
+        nothing was edited (the loop's check compares a counter of file events)."""
+        check = self.superseded
+        if check is None or action.kind is not ActionKind.ENTER:
+            return
+        why = check(action)
+        if why:
+            raise Superseded(f"superseded while waiting for its health: {why}")
 
     def _run_probes(self, action: Action, recipe: Recipe) -> None:
         """The recipe's ``preflight`` suite, once its health URL answered: each probe in order, the first that
@@ -346,7 +366,8 @@ class EnterSteps(PortChecks):
 
     def _fail_enter(self, action: Action, cid: str, exc: ActionFailed, *, what: str = "enter") -> NoReturn:
         """Keep the failed container for its logs, reclaim its unmapped shm, free the GPUs; then raise."""
-        self.progress.phase(action, "failed: keeping the container, reclaiming its shm")
+        how = "superseded" if isinstance(exc, Superseded) else "failed"
+        self.progress.phase(action, f"{how}: keeping the container, reclaiming its shm")
         logs = self.ops.logs_tail(cid)
         # Its own offload files: those its container is seen holding now, and no other process. The only ones this
         # failed enter reclaims (the guard still proves each unowned, twice). A file that merely appeared since its
@@ -376,13 +397,17 @@ class EnterSteps(PortChecks):
         still = [c.name for c in observed.containers if c.id == cid and c.active]
         cause = (
             exc.cause
-            if isinstance(exc, (BelowReserve, ProbeFailed, PortSquatted))
+            if isinstance(exc, (BelowReserve, ProbeFailed, PortSquatted, Superseded))
             else (_cause_from_logs(logs) or exc.cause)
         )
-        msg = f"{what} {action.recipe} on {','.join(action.gpus)} failed: {cause}. Kept as {kept} (docker logs {kept}){freed_note}"
+        ended = "abandoned" if isinstance(exc, Superseded) else "failed"
+        msg = (
+            f"{what} {action.recipe} on {','.join(action.gpus)} {ended}: {cause}. "
+            f"Kept as {kept} (docker logs {kept}){freed_note}"
+        )
         if still:
             msg += f"; WARNING: {still[0]} is still running"
-        raise ActionFailed(msg, detail=logs)
+        raise (Superseded if isinstance(exc, Superseded) else ActionFailed)(msg, detail=logs)
 
 
 def _cause_from_logs(logs: str) -> str:

@@ -1,7 +1,7 @@
 """What an action raises when it cannot reach its postcondition, and why: the apply layer's errors.
 
 Raised by the steps of ``reconciler.apply.enter``, ``.leave``, ``.drain`` and ``.ports``; ``Applier._execute``
-turns each into its outcome's result ("failed", "refused", "interrupted"). The class names are error codes: never
+turns each into its outcome's result ("failed", "refused", "interrupted", "superseded"). The class names are error codes: never
 rename one.
 """
 
@@ -37,6 +37,14 @@ class PortSquatted(ActionFailed):
     """A lane's health or probe port is held by a process outside its container: nothing was asked there."""
 
     code = "port_squatted"
+
+
+class Superseded(ActionFailed):
+    """An enter abandoned while it waited for health: the desired state changed so that its lane is no longer
+    wanted (an edit, a switch). Kept stopped for its logs as a failed enter is, but no failure of the lane: no
+    backoff, and the pass ends so that the new plan runs."""
+
+    code = "superseded"
 
 
 class ActionRefused(ActionFailed):

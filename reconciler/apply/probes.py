@@ -26,6 +26,7 @@ from reconciler.apply.lane_http import request
 from reconciler.apply.probe_answers import Check, judge
 from reconciler.apply.vllm_metrics import read_prefix_cache
 from reconciler.base import direct_http
+from reconciler.base.units import percent
 from reconciler.model import DesiredState, ProbeSpec, Recipe
 from reconciler.observe.gpu import MemoryReader
 from reconciler.plan.vram import SAMPLE_INTERVAL_S, LoadVerdict, VramSampler, load_reserve_verdict
@@ -243,7 +244,7 @@ def _run_batch(
         queries, hits = after[0] - before[0], after[1] - before[1]
         figures["prefix_cache"] = {"queries_tokens": int(queries), "hits_tokens": int(hits)}
         if queries > 0:
-            cache = f", prefix cache {int(hits)} of {int(queries)} prompt tokens hit ({100 * hits / queries:.0f}%)"
+            cache = f", prefix cache {int(hits)} of {int(queries)} prompt tokens hit ({percent(hits, queries)})"
     summary = f"{passed}/{n} passed, p50 {figures['p50_s']:.2f} s, p95 {figures['p95_s']:.2f} s{cache}"
     failed = [(i + 1, d) for i, (ok, d, _) in enumerate(done) if not ok]
     if failed:

@@ -13,8 +13,9 @@ from reconciler.plan.actions import Action, Plan
 
 # The vocabularies of a result, with their JSON strings (a contract: `apply --json`'s "result", the audit trail):
 # one action's, and one pass's. "changed": the host changed after the plan was shown and its next step was not in it.
-OutcomeResult = Literal["ok", "failed", "refused", "interrupted"]
-PassVerdict = Literal["converged", "blocked", "failed", "error", "held", "interrupted", "changed"]
+# "superseded": an enter abandoned while it waited for health, its lane no longer wanted after an edit (the loop's).
+OutcomeResult = Literal["ok", "failed", "refused", "interrupted", "superseded"]
+PassVerdict = Literal["converged", "blocked", "failed", "error", "held", "interrupted", "changed", "superseded"]
 OUTCOME_RESULTS: tuple[str, ...] = get_args(OutcomeResult)
 PASS_VERDICTS: tuple[str, ...] = get_args(PassVerdict)
 

@@ -20,6 +20,21 @@ def human_bytes(n: int | None) -> str:
     return f"{n} B"
 
 
+def percent(part: float, whole: float) -> str:
+    """``part`` of ``whole`` in per cent to a tenth, as people read it: ``99.7%``, ``100%``, ``0%``; a share that is
+    not all (or not none) never reads as ``100%`` (or ``0%``) by rounding: ``99.9%``, ``0.1%`` at the most and
+    least."""
+    if whole <= 0:
+        return "?"
+    if part >= whole:
+        return "100%"
+    if part <= 0:
+        return "0%"
+    value = min(max(100 * part / whole, 0.1), 99.9)
+    text = f"{value:.1f}".removesuffix(".0")
+    return f"{text}%"
+
+
 def iso_time(ts: float, *, utc: bool = False, ms: bool = False) -> str:
     """ISO 8601 with its zone: ``2026-11-30T18:04:05+01:00`` in local time, ``2026-11-30T17:04:05Z`` with ``utc``;
     ``ms`` adds milliseconds. A time without its zone is ambiguous across hosts and daylight saving."""

@@ -4,7 +4,7 @@ This file is the package's facade: the entry point of the console script (``main
 every command (``build_parser``; the commands of ``apply``, ``run``, ``shm`` and ``tools`` live in those modules)
 and the read-only commands. Every command takes ``--root`` and ``--json`` (before or after the command name). Exit
 codes are part of the contract (docs/design.md, "The command line"): plan 0 nothing to do, 2 changes pending, 3
-blocked, 1 error. While ``reconciler run`` runs for the host, the commands in ``LOOP_COMMANDS`` are answered by it
+blocked, 4 held, 1 error; ``status --check`` 0 as wanted, 2 converging, 3 blocked, 4 held, 1 error. While ``reconciler run`` runs for the host, the commands in ``LOOP_COMMANDS`` are answered by it
 (``reconciler.control.client``): ``main`` hands them over before importing anything of the model, and the loop runs
 them through ``run_command`` as this process would (``reconciler.cli.front_ends``).
 """
@@ -101,7 +101,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(render_status(res.data, con.style()), file=con.out)
     for s in res.observed.unavailable():
         print(f"error: {s.name} source unavailable: {s.detail}", file=con.err)
-    return res.exit_code
+    return res.check_code if args.check else res.exit_code
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
@@ -175,7 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", parents=[common], help="check host, recipes and manifests (0 valid, 1 invalid)")
     p.set_defaults(func=cmd_validate)
     p = sub.add_parser(
-        "plan", parents=[common], help="dry run: what would change and why (0 none, 2 pending, 3 blocked, 1 error)"
+        "plan",
+        parents=[common],
+        help="dry run: what would change and why (0 none, 2 pending, 3 blocked, 4 held, 1 error)",
+        description="Dry run: what would change and why. Exit 0 nothing to do (the host as wanted), 2 changes "
+        "pending, 3 blocked, 4 held (nothing to do now: a wanted lane waits in backoff, a fallback may serve its "
+        "slots), 1 error.",
     )
     p.add_argument(
         "--out",
@@ -183,7 +188,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="also save the plan, with a fingerprint of what it was made from, for `reconciler apply FILE`",
     )
     p.set_defaults(func=cmd_plan)
-    p = sub.add_parser("status", parents=[common], help="what is on each GPU slot, containers, shm, converged or not")
+    p = sub.add_parser(
+        "status",
+        parents=[common],
+        help="what is on each GPU slot, containers, shm, converged or not (0; with --check: the verdict)",
+        description="What is on each GPU slot, the containers, the tmpfs, converged or not. Exit 0, 1 if a source "
+        "is unavailable or the files are invalid; with --check the exit code is the verdict, for scripts.",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="exit with the verdict: 0 as wanted, 2 converging (changes pending), 3 blocked, 4 held in backoff, "
+        "1 a source unavailable or the files invalid",
+    )
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("audit", parents=[common], help="the audit trail: every action by every front-end and the loop")
     p.add_argument(

@@ -227,7 +227,14 @@ def cmd_switch(args: argparse.Namespace) -> int:
     done = f"topology {res.before} -> {res.after}" if res.changed else f"topology is {res.after} already"
     print(f"{res.manifest}: {done}", file=note)
     if not args.wait:
-        print("the loop converges it (or run `reconciler apply`)", file=note)
+        if res.loop_running:
+            print("the loop converges it (or run `reconciler apply`)", file=note)
+        elif res.changed:
+            print(
+                f"no loop is running for host {res.host}, so nothing converges it yet: run `reconciler apply`, "
+                f"or switch with `reconciler switch {res.after} --wait` (`reconciler run` keeps the host converged)",
+                file=note,
+            )
         return res.exit_code
     args.plan_file, args.yes = None, True
     return cmd_apply(args)

@@ -28,6 +28,7 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_CHANGES = 2
 EXIT_BLOCKED = 3
+EXIT_HELD = 4  # plan, status --check: nothing to do now, a wanted lane waits in backoff
 
 
 def default_root() -> str:

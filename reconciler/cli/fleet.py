@@ -35,7 +35,7 @@ def render_fleet(hosts: list[dict[str, Any]]) -> list[str]:
     notes: list[str] = []
     for h in hosts:
         if not h["reachable"]:
-            rows.append((h["name"], "unreachable", "-", "-", "-", "-", "-", "-", "-"))
+            rows.append((h["name"], h.get("verdict") or "unreachable", "-", "-", "-", "-", "-", "-", "-"))
             notes.append(f"{h['name']}: {h['error']}")
             continue
         t = h.get("tmpfs") or {}

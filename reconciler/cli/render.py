@@ -9,10 +9,12 @@ import contextlib
 import os
 import pwd
 import sys
+import time
 from typing import Any, TextIO
 
 from reconciler.base.errors import ConfigProblem, one_line
 from reconciler.base.units import clip, human_bytes, iso_time, own
+from reconciler.model import container_name
 from reconciler.plan.actions import Action, ActionKind, Plan
 from reconciler.plan.observed import Observed
 
@@ -333,14 +335,19 @@ def _suite_lines(data: dict[str, Any], s: Style) -> list[str]:
     if not suites:
         return []
     out = ["", s.bold("probe suites") + " (last run of each; reconciler probe RECIPE --suite S)"]
+    # A recipe the manifest no longer runs keeps its last runs, marked old: they say nothing of a lane serving now.
+    wanted = {v.get("desired") for v in (data.get("slots") or {}).values()}
+    wanted |= {a.get("recipe") for a in data.get("standby") or ()}
     for recipe, runs in suites.items():
+        old = "" if recipe in wanted else " (old: the manifest runs no lane of it now)"
         for suite, run in runs.items():
             line = (
                 f"  {recipe} {suite}: {run.get('passed', 0)}/{run.get('planned', 0)} passed at "
-                f"{iso_time(float(run.get('started') or 0))}"
+                f"{iso_time(float(run.get('started') or 0))}{old}"
             )
             failed = [p for p in run.get("probes") or () if not p.get("ok")]
-            out.append(s.red(line + f"; {failed[0]['name']}: {clip(failed[0]['detail'], 120)}") if failed else line)
+            failing = line + f"; {failed[0]['name']}: {clip(failed[0]['detail'], 120)}" if failed else line
+            out.append(s.red(failing) if failed and not old else failing)
             under = run.get("vram_under_load") or {}
             for slot, low in (under.get("slots") or {}).items():
                 during = f"during {low['probe']!r}" if low.get("probe") else "between probes"
@@ -373,14 +380,25 @@ def _loop_lines(data: dict[str, Any], s: Style) -> list[str]:
         )
     elif isinstance(listener, dict):
         out.append(f"  listener {listener.get('addr')} serving")
+    serving = set((data.get("plan") or {}).get("satisfied") or ())
     for key, e in (loop.get("backoff") or {}).items():
+        due = float(e["until"]) <= time.time()
+        if due and _lane_container(key) in serving:
+            continue  # its wait is over and the lane serves: what is left is the loop's count, not news
+        when = "due now" if due else f"at {iso_time(e['until'])}"
         out.append(
             s.yellow(
-                f"  backoff {key}: {e['failures']} failed enter(s), next try at "
-                f"{iso_time(e['until'])}; last error: {clip(e['last_error'], 160)}"
+                f"  backoff {key}: {e['failures']} failed enter(s), next try {when}; "
+                f"last error: {clip(e['last_error'], 160)}"
             )
         )
     return out
+
+
+def _lane_container(key: str) -> str:
+    """The container name of an assignment key (``omni@dark-compute-b``)."""
+    recipe, _, slots = key.partition("@")
+    return container_name(recipe, slots.split("+"))
 
 
 def _verdict_line(data: dict[str, Any], s: Style) -> str:

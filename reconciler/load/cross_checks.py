@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from reconciler.base.errors import ConfigProblem
+from reconciler.base.suggest import closest
 from reconciler.base.units import human_bytes
 from reconciler.load.files import HOST_FILE, RECIPES_DIR
 from reconciler.load.problems import short
@@ -94,7 +95,9 @@ def _check_slots(
                 ConfigProblem(
                     path,
                     yaml_line(node, (*at, "gpus")),
-                    f"{label}.gpus: unknown GPU slot {short(slot)}; slots of host {host.name!r}: "
+                    f"{label}.gpus: unknown GPU slot {short(slot)}; "
+                    + (f"did you mean {guess}? " if (guess := closest(slot, host.gpus)) else "")
+                    + f"slots of host {host.name!r}: "
                     f"{', '.join(host.gpus)} (defined under gpus: in {HOST_FILE})",
                 )
             )
@@ -299,12 +302,14 @@ def _check_topology(
         line = yaml_line(node, at)
         recipe = recipes.get(a.recipe)
         if recipe is None:
-            known = ", ".join(sorted(recipes)) or "none"
+            guess = closest(a.recipe, recipes)
             problems.append(
                 ConfigProblem(
                     path,
                     yaml_line(node, (*at, "recipe")),
-                    f"{label}.recipe: unknown recipe {short(a.recipe)}; known recipes: {known} "
+                    f"{label}.recipe: unknown recipe {short(a.recipe)}; "
+                    + (f"did you mean {guess}? " if guess else "")
+                    + f"known recipes: {', '.join(sorted(recipes)) or 'none'} "
                     f"(each is a file in {RECIPES_DIR}/NAME.toml)",
                 )
             )

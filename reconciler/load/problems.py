@@ -47,6 +47,7 @@ def _unwrap(annotation: Any) -> Any:
 
 
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+", re.ASCII)
+_TABLE_NAMED = re.compile(r"\[([A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*)\]", re.ASCII)
 
 
 def _field_name(loc: Sequence[Any]) -> str:
@@ -103,6 +104,12 @@ def problems_from(
             if "env" in loc:
                 shown = ""  # an env value may be a secret: the message names the key, never the value
             msg = f"{text}{shown}" if text.startswith(field) else f"{field}: {text}{shown}"
+            table = _TABLE_NAMED.match(text) if not loc else None
+            if table:
+                # A check of the whole model that names its table ("[sleep] needs ..."): that table's line, and the
+                # message as it is, never "(top level)".
+                problems.append(ConfigProblem(path, line_of(tuple(table.group(1).split("."))), f"{text}{shown}"))
+                continue
         problems.append(ConfigProblem(path, line_of(loc), msg))
     return problems
 

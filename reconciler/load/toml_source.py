@@ -76,10 +76,50 @@ def toml_problem(rel: str, text: str, exc: tomllib.TOMLDecodeError) -> ConfigPro
     detail = msg[: m.start()] if m else msg
     if m and m.lastindex == 2:
         detail += f" (column {m.group(2)})"
-    if line and any(w in msg for w in ("Cannot overwrite", "Cannot declare", "Cannot mutate", "Duplicate")):
-        first = _toml_first_line_of(text, line)
-        where = f"; it was first given at line {first}" if first else ""
-        return ConfigProblem(
-            rel, line, f"duplicate key: {detail}{where}. A key may be given once per table: remove one of them"
-        )
+    if any(w in msg for w in ("Cannot overwrite", "Cannot declare", "Cannot mutate", "Duplicate")):
+        fix = "A key may be given once per table: remove one of them"
+        found = _duplicate(text, int(m.group(1)) if m else None)  # "at end of document" names no line of it
+        if found is not None:
+            at, first, what = found
+            return ConfigProblem(rel, at, f"duplicate key: {what} given at line {first} and again at line {at}. {fix}")
+        if line:
+            earlier = _toml_first_line_of(text, line)
+            where = f"; it was first given at line {earlier}" if earlier else ""
+            return ConfigProblem(rel, line, f"duplicate key: {_tuples_as_tables(detail)}{where}. {fix}")
     return ConfigProblem(rel, line, f"TOML syntax error: {detail}")
+
+
+def _duplicate(text: str, near: int | None) -> tuple[int, int, str] | None:
+    """The key or table given twice in TOML text, by its lines: (its line, the line that first gave it, what it is in
+    words: "key 'model.id'", "table [model]"), the one on tomllib's line ``near`` where it gave one; a table header
+    over a table that a dotted key already made counts too, and each ``[[array]]`` element starts afresh. None when
+    the scan (best effort: one line per key) finds none."""
+    seen: dict[tuple[str, ...], tuple[int, bool]] = {}
+    table: tuple[str, ...] = ()
+    found: list[tuple[int, int, str]] = []
+    for n, raw in enumerate(text.splitlines(), start=1):
+        if m := _TOML_HEADER.match(raw):
+            table = _toml_parts(m.group(1))
+            name = ".".join(table)
+            if raw.lstrip().startswith("[["):  # a new element of an array of tables: its keys are its own
+                seen = {p: v for p, v in seen.items() if p[: len(table)] != table}
+                continue
+            if table in seen:
+                found.append((n, seen[table][0], f"table [{name}]"))
+            made = [ln for p, (ln, hdr) in seen.items() if not hdr and len(p) > len(table) and p[: len(table)] == table]
+            if made and table not in seen:
+                found.append((n, made[0], f"table [{name}] (a dotted key made it already)"))
+            seen.setdefault(table, (n, True))
+        elif k := _TOML_KEY.match(raw):
+            path = (*table, *_toml_parts(k.group(1)))
+            if path in seen:
+                found.append((n, seen[path][0], f"key '{'.'.join(path)}'"))
+            seen.setdefault(path, (n, False))
+    return next((f for f in found if f[0] == near), None) if near else (found[0] if found else None)
+
+
+def _tuples_as_tables(detail: str) -> str:
+    """tomllib's "Cannot declare ('model',) twice" as words: "Cannot declare [model] twice"."""
+    return re.sub(
+        r"\(((?:'[^']*',?\s*)+)\)", lambda m: "[" + ".".join(re.findall(r"'([^']*)'", m.group(1))) + "]", detail
+    )

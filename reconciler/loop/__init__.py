@@ -40,6 +40,7 @@ from reconciler.loop.progress import LogProgress
 from reconciler.loop.refusals import pass_refusals, reclaim_refusals
 from reconciler.loop.runtime import FairLock
 from reconciler.loop.source import SourceFollower
+from reconciler.loop.still_wanted import StillWanted
 from reconciler.loop.triggers import EngineEvents, Triggers, watch_files
 from reconciler.model import ApiConfig, DesiredState, assignment_key, container_name
 from reconciler.observe.docker_obs import DockerObserver
@@ -298,6 +299,7 @@ class Loop:
         t0 = self.io.clock.monotonic()
         self._held = set()
         self.source.follow(reasons)  # a commit taken is what _load reads now
+        edits = self.triggers.file_events  # read before the load: an edit in between is judged again, never missed
         desired = self._load()
         if desired is None:
             self.metrics.record_pass("error", self.io.clock.monotonic() - t0)
@@ -321,6 +323,7 @@ class Loop:
                 io=self.io,
             )
             applier.fallback_view = lambda: self._fallback_view(desired)
+            applier.superseded = StillWanted(self.root, desired, self.triggers, edits, io=self.io)
             observed, plan = applier.plan_now()
             self._sources_changed(observed)
             if self._count_crashes(desired, plan):

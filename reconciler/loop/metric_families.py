@@ -15,7 +15,8 @@ from reconciler.plan.actions import ActionKind
 
 PREFIX = "reconciler"
 
-# How a reconcile pass ended. converged: nothing to do; changed: actions ran and all succeeded; blocked: a
+# How a reconcile pass ended. converged: nothing to do; changed: actions ran and all succeeded (or an enter was
+# superseded by an edit, and the next pass plans it at once); blocked: a
 # change is needed but cannot be made safely (or is held by backoff); failed: an action failed; error: the
 # pass itself could not run (load, observe or an unexpected exception).
 PASS_RESULTS: tuple[str, ...] = ("converged", "changed", "blocked", "failed", "error")
@@ -23,8 +24,9 @@ PASS_RESULTS: tuple[str, ...] = ("converged", "changed", "blocked", "failed", "e
 SUCCESS_RESULTS = frozenset({"converged", "changed", "blocked"})
 ACTION_KINDS: tuple[str, ...] = tuple(k.value for k in ActionKind)
 # ok: postcondition held; failed: the action ran and did not reach its postcondition; refused: a preflight
-# check said no (the reason goes to record_refusal).
-ACTION_RESULTS: tuple[str, ...] = ("ok", "failed", "refused")
+# check said no (the reason goes to record_refusal); superseded: an enter abandoned while it waited for health, an
+# edit having left its lane unwanted.
+ACTION_RESULTS: tuple[str, ...] = ("ok", "failed", "refused", "superseded")
 PAGE_CACHE_RESULTS: tuple[str, ...] = ("dropped", "refused", "skipped")
 # The lane's own gauges re-exported as reconciler_lane_<key> (observe/lanes.py LANE_GAUGES); absent while the lane's
 # /metrics does not show one. The offload bytes are the lane's counters as last read. Its sleep state is

@@ -18,6 +18,9 @@ PASS_LABEL: dict[PassVerdict, str] = {
     "changed": "failed",
     "error": "error",
     "interrupted": "error",
+    # An enter abandoned for an edit that left its lane unwanted: the host changed as planned until then, and the
+    # next pass (woken by the same edit) plans the new desired state. No failure.
+    "superseded": "changed",
 }
 
 

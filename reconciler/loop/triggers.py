@@ -28,6 +28,9 @@ class Triggers:
     wake: threading.Event = field(default_factory=threading.Event)
     reasons: set[str] = field(default_factory=set)
     fs_at: float = 0.0
+    # How many file events so far: a pass's enter compares it at each health poll to learn, cheaply, that the files
+    # may have changed since its pass loaded them (``Loop._still_wanted``).
+    file_events: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def fire(self, reason: str) -> None:
@@ -35,6 +38,7 @@ class Triggers:
             self.reasons.add(reason)
             if reason == "file":
                 self.fs_at = time.monotonic()
+                self.file_events += 1
         self.wake.set()
 
     def take(self) -> tuple[set[str], float]:

@@ -37,11 +37,14 @@ class HostRow:
     seconds: float
     error: str = ""
     status: dict[str, Any] = field(default_factory=dict)
+    # Why there is no status, in a word, when there is none: "unauthorized" (its API refused the token, 401),
+    # "forbidden" (403), "refused" (nothing listens: the connection was refused), else "unreachable".
+    why: str = ""
 
     @property
     def verdict(self) -> str:
         if not self.reachable:
-            return "unreachable"
+            return self.why or "unreachable"
         s = self.status
         if isinstance(s.get("error"), dict) and s["error"].get("code") == "config_invalid":
             return "files invalid"
@@ -127,9 +130,10 @@ def _refused(code: int) -> str:
     return ""
 
 
-def _fetch(h: FleetHost, token: str, context: ssl.SSLContext | None, timeout: float) -> bytes | str:
-    """The body of the host's ``GET /v1/status`` (at most ANSWER_LIMIT + 1 bytes), or why there is none; the token
-    goes only over a connection proven the host's loop (loopback) and a certificate verified (https)."""
+def _fetch(h: FleetHost, token: str, context: ssl.SSLContext | None, timeout: float) -> bytes | tuple[str, str]:
+    """The body of the host's ``GET /v1/status`` (at most ANSWER_LIMIT + 1 bytes), or why there is none (a word for
+    the verdict, and the sentence); the token goes only over a connection proven the host's loop (loopback) and a
+    certificate verified (https)."""
     # The start-up budget: urllib.request and ssl are loaded by the first host asked (fleet status, a canary), not
     # by every command that imports the source's follower.
     import ssl
@@ -142,24 +146,28 @@ def _fetch(h: FleetHost, token: str, context: ssl.SSLContext | None, timeout: fl
         with proven_opener(h.name, context).open(req, timeout=timeout) as resp:
             return bytes(resp.read(ANSWER_LIMIT + 1))
     except urllib.error.HTTPError as exc:
-        return f"GET {h.url}/v1/status answered {exc.code}" + _refused(exc.code)
+        why = {401: "unauthorized", 403: "forbidden"}.get(exc.code, "unreachable")
+        return why, f"GET {h.url}/v1/status answered {exc.code}" + _refused(exc.code)
     except ListenerNotProven as exc:
-        return f"the token was not sent to {h.url}: {exc}"
+        return "unreachable", f"the token was not sent to {h.url}: {exc}"
     except direct_http.errors() as exc:  # URLError among them
         reason = getattr(exc, "reason", exc)
         if isinstance(reason, ListenerNotProven):
-            return f"the token was not sent to {h.url}: {reason}"
+            return "unreachable", f"the token was not sent to {h.url}: {reason}"
         if isinstance(reason, ssl.SSLCertVerificationError):
-            return _not_verified(h, reason)
-        return f"no answer from {h.url} within {timeout:g} s: {type(exc).__name__}: {exc}"
+            return "unreachable", _not_verified(h, reason)
+        if isinstance(reason, ConnectionRefusedError) or isinstance(exc, ConnectionRefusedError):
+            return "refused", f"{h.url} refused the connection: nothing listens there (is its loop running?)"
+        return "unreachable", f"no answer from {h.url} within {timeout:g} s: {type(exc).__name__}: {exc}"
 
 
 def ask_host(h: FleetHost, timeout: float) -> HostRow:
     """One host's status, or why there is none."""
     t0 = time.monotonic()
 
-    def row(error: str = "", status: dict[str, Any] | None = None) -> HostRow:
-        return HostRow(h.name, h.url, status is not None, time.monotonic() - t0, redact_text(error), status or {})
+    def row(error: str = "", status: dict[str, Any] | None = None, why: str = "") -> HostRow:
+        seconds = time.monotonic() - t0
+        return HostRow(h.name, h.url, status is not None, seconds, redact_text(error), status or {}, why)
 
     if h.token_file is None:
         return row("no token_file for this host in the fleet file: its status needs its API token")
@@ -175,8 +183,9 @@ def ask_host(h: FleetHost, timeout: float) -> HostRow:
     except (OSError, ssl.SSLError) as exc:
         return row(f"cannot read its CA file {h.ca}: {getattr(exc, 'strerror', None) or exc}; no token was sent")
     fetched = _fetch(h, value, context, timeout)
-    if isinstance(fetched, str):
-        return row(fetched)
+    if isinstance(fetched, tuple):
+        why, error = fetched
+        return row(error, why=why)
     body = fetched
     if len(body) > ANSWER_LIMIT:
         return row(f"{h.url}/v1/status answered more than {ANSWER_LIMIT >> 20} MiB")

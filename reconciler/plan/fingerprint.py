@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reconciler.base.redact import redact_data
+from reconciler.base.units import human_bytes
 from reconciler.plan.actions import Action, ActionKind, Blocker, Fallback, Held, Plan
 from reconciler.plan.inputs import desired_changes, desired_lines, recipe_spec, source_lines
 from reconciler.plan.observed import LABEL_PREFIX, Observed
@@ -231,15 +232,14 @@ def plan_lines(data: Mapping[str, Any]) -> list[str]:
     """Pure: a plan's JSON (``Plan.to_json``, as saved: redacted) as the lines an approval holds, in the plan's
     order. Reasons, and the seconds to a held lane's next attempt, are words and clocks around these facts: left
     out."""
-    out: list[str] = []
-    for a in data.get("actions") or ():
-        out.append(
-            f"{a.get('kind')} {a.get('recipe')}@{'+'.join(a.get('gpus') or ())} container={a.get('container')} "
-            f"id={a.get('container_id')} hash={a.get('recipe_hash')} bytes={a.get('bytes')} "
-            f"paths={','.join(a.get('paths') or ()) or '-'} spec={a.get('spec')}"
-        )
+    out = [_action_line(a) for a in data.get("actions") or ()]
     for b in data.get("blockers") or ():
-        out.append(f"blocked {b.get('recipe')}@{'+'.join(b.get('gpus') or ())} by {b.get('holder')} ({b.get('cause')})")
+        holder, cause = b.get("holder"), b.get("cause")
+        out.append(
+            f"blocked {b.get('recipe')}@{'+'.join(b.get('gpus') or ())}"
+            + (f" by {holder}" if holder else "")
+            + (f" ({cause})" if cause else "")
+        )
     for h in data.get("held") or ():
         out.append(f"held {h.get('recipe')}@{'+'.join(h.get('gpus') or ())}")
     for f in data.get("fallbacks") or ():
@@ -251,6 +251,15 @@ def plan_lines(data: Mapping[str, Any]) -> list[str]:
     out += [f"kept serving {n}" for n in data.get("kept_serving") or ()]
     out += [f"unavailable {n}" for n in data.get("unavailable") or ()]
     return out
+
+
+def _action_line(a: Mapping[str, Any]) -> str:
+    """The facts of one step an approval holds (compared, never shown: ``plan_differences`` says them in words)."""
+    return (
+        f"{a.get('kind')} {a.get('recipe')}@{'+'.join(a.get('gpus') or ())} container={a.get('container')} "
+        f"id={a.get('container_id')} hash={a.get('recipe_hash')} bytes={a.get('bytes')} "
+        f"paths={','.join(a.get('paths') or ()) or '-'} spec={a.get('spec')}"
+    )
 
 
 def approval_json(p: Plan, desired: DesiredState) -> dict[str, Any]:
@@ -266,14 +275,73 @@ def approval_json(p: Plan, desired: DesiredState) -> dict[str, Any]:
 
 
 def plan_differences(approved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
-    """Pure: how the plan made now differs from the approved one (both as JSON, redacted alike), one line each;
-    empty when they are the same plan."""
+    """Pure: how the plan made now differs from the approved one (both as JSON, redacted alike), one line each, in
+    words: a step of both that differs names what differs, a step of one only is named as the plan shows it; empty
+    when they are the same plan (the facts of ``plan_lines``, compared)."""
     before, after = plan_lines(approved), plan_lines(now)
     if before == after:
         return []
-    out = [f"plan: no longer {line}" for line in before if line not in after]
-    out += [f"plan: now {line}" for line in after if line not in before]
+    old_steps = _steps(approved)
+    new_steps = _steps(now)
+    out: list[str] = []
+    for step, a in old_steps.items():
+        b = new_steps.get(step)
+        if b is None:
+            out.append(f"plan: no longer {_step_words(a)}")
+        elif _action_line(a) != _action_line(b):
+            out.append(f"plan: {_step_words(b)}: " + "; ".join(_step_changes(a, b)))
+    out += [f"plan: now {_step_words(b)}" for step, b in new_steps.items() if step not in old_steps]
+    rest_before = before[len(approved.get("actions") or ()) :]
+    rest_after = after[len(now.get("actions") or ()) :]
+    out += [f"plan: no longer {line}" for line in rest_before if line not in rest_after]
+    out += [f"plan: now {line}" for line in rest_after if line not in rest_before]
     return out or ["plan: the same steps in another order"]
+
+
+def _steps(data: Mapping[str, Any]) -> dict[tuple[str, str, str], Mapping[str, Any]]:
+    """A plan's actions by their step: kind, lane and container (a reclaim by its kind alone)."""
+    out: dict[tuple[str, str, str], Mapping[str, Any]] = {}
+    for a in data.get("actions") or ():
+        lane = f"{a.get('recipe')}@{'+'.join(a.get('gpus') or ())}" if a.get("recipe") else ""
+        out.setdefault((str(a.get("kind")), lane, str(a.get("container") or "")), a)
+    return out
+
+
+def _step_words(a: Mapping[str, Any]) -> str:
+    """One step as a person reads it: "enter omni@dark-compute-b", "leave reconciler-omni-b (omni@dark-compute-b)",
+    "reclaim 2 orphan offload file(s)"."""
+    kind = a.get("kind")
+    if kind == ActionKind.RECLAIM.value:
+        return f"reclaim {len(a.get('paths') or ())} orphan offload file(s)"
+    lane = f"{a.get('recipe') or 'no recipe'}@{'+'.join(a.get('gpus') or ()) or 'no slot'}"
+    if kind == ActionKind.ENTER.value or not a.get("container"):
+        return f"{kind} {lane}"
+    return f"{kind} {a.get('container')} ({lane})"
+
+
+def _step_changes(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """What differs between two versions of one step, in words."""
+    out: list[str] = []
+    if a.get("container_id") != b.get("container_id"):
+        out.append(f"another container ({_short(b.get('container_id'))}, was {_short(a.get('container_id'))})")
+    if a.get("recipe_hash") != b.get("recipe_hash"):
+        out.append("its recipe was edited (it would make another container)")
+    elif a.get("spec") != b.get("spec"):
+        out.append("its recipe's probes, drain, sleep or reserve changed")
+    if a.get("bytes") != b.get("bytes"):
+        out.append(
+            f"its offload file {human_bytes(int(b.get('bytes') or 0))}, was {human_bytes(int(a.get('bytes') or 0))}"
+        )
+    old, new = set(a.get("paths") or ()), set(b.get("paths") or ())
+    if new - old:
+        out.append("now also " + ", ".join(sorted(new - old)))
+    if old - new:
+        out.append("no longer " + ", ".join(sorted(old - new)))
+    return out or ["changed"]
+
+
+def _short(cid: Any) -> str:
+    return str(cid)[:12] if cid else "none yet"
 
 
 def plan_from_json(data: Mapping[str, Any]) -> Plan:

@@ -74,16 +74,19 @@ class ApplySession:
         shown, the plan itself included (then the new plan is the one to show)."""
         files = file_digests(self.service.root)
         changes: list[str] = []
+        mine = self.applier.desired
         try:
             desired = self.service.desired()
         except ReconcilerError as exc:
-            desired = self.applier.desired
+            desired = mine
             changes.append(f"the desired state no longer loads: {exc}")
+        if desired != mine:
+            # The plan now is the new files' plan: the one a refusal shows and the one shown next.
+            self.applier = _remade(self.applier, desired, self.view)
         self.observed, self.plan = self.applier.plan_now()
         now = fingerprint(files, desired, self.observed, self.view)
         changes += now.changes_since(self.shown)
-        mine = self.applier.desired
-        changes += plan_differences(approval_json(self.approved, mine), approval_json(self.plan, mine))
+        changes += plan_differences(approval_json(self.approved, mine), approval_json(self.plan, desired))
         self.shown = now
         if changes:
             self.approved = self.plan  # what is shown next
@@ -149,6 +152,21 @@ def viewed_applier(desired: DesiredState, view: dict[str, Any], **kwargs: Any) -
         last_good, next_attempt = view.get("last_good", ()), view.get("next_attempt", {})
         applier.fallback_view = lambda: (last_good, next_attempt)
     return applier
+
+
+def _remade(applier: Applier, desired: DesiredState, view: dict[str, Any]) -> Applier:
+    """An applier like ``applier`` (its engine, progress, cancel, hooks and seams) for another desired state."""
+    return viewed_applier(
+        desired,
+        view,
+        observer=applier.observer,
+        progress=applier.progress,
+        cancel=applier.cancel,
+        on_outcome=applier.on_outcome,
+        on_reclaim=applier.on_reclaim,
+        connect=False,
+        io=applier.io,
+    )
 
 
 def _summary(p: Plan) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from reconciler.base.units import clip
 from reconciler.store.history import last_topology
 from reconciler.store.loop_state import read_loop_state
 
@@ -30,7 +31,7 @@ def loop_view(host: str) -> dict[str, Any]:
         if until > now:
             hold[key] = (
                 f"in backoff after {e.get('failures', '?')} failed enter(s) (the running loop's); next try "
-                f"in {until - now:.0f} s (last error: {str(e.get('last_error', ''))[:300]})"
+                f"in {until - now:.0f} s (last error: {clip(str(e.get('last_error', '')), 300)})"
             )
             next_attempt[key] = until - now
     if not hold:

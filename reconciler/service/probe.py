@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from reconciler.apply.probes import run_suite
 from reconciler.base.errors import ReconcilerError
 from reconciler.base.requests import PROBE_SUITES as SUITES
+from reconciler.base.suggest import did_you_mean
 from reconciler.observe.docker_obs import DockerObserver
 from reconciler.plan.observed import LABEL_HOST
 from reconciler.service.results import ProbeReport
@@ -29,7 +30,9 @@ def run_probe(service: HostService, recipe: str, *, suite: str = "preflight") ->
     desired = service.desired()
     r = desired.recipes.get(recipe)
     if r is None:
-        raise ReconcilerError(f"no recipe {recipe!r} in configs/recipes/ (known: {', '.join(sorted(desired.recipes))})")
+        raise ReconcilerError(
+            f"no recipe {recipe!r} in configs/recipes/: " + did_you_mean(recipe, desired.recipes, what="its recipes")
+        )
     containers, source = DockerObserver.for_host(desired.host).observe()
     mine = (
         [

@@ -22,15 +22,25 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_CHANGES = 2
 EXIT_BLOCKED = 3
+EXIT_HELD = 4  # nothing to do now, but a wanted lane waits in backoff (plan, status --check)
 
 
 def plan_exit_code(p: Plan) -> int:
-    if p.unavailable:
+    """``plan``'s exit code: 1 a source unavailable, 3 blocked, 2 changes pending, 4 held (nothing to do now, but a
+    wanted lane waits in backoff, perhaps with a fallback serving its slots), 0 nothing to do: the host as wanted."""
+    return _verdict_code(unavailable=bool(p.unavailable), blocked=p.blocked, pending=bool(p.actions), held=bool(p.held))
+
+
+def _verdict_code(*, unavailable: bool, blocked: bool, pending: bool, held: bool) -> int:
+    """The one mapping of a plan's state to the exit codes of ``plan`` and ``status --check``."""
+    if unavailable:
         return EXIT_ERROR
-    if p.blocked:
+    if blocked:
         return EXIT_BLOCKED
-    if p.actions:
+    if pending:
         return EXIT_CHANGES
+    if held:
+        return EXIT_HELD
     return EXIT_OK
 
 
@@ -83,6 +93,21 @@ class StatusResult:
         # Like `shm status`: a source the answer needs was down, so part of it is unknown; or the files are invalid
         # (the answer is then against the last valid desired state, and the error is in it).
         return EXIT_ERROR if self.observed.unavailable() or "error" in self.data else EXIT_OK
+
+    @property
+    def check_code(self) -> int:
+        """``status --check``: whether the host is as wanted, for a script. 0 as wanted, 2 converging (changes
+        pending), 3 blocked, 4 held in backoff, 1 a source unavailable or the files invalid (plain ``status`` exits
+        0 for all but the last)."""
+        if self.exit_code == EXIT_ERROR:
+            return EXIT_ERROR
+        p = self.data.get("plan") or {}
+        return _verdict_code(
+            unavailable=bool(p.get("unavailable")),
+            blocked=bool(p.get("blocked")),
+            pending=bool(p.get("actions")),
+            held=bool(p.get("held")),
+        )
 
 
 @dataclass

@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reconciler.base.errors import ReconcilerError
-from reconciler.base.fsafe import read_trusted, write_atomic
+from reconciler.base.fsafe import UnsafePath, read_trusted, write_atomic
+from reconciler.base.suggest import did_you_mean
 from reconciler.load.topology_edit import TopologyEditError, set_topology, topology_of
 from reconciler.store.lock import manifest_edit_lock
+from reconciler.store.loop_state import read_loop_state
 
 if TYPE_CHECKING:
     from reconciler.service.host_service import HostService
@@ -41,6 +43,9 @@ class SwitchResult:
     manifest: str
     before: str
     after: str
+    # Whether a loop (`reconciler run`) runs for the host and so converges the edit; without one nothing does until
+    # an apply (or a switch with --wait).
+    loop_running: bool = True
 
     @property
     def changed(self) -> bool:
@@ -57,6 +62,7 @@ class SwitchResult:
             "from": self.before,
             "topology": self.after,
             "changed": self.changed,
+            "loop_running": self.loop_running,
         }
 
 
@@ -80,7 +86,8 @@ def switch_topology(service: HostService, name: str) -> SwitchResult:
             service,
             host,
             name,
-            f"{name!r} is no topology of {desired.manifest_path}: known {sorted(desired.topologies)}",
+            f"{name!r} is no topology of {desired.manifest_path}: "
+            + did_you_mean(name, desired.topologies, what="its topologies"),
         )
     path = Path(service.root) / desired.manifest_path
     read = read_trusted(path, what="the manifest")
@@ -92,8 +99,9 @@ def switch_topology(service: HostService, name: str) -> SwitchResult:
         raise _refused(service, host, name, f"{desired.manifest_path}: {exc}") from None
     if before != desired.topology:
         raise _refused(service, host, name, changed)  # another switch (or a hand) wrote after it was validated
+    running = _loop_running(host)
     if name == before:
-        return SwitchResult(host, desired.manifest_path, name, name)
+        return SwitchResult(host, desired.manifest_path, name, name, running)
     try:
         edited = set_topology(text, name)
     except TopologyEditError as exc:
@@ -115,7 +123,15 @@ def switch_topology(service: HostService, name: str) -> SwitchResult:
             )
     except TimeoutError as exc:
         raise _refused(service, host, name, f"{exc}: run the switch again") from None
-    return SwitchResult(host, desired.manifest_path, before, name)
+    return SwitchResult(host, desired.manifest_path, before, name, running)
+
+
+def _loop_running(host: str) -> bool:
+    """Whether a live loop of this host published its state (one whose state cannot be trusted counts as none)."""
+    try:
+        return read_loop_state(host) is not None
+    except UnsafePath:
+        return False
 
 
 def _refused(service: HostService, host: str, name: str, why: str) -> SwitchRefused:

@@ -338,6 +338,13 @@ def test_bad_requests_are_refused_and_change_nothing(
     assert status == 400, answer
     status, _, answer = api.get("/v1/audit?since=yesterday-ish")
     assert status == 400, answer
+    # A route that does not exist, or a method a route does not take: JSON too, saying where to look (issue 44).
+    status, hdrs, answer = api.get("/v1/nope")
+    assert status == 404 and isinstance(answer, dict) and "no such route" in answer["error"], (status, answer)
+    assert hdrs["content-type"].startswith("application/json"), hdrs
+    status, hdrs, answer = api.get("/v1/apply")
+    assert status == 405 and isinstance(answer, dict), (status, answer)
+    assert "does not take GET; it takes POST" in answer["error"] and hdrs.get("allow") == "POST", (answer, hdrs)
     assert all(p.exists() for p in orphans), "nothing was removed by a refused request"
 
 

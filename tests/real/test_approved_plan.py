@@ -65,7 +65,17 @@ def test_any_difference_of_the_plan_is_named_and_reasons_and_clocks_are_not() ->
     free = _plan(actions=(enter,)).to_json()
     diff = plan_differences(blocked, free)
     assert any(line.startswith("plan: no longer blocked s@dark-compute-b") for line in diff), diff
-    assert any(line.startswith("plan: now enter s@dark-compute-b") and "hash=h1" in line for line in diff), diff
+    assert "plan: now enter s@dark-compute-b" in diff, diff
+    # In words, never the facts' internals (issue 44, item 5).
+    assert not [line for line in diff if "id=" in line or "hash=" in line or "bytes=" in line], diff
+    edited = plan_differences(
+        _plan(actions=(enter,)).to_json(), _plan(actions=(replace(enter, recipe_hash="h2"),)).to_json()
+    )
+    assert edited == ["plan: enter s@dark-compute-b: its recipe was edited (it would make another container)"], edited
+    other = plan_differences(
+        shown, _plan(actions=(replace(leave, container_id="id2"),), held=(held,), fallbacks=(fb,)).to_json()
+    )
+    assert other == ["plan: leave c (r@dark-compute-b): another container (id2, was id1)"], other
     assert plan_differences(_plan(actions=(leave, enter)).to_json(), _plan(actions=(enter, leave)).to_json())
 
 
@@ -267,6 +277,23 @@ os.close(fd)
 sys.stdout.write("ready\\n"); sys.stdout.flush()
 sys.stdin.read()
 """
+
+
+@pytest.mark.docker
+@pytest.mark.root
+def test_a_manifest_edited_at_the_prompt_shows_the_new_plan_in_words(root: Root) -> None:
+    """The manifest edited while the prompt waits: the refusal names what changed in words (no ``id=None``,
+    ``hash=``, ``bytes=``) and "The plan now:" is the new files' plan, not the one shown before (issue 44, item 5)."""
+    omni = root.recipe("omni")
+    root.manifest((omni, [B]))
+    rc, text = _apply_on_a_terminal(root, lambda: root.manifest((omni, [A])))
+    assert rc == 1 and "changed while the plan waited for approval" in text, text
+    stale, now = text.split("The plan now:", 1)
+    assert f"plan: no longer enter {omni}@{B}" in stale and f"plan: now enter {omni}@{A}" in stale, text
+    assert not [w for w in ("id=", "hash=", "bytes=", "None") if w in stale.split("What changed:", 1)[1]], text
+    assert f"{omni}@{A}" in now or f"{omni} on {A}" in now, text
+    assert B not in now.split("\n", 2)[-1], "the old plan was shown as the plan now:\n" + text
+    assert root.containers() == [], "nothing was started"
 
 
 @pytest.mark.docker
@@ -480,7 +507,7 @@ def test_loop_served_saved_plans_of_a_held_lane_keep_its_fallback(
     assert p.data["held"] and p.data["fallbacks"] and p.data["actions"] == [], p.data
 
     def cli() -> dict[str, Any]:
-        assert root.cli("plan", "--out", str(saved)).rc in (0, 2, 3)
+        assert root.cli("plan", "--out", str(saved)).rc in (2, 3, 4)  # 4: held, nothing else to do
         return root.cli("apply", str(saved), "--json").data  # type: ignore[no-any-return]
 
     def http() -> dict[str, Any]:

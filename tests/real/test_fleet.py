@@ -72,7 +72,10 @@ def test_fleet_status_shows_every_host_and_an_unreachable_one_as_such(
         assert slots[B]["desired"] == omni and [h["recipe"] for h in slots[B]["holders"]] == [omni]
         assert slots[A]["holders"] == [] and by[second.host]["lanes"] == []
         assert by["silent"]["reachable"] is False and "within 2 s" in by["silent"]["error"], by["silent"]
-        assert by["gone"]["reachable"] is False and by["gone"]["verdict"] == "unreachable"
+        assert by["silent"]["verdict"] == "unreachable", by["silent"]
+        # Nothing listens: "refused", not a timeout (issue 44, item 8).
+        assert by["gone"]["reachable"] is False and by["gone"]["verdict"] == "refused", by["gone"]
+        assert "refused the connection" in by["gone"]["error"], by["gone"]
         assert data["unreachable"] == ["silent", "gone"]
         # In parallel: the silent host's timeout is waited once, not once per host.
         assert took < 2 * 2 + 5, took
@@ -96,7 +99,8 @@ def test_fleet_status_shows_every_host_and_an_unreachable_one_as_such(
         assert any(ln.startswith(root.host) and "converged" in ln for ln in lines), text.stdout
         assert any(omni in ln and B in ln for ln in lines), text.stdout
         assert any(ln.startswith("silent") and "unreachable" in ln for ln in lines), text.stdout
-        assert any(ln.startswith("gone: no answer from") for ln in lines), text.stdout
+        assert any(ln.startswith("gone") and "refused" in ln for ln in lines), text.stdout
+        assert any(ln.startswith("gone: ") and "refused the connection" in ln for ln in lines), text.stdout
         assert TOKEN not in text.stdout + text.stderr
 
         # A wrong token: that host is refused and says so; the others are unaffected.
@@ -108,6 +112,9 @@ def test_fleet_status_shows_every_host_and_an_unreachable_one_as_such(
         r = fleet(tmp_path, "--json")
         by = {h["name"]: h for h in json.loads(r.stdout)["hosts"]}
         assert r.returncode == 1 and by[root.host]["reachable"] and "401" in by[second.host]["error"], by
+        assert by[second.host]["verdict"] == "unauthorized", by[second.host]
+        text = fleet(tmp_path)
+        assert any(ln.startswith(second.host) and "unauthorized" in ln for ln in text.stdout.splitlines()), text
     finally:
         silent.close()
         silent_lock.release()

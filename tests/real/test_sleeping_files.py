@@ -94,6 +94,12 @@ def test_a_sleep_without_what_it_needs_is_refused(root: Path, change: dict, said
     path.write_text(dump_recipe(data))
     found = problems(root)
     assert any(said in p and "configs/recipes/omni.toml" in p for p in found), found
+    # Each at the line of [sleep] (or of the key), never "(top level)" without a line (issue 44, item 8).
+    sleep_at = path.read_text().splitlines().index("[sleep]") + 1
+    (said_it,) = [p for p in found if said in p]
+    assert "(top level)" not in said_it, said_it
+    if said.startswith("[sleep]"):
+        assert said_it.startswith(f"configs/recipes/omni.toml:{sleep_at}: [sleep] needs"), said_it
 
 
 def test_sleep_with_offload_is_allowed_once_requalified(root: Path) -> None:

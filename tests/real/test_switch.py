@@ -39,7 +39,7 @@ def test_a_switch_changes_the_topology_value_alone_and_is_audited(root: Path, tm
     manifest(root, COMMENTED)
     path = root / "manifests" / "demo.yaml"
     os.chmod(path, 0o640)
-    env = {"RECONCILER_STATE_DIR": str(tmp_path / "state")}
+    env = {"RECONCILER_STATE_DIR": str(tmp_path / "state"), "RECONCILER_LOCK_DIR": str(tmp_path / "lock")}
     done = switch(root, "exclusive", "--json", env=env)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {
@@ -48,6 +48,7 @@ def test_a_switch_changes_the_topology_value_alone_and_is_audited(root: Path, tm
         "from": "split",
         "topology": "exclusive",
         "changed": True,
+        "loop_running": False,
     }
     assert path.read_text() == COMMENTED.replace("topology: split ", "topology: exclusive ", 1)
     assert path.stat().st_mode & 0o777 == 0o640, "the file keeps its mode"
@@ -74,8 +75,28 @@ def test_an_unknown_name_or_no_named_topologies_is_refused_and_nothing_changes(r
     named = (root / "manifests" / "demo.yaml").read_bytes()
     done = switch(root, "other", "--json", env=env)
     assert done.returncode == 1 and json.loads(done.stdout)["error"]["code"] == "switch_refused"
-    assert "known ['exclusive', 'split']" in done.stderr
+    assert "'other' is no topology of manifests/demo.yaml: its topologies: exclusive, split;" in done.stderr
+    assert "[" not in done.stderr, "the known names as words, not a Python list"
+    # A name that differs in case (or by a typo) is named back (issue 44, item 8).
+    done = switch(root, "Split", env=env)
+    assert done.returncode == 1, done
+    assert "'Split' is no topology of manifests/demo.yaml: did you mean split? (its topologies: exclusive, split)" in (
+        done.stderr
+    )
+    assert "[" not in done.stderr
     assert (root / "manifests" / "demo.yaml").read_bytes() == named
+
+
+def test_a_switch_with_no_loop_running_says_nothing_converges_it_yet(root: Path, tmp_path: Path) -> None:
+    env = {"RECONCILER_STATE_DIR": str(tmp_path / "state"), "RECONCILER_LOCK_DIR": str(tmp_path / "lock")}
+    manifest(root, SPLIT_AND_EXCLUSIVE)
+    done = switch(root, "exclusive", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "the loop converges it" not in done.stdout, done.stdout
+    assert (
+        "no loop is running for host demo, so nothing converges it yet: run `reconciler apply`, or switch with "
+        "`reconciler switch exclusive --wait`"
+    ) in done.stdout, done.stdout
 
 
 def test_a_file_changed_while_the_switch_read_it_is_refused(

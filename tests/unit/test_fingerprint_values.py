@@ -156,4 +156,4 @@ def test_an_action_is_compared_with_its_recipes_full_specification() -> None:
         other = replace(base, recipes={**base.recipes, "omni": omni.model_copy(update=change)})
         assert other.recipes["omni"].content_hash() == omni.content_hash()
         diff = plan_differences(saved, approval_json(p, other))
-        assert any(line.startswith("plan: now enter omni@") for line in diff), (change, diff)
+        assert diff == [f"plan: enter omni@{B}: its recipe's probes, drain, sleep or reserve changed"], (change, diff)
