@@ -12,7 +12,7 @@ from planner_fixtures import make_desired, make_observed
 
 from reconciler.base.units import percent
 from reconciler.plan.planner import plan
-from reconciler.service.render import Style, render_status
+from reconciler.cli.render import Style, render_status
 from reconciler.service.status import status_data
 
 B = "dark-compute-b"
