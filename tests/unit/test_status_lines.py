@@ -11,8 +11,8 @@ import pytest
 from planner_fixtures import make_desired, make_observed
 
 from reconciler.base.units import percent
-from reconciler.plan.planner import plan
 from reconciler.cli.render import Style, render_status
+from reconciler.plan.planner import plan
 from reconciler.service.status import status_data
 
 B = "dark-compute-b"
