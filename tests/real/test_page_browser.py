@@ -113,6 +113,11 @@ def test_the_page_in_a_real_browser(root: Root, tmp_path: Path, image: str, brow
         # a session; the token is never in a URL.
         b.get(base + "/")
         assert b.url == base + "/page/login"
+        # The form says where the token is and that nothing else of the tool asks for it: a look-alike form served by
+        # another user on the loop's port while it was down reads otherwise (docs/design.md, "Threat model").
+        where = b.text("#token-where")
+        assert f"The token is in the file {tf} on this host" in where and "nowhere else" in where, where
+        assert "NOT BOUND" in b.text("#token-check"), b.text("#token-check")
         b.type("#token", "wrong-" + TOKEN[6:])
         b.submit("#login-submit", to="/page/login")
         assert "Wrong token" in b.text("#login-error")

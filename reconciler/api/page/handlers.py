@@ -256,11 +256,8 @@ async def get_static(request: Request) -> Response:
 def _login_page(request: Request, message: str = "") -> str:
     """The login form, saying where the token is and that the tool asks for it nowhere else: a look-alike page of
     another user's on the loop's port (bound while the loop was down) asks for it too."""
-    tokens = request.app.state.ctx.tokens
-    token = tokens.full
+    token = request.app.state.ctx.tokens.full
     where = f"the file {token.path}" if token.path else f"the loop's environment (${TOKEN_ENV})"
-    if tokens.read is not None and tokens.read.path:
-        where += f" (or, to look without acting, the read token in the file {tokens.read.path})"
     return render(
         "login.html",
         where=where,
