@@ -104,6 +104,7 @@ class Loop:
         self._fallbacks: set[str] = set()  # fallback lanes in force after the last pass: logged when this changes
         self._fallback_json: list[dict[str, Any]] = []
         self._below: set[str] = set()  # slots below their free-VRAM reserve in the last pass: logged when this changes
+        self._acting: list[str] = []  # the actions of the pass running now ("kind recipe@slots"), published
 
     # ------------------------------------------------------------ lifecycle
 
@@ -146,6 +147,8 @@ class Loop:
                     except Exception as exc:  # noqa: BLE001 - one bad pass must not end the loop: log it, go on
                         self.log("pass-error", error=f"{type(exc).__name__}: {exc}")
                         self.metrics.record_pass("error", 0.0)
+                        if self.desired is not None:
+                            self._write_state(self.desired)  # no pass is acting any more
                     finally:
                         self._pass_since = None
                     if self.passes <= 1:
@@ -338,10 +341,16 @@ class Loop:
             self.log("pass-start", trigger=",".join(sorted(reasons)), actions=len(plan.actions))
             for a in plan.actions:
                 self.log("action-planned", kind=a.kind.value, target=a.key, reason=a.reason)
-            result = applier.converge(start=(observed, plan))
-            after, final = applier.plan_now()
-            self.metrics.observe_state(after, final)
-            self.metrics.observe_lanes(self.io.lanes.readings(desired, after).values())
+            # Published before the first action: every view says converging until this pass ends (the verdict).
+            self._acting = [f"{a.kind.value} {a.key}" for a in plan.actions]
+            self._write_state(desired)
+            try:
+                result = applier.converge(start=(observed, plan))
+                after, final = applier.plan_now()
+                self.metrics.observe_state(after, final)
+                self.metrics.observe_lanes(self.io.lanes.readings(desired, after).values())
+            finally:
+                self._acting = []
         else:
             result = applier.converge(start=(observed, plan))  # no actions: classifies only, changes nothing
             self.metrics.observe_lanes(self.io.lanes.readings(desired, observed).values())
@@ -541,6 +550,8 @@ class Loop:
                 "desired": kept,
                 "last_pass": self.last_pass,
                 "passes": self.passes,
+                # The pass running now, while it acts: its actions (the verdict is converging until it ends).
+                "pass": {"actions": list(self._acting)} if self._acting else None,
                 **self.front_states.to_json(),
             }
             try:

@@ -15,6 +15,7 @@ from reconciler.base.errors import ConfigProblem, one_line
 from reconciler.base.units import clip, human_bytes, iso_time, own
 from reconciler.plan.actions import Action, ActionKind, Plan
 from reconciler.plan.observed import Observed
+from reconciler.plan.verdict import acting, decide
 
 
 class Style:
@@ -384,26 +385,30 @@ def _loop_lines(data: dict[str, Any], s: Style) -> list[str]:
 
 
 def _verdict_line(data: dict[str, Any], s: Style) -> str:
-    """Whether the host matches the manifest, and if not, why (the status command's exit code says the same)."""
+    """Whether the host matches the manifest, and if not, why: the verdict every view gives
+    (``reconciler.plan.verdict``), in the command line's words (its exit code says the same)."""
     plan = data["plan"]
-    if (data.get("error") or {}).get("code") == "config_invalid":
+    word = (data.get("verdict") or {}).get("word") or decide(data).word
+    if word == "invalid":
         what = "matches" if data["converged"] else "does not match"
         return s.red(
             f"files invalid (exit 1): the host {what} the last valid desired state above; "
             "fix the files (`reconciler validate`)"
         )
-    if data["converged"]:
+    if word == "converged":
         return s.green("converged: the host matches the manifest")
-    if plan["unavailable"]:
+    if word == "unavailable":
+        down = plan["unavailable"] or sorted(n for n, v in (data.get("sources") or {}).items() if v != "ok")
         return s.red(
-            f"unknown: {', '.join(plan['unavailable'])} unavailable, so whether the host matches "
-            "the manifest cannot be told (exit 1)"
+            f"unknown: {', '.join(down)} unavailable, so whether the host matches the manifest cannot be told (exit 1)"
         )
     n = len(plan["actions"])
-    state = "blocked" if plan["blocked"] else f"{n} action(s) pending"
-    if not n and not plan["blocked"] and plan.get("held"):
+    state = "blocked" if word == "blocked" else f"{n} action(s) pending"
+    if word == "held":
         waiting = ", ".join(f"{h['recipe']} on {','.join(h['gpus'])}" for h in plan["held"])
         state = f"{waiting} held in backoff" + (", a fallback serves meanwhile" if plan.get("fallbacks") else "")
+    elif word == "converging" and (now := acting(data)):
+        state = f"the running loop is acting ({', '.join(now)})"
     return s.yellow(f"not converged: {state} (run `reconciler plan` for details)")
 
 

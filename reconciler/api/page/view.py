@@ -14,6 +14,7 @@ from typing import Any
 
 from reconciler.api.page.markup import ago, el, size
 from reconciler.api.page.templates import Html, join, render
+from reconciler.plan.verdict import Verdict, decide
 
 VERDICTS = {
     "converged": "converged",
@@ -22,38 +23,23 @@ VERDICTS = {
     "held": "held in backoff",
     "invalid": "files invalid: the last valid desired state is kept",
     "unavailable": "a source is unavailable: what it shows is unknown",
-    "starting": "starting",
 }
 
 
-def verdict(status: dict[str, Any], *, busy: bool = False) -> str:
-    """The loop's verdict, one of ``VERDICTS``: the files first, then the sources, then the plan."""
-    error = status.get("error")
-    if isinstance(error, dict) and error.get("code") == "config_invalid":
-        return "invalid"
-    if any(v != "ok" for v in (status.get("sources") or {}).values()):
-        return "unavailable"
-    plan = status.get("plan") or {}
-    if plan.get("blocked"):
-        return "blocked"
-    if plan.get("held"):
-        return "held"
-    if plan.get("changes") or busy:
-        return "converging"
-    return "converged" if status.get("converged") else "converging"
+def verdict(status: dict[str, Any]) -> Verdict:
+    """The host's verdict, as every view gives it (``reconciler.plan.verdict``): the one the status carries."""
+    v = status.get("verdict")
+    if isinstance(v, dict) and v.get("word") in VERDICTS:
+        return Verdict(str(v["word"]), str(v.get("reason") or ""))
+    return decide(status)
 
 
-def header(status: dict[str, Any], health: dict[str, Any] | None, *, version: str, busy: bool = False) -> Html:
-    word = verdict(status, busy=busy)
+def header(status: dict[str, Any], health: dict[str, Any] | None, *, version: str) -> Html:
+    v = verdict(status)
+    word = v.word
     last = (health or {}).get("last_pass") or {}
     last_pass = f"{last.get('result', '-')} ({ago(last.get('at'))})" if last else "none yet"
-    sources = join(
-        (
-            el("span", f"{name}: {state}", class_="source " + ("ok" if state == "ok" else "down"), data_source=name)
-            for name, state in sorted((status.get("sources") or {}).items())
-        ),
-        " ",
-    )
+    sources = join((_source(name, state, status) for name, state in sorted((status.get("sources") or {}).items())), " ")
     note = ""
     if word == "unavailable":
         note = el("p", "What an unavailable source would show is greyed out: unknown, never free.", class_="note")
@@ -85,6 +71,7 @@ def header(status: dict[str, Any], health: dict[str, Any] | None, *, version: st
         verdict=word,
         desired_from=desired_from,
         verdict_text=VERDICTS[word],
+        reason=v.reason,
         host=status.get("host", "?"),
         version=version,
         install_id=status.get("install_id") or "none yet",
@@ -92,6 +79,13 @@ def header(status: dict[str, Any], health: dict[str, Any] | None, *, version: st
         sources=sources,
         note=note,
     )
+
+
+def _source(name: str, state: Any, status: dict[str, Any]) -> Html:
+    """One source in the header; the GPU's under ``gpu_telemetry: none`` is not looked at at all: n/a."""
+    if name == "gpu" and status.get("gpu_telemetry") == "none":
+        return el("span", "gpu n/a", class_="source na", data_source=name, title="gpu_telemetry: none in host.yaml")
+    return el("span", f"{name}: {state}", class_="source " + ("ok" if state == "ok" else "down"), data_source=name)
 
 
 # ---------------------------------------------------------------- slots
