@@ -44,6 +44,7 @@ from reconciler.loop.triggers import EngineEvents, Triggers, watch_files
 from reconciler.model import ApiConfig, DesiredState, assignment_key, container_name
 from reconciler.observe.docker_obs import DockerObserver
 from reconciler.plan.actions import ActionKind, Plan
+from reconciler.plan.verdict import action_label
 from reconciler.plan.vram import vram_by_slot
 from reconciler.store.audit import audit_log
 from reconciler.store.history import last_topology
@@ -342,7 +343,7 @@ class Loop:
             for a in plan.actions:
                 self.log("action-planned", kind=a.kind.value, target=a.key, reason=a.reason)
             # Published before the first action: every view says converging until this pass ends (the verdict).
-            self._acting = [f"{a.kind.value} {a.key}" for a in plan.actions]
+            self._acting = [action_label(a.kind.value, a.recipe, a.gpus, a.container) for a in plan.actions]
             self._write_state(desired)
             try:
                 result = applier.converge(start=(observed, plan))

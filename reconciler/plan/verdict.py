@@ -38,6 +38,22 @@ def acting(status: Mapping[str, Any]) -> list[str]:
     return [str(a) for a in now.get("actions") or () if isinstance(a, str)]
 
 
+def action_label(kind: str, recipe: str | None, gpus: Any, container: str | None = None) -> str:
+    """How the loop publishes an action of the pass it runs (``Action.key`` after its kind), and how a view finds
+    that action again in the JSON of a plan: ``enter omni@dark-compute-b``, ``reclaim reclaim``, ``prune NAME``."""
+    if kind == "reclaim":
+        return "reclaim reclaim"
+    if kind == "prune":
+        return f"prune {container or ''}"
+    return f"{kind} {recipe}@{'+'.join(gpus or ())}"
+
+
+def in_flight(status: Mapping[str, Any], action: Mapping[str, Any]) -> bool:
+    """Whether an action of the status's plan is one the running loop's pass is taking now."""
+    label = action_label(str(action.get("kind")), action.get("recipe"), action.get("gpus"), action.get("container"))
+    return label in acting(status)
+
+
 def _lanes(items: Any) -> str:
     return ", ".join(f"{i.get('recipe')} on {','.join(i.get('gpus') or ())}" for i in items if isinstance(i, Mapping))
 

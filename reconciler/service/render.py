@@ -175,6 +175,11 @@ _ADVICE = {
 }
 
 
+def blocker_fix(cause: str) -> str:
+    """What the operator can do about a blocker of this cause (``Blocker.cause``): the fix, never the cause again."""
+    return _ADVICE.get(cause, "Run `reconciler plan` for what stands in the way.")
+
+
 def blocked_advice(plan: Plan) -> list[str]:
     """One line of advice per kind of blocker in the plan, in a fixed order: what the operator can do."""
     causes = {b.cause for b in plan.blockers}
@@ -419,7 +424,9 @@ def _verdict_line(data: dict[str, Any], s: Style) -> str:
 _AUDIT_FAILED = frozenset({"failed", "refused", "error", "interrupted", "stale", "changed", "blocked"})
 
 
-def _audit_what(r: dict[str, Any]) -> str:
+def audit_what(r: dict[str, Any]) -> str:
+    """What an audit record is about, and for a failure its own error (the failed action's ``detail``), not the
+    reason it was planned: ``reconciler audit``'s WHAT column and the status page's."""
     target = r.get("target") or r.get("container") or ""
     failed = r.get("outcome") in _AUDIT_FAILED
     text = ""
@@ -462,7 +469,7 @@ def render_audit(records: list[dict[str, Any]]) -> str:
                 str(r.get("outcome") or "?"),
                 f"{secs:.1f}" if isinstance(secs, (int, float)) else "-",
                 human_bytes(freed) if isinstance(freed, int) and freed else "-",
-                one_line(_audit_what(r)),
+                one_line(audit_what(r)),
             )
         )
     widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head) - 1)]

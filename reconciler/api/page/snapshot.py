@@ -100,6 +100,7 @@ def live_html(d: PageData) -> Html:
         header=view.header(d.status, d.health, version=__version__),
         slots=view.slot_cards(d.status, d.vram_history),
         lanes=view.lane_cards(d.status, d.recipes, d.progress),
+        kept=view.kept_section(d.status),
         changes="true" if plan.get("changes") else "false",
         blocked="true" if plan.get("blocked") else "false",
         plan=sections.plan_section(plan),
