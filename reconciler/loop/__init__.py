@@ -370,7 +370,6 @@ class Loop:
                 seconds=round(seconds, 3),
                 message=result.message or "-",
             )
-        self.passes += 1
         self.last_pass_at = self.io.clock.time()
         self.last_pass = {
             "result": result.result,
@@ -378,7 +377,10 @@ class Loop:
             "at": self.last_pass_at,
             "unavailable": dict(self._down),
         }
-        self._write_state(desired)
+        # The state with this pass ended (no action in flight) is written before /healthz counts the pass: a view
+        # that sees the new count never reads the old state (the verdict's samples tell a pass's end by the count).
+        self._write_state(desired, passes=self.passes + 1)
+        self.passes += 1
         return result
 
     def _reserve_changed(self, desired: DesiredState, observed: Any) -> None:
@@ -534,7 +536,7 @@ class Loop:
                 self.metrics.set_backoff(e.recipe, None)
                 self.log("backoff-cleared", assignment=key)
 
-    def _write_state(self, desired: DesiredState) -> None:
+    def _write_state(self, desired: DesiredState, *, passes: int | None = None) -> None:
         # The desired state the loop acts on: after an invalid edit the last valid one, which `status` then shows
         # beside the files' error (the operator sees what the loop keeps doing, not only that the files are bad).
         # Under a lock: the pass writes it, and so does a front-end publishing its state from its own thread.
@@ -550,7 +552,7 @@ class Loop:
                 "fallbacks": self._fallback_json,
                 "desired": kept,
                 "last_pass": self.last_pass,
-                "passes": self.passes,
+                "passes": self.passes if passes is None else passes,
                 # The pass running now, while it acts: its actions (the verdict is converging until it ends).
                 "pass": {"actions": list(self._acting)} if self._acting else None,
                 **self.front_states.to_json(),
