@@ -112,11 +112,13 @@ def build_app(
     on_refusal: Callable[[int, str], None] | None = None,
     on_drop: Callable[[str], None] | None = None,
     tls: TlsFiles | None = None,
+    on_verdict: Callable[[Any], None] | None = None,
 ) -> Any:
     """The ASGI app (the ``Guard`` around Starlette): ``ENDPOINTS``, and MCP at /mcp. ``host``: the host's name, for
     the audit records of refused requests; ``port``: the listener's (the Host check); ``on_refusal(status, reason)``
     and ``on_drop(reason)``: the metrics of refused requests and dropped connections; ``tls``: the listener serves
-    HTTPS with it (its ``Listener`` reads it from the app) and /metrics then needs a token too."""
+    HTTPS with it (its ``Listener`` reads it from the app) and /metrics then needs a token too; ``on_verdict``: the
+    metrics of the host's verdict, set from the page's snapshot at each scrape (with ``health``: a loop's)."""
     # An optional SDK (mcp, through the MCP server: about half a second of imports), loaded here rather than with the
     # package, so that a listener refused for its address or its token (``split_addr``, ``check_exposure``) is
     # refused as soon as before.
@@ -150,6 +152,8 @@ def build_app(
     app.state.ctx = ctx
     refusals = Refusals(log=log, audit=ctx.audit, on_count=on_refusal, on_drop=on_drop)
     app.state.page = page_state(ctx, refusals, busy=getattr(pass_lock, "busy", None), cancel=cancel)
+    ctx.verdict = app.state.page.snapshot.verdict if health is not None else None
+    ctx.on_verdict = on_verdict
     public = PUBLIC if tls is None else frozenset({"/healthz"})
     guard = Guard(app, tokens=tokens, allowed=allowed, max_body=max_body, refusals=refusals, public=public)
     guard.tls = tls

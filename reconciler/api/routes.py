@@ -39,8 +39,10 @@ from reconciler.api.scopes import WRITE, refusal
 from reconciler.api.tokens import ApiToken, Tokens
 from reconciler.base.errors import ConfigError, ReconcilerError
 from reconciler.base.redact import redact_data, redact_text
+from reconciler.loop.health import with_verdict
 from reconciler.loop.metrics import CONTENT_TYPE
 from reconciler.loop.runtime import PassGate
+from reconciler.plan.verdict import Verdict
 from reconciler.service import Caller, HostService, parse_since
 from reconciler.store.audit import audit_log
 
@@ -60,6 +62,10 @@ class AppContext:
     cancel: threading.Event | None = None
     hooks: Any = None
     scrape: SharedScrape = field(default_factory=lambda: SharedScrape())
+    # The host's verdict now (the status page's snapshot: one look shared by the page, /healthz and /metrics), and
+    # what the metrics make of it (``reconciler_drift``, ``reconciler_verdict``).
+    verdict: Callable[[], Verdict | None] | None = None
+    on_verdict: Callable[[Verdict], None] | None = None
 
     def service(self, front: str, who: str | None = None) -> HostService:
         """The service for ``front``, its caller ``who`` (a token's name; by default the full token's)."""
@@ -279,10 +285,19 @@ async def post_sync(request: Request) -> Response:
 
 async def get_metrics(request: Request) -> Response:
     """The loop's Prometheus metrics (no token: Prometheus scrapes it)."""
-    metrics = _ctx(request).metrics
+    ctx = _ctx(request)
+    metrics = ctx.metrics
     if metrics is None:
         return JSONResponse({"error": "no metrics here"}, status_code=404)
-    return Response(await _ctx(request).scrape.get(metrics), media_type=CONTENT_TYPE)
+    verdict, on_verdict = ctx.verdict, ctx.on_verdict
+
+    def render() -> bytes:
+        # The verdict gauges as of this scrape, from the look every view shares (made again only on a change).
+        if verdict is not None and on_verdict is not None and (v := verdict()) is not None:
+            on_verdict(v)
+        return metrics()
+
+    return Response(await ctx.scrape.get(render), media_type=CONTENT_TYPE)
 
 
 async def get_healthz(request: Request) -> Response:
@@ -291,4 +306,7 @@ async def get_healthz(request: Request) -> Response:
     if health is None:
         return JSONResponse({"ok": True})
     code, body = health()
+    verdict = _ctx(request).verdict
+    if verdict is not None:
+        body = with_verdict(body, await anyio.to_thread.run_sync(verdict))
     return JSONResponse(redact_data(body), status_code=code)

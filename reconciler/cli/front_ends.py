@@ -88,6 +88,7 @@ class HttpFrontEnd:
                 on_refusal=hosting.metrics.record_http_refusal,
                 on_drop=hosting.metrics.record_http_drop,
                 tls=tls,
+                on_verdict=hosting.metrics.set_verdict,
             )
 
         try:

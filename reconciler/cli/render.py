@@ -17,6 +17,7 @@ from reconciler.base.units import clip, human_bytes, iso_time, own
 from reconciler.model import container_name
 from reconciler.plan.actions import Action, ActionKind, Plan
 from reconciler.plan.observed import Observed
+from reconciler.plan.verdict import acting, decide
 
 
 class Style:
@@ -174,6 +175,11 @@ _ADVICE = {
     "source": "A source could not vouch for the slots or the offload files, so nothing that needs it is changed: "
     "fix the source named above.",
 }
+
+
+def blocker_fix(cause: str) -> str:
+    """What the operator can do about a blocker of this cause (``Blocker.cause``): the fix, never the cause again."""
+    return _ADVICE.get(cause, "Run `reconciler plan` for what stands in the way.")
 
 
 def blocked_advice(plan: Plan) -> list[str]:
@@ -402,26 +408,30 @@ def _lane_container(key: str) -> str:
 
 
 def _verdict_line(data: dict[str, Any], s: Style) -> str:
-    """Whether the host matches the manifest, and if not, why (the status command's exit code says the same)."""
+    """Whether the host matches the manifest, and if not, why: the verdict every view gives
+    (``reconciler.plan.verdict``), in the command line's words (its exit code says the same)."""
     plan = data["plan"]
-    if (data.get("error") or {}).get("code") == "config_invalid":
+    word = (data.get("verdict") or {}).get("word") or decide(data).word
+    if word == "invalid":
         what = "matches" if data["converged"] else "does not match"
         return s.red(
             f"files invalid (exit 1): the host {what} the last valid desired state above; "
             "fix the files (`reconciler validate`)"
         )
-    if data["converged"]:
+    if word == "converged":
         return s.green("converged: the host matches the manifest")
-    if plan["unavailable"]:
+    if word == "unavailable":
+        down = plan["unavailable"] or sorted(n for n, v in (data.get("sources") or {}).items() if v != "ok")
         return s.red(
-            f"unknown: {', '.join(plan['unavailable'])} unavailable, so whether the host matches "
-            "the manifest cannot be told (exit 1)"
+            f"unknown: {', '.join(down)} unavailable, so whether the host matches the manifest cannot be told (exit 1)"
         )
     n = len(plan["actions"])
-    state = "blocked" if plan["blocked"] else f"{n} action(s) pending"
-    if not n and not plan["blocked"] and plan.get("held"):
+    state = "blocked" if word == "blocked" else f"{n} action(s) pending"
+    if word == "held":
         waiting = ", ".join(f"{h['recipe']} on {','.join(h['gpus'])}" for h in plan["held"])
         state = f"{waiting} held in backoff" + (", a fallback serves meanwhile" if plan.get("fallbacks") else "")
+    elif word == "converging" and (now := acting(data)):
+        state = f"the running loop is acting ({', '.join(now)})"
     return s.yellow(f"not converged: {state} (run `reconciler plan` for details)")
 
 
@@ -432,7 +442,9 @@ def _verdict_line(data: dict[str, Any], s: Style) -> str:
 _AUDIT_FAILED = frozenset({"failed", "refused", "error", "interrupted", "stale", "changed", "blocked"})
 
 
-def _audit_what(r: dict[str, Any]) -> str:
+def audit_what(r: dict[str, Any]) -> str:
+    """What an audit record is about, and for a failure its own error (the failed action's ``detail``), not the
+    reason it was planned: ``reconciler audit``'s WHAT column and the status page's."""
     target = r.get("target") or r.get("container") or ""
     failed = r.get("outcome") in _AUDIT_FAILED
     text = ""
@@ -475,7 +487,7 @@ def render_audit(records: list[dict[str, Any]]) -> str:
                 str(r.get("outcome") or "?"),
                 f"{secs:.1f}" if isinstance(secs, (int, float)) else "-",
                 human_bytes(freed) if isinstance(freed, int) and freed else "-",
-                one_line(_audit_what(r)),
+                one_line(audit_what(r)),
             )
         )
     widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head) - 1)]

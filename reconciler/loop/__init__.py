@@ -45,6 +45,7 @@ from reconciler.loop.triggers import EngineEvents, Triggers, watch_files
 from reconciler.model import ApiConfig, DesiredState, assignment_key, container_name
 from reconciler.observe.docker_obs import DockerObserver
 from reconciler.plan.actions import ActionKind, Plan
+from reconciler.plan.verdict import action_label
 from reconciler.plan.vram import vram_by_slot
 from reconciler.store.audit import audit_log
 from reconciler.store.history import last_topology
@@ -105,6 +106,7 @@ class Loop:
         self._fallbacks: set[str] = set()  # fallback lanes in force after the last pass: logged when this changes
         self._fallback_json: list[dict[str, Any]] = []
         self._below: set[str] = set()  # slots below their free-VRAM reserve in the last pass: logged when this changes
+        self._acting: list[str] = []  # the actions of the pass running now ("kind recipe@slots"), published
 
     # ------------------------------------------------------------ lifecycle
 
@@ -147,6 +149,8 @@ class Loop:
                     except Exception as exc:  # noqa: BLE001 - one bad pass must not end the loop: log it, go on
                         self.log("pass-error", error=f"{type(exc).__name__}: {exc}")
                         self.metrics.record_pass("error", 0.0)
+                        if self.desired is not None:
+                            self._write_state(self.desired)  # no pass is acting any more
                     finally:
                         self._pass_since = None
                     if self.passes <= 1:
@@ -341,10 +345,16 @@ class Loop:
             self.log("pass-start", trigger=",".join(sorted(reasons)), actions=len(plan.actions))
             for a in plan.actions:
                 self.log("action-planned", kind=a.kind.value, target=a.key, reason=a.reason)
-            result = applier.converge(start=(observed, plan))
-            after, final = applier.plan_now()
-            self.metrics.observe_state(after, final)
-            self.metrics.observe_lanes(self.io.lanes.readings(desired, after).values())
+            # Published before the first action: every view says converging until this pass ends (the verdict).
+            self._acting = [action_label(a.kind.value, a.recipe, a.gpus, a.container) for a in plan.actions]
+            self._write_state(desired)
+            try:
+                result = applier.converge(start=(observed, plan))
+                after, final = applier.plan_now()
+                self.metrics.observe_state(after, final)
+                self.metrics.observe_lanes(self.io.lanes.readings(desired, after).values())
+            finally:
+                self._acting = []
         else:
             result = applier.converge(start=(observed, plan))  # no actions: classifies only, changes nothing
             self.metrics.observe_lanes(self.io.lanes.readings(desired, observed).values())
@@ -363,7 +373,6 @@ class Loop:
                 seconds=round(seconds, 3),
                 message=result.message or "-",
             )
-        self.passes += 1
         self.last_pass_at = self.io.clock.time()
         self.last_pass = {
             "result": result.result,
@@ -371,7 +380,10 @@ class Loop:
             "at": self.last_pass_at,
             "unavailable": dict(self._down),
         }
-        self._write_state(desired)
+        # The state with this pass ended (no action in flight) is written before /healthz counts the pass: a view
+        # that sees the new count never reads the old state (the verdict's samples tell a pass's end by the count).
+        self._write_state(desired, passes=self.passes + 1)
+        self.passes += 1
         return result
 
     def _reserve_changed(self, desired: DesiredState, observed: Any) -> None:
@@ -527,7 +539,7 @@ class Loop:
                 self.metrics.set_backoff(e.recipe, None)
                 self.log("backoff-cleared", assignment=key)
 
-    def _write_state(self, desired: DesiredState) -> None:
+    def _write_state(self, desired: DesiredState, *, passes: int | None = None) -> None:
         # The desired state the loop acts on: after an invalid edit the last valid one, which `status` then shows
         # beside the files' error (the operator sees what the loop keeps doing, not only that the files are bad).
         # Under a lock: the pass writes it, and so does a front-end publishing its state from its own thread.
@@ -543,7 +555,9 @@ class Loop:
                 "fallbacks": self._fallback_json,
                 "desired": kept,
                 "last_pass": self.last_pass,
-                "passes": self.passes,
+                "passes": self.passes if passes is None else passes,
+                # The pass running now, while it acts: its actions (the verdict is converging until it ends).
+                "pass": {"actions": list(self._acting)} if self._acting else None,
                 **self.front_states.to_json(),
             }
             try:

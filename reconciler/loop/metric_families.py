@@ -176,6 +176,14 @@ class MetricFamilies:
             "down); 0 when converged.",
             registry=r,
         )
+        self.verdict = Gauge(
+            f"{p}_verdict",
+            "1 for the host's verdict as of the scrape, 0 for the others: converged, converging (actions pending or "
+            "a pass acting), held (in backoff), blocked, unavailable (a source down), invalid (the files); the one "
+            "the status page, /healthz and status give.",
+            ["verdict"],
+            registry=r,
+        )
 
         # ---- actions
         self.actions = Counter(

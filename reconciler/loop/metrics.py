@@ -60,6 +60,7 @@ from reconciler.observe.lanes import LaneReading
 from reconciler.plan.actions import ActionKind, Fallback, Plan
 from reconciler.plan.claims import claimed_slots, owner_kind, slot_ids
 from reconciler.plan.observed import LABEL_HOST, ContainerView, Observed
+from reconciler.plan.verdict import WORDS, Verdict
 from reconciler.plan.vram import slot_vram, unlisted_used_bytes
 
 if TYPE_CHECKING:
@@ -450,6 +451,14 @@ class Metrics(MetricFamilies):
             for name in GIT_STATES:
                 self.git_state.labels(state=name).set(1 if name == state else 0)
             self.git_last_fetch.set(fetched_at or 0)
+
+    def set_verdict(self, verdict: Verdict) -> None:
+        """The host's verdict as every view gives it (``reconciler.plan.verdict``), set by the listener at each scrape
+        from the look the page, /healthz and /v1/status share: ``drift`` is 0 exactly when it is converged."""
+        with self._lock:
+            for word in WORDS:
+                self.verdict.labels(verdict=word).set(1 if word == verdict.word else 0)
+            self.drift.set(0 if verdict.word == "converged" else 1)
 
     def set_fallbacks(self, fallbacks: Iterable[Fallback]) -> None:
         """The fallbacks (``actions.Fallback``) in force after a pass; those no longer in force are removed."""

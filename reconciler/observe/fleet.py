@@ -20,6 +20,7 @@ from reconciler.base import direct_http, fsafe
 from reconciler.base.redact import redact_data, redact_text
 from reconciler.model.fleet import FleetHost
 from reconciler.observe.loop_listener import ListenerNotProven, proven_opener
+from reconciler.plan.verdict import WORDS, decide
 
 if TYPE_CHECKING:
     import ssl
@@ -45,17 +46,12 @@ class HostRow:
     def verdict(self) -> str:
         if not self.reachable:
             return self.why or "unreachable"
+        # The verdict the host's own views give (``reconciler.plan.verdict``): the one its status carries, else
+        # (a host of an older release) the same function over its status; in the fleet's words for two of them.
         s = self.status
-        if isinstance(s.get("error"), dict) and s["error"].get("code") == "config_invalid":
-            return "files invalid"
-        if s.get("error"):
-            return "source unavailable"
-        plan = s.get("plan") or {}
-        if plan.get("blocked"):
-            return "blocked"
-        if s.get("converged"):
-            return "converged"
-        return "held" if plan.get("held") and not plan.get("actions") else "converging"
+        v = s.get("verdict")
+        word = v["word"] if isinstance(v, dict) and v.get("word") in WORDS else decide(s).word
+        return {"invalid": "files invalid", "unavailable": "source unavailable"}.get(word, word)
 
     def slots(self) -> list[dict[str, Any]]:
         out = []

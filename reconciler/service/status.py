@@ -23,6 +23,7 @@ from reconciler.plan.claims import node_slots, owner_kind, slot_holders, slot_id
 from reconciler.plan.enter_checks import enter_needs
 from reconciler.plan.observed import ContainerView, Observed, ShmFile, ShmView
 from reconciler.plan.planner import plan
+from reconciler.plan.verdict import acting, decide, in_flight
 from reconciler.plan.vram import slot_vram, unlisted_used_bytes
 from reconciler.service.loop_view import loop_view
 from reconciler.service.results import StatusResult, error_object, sources_error
@@ -195,7 +196,19 @@ def host_status(service: HostService) -> StatusResult:
     data["probe_suites"] = last_suites(desired.host.name, set(desired.recipes))
     if observed.unavailable():
         data["error"] = sources_error(observed)
-    return StatusResult(data, observed)
+    return StatusResult(with_verdict(data), observed)
+
+
+def with_verdict(data: dict[str, Any]) -> dict[str, Any]:
+    """The status with its verdict (``reconciler.plan.verdict``, the one every view gives): not converged while a
+    pass of the running loop is acting, whatever the plan made meanwhile says."""
+    data["converged"] = bool(data.get("converged")) and not acting(data)
+    data["verdict"] = decide(data).to_json()
+    for a in (data.get("plan") or {}).get("actions") or ():
+        # The plan made now sees the pass's own enter waiting for health as one an apply left waiting: it is not.
+        if isinstance(a, dict) and in_flight(data, a):
+            a["reason"] = f"in flight: the running loop's own {a.get('kind')}, in the pass running now"
+    return data
 
 
 def status_of_invalid_files(root: str, exc: ConfigError, io: HostIO = REAL_IO) -> StatusResult:
@@ -241,7 +254,7 @@ def status_of_invalid_files(root: str, exc: ConfigError, io: HostIO = REAL_IO) -
         "the files do not validate; fix them (`reconciler validate` says the same)",
         problems=[{"path": p.path, "line": p.line, "message": p.message} for p in exc.problems],
     )
-    return StatusResult(data, observed)
+    return StatusResult(with_verdict(data), observed)
 
 
 def _deleted_mapped_bytes(deleted: Sequence[ShmFile], c: ContainerView) -> int:

@@ -249,7 +249,8 @@ def test_a_broken_manifest_tears_nothing_down_and_is_exported_until_fixed(
     # /healthz, open to anyone: its verdict says the files are invalid (quoting nothing of them); its status is the
     # loop's own, alive and acting on the last valid desired state.
     code, health = lp.healthz()
-    assert code == 200 and health["files"] == "invalid" and health["verdict"].startswith("files invalid"), health
+    assert code == 200 and health["files"] == "invalid" and health["verdict"] == "invalid", health
+    assert health["reason"].startswith("files invalid: the last valid desired state is kept"), health
     assert "no-such-recipe" not in json.dumps(health), health
 
     # Bad YAML: the same, with the line of the syntax error.

@@ -31,7 +31,7 @@ import reconciler.api.page.paths as paths
 import reconciler.api.page.sections as sections
 from reconciler.api.errors import _BadRequest
 from reconciler.api.limits import STATE_PEER
-from reconciler.api.page.markup import el
+from reconciler.api.page.markup import el, size
 from reconciler.api.page.sessions import COOKIE, Session, Sessions, cookie_header
 from reconciler.api.page.snapshot import PageProgress, Snapshot
 from reconciler.api.page.templates import Html, render, static_file
@@ -407,8 +407,9 @@ async def post_reclaim(request: Request) -> Response:
     else:
         j = res.to_json()
         ok = res.exit_code == 0
-        text = f"Reclaimed {len(j.get('reclaimed') or [])} file(s), {j.get('reclaimed_bytes', 0)} bytes" + (
-            "" if ok else f"; refused: {j.get('error') or j.get('kept')}"
+        kept = "; ".join(f"{k.get('path')}: {k.get('reason')}" for k in j.get("kept") or () if isinstance(k, dict))
+        text = f"Reclaimed {len(j.get('reclaimed') or [])} file(s), {size(j.get('reclaimed_bytes') or 0)}" + (
+            "" if ok else f"; refused: {j.get('error') or kept}"
         )
         _flash(session, text, kind="ok" if ok else "error", outcome="reclaimed" if ok else "refused")
     return _redirect(paths.ROOT)

@@ -17,6 +17,7 @@ import reconciler.api.page.paths as paths
 from reconciler.api.page.markup import el, size, table
 from reconciler.api.page.templates import Html, join
 from reconciler.base.requests import DEFAULT_SUITE, PROBE_SUITES
+from reconciler.service.render import audit_what, blocker_fix
 
 AUDIT_SHOWN = 20
 
@@ -36,9 +37,15 @@ def plan_section(plan: dict[str, Any]) -> Html:
         parts += [
             el("h3", "Blocked"),
             table(
-                ("recipe", "slots", "holder", "cause", "what to do"),
+                ("recipe", "slots", "holder", "why", "what to do"),
                 (
-                    [b.get("recipe"), ", ".join(b.get("gpus") or ()), b.get("holder"), b.get("cause"), b.get("reason")]
+                    [
+                        b.get("recipe"),
+                        ", ".join(b.get("gpus") or ()),
+                        b.get("holder"),
+                        b.get("reason"),
+                        blocker_fix(str(b.get("cause") or "")),
+                    ]
                     for b in blockers
                 ),
                 class_="blockers",
@@ -115,8 +122,8 @@ def audit_section(records: Sequence[dict[str, Any]]) -> Html:
                 r.get("front"),
                 r.get("who"),
                 r.get("action"),
-                r.get("outcome"),
-                r.get("reason") or r.get("plan") or "",
+                el("span", r.get("outcome"), class_=f"outcome-{r.get('outcome')}"),
+                audit_what(r) or r.get("plan") or "",
             ]
             for r in shown
         ),

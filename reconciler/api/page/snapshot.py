@@ -4,10 +4,14 @@ live part of the page (``live_html``) with an ETag.
 
 A status costs about 10 ms of CPU (it observes the engine, /proc and the tmpfs); polled each second by each
 browser it would keep the loop busy. So a snapshot is made again only when something says the host may have
-changed: a pass ended with another verdict (the loop's health), a pass or a call holds the pass lock (then each
-second, so the phases of a switch show as they come) or stopped holding it, a file under configs/ or manifests/ or
-the tmpfs changed (a stat and a listing), an action of this page moved on (``PageProgress``), or ``MAX_AGE_S``
-passed (the figures that drift: VRAM).
+changed: a pass ended (the loop's pass counter: whatever made the change, a pass that acted ends after it, however
+quickly it ran between two polls), a pass or a call holds the pass lock (then each second, so the phases of a switch
+show as they come) or stopped holding it, a file under configs/ or manifests/ or the tmpfs changed (a stat and a
+listing), an action of this page moved on (``PageProgress``), or ``MAX_AGE_S`` passed (the figures that drift:
+VRAM).
+
+The snapshot's status is also what ``/healthz`` and ``/metrics`` take the verdict from (``Snapshot.verdict``): one
+look at the host, made again by the same rule, for every view the listener serves.
 
 Made by ``reconciler.api.page.handlers``; ``live_html`` is pure and measured by tests/bench/bench_page.py.
 """
@@ -30,6 +34,7 @@ from reconciler import __version__
 from reconciler.api.page.templates import Html, render
 from reconciler.base.errors import ReconcilerError
 from reconciler.base.redact import redact_data
+from reconciler.plan.verdict import WORDS, Verdict
 from reconciler.service import HostService
 from reconciler.service.shm import ShmStatusResult
 
@@ -92,9 +97,10 @@ def live_html(d: PageData) -> Html:
     orphans = ((shm.get("files") or {}).get("orphan") or {}).get("count", 0)
     return render(
         "live.html",
-        header=view.header(d.status, d.health, version=__version__, busy=d.busy),
+        header=view.header(d.status, d.health, version=__version__),
         slots=view.slot_cards(d.status, d.vram_history),
         lanes=view.lane_cards(d.status, d.recipes, d.progress),
+        kept=view.kept_section(d.status),
         changes="true" if plan.get("changes") else "false",
         blocked="true" if plan.get("blocked") else "false",
         plan=sections.plan_section(plan),
@@ -195,10 +201,12 @@ class Snapshot:
         return self.health()[1] if self.health is not None else None
 
     def _signature(self, health: dict[str, Any] | None, busy: bool) -> tuple[Any, ...]:
-        # A pass's verdict, not its count: a pass that an unrelated engine event woke, which changed nothing, is no
-        # reason to look again; one that acted held the pass lock (``busy``), and its end changes ``busy`` back.
-        last = (health or {}).get("last_pass") or {}
-        sig: list[Any] = [last.get("result"), (health or {}).get("verdict"), (health or {}).get("files"), busy]
+        # The pass counter, not the last pass's result: a pass that acted may begin and end between two polls (a
+        # switch of sleeping lanes takes well under a second), and its result ("converged") is the one before it.
+        # ``busy`` alone is seen only by a poll that falls inside the pass. A pass that changed nothing costs one
+        # status more: passes come on a change, an engine event of this host's containers or the resync timer.
+        h = health or {}
+        sig: list[Any] = [h.get("passes"), (h.get("last_pass") or {}).get("result"), h.get("files"), busy]
         sig.append(self.progress.version)
         for d in (self.root / "configs", self.root / "configs" / "recipes", self.root / "manifests"):
             sig.append(_mtimes(d))
@@ -229,6 +237,20 @@ class Snapshot:
                 self._sig = self._signature(health, busy)  # with the tmpfs dir the snapshot names
                 self.made_count += 1
             return self.etag, self.html
+
+    def verdict(self) -> Verdict | None:
+        """The verdict of the host as this snapshot sees it, made again first if something may have changed (the
+        one every view gives: ``/healthz`` and ``/metrics`` take it here); None where no status can be made (a
+        host file that does not validate, which the loop's own health says)."""
+        try:
+            self.current()
+        except ReconcilerError:
+            return None
+        data = self.data
+        v = (data.status.get("verdict") if data else None) or {}
+        if not isinstance(v, dict) or v.get("word") not in WORDS:
+            return None
+        return Verdict(str(v["word"]), str(v.get("reason") or ""))
 
 
 def _mtimes(d: Path) -> tuple[Any, ...]:

@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from reconciler.api.page.markup import ago, el, size
+from reconciler.api.page.markup import ago, el, size, table
 from reconciler.api.page.templates import Html, join, render
+from reconciler.plan.verdict import Verdict, acting, decide, in_flight
 
 VERDICTS = {
     "converged": "converged",
@@ -22,38 +23,23 @@ VERDICTS = {
     "held": "held in backoff",
     "invalid": "files invalid: the last valid desired state is kept",
     "unavailable": "a source is unavailable: what it shows is unknown",
-    "starting": "starting",
 }
 
 
-def verdict(status: dict[str, Any], *, busy: bool = False) -> str:
-    """The loop's verdict, one of ``VERDICTS``: the files first, then the sources, then the plan."""
-    error = status.get("error")
-    if isinstance(error, dict) and error.get("code") == "config_invalid":
-        return "invalid"
-    if any(v != "ok" for v in (status.get("sources") or {}).values()):
-        return "unavailable"
-    plan = status.get("plan") or {}
-    if plan.get("blocked"):
-        return "blocked"
-    if plan.get("held"):
-        return "held"
-    if plan.get("changes") or busy:
-        return "converging"
-    return "converged" if status.get("converged") else "converging"
+def verdict(status: dict[str, Any]) -> Verdict:
+    """The host's verdict, as every view gives it (``reconciler.plan.verdict``): the one the status carries."""
+    v = status.get("verdict")
+    if isinstance(v, dict) and v.get("word") in VERDICTS:
+        return Verdict(str(v["word"]), str(v.get("reason") or ""))
+    return decide(status)
 
 
-def header(status: dict[str, Any], health: dict[str, Any] | None, *, version: str, busy: bool = False) -> Html:
-    word = verdict(status, busy=busy)
+def header(status: dict[str, Any], health: dict[str, Any] | None, *, version: str) -> Html:
+    v = verdict(status)
+    word = v.word
     last = (health or {}).get("last_pass") or {}
     last_pass = f"{last.get('result', '-')} ({ago(last.get('at'))})" if last else "none yet"
-    sources = join(
-        (
-            el("span", f"{name}: {state}", class_="source " + ("ok" if state == "ok" else "down"), data_source=name)
-            for name, state in sorted((status.get("sources") or {}).items())
-        ),
-        " ",
-    )
+    sources = join((_source(name, state, status) for name, state in sorted((status.get("sources") or {}).items())), " ")
     note = ""
     if word == "unavailable":
         note = el("p", "What an unavailable source would show is greyed out: unknown, never free.", class_="note")
@@ -85,6 +71,7 @@ def header(status: dict[str, Any], health: dict[str, Any] | None, *, version: st
         verdict=word,
         desired_from=desired_from,
         verdict_text=VERDICTS[word],
+        reason=v.reason,
         host=status.get("host", "?"),
         version=version,
         install_id=status.get("install_id") or "none yet",
@@ -92,6 +79,13 @@ def header(status: dict[str, Any], health: dict[str, Any] | None, *, version: st
         sources=sources,
         note=note,
     )
+
+
+def _source(name: str, state: Any, status: dict[str, Any]) -> Html:
+    """One source in the header; the GPU's under ``gpu_telemetry: none`` is not looked at at all: n/a."""
+    if name == "gpu" and status.get("gpu_telemetry") == "none":
+        return el("span", "gpu n/a", class_="source na", data_source=name, title="gpu_telemetry: none in host.yaml")
+    return el("span", f"{name}: {state}", class_="source " + ("ok" if state == "ok" else "down"), data_source=name)
 
 
 # ---------------------------------------------------------------- slots
@@ -208,14 +202,27 @@ class Lane:
     slots: tuple[str, ...]
     wanted: bool
     containers: list[dict[str, Any]] = field(default_factory=list)
+    failed: list[dict[str, Any]] = field(default_factory=list)  # its failed containers kept for their logs
 
     @property
     def key(self) -> str:
         return f"{self.recipe}@{'+'.join(self.slots)}"
 
 
+def kept_failures(status: dict[str, Any]) -> list[dict[str, Any]]:
+    """The failed containers of this install kept for their logs (stopped: they hold no slot and serve nothing),
+    listed apart from the lanes: an old failed enter is no lane failing now."""
+    return [
+        c
+        for c in status.get("containers") or []
+        if c.get("owner") == "ours" and c.get("preserved") and c.get("state") != "running"
+    ]
+
+
 def lanes_of(status: dict[str, Any]) -> list[Lane]:
-    """Every lane: each wanted assignment (from the slots' ``desired``) and each container of this install."""
+    """Every lane: each wanted assignment (from the slots' ``desired``) and each container of this install but the
+    failed ones kept for their logs (``kept_failures``), which a wanted lane still counts (its last enter failed)."""
+    kept = {id(c) for c in kept_failures(status)}
     lanes: dict[str, Lane] = {}
     wanted: dict[str, list[str]] = {}
     for slot, s in (status.get("slots") or {}).items():
@@ -231,6 +238,10 @@ def lanes_of(status: dict[str, Any]) -> list[Lane]:
         if c.get("owner") != "ours" or not c.get("recipe"):
             continue
         lane = Lane(str(c["recipe"]), tuple(c.get("slots") or ()), False)
+        if id(c) in kept:
+            if lane.key in lanes:
+                lanes[lane.key].failed.append(c)
+            continue
         lanes.setdefault(lane.key, lane).containers.append(c)
     return sorted(lanes.values(), key=lambda ln: (not ln.wanted, ln.recipe, ln.slots))
 
@@ -239,16 +250,22 @@ def _matches(item: dict[str, Any], lane: Lane) -> bool:
     return item.get("recipe") == lane.recipe and tuple(item.get("gpus") or ()) == lane.slots
 
 
-def lane_phase(lane: Lane, plan: dict[str, Any], progress: dict[str, Any] | None = None) -> str:
-    """A lane's phase in one word: pending, entering, serving, asleep, leaving, failed, held, blocked, stopped; an
-    action of this page's own apply in flight says which (``progress``)."""
+KEPT_SERVING = "kept serving: what would replace it is blocked"
+
+
+def lane_phase(
+    lane: Lane, plan: dict[str, Any], progress: dict[str, Any] | None = None, status: dict[str, Any] | None = None
+) -> str:
+    """A lane's phase in one word: pending, entering, serving, asleep, leaving, kept (serving on a slot whose
+    replacement is blocked), failed, held, blocked, stopped; an action of this page's own apply in flight says which
+    (``progress``)."""
     if progress:
-        return "entering" if progress.get("kind") == "enter" else "leaving"
+        return "entering" if progress.get("kind") in ("enter", "wake") else "leaving"
     running = [c for c in lane.containers if c.get("state") == "running"]
     if not lane.wanted:
-        if running:
-            return "leaving"
-        return "failed" if any(c.get("preserved") for c in lane.containers) else "stopped"
+        if any(c.get("name") in (plan.get("kept_serving") or ()) for c in running):
+            return "kept"
+        return "leaving" if running else "stopped"
     if any(_matches(h, lane) for h in plan.get("held") or ()):
         return "held"
     if running:
@@ -258,8 +275,9 @@ def lane_phase(lane: Lane, plan: dict[str, Any], progress: dict[str, Any] | None
         return "asleep" if c.get("sleeping") is True else "serving"
     if any(_matches(b, lane) for b in plan.get("blockers") or ()):
         return "blocked"
-    if any(c.get("preserved") for c in lane.containers):
-        return "failed"
+    planned = any(_matches(a, lane) and a.get("kind") in ("enter", "wake") for a in plan.get("actions") or ())
+    if lane.failed and not planned and not acting(status or {}):
+        return "failed"  # its last enter failed, and nothing is about to try again
     return "pending"
 
 
@@ -291,16 +309,23 @@ def lane_card(
     recipe: dict[str, Any] | None,
     suites: dict[str, Any],
     progress: dict[str, Any] | None,
+    status: dict[str, Any] | None = None,
 ) -> Html:
-    phase = lane_phase(lane, plan, progress)
-    c = next((c for c in lane.containers if c.get("state") == "running"), lane.containers[0] if lane.containers else {})
+    phase = lane_phase(lane, plan, progress, status)
+    shown = lane.containers or (lane.failed if phase == "failed" else [])
+    c = next((c for c in shown if c.get("state") == "running"), shown[0] if shown else {})
     health = "healthy" if c.get("healthy") else ("not healthy yet" if c.get("state") == "running" else "not running")
     if c.get("sleeping") is True:
         health += ", asleep"
     detail = ""
     if progress:
         detail = el("p", _progress_text(progress), class_="progress", data_progress=progress.get("phase"))
+    elif phase == "kept":
+        detail = el("p", KEPT_SERVING, class_="kept")
     else:
+        for a in plan.get("actions") or ():
+            if _matches(a, lane) and in_flight(status or {}, a):
+                detail = el("p", f"in flight: the running loop's own {a.get('kind')}", class_="progress")
         for b in plan.get("blockers") or ():
             if _matches(b, lane):
                 detail = el("p", f"blocked: {b.get('reason')} (held by {b.get('holder') or '?'})", class_="blocker")
@@ -313,7 +338,7 @@ def lane_card(
         vllm=_vllm_text(c.get("vllm")),
         recipe=lane.recipe,
         phase=phase,
-        phase_text=phase if lane.wanted else f"{phase} (no longer wanted)",
+        phase_text=phase_text(lane, phase),
         slots=", ".join(lane.slots),
         model=info.get("model") or "unknown",
         image=info.get("image") or "unknown",
@@ -322,6 +347,12 @@ def lane_card(
         detail=detail,
         probes=_probes(suites),
     )
+
+
+def phase_text(lane: Lane, phase: str) -> str:
+    if phase == "kept":
+        return KEPT_SERVING
+    return phase if lane.wanted else f"{phase} (no longer wanted)"
 
 
 def _vllm_text(v: Any) -> str:
@@ -348,10 +379,38 @@ def lane_cards(status: dict[str, Any], recipes: dict[str, dict[str, Any]], progr
     plan = status.get("plan") or {}
     suites = status.get("probe_suites") or {}
     cards = [
-        lane_card(lane, plan, recipes.get(lane.recipe), suites.get(lane.recipe) or {}, progress.get(lane.key))
+        lane_card(lane, plan, recipes.get(lane.recipe), suites.get(lane.recipe) or {}, progress.get(lane.key), status)
         for lane in lanes_of(status)
     ]
     return join(cards) if cards else el("p", "no lane is wanted or running", class_="none")
+
+
+def kept_section(status: dict[str, Any]) -> Html:
+    """The failed containers kept for their logs, apart from the lanes, with what to do about them."""
+    kept = kept_failures(status)
+    if not kept:
+        return Html("")
+    rows = (
+        [
+            el("span", c.get("name"), data_kept=c.get("name")),
+            c.get("recipe"),
+            ", ".join(c.get("slots") or ()),
+            c.get("exit_code"),
+        ]
+        for c in kept
+    )
+    return join(
+        [
+            el("h3", "Failed containers kept for their logs"),
+            el(
+                "p",
+                "They hold no slot and serve nothing: docker logs NAME says why each failed; `reconciler prune` "
+                "removes them.",
+                class_="note",
+            ),
+            table(("container", "recipe", "slots", "exit code"), rows, class_="kept-failures"),
+        ]
+    )
 
 
 def slot_cards(status: dict[str, Any], history: dict[str, list[tuple[float, int]]] | None = None) -> Html:

@@ -10,6 +10,21 @@
   var url = live.getAttribute("data-live");
   var etag = live.getAttribute("data-etag") || "";
   var waiting = false;
+  // The flash of an action (a switch set, an apply running) goes once the change converged: when the verdict turns
+  // converged after it was not. An error's flash stays until the page is left.
+  function verdictNow() {
+    var header = document.getElementById("verdict");
+    return header ? header.getAttribute("data-verdict") : "";
+  }
+  var was = verdictNow();
+  function settle() {
+    var now = verdictNow();
+    var flash = document.getElementById("flash");
+    if (flash && !flash.classList.contains("error") && was !== "converged" && now === "converged") {
+      flash.parentNode.removeChild(flash);
+    }
+    was = now;
+  }
   function tick() {
     if (waiting) {
       return;
@@ -30,6 +45,7 @@
           etag = tag;
           live.setAttribute("data-etag", tag);
           live.innerHTML = text;
+          settle();
         });
       })
       .catch(function () {
