@@ -12,8 +12,8 @@ from typing import Any
 
 from reconciler.api.page import sections, view
 from reconciler.api.page.snapshot import PageData, live_html
-from reconciler.service.render import blocker_fix
 from reconciler.service.status import with_verdict
+from reconciler.service.words import blocker_fix
 
 A, B = "dark-compute-a", "dark-compute-b"
 

@@ -10,10 +10,10 @@ from typing import Any
 
 from reconciler.api.page import snapshot as page_snapshot
 from reconciler.api.page import view
+from reconciler.cli.render import _verdict_line
 from reconciler.loop.health import health_answer, with_verdict
 from reconciler.observe.fleet import HostRow
 from reconciler.plan.verdict import WORDS, Verdict, acting, decide
-from reconciler.service.render import _verdict_line
 from reconciler.service.status import with_verdict as status_with_verdict
 
 

@@ -17,7 +17,7 @@ import reconciler.api.page.paths as paths
 from reconciler.api.page.markup import el, size, table
 from reconciler.api.page.templates import Html, join
 from reconciler.base.requests import DEFAULT_SUITE, PROBE_SUITES
-from reconciler.service.render import audit_what, blocker_fix
+from reconciler.service.words import audit_what, blocker_fix
 
 AUDIT_SHOWN = 20
 
