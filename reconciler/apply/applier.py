@@ -63,7 +63,7 @@ class Applier(SleepSteps):
         self.io = io or REAL_IO
         self.observer = observer or self.io.engine(desired.host)
         observer_ = self.observer
-        self.ops = DockerOps(connect=lambda: observer_.api, url=observer_.url, ping=observer_.ping, clock=self.io.clock)
+        self.ops = DockerOps(connect=observer_.writes, url=observer_.url, ping=observer_.ping, clock=self.io.clock)
         if connect:
             self.ops.check()
         self.progress = progress or NoProgress()

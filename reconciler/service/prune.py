@@ -48,7 +48,7 @@ def prune_kept_failed(service: HostService, *, confirm: bool) -> PruneResult:
         return PruneResult(host, False, [describe(c) for c in look()])
     with service.exclusive(host, "prune"):
         found = look()
-        ops = DockerOps(connect=lambda: observer.api, url=observer.url, ping=observer.ping)
+        ops = DockerOps(connect=observer.writes, url=observer.url, ping=observer.ping)
         res = PruneResult(host, True, [describe(c) for c in found])
         for c in found:
             try:

@@ -1,7 +1,7 @@
 """The layer contract: each package of reconciler/ imports only its own package and the layers below it, counting
 the imports inside functions too (docs/design.md, "Architecture").
 
-  base < model < plan < store < observe < load < apply < loop < service < control < mcp_server < api < cli
+  base < model < plan < store < host < observe < load < apply < loop < service < control < mcp_server < api < cli
 
 Read from the source (every import statement of every module, at any depth), so an import a function makes on
 first use counts as much as one at the top; and the graph of modules has no cycle. The second test keeps the reason
@@ -19,6 +19,7 @@ LAYERS = (
     "model",
     "plan",
     "store",
+    "host",
     "observe",
     "load",
     "apply",

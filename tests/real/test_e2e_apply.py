@@ -42,6 +42,15 @@ PRESERVED_RE = re.compile(r"-failed-\d{8}-\d{6}$")
 pytestmark = [pytest.mark.docker, pytest.mark.root]
 
 
+def _engine(root: Root) -> Any:
+    """Docker's engine (``reconciler.host.engine``) through the test's own SDK client."""
+    from conftest import DOCKER_URL
+
+    from reconciler.host.engine.docker import DockerEngine
+
+    return DockerEngine(DOCKER_URL, sdk=root.api)
+
+
 def docker_logs(name: str) -> str:
     proc = docker_cli("logs", name)
     return proc.stdout + proc.stderr
@@ -369,7 +378,7 @@ def test_5b_failures_within_one_second_are_all_kept_under_distinct_names(root: R
     """Two quick applies of a recipe that fails at once fail within the same second; each keeps its container."""
     from reconciler.apply.docker_ops import DockerOps
 
-    ops = DockerOps(root.api)
+    ops = DockerOps(_engine(root))
     base = root.cname(f"quick-{root.tag}", "dark-compute-a")
     ids = [root.api.create_container(image, command=["true"], labels={LABEL_HOST: root.host})["Id"] for _ in range(3)]
     t0 = time.monotonic()
@@ -386,7 +395,7 @@ def test_5c_only_the_newest_kept_failures_stay(root: Root, image: str) -> None:
     from reconciler.apply.docker_ops import DockerOps
     from reconciler.plan.observed import LABEL_INSTALL, LABEL_MANAGED
 
-    ops = DockerOps(root.api)
+    ops = DockerOps(_engine(root))
     base = root.cname(f"flaky-{root.tag}", "dark-compute-a")
     mine = {LABEL_HOST: root.host, LABEL_MANAGED: "true", LABEL_INSTALL: root.install_id()}
     ids = [root.api.create_container(image, command=["true"], labels=mine)["Id"] for _ in range(4)]
@@ -411,7 +420,7 @@ def test_5d_pruning_kept_failures_leaves_what_this_install_did_not_make(root: Ro
     from reconciler.apply.docker_ops import DockerOps
     from reconciler.plan.observed import LABEL_INSTALL, LABEL_MANAGED
 
-    ops = DockerOps(root.api)
+    ops = DockerOps(_engine(root))
     install = root.install_id()
     base = root.cname(f"flaky-{root.tag}", "dark-compute-a")
     mine = {LABEL_HOST: root.host, LABEL_MANAGED: "true", LABEL_INSTALL: install}
@@ -582,7 +591,7 @@ def test_7b_killed_between_create_and_start_the_labelled_leftover_is_replaced(ro
             del os.environ["RECONCILER_STATE_DIR"]
         else:
             os.environ["RECONCILER_STATE_DIR"] = before
-    leftover = DockerOps(root.api).create(create)
+    leftover = DockerOps(_engine(root)).create(create)
     assert [(c["Id"], c["State"]) for c in root.containers()] == [(leftover, "created")]
 
     plan = root.cli("plan", "--json")

@@ -1,4 +1,4 @@
-"""The small read-only engine client (reconciler/observe/engine.py) answers what the Docker SDK answers.
+"""The small read-only engine client (reconciler/host/engine/http.py) answers what the Docker SDK answers.
 
 The reads of ``plan``, ``status``, ``shm status`` and a converged ``apply`` go through it instead of the SDK (whose
 import costs more than the rest of such a command): these tests hold it to the SDK's answers on the real engine,
@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
+from reconciler.host.engine.http import EngineClient, EngineDown, EngineError, EngineSlow, NotFound, _dechunk
 from reconciler.observe.docker_obs import DockerObserver
-from reconciler.observe.engine import EngineClient, EngineDown, EngineError, EngineSlow, NotFound, _dechunk
 
 
 def test_for_url_speaks_unix_and_plain_tcp_only() -> None:

@@ -3,9 +3,18 @@ by CDI name read back from an inspect, and a rendered container as the body of P
 
 from __future__ import annotations
 
+from reconciler.host.engine import podman
+from reconciler.host.engine.protocol import (
+    DOCKER,
+    PODMAN,
+    EngineDown,
+    EngineError,
+    EngineSlow,
+    engine_kind,
+    failure_cause,
+)
 from reconciler.model import HostConfig, Recipe
-from reconciler.observe.docker_obs import DOCKER, PODMAN, engine_kind, failure_cause, gpu_devices_of
-from reconciler.observe.engine import EngineDown, EngineError, EngineSlow
+from reconciler.observe.docker_obs import gpu_devices_of
 from reconciler.plan import spec
 
 # GET /version of Debian's Podman 4.3 API service and of Debian's docker.io 20.10 (trimmed to what is read).
@@ -75,7 +84,7 @@ def test_a_rendered_container_as_podmans_create_body() -> None:
         }
     )
     create = {**spec.render(host, recipe, ("a",)), "name": "reconciler-x-a", "labels": {"io.reconciler.host": "h"}}
-    body = spec.libpod_create_body(create)
+    body = podman.libpod_create_body(create)
     assert body["devices"] == [{"path": f"nvidia.com/gpu={UUID}"}]
     assert body["name"] == "reconciler-x-a" and body["labels"] == {"io.reconciler.host": "h"}
     assert body["image"] == create["image"] and body["command"] == ["vllm", "serve", "m"]
@@ -87,7 +96,7 @@ def test_a_rendered_container_as_podmans_create_body() -> None:
     assert body["ipcns"] == {"nsmode": "host"} and body["netns"] == {"nsmode": "host"}
     assert body["init"] is True and body["shm_size"] == 2 << 30 and body["restart_policy"] == "no"
     # A named network and another container's namespace.
-    named = spec.libpod_create_body(
+    named = podman.libpod_create_body(
         {**create, "host_config": {**create["host_config"], "network_mode": "vllm-net", "ipc_mode": "container:other"}}
     )
     assert named["netns"] == {"nsmode": "bridge"} and named["networks"] == {"vllm-net": {}}
