@@ -101,3 +101,42 @@ def test_a_rendered_container_as_podmans_create_body() -> None:
     )
     assert named["netns"] == {"nsmode": "bridge"} and named["networks"] == {"vllm-net": {}}
     assert named["ipcns"] == {"nsmode": "container", "value": "other"}
+
+
+class _PublicOnly:
+    """An SDK client whose private helpers are out of reach: only its public post(), base_url and timeout."""
+
+    base_url = "http+docker://localhost"
+    timeout = 7
+
+    def __init__(self) -> None:
+        self.posted: list[tuple[str, dict[str, object], object]] = []
+
+    def post(self, url: str, *, json: dict[str, object], timeout: object) -> object:
+        self.posted.append((url, json, timeout))
+
+        class Answer:
+            status_code = 201
+
+            @staticmethod
+            def json() -> dict[str, str]:
+                return {"Id": "c0ffee"}
+
+        return Answer()
+
+    def __getattr__(self, name: str) -> object:
+        raise AssertionError(f"Podman's create reached the SDK's {name}")
+
+
+def test_podmans_create_with_gpus_uses_the_sdks_public_client_only() -> None:
+    host = HostConfig(name="h", gpus={"a": {"uuid": UUID}}, gpu_telemetry="nvml", docker={"gpu_requests": True})
+    recipe = Recipe.model_validate(
+        {"tensor_parallel_size": 1, "model": {"id": "m"}, "container": {"image": "i:1", "command": ["vllm"]}}
+    )
+    create = {**spec.render(host, recipe, ("a",)), "name": "reconciler-x-a", "labels": {"io.reconciler.host": "h"}}
+    sdk = _PublicOnly()
+    engine = podman.PodmanEngine("unix:///run/podman/podman.sock", sdk=sdk)
+    assert engine.create(create) == "c0ffee"
+    ((url, body, timeout),) = sdk.posted
+    assert url == "http+docker://localhost" + podman.LIBPOD_CREATE and timeout == 7
+    assert body["devices"] == [{"path": f"nvidia.com/gpu={UUID}"}] and None not in body.values()
