@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.host.engine.protocol import EVENT_ACTIONS
-from reconciler.observe.docker_obs import DockerObserver, EventFilter
+from reconciler.observe.containers import EngineObserver, EventFilter
 
 # How long after a container's "die" event the loop looks again (the engine's list lags behind the event).
 _DIE_SETTLE_S = 1.0
@@ -81,7 +81,7 @@ class EngineEvents:
         triggers: Triggers,
         log: Callable[..., None],
         stop: threading.Event,
-        observer: Callable[[], DockerObserver | None],
+        observer: Callable[[], EngineObserver | None],
         scope: Callable[[], tuple[str, frozenset[str] | None] | None],
         engine_down: Callable[[], bool],
     ):

@@ -1,6 +1,6 @@
 """The container a recipe becomes on its GPU slots, rendered as plain values, and its hash by part.
 
-Pure. ``reconciler.apply.docker_ops.create_spec`` adds the name and labels and hands it to the engine; the planner
+Pure. ``reconciler.apply.engine_ops.create_spec`` adds the name and labels and hands it to the engine; the planner
 hashes the same rendering to decide whether a running container still matches: anything that would make a
 different container (image, command, env, binds, GPU ids, device requests, host-level settings such as
 ``docker.gpu_requests``, or the recipe itself) changes the hash, and the part names say what changed.

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from reconciler.apply.probes import run_suite
 from reconciler.base.errors import ReconcilerError
 from reconciler.base.requests import PROBE_SUITES as SUITES
-from reconciler.observe.docker_obs import DockerObserver
+from reconciler.observe.containers import EngineObserver
 from reconciler.plan.observed import LABEL_HOST
 from reconciler.service.results import ProbeReport
 from reconciler.store.probe_history import record_suite
@@ -30,7 +30,7 @@ def run_probe(service: HostService, recipe: str, *, suite: str = "preflight") ->
     r = desired.recipes.get(recipe)
     if r is None:
         raise ReconcilerError(f"no recipe {recipe!r} in configs/recipes/ (known: {', '.join(sorted(desired.recipes))})")
-    containers, source = DockerObserver.for_host(desired.host).observe()
+    containers, source = EngineObserver.for_host(desired.host).observe()
     mine = (
         [
             c

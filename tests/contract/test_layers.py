@@ -173,8 +173,8 @@ def test_no_module_is_over_600_lines() -> None:
 # default engine), and the standard-library reader serves that and the machine's look for engines alone.
 ENGINE = "reconciler.host.engine"
 ENGINE_CHOOSERS = {
-    f"{ENGINE}.docker": {"reconciler.observe.docker_obs"},
-    f"{ENGINE}.connect": {"reconciler.observe.docker_obs"},
+    f"{ENGINE}.docker": {"reconciler.observe.containers"},
+    f"{ENGINE}.connect": {"reconciler.observe.containers"},
     f"{ENGINE}.podman": set(),
     f"{ENGINE}.http": {"reconciler.observe.machine"},
 }

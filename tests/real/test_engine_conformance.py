@@ -33,8 +33,8 @@ from reconciler.host.engine.protocol import (
     EngineSlow,
     NotFound,
 )
+from reconciler.observe.containers import gpu_devices_of
 from reconciler.observe.device_rules import bind_pairs
-from reconciler.observe.docker_obs import gpu_devices_of
 
 ENDED = ("exited", "stopped")
 MISSING_IMAGE = "reconciler-test/absent:never"
@@ -64,7 +64,7 @@ class Subject:
         gpus: tuple[str, ...] = (),
         binds: tuple[str, ...] = (),
     ) -> dict[str, Any]:
-        """A create spec in the shape ``reconciler.apply.docker_ops.create_spec`` gives (``plan.spec.render``'s)."""
+        """A create spec in the shape ``reconciler.apply.engine_ops.create_spec`` gives (``plan.spec.render``'s)."""
         # The image's programs (sleep, sh) are the host's: /usr is bound in read-only, as tests/real/test_engines.py does
         host_config: dict[str, Any] = {
             "binds": ["/usr:/usr:ro", *binds],

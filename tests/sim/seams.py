@@ -328,10 +328,10 @@ class SimEngine:
 
 
 def sim_observer(world: World, url: str) -> Any:
-    """A real ``DockerObserver`` (its cache, its parse) whose engine is the world's."""
-    from reconciler.observe.docker_obs import DockerObserver
+    """A real ``EngineObserver`` (its cache, its parse) whose engine is the world's."""
+    from reconciler.observe.containers import EngineObserver
 
-    return DockerObserver(url, engine=SimEngine(world, url))
+    return EngineObserver(url, engine=SimEngine(world, url))
 
 
 def sim_scan(world: World) -> Any:

@@ -14,7 +14,7 @@ from reconciler.host.engine.protocol import (
     failure_cause,
 )
 from reconciler.model import HostConfig, Recipe
-from reconciler.observe.docker_obs import gpu_devices_of
+from reconciler.observe.containers import gpu_devices_of
 from reconciler.plan import spec
 
 # GET /version of Debian's Podman 4.3 API service and of Debian's docker.io 20.10 (trimmed to what is read).

@@ -164,16 +164,16 @@ def test_a_toy_engine_passes_the_conformance_suite(toy: Subject, behaviour: Any)
 
 
 def test_the_observer_reads_through_any_engine() -> None:
-    from reconciler.observe.docker_obs import DockerObserver
+    from reconciler.observe.containers import EngineObserver
 
     engine = ToyEngine()
     cid = engine.create(
         {"image": "toy:1", "name": "lane", "labels": {"io.reconciler.host": "h"}, "host_config": {"binds": []}}
     )
     engine.start(cid)
-    containers, source = DockerObserver(engine.url, engine=engine).observe()
+    containers, source = EngineObserver(engine.url, engine=engine).observe()
     assert source.ok and [(c.id, c.name, c.state, c.labels) for c in containers] == [
         (cid, "lane", "running", {"io.reconciler.host": "h"})
     ]
-    _, down = DockerObserver(engine.url, engine=ToyEngine(answers=False)).observe()
+    _, down = EngineObserver(engine.url, engine=ToyEngine(answers=False)).observe()
     assert not down.ok and down.cause == "down", down

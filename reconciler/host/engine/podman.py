@@ -51,7 +51,7 @@ def _namespace(mode: str | None) -> dict[str, str] | None:
 
 
 def libpod_create_body(create: Mapping[str, Any]) -> dict[str, Any]:
-    """Pure: the arguments ``reconciler.apply.docker_ops.create_spec`` makes (a rendered container with its name and
+    """Pure: the arguments ``reconciler.apply.engine_ops.create_spec`` makes (a rendered container with its name and
     labels) as the body of Podman's create (``LIBPOD_CREATE``), each GPU of its DeviceRequests a CDI device."""
     hc = create["host_config"]
     body: dict[str, Any] = {

@@ -1,13 +1,13 @@
 """The one interface every container engine is reached through: ``Engine``, and the errors it raises.
 
-Every read of containers, images and events (``reconciler.observe.docker_obs``) and every write
-(``reconciler.apply.docker_ops``) goes through an ``Engine``: Docker's (``reconciler.host.engine.docker``), Podman's
+Every read of containers, images and events (``reconciler.observe.containers``) and every write
+(``reconciler.apply.engine_ops``) goes through an ``Engine``: Docker's (``reconciler.host.engine.docker``), Podman's
 (``.podman``), the simulation's (tests/sim), or a new one, which is one module that passes the conformance suite
 (tests/real/test_engine_conformance.py) and a line in ``reconciler.host.engine.connect``.
 
 What an engine answers is the Engine API's own JSON (a container's list summary, its inspect, an image's inspect, an
 event), the documents Docker's API, Podman's Docker-compatible service and the simulation all speak; the observers'
-parse (``docker_obs.parse_container``) is pure and tested on captured answers of it. A create takes the rendering of
+parse (``containers.parse_container``) is pure and tested on captured answers of it. A create takes the rendering of
 ``reconciler.plan.spec.render`` (with its name and labels): the engine turns it into its own create request.
 
 The errors say what the caller must tell apart, whichever engine and client answered: ``NotFound`` (no such
@@ -106,7 +106,7 @@ class Engine(Protocol):
         """``GET /version``: the engine's own description (``engine_kind`` reads it)."""
 
     def info(self) -> Doc:
-        """``GET /info``: its runtimes and devices (``docker_obs.gpu_runtime_of`` reads it)."""
+        """``GET /info``: its runtimes and devices (``containers.gpu_runtime_of`` reads it)."""
 
     def containers(self, *, labels: Mapping[str, str] | None = None) -> list[Doc]:
         """Every container's list summary, running or not; with ``labels``, those that carry each (key, value)."""
@@ -118,7 +118,7 @@ class Engine(Protocol):
         """An image's inspect, by name or id, as the engine resolves it."""
 
     def create(self, spec: Mapping[str, Any]) -> str:
-        """Create a container from ``reconciler.apply.docker_ops.create_spec`` (its image, command, env, binds, GPU
+        """Create a container from ``reconciler.apply.engine_ops.create_spec`` (its image, command, env, binds, GPU
         requests, name and labels); its id. Not started."""
 
     def start(self, cid: str) -> None: ...

@@ -1,6 +1,6 @@
 """Engine observation, read-only: the containers on the host and what each holds.
 
-``DockerObserver.read`` asks the engine (``reconciler.host.engine.protocol.Engine``: one list call, plus one inspect
+``EngineObserver.read`` asks the engine (``reconciler.host.engine.protocol.Engine``: one list call, plus one inspect
 per container not seen before:
 the parts we read from an inspect never change for a container id, so they are cached). ``parse_container``
 is pure and turns those dicts into ``ContainerView`` values; it is tested on captured engine answers.
@@ -264,7 +264,7 @@ def inherited_labels(labels: Mapping[str, str], image_labels: Mapping[str, str])
     return frozenset(k for k, v in labels.items() if k.startswith(LABEL_PREFIX) and image_labels.get(k) == v)
 
 
-class DockerObserver:
+class EngineObserver:
     """Reads containers from one engine (``engine``: Docker's Engine API at ``url`` unless another is given, the
     simulation's say). Keeps a cache of the immutable parts of each inspect."""
 
@@ -280,12 +280,12 @@ class DockerObserver:
         self._lock = threading.Lock()
 
     @classmethod
-    def for_host(cls, host: Any) -> DockerObserver:
+    def for_host(cls, host: Any) -> EngineObserver:
         """The observer of a host's engine: ``docker.url``, answering within ``docker.timeout_s``."""
         return cls(host.docker.url, timeout=host.docker.timeout_s)
 
     def writes(self) -> Engine:
-        """The engine to write through (``reconciler.apply.docker_ops``): for Docker's Engine API, the implementation
+        """The engine to write through (``reconciler.apply.engine_ops``): for Docker's Engine API, the implementation
         of the engine that answers there (Docker's or Podman's, ``reconciler.host.engine.connect``), asked once; any
         other engine (the simulation's) as it is."""
         if self._writes is None:
@@ -475,7 +475,7 @@ class EventFilter:
     only, so an index cannot be ruled out), or None before a desired state is loaded (then every event matters).
     """
 
-    def __init__(self, observer: DockerObserver, scope: Callable[[], tuple[str, frozenset[str] | None] | None]):
+    def __init__(self, observer: EngineObserver, scope: Callable[[], tuple[str, frozenset[str] | None] | None]):
         self.observer = observer
         self.scope = scope
         self._verdicts: dict[str, bool] = {}

@@ -17,7 +17,7 @@ from reconciler.base.clock import REAL_CLOCK, Clock
 from reconciler.base.errors import ReconcilerError
 from reconciler.host.engine.protocol import Engine, EngineDown, EngineError, EngineSlow, NotFound, failure_cause
 from reconciler.model import DesiredState, container_name, recipe_hash
-from reconciler.observe.docker_obs import inherited_labels
+from reconciler.observe.containers import inherited_labels
 from reconciler.plan import spec
 from reconciler.plan.observed import (
     INACTIVE_STATES,
@@ -137,7 +137,7 @@ def create_spec(
     }
 
 
-class DockerOps:
+class EngineOps:
     """The writes, through ``engine`` (an ``Engine``), or the one ``connect`` gives when it is first needed (Docker's
     makes its SDK client then, which asks the engine for its version and fails when no engine answers): the failure
     is then a ``DockerUnavailable`` naming ``url``, never the engine's own exception."""
@@ -152,7 +152,7 @@ class DockerOps:
         clock: Clock = REAL_CLOCK,
     ):
         if engine is None and connect is None:
-            raise TypeError("DockerOps needs an engine or a connect function")
+            raise TypeError("EngineOps needs an engine or a connect function")
         self._engine = engine
         self._connect = connect
         self._ping = ping
@@ -250,7 +250,7 @@ class DockerOps:
         Only stopped containers named ``name-failed-STAMP`` that carry, on themselves, this tool's labels for
         ``host`` and ``install_id`` (this install's) are touched. Another install's, one from before install ids,
         and one that has those labels only from its image (every container made from that image carries them:
-        ``docker_obs.inherited_labels``) are not proven ours and stay; with ``owned`` (the ids this install recorded as
+        ``containers.inherited_labels``) are not proven ours and stay; with ``owned`` (the ids this install recorded as
         its own) so does one whose id is not among them, a copy that carries the labels. Without ``install_id``
         nothing is removed."""
         if not install_id:
