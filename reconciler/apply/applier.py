@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from reconciler.apply.docker_ops import DockerOps
+from reconciler.apply.engine_ops import EngineOps
 from reconciler.apply.errors import ActionFailed, ActionRefused, Cancelled, Superseded
 from reconciler.apply.groups import GroupNotStarted, concurrent_group, within
 from reconciler.apply.host_io import REAL_IO, HostIO
@@ -28,7 +28,7 @@ from reconciler.apply.sleep import SleepSteps
 from reconciler.base.errors import ReconcilerError
 from reconciler.base.units import human_bytes
 from reconciler.model import DesiredState
-from reconciler.observe.docker_obs import DockerObserver
+from reconciler.observe.containers import EngineObserver
 from reconciler.plan.actions import Action, ActionKind, Plan
 from reconciler.plan.claims import owner_kind
 from reconciler.plan.enter_checks import enter_needs
@@ -45,7 +45,7 @@ class Applier(SleepSteps):
         self,
         desired: DesiredState,
         *,
-        observer: DockerObserver | None = None,
+        observer: EngineObserver | None = None,
         progress: Progress | None = None,
         cancel: threading.Event | None = None,
         hold: Mapping[str, str] | None = None,
@@ -63,7 +63,7 @@ class Applier(SleepSteps):
         self.io = io or REAL_IO
         self.observer = observer or self.io.engine(desired.host)
         observer_ = self.observer
-        self.ops = DockerOps(connect=lambda: observer_.api, url=observer_.url, ping=observer_.ping, clock=self.io.clock)
+        self.ops = EngineOps(connect=observer_.writes, url=observer_.url, ping=observer_.ping, clock=self.io.clock)
         if connect:
             self.ops.check()
         self.progress = progress or NoProgress()

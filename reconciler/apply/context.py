@@ -12,10 +12,10 @@ import threading
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
-from reconciler.apply.docker_ops import DockerOps
+from reconciler.apply.engine_ops import EngineOps
 from reconciler.apply.results import Progress
 from reconciler.model import DesiredState
-from reconciler.observe.docker_obs import DockerObserver
+from reconciler.observe.containers import EngineObserver
 from reconciler.plan.actions import Action
 from reconciler.plan.enter_checks import EnterNeeds, enter_needs
 from reconciler.plan.observed import Observed
@@ -33,8 +33,8 @@ class ActionContext:
 
     desired: DesiredState
     io: HostIO
-    observer: DockerObserver
-    ops: DockerOps
+    observer: EngineObserver
+    ops: EngineOps
     progress: Progress
     cancel: threading.Event
     on_reclaim: Callable[[Any], None] | None

@@ -13,7 +13,7 @@ import secrets
 from typing import NoReturn
 
 from reconciler.apply import pagecache
-from reconciler.apply.docker_ops import create_spec
+from reconciler.apply.engine_ops import create_spec
 from reconciler.apply.errors import (
     ActionFailed,
     ActionRefused,

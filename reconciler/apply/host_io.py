@@ -31,7 +31,7 @@ from reconciler.apply.ports import PortView, _port_listeners
 from reconciler.base.clock import REAL_CLOCK, Clock
 from reconciler.load.tmpfs import REAL_TMPFS, TmpfsReads
 from reconciler.observe import observe
-from reconciler.observe.docker_obs import DockerObserver
+from reconciler.observe.containers import EngineObserver
 from reconciler.observe.lane_sleep import ask_sleeping
 from reconciler.store.door_state import door_lane
 from reconciler.store.lock import manifest_edit_lock
@@ -75,7 +75,7 @@ class HostIO:
     start-up budget of a converged ``reconciler apply``, docs/performance.md)."""
 
     clock: Clock
-    engine: Callable[[Any], DockerObserver]  # the observer of a host's engine (``DockerObserver.for_host``)
+    engine: Callable[[Any], EngineObserver]  # the observer of a host's engine (``EngineObserver.for_host``)
     observe: Callable[..., Any]  # one whole observation (``reconciler.observe.observe``'s signature)
     listeners: Callable[[Mapping[int, str]], PortView | None]  # who listens on each port, from /proc
     lanes: LaneHttp
@@ -98,7 +98,7 @@ REAL_LANES = LaneHttp(
 
 REAL_IO = HostIO(
     clock=REAL_CLOCK,
-    engine=DockerObserver.for_host,
+    engine=EngineObserver.for_host,
     observe=observe,
     listeners=_port_listeners,
     lanes=REAL_LANES,

@@ -12,6 +12,7 @@ from reconciler.apply import pagecache
 from reconciler.apply.drain import DrainStep
 from reconciler.apply.errors import ActionFailed
 from reconciler.base.units import human_bytes
+from reconciler.host.engine.protocol import NotFound
 from reconciler.plan.actions import Action
 from reconciler.plan.claims import is_ours, slot_holders
 from reconciler.plan.observed import INACTIVE_STATES, NEVER_STARTED_STATES, Observed
@@ -31,11 +32,9 @@ class LeaveSteps(DrainStep):
         assert cid is not None
         if not any(c.id == cid for c in observed.containers):
             return f"{action.container} already gone", 0
-        import docker.errors  # the Docker SDK: imported by the writes only (docs/performance.md, start-up)
-
         try:
             status = (self.ops.inspect(cid).get("State") or {}).get("Status")
-        except docker.errors.NotFound:
+        except NotFound:
             return f"{action.container} already gone", 0
         if status not in INACTIVE_STATES:
             raise ActionFailed(f"{action.container} is {status} now, no longer a stopped kept container: left as it is")

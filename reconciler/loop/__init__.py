@@ -43,7 +43,7 @@ from reconciler.loop.source import SourceFollower
 from reconciler.loop.still_wanted import StillWanted
 from reconciler.loop.triggers import EngineEvents, Triggers, watch_files
 from reconciler.model import ApiConfig, DesiredState, assignment_key, container_name
-from reconciler.observe.docker_obs import DockerObserver
+from reconciler.observe.containers import EngineObserver
 from reconciler.plan.actions import ActionKind, Plan
 from reconciler.plan.verdict import action_label
 from reconciler.plan.vram import vram_by_slot
@@ -86,7 +86,7 @@ class Loop:
         self.stop = threading.Event()
         self.cancel = threading.Event()
         self.desired: DesiredState | None = None
-        self.observer: DockerObserver | None = None
+        self.observer: EngineObserver | None = None
         self.last_pass_at = 0.0
         self.files_valid: bool | None = None  # whether the files loaded at the last look (None: not read yet)
         self.last_pass: dict[str, Any] = {}

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reconciler.observe.docker_obs import EVENT_ACTIONS, DockerObserver, EventFilter
+from reconciler.host.engine.protocol import EVENT_ACTIONS
+from reconciler.observe.containers import EngineObserver, EventFilter
 
 # How long after a container's "die" event the loop looks again (the engine's list lags behind the event).
 _DIE_SETTLE_S = 1.0
@@ -84,7 +85,7 @@ class EngineEvents:
         triggers: Triggers,
         log: Callable[..., None],
         stop: threading.Event,
-        observer: Callable[[], DockerObserver | None],
+        observer: Callable[[], EngineObserver | None],
         scope: Callable[[], tuple[str, frozenset[str] | None] | None],
         engine_down: Callable[[], bool],
     ):
@@ -110,7 +111,7 @@ class EngineEvents:
             # engine the events of everything else would otherwise cost a pass each.
             relevant = EventFilter(observer, self.scope)
             try:
-                stream = observer.api.events(decode=True, filters={"type": "container", "event": list(EVENT_ACTIONS)})
+                stream = observer.engine.events(actions=EVENT_ACTIONS)
                 delay = 0.5
                 if lost or self.engine_down():
                     # The engine answers again (it was down, or restarted, or down at the last pass while this

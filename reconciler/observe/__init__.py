@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from reconciler.model import HostConfig
-    from reconciler.observe.docker_obs import DockerObserver
+    from reconciler.observe.containers import EngineObserver
     from reconciler.plan.observed import Observed
 
 
 def observe(
     host: HostConfig,
     *,
-    docker: DockerObserver | None = None,
+    docker: EngineObserver | None = None,
     proc_root: str = "/proc",
     images: Collection[str] = (),
     ports: Collection[int] = (),
@@ -31,13 +31,13 @@ def observe(
     (recipe -> its lane's origin, for the recipes with [sleep]): each running lane of this host of those recipes is
     asked whether it sleeps."""
     # start-up: one observer alone (python -m reconciler.observe.shm) pays for none of the others (docstring)
-    from reconciler.observe.docker_obs import DockerObserver
+    from reconciler.observe.containers import EngineObserver
     from reconciler.observe.gpu import observe_gpus
     from reconciler.observe.shm import inspect_shm
     from reconciler.plan.observed import CardNodes, EnterFacts, NodeHolder, Observed
     from reconciler.store.state import read_ownership
 
-    docker = docker or DockerObserver.for_host(host)
+    docker = docker or EngineObserver.for_host(host)
     containers, docker_source = docker.observe()
     known = {c.id for c in containers} if docker_source.ok else None
     gpus = observe_gpus(host, known_containers=known)

@@ -8,7 +8,7 @@ to one that has the node bound in. ``/dev/nvidiactl`` (195:255), ``/dev/nvidia-m
 ``/dev/nvidia-uvm`` (its own major, given at load: ``/proc/devices`` names it) are no cards; a rule that reaches only
 them reaches no card.
 
-Pure, but ``read_proc_devices``: called by ``reconciler.observe.docker_obs`` (``gpu_devices_of``), and tested on
+Pure, but ``read_proc_devices``: called by ``reconciler.observe.containers`` (``gpu_devices_of``), and tested on
 captured engine answers and a ``/proc/devices`` text. docs/design.md, safety rule 11.
 """
 

@@ -458,10 +458,10 @@ def engine_container_of(
             return None
         if not ids:
             # start-up: the engine's observer only when a GPU process must be matched to a container
-            from reconciler.observe.docker_obs import DockerObserver
+            from reconciler.observe.containers import EngineObserver
 
             try:
-                ids.append(DockerObserver.for_host(host).container_ids())
+                ids.append(EngineObserver.for_host(host).container_ids())
             except Exception:  # noqa: BLE001 - an engine that does not answer confirms nothing
                 ids.append(frozenset())
         return innermost_known(candidates, ids[0])

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from reconciler.base.mounts import mount_holding, parse_mountinfo, read_mountinfo
-from reconciler.observe.engine import EngineClient
+from reconciler.host.engine.http import EngineClient
 from reconciler.observe.gpu import nvml_error, nvml_text
 
 # Where engines listen when nothing says otherwise: Docker's socket, then Podman's rootful one.

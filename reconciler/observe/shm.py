@@ -478,7 +478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import json
 
     # start-up: the observer's own command line; importing this module for inspect_shm loads neither
-    from reconciler.observe.docker_obs import DockerObserver
+    from reconciler.observe.containers import EngineObserver
 
     ap = argparse.ArgumentParser(prog="python -m reconciler.observe.shm", description=main.__doc__)
     ap.add_argument("--dir", required=True, help="the shm dir to inspect")
@@ -496,7 +496,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     cfg = _Cfg(args.dir.rstrip("/") or "/", args.pattern, list(args.ignore_pid))
     if args.docker_url:
-        containers, docker = DockerObserver(args.docker_url).observe()
+        containers, docker = EngineObserver(args.docker_url).observe()
     else:
         containers, docker = (), Source("docker", False, "not consulted (no --docker-url)")
     view = inspect_shm(cfg, containers=containers, docker=docker, workers=args.workers)

@@ -53,7 +53,7 @@ class SlotIds:
 _MIG_INDEX = re.compile(r"^(\d+):(\d+)$")
 _CARD_NODE = re.compile(r"^/dev/nvidia(\d+)$")
 _OLD_MIG = re.compile(r"^mig-(gpu-[0-9a-f-]+)/\d+/\d+$")
-# The id of a container that sees every card (``reconciler.observe.docker_obs.PRIVILEGED``), and of one whose device
+# The id of a container that sees every card (``reconciler.observe.containers.PRIVILEGED``), and of one whose device
 # cgroup rules let it open every card's node (``reconciler.observe.device_rules.DEVICE_RULE``).
 PRIVILEGED = "privileged"
 DEVICE_RULE = "device-rule"

@@ -12,7 +12,7 @@ from reconciler.apply.probes import run_suite
 from reconciler.base.errors import ReconcilerError
 from reconciler.base.requests import PROBE_SUITES as SUITES
 from reconciler.base.suggest import did_you_mean
-from reconciler.observe.docker_obs import DockerObserver
+from reconciler.observe.containers import EngineObserver
 from reconciler.plan.observed import LABEL_HOST
 from reconciler.service.results import ProbeReport
 from reconciler.store.probe_history import record_suite
@@ -33,7 +33,7 @@ def run_probe(service: HostService, recipe: str, *, suite: str = "preflight") ->
         raise ReconcilerError(
             f"no recipe {recipe!r} in configs/recipes/: " + did_you_mean(recipe, desired.recipes, what="its recipes")
         )
-    containers, source = DockerObserver.for_host(desired.host).observe()
+    containers, source = EngineObserver.for_host(desired.host).observe()
     mine = (
         [
             c

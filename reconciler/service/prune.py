@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from reconciler.apply.docker_ops import DockerOps
+from reconciler.apply.engine_ops import EngineOps
 from reconciler.apply.host_io import REAL_IO
 from reconciler.base.errors import ReconcilerError
 from reconciler.plan.observed import INACTIVE_STATES
@@ -48,7 +48,7 @@ def prune_kept_failed(service: HostService, *, confirm: bool) -> PruneResult:
         return PruneResult(host, False, [describe(c) for c in look()])
     with service.exclusive(host, "prune"):
         found = look()
-        ops = DockerOps(connect=lambda: observer.api, url=observer.url, ping=observer.ping)
+        ops = EngineOps(connect=observer.writes, url=observer.url, ping=observer.ping)
         res = PruneResult(host, True, [describe(c) for c in found])
         for c in found:
             try:

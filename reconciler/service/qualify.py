@@ -24,7 +24,7 @@ from reconciler.apply.probes import run_suite
 from reconciler.base.errors import ReconcilerError
 from reconciler.load.recipes import served_names
 from reconciler.model import DesiredState
-from reconciler.observe.docker_obs import DockerObserver
+from reconciler.observe.containers import EngineObserver
 from reconciler.observe.gpu import MemoryReader
 from reconciler.observe.lane_sleep import ask_sleeping
 from reconciler.plan.observed import LABEL_HOST
@@ -78,8 +78,8 @@ def _not_running(desired: DesiredState, recipe: str, why: str) -> str:
     return f"recipe {recipe!r} {why}; qualify never enters or switches on its own: {fix}"
 
 
-def _lane(service: HostService, desired: DesiredState, recipe: str) -> tuple[list[Any], str | None, DockerObserver]:
-    obs = DockerObserver.for_host(desired.host)
+def _lane(service: HostService, desired: DesiredState, recipe: str) -> tuple[list[Any], str | None, EngineObserver]:
+    obs = EngineObserver.for_host(desired.host)
     containers, source = obs.observe()
     if not source.ok:
         raise QualifyRefused(
@@ -100,7 +100,7 @@ def _lane(service: HostService, desired: DesiredState, recipe: str) -> tuple[lis
             raise QualifyRefused(_not_running(desired, recipe, "is asleep"))
     digest = None
     with contextlib.suppress(Exception):  # the digest is identity, not a gate: missing, it is said as unknown
-        digest = obs.reader.inspect_container(mine[0].id).get("Image")
+        digest = obs.engine.inspect_container(mine[0].id).get("Image")
     return mine, digest, obs
 
 

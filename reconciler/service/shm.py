@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from reconciler.observe.docker_obs import DockerObserver
+from reconciler.observe.containers import EngineObserver
 from reconciler.observe.shapes import status_json
 from reconciler.observe.shm import inspect_shm
 from reconciler.service.results import EXIT_ERROR, EXIT_OK
@@ -34,6 +34,6 @@ class ShmStatusResult:
 def shm_status(service: HostService) -> ShmStatusResult:
     """``reconciler shm status``: every offload file of the tmpfs with its owners and its state."""
     host = service.host()
-    containers, docker = DockerObserver.for_host(host).observe()
+    containers, docker = EngineObserver.for_host(host).observe()
     settled = read_ownership(host.name).healthy
     return ShmStatusResult(inspect_shm(host.shm, containers=containers, docker=docker, settled=settled))

@@ -147,7 +147,7 @@ def main() -> int:
 
         from reconciler.load.desired import load_desired
         from reconciler.observe import observe
-        from reconciler.observe.docker_obs import DockerObserver
+        from reconciler.observe.containers import EngineObserver
         from reconciler.plan.planner import plan
 
         n_containers = len(sh("docker", "ps", "-aq").split())
@@ -168,7 +168,7 @@ def main() -> int:
             whole.append(time.perf_counter() - t0)
             assert res.returncode in (0, 2, 3), res.stderr
         desired = load_desired(root)
-        warm_obs = DockerObserver(desired.host.docker.url)
+        warm_obs = EngineObserver(desired.host.docker.url)
         observe(desired.host, docker=warm_obs)
         warm, cold, pure_share = [], [], []
         for _ in range(args.runs):
@@ -180,7 +180,7 @@ def main() -> int:
             warm.append(t2 - t0)
             pure_share.append(t2 - t1)
             t0 = time.perf_counter()
-            plan(desired, observe(desired.host, docker=DockerObserver(desired.host.docker.url)))
+            plan(desired, observe(desired.host, docker=EngineObserver(desired.host.docker.url)))
             cold.append(time.perf_counter() - t0)
         print(
             f"plan: {len(p.actions)} action(s), blocked={p.blocked}, files seen={len(observed.shm.files)}, "

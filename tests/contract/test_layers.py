@@ -1,7 +1,7 @@
 """The layer contract: each package of reconciler/ imports only its own package and the layers below it, counting
 the imports inside functions too (docs/design.md, "Architecture").
 
-  base < model < plan < store < observe < load < apply < loop < service < door < control < mcp_server < api < cli
+  base < model < plan < store < host < observe < load < apply < loop < service < door < control < mcp_server < api < cli
 
 Read from the source (every import statement of every module, at any depth), so an import a function makes on
 first use counts as much as one at the top; and the graph of modules has no cycle. The second test keeps the reason
@@ -19,6 +19,7 @@ LAYERS = (
     "model",
     "plan",
     "store",
+    "host",
     "observe",
     "load",
     "apply",
@@ -166,3 +167,42 @@ def test_no_module_is_over_600_lines() -> None:
         if (n := len(p.read_text().splitlines())) > MAX_LINES
     )
     assert long == [], f"modules over {MAX_LINES} lines: {long}"
+
+
+# The host's boundary (docs/design.md, "The host's boundary: one engine protocol"): the rest of the package speaks
+# to an engine through its protocol; which implementation a URL reaches is chosen in one place (the observer's
+# default engine), and the standard-library reader serves that and the machine's look for engines alone.
+ENGINE = "reconciler.host.engine"
+ENGINE_CHOOSERS = {
+    f"{ENGINE}.docker": {"reconciler.observe.containers"},
+    f"{ENGINE}.connect": {"reconciler.observe.containers"},
+    f"{ENGINE}.podman": set(),
+    f"{ENGINE}.http": {"reconciler.observe.machine"},
+}
+
+
+def test_outside_the_boundary_an_engine_is_reached_through_its_protocol() -> None:
+    strays = []
+    for mod, imports in _graph().items():
+        if mod.startswith(ENGINE):
+            continue
+        for imp, line, _inner in imports:
+            if imp.startswith(ENGINE) and imp != f"{ENGINE}.protocol" and mod not in ENGINE_CHOOSERS.get(imp, set()):
+                strays.append(f"{mod}:{line} imports {imp}")
+    assert strays == [], "an engine's implementation imported past the protocol:\n  " + "\n  ".join(strays)
+
+
+def test_the_boundary_has_no_cycle_even_counting_imports_for_type_checkers() -> None:
+    """Inside the host's boundary and out of it, an import for type checkers counts as an edge too: the package
+    stands on what is below it and nothing of it needs what is above."""
+    graph = {m: {i for i, _, _ in imps} for m, imps in _graph().items()}
+    host = {m for m in graph if m.startswith("reconciler.host")}
+    reach: set[str] = set()
+    todo = [i for m in host for i in graph[m] if i not in host]
+    while todo:
+        nxt = todo.pop()
+        if nxt in reach or nxt not in graph:
+            continue
+        reach.add(nxt)
+        todo.extend(graph[nxt])
+    assert not reach & host, f"the boundary reaches itself again through {sorted(reach - host)}"

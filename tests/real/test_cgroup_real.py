@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from reconciler.observe.docker_obs import DockerObserver
+from reconciler.observe.containers import EngineObserver
 from reconciler.observe.procfs import container_of_pid, parse_cgroup_container_ids, read_cgroup
 
 pytestmark = pytest.mark.docker
@@ -76,7 +76,7 @@ def test_a_container_pid_is_attributed_to_its_container(container: dict[str, Any
     candidates = parse_cgroup_container_ids(text)
     # Innermost first: the container itself, then (where this engine runs in a container) the outer one.
     assert candidates[0] == container["Id"], text
-    known = DockerObserver(DOCKER_URL).container_ids()
+    known = EngineObserver(DOCKER_URL).container_ids()
     assert container["Id"] in known
     assert container_of_pid(pid, known) == container["Id"], text
     # Any outer id on the path is not this engine's and never the answer.
@@ -162,7 +162,7 @@ def test_a_process_of_a_nested_engine_belongs_to_the_container_this_engine_knows
         assert text and f"{cid}/docker/{inner}" in text, text
         candidates = parse_cgroup_container_ids(text)
         assert candidates[:2] == (inner, cid), text
-        known = DockerObserver(DOCKER_URL).container_ids()
+        known = EngineObserver(DOCKER_URL).container_ids()
         assert inner not in known and container_of_pid(child, known) == cid
         # An engine that knows the inner id (the nested one) gets the inner container, not ours.
         assert container_of_pid(child, {inner}) == inner

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from reconciler.observe.docker_obs import (
+from reconciler.observe.containers import (
     NVIDIA_MAJOR,
     PRIVILEGED,
     device_nodes,

@@ -42,6 +42,15 @@ PRESERVED_RE = re.compile(r"-failed-\d{8}-\d{6}$")
 pytestmark = [pytest.mark.docker, pytest.mark.root]
 
 
+def _engine(root: Root) -> Any:
+    """Docker's engine (``reconciler.host.engine``) through the test's own SDK client."""
+    from conftest import DOCKER_URL
+
+    from reconciler.host.engine.docker import DockerEngine
+
+    return DockerEngine(DOCKER_URL, sdk=root.api)
+
+
 def docker_logs(name: str) -> str:
     proc = docker_cli("logs", name)
     return proc.stdout + proc.stderr
@@ -367,9 +376,9 @@ def test_5_crash_on_start_keeps_the_container_reclaims_its_shm_frees_the_slot(ro
 
 def test_5b_failures_within_one_second_are_all_kept_under_distinct_names(root: Root, image: str) -> None:
     """Two quick applies of a recipe that fails at once fail within the same second; each keeps its container."""
-    from reconciler.apply.docker_ops import DockerOps
+    from reconciler.apply.engine_ops import EngineOps
 
-    ops = DockerOps(root.api)
+    ops = EngineOps(_engine(root))
     base = root.cname(f"quick-{root.tag}", "dark-compute-a")
     ids = [root.api.create_container(image, command=["true"], labels={LABEL_HOST: root.host})["Id"] for _ in range(3)]
     t0 = time.monotonic()
@@ -383,10 +392,10 @@ def test_5b_failures_within_one_second_are_all_kept_under_distinct_names(root: R
 def test_5c_only_the_newest_kept_failures_stay(root: Root, image: str) -> None:
     """A recipe that keeps failing does not pile up stopped containers: the newest keep_failed stay, and nothing
     running, unlabelled, of another host or under another name is touched."""
-    from reconciler.apply.docker_ops import DockerOps
+    from reconciler.apply.engine_ops import EngineOps
     from reconciler.plan.observed import LABEL_INSTALL, LABEL_MANAGED
 
-    ops = DockerOps(root.api)
+    ops = EngineOps(_engine(root))
     base = root.cname(f"flaky-{root.tag}", "dark-compute-a")
     mine = {LABEL_HOST: root.host, LABEL_MANAGED: "true", LABEL_INSTALL: root.install_id()}
     ids = [root.api.create_container(image, command=["true"], labels=mine)["Id"] for _ in range(4)]
@@ -408,10 +417,10 @@ def test_5d_pruning_kept_failures_leaves_what_this_install_did_not_make(root: Ro
     """Pruning removes only kept containers that carry this install's id on themselves: one of another install,
     one from before install ids, and one that has this install's labels only from its image (a commit of one of
     ours) all survive, however old their stamps."""
-    from reconciler.apply.docker_ops import DockerOps
+    from reconciler.apply.engine_ops import EngineOps
     from reconciler.plan.observed import LABEL_INSTALL, LABEL_MANAGED
 
-    ops = DockerOps(root.api)
+    ops = EngineOps(_engine(root))
     install = root.install_id()
     base = root.cname(f"flaky-{root.tag}", "dark-compute-a")
     mine = {LABEL_HOST: root.host, LABEL_MANAGED: "true", LABEL_INSTALL: install}
@@ -558,10 +567,10 @@ def test_7b_killed_between_create_and_start_the_labelled_leftover_is_replaced(ro
     """The narrowest kill point: the container was created (with its labels, in the create call) but never started.
 
     A SIGKILL cannot be timed into that gap reliably, so the state it leaves is made with the very calls an enter
-    makes (``create_spec``, the create token recorded, ``DockerOps.create``; killed before the id was recorded), and
+    makes (``create_spec``, the create token recorded, ``EngineOps.create``; killed before the id was recorded), and
     the real command line then has to clean it up: the container is known for this install's by its name and token.
     """
-    from reconciler.apply.docker_ops import DockerOps, create_spec
+    from reconciler.apply.engine_ops import EngineOps, create_spec
     from reconciler.load.desired import load_desired
     from reconciler.plan.observed import LABEL_CREATE_TOKEN
     from reconciler.store import state
@@ -582,7 +591,7 @@ def test_7b_killed_between_create_and_start_the_labelled_leftover_is_replaced(ro
             del os.environ["RECONCILER_STATE_DIR"]
         else:
             os.environ["RECONCILER_STATE_DIR"] = before
-    leftover = DockerOps(root.api).create(create)
+    leftover = EngineOps(_engine(root)).create(create)
     assert [(c["Id"], c["State"]) for c in root.containers()] == [(leftover, "created")]
 
     plan = root.cli("plan", "--json")

@@ -1,4 +1,4 @@
-"""The small read-only engine client (reconciler/observe/engine.py) answers what the Docker SDK answers.
+"""The small read-only engine client (reconciler/host/engine/http.py) answers what the Docker SDK answers.
 
 The reads of ``plan``, ``status``, ``shm status`` and a converged ``apply`` go through it instead of the SDK (whose
 import costs more than the rest of such a command): these tests hold it to the SDK's answers on the real engine,
@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from reconciler.observe.docker_obs import DockerObserver
-from reconciler.observe.engine import EngineClient, EngineDown, EngineError, EngineSlow, NotFound, _dechunk
+from reconciler.host.engine.http import EngineClient, EngineDown, EngineError, EngineSlow, NotFound, _dechunk
+from reconciler.observe.containers import EngineObserver
 
 
 def test_for_url_speaks_unix_and_plain_tcp_only() -> None:
@@ -88,12 +88,12 @@ def test_events_stream_decodes_each_event(tmp_path: Path) -> None:
 
 def test_no_engine_is_an_unavailable_source(tmp_path: Path) -> None:
     url = f"unix://{tmp_path / 'absent.sock'}"
-    containers, source = DockerObserver(url).observe()
+    containers, source = EngineObserver(url).observe()
     assert containers == () and not source.ok and source.detail.startswith(url)
     with pytest.raises(OSError):
-        DockerObserver(url).ping()
+        EngineObserver(url).ping()
     with pytest.raises(EngineDown, match=r"the engine does not answer at .*absent\.sock"):
-        DockerObserver(url).ping()
+        EngineObserver(url).ping()
 
 
 def test_same_answers_as_the_sdk_on_the_real_engine(docker_api: Any, image: str) -> None:
@@ -276,21 +276,21 @@ def test_a_slow_engine_and_a_dead_one_read_differently(tmp_path: Path) -> None:
             with pytest.raises(EngineSlow, match=r"the engine answered too slowly \(0\.5 s"):
                 EngineClient.for_url(url, timeout=0.5).containers()  # type: ignore[union-attr]
             assert 0.4 < time.monotonic() - t0 < 3
-            containers, source = DockerObserver(url, timeout=0.5).observe()
+            containers, source = EngineObserver(url, timeout=0.5).observe()
             assert containers == () and not source.ok and source.cause == "slow", source
             assert "answered too slowly (0.5 s" in source.detail
         finally:
             srv.close()
 
     dead = f"unix://{tmp_path / 'nothing.sock'}"
-    _, source = DockerObserver(dead, timeout=0.5).observe()
+    _, source = EngineObserver(dead, timeout=0.5).observe()
     assert not source.ok and source.cause == "down" and "the engine does not answer" in source.detail, source
 
     # A socket whose engine died: the file is there, nothing listens (connection refused).
     gone = socket.socket(socket.AF_UNIX)
     gone.bind(str(tmp_path / "dead.sock"))
     gone.close()
-    _, source = DockerObserver(f"unix://{tmp_path / 'dead.sock'}", timeout=0.5).observe()
+    _, source = EngineObserver(f"unix://{tmp_path / 'dead.sock'}", timeout=0.5).observe()
     assert source.cause == "down" and "does not answer" in source.detail and "refused" in source.detail, source
 
 

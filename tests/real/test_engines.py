@@ -352,7 +352,7 @@ def test_podman_is_given_gpus_by_cdi_name(root: Root, cdi_gpus: list[str]) -> No
 
 def test_podman_events_the_loop_follows(engine: Engine, image: str) -> None:
     """The loop's event filter on Podman: a start, a die and a remove (Podman's word for Docker's destroy)."""
-    from reconciler.observe.docker_obs import EVENT_ACTIONS, GONE_ACTIONS
+    from reconciler.host.engine.protocol import EVENT_ACTIONS, GONE_ACTIONS
     from reconciler.plan.observed import ENDED_STATES
 
     if engine.kind != "podman":

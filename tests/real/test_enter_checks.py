@@ -14,7 +14,7 @@ import pytest
 import yaml
 from e2e_helpers import LoopProcess, Root, free_port, set_flag
 
-from reconciler.observe.docker_obs import gpu_runtime_of, published_ports_of
+from reconciler.observe.containers import gpu_runtime_of, published_ports_of
 from reconciler.plan.enter_checks import command_tensor_parallel_size
 
 A, B = "dark-compute-a", "dark-compute-b"

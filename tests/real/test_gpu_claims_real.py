@@ -12,7 +12,7 @@ import pytest
 from e2e_helpers import SLEEP, TEST_LABEL, Root, docker_cli
 
 from reconciler.load.desired import load_desired
-from reconciler.observe.docker_obs import NVIDIA_MAJOR, PRIVILEGED, DockerObserver
+from reconciler.observe.containers import NVIDIA_MAJOR, PRIVILEGED, EngineObserver
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
 
@@ -59,7 +59,7 @@ def test_the_observer_reads_privileged_and_device_nodes_from_the_engine(root: Ro
     docker_cli("create", "--name", names[0], *label, "--privileged", *SLEEP)
     docker_cli("create", "--name", names[1], *label, "--device", f"{node}:/dev/accel0", *SLEEP)
     try:
-        containers, source = DockerObserver.for_host(load_desired(root.path).host).observe()
+        containers, source = EngineObserver.for_host(load_desired(root.path).host).observe()
         assert source.ok, source
         got = {c.name: c.gpu_devices for c in containers if c.name in names}
         assert got == {names[0]: (PRIVILEGED,), names[1]: ("/dev/nvidia3",)}, got

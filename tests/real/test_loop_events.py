@@ -14,7 +14,7 @@ from typing import Any
 from conftest import DOCKER_URL
 from e2e_helpers import Root, docker_cli, wait_until
 
-from reconciler.observe.docker_obs import DockerObserver, EventFilter, container_matters
+from reconciler.observe.containers import EngineObserver, EventFilter, container_matters
 
 HOST = "h1"
 SCOPE = (HOST, frozenset({"0", "1"}))
@@ -114,7 +114,7 @@ def test_real_events_of_unrelated_containers_are_dropped_and_a_gpu_claim_is_kept
 ) -> None:
     """The engine's own event stream, filtered as the loop filters it. (Counting the loop's passes instead would
     depend on what else runs on a shared engine: another test's offload container rightly wakes every loop.)"""
-    observer = DockerObserver(DOCKER_URL)
+    observer = EngineObserver(DOCKER_URL)
     scope = (root.host, frozenset(str(i) for i in root.slot_index.values()))
     f = EventFilter(observer, lambda: scope)
     seen: dict[str, list[bool]] = {}

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from e2e_helpers import SLEEP, Root, docker_cli
 
-from reconciler.observe.docker_obs import inherited_labels
+from reconciler.observe.containers import inherited_labels
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
 

@@ -25,7 +25,7 @@ from e2e_helpers import MIB, make_file, shm_config
 from reconciler.apply.shm_guard import reclaim
 from reconciler.apply.shm_results import ReclaimResult
 from reconciler.model import ShmConfig
-from reconciler.observe.docker_obs import DockerObserver
+from reconciler.observe.containers import EngineObserver
 from reconciler.observe.shm import inspect_shm
 from reconciler.plan.observed import ContainerView, ShmView, Source
 
@@ -765,7 +765,7 @@ def dead_socket(tmp_path: Path) -> str:
 def test_dead_docker_socket_fails_closed(shm: Path, tmp_path: Path) -> None:
     path = shm / "vllm_offload_a.mmap"
     st = make_file(path, MIB)
-    observer = DockerObserver(dead_socket(tmp_path), timeout=5)
+    observer = EngineObserver(dead_socket(tmp_path), timeout=5)
 
     view = view_of(shm, observe_docker=observer.observe)
     assert not view.docker.ok and file_in(view, path).state == "blocked"
@@ -859,7 +859,7 @@ def test_container_mapping_a_file_owns_it(shm: Path, tmp_path: Path, test_image:
     st = make_file(path, 2 * MIB)
     script = "import mmap,os,time; fd=os.open('/offload/vllm_offload_c.mmap', os.O_RDWR); m=mmap.mmap(fd, 0); os.close(fd); time.sleep(600)"
     name = containers("map", ["/usr/bin/python3", "-c", script], binds={str(shm): {"bind": "/offload", "mode": "rw"}})
-    observer = DockerObserver(DOCKER_URL)
+    observer = EngineObserver(DOCKER_URL)
 
     def owned() -> bool:
         return file_in(view_of(shm, observe_docker=observer.observe), path).state == "owned"
@@ -910,7 +910,7 @@ def test_running_offload_container_blocks_every_reclaim(shm: Path, test_image: s
         binds={},
         ipc_mode="host",
     )
-    observer = DockerObserver(DOCKER_URL)
+    observer = EngineObserver(DOCKER_URL)
     view = view_of(shm, observe_docker=observer.observe)
     assert name in view.blocking_containers
     f = file_in(view, path)

@@ -2,7 +2,7 @@
 
 The project reaches the host through one object, ``reconciler.apply.host_io.HostIO``; ``sim_io`` builds one whose
 every part is the world's and ``installed`` hands it in whole (``world.io``: the loop, the applier, the guard, the
-service and the loader take it), patching no name of the project. Answered by the world: the engine's HTTP client (the SDK's ``APIClient`` and the small reader: one ``SimApi`` answers both), the
+service and the loader take it), patching no name of the project. Answered by the world: the container engine (``SimEngine``, an implementation of the engine protocol, ``reconciler.host.engine.protocol.Engine``), the
 NVML read (``observe_gpus``'s ``read``, ``container_of`` and ``command_of``), the /proc and shm.dir reads of one
 inspection (``list_dir`` and the per-process reads of ``scan_holders``, through the real ``settle_scan`` and the
 real pure ``build_view``; the world moves between the reads), the guard's unlink (behind the kernel's write lease,
@@ -20,7 +20,6 @@ import random
 import tempfile
 import threading
 from collections.abc import Iterator
-from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -134,12 +133,15 @@ class SimLock:
         self.release()
 
 
-def _api_error(exc: ApiError) -> Exception:
-    import docker.errors
+def _engine_error(exc: BaseException) -> BaseException:
+    """The engine protocol's error for the world's (``reconciler.host.engine.protocol``)."""
+    from reconciler.host.engine.protocol import EngineDown, EngineError, NotFound
 
-    resp = SimpleNamespace(status_code=exc.status, reason=str(exc), url="sim", text=str(exc))
-    cls = docker.errors.NotFound if exc.status == 404 else docker.errors.APIError
-    return cls(str(exc), response=resp, explanation=str(exc))
+    if isinstance(exc, ApiError):
+        return (NotFound if exc.status == 404 else EngineError)(exc.status, str(exc))
+    if isinstance(exc, ConnectionError):
+        return EngineDown(f"the engine does not answer: {exc}")
+    return exc
 
 
 def _engine(fn: Any) -> Any:
@@ -147,31 +149,47 @@ def _engine(fn: Any) -> Any:
         self.w.point()  # a request to the engine: another action may run meanwhile
         try:
             return fn(self, *args, **kwargs)
-        except ApiError as exc:
-            raise _api_error(exc) from None
+        except (ApiError, ConnectionError) as exc:
+            raise _engine_error(exc) from None
 
     call.__name__ = fn.__name__
     return call
 
 
-class SimApi:
-    """The Engine API subset the tool uses, answered by the world (both the reads and the writes)."""
+class SimEngine:
+    """The simulated host's container engine: an implementation of ``reconciler.host.engine.protocol.Engine`` (held
+    to it by tests/real/test_engine_conformance.py beside Docker's and Podman's), answered by the world.
 
-    def __init__(self, world: World):
+    Its events are the state changes its own calls made, in order (a start, a death, a removal); a stream ends
+    when it has given every one so far: the world has no wall time to wait in."""
+
+    kind = "sim"
+
+    def __init__(self, world: World, url: str = "unix:///sim/engine.sock"):
         self.w = world
+        self.url = url
+        self._log: list[dict[str, Any]] = []
 
     @_engine
-    def ping(self) -> bool:
+    def ping(self) -> None:
         self.w._fault("ping")
-        return True
 
     @_engine
-    def containers(self, all: bool = True, filters: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    def version(self) -> dict[str, Any]:
+        self.w._fault("version")
+        return {"Version": "sim", "ApiVersion": "1.41", "Components": [{"Name": "Engine", "Version": "sim"}]}
+
+    @_engine
+    def info(self) -> dict[str, Any]:
+        self.w._fault("info")
+        return {"Runtimes": {"runc": {}, **({"nvidia": {}} if self.w.gpu_runtime else {})}}
+
+    @_engine
+    def containers(self, *, labels: Any = None) -> list[dict[str, Any]]:
         self.w._fault("list")
         out = []
-        want = [f.split("=", 1) for f in (filters or {}).get("label", [])]
         for c in self.w.containers.values():
-            if any(c.labels.get(k) != v for k, v in want):
+            if any(c.labels.get(k) != v for k, v in (labels or {}).items()):
                 continue
             status = f"Exited ({c.exit_code}) 1 second ago" if c.state in ("exited", "stopped") else c.state
             out.append(
@@ -231,69 +249,89 @@ class SimApi:
         return {"Id": "sha256:" + name.replace(":", ""), "Config": {"Labels": dict(self.w.images[name])}}
 
     @_engine
-    def version(self) -> dict[str, Any]:
-        self.w._fault("version")
-        return {"Version": "sim", "ApiVersion": "1.41", "Components": [{"Name": "Engine", "Version": "sim"}]}
-
-    def create_host_config(self, **kw: Any) -> dict[str, Any]:
-        return kw
-
-    @_engine
-    def create_container(
-        self,
-        *,
-        host_config: dict[str, Any],
-        image: str,
-        name: str,
-        labels: dict[str, str],
-        environment: dict[str, str] | None = None,
-        command: list[str] | None = None,
-        **_: Any,
-    ) -> dict[str, str]:
-        ids = [d for r in host_config.get("device_requests") or [] for d in r.get("DeviceIDs") or []]
+    def create(self, spec: Any) -> str:
+        hc = spec["host_config"]
+        ids = [d for r in hc.get("device_requests") or [] for d in r.get("DeviceIDs") or []]
         c = self.w.create(
-            name=name,
-            image=image,
-            labels=labels,
-            env=dict(environment or {}),
-            command=list(command or []),
+            name=spec["name"],
+            image=spec["image"],
+            labels=dict(spec.get("labels") or {}),
+            env=dict(spec.get("environment") or {}),
+            command=list(spec.get("command") or []),
             device_ids=ids,
         )
-        return {"Id": c.id}
+        c.binds = list(hc.get("binds") or [])
+        return str(c.id)
+
+    def _changed(self, ref: str, act: Any) -> None:
+        """Run ``act`` and log the events of the state change it made to ``ref``'s container."""
+        before = self.w.containers.get(ref) or next((x for x in self.w.containers.values() if x.name == ref), None)
+        cid, was = (before.id, before.state) if before is not None else (ref, None)
+        live = ("running", "stopping", "paused", "restarting")
+        try:
+            act()
+        finally:
+            after = self.w.containers.get(cid)
+            now = after.state if after is not None else None
+            if was not in live and now in live:
+                self._event(cid, "start")
+            if (was in live or now in live) and now not in live:
+                if was not in live:
+                    self._event(cid, "start")
+                self._event(cid, "die")
+            if before is not None and after is None:
+                self._event(cid, "destroy")
+
+    def _event(self, cid: str, action: str) -> None:
+        self._log.append({"Type": "container", "Action": action, "status": action, "id": cid, "Actor": {"ID": cid}})
 
     @_engine
     def start(self, ref: str) -> None:
-        self.w.start(ref)
+        self._changed(ref, lambda: self.w.start(ref))
 
     @_engine
-    def stop(self, ref: str, timeout: int = 10) -> None:
-        self.w.stop(ref, timeout=timeout)
+    def stop(self, ref: str, *, timeout_s: int) -> None:
+        self._changed(ref, lambda: self.w.stop(ref, timeout=timeout_s))
 
     @_engine
     def kill(self, ref: str) -> None:
-        self.w.kill(ref)
+        self._changed(ref, lambda: self.w.kill(ref))
 
     @_engine
-    def remove_container(self, ref: str, v: bool = False, force: bool = False) -> None:
-        self.w.remove(ref)
+    def remove(self, ref: str) -> None:
+        self._changed(ref, lambda: self.w.remove(ref))
 
     @_engine
     def rename(self, ref: str, name: str) -> None:
         self.w.rename(ref, name)
 
-    def logs(self, ref: str, **_: Any) -> bytes:
-        return b"simulated log line\n"
+    @_engine
+    def logs(self, ref: str, *, tail: int) -> str:
+        self.w.get(ref)
+        return "simulated log line\n"
+
+    @_engine
+    def events(self, *, actions: Any) -> Iterator[dict[str, Any]]:
+        self.w._fault("events")
+        start = len(self._log)
+        wanted = set(actions)
+
+        def stream() -> Iterator[dict[str, Any]]:
+            i = start
+            while i < len(self._log):
+                ev = self._log[i]
+                i += 1
+                if ev["Action"] in wanted:
+                    yield ev
+
+        return stream()
 
 
 def sim_observer(world: World, url: str) -> Any:
-    """A real ``DockerObserver`` (its cache, its parse) whose clients are the world."""
-    from reconciler.observe.docker_obs import DockerObserver
+    """A real ``EngineObserver`` (its cache, its parse) whose engine is the world's."""
+    from reconciler.observe.containers import EngineObserver
 
-    obs = DockerObserver(url)
-    api = SimApi(world)
-    obs._api = api
-    obs._reader = api
-    return obs
+    return EngineObserver(url, engine=SimEngine(world, url))
 
 
 def sim_scan(world: World) -> Any:

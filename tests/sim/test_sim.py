@@ -620,7 +620,7 @@ def test_the_apply_layer_the_loop_and_the_service_reach_the_host_only_through_th
         if id(value) in real
     )
     assert bound == []
-    clocked = ["applier", "context", "enter", "drain", "sleep", "leave", "ports", "docker_ops", "shm_guard", "groups"]
+    clocked = ["applier", "context", "enter", "drain", "sleep", "leave", "ports", "engine_ops", "shm_guard", "groups"]
     root = Path(reconciler.apply.__file__).parent
     uses = [
         f"{path.name}: {m.group(0)}"

@@ -13,7 +13,7 @@ import pytest
 from e2e_helpers import SLEEP, Root, docker_cli
 from real.test_e2e_apply import wait_for_no_offload_container
 
-from reconciler.observe.docker_obs import NVIDIA_MAJOR
+from reconciler.observe.containers import NVIDIA_MAJOR
 from sim.machine import HostMachine
 from sim.world import GIB
 

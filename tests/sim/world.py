@@ -348,7 +348,7 @@ class World:
         or holds it."""
         return [p.pid for p in self.procs.values() if inode in (p.maps | p.fds)]
 
-    # ------------------------------------------------------------ the engine (called through seams.SimApi)
+    # ------------------------------------------------------------ the engine (called through seams.SimEngine)
 
     def _fault(self, method: str) -> None:
         if self.engine_down:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from reconciler.observe.containers import gpu_devices_of
 from reconciler.observe.device_rules import (
     DEVICE_RULE,
     bind_pairs,
@@ -20,7 +21,6 @@ from reconciler.observe.device_rules import (
     rule_reach,
     rules_reach,
 )
-from reconciler.observe.docker_obs import gpu_devices_of
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 PROC_DEVICES = (DATA / "proc" / "devices-nvidia.txt").read_text()

@@ -3,9 +3,18 @@ by CDI name read back from an inspect, and a rendered container as the body of P
 
 from __future__ import annotations
 
+from reconciler.host.engine import podman
+from reconciler.host.engine.protocol import (
+    DOCKER,
+    PODMAN,
+    EngineDown,
+    EngineError,
+    EngineSlow,
+    engine_kind,
+    failure_cause,
+)
 from reconciler.model import HostConfig, Recipe
-from reconciler.observe.docker_obs import DOCKER, PODMAN, engine_kind, failure_cause, gpu_devices_of
-from reconciler.observe.engine import EngineDown, EngineError, EngineSlow
+from reconciler.observe.containers import gpu_devices_of
 from reconciler.plan import spec
 
 # GET /version of Debian's Podman 4.3 API service and of Debian's docker.io 20.10 (trimmed to what is read).
@@ -75,7 +84,7 @@ def test_a_rendered_container_as_podmans_create_body() -> None:
         }
     )
     create = {**spec.render(host, recipe, ("a",)), "name": "reconciler-x-a", "labels": {"io.reconciler.host": "h"}}
-    body = spec.libpod_create_body(create)
+    body = podman.libpod_create_body(create)
     assert body["devices"] == [{"path": f"nvidia.com/gpu={UUID}"}]
     assert body["name"] == "reconciler-x-a" and body["labels"] == {"io.reconciler.host": "h"}
     assert body["image"] == create["image"] and body["command"] == ["vllm", "serve", "m"]
@@ -87,8 +96,47 @@ def test_a_rendered_container_as_podmans_create_body() -> None:
     assert body["ipcns"] == {"nsmode": "host"} and body["netns"] == {"nsmode": "host"}
     assert body["init"] is True and body["shm_size"] == 2 << 30 and body["restart_policy"] == "no"
     # A named network and another container's namespace.
-    named = spec.libpod_create_body(
+    named = podman.libpod_create_body(
         {**create, "host_config": {**create["host_config"], "network_mode": "vllm-net", "ipc_mode": "container:other"}}
     )
     assert named["netns"] == {"nsmode": "bridge"} and named["networks"] == {"vllm-net": {}}
     assert named["ipcns"] == {"nsmode": "container", "value": "other"}
+
+
+class _PublicOnly:
+    """An SDK client whose private helpers are out of reach: only its public post(), base_url and timeout."""
+
+    base_url = "http+docker://localhost"
+    timeout = 7
+
+    def __init__(self) -> None:
+        self.posted: list[tuple[str, dict[str, object], object]] = []
+
+    def post(self, url: str, *, json: dict[str, object], timeout: object) -> object:
+        self.posted.append((url, json, timeout))
+
+        class Answer:
+            status_code = 201
+
+            @staticmethod
+            def json() -> dict[str, str]:
+                return {"Id": "c0ffee"}
+
+        return Answer()
+
+    def __getattr__(self, name: str) -> object:
+        raise AssertionError(f"Podman's create reached the SDK's {name}")
+
+
+def test_podmans_create_with_gpus_uses_the_sdks_public_client_only() -> None:
+    host = HostConfig(name="h", gpus={"a": {"uuid": UUID}}, gpu_telemetry="nvml", docker={"gpu_requests": True})
+    recipe = Recipe.model_validate(
+        {"tensor_parallel_size": 1, "model": {"id": "m"}, "container": {"image": "i:1", "command": ["vllm"]}}
+    )
+    create = {**spec.render(host, recipe, ("a",)), "name": "reconciler-x-a", "labels": {"io.reconciler.host": "h"}}
+    sdk = _PublicOnly()
+    engine = podman.PodmanEngine("unix:///run/podman/podman.sock", sdk=sdk)
+    assert engine.create(create) == "c0ffee"
+    ((url, body, timeout),) = sdk.posted
+    assert url == "http+docker://localhost" + podman.LIBPOD_CREATE and timeout == 7
+    assert body["devices"] == [{"path": f"nvidia.com/gpu={UUID}"}] and None not in body.values()

@@ -4,7 +4,7 @@ requests that answer JSON, and the event stream.
 Why not the Docker SDK: importing it (requests, urllib3, ssl, charset detection) costs about 80 ms, and a
 ``version="auto"`` client asks the engine for its version before its first call. ``reconciler plan``, a
 converged ``apply`` and ``shm status`` only read, so they talk to the engine through this module (the standard
-library's socket and json, nothing else) and the SDK is imported only by the writes (``reconciler.apply.docker_ops``).
+library's socket and json, nothing else) and the SDK is imported only by the writes (``reconciler.host.engine.docker``).
 
 Speaks HTTP/1.1 over ``unix:///PATH`` and plain ``tcp://`` / ``http://HOST:PORT``; for any other URL (``ssh://``,
 ``https://``, TLS settings) ``EngineClient.for_url`` returns None and the caller uses the SDK. An answer ends where
@@ -30,38 +30,10 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
-DEFAULT_TIMEOUT_S = 60.0
+from reconciler.host.engine.protocol import DEFAULT_TIMEOUT_S, EngineDown, EngineError, EngineSlow, NotFound, slow_text
+
 _MAX_IDLE = 8  # the observer inspects with at most 8 threads
 _HEAD_LIMIT = 1 << 20
-
-
-class EngineError(Exception):
-    """The engine answered with an error status (``status``), or not in HTTP at all (``status`` 0)."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(f"{status} {message}".strip() if status else message)
-        self.status = status
-
-
-class NotFound(EngineError):
-    """404: no such container or image (removed between a list and an inspect, say)."""
-
-
-class EngineDown(ConnectionError):
-    """Nothing answers at the engine's address: no socket, connection refused, or closed before any answer."""
-
-
-class EngineSlow(TimeoutError):
-    """The engine is there but did not finish its answer within ``timeout`` seconds."""
-
-    def __init__(self, message: str, timeout: float):
-        super().__init__(message)
-        self.timeout = timeout
-
-
-def slow_text(timeout: float) -> str:
-    """How an engine that missed its deadline is described, the same words everywhere."""
-    return f"the engine answered too slowly ({timeout:g} s, docker.timeout_s)"
 
 
 class _Stale(Exception):
@@ -142,9 +114,15 @@ class EngineClient:
 
     # ------------------------------------------------------------ the calls this tool reads
 
-    def containers(self, *, all: bool = True, quiet: bool = False) -> list[dict[str, Any]]:
-        """GET /containers/json: the list API's summaries (``quiet``: ids only, read from the same answer)."""
-        listed = self.get("/containers/json", {"all": "1" if all else "0"})
+    def containers(
+        self, *, all: bool = True, quiet: bool = False, filters: Mapping[str, list[str]] | None = None
+    ) -> list[dict[str, Any]]:
+        """GET /containers/json: the list API's summaries (``quiet``: ids only, read from the same answer;
+        ``filters``: the engine's, ``{"label": ["KEY=VALUE", ...]}``)."""
+        params = {"all": "1" if all else "0"}
+        if filters:
+            params["filters"] = json.dumps(dict(filters))
+        listed = self.get("/containers/json", params)
         return [{"Id": c["Id"]} for c in listed] if quiet else listed
 
     def inspect_container(self, cid: str) -> dict[str, Any]:

@@ -1,6 +1,7 @@
-"""Docker observation, read-only: the containers on the host and what each holds.
+"""Engine observation, read-only: the containers on the host and what each holds.
 
-``read_containers`` talks to the engine (one list call, plus one inspect per container not seen before:
+``EngineObserver.read`` asks the engine (``reconciler.host.engine.protocol.Engine``: one list call, plus one inspect
+per container not seen before:
 the parts we read from an inspect never change for a container id, so they are cached). ``parse_container``
 is pure and turns those dicts into ``ContainerView`` values; it is tested on captured engine answers.
 Called by ``reconciler.observe.observe`` and the apply layer's re-observation.
@@ -10,16 +11,24 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import stat as stat_mod
-import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from reconciler.host.engine.connect import connect
+from reconciler.host.engine.docker import DockerEngine
+from reconciler.host.engine.protocol import (
+    DEFAULT_TIMEOUT_S,
+    GONE_ACTIONS,
+    Engine,
+    NotFound,
+    engine_kind,
+    failure_cause,
+    slow_text,
+)
 from reconciler.observe.device_rules import DEVICE_RULE, bind_pairs, nvidia_majors, read_proc_devices, rule_cards
-from reconciler.observe.engine import EngineClient, EngineDown, EngineSlow, NotFound, slow_text
 from reconciler.observe.procfs import NVIDIA_CARD_MINORS, NVIDIA_MAJOR
 from reconciler.plan.observed import (
     LABEL_HOST,
@@ -255,102 +264,49 @@ def inherited_labels(labels: Mapping[str, str], image_labels: Mapping[str, str])
     return frozenset(k for k, v in labels.items() if k.startswith(LABEL_PREFIX) and image_labels.get(k) == v)
 
 
-# The container events the loop looks again for. Podman's Docker-compatible API says "remove" where Docker says
-# "destroy", and matches its filter against its own name for a death, "died", though it reports it as "die"
-# (measured on Podman 4.3: a filter of "die" alone never matches); each engine ignores the other's names.
-EVENT_ACTIONS = ("start", "die", "died", "destroy", "remove")
-GONE_ACTIONS = frozenset({"destroy", "remove"})
-PODMAN = "podman"
-DOCKER = "docker"
+class EngineObserver:
+    """Reads containers from one engine (``engine``: Docker's Engine API at ``url`` unless another is given, the
+    simulation's say). Keeps a cache of the immutable parts of each inspect."""
 
-
-def engine_kind(version: Mapping[str, Any]) -> str:
-    """Pure: which engine a ``GET /version`` answer comes from. Podman's service names itself in ``Components``
-    ("Podman Engine"); Docker's says "Engine". Anything else speaks Docker's API as Docker does."""
-    for component in version.get("Components") or []:
-        if str((component or {}).get("Name", "")).startswith("Podman"):
-            return PODMAN
-    return DOCKER
-
-
-def failure_cause(exc: BaseException) -> str:
-    """Why a call to the engine failed: "slow" (it did not answer within docker.timeout_s), "down" (nothing
-    answers there), or "error" (it answered with an error). Knows this package's client and the SDK's errors."""
-    if isinstance(exc, (EngineSlow, socket.timeout)):
-        return "slow"
-    if isinstance(exc, (EngineDown, ConnectionError, FileNotFoundError)):
-        return "down"
-    requests_exc = sys.modules.get("requests.exceptions")  # the SDK's, when the call went through it
-    if requests_exc is not None:
-        if isinstance(exc, requests_exc.Timeout):
-            return "slow"
-        if isinstance(exc, requests_exc.ConnectionError):
-            # urllib3 wraps a read timeout into a ConnectionError on some versions: its text says so.
-            return "slow" if "timed out" in str(exc).lower() else "down"
-    errors = sys.modules.get("docker.errors")
-    if errors is not None and isinstance(exc, errors.DockerException) and not isinstance(exc, errors.APIError):
-        # The SDK's "Error while fetching server API version: ...", with the cause in its text.
-        return "slow" if "timed out" in str(exc).lower() else "down"
-    return "error"
-
-
-class DockerObserver:
-    """Reads containers from one engine. Keeps a cache of the immutable parts of each inspect."""
-
-    def __init__(self, url: str, *, timeout: float = 60.0):
+    def __init__(self, url: str, *, timeout: float = DEFAULT_TIMEOUT_S, engine: Engine | None = None):
         self.url = url
         self.timeout = timeout
-        self._api: Any = None
-        self._reader: Any = None
-        self._engine: str | None = None
+        self.engine: Engine = engine if engine is not None else DockerEngine(url, timeout=timeout)
+        self._kind: str | None = None
+        self._writes: Engine | None = None
         self._cache: dict[str, dict[str, Any]] = {}
         self._images: dict[str, dict[str, str]] = {}  # image id -> its labels (an image id's labels never change)
         self._card_majors: list[int] | None = None
         self._lock = threading.Lock()
 
     @classmethod
-    def for_host(cls, host: Any) -> DockerObserver:
+    def for_host(cls, host: Any) -> EngineObserver:
         """The observer of a host's engine: ``docker.url``, answering within ``docker.timeout_s``."""
         return cls(host.docker.url, timeout=host.docker.timeout_s)
 
-    @property
-    def api(self) -> Any:
-        """The Docker SDK's client: for the writes (``reconciler.apply.docker_ops``) and URLs ``reader`` cannot speak."""
-        if self._api is None:
-            # The Docker SDK (about 80 ms, requests and urllib3 with it), imported on first use: the reads go
-            # through reconciler.observe.engine, and pure modules and `validate` never pay for it.
-            import docker
-
-            self._api = docker.APIClient(base_url=self.url, version="auto", timeout=self.timeout)
-        return self._api
-
-    @property
-    def reader(self) -> Any:
-        """What the reads go through: the small standard-library client (``reconciler.observe.engine``) where it
-        speaks the URL's scheme, else the SDK. Both answer ``containers``, ``inspect_container``, ``inspect_image``."""
-        if self._reader is None:
-            self._reader = EngineClient.for_url(self.url, timeout=self.timeout) or self.api
-        return self._reader
+    def writes(self) -> Engine:
+        """The engine to write through (``reconciler.apply.engine_ops``): for Docker's Engine API, the implementation
+        of the engine that answers there (Docker's or Podman's, ``reconciler.host.engine.connect``), asked once; any
+        other engine (the simulation's) as it is."""
+        if self._writes is None:
+            self._writes = connect(self.engine) if isinstance(self.engine, DockerEngine) else self.engine
+        return self._writes
 
     def ping(self) -> None:
-        """Raise when no engine answers at ``url`` (OSError, the engine client's or the SDK's own error)."""
-        reader = self.reader
-        if hasattr(reader, "ping"):
-            reader.ping()
+        """Raise when no engine answers at ``url`` (``EngineDown``, ``EngineSlow``, ``EngineError``)."""
+        self.engine.ping()
 
-    def engine(self) -> str:
+    def kind(self) -> str:
         """``podman`` or ``docker``, from the engine's version answer (asked once per observer)."""
-        if self._engine is None:
-            self._engine = engine_kind(self.reader.version())
-        return self._engine
+        if self._kind is None:
+            self._kind = engine_kind(self.engine.version())
+        return self._kind
 
     def _inspect(self, cid: str) -> dict[str, Any] | None:
         try:
-            full = self.reader.inspect_container(cid)
-        except Exception as exc:
-            if _not_found(exc):
-                return None  # removed between list and inspect: simply gone
-            raise
+            full = self.engine.inspect_container(cid)
+        except NotFound:
+            return None  # removed between list and inspect: simply gone
         keep = {
             "Name": full.get("Name"),
             "Args": full.get("Args"),
@@ -389,10 +345,8 @@ class DockerObserver:
             if image_id in self._images:
                 return self._images[image_id]
         try:
-            labels = dict((self.reader.inspect_image(image_id).get("Config") or {}).get("Labels") or {})
-        except Exception as exc:
-            if not _not_found(exc):
-                raise
+            labels = dict((self.engine.inspect_image(image_id).get("Config") or {}).get("Labels") or {})
+        except NotFound:
             labels = {}
         with self._lock:
             self._images[image_id] = labels
@@ -400,7 +354,7 @@ class DockerObserver:
 
     def read(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """(summary, inspect) pairs for every container, running or not."""
-        summaries = self.reader.containers(all=True)
+        summaries = self.engine.containers()
         missing = [s["Id"] for s in summaries if s["Id"] not in self._cache]
         if len(missing) > 1:
             with ThreadPoolExecutor(max_workers=min(8, len(missing))) as pool:
@@ -419,7 +373,7 @@ class DockerObserver:
 
         The set a pid's cgroup is confirmed against (``procfs.innermost_known``): only these are its containers.
         """
-        return frozenset(s["Id"] for s in self.reader.containers(all=True, quiet=True))
+        return frozenset(s["Id"] for s in self.engine.containers())
 
     def images_present(self, images: Iterable[str]) -> tuple[tuple[str, bool], ...]:
         """Whether each image is on the engine, by the engine's own resolution of its name (an inspect each); an
@@ -427,20 +381,20 @@ class DockerObserver:
         out: list[tuple[str, bool]] = []
         for image in dict.fromkeys(images):
             try:
-                self.reader.inspect_image(image)
+                self.engine.inspect_image(image)
                 out.append((image, True))
-            except Exception as exc:  # noqa: BLE001 - an engine that does not answer: not judged here
-                if _not_found(exc):
-                    out.append((image, False))
+            except NotFound:
+                out.append((image, False))
+            except Exception:  # noqa: BLE001 - an engine that does not answer: not judged here
+                continue
         return tuple(out)
 
     def gpu_runtime(self) -> tuple[str, str]:
         """Whether the engine can give NVIDIA GPUs by DeviceRequest (``gpu_runtime_of``); unknown when it does not
         answer. The toolkit's hook counts only for an engine on this host (a unix socket)."""
         try:
-            reader = self.reader
-            info = reader.info() if hasattr(reader, "info") else reader.get("/info")
-            engine = self.engine()
+            info = self.engine.info()
+            engine = self.kind()
         except Exception as exc:  # noqa: BLE001 - not answered: not judged
             return "unknown", f"the engine's /info did not answer: {_short(exc)}"
         local = self.url.startswith("unix://")
@@ -502,14 +456,6 @@ def parse_all(pairs: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> t
     return tuple(parse_container(s, i) for s, i in pairs)
 
 
-def _not_found(exc: BaseException) -> bool:
-    """A 404 of the engine, from either client: no such container or image."""
-    if isinstance(exc, NotFound):
-        return True
-    errors = sys.modules.get("docker.errors")  # the SDK's, when the reads went through it
-    return errors is not None and isinstance(exc, errors.NotFound)
-
-
 def _short(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return text[:300]
@@ -529,7 +475,7 @@ class EventFilter:
     only, so an index cannot be ruled out), or None before a desired state is loaded (then every event matters).
     """
 
-    def __init__(self, observer: DockerObserver, scope: Callable[[], tuple[str, frozenset[str] | None] | None]):
+    def __init__(self, observer: EngineObserver, scope: Callable[[], tuple[str, frozenset[str] | None] | None]):
         self.observer = observer
         self.scope = scope
         self._verdicts: dict[str, bool] = {}

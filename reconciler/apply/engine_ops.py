@@ -1,8 +1,9 @@
-"""Docker writes for the apply layer: create (labelled in the same call), start, stop, remove, rename, logs.
+"""The engine's writes for the apply layer: create (labelled in the same call), start, stop, remove, rename, logs.
 
-Only ``reconciler.apply`` calls this. Transient engine errors (connection reset, 5xx) are retried with
-exponential backoff through tenacity; permanent ones (4xx: bad config, conflict, missing image) fail at once.
-The message of the last attempt says it was the last.
+Only ``reconciler.apply`` and the service's prune call this; they reach the engine through its one interface
+(``reconciler.host.engine.protocol.Engine``), whichever engine it is. Transient engine errors (no answer, 5xx)
+are retried with exponential backoff through tenacity; permanent ones (4xx: bad config, conflict, missing image)
+fail at once. The message of the last attempt says it was the last.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ import re
 import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 from reconciler.base.clock import REAL_CLOCK, Clock
 from reconciler.base.errors import ReconcilerError
+from reconciler.host.engine.protocol import Engine, EngineDown, EngineError, EngineSlow, NotFound, failure_cause
 from reconciler.model import DesiredState, container_name, recipe_hash
-from reconciler.observe.docker_obs import engine_kind, failure_cause, inherited_labels
+from reconciler.observe.containers import inherited_labels
 from reconciler.plan import spec
 from reconciler.plan.observed import (
     INACTIVE_STATES,
@@ -65,25 +66,17 @@ class DockerUnavailable(ReconcilerError):
 
 
 def _transient(exc: BaseException) -> bool:
-    # The Docker SDK and requests, its transport: imported by the writes only, never by the reads (start-up budget).
-    import docker.errors
-    import requests
-
-    if isinstance(exc, (requests.ConnectionError, requests.Timeout, ConnectionError)):
+    if isinstance(exc, (EngineDown, EngineSlow, ConnectionError)):
         return True
-    if isinstance(exc, docker.errors.APIError) and not isinstance(exc, docker.errors.NotFound):
-        code = exc.status_code or 0
-        return code >= 500
-    return False
+    return isinstance(exc, EngineError) and not isinstance(exc, NotFound) and exc.status >= 500
 
 
-def _call(fn: Callable[..., T], *args: Any, sleep: Callable[[float], None], **kwargs: Any) -> T:
+def _call(fn: Callable[..., T], *args: Any, sleep: Callable[[float], None], name: str, **kwargs: Any) -> T:
     """Run one engine call with the retry policy (its waits through ``sleep``); permanent errors surface unchanged
-    at once."""
+    at once. ``name``: the call's, for the messages."""
     # tenacity: the writes only, never the reads (start-up budget)
     from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-    name = getattr(fn, "__name__", "call")
     try:
         for attempt in Retrying(
             retry=retry_if_exception(_transient),
@@ -97,28 +90,10 @@ def _call(fn: Callable[..., T], *args: Any, sleep: Callable[[float], None], **kw
     except Exception as exc:
         if _transient(exc):
             raise DockerActionError(f"docker {name}: {exc} (the last of {ATTEMPTS} attempts)") from exc
-        if (refused := proxy_refusal(exc)) is not None:
-            raise DockerActionError(f"docker {name}: {refused}") from exc
+        if isinstance(exc, EngineError) and exc.proxy is not None:
+            raise DockerActionError(f"docker {name}: {exc.proxy}") from exc
         raise
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-def proxy_refusal(exc: BaseException) -> str | None:
-    """What a socket proxy's refusal of an engine call says, naming the call; None for any other error.
-
-    The engine answers its errors in JSON; a 401/403/405 whose body is not JSON came from a proxy's allow-list."""
-    import docker.errors  # the Docker SDK: imported by the writes only, never by the reads (start-up budget)
-
-    if not isinstance(exc, docker.errors.APIError) or exc.response is None:
-        return None
-    if exc.status_code not in (401, 403, 405) or "json" in exc.response.headers.get("Content-Type", ""):
-        return None
-    request = exc.response.request
-    path = re.sub(r"^/v[0-9.]+/", "/", urlsplit(request.url or "").path)
-    return (
-        f"the proxy in front of the engine refused {request.method} {path} ({exc.status_code}); allow it "
-        "there, or point docker.url at an engine that allows it (docs/reference/engines.md)"
-    )
 
 
 def labels_for(desired: DesiredState, recipe_name: str, slots: tuple[str, ...], *, install_id: str) -> dict[str, str]:
@@ -162,131 +137,99 @@ def create_spec(
     }
 
 
-class DockerOps:
-    """The writes. ``api`` is a docker.APIClient, or ``connect`` makes one when it is first needed (a client with
-    ``version="auto"`` asks the engine for its version as it is made, and fails when no engine answers): the
-    failure is then a ``DockerUnavailable`` naming ``url``, never the client library's own exception."""
+class EngineOps:
+    """The writes, through ``engine`` (an ``Engine``), or the one ``connect`` gives when it is first needed (Docker's
+    makes its SDK client then, which asks the engine for its version and fails when no engine answers): the failure
+    is then a ``DockerUnavailable`` naming ``url``, never the engine's own exception."""
 
     def __init__(
         self,
-        api: Any = None,
+        engine: Engine | None = None,
         *,
-        connect: Callable[[], Any] | None = None,
+        connect: Callable[[], Engine] | None = None,
         url: str = "",
         ping: Callable[[], None] | None = None,
         clock: Clock = REAL_CLOCK,
     ):
-        if api is None and connect is None:
-            raise TypeError("DockerOps needs an api client or a connect function")
-        self._api = api
+        if engine is None and connect is None:
+            raise TypeError("EngineOps needs an engine or a connect function")
+        self._engine = engine
         self._connect = connect
         self._ping = ping
         self.clock = clock  # the retries' waits and the preserved names' stamps
-        self.url = url
-        self._engine: str | None = None
+        self.url = url or (engine.url if engine is not None else "")
 
-    def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return _call(fn, *args, sleep=self.clock.sleep, **kwargs)
+    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """``self.engine.NAME(*args, **kwargs)`` under the retry policy."""
+        return _call(getattr(self.engine, name), *args, sleep=self.clock.sleep, name=name, **kwargs)
 
     def check(self) -> None:
-        """Raise ``DockerUnavailable`` when no engine answers at ``url``. With ``ping`` (the observer's small
-        client) this costs one request and no SDK: a pass with nothing to write never imports it."""
-        if self._ping is None or self._api is not None:
-            _ = self.api
+        """Raise ``DockerUnavailable`` when no engine answers at ``url``. With ``ping`` (the observer's) this costs
+        one request and no SDK: a pass with nothing to write never imports it."""
+        if self._ping is None or self._engine is not None:
+            _ = self.engine
             return
         try:
             self._ping()
-        except Exception as exc:  # OSError, the engine client's error: the engine is not there
+        except Exception as exc:  # EngineDown, EngineSlow, EngineError: the engine is not there
             raise DockerUnavailable(self.url or "docker.url", exc) from exc
 
     @property
-    def api(self) -> Any:
-        if self._api is None:
+    def engine(self) -> Engine:
+        if self._engine is None:
             assert self._connect is not None
             try:
-                self._api = self._connect()
-            except Exception as exc:  # docker.errors.DockerException, requests' errors, OSError
+                self._engine = self._connect()
+            except Exception as exc:  # EngineDown, EngineSlow (the engine's connect), OSError
                 raise DockerUnavailable(self.url or "docker.url", exc) from exc
-        return self._api
-
-    def engine(self) -> str:
-        """``podman`` or ``docker``, from the engine's own version answer (asked once)."""
-        if self._engine is None:
-            self._engine = engine_kind(self._call(self.api.version))
         return self._engine
 
     def image_present(self, image: str) -> bool:
-        import docker.errors  # the Docker SDK: imported by the writes only, never by the reads (start-up budget)
-
         try:
-            self._call(self.api.inspect_image, image)
+            self._call("inspect_image", image)
             return True
-        except docker.errors.NotFound:
+        except NotFound:
             return False
 
     def create(self, spec: dict[str, Any]) -> str:
-        if spec["host_config"].get("device_requests") and self.engine() == "podman":
-            return self._create_podman(spec)
-        hc = self.api.create_host_config(**spec["host_config"])
-        args = {k: v for k, v in spec.items() if k != "host_config"}
-        created = self._call(self.api.create_container, host_config=hc, **args)
-        return str(created["Id"])
-
-    def _create_podman(self, create: dict[str, Any]) -> str:
-        """Create through Podman's own endpoint, which takes GPUs as CDI names (``reconciler.plan.spec``)."""
-        body = spec.libpod_create_body(create)
-
-        def libpod_create() -> dict[str, Any]:
-            res = self.api._post_json(self.api._url(spec.LIBPOD_CREATE, versioned_api=False), data=body)
-            return self.api._result(res, True)
-
-        return str(self._call(libpod_create)["Id"])
+        return str(self._call("create", spec))
 
     def start(self, cid: str) -> None:
-        self._call(self.api.start, cid)
+        self._call("start", cid)
 
     def inspect(self, cid: str) -> dict[str, Any]:
-        return self._call(self.api.inspect_container, cid)
+        return dict(self._call("inspect_container", cid))
 
     def stop(self, cid: str, timeout_s: float) -> None:
-        import docker.errors  # the Docker SDK: imported by the writes only, never by the reads (start-up budget)
-
         try:
-            # The HTTP timeout must outlast the engine's own stop timeout.
-            self._call(self.api.stop, cid, timeout=int(max(1, round(timeout_s))))
-        except docker.errors.NotFound:
+            self._call("stop", cid, timeout_s=int(max(1, round(timeout_s))))
+        except NotFound:
             return
 
     def remove(self, cid: str) -> None:
-        import docker.errors  # the Docker SDK: imported by the writes only, never by the reads (start-up budget)
-
         try:
-            self._call(self.api.remove_container, cid, v=True, force=False)
-        except docker.errors.NotFound:
+            self._call("remove", cid)
+        except NotFound:
             return
 
     def kill(self, cid: str) -> None:
-        import docker.errors  # the Docker SDK: imported by the writes only, never by the reads (start-up budget)
-
         try:
-            self._call(self.api.kill, cid)
-        except docker.errors.APIError:
+            self._call("kill", cid)
+        except EngineError:
             return  # not running any more
 
     def preserve(self, cid: str, name: str) -> str:
         """Rename a failed container so its name is free and its logs stay readable."""
-        import docker.errors  # the Docker SDK: imported by the writes only, never by the reads (start-up budget)
-
         now = self.clock.time()
         # A start that fails at once can fail again within the same second (two quick applies), and the stamp
         # has one-second resolution: take the next free second rather than lose the failure to a name conflict.
         for later in range(PRESERVE_NAME_TRIES):
             new = f"{name}{PRESERVED_SUFFIX}{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now + later))}"
             try:
-                self._call(self.api.rename, cid, new)
+                self._call("rename", cid, new)
                 return new
-            except docker.errors.APIError as exc:
-                if exc.status_code != 409:
+            except EngineError as exc:
+                if exc.status != 409:
                     raise
         raise DockerActionError(
             f"cannot keep failed container {cid[:12]}: {PRESERVE_NAME_TRIES} names {name}{PRESERVED_SUFFIX}... "
@@ -307,16 +250,14 @@ class DockerOps:
         Only stopped containers named ``name-failed-STAMP`` that carry, on themselves, this tool's labels for
         ``host`` and ``install_id`` (this install's) are touched. Another install's, one from before install ids,
         and one that has those labels only from its image (every container made from that image carries them:
-        ``docker_obs.inherited_labels``) are not proven ours and stay; with ``owned`` (the ids this install recorded as
+        ``containers.inherited_labels``) are not proven ours and stay; with ``owned`` (the ids this install recorded as
         its own) so does one whose id is not among them, a copy that carries the labels. Without ``install_id``
         nothing is removed."""
-        import docker.errors  # the Docker SDK: imported by the writes only, never by the reads (start-up budget)
-
         if not install_id:
             return []
         pattern = re.compile(re.escape(name + PRESERVED_SUFFIX) + r"\d{8}-\d{6}$")
         own = {LABEL_MANAGED: "true", LABEL_HOST: host, LABEL_INSTALL: install_id}
-        listed = self._call(self.api.containers, all=True, filters={"label": [f"{k}={v}" for k, v in own.items()]})
+        listed = self._call("containers", labels=own)
         images: dict[str, dict[str, str] | None] = {}
 
         def proven(c: Mapping[str, Any]) -> bool:
@@ -328,8 +269,8 @@ class DockerOps:
             image = c.get("ImageID")  # the image's id, never its name: a name may since point at another image
             if not image:
                 try:
-                    image = self._call(self.api.inspect_container, c["Id"]).get("Image") or ""
-                except docker.errors.NotFound:
+                    image = self._call("inspect_container", c["Id"]).get("Image") or ""
+                except NotFound:
                     return False  # removed meanwhile: nothing left to prune
             if image not in images:
                 images[image] = self._image_labels(image)
@@ -355,18 +296,15 @@ class DockerOps:
     def _image_labels(self, image_id: str) -> dict[str, str] | None:
         """An image's labels; None when it cannot be inspected (removed while containers of it remain): what a
         container of it inherited then cannot be told."""
-        import docker.errors  # the Docker SDK: imported by the writes only, never by the reads (start-up budget)
-
         if not image_id:
             return None
         try:
-            return dict((self._call(self.api.inspect_image, image_id).get("Config") or {}).get("Labels") or {})
-        except docker.errors.NotFound:
+            return dict((self._call("inspect_image", image_id).get("Config") or {}).get("Labels") or {})
+        except NotFound:
             return None
 
     def logs_tail(self, cid: str, lines: int = 40) -> str:
         try:
-            raw = self._call(self.api.logs, cid, stdout=True, stderr=True, tail=lines)
+            return str(self._call("logs", cid, tail=lines))
         except (DockerActionError, Exception):  # noqa: BLE001 - logs are evidence, not a reason to fail harder
             return ""
-        return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
