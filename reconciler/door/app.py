@@ -88,6 +88,24 @@ class Door:
         lane = self.view.lanes.get(recipe) if self.view else None
         return lane is not None and lane.state == "serving"
 
+    def models_now(self) -> dict[str, dict[str, Any]]:
+        """Per model name and alias, as ``status`` shows it: its lane's recipe and state, the requests held for it
+        now, how long the oldest of them has waited, and when it was last asked for (epoch seconds, or None)."""
+        view = self.view
+        if view is None:
+            return {}
+        out: dict[str, dict[str, Any]] = {}
+        for name, recipe in sorted(view.names.items()):
+            lane = view.lanes.get(recipe)
+            out[name] = {
+                "recipe": recipe,
+                "state": lane.state if lane else "not-in-topology",
+                "queue": self.holds.depth(name),
+                "held_s": round(self.holds.oldest_s(name), 3),
+                "last_request": self.last_request.get(name),
+            }
+        return out
+
     def apply_view(self, view: DoorView) -> None:
         """A new look at the host: release each model's held requests whose lane serves now, refuse those whose
         lane can no longer come (its topology blocked, or run by no topology)."""

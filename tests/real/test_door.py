@@ -177,6 +177,16 @@ def test_a_request_for_an_entering_lane_is_held_until_it_serves(root: Root) -> N
         t.start()
         time.sleep(1.0)
         assert t.is_alive(), "the request was answered before the lane existed"
+        # status shows what the door holds, read from what the door publishes (the page renders the same).
+        shown = subprocess.run(root.cli_args("status", "--json"), env=root.env, capture_output=True, text=True)
+        front = json.loads(shown.stdout)["door"]
+        assert front["pid"] == door.proc.pid, front
+        first = front["models"]["first"]
+        assert first["recipe"] == a and first["state"] == "entering" and first["queue"] == 1, first
+        assert first["held_s"] > 0 and first["last_request"] <= time.time()
+        assert front["models"]["second"]["state"] == "not-in-topology" and front["models"]["second"]["queue"] == 0
+        human = subprocess.run(root.cli_args("status"), env=root.env, capture_output=True, text=True).stdout
+        assert "front door" in human and f"first -> {a}: entering" in human and "1 held" in human, human
         status, headers, body = door.post("/v1/chat/completions", b'{"model": "second", "messages": []}')
         assert status == 503 and {k.lower(): v for k, v in headers.items()}.get("retry-after"), body
         assert json.loads(body)["error"]["code"] == "not_in_topology"
