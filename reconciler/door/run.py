@@ -100,6 +100,7 @@ class Looker:
             view = await asyncio.to_thread(self.look)
             if view is not None:
                 self.door.apply_view(view)
+                await self.door.demand_step(self.service.switch)
             self.door.metrics.oldest.set(self.door.holds.oldest_s())
             self.models = self.door.models_now()  # here, not in the thread: the queues change on this loop only
             await asyncio.to_thread(self.publish)
