@@ -1,6 +1,7 @@
 """Commands that set a host up: ``reconciler init [--dry-run]`` writes a root from what the machine says (the cards by
 NVML, WSL2, the engine, /dev/shm), never over a file that is there; ``reconciler systemd-unit`` prints the unit that
-runs the loop for this install (the package carries it: ``reconciler/data/reconciler.service``); ``reconciler
+runs the loop for this install (the package carries it: ``reconciler/data/reconciler.service``; with ``--door`` the
+front door's, ``reconciler-door.service``); ``reconciler
 alert-rules`` prints the Prometheus alert and record rules the package carries (``reconciler/data/prometheus/``).
 
 Registered by ``reconciler.cli.build_parser``; the service's ``init_root`` does the work, imported when the command
@@ -74,11 +75,18 @@ def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
         help="print the systemd unit that runs the loop for this install and --root (Type=notify, watchdog, hardening)",
         description="Print the systemd unit this package carries, its ExecStart naming this install's console script "
         "(or --exec), --root (made absolute) and --metrics-addr: "
-        "`reconciler --root /etc/reconciler systemd-unit > /etc/systemd/system/reconciler.service`.",
+        "`reconciler --root /etc/reconciler systemd-unit > /etc/systemd/system/reconciler.service`. With --door, the "
+        "front door's own unit: `... systemd-unit --door > /etc/systemd/system/reconciler-door.service`.",
     )
     p.add_argument("--exec", metavar="PATH", help="the command to run instead of this install's console script")
     p.add_argument(
         "--metrics-addr", default="127.0.0.1:9464", help="the loop's listener (default 127.0.0.1:9464, loopback)"
+    )
+    p.add_argument(
+        "--door",
+        action="store_true",
+        help="print the front door's unit instead (reconciler door, its own process; it listens on host.yaml's "
+        "door.listen)",
     )
     p.set_defaults(func=cmd_systemd_unit)
     p = sub.add_parser(
@@ -95,6 +103,8 @@ def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
 UNIT_EXEC = (
     "ExecStart=/opt/pipx/venvs/reconciler/bin/reconciler run --root /etc/reconciler --metrics-addr 127.0.0.1:9464"
 )
+DOOR_EXEC = "ExecStart=/opt/pipx/venvs/reconciler/bin/reconciler door --root /etc/reconciler"
+DOOR_WRITES = "ReadWritePaths=-/etc/reconciler/manifests"  # a demand switch rewrites the host's manifest there
 # What systemd would read as a specifier, a variable, a quote or a word break in ExecStart's path arguments.
 _UNSAFE_IN_UNIT = set(" \t\n\"'\\%$;")
 
@@ -106,9 +116,10 @@ def this_install() -> str:
     return script if os.access(script, os.X_OK) else f"{os.path.abspath(sys.executable)} -m reconciler"
 
 
-def render_unit(template: str, *, exe: str, root: str, metrics_addr: str) -> str:
-    """The shipped unit with ``ExecStart`` naming ``exe``, ``root`` and ``metrics_addr``; refused (ValueError) for a
-    relative root or a value systemd would not read as one word."""
+def render_unit(template: str, *, exe: str, root: str, metrics_addr: str, door: bool = False) -> str:
+    """The shipped unit with ``ExecStart`` naming ``exe``, ``root`` and ``metrics_addr`` (the door's: ``exe`` and
+    ``root``, and ``ReadWritePaths`` the root's manifests); refused (ValueError) for a relative root or a value
+    systemd would not read as one word."""
     if not os.path.isabs(root):
         raise ValueError(f"--root {root!r}: the unit needs an absolute path (systemd starts in /)")
     words = (
@@ -120,6 +131,13 @@ def render_unit(template: str, *, exe: str, root: str, metrics_addr: str) -> str
         bad = sorted(set(value) & _UNSAFE_IN_UNIT)
         if bad:
             raise ValueError(f"{what} {value!r} holds {''.join(bad)!r}, which a unit file would not read as written")
+    if door:
+        if template.count(DOOR_EXEC) != 1 or template.count(DOOR_WRITES) != 1:
+            raise ValueError("the shipped door unit has no ExecStart line to fill in: reinstall the package")
+        manifests = os.path.join(root, "manifests")
+        return template.replace(DOOR_EXEC, f"ExecStart={exe} door --root {root}").replace(
+            DOOR_WRITES, f"ReadWritePaths=-{manifests}"
+        )
     if template.count(UNIT_EXEC) != 1:
         raise ValueError("the shipped unit has no ExecStart line to fill in: reinstall the package")
     return template.replace(UNIT_EXEC, f"ExecStart={exe} run --root {root} --metrics-addr {metrics_addr}")
@@ -128,10 +146,12 @@ def render_unit(template: str, *, exe: str, root: str, metrics_addr: str) -> str
 def cmd_systemd_unit(args: argparse.Namespace) -> int:
     from reconciler.base.errors import ReconcilerError  # start-up: the command line's other commands never need it
 
-    template = _data_text("reconciler.service")
+    template = _data_text("reconciler-door.service" if args.door else "reconciler.service")
     root = os.path.abspath(args.root)
     try:
-        text = render_unit(template, exe=args.exec or this_install(), root=root, metrics_addr=args.metrics_addr)
+        text = render_unit(
+            template, exe=args.exec or this_install(), root=root, metrics_addr=args.metrics_addr, door=args.door
+        )
     except ValueError as exc:
         raise ReconcilerError(str(exc)) from None
     print(text, end="", file=console(args).out)

@@ -184,6 +184,7 @@ def render_status(data: dict[str, Any], s: Style) -> str:
     out.extend(_preserved_lines(data, s))
     out.extend(_suite_lines(data, s))
     out.extend(_loop_lines(data, s))
+    out.extend(_door_lines(data, s))
     for f in data["plan"].get("fallbacks") or ():
         out.append(s.yellow(f"  ↺ {f['text']}"))
     out.append("")
@@ -330,6 +331,26 @@ def _suite_lines(data: dict[str, Any], s: Style) -> list[str]:
                     f"reserve {human_bytes(low['reserve_bytes'])}"
                 )
                 out.append(s.red(text + f" BELOW ({under.get('policy')})") if low.get("below_reserve") else text)
+    return out
+
+
+def _door_lines(data: dict[str, Any], s: Style) -> list[str]:
+    """The front door's models, when a door runs: each name's lane state, held requests and last request."""
+    door = data.get("door")
+    if not isinstance(door, dict):
+        return []
+    out = ["", s.bold("front door") + f"  pid {door.get('pid')}"]
+    for name, m in sorted((door.get("models") or {}).items()):
+        last = m.get("last_request")
+        line = (
+            f"  {clip(str(name), 60)} -> {clip(str(m.get('recipe')), 60)}: {m.get('state')}, "
+            f"last request {iso_time(last) if isinstance(last, int | float) else 'never'}"
+        )
+        if m.get("queue"):
+            line += f", {m['queue']} held (oldest {m.get('held_s', 0):.1f} s)"
+            out.append(s.yellow(line))
+        else:
+            out.append(line)
     return out
 
 

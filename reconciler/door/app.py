@@ -10,9 +10,11 @@ and a lane that fails mid-stream ends the stream with an error event.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import math
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -25,6 +27,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from reconciler.base import jsonstrict
+from reconciler.base.errors import ReconcilerError
+from reconciler.door.demand import DemandPolicy
 from reconciler.door.hold import Holds, Refused
 from reconciler.door.metrics import DoorMetrics
 from reconciler.model import DoorConfig
@@ -81,6 +85,7 @@ class Door:
         self.last_request: dict[str, float] = {}
         self.publish = publish
         self.client: httpx.AsyncClient | None = None
+        self.demand: DemandPolicy | None = None  # the manifest's demand: (opt-in)
 
     # ------------------------------------------------------------ the host's state
 
@@ -88,13 +93,40 @@ class Door:
         lane = self.view.lanes.get(recipe) if self.view else None
         return lane is not None and lane.state == "serving"
 
+    def models_now(self) -> dict[str, dict[str, Any]]:
+        """Per model name and alias, as ``status`` shows it: its lane's recipe and state, the requests held for it
+        now, how long the oldest of them has waited, and when it was last asked for (epoch seconds, or None)."""
+        view = self.view
+        if view is None:
+            return {}
+        out: dict[str, dict[str, Any]] = {}
+        for name, recipe in sorted(view.names.items()):
+            lane = view.lanes.get(recipe)
+            out[name] = {
+                "recipe": recipe,
+                "state": lane.state if lane else "not-in-topology",
+                "queue": self.holds.depth(name),
+                "held_s": round(self.holds.oldest_s(name), 3),
+                "last_request": self.last_request.get(name),
+            }
+        return out
+
     def apply_view(self, view: DoorView) -> None:
         """A new look at the host: release each model's held requests whose lane serves now, refuse those whose
         lane can no longer come (its topology blocked, or run by no topology)."""
         self.view = view
+        spec = view.desired.demand if view.desired is not None else None
+        if spec is None:
+            self.demand = None
+        elif self.demand is None or self.demand.spec != spec:
+            self.demand = DemandPolicy(spec)
+        if self.demand is not None:
+            self.demand.observe(view, time.time())
         for model in list(self.holds.queues):
             recipe = view.recipe_of(model)
             lane = view.lanes.get(recipe) if recipe else None
+            if lane is not None and lane.state != "serving" and self._on_demand(view, recipe):
+                continue  # a demand switch brings it (or refuses it, naming the blocker): see demand_step
             if lane is None:
                 self.holds.refuse(
                     model, Refused(404, f"model {model!r} is no longer served", retry_after=0, kind="gone")
@@ -105,6 +137,45 @@ class Door:
                 self.holds.refuse(model, self._not_served(model, lane.state, lane.why))
         for model in {*self.holds.queues, *self.metrics.queued_models}:
             self.metrics.queue_depth(model, self.holds.depth(model))
+
+    def _on_demand(self, view: DoorView, recipe: str | None) -> bool:
+        return self.demand is not None and recipe is not None and self.demand.target(view, recipe) is not None
+
+    async def demand_step(self, switch: Callable[[str], Any]) -> None:
+        """The demand policy's turn after a look (``reconciler.door.demand``): switch the host, through the service,
+        for the requests held now, refuse at once those whose topology is blocked, or go back to the default when
+        the running topology has been idle long enough. ``switch`` is the service's switch (blocking: run in a
+        thread), audited with the door as its caller."""
+        view, policy = self.view, self.demand
+        if view is None or policy is None:
+            return
+        now = time.time()
+        to, refuse = policy.wanted(view, list(self.holds.queues), now)
+        for model, why in refuse.items():
+            self.holds.refuse(
+                model,
+                Refused(
+                    503,
+                    f"model {model!r} cannot be served: {why}",
+                    retry_after=min(self.config.hold_s, 30.0),
+                    kind="blocked",
+                ),
+            )
+        if to is None:
+            to = policy.idle_return(
+                view, in_flight=self.in_flight, held=bool(self.holds.queues), last_request=self.last_request, now=now
+            )
+        if to is None or to == policy.topology:
+            return
+        before = policy.topology or ""
+        try:
+            await asyncio.to_thread(switch, to)
+        except (ReconcilerError, OSError) as exc:  # refused (the manifest changed meanwhile, a lock): tried later
+            policy.since = now
+            print(f"reconciler door: the demand switch {before} -> {to} failed: {exc}", file=sys.stderr)
+            return
+        policy.switched(to, now)
+        self.metrics.switches.labels(**{"from": before, "to": to}).inc()
 
     def _not_served(self, model: str, state: str, why: str) -> Refused:
         if state == "blocked":
@@ -200,7 +271,11 @@ class Door:
         lane = view.lanes[recipe]
         held_s = 0.0
         if lane.state != "serving":
-            if lane.state not in HOLDABLE:
+            target = self.demand.target(view, recipe) if self.demand is not None else None
+            if target is not None and self.demand is not None and target in self.demand.blocked:
+                why = f"topology {target!r} is blocked: {self.demand.blocked[target]}"
+                return self._refused(model, self._not_served(model, "blocked", why))
+            if lane.state not in HOLDABLE and target is None:
                 return self._refused(model, self._not_served(model, lane.state, lane.why))
             client = f"{request.client.host if request.client else '-'}/{body.get('user', '')}"
             try:

@@ -47,9 +47,11 @@ class Holds:
     def depth(self, model: str) -> int:
         return len(self.queues.get(model, ()))
 
-    def oldest_s(self) -> float:
+    def oldest_s(self, model: str | None = None) -> float:
+        """How long the oldest request held (for ``model``, else for any) has waited so far."""
         now = time.monotonic()
-        return max((now - w.since for q in self.queues.values() for w in q), default=0.0)
+        queues = [self.queues.get(model, ())] if model is not None else self.queues.values()
+        return max((now - w.since for q in queues for w in q), default=0.0)
 
     async def wait(self, model: str, client: str, *, why: str) -> float:
         """Hold until ``release(model)``: the seconds held; ``Refused`` when the queue is full, this client's share of

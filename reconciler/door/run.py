@@ -70,6 +70,7 @@ class Looker:
         self.host = host
         self.last_error = ""
         self.at = 0.0
+        self.models: dict[str, Any] = {}  # the door's models as status shows them, taken on the event loop
 
     def look(self) -> DoorView | None:
         at = time.time()
@@ -87,7 +88,7 @@ class Looker:
         for recipe in {*self.door.in_flight, *(view.lanes if view else {})}:
             lanes[recipe] = {"in_flight": self.door.in_flight.get(recipe, 0), "admitting": self.door.admitting(recipe)}
         try:
-            write_door_state(self.host, {"at": self.at, "lanes": lanes})
+            write_door_state(self.host, {"at": self.at, "lanes": lanes, "models": self.models})
         except (OSError, fsafe.UnsafePath, ReconcilerError) as exc:
             # The drain then sees no door and waits for none of its requests: said on stderr, once per cause.
             if str(exc) != self.last_error:
@@ -99,7 +100,9 @@ class Looker:
             view = await asyncio.to_thread(self.look)
             if view is not None:
                 self.door.apply_view(view)
+                await self.door.demand_step(self.service.switch)
             self.door.metrics.oldest.set(self.door.holds.oldest_s())
+            self.models = self.door.models_now()  # here, not in the thread: the queues change on this loop only
             await asyncio.to_thread(self.publish)
             await asyncio.sleep(LOOK_S)
 

@@ -27,6 +27,7 @@ from reconciler.plan.verdict import acting, decide, in_flight
 from reconciler.plan.vram import slot_vram, unlisted_used_bytes
 from reconciler.service.loop_view import loop_view
 from reconciler.service.results import StatusResult, error_object, sources_error
+from reconciler.store.door_state import door_status
 from reconciler.store.history import last_topology
 from reconciler.store.loop_state import read_loop_state
 from reconciler.store.probe_history import last_suites
@@ -178,6 +179,7 @@ def status_data(
         },
         "plan": plan.to_json(),
         "loop": read_loop_state(desired.host.name),
+        "door": door_status(desired.host.name),
     }
 
 

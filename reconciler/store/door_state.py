@@ -1,8 +1,9 @@
-"""The front door's published state: the requests it has in flight to each lane, and whether it admits new ones.
+"""The front door's published state: the requests it has in flight to each lane, whether it admits new ones, and per
+model name (and alias) its lane's state, the requests held for it and when it was last asked for.
 
 Written by ``reconciler door`` (``reconciler.door``) whenever a count changes and at least every second; read by the
 drain before a lane leaves or sleeps (``reconciler.apply.drain``, through ``HostIO.lanes.front``), which waits for
-the door's requests to that lane beside the lane's own. The file lives in the runtime directory beside the loop's
+the door's requests to that lane beside the lane's own, and by ``reconciler status`` (``door_status``). The file lives in the runtime directory beside the loop's
 state (``reconciler.store.lock.runtime_dir``, checked before each use, written through the one safe write) and
 counts only while the pid it names is alive. It carries its format version (``reconciler.base.formats``).
 """
@@ -65,3 +66,14 @@ def door_lane(host: str, recipe: str) -> tuple[float, int, bool] | None:
         return at, int(lane.get("in_flight", 0)), bool(lane.get("admitting", True))
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def door_status(host: str) -> dict[str, object] | None:
+    """What ``status`` shows of a live door: its pid, when it last looked, and per model name and alias its lane's
+    ``recipe`` and ``state``, the requests held for it (``queue``), how long the oldest has waited (``held_s``) and
+    when it was last asked for (``last_request``); None without a live door."""
+    data = read_door_state(host)
+    if data is None:
+        return None
+    models = data.get("models")
+    return {"pid": data.get("pid"), "at": data.get("at"), "models": models if isinstance(models, dict) else {}}

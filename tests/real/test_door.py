@@ -11,6 +11,7 @@ dies mid-stream ends the stream with an error event; the drain of a switch waits
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import subprocess
 import threading
@@ -177,6 +178,16 @@ def test_a_request_for_an_entering_lane_is_held_until_it_serves(root: Root) -> N
         t.start()
         time.sleep(1.0)
         assert t.is_alive(), "the request was answered before the lane existed"
+        # status shows what the door holds, read from what the door publishes (the page renders the same).
+        shown = subprocess.run(root.cli_args("status", "--json"), env=root.env, capture_output=True, text=True)
+        front = json.loads(shown.stdout)["door"]
+        assert front["pid"] == door.proc.pid, front
+        first = front["models"]["first"]
+        assert first["recipe"] == a and first["state"] == "entering" and first["queue"] == 1, first
+        assert first["held_s"] > 0 and first["last_request"] <= time.time()
+        assert front["models"]["second"]["state"] == "not-in-topology" and front["models"]["second"]["queue"] == 0
+        human = subprocess.run(root.cli_args("status"), env=root.env, capture_output=True, text=True).stdout
+        assert "front door" in human and f"first -> {a}: entering" in human and "1 held" in human, human
         status, headers, body = door.post("/v1/chat/completions", b'{"model": "second", "messages": []}')
         assert status == 503 and {k.lower(): v for k, v in headers.items()}.get("retry-after"), body
         assert json.loads(body)["error"]["code"] == "not_in_topology"
@@ -228,6 +239,86 @@ def test_a_client_gone_cancels_upstream_and_a_dead_lane_ends_the_stream(root: Ro
             for _ in it:
                 pass
         assert time.monotonic() - t0 < 10
+    finally:
+        door.stop()
+        loop.stop()
+
+
+# ---------------------------------------------------------------- the demand policy
+
+
+def _door_switches(root: Root) -> list[dict[str, Any]]:
+    records = root.cli("audit", "--json").data
+    records = records.get("records", records) if isinstance(records, dict) else records
+    return [r for r in records if r.get("action") == "switch" and r.get("front") == "door" and r.get("outcome") == "ok"]
+
+
+def test_demand_wakes_a_sleeping_topology_no_faster_than_min_dwell_and_returns_when_idle(root: Root) -> None:
+    """Two standby topologies on one card: a request for the sleeping one's model switches the host to it through the
+    service (audited with the door as its caller) and is answered once its lane wakes; requests alternating between
+    the two switch at most once per min_dwell_s; with nothing asked of the running one for idle_return_s the host
+    returns to demand.default."""
+    a = root.sleeping_recipe("day")
+    b = root.sleeping_recipe("night")
+    dwell, idle = 4.0, 6.0
+    root.write_manifest_text(
+        f"host: {root.host}\n"
+        "topology: one\n"
+        "standby: [one, two]\n"
+        "topologies:\n"
+        f"  one: [{{recipe: {a}, gpus: [dark-compute-a]}}]\n"
+        f"  two: [{{recipe: {b}, gpus: [dark-compute-a]}}]\n"
+        f"demand: {{topologies: [one, two], default: one, idle_return_s: {idle}, min_dwell_s: {dwell}}}\n"
+    )
+    loop = LoopProcess(root).started(timeout=90)
+    door = DoorProcess(root)
+    name_a, name_b = f"e2e/{a}", f"e2e/{b}"
+    try:
+        wait_until(lambda: _state(door, name_a) == "serving", timeout=60, what="the day lane serves")
+        wait_until(lambda: _state(door, name_b) == "asleep", timeout=60, what="the night lane sleeps")
+        client = door.client()
+
+        # The sleeping topology's model: held, switched to on demand, woken, answered.
+        t0 = time.monotonic()
+        text, _ = _stream_words(client, name_b, 5)
+        assert text.startswith("Fake answer") and "topology: two" in root.manifest_path.read_text(), text
+        (first,) = _door_switches(root)
+        assert first["reason"] == "topology one -> two", first
+        assert _state(door, name_a) in ("asleep", "standby") and time.monotonic() - t0 < 40
+
+        # Alternating requests, one a second: each switch waits min_dwell_s after the one before.
+        stop = time.monotonic() + 3 * dwell
+        errors: list[str] = []
+        models = [name_a, name_b]
+        i = 0
+        while time.monotonic() < stop:
+            try:
+                got, _ = _stream_words(client, models[i % 2], 2)
+                assert got.startswith("Fake answer"), got
+            except openai.APIError as exc:
+                errors.append(repr(exc))
+            i += 1
+            time.sleep(1.0)
+        assert errors == []
+        switches = _door_switches(root)
+        assert len(switches) >= 2
+        times = [float(r["time"]) for r in switches]
+        gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+        assert all(g >= dwell - 0.25 for g in gaps), gaps  # never more often than min_dwell_s
+
+        # Back to two, then nothing asked: the host returns to the default on its own.
+        _stream_words(client, name_b, 1)
+        assert "topology: two" in root.manifest_path.read_text()
+        wait_until(
+            lambda: "topology: one" in root.manifest_path.read_text(),
+            timeout=idle + dwell + 10,
+            what="the idle return to demand.default",
+        )
+        wait_until(lambda: _state(door, name_a) == "serving", timeout=60, what="the day lane serves again")
+        last = _door_switches(root)[-1]
+        assert last["reason"] == "topology two -> one", last
+        metrics = urllib.request.urlopen(door.url + "/metrics", timeout=2).read().decode()
+        assert 'reconciler_door_demand_switches_total{from="two",to="one"}' in metrics
     finally:
         door.stop()
         loop.stop()

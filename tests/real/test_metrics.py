@@ -28,6 +28,7 @@ from e2e_helpers import running_prometheus
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
+from reconciler.door.metrics import DoorMetrics
 from reconciler.loop.metric_families import (
     ACTION_KINDS,
     ACTION_RESULTS,
@@ -38,6 +39,7 @@ from reconciler.loop.metric_families import (
 )
 from reconciler.loop.metrics import CONTENT_TYPE, Metrics, SlotOwner, gpu_owners
 from reconciler.model import HostConfig
+from reconciler.model.door import DOOR_DEFAULT_LISTEN
 from reconciler.plan.actions import Action, ActionKind, Blocker, Held, Plan
 from reconciler.plan.observed import (
     LABEL_HOST,
@@ -597,7 +599,7 @@ def test_promtool_check_rules() -> None:
     promtool = need("promtool", "prometheus")
     done = subprocess.run([promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 18 rules found" in done.stdout
+    assert "SUCCESS: 19 rules found" in done.stdout
 
 
 def test_promtool_test_rules() -> None:
@@ -675,7 +677,11 @@ def _exposed_names() -> set[str]:
     m.set_manifest_valid(False, "manifests/x.yaml:1: broken")
     # The probe families come from the host's probe history, empty here: a gauge's family name is its sample name.
     empty_gauges = {fam.name for fam in m.registry.collect() if fam.type == "gauge" and not fam.samples}
-    return {name for name, _ in samples(m)} | empty_gauges
+    door = DoorMetrics()  # the front door's own /metrics (ReconcilerDoorHolding)
+    door_names = {s.name for fam in door.registry.collect() for s in fam.samples} | {
+        fam.name for fam in door.registry.collect()
+    }
+    return {name for name, _ in samples(m)} | empty_gauges | door_names
 
 
 def test_alerts_and_dashboard_use_only_exported_metric_names() -> None:
@@ -694,11 +700,14 @@ def test_example_prometheus_config_is_valid_and_scrapes_the_loop() -> None:
     path = EXAMPLES / "prometheus.yml"
     done = subprocess.run([promtool, "check", "config", str(path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 18 rules found" in done.stdout  # the rule file was found through the relative path
+    assert "SUCCESS: 19 rules found" in done.stdout  # the rule file was found through the relative path
     doc = yaml.safe_load(path.read_text())
-    (job,) = doc["scrape_configs"]
+    job, door = doc["scrape_configs"]
     assert job["job_name"] == "reconciler"
     assert job["static_configs"][0]["targets"] == ["127.0.0.1:9464"]
+    # The front door on its default door.listen, for ReconcilerDoorHolding.
+    assert door["job_name"] == "reconciler-door"
+    assert door["static_configs"][0]["targets"] == [DOOR_DEFAULT_LISTEN]
 
 
 def test_systemd_unit_runs_the_loop_and_keeps_what_it_needs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -856,7 +865,7 @@ def test_a_real_prometheus_scrapes_the_exposition_and_evaluates_the_rules(metric
         assert float(orphan[0]["value"][1]) == 768 * MiB
         groups = _api(base, "/api/v1/rules")["data"]["groups"]
         rules = [r for g in groups for r in g["rules"]]
-        assert len(rules) == 18 and all(r["health"] == "ok" for r in rules), [
+        assert len(rules) == 19 and all(r["health"] == "ok" for r in rules), [
             (r["name"], r.get("lastError")) for r in rules
         ]
 

@@ -51,3 +51,41 @@ def test_it_names_this_install_and_passes_systemd_analyze(tmp_path: Path) -> Non
 def test_what_a_unit_would_not_read_as_written_is_refused(args: list[str], says: str) -> None:
     done = unit(*args)
     assert done.returncode == 1 and says in done.stderr and done.stdout == "" and "Traceback" not in done.stderr
+
+
+# ---------------------------------------------------------------- the front door's own unit
+
+
+def test_the_door_unit_for_an_install_in_opt_is_the_shipped_example() -> None:
+    done = unit("--root", "/etc/reconciler", "systemd-unit", "--door", "--exec", "/opt/pipx/venvs/reconciler/bin/reconciler")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (REPO / "examples" / "reconciler-door.service").read_text()
+
+
+def test_the_door_unit_runs_the_door_of_this_root_and_passes_systemd_analyze(tmp_path: Path) -> None:
+    done = unit("--root", str(tmp_path), "systemd-unit", "--door")
+    assert done.returncode == 0, done.stderr
+    conf = dict(ln.split("=", 1) for ln in done.stdout.splitlines() if "=" in ln and not ln.startswith("#"))
+    script = Path(sys.executable).parent / "reconciler"
+    expected = f"{script}" if script.exists() else f"{Path(sys.executable).resolve()} -m reconciler"
+    # Its own process: the door, never the loop, and nothing of the loop's (no notify, no watchdog).
+    assert conf["ExecStart"] == f"{expected} door --root {tmp_path}", conf["ExecStart"]
+    assert conf["Type"] == "exec" and "WatchdogSec" not in conf
+    # It shares the loop's private directories (it publishes its requests in flight where the drain reads them)
+    # and may write only the manifests' directory besides (a demand switch), holding no capability at all.
+    assert conf["RuntimeDirectory"] == "reconciler" and conf["RuntimeDirectoryPreserve"] == "yes"
+    assert conf["StateDirectory"] == "reconciler" and conf["ProtectSystem"] == "strict"
+    assert conf["ReadWritePaths"] == f"-{tmp_path}/manifests"
+    assert conf["CapabilityBoundingSet"] == "" and conf["NoNewPrivileges"] == "yes"
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.fail("systemd-analyze is missing: make setup installs systemd")
+    path = tmp_path / "reconciler-door.service"
+    path.write_text(done.stdout)
+    verified = subprocess.run([analyze, "verify", str(path)], capture_output=True, text=True)
+    assert verified.returncode == 0 and verified.stdout.strip() == verified.stderr.strip() == "", verified
+
+
+def test_a_door_unit_systemd_would_not_read_as_written_is_refused() -> None:
+    done = unit("--root", "/etc/%h", "systemd-unit", "--door")
+    assert done.returncode == 1 and "holds '%'" in done.stderr and done.stdout == ""

@@ -106,6 +106,27 @@ def shm_section(summary: dict[str, Any], files: Sequence[dict[str, Any]]) -> Htm
     )
 
 
+def door_section(door: Any) -> Html:
+    """status's ``door``: each model name and alias with its lane's state, held requests and last request; nothing
+    without a live door."""
+    if not isinstance(door, dict):
+        return Html("")
+    models = door.get("models") or {}
+    rows = (
+        [
+            name,
+            m.get("recipe"),
+            el("span", m.get("state"), class_=f"door-{m.get('state')}"),
+            f"{m.get('queue', 0)} (oldest {m.get('held_s', 0):.1f} s)" if m.get("queue") else "0",
+            _when(m.get("last_request")) or "never",
+        ]
+        for name, m in sorted(models.items())
+        if isinstance(m, dict)
+    )
+    body = table(("model", "recipe", "state", "held now", "last request"), rows, class_="door")
+    return el("section", el("h2", "Front door"), body, id="door", aria_label="front door")
+
+
 def _when(t: Any) -> str:
     if not isinstance(t, int | float) or isinstance(t, bool):
         return str(t or "")

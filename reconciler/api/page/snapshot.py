@@ -91,7 +91,7 @@ class PageData:
 
 
 def live_html(d: PageData) -> Html:
-    """The live part of the page: header, slots, lanes, plan, tmpfs, audit trail."""
+    """The live part of the page: header, slots, lanes, the front door (when one runs), plan, tmpfs, audit trail."""
     plan = d.status.get("plan") or {}
     shm = d.status.get("shm") or {}
     orphans = ((shm.get("files") or {}).get("orphan") or {}).get("count", 0)
@@ -101,6 +101,7 @@ def live_html(d: PageData) -> Html:
         slots=view.slot_cards(d.status, d.vram_history),
         lanes=view.lane_cards(d.status, d.recipes, d.progress),
         kept=view.kept_section(d.status),
+        door=sections.door_section(d.status.get("door")),
         changes="true" if plan.get("changes") else "false",
         blocked="true" if plan.get("blocked") else "false",
         plan=sections.plan_section(plan),
