@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from reconciler.base.errors import ReconcilerError
 from reconciler.base.fsafe import read_trusted, write_atomic
 from reconciler.load.alias_edit import AliasEditError, alias_recipe_of, set_alias_recipe
-from reconciler.plan.gates import GateVerdict, evaluate
+from reconciler.plan.gates import evaluate
 from reconciler.store.evidence import records
 from reconciler.store.lock import manifest_edit_lock
 
@@ -72,15 +72,6 @@ def runs_somewhere(desired: DesiredState, recipe: str) -> bool:
     """Whether a topology (or the assignments) of the manifest runs ``recipe``: an alias must name one."""
     lanes = [a for group in desired.topologies.values() for a in group] + list(desired.assignments)
     return any(a.recipe == recipe for a in lanes)
-
-
-def alias_verdict(desired: DesiredState, alias: str) -> GateVerdict:
-    """The alias's recipe's newest evidence of its current hash against the alias's gates."""
-    spec = desired.aliases[alias]
-    r = desired.recipes.get(spec.recipe)
-    if r is None:
-        return GateVerdict(False, (f"no recipe {spec.recipe!r}",))
-    return evaluate(records(desired.host.name, spec.recipe), r.content_hash(), spec.gates)
 
 
 def promote_alias(service: HostService, alias: str, recipe: str) -> PromoteResult:

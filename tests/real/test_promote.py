@@ -149,3 +149,31 @@ def test_promote_through_mcp(root: Root, promotable: tuple[str, str]) -> None:
     assert load_desired(root.path).aliases["chat"].recipe == lane
     recs = [r for r in audited(root) if r["front"] == "mcp"]
     assert [r["outcome"] for r in recs] == ["refused", "ok"], recs
+
+
+def test_plan_status_and_the_page_show_each_alias_and_its_verdict(root: Root, promotable: tuple[str, str]) -> None:
+    from reconciler.api.page.sections import plan_section
+
+    omni, lane = promotable
+
+    def verdicts(*args: str) -> dict[str, tuple[str, str]]:
+        res = root.cli(*args, "--json")
+        assert res.rc in (0, 2), str(res)
+        return {a["alias"]: (a["recipe"], a["verdict"]) for a in res.data["aliases"]}
+
+    assert verdicts("plan") == verdicts("status") == {"chat": (omni, "not qualified")}
+    evidence(root, omni, recipe_hash="0123456789abcdef")  # of an earlier hash: still not qualified
+    assert verdicts("status") == {"chat": (omni, "not qualified")}
+    evidence(root, omni)
+    challenger = {"chat": (omni, "challenger, no promotion: reserve_free_gib")}
+    assert verdicts("plan") == verdicts("status") == challenger
+    text = root.cli("status")
+    assert f"chat -> {omni}: challenger, no promotion: reserve_free_gib" in text.stdout, str(text)
+    status = root.cli("status", "--json").data
+    page = str(plan_section(status["plan"], status["aliases"]))
+    assert "Aliases" in page and "challenger, no promotion: reserve_free_gib" in page and RESERVE in page, page
+    evidence(root, lane, reserve_gib=4)
+    assert root.cli("promote", "chat", lane).rc == 0
+    assert verdicts("plan") == verdicts("status") == {"chat": (lane, "promoted")}
+    text = root.cli("plan")
+    assert f"chat -> {lane}: promoted" in text.stdout, str(text)
