@@ -177,3 +177,13 @@ def test_plan_status_and_the_page_show_each_alias_and_its_verdict(root: Root, pr
     assert verdicts("plan") == verdicts("status") == {"chat": (lane, "promoted")}
     text = root.cli("plan")
     assert f"chat -> {lane}: promoted" in text.stdout, str(text)
+
+
+def test_promote_wait_runs_the_pass_now(root: Root, promotable: tuple[str, str]) -> None:
+    omni, lane = promotable
+    evidence(root, lane, reserve_gib=4)
+    done = root.cli("promote", "chat", lane, "--wait", "--json", timeout=120)
+    assert done.rc == 0 and done.data["result"] == "converged", str(done)  # stdout: apply's answer
+    assert f"alias chat: {omni} -> {lane}" in done.stderr, str(done)
+    assert root.cname(omni, "dark-compute-b") in root.running()
+    assert load_desired(root.path).aliases["chat"].recipe == lane
