@@ -39,7 +39,15 @@ from reconciler import __version__
 from reconciler.base import jsonstrict
 from reconciler.base.errors import ConfigError, ReconcilerError
 from reconciler.base.redact import redact_data, redact_json, redact_text
-from reconciler.base.requests import DEFAULT_SUITE, MAX_RECLAIM_PATHS, PLAN_ID_PATTERN, TOPOLOGY_PATTERN, ProbeSuite
+from reconciler.base.requests import (
+    ALIAS_PATTERN,
+    DEFAULT_SUITE,
+    MAX_RECLAIM_PATHS,
+    PLAN_ID_PATTERN,
+    RECIPE_PATTERN,
+    TOPOLOGY_PATTERN,
+    ProbeSuite,
+)
 from reconciler.service import Caller, HostService
 
 RECIPE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -59,7 +67,8 @@ INSTRUCTIONS = (
     "confirm is true (it lists exactly what a confirmed call removes, and removes only orphan offload files, never "
     "while a native-offload container runs); action 'apply' carries out a plan made by host_plan, named by its "
     "plan_id, and is refused when anything changed since that plan was made; action 'switch' sets the running "
-    "topology, which the loop converges."
+    "topology, which the loop converges; action 'promote' moves an alias to a recipe whose evidence passes the "
+    "alias's gates."
 )
 
 
@@ -111,9 +120,15 @@ class ProbeArgs(_Args):
 
 
 class ManageArgs(_Args):
-    action: Literal["reclaim-shared-memory", "apply", "switch", "sync"] = Field(
+    action: Literal["reclaim-shared-memory", "apply", "switch", "promote", "sync"] = Field(
         description="'reclaim-shared-memory' (dry run unless confirm), 'apply' (needs plan_id), 'switch' (needs "
-        "topology) or 'sync' (fetch the host's git source now)"
+        "topology), 'promote' (needs alias and recipe) or 'sync' (fetch the host's git source now)"
+    )
+    alias: str | None = Field(
+        None, pattern=ALIAS_PATTERN, description="promote: the alias to move, a name under the manifest's aliases:"
+    )
+    recipe: str | None = Field(
+        None, pattern=RECIPE_PATTERN, description="promote: the recipe the alias is to name (its evidence gated)"
     )
     topology: str | None = Field(
         None,
@@ -141,7 +156,9 @@ def _manage_problem(args: ManageArgs) -> str:
         return "paths and confirm are for action 'reclaim-shared-memory'"
     if (args.action == "switch") != (args.topology is not None):
         return "action 'switch' needs topology (and only it takes one)"
-    if args.action in ("switch", "sync") and args.plan_id is not None:
+    if (args.action == "promote") != (args.alias is not None) or (args.alias is None) != (args.recipe is None):
+        return "action 'promote' needs alias and recipe (and only it takes them)"
+    if args.action in ("switch", "promote", "sync") and args.plan_id is not None:
         return "plan_id is for action 'apply'"
     return ""
 
@@ -236,6 +253,8 @@ def build_server(
             return _call(lambda: service().shm_reclaim(confirm=args.confirm, paths=args.paths))
         if args.action == "switch":
             return _call(lambda: service().switch(args.topology or ""))
+        if args.action == "promote":
+            return _call(lambda: service().promote(args.alias or "", args.recipe or ""))
         if args.action == "sync":
             return _call(lambda: service().sync())
         return _call(lambda: service().apply_saved(args.plan_id))
@@ -295,7 +314,10 @@ def build_server(
             "host_plan saved, named by plan_id; refused as stale, with what changed, when the host or its files "
             "changed since. action 'switch': set the manifest's running topology to 'topology' (its topology: value "
             "alone; the same JSON as `reconciler switch NAME --json`), which the loop then converges (sleeping lanes "
-            "wake in seconds). action 'sync': fetch the host's git source now and take its newest commit where its "
+            "wake in seconds). action 'promote': set the recipe the manifest's alias 'alias' names to 'recipe' (its value "
+            "alone; the same JSON as `reconciler promote ALIAS RECIPE --json`), refused unless the kept evidence for "
+            "the recipe's current hash passes every gate of the alias, each failed gate named with its figure. "
+            "action 'sync': fetch the host's git source now and take its newest commit where its "
             "files validate and its canaries converged it (the same JSON as `reconciler sync --json`). Arguments are "
             "checked strictly: any other type or argument is refused. Every call that changes something, or is "
             "refused, is written to the host's audit trail.",

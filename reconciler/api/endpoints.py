@@ -22,6 +22,7 @@ from reconciler.api.request_models import (
     ErrorBody,
     PlanQuery,
     ProbeQuery,
+    PromoteBody,
     ReclaimBody,
     SwitchBody,
     SyncBody,
@@ -35,6 +36,7 @@ from reconciler.api.routes import (
     get_shm,
     get_status,
     post_apply,
+    post_promote,
     post_reclaim,
     post_switch,
     post_sync,
@@ -98,6 +100,18 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "kept); the loop converges it",
         body=SwitchBody,
         responses={"409": "refused: an unknown topology, no named topologies, or a file changed meanwhile"},
+    ),
+    Endpoint(
+        "/v1/promote",
+        "POST",
+        post_promote,
+        "promote ALIAS RECIPE --json: set the recipe an alias of the manifest names (its value alone, every other "
+        "byte kept) when the evidence for the recipe's current hash passes every gate of the alias",
+        body=PromoteBody,
+        responses={
+            "409": "refused: a failed gate (each named with its figure), an unknown alias or recipe, a git "
+            "source, or a file changed meanwhile"
+        },
     ),
     Endpoint(
         "/v1/sync",

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from reconciler.api.errors import _BadRequest
 from reconciler.base import jsonstrict
 from reconciler.base.requests import (
+    ALIAS_PATTERN,
     DEFAULT_SUITE,
     MAX_RECLAIM_PATHS,
     PLAN_ID_PATTERN,
@@ -61,6 +62,13 @@ class SwitchBody(_Strict):
     """POST /v1/switch: set the manifest's running topology (its ``topology:`` value alone); the loop converges it."""
 
     topology: str = Field(pattern=TOPOLOGY_PATTERN, description="a name under the manifest's topologies:")
+
+
+class PromoteBody(_Strict):
+    """POST /v1/promote: set the recipe an alias names, when its evidence passes every gate of the alias."""
+
+    alias: str = Field(pattern=ALIAS_PATTERN, description="a name under the manifest's aliases:")
+    recipe: str = Field(pattern=RECIPE_PATTERN, description="the recipe the alias is to name")
 
 
 class SyncBody(_Strict):

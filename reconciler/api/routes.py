@@ -27,6 +27,7 @@ from reconciler.api.request_models import (
     AuditQuery,
     PlanQuery,
     ProbeQuery,
+    PromoteBody,
     ReclaimBody,
     SwitchBody,
     SyncBody,
@@ -271,6 +272,15 @@ async def post_switch(request: Request) -> Response:
     except _BadRequest as exc:
         return _bad(request, exc, action="switch")
     return await _run(request, lambda s: s.switch(body.topology), write=True)
+
+
+async def post_promote(request: Request) -> Response:
+    """``promote ALIAS RECIPE --json``: the alias set to RECIPE when its evidence passes every gate of the alias."""
+    try:
+        body = await _body(request, PromoteBody)
+    except _BadRequest as exc:
+        return _bad(request, exc, action="promote")
+    return await _run(request, lambda s: s.promote(body.alias, body.recipe), write=True)
 
 
 async def post_sync(request: Request) -> Response:

@@ -27,6 +27,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/v1/apply"): WRITE,
     ("POST", "/v1/switch"): WRITE,
     ("POST", "/v1/sync"): WRITE,
+    ("POST", "/v1/promote"): WRITE,
     ("GET", "/v1/openapi.json"): READ,
     ("GET", "/metrics"): PUBLIC,  # under TLS a token (read) is needed: ``Guard``'s public paths
     ("GET", "/healthz"): PUBLIC,

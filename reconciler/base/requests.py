@@ -32,6 +32,9 @@ DEFAULT_SUITE: ProbeSuite = "preflight"
 TOPOLOGY_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 TOPOLOGY = re.compile(TOPOLOGY_PATTERN[1:-1])
 
+# An alias a promotion may name (a name under the manifest's aliases:; the model's SERVED_NAME_PATTERN).
+ALIAS_PATTERN = r"^[^\s\x00-\x1f\x7f]{1,256}$"
+
 # The most paths one reclaim may name (each from a dry run's would_reclaim).
 MAX_RECLAIM_PATHS = 4096
 

@@ -81,9 +81,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(res.to_json(), con.out)
     else:
-        from reconciler.cli.render import render_plan  # the start-up budget (the text renderer)
+        from reconciler.cli.render import render_aliases, render_plan  # the start-up budget (the text renderer)
 
         print(render_plan(res.plan, res.observed, con.style()), file=con.out)
+        if res.aliases:
+            print("\n".join(render_aliases(res.aliases, con.style())), file=con.out)
     if res.exit_code == EXIT_ERROR:
         for s in res.observed.unavailable():
             print(f"error: {s.name} source unavailable: {s.detail}", file=con.err)

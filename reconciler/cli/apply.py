@@ -240,6 +240,28 @@ def cmd_switch(args: argparse.Namespace) -> int:
     return cmd_apply(args)
 
 
+def cmd_promote(args: argparse.Namespace) -> int:
+    """``reconciler promote ALIAS RECIPE [--wait]``: the alias set to RECIPE when its evidence passes every gate of
+    the alias; with ``--wait`` the pass runs now as ``apply --yes`` runs it (and exits as apply does)."""
+    con = console(args)
+    res = service(args).promote(args.alias, args.recipe)
+    if args.json and not args.wait:
+        emit_json(res.to_json(), con.out)
+        return res.exit_code
+    note = con.err if args.json else con.out  # with --wait --json, stdout is apply's JSON answer
+    done = (
+        f"alias {res.alias}: {res.before} -> {res.after}"
+        if res.changed
+        else f"alias {res.alias} is {res.after} already"
+    )
+    print(f"{res.manifest}: {done} (evidence {res.evidence})", file=note)
+    if not args.wait:
+        print("the loop converges it (or run `reconciler apply`)", file=note)
+        return res.exit_code
+    args.plan_file, args.yes = None, True
+    return cmd_apply(args)
+
+
 def cmd_sync(args: argparse.Namespace) -> int:
     """``reconciler sync``: fetch the host's git source now and take its newest commit where it may be taken."""
     con = console(args)
@@ -278,6 +300,19 @@ def add_commands(sub: Any, *, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("name", metavar="NAME", help="the topology to run")
     p.add_argument("--wait", action="store_true", help="converge now, as `apply --yes` does (0 converged, 3 blocked)")
     p.set_defaults(func=cmd_switch)
+    p = sub.add_parser(
+        "promote",
+        parents=parents,
+        help="move an alias to RECIPE when its evidence for the recipe's current hash passes every gate of the alias",
+        description="Set the recipe the manifest's alias ALIAS names to RECIPE, keeping every other byte of the file, "
+        "only when the kept qualification evidence (`reconciler qualify`) for RECIPE's current hash passes every gate "
+        "of the alias (its long form's gates:); otherwise refused, naming each failed gate with its figure. With "
+        "--wait the pass runs now, as `apply --yes` runs it, and the exit code is apply's.",
+    )
+    p.add_argument("alias", metavar="ALIAS", help="the alias, a name under the manifest's aliases:")
+    p.add_argument("recipe", metavar="RECIPE", help="the recipe it is to name")
+    p.add_argument("--wait", action="store_true", help="converge now, as `apply --yes` does (0 converged, 3 blocked)")
+    p.set_defaults(func=cmd_promote)
     p = sub.add_parser(
         "sync",
         parents=parents,

@@ -106,7 +106,7 @@ def service(args: argparse.Namespace) -> HostService:
 # What a running loop answers (``reconciler.control.server``): every command that reads or changes the host through the
 # service layer. ``validate``, ``schema`` and ``completion`` read files only; ``run`` and ``mcp`` are servers.
 LOOP_COMMANDS = frozenset(
-    {"plan", "status", "audit", "probe", "apply", "adopt", "switch", "sync", "shm status", "shm reclaim"}
+    {"plan", "status", "audit", "probe", "apply", "adopt", "switch", "promote", "sync", "shm status", "shm reclaim"}
 )
 
 

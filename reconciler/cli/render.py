@@ -187,9 +187,23 @@ def render_status(data: dict[str, Any], s: Style) -> str:
     out.extend(_door_lines(data, s))
     for f in data["plan"].get("fallbacks") or ():
         out.append(s.yellow(f"  ↺ {f['text']}"))
+    out.extend(render_aliases(data.get("aliases") or [], s))
     out.append("")
     out.append(_verdict_line(data, s))
     return "\n".join(out)
+
+
+def render_aliases(aliases: list[dict[str, Any]], s: Style) -> list[str]:
+    """Each alias, its recipe and the verdict of its evidence against the alias's gates (each failed gate with its
+    figure below it): ``plan`` and ``status``."""
+    if not aliases:
+        return []
+    out = ["", s.bold("aliases")]
+    for a in aliases:
+        line = f"  {a['alias']} -> {a['recipe']}: {a['verdict']}"
+        out.append(s.green(line) if a["verdict"] == "promoted" else s.yellow(line))
+        out += [f"    {f}" for f in a.get("failures") or () if a["verdict"] != "promoted"]
+    return out
 
 
 def _status_head(data: dict[str, Any], s: Style) -> list[str]:

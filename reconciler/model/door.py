@@ -62,14 +62,17 @@ class DoorConfig(_Strict):
 
 
 class AliasSpec(_Strict):
-    """An alias in its long form: the recipe it names, and the gates a request must pass (kept as written)."""
+    """An alias in its long form: the recipe it names, and the gates its evidence must pass for ``reconciler promote``
+    to move the alias to another recipe (``reconciler.plan.gates``)."""
 
     recipe: str = Field(
         description="A recipe's name: configs/recipes/NAME.toml.", json_schema_extra=_pattern(NAME_PATTERN)
     )
     gates: dict[str, Any] = Field(
         default_factory=dict,
-        description="Conditions a request for this alias must meet, by name (kept as written; none are enforced yet).",
+        description="The promotion's gates, by name: preflight: pass, ladder_tokens, min_decode_tok_s, "
+        "min_prefill_tok_s, max_ttft_s: {TOKENS: SECONDS}, reserve_free_gib, reload: proven, min_spec_acceptance, "
+        "repeat. `reconciler promote` moves the alias to a recipe only when its kept evidence passes every one.",
         json_schema_extra={"propertyNames": {"pattern": NAME_PATTERN}},
     )
 

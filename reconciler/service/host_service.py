@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from reconciler.apply.results import Progress
     from reconciler.model import DesiredState, HostConfig
     from reconciler.service.apply_session import ApplySession
+    from reconciler.service.promote import PromoteResult
     from reconciler.service.results import (
         AdoptResult,
         PlanResult,
@@ -228,6 +229,13 @@ class HostService:
         from reconciler.service.switch import switch_topology
 
         return switch_topology(self, name)
+
+    def promote(self, alias: str, recipe: str) -> PromoteResult:
+        """Set the recipe ``alias`` names to ``recipe`` when its evidence passes every gate of the alias."""
+        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
+        from reconciler.service.promote import promote_alias
+
+        return promote_alias(self, alias, recipe)
 
     def sync(self) -> SyncResult:
         """Fetch the host's git source and take its newest commit when it validates and its canaries converged it

@@ -12,6 +12,7 @@ from reconciler.apply.host_io import REAL_IO
 from reconciler.plan.enter_checks import enter_needs
 from reconciler.plan.fingerprint import file_digests, fingerprint
 from reconciler.plan.planner import plan
+from reconciler.service.alias_verdicts import alias_verdicts
 from reconciler.service.loop_view import loop_view
 from reconciler.service.results import PlanResult
 from reconciler.service.saved_plans import plan_document, save_plan, write_private
@@ -30,7 +31,7 @@ def plan_host(service: HostService, *, save: bool = False, out: str | None = Non
     observed = (service.io or REAL_IO).observe(desired.host, **enter_needs(desired, view.get("last_good", ())))
     p = plan(desired, observed, **view)
     fp = fingerprint(files, desired, observed, view)
-    result = PlanResult(desired, observed, p, fingerprint=fp)
+    result = PlanResult(desired, observed, p, fingerprint=fp, aliases=alias_verdicts(desired))
     if save:
         result.plan_id = save_plan(desired.host.name, p, fp, desired)
     if out:

@@ -240,6 +240,42 @@ def parse_ladder(text: str) -> tuple[int, ...]:
     return rungs
 
 
+def make_record(
+    desired: DesiredState,
+    recipe: str,
+    runs: Sequence[dict[str, Any]],
+    *,
+    containers: Sequence[str],
+    digest: str | None,
+    slots: Sequence[str],
+    ladder: Sequence[int],
+    reload: bool,
+) -> dict[str, Any]:
+    """The evidence record of ``runs`` of ``recipe`` (its immutable identity, the host, the cards, the caveats)."""
+    r = desired.recipes[recipe]
+    return {
+        "recipe": recipe,
+        "recipe_hash": r.content_hash(),
+        "image": r.container.image,
+        "image_digest": digest,
+        "model": r.model.id,
+        "revision": r.model.revision,
+        "host": desired.host.name,
+        "machine": socket.gethostname(),
+        "containers": list(containers),
+        "cards": _cards(desired, slots),
+        "started": runs[0]["started"],
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(runs[0]["started"])),
+        "reconciler_version": __version__,
+        "ladder_targets": list(ladder),
+        "reload_asked": reload,
+        "repeat": len(runs),
+        "runs": list(runs),
+        "status": "passed" if all(x["status"] == "passed" for x in runs) else "failed",
+        "caveats": _caveats(desired, runs),
+    }
+
+
 def run_qualify(
     service: HostService, recipe: str, *, ladder: Sequence[int] = DEFAULT_LADDER, reload: bool = False, repeat: int = 1
 ) -> QualifyResult:
@@ -252,27 +288,8 @@ def run_qualify(
     mine, digest, _obs = _lane(service, desired, recipe)
     slots = tuple(dict.fromkeys(s for c in mine for s in c.slots if s in desired.host.gpus))
     runs = [one_run(desired, recipe, slots, ladder=ladder, reload=reload) for _ in range(repeat)]
-    record: dict[str, Any] = {
-        "recipe": recipe,
-        "recipe_hash": r.content_hash(),
-        "image": r.container.image,
-        "image_digest": digest,
-        "model": r.model.id,
-        "revision": r.model.revision,
-        "host": desired.host.name,
-        "machine": socket.gethostname(),
-        "containers": [c.name for c in mine],
-        "cards": _cards(desired, slots),
-        "started": runs[0]["started"],
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(runs[0]["started"])),
-        "reconciler_version": __version__,
-        "ladder_targets": list(ladder),
-        "reload_asked": reload,
-        "repeat": repeat,
-        "runs": runs,
-        "status": "passed" if all(x["status"] == "passed" for x in runs) else "failed",
-        "caveats": _caveats(desired, runs),
-    }
+    record = make_record(desired, recipe, runs, containers=[c.name for c in mine], digest=digest, slots=slots,
+                         ladder=ladder, reload=reload)  # fmt: skip
     path = keep(desired.host.name, record)
     failed = next((x for x in runs if x["status"] != "passed"), None)
     service.record(

@@ -51,9 +51,12 @@ class PlanResult:
     plan: Plan
     plan_id: str | None = None
     fingerprint: Fingerprint | None = None
+    aliases: list[dict[str, Any]] | None = None  # the manifest's aliases and their verdicts (service.alias_verdicts)
 
     def to_json(self) -> dict[str, Any]:
         data = self.plan.to_json()
+        if self.aliases:
+            data["aliases"] = self.aliases
         data["sources"] = {n: v.render() for n, v in self.observed.sources.items()}
         if self.plan_id:
             data["plan_id"] = self.plan_id

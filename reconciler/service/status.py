@@ -25,6 +25,7 @@ from reconciler.plan.observed import ContainerView, Observed, ShmFile, ShmView
 from reconciler.plan.planner import plan
 from reconciler.plan.verdict import acting, decide, in_flight
 from reconciler.plan.vram import slot_vram, unlisted_used_bytes
+from reconciler.service.alias_verdicts import alias_verdicts
 from reconciler.service.loop_view import loop_view
 from reconciler.service.results import StatusResult, error_object, sources_error
 from reconciler.store.door_state import door_status
@@ -196,6 +197,8 @@ def host_status(service: HostService) -> StatusResult:
     lanes = io.lanes.readings(desired, observed)
     data = status_data(desired, observed, plan(desired, observed, **view), lanes)
     data["probe_suites"] = last_suites(desired.host.name, set(desired.recipes))
+    if desired.aliases:
+        data["aliases"] = alias_verdicts(desired)
     if observed.unavailable():
         data["error"] = sources_error(observed)
     return StatusResult(with_verdict(data), observed)

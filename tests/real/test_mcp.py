@@ -78,7 +78,7 @@ async def check_tools(session: Any) -> None:
     assert manage.annotations.idempotent_hint is False
     props = manage.input_schema["properties"]
     assert manage.input_schema["required"] == ["action"], manage.input_schema
-    assert props["action"]["enum"] == ["reclaim-shared-memory", "apply", "switch", "sync"]
+    assert props["action"]["enum"] == ["reclaim-shared-memory", "apply", "switch", "promote", "sync"]
     assert props["confirm"]["type"] == "boolean" and props["confirm"]["default"] is False
     assert props["plan_id"]["default"] is None
     assert {"pattern": "^[0-9a-f]{32}$", "type": "string"} in props["plan_id"]["anyOf"], props["plan_id"]

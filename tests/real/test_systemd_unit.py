@@ -57,7 +57,9 @@ def test_what_a_unit_would_not_read_as_written_is_refused(args: list[str], says:
 
 
 def test_the_door_unit_for_an_install_in_opt_is_the_shipped_example() -> None:
-    done = unit("--root", "/etc/reconciler", "systemd-unit", "--door", "--exec", "/opt/pipx/venvs/reconciler/bin/reconciler")
+    done = unit(
+        "--root", "/etc/reconciler", "systemd-unit", "--door", "--exec", "/opt/pipx/venvs/reconciler/bin/reconciler"
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout == (REPO / "examples" / "reconciler-door.service").read_text()
 

@@ -22,7 +22,7 @@ from reconciler.service.words import audit_what, blocker_fix
 AUDIT_SHOWN = 20
 
 
-def plan_section(plan: dict[str, Any]) -> Html:
+def plan_section(plan: dict[str, Any], aliases: Sequence[dict[str, Any]] = ()) -> Html:
     actions = plan.get("actions") or []
     parts: list[Any] = [
         el("h3", "Pending actions"),
@@ -63,6 +63,18 @@ def plan_section(plan: dict[str, Any]) -> Html:
     fallbacks = plan.get("fallbacks") or []
     if fallbacks:
         parts += [el("h3", "Fallbacks"), el("ul", *(el("li", f.get("text")) for f in fallbacks))]
+    if aliases:
+        parts += [
+            el("h3", "Aliases"),
+            table(
+                ("alias", "recipe", "verdict of its evidence", "failed gates"),
+                (
+                    [a.get("alias"), a.get("recipe"), a.get("verdict"), "; ".join(a.get("failures") or ())]
+                    for a in aliases
+                ),
+                class_="aliases",
+            ),
+        ]
     return join(parts)
 
 

@@ -104,7 +104,7 @@ def live_html(d: PageData) -> Html:
         door=sections.door_section(d.status.get("door")),
         changes="true" if plan.get("changes") else "false",
         blocked="true" if plan.get("blocked") else "false",
-        plan=sections.plan_section(plan),
+        plan=sections.plan_section(plan, d.status.get("aliases") or ()),
         orphans=orphans,
         shm=sections.shm_section(shm, d.files),
         audit=sections.audit_section(d.audit),
