@@ -94,6 +94,13 @@ def source_word(observed: Observed, name: str) -> str:
     return observed.sources[name].render()
 
 
+def _problems(plan: Plan) -> int:
+    """The blockers an operator must act on: a lane of ours kept serving where a blocked lane would go is said as
+    such (``kept_serving``), never counted as a problem of its own."""
+    kept = set(plan.kept_serving)
+    return sum(1 for b in plan.blockers if b.holder not in kept) or len(plan.blockers)
+
+
 def _plan_lines(plan: Plan, s: Style) -> list[str]:
     """One line per lane as it stays, per step, per blocker, per held lane and per fallback."""
     out: list[str] = []
@@ -122,7 +129,7 @@ def render_plan(plan: Plan, observed: Observed | None, s: Style) -> str:
     counts = {k: sum(1 for a in plan.actions if a.kind is k) for k in ActionKind}
     refusal = plan.apply_refusal  # the applier's own decision: a plan never promises what apply refuses
     if plan.actions and refusal is not None:
-        lead = f"Blocked: {len(plan.blockers)} problem(s); apply" if plan.blocked else "Apply"
+        lead = f"Blocked: {_problems(plan)} problem(s); apply" if plan.blocked else "Apply"
         out.append(
             s.red(
                 f"{lead} refuses all {len(plan.actions)} action(s) above and changes nothing: {refusal} "
@@ -135,12 +142,12 @@ def render_plan(plan: Plan, observed: Observed | None, s: Style) -> str:
         if plan.actions:
             out.append(
                 s.red(
-                    f"Blocked: {len(plan.blockers)} problem(s); apply runs the {len(plan.actions)} action(s) above "
+                    f"Blocked: {_problems(plan)} problem(s); apply runs the {len(plan.actions)} action(s) above "
                     "and leaves the blocked slots as they are."
                 )
             )
         else:
-            out.append(s.red(f"Blocked: {len(plan.blockers)} problem(s); apply would change nothing."))
+            out.append(s.red(f"Blocked: {_problems(plan)} problem(s); apply would change nothing."))
         out.extend("  " + line for line in blocked_advice(plan))
     elif plan.actions:
         out.append(

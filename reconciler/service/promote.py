@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from reconciler.base.errors import ReconcilerError
 from reconciler.base.fsafe import read_trusted, write_atomic
+from reconciler.base.suggest import did_you_mean
 from reconciler.load.alias_edit import AliasEditError, alias_recipe_of, set_alias_recipe
 from reconciler.plan.gates import evaluate
 from reconciler.store.evidence import records
@@ -89,10 +90,14 @@ def promote_alias(service: HostService, alias: str, recipe: str) -> PromoteResul
         )
     spec = desired.aliases.get(alias)
     if spec is None or desired.manifest_path is None:
-        raise refused(f"{alias!r} is no alias of the manifest: known {sorted(desired.aliases)}")
+        raise refused(
+            f"{alias!r} is no alias of the manifest: " + did_you_mean(alias, desired.aliases, what="its aliases")
+        )
     r = desired.recipes.get(recipe)
     if r is None:
-        raise refused(f"no recipe {recipe!r} in configs/recipes/ (known: {', '.join(sorted(desired.recipes))})")
+        raise refused(
+            f"no recipe {recipe!r} in configs/recipes/: " + did_you_mean(recipe, desired.recipes, what="its recipes")
+        )
     if not runs_somewhere(desired, recipe):
         raise refused(f"no topology of the manifest runs {recipe!r}: add it to one first, so the alias can be served")
     recipe_hash = r.content_hash()

@@ -38,7 +38,8 @@ def blocker_fix(cause: str) -> str:
 
 def blocked_advice(plan: Plan) -> list[str]:
     """One line of advice per kind of blocker in the plan, in a fixed order: what the operator can do."""
-    causes = {b.cause for b in plan.blockers}
+    kept = set(plan.kept_serving)  # our own lanes kept serving: no cause the operator acts on
+    causes = {b.cause for b in plan.blockers if b.holder not in kept} or {b.cause for b in plan.blockers}
     order = ("source", "adopt", "held", "memory", "tmpfs", "image", "runtime", "port", "recipe")
     return [_ADVICE[c] for c in order if c in causes]
 

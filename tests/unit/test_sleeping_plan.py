@@ -276,3 +276,25 @@ def test_a_blocked_wake_darkens_no_serving_lane() -> None:
     # With the foreign container gone, the switch runs as before.
     clear = replace(o, containers=tuple(c for c in o.containers if c.recipe))
     assert steps(plan(d, clear)) == [("sleep", "small-a"), ("sleep", "small-b"), ("wake", "big")]
+
+
+def test_blocked_counts_the_problems_not_our_lanes_kept_serving_and_the_hint_fits() -> None:
+    """'Blocked: N problem(s)' counts what the operator must act on: a blocker that names a lane of ours kept serving
+    where the blocked lane would go is not a problem of its own, and its 'never stops what it does not own' hint does
+    not apply to it."""
+    from reconciler.plan.actions import Blocker
+
+    ours = LANES["small-b"][0]
+    foreign = Blocker(
+        "big", (A, B), "container jupyter holds GPU slot dark-compute-a and is not managed by this tool", "jupyter"
+    )
+    kept = Blocker(
+        "other",
+        (B,),
+        f"{ours} holds GPU slot {B} and keeps serving it: the lane that would replace it there is blocked",
+        ours,
+    )
+    text = render_plan(Plan(host="h", blockers=(foreign, kept), kept_serving=(ours,)), None, Style(color=False))
+    assert "Blocked: 1 problem(s)" in text, text
+    only_ours = render_plan(Plan(host="h", blockers=(kept,), kept_serving=(ours,)), None, Style(color=False))
+    assert "Blocked: 1 problem(s)" in only_ours, only_ours  # a plan blocked by nothing else still says it is blocked
