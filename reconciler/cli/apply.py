@@ -47,6 +47,17 @@ def _stale(res: ApplyResult, args: argparse.Namespace) -> int:
     return res.exit_code
 
 
+def _shower(con: Any) -> Any:
+    """What prints a saved plan once it holds, before its apply's progress (stderr) begins."""
+    from reconciler.cli.render import render_plan
+
+    def shown(plan: Any, observed: Any) -> None:
+        print(render_plan(plan, observed, con.style()), file=con.out)
+        con.out.flush()
+
+    return shown
+
+
 def cmd_apply(args: argparse.Namespace) -> int:
     # The start-up budget: the parser registers this command for `--help` too, which must not load the model.
     from reconciler.cli.render import render_plan
@@ -66,7 +77,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)} if con.local else {}
     try:
         if args.plan_file:
-            res = svc.apply_saved(args.plan_file, progress=progress, cancel=cancel)
+            shown = None if args.json else _shower(con)  # the plan before the progress lines, as without a file
+            res = svc.apply_saved(args.plan_file, progress=progress, cancel=cancel, shown=shown)
             if res.passed is None:
                 return _stale(res, args)
             result = res.passed

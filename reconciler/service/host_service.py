@@ -274,9 +274,15 @@ class HostService:
         return path, doc, fp
 
     def apply_saved(
-        self, source: str, *, progress: Progress | None = None, cancel: threading.Event | None = None
+        self,
+        source: str,
+        *,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+        shown: Callable[[Any, Any], None] | None = None,
     ) -> ApplyResult:
-        """Apply exactly a saved plan, refused (``stale``, with what changed) when anything changed since."""
+        """Apply exactly a saved plan, refused (``stale``, with what changed) when anything changed since. ``shown``
+        (the command line's) is given the plan and its observation once it holds, before its first step runs."""
         try:
             path, doc, fp = self.saved_plan(source)
         except ReconcilerError as exc:
@@ -293,4 +299,6 @@ class HostService:
                 message = f"the saved plan {source} is stale"
                 self.record("apply", outcome="stale", reason=message, plan=source, changes=changes[:40])
                 return ApplyResult(host, changes=changes, message=message, now=s.plan, observed=s.observed)
+            if shown is not None:
+                shown(s.plan, s.observed)
             return ApplyResult(host, passed=s.run(source=source))

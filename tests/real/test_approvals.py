@@ -110,3 +110,27 @@ def test_only_the_approved_steps_run() -> None:
     later = Action(ActionKind.RECLAIM, "orphans", paths=("/s/vllm_offload_2.mmap", "/s/vllm_offload_3.mmap"))
     assert within(approved, later).paths == ("/s/vllm_offload_2.mmap",)
     assert within(approved, Action(ActionKind.RECLAIM, "o", paths=("/s/vllm_offload_9.mmap",))) is None
+
+
+def test_a_saved_plan_is_printed_before_the_progress_of_its_apply(root: Root, tmp_path: Path) -> None:
+    """`apply FILE` shows the plan it runs first, as `apply --yes` does, and only once it holds: its steps' progress
+    (stderr) follows it in one stream, and a stale plan prints no plan of its own (the refusal shows the plan now)."""
+    import subprocess
+
+    omni = root.recipe("omni")
+    root.manifest((omni, ["dark-compute-b"]))
+    saved = tmp_path / "plan.json"
+    assert root.cli("plan", "--out", str(saved)).rc == 2
+    proc = subprocess.run(
+        root.cli_args("apply", str(saved)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=120,
+        env=root.env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout
+    out = proc.stdout
+    plan_at, step_at = out.find("Plan: 1 to enter"), out.find(f"enter {omni} on dark-compute-b: ok")
+    assert 0 <= plan_at < step_at, out
