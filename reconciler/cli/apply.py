@@ -49,7 +49,7 @@ def _stale(res: ApplyResult, args: argparse.Namespace) -> int:
 
 def _shower(con: Any) -> Any:
     """What prints a saved plan once it holds, before its apply's progress (stderr) begins."""
-    from reconciler.cli.render import render_plan
+    from reconciler.cli.render import render_plan  # the start-up budget (the text renderer)
 
     def shown(plan: Any, observed: Any) -> None:
         print(render_plan(plan, observed, con.style()), file=con.out)

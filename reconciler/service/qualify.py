@@ -26,7 +26,6 @@ from reconciler.load.recipes import served_names
 from reconciler.model import DesiredState
 from reconciler.observe.containers import EngineObserver
 from reconciler.observe.gpu import MemoryReader
-from reconciler.observe.lane_sleep import ask_sleeping
 from reconciler.plan.observed import LABEL_HOST
 from reconciler.plan.vram import LoadLow, VramSampler
 from reconciler.store.evidence import keep
@@ -95,7 +94,9 @@ def _lane(service: HostService, desired: DesiredState, recipe: str) -> tuple[lis
     r = desired.recipes[recipe]
     origin = r.api_origin()
     if r.sleep is not None and origin:
-        asleep = ask_sleeping(origin)
+        from reconciler.apply.host_io import REAL_IO  # the start-up budget: only a qualify asks a lane
+
+        asleep = (service.io or REAL_IO).lanes.is_sleeping(origin)
         if asleep is True:
             raise QualifyRefused(_not_running(desired, recipe, "is asleep"))
     digest = None

@@ -129,7 +129,7 @@ def test_a_loop_pass_keeps_the_backoff_of_the_fallback_of_a_held_lane(
 
     from planner_fixtures import make_recipe
 
-    from reconciler import loop as loop_mod
+    from reconciler.loop import loop as loop_mod
     from reconciler.model import DesiredAssignment, DesiredState, HostConfig
 
     a, b = "dark-compute-a", "dark-compute-b"

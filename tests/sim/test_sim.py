@@ -627,7 +627,7 @@ def test_the_apply_layer_the_loop_and_the_service_reach_the_host_only_through_th
         # The loop's fetch timer of a git source too: a simulated run replays its fetches from its seed.
         for path in [
             *(root / f"{n}.py" for n in clocked),
-            *(Path(reconciler.loop.__file__).parent / n for n in ("__init__.py", "source.py")),
+            *(Path(reconciler.loop.__file__).parent / n for n in ("loop.py", "source.py")),
         ]
         for m in re.finditer(r"\btime\.(monotonic|time|sleep)\(", path.read_text())
     ]
