@@ -104,12 +104,12 @@ _ANY_ADDRESS = frozenset({"0.0.0.0", "::", "[::]", ""})
 
 
 def _asked_urls(recipe: Recipe) -> list[tuple[tuple[Any, ...], str, str]]:
-    """(where in the file, what, URL) of every URL the tool asks the lane at: health, drain metrics, each probe."""
+    """(where in the file, what, URL) of every URL the tool asks the lane's server at: health and each probe (a drain's
+    metrics_url may be another process's, such as a sidecar exporter, and a drain that finds no answer stops the lane
+    without one)."""
     urls: list[tuple[tuple[Any, ...], str, str]] = []
     if recipe.health.url:
         urls.append((("health", "url"), "health.url", recipe.health.url))
-    if recipe.drain.metrics_url:
-        urls.append((("drain", "metrics_url"), "drain.metrics_url", recipe.drain.metrics_url))
     for i, p in enumerate(recipe.probes):
         if p.base_url:
             urls.append((("probes", i, "base_url"), f"probe {p.name!r} base_url", p.base_url))

@@ -28,6 +28,12 @@ def lane(root: Root, base_name: str, *, slot: str, offload_mib: int, port: int |
     data["container"]["command"] = set_flag(data["container"]["command"], "--tensor-parallel-size", "1")
     data["container"]["env"].pop("FAKE_VLLM_MODE_FILE", None)
     final = f"{base_name}-{root.tag}"
+    # Two lanes of one recipe in one topology: each answers to a name of its own (validate refuses two lanes that
+    # serve one name, since a request for it could go to either).
+    data["container"]["command"] = set_flag(data["container"]["command"], "--served-model-name", final)
+    data["model"]["id"] = final
+    for probe in data.get("probes") or ():
+        probe.pop("model", None)
     (root.path / "configs" / "recipes" / f"{name}.toml").unlink()
     root.recipes.pop("deepseek-256k-offload")
     root.write_recipe(final, data)
