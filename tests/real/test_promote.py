@@ -104,7 +104,7 @@ def test_promote_on_the_command_line(root: Root, promotable: tuple[str, str]) ->
     assert recs[3]["evidence"] == done.data["evidence"] and recs[3]["recipe_hash"] == done.data["recipe_hash"]
 
     unknown = root.cli("promote", "nope", lane)
-    assert unknown.rc == 1 and "'nope' is no alias of the manifest: known ['chat']" in unknown.stderr
+    assert unknown.rc == 1 and "'nope' is no alias of the manifest: its aliases: chat" in unknown.stderr
 
 
 def test_promote_through_the_http_api(root: Root, promotable: tuple[str, str], tmp_path: Path) -> None:
