@@ -41,13 +41,15 @@ LOCAL = "this root's own files"
 
 
 def jsonable(value: Any) -> Any:
-    """Pure: ``value`` as JSON values, whole: a pydantic model by ``model_dump(mode="json")`` (every field of it), a dataclass by every
+    """Pure: ``value`` as JSON values, whole: a pydantic model by every field of its own class, a dataclass by every
     field, a map by its keys, a set sorted. TypeError for anything else, so a new kind of value is never hashed by
     its ``repr`` (an address that differs in each process would make every saved plan stale)."""
     if isinstance(value, BaseModel):
-        # serialize_as_any: a value of a subclass (a field a later release or a test adds) is dumped as what it
-        # is, not as the field's declared model, which would leave its own fields out unseen.
-        return value.model_dump(mode="json", serialize_as_any=True)
+        # Every field of the value's own class, walked as any value is here: a value of a subclass (a field a later
+        # release or a test adds) is taken as what it is, not as the field's declared model. (pydantic's model_dump
+        # with serialize_as_any needs every nested model's serializer built, which the models' deferred build leaves
+        # undone before pydantic 2.14.)
+        return {name: jsonable(getattr(value, name)) for name in type(value).model_fields}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, Enum):
