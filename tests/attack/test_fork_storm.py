@@ -21,38 +21,9 @@ from pathlib import Path
 import pytest
 from e2e_helpers import MIB, LoopProcess, Root, make_file, wait_until
 
-from attack.helpers import Attacker
+from attack.helpers import HOLDER, STORM, Attacker
 
 pytestmark = [pytest.mark.root, pytest.mark.docker]
-
-# Forks a child every PERIOD seconds, each sleeping LIFE seconds, for at most TOTAL seconds, then stops by itself.
-# The kernel reaps the children (SIGCHLD ignored), as make reaps its own. Its own session, so the teardown ends the
-# whole group.
-STORM = """
-import os, signal, sys, time
-period, life, total = (float(a) for a in sys.argv[1:4])
-os.setsid()
-signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-print("ready", flush=True)
-end = time.monotonic() + total
-due = time.monotonic()
-while time.monotonic() < end:
-    if os.fork() == 0:
-        time.sleep(life)
-        os._exit(0)
-    due += period
-    time.sleep(max(0.0, due - time.monotonic()))
-"""
-
-# Maps the file (and keeps it mapped, its descriptor closed) until stdin closes.
-HOLDER = """
-import mmap, os, sys
-fd = os.open(sys.argv[1], os.O_RDWR)
-m = mmap.mmap(fd, 0)
-os.close(fd)
-print("mapped", flush=True)
-sys.stdin.read()
-"""
 
 
 def _nobody_processes() -> int:

@@ -42,30 +42,7 @@ NOBODY = "65534"
 STORM_PYTHON = "/usr/bin/python3"  # the unprivileged user's: the project's environment may be out of its reach
 PERIOD_S, LIFE_S = 0.002, 0.3
 
-STORM = """
-import os, signal, sys, time
-period, life, total = (float(a) for a in sys.argv[1:4])
-os.setsid()
-signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-print("ready", flush=True)
-end = time.monotonic() + total
-due = time.monotonic()
-while time.monotonic() < end:
-    if os.fork() == 0:
-        time.sleep(life)
-        os._exit(0)
-    due += period
-    time.sleep(max(0.0, due - time.monotonic()))
-"""
-
-HOLDER = """
-import mmap, os, sys
-fd = os.open(sys.argv[1], os.O_RDWR)
-m = mmap.mmap(fd, 0)
-os.close(fd)
-print("mapped", flush=True)
-sys.stdin.read()
-"""
+from attack.helpers import HOLDER, STORM  # noqa: E402 - the fork storm and the holder the attack test runs
 
 
 class Storm:
