@@ -239,11 +239,15 @@ def read_trusted(path: str | Path, *, what: str, secret: bool = False, limit: in
         return b"".join(chunks)
 
 
-def write_atomic(path: str | Path, data: bytes | str, *, mode: int = 0o600, replace: bool = True) -> None:
+def write_atomic(
+    path: str | Path, data: bytes | str, *, mode: int = 0o600, replace: bool = True, durable: bool = True
+) -> None:
     """Replace ``path`` by a file holding ``data`` (``mode``), atomically: a fresh temporary file in the same
     directory (``O_EXCL|O_NOFOLLOW``), fsynced, renamed over it, and the directory fsynced. With ``replace=False``
-    the file is linked in only where nothing is yet (FileExistsError otherwise: two writers, one winner). OSError
-    on failure (the temporary file is removed)."""
+    the file is linked in only where nothing is yet (FileExistsError otherwise: two writers, one winner). With
+    ``durable=False`` nothing is fsynced (state that lives in the runtime directory and means nothing after a
+    reboot, written several times a second: readers still see a whole file, old or new). OSError on failure (the
+    temporary file is removed)."""
     # Imported here: tempfile (with shutil, random) is 3 ms of every command that only checks a directory, such as
     # the command line finding a running loop's socket (reconciler.control).
     import tempfile
@@ -256,7 +260,8 @@ def write_atomic(path: str | Path, data: bytes | str, *, mode: int = 0o600, repl
         view = memoryview(raw)
         while view:
             view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
         os.close(fd)
         fd = -1
         if replace:
@@ -270,7 +275,8 @@ def write_atomic(path: str | Path, data: bytes | str, *, mode: int = 0o600, repl
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    _fsync_dir(path.parent)
+    if durable:
+        _fsync_dir(path.parent)
 
 
 def _fsync_dir(d: Path) -> None:
@@ -282,9 +288,11 @@ def _fsync_dir(d: Path) -> None:
             os.close(dfd)
 
 
-def write_json(path: str | Path, data: Any, *, indent: int | None = 1, sort_keys: bool = True) -> None:
+def write_json(
+    path: str | Path, data: Any, *, indent: int | None = 1, sort_keys: bool = True, durable: bool = True
+) -> None:
     """``write_atomic`` of ``data`` as JSON (one trailing newline), mode 0600."""
-    write_atomic(path, json.dumps(data, indent=indent, sort_keys=sort_keys, default=str) + "\n")
+    write_atomic(path, json.dumps(data, indent=indent, sort_keys=sort_keys, default=str) + "\n", durable=durable)
 
 
 def _links_trusted(path: str) -> bool:

@@ -3,7 +3,7 @@ while that lane is not serving, streamed back as it comes (docs/design.md, the f
 
 ``Door`` keeps the last look at the host (``reconciler.service.door_view.DoorView``, refreshed by
 ``reconciler.door.run``), the requests held per model (``reconciler.door.hold``), the requests in flight per lane
-(published for the drain) and the metrics. Upstream requests go through one ``httpx.AsyncClient`` (streaming, a
+(published for the drain) and the metrics. Upstream requests go through one ``aiohttp.ClientSession`` (streaming, a
 connection pool per lane, never a proxy from the environment); a client that goes away cancels its upstream request,
 and a lane that fails mid-stream ends the stream with an error event.
 """
@@ -11,6 +11,7 @@ and a lane that fails mid-stream ends the stream with an error event.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import math
@@ -19,8 +20,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import anyio
-import httpx
+import aiohttp
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -32,7 +32,12 @@ from reconciler.door.demand import DemandPolicy
 from reconciler.door.hold import Holds, Refused
 from reconciler.door.metrics import DoorMetrics
 from reconciler.model import DoorConfig
-from reconciler.service.door_view import HOLDABLE, DoorView
+from reconciler.service.door_view import HOLDABLE, DoorView, LaneState
+
+# A serving lane whose health check misses while its topology still runs keeps serving for this many looks: a lane
+# busy with many streams answers its health URL late, and holding every new request for it then would cost each of
+# them a look or more. A lane that refuses the door's connection is taken as entering at once (``_lane_gone``).
+SLOW_LOOKS = 3
 
 # Headers that describe one connection (RFC 9110 7.6.1) or that the door sets itself: never passed on.
 _HOP = frozenset(
@@ -84,8 +89,9 @@ class Door:
         self.in_flight: dict[str, int] = {}
         self.last_request: dict[str, float] = {}
         self.publish = publish
-        self.client: httpx.AsyncClient | None = None
+        self.session: aiohttp.ClientSession | None = None
         self.demand: DemandPolicy | None = None  # the manifest's demand: (opt-in)
+        self.misses: dict[str, int] = {}  # per recipe: looks in a row that found a serving lane not healthy
 
     # ------------------------------------------------------------ the host's state
 
@@ -114,6 +120,7 @@ class Door:
     def apply_view(self, view: DoorView) -> None:
         """A new look at the host: release each model's held requests whose lane serves now, refuse those whose
         lane can no longer come (its topology blocked, or run by no topology)."""
+        view = self._steady(view)
         self.view = view
         spec = view.desired.demand if view.desired is not None else None
         if spec is None:
@@ -137,6 +144,31 @@ class Door:
                 self.holds.refuse(model, self._not_served(model, lane.state, lane.why))
         for model in {*self.holds.queues, *self.metrics.queued_models}:
             self.metrics.queue_depth(model, self.holds.depth(model))
+
+    def _steady(self, view: DoorView) -> DoorView:
+        """``view`` with each lane that served at the last look, whose topology still runs and whose health check
+        alone missed now, kept serving for up to ``SLOW_LOOKS`` looks in a row."""
+        before = self.view.lanes if self.view is not None else {}
+        lanes: dict[str, LaneState] = dict(view.lanes)
+        for recipe, lane in view.lanes.items():
+            prev = before.get(recipe)
+            if lane.state == "entering" and prev is not None and prev.state == "serving":
+                misses = self.misses.get(recipe, 0) + 1
+                if misses < SLOW_LOOKS:
+                    self.misses[recipe] = misses
+                    lanes[recipe] = dataclasses.replace(lane, state="serving", why="")
+                    continue
+            self.misses.pop(recipe, None)
+        return dataclasses.replace(view, lanes=lanes) if lanes != dict(view.lanes) else view
+
+    def _lane_gone(self, recipe: str) -> None:
+        """The lane refused the door's connection: entering (held for) until a look finds it healthy again."""
+        view = self.view
+        lane = view.lanes.get(recipe) if view is not None else None
+        if view is None or lane is None or lane.state != "serving":
+            return
+        gone = dataclasses.replace(lane, state="entering", why="it refused the door's connection")
+        self.view = dataclasses.replace(view, lanes={**view.lanes, recipe: gone})
 
     def _on_demand(self, view: DoorView, recipe: str | None) -> bool:
         return self.demand is not None and recipe is not None and self.demand.target(view, recipe) is not None
@@ -268,29 +300,46 @@ class Door:
                 ),
             )
         self.last_request[model] = time.time()
-        lane = view.lanes[recipe]
-        held_s = 0.0
-        if lane.state != "serving":
-            target = self.demand.target(view, recipe) if self.demand is not None else None
-            if target is not None and self.demand is not None and target in self.demand.blocked:
-                why = f"topology {target!r} is blocked: {self.demand.blocked[target]}"
-                return self._refused(model, self._not_served(model, "blocked", why))
-            if lane.state not in HOLDABLE and target is None:
-                return self._refused(model, self._not_served(model, lane.state, lane.why))
-            client = f"{request.client.host if request.client else '-'}/{body.get('user', '')}"
-            try:
-                held_s = await self.holds.wait(model, client, why=f"its lane is {lane.state}: {lane.why}")
-            except Refused as exc:
-                return self._refused(model, exc)
-            finally:
-                self.metrics.queue_depth(model, self.holds.depth(model))
-            self.metrics.held(held_s)
+        for last in (False, True):
+            refused = await self._admit(request, model, recipe, body)
+            if refused is not None:
+                return refused
             view = self.view or view
-            lane = view.lanes.get(recipe, lane)
-        if model in view.aliases:
-            body["model"] = lane.names[0]  # the lane knows its own names, not the manifest's aliases
-            raw = json.dumps(body, separators=(",", ":")).encode()
-        return await self._forward(request, model, recipe, lane.origin or "", raw)
+            lane = view.lanes[recipe]
+            if model in view.aliases:
+                body["model"] = lane.names[0]  # the lane knows its own names, not the manifest's aliases
+                raw = json.dumps(body, separators=(",", ":")).encode()
+            sent = await self._forward(request, model, recipe, lane.origin or "", raw, last=last)
+            if sent is not None:
+                return sent
+            self._lane_gone(recipe)  # held again, once, until a look finds it healthy
+        raise AssertionError("unreachable: the last attempt answers")
+
+    async def _admit(self, request: Request, model: str, recipe: str, body: dict[str, Any]) -> Response | None:
+        """None once ``recipe``'s lane serves (at once, or after the request was held for it), else the refusal."""
+        view = self.view
+        lane = view.lanes.get(recipe) if view is not None else None
+        if view is None or lane is None:
+            return self._refused(
+                model, Refused(404, f"model {model!r} is no longer served", retry_after=0, kind="gone")
+            )
+        if lane.state == "serving":
+            return None
+        target = self.demand.target(view, recipe) if self.demand is not None else None
+        if target is not None and self.demand is not None and target in self.demand.blocked:
+            why = f"topology {target!r} is blocked: {self.demand.blocked[target]}"
+            return self._refused(model, self._not_served(model, "blocked", why))
+        if lane.state not in HOLDABLE and target is None:
+            return self._refused(model, self._not_served(model, lane.state, lane.why))
+        client = f"{request.client.host if request.client else '-'}/{body.get('user', '')}"
+        try:
+            held_s = await self.holds.wait(model, client, why=f"its lane is {lane.state}: {lane.why}")
+        except Refused as exc:
+            return self._refused(model, exc)
+        finally:
+            self.metrics.queue_depth(model, self.holds.depth(model))
+        self.metrics.held(held_s)
+        return None
 
     def _refused(self, model: str, exc: Refused) -> Response:
         headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))} if exc.status == 503 else None
@@ -300,21 +349,26 @@ class Door:
         self.metrics.request(model, response.status_code)
         return response
 
-    async def _forward(self, request: Request, model: str, recipe: str, origin: str, raw: bytes) -> Response:
-        assert self.client is not None
+    async def _forward(
+        self, request: Request, model: str, recipe: str, origin: str, raw: bytes, *, last: bool
+    ) -> Response | None:
+        """The lane's answer, streamed back as it comes; None when the lane refused the connection and this was not
+        the ``last`` attempt (the caller holds the request again)."""
+        assert self.session is not None
         url = origin + request.url.path + (f"?{request.url.query}" if request.url.query else "")
         headers = {
             k: v
             for k, v in request.headers.items()
             if k.lower() not in _HOP and not (self.token is not None and k.lower() == "authorization")
         }
-        upstream = self.client.build_request(request.method, url, content=raw, headers=headers)
         self._enter(recipe)
         t0 = time.monotonic()
         try:
-            resp = await self.client.send(upstream, stream=True)
-        except httpx.HTTPError as exc:
+            resp = await self.session.request(request.method, url, data=raw, headers=headers)
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             self._leave(recipe)
+            if isinstance(exc, aiohttp.ClientConnectorError) and not last:
+                return None
             return self._count(
                 model, openai_error(502, f"the lane of {model!r} did not answer: {exc}", kind="upstream")
             )
@@ -322,7 +376,7 @@ class Door:
             self._leave(recipe)
             raise
         self.metrics.first_byte(time.monotonic() - t0)
-        self.metrics.request(model, resp.status_code)
+        self.metrics.request(model, resp.status)
         stream = "text/event-stream" in resp.headers.get("content-type", "")
 
         # OpenAI's completions streams end with "data: [DONE]": one that ends without it was cut (a lane that died
@@ -331,13 +385,16 @@ class Door:
 
         async def body() -> AsyncIterator[bytes]:
             tail = b""
+            whole = False
             try:
                 try:
-                    async for chunk in resp.aiter_raw():
+                    # Whatever has arrived, at once: under load several of the lane's events go on in one write.
+                    async for chunk in resp.content.iter_any():
                         tail = (tail + chunk)[-64:]
                         yield chunk
                     failed = "the stream ended without [DONE]" if ends_done and b"[DONE]" not in tail else ""
-                except httpx.HTTPError as exc:
+                    whole = True
+                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                     failed = str(exc) or type(exc).__name__
                 if failed and stream:
                     err = {
@@ -349,12 +406,14 @@ class Door:
                     }
                     yield b"data: " + json.dumps(err).encode() + b"\n\n"
             finally:
-                with anyio.CancelScope(shield=True):
-                    await resp.aclose()
-                    self._leave(recipe)
+                # Read whole, the connection goes back to the pool; cut short (the client went away, the lane
+                # failed), it is closed, which cancels the request upstream.
+                (resp.release if whole else resp.close)()
+                self._leave(recipe)
 
-        out = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP and k.lower() != "content-encoding"}
-        return StreamingResponse(body(), status_code=resp.status_code, headers=out)
+        # The body is passed as the lane sent it (not decompressed): its Content-Encoding goes with it.
+        out = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP}
+        return StreamingResponse(body(), status_code=resp.status, headers=out)
 
     def _enter(self, recipe: str) -> None:
         self.in_flight[recipe] = self.in_flight.get(recipe, 0) + 1
@@ -364,13 +423,21 @@ class Door:
         if not self.in_flight[recipe]:
             self.publish()  # the drain may be waiting for this very count
 
-    def app(self) -> Starlette:
+    def app(self) -> Any:
+        """The door as one ASGI app: the requests to forward go to ``openai`` straight from the server (each of a
+        stream's chunks then passes no middleware: it is the door's whole cost per token), the rest through
+        Starlette's routes; the upstream session lives as long as the app."""
+
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
-            limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-            async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0), limits=limits, trust_env=False) as c:
-                self.client = c
+            # No limit on connections (each held request needs one when its lane serves), none from the environment.
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+            timeout = aiohttp.ClientTimeout(total=None, connect=5.0)
+            async with aiohttp.ClientSession(
+                connector=connector, timeout=timeout, trust_env=False, auto_decompress=False
+            ) as session:
+                self.session = session
                 yield
-                self.client = None
+                self.session = None
 
         routes = [
             Route("/v1/models", self.models, methods=["GET"]),
@@ -378,7 +445,16 @@ class Door:
             Route("/metrics", self.metrics_route, methods=["GET"]),
             Route("/v1/{rest:path}", self.openai, methods=["POST"]),
         ]
-        return Starlette(routes=routes, lifespan=_as_cm(lifespan))
+        rest = Starlette(routes=routes, lifespan=_as_cm(lifespan))
+
+        async def door(scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] == "http" and scope["method"] == "POST" and scope["path"].startswith("/v1/"):
+                response = await self.openai(Request(scope, receive))
+                await response(scope, receive, send)
+            else:
+                await rest(scope, receive, send)
+
+        return door
 
 
 def _as_cm(fn: Callable[[Starlette], AsyncIterator[None]]) -> Any:

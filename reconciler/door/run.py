@@ -17,6 +17,7 @@ import secrets
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -139,5 +140,16 @@ def serve(root: str, *, listen: str | None = None, token_file: str | None = None
             task.cancel()
             clear_door_state(host.name)
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(main())
     return 0
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop where it is installed (a dependency on Linux and macOS): the door passes every token of
+    every stream, and uvloop's loop does that at about half the CPU of asyncio's own."""
+    try:
+        import uvloop  # start-up: only the door serves
+    except ImportError:
+        return None
+    return uvloop.new_event_loop

@@ -1,10 +1,10 @@
 """The front door's published state: the requests it has in flight to each lane, whether it admits new ones, and per
 model name (and alias) its lane's state, the requests held for it and when it was last asked for.
 
-Written by ``reconciler door`` (``reconciler.door``) whenever a count changes and at least every second; read by the
-drain before a lane leaves or sleeps (``reconciler.apply.drain``, through ``HostIO.lanes.front``), which waits for
-the door's requests to that lane beside the lane's own, and by ``reconciler status`` (``door_status``). The file lives in the runtime directory beside the loop's
-state (``reconciler.store.lock.runtime_dir``, checked before each use, written through the one safe write) and
+Written by ``reconciler door`` (``reconciler.door``) at each of its looks (``LOOK_S``) and whenever a lane's count
+falls to nothing; read by the drain before a lane leaves or sleeps (``reconciler.apply.drain``, through
+``HostIO.lanes.front``), which waits for the door's requests to that lane beside the lane's own, and by ``reconciler
+status`` (``door_status``). The file lives in the runtime directory beside the loop's state (``reconciler.store.lock.runtime_dir``, checked before each use, written through the one safe write) and
 counts only while the pid it names is alive. It carries its format version (``reconciler.base.formats``).
 """
 
@@ -27,7 +27,11 @@ def door_state_path(host: str) -> Path:
 def write_door_state(host: str, data: dict[str, object]) -> None:
     """Publish the door's counts (OSError or ``fsafe.UnsafePath`` when it cannot be written safely)."""
     runtime_dir(create=True)
-    fsafe.write_json(door_state_path(host), stamped({**data, "pid": os.getpid()}, DOOR_STATE_FORMAT), indent=None)
+    # Not fsynced: written at each of the door's looks (five a second), in the runtime directory, of no use after a
+    # reboot; the rename still shows each reader a whole file.
+    fsafe.write_json(
+        door_state_path(host), stamped({**data, "pid": os.getpid()}, DOOR_STATE_FORMAT), indent=None, durable=False
+    )
 
 
 def clear_door_state(host: str) -> None:

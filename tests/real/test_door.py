@@ -5,7 +5,8 @@ What each test proves: routing by served name and alias with streaming and ``usa
 OpenAI's shape with each name's recipe and state; a request for a lane still entering is held and answered once it
 serves; the refusals (unknown model 404 naming the known ones, bad JSON 400, a body over door.max_body_mib 413, a
 topology that does not run 503 with Retry-After); a client that goes away cancels its upstream request; a lane that
-dies mid-stream ends the stream with an error event; the drain of a switch waits for the door's requests in flight.
+dies mid-stream ends the stream with an error event, and the requests sent as it died are held until it is back;
+the drain of a switch waits for the door's requests in flight.
 """
 
 from __future__ import annotations
@@ -235,10 +236,23 @@ def test_a_client_gone_cancels_upstream_and_a_dead_lane_ends_the_stream(root: Ro
         container = f"reconciler-{a}-dark-compute-a"
         subprocess.run(["docker", "kill", container], check=True, capture_output=True, timeout=30)
         t0 = time.monotonic()
+        # Requests sent the moment it died, before the door's next look: their connections are refused, and they are
+        # held (not answered 502) until the loop has the lane back.
+        body = json.dumps({"model": "slow", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}).encode()
+        answers: list[tuple[int, bytes]] = []
+        senders = [
+            threading.Thread(target=lambda: answers.append(door.post("/v1/chat/completions", body, timeout=150)[::2]))
+            for _ in range(3)
+        ]
+        for t in senders:
+            t.start()
         with pytest.raises(openai.APIError, match="failed mid-stream"):
             for _ in it:
                 pass
         assert time.monotonic() - t0 < 10
+        for t in senders:
+            t.join(timeout=160)
+        assert [code for code, _ in answers] == [200, 200, 200], answers
     finally:
         door.stop()
         loop.stop()
