@@ -13,18 +13,15 @@ from reconciler.apply.results import PassResult
 def pass_refusals(result: PassResult) -> list[str]:
     """The refusal reasons of one pass, each counted once: a blocked plan or a source that was unavailable.
 
-    Pure. A blocker's ``holder`` says what stands in the way: ``tmpfs`` (no room for the offload file), a
-    container name or ``pid N`` (something not ours holds the GPU), or nothing (a source could not vouch for
-    the slot or the offload files: GPU telemetry down, a GPU not found, /proc unreadable).
+    Pure. A blocker's cause says the reason it is counted as (``BlockerCause.refusal``): ``tmpfs_room`` (no room for
+    the offload file), ``gpu_held`` (something not ours holds the GPU) or ``source_unavailable`` (a source could not
+    vouch for the slot or the offload files: GPU telemetry down, a GPU not found, /proc unreadable).
     """
     if result.result == "error" and result.final.unavailable:
         return ["source_unavailable"]
     if result.result != "blocked":
         return []
-    found = set()
-    for b in result.final.blockers:
-        found.add("tmpfs_room" if b.holder == "tmpfs" else "gpu_held" if b.holder else "source_unavailable")
-    return sorted(found)
+    return sorted({b.cause.refusal for b in result.final.blockers})
 
 
 def reclaim_refusals(res: Any) -> list[str]:

@@ -1,15 +1,22 @@
 """The plan and what it holds: ``Plan``, its ``Action`` steps (leave, reclaim, enter, prune, sleep, wake), the ``Blocker`` of a
 change that cannot be made safely, the ``Held`` enter postponed by backoff and the ``Fallback`` lane serving meanwhile.
 
-Plain frozen values with their JSON form. Made by ``reconciler.plan.planner``, rebuilt from a saved plan by
-``reconciler.plan.fingerprint``, executed by ``reconciler.apply``, shown by the service, the loop and its metrics.
-Standard library only: a module that only reads a plan pays for nothing else.
+Plain frozen values with their JSON form, both ways: each value's ``to_json`` and ``from_json`` side by side, and
+``plan_from_json`` (a plan rebuilt from its JSON: ``plan --json``, a saved plan's ``plan``, an approval), so a field
+added is written and read in one place; ``tests/unit/test_plan_json.py`` holds the round trip over the planner's own
+plans. Made by ``reconciler.plan.planner``, rebuilt from a saved or shown plan by ``reconciler.service.apply_session``,
+executed by ``reconciler.apply``, shown by the service, the loop and its metrics. Standard library only: a module
+that only reads a plan pays for nothing else.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import KW_ONLY, dataclass, field
 from enum import Enum
+from typing import Any
+
+from reconciler.plan.causes import BlockerCause
 
 
 class ActionKind(str, Enum):
@@ -59,31 +66,33 @@ class Action:
             "bytes": self.bytes,
         }
 
+    @classmethod
+    def from_json(cls, a: Mapping[str, Any]) -> Action:
+        """An action as ``to_json`` wrote it; the keys an approval adds (``spec``) are compared, not rebuilt."""
+        return cls(
+            ActionKind(a["kind"]),
+            str(a.get("reason") or ""),
+            recipe=_text(a.get("recipe")),
+            gpus=_strings(a.get("gpus")),
+            container=_text(a.get("container")),
+            container_id=_text(a.get("container_id")),
+            recipe_hash=_text(a.get("recipe_hash")),
+            paths=_strings(a.get("paths")),
+            bytes=int(a.get("bytes") or 0),
+        )
+
 
 @dataclass(frozen=True)
 class Blocker:
-    """A needed change that cannot be made safely; the reconciler never kills what it does not own."""
+    """A needed change that cannot be made safely; the reconciler never kills what it does not own. ``cause``: what
+    kind of problem it is, for the advice that goes with it (``BlockerCause``, its advice beside it)."""
 
     recipe: str
     gpus: tuple[str, ...]
     reason: str
     holder: str = ""
-    kind: str = ""  # set where the holder alone does not tell the cause ("adopt")
-
-    @property
-    def cause(self) -> str:
-        """What kind of problem this is, for the advice that goes with it: ``held`` (something not ours, or
-        another assignment of ours, holds a slot), ``adopt`` (a container carries this host's labels but not this
-        install's id), ``memory`` (the card has VRAM in use and lists no process), ``tmpfs`` (no room for the
-        offload file), ``source`` (a source could not vouch for the slots or the offload files: telemetry down,
-        GPU not found, /proc unreadable), or a knowable failure of the enter itself: ``image`` (not on the engine),
-        ``runtime`` (no NVIDIA runtime for ``docker.gpu_requests``), ``port`` (its port taken), ``recipe`` (its
-        command contradicts it)."""
-        if self.kind:
-            return self.kind
-        if self.holder == "tmpfs":
-            return "tmpfs"
-        return "held" if self.holder else "source"
+    _: KW_ONLY
+    cause: BlockerCause
 
     def to_json(self) -> dict:
         return {
@@ -91,8 +100,18 @@ class Blocker:
             "gpus": list(self.gpus),
             "reason": self.reason,
             "holder": self.holder,
-            "cause": self.cause,
+            "cause": self.cause.value,
         }
+
+    @classmethod
+    def from_json(cls, b: Mapping[str, Any]) -> Blocker:
+        return cls(
+            str(b["recipe"]),
+            _strings(b.get("gpus")),
+            str(b.get("reason") or ""),
+            str(b.get("holder") or ""),
+            cause=BlockerCause(b["cause"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -105,6 +124,10 @@ class Held:
 
     def to_json(self) -> dict:
         return {"recipe": self.recipe, "gpus": list(self.gpus), "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, h: Mapping[str, Any]) -> Held:
+        return cls(str(h["recipe"]), _strings(h.get("gpus")), str(h.get("reason") or ""))
 
 
 @dataclass(frozen=True)
@@ -138,6 +161,20 @@ class Fallback:
             "next_attempt_s": self.next_attempt_s,
             "text": self.text,
         }
+
+    @classmethod
+    def from_json(cls, f: Mapping[str, Any]) -> Fallback:
+        """A fallback as ``to_json`` wrote it (``text`` is made again from the rest)."""
+        when = f.get("next_attempt_s")
+        if when is not None and (isinstance(when, bool) or not isinstance(when, int | float)):
+            raise ValueError(f"next_attempt_s {when!r} is not a number")
+        return cls(
+            str(f["recipe"]),
+            _strings(f.get("gpus")),
+            str(f["instead_of"]),
+            _strings(f.get("instead_gpus")),
+            next_attempt_s=None if when is None else float(when),
+        )
 
 
 @dataclass(frozen=True)
@@ -190,3 +227,43 @@ class Plan:
             "fallbacks": [f.to_json() for f in self.fallbacks],
             "kept_serving": list(self.kept_serving),
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Plan:
+        """A plan as ``to_json`` wrote it (``changes`` and ``blocked`` are made again from the rest)."""
+        return cls(
+            host=str(data["host"]),
+            actions=tuple(Action.from_json(a) for a in data.get("actions") or ()),
+            blockers=tuple(Blocker.from_json(b) for b in data.get("blockers") or ()),
+            held=tuple(Held.from_json(h) for h in data.get("held") or ()),
+            unavailable=_strings(data.get("unavailable")),
+            satisfied=_strings(data.get("satisfied")),
+            fallbacks=tuple(Fallback.from_json(f) for f in data.get("fallbacks") or ()),
+            kept_serving=_strings(data.get("kept_serving")),
+        )
+
+
+def plan_from_json(data: Mapping[str, Any]) -> Plan:
+    """A plan rebuilt from its JSON (``Plan.to_json``; a saved plan's ``plan``, an approval's): what
+    ``Applier.converge`` takes as approved. Each blocker keeps its cause. Raises ValueError, "not a plan: ...", on a
+    shape that is not a plan's."""
+    try:
+        return Plan.from_json(data)
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise ValueError(f"not a plan: {type(exc).__name__}: {exc}") from None
+
+
+def _strings(v: Any) -> tuple[str, ...]:
+    """A list of strings of a plan's JSON as a tuple; ValueError for anything else (None: empty)."""
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise ValueError(f"expected a list of strings, not {v!r}")
+    return tuple(v)
+
+
+def _text(v: Any) -> str | None:
+    """A string or null of a plan's JSON; ValueError for anything else."""
+    if v is not None and not isinstance(v, str):
+        raise ValueError(f"expected a string or null, not {v!r}")
+    return v

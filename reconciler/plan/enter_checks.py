@@ -13,6 +13,7 @@ from typing import TypedDict
 from urllib.parse import urlsplit
 
 from reconciler.model import DesiredAssignment, DesiredState, Recipe, container_name
+from reconciler.plan.causes import BlockerCause, Problem, Problems
 from reconciler.plan.observed import Observed
 
 
@@ -75,44 +76,44 @@ def command_tensor_parallel_size(command: Sequence[str]) -> int | None:
 
 def enter_problems(
     d: DesiredAssignment, desired: DesiredState, observed: Observed, *, own: Collection[str | None]
-) -> list[tuple[str, ...]]:
+) -> Problems:
     """Why an enter would fail however free its slots are, known before anything stops for it: its image is not on
     the engine (the tool never pulls), the engine cannot give GPUs by DeviceRequest under ``docker.gpu_requests:
     true``, something other than its own lane (``own``: its containers and those leaving first) listens on its
     health or probe port, or its command's ``--tensor-parallel-size`` is not the recipe's. Each says the fix."""
     recipe = desired.recipes[d.recipe]
     facts = observed.enter
-    problems: list[tuple[str, ...]] = []
+    problems: Problems = []
     image = recipe.container.image
     if facts.image_present(image) is False:
         problems.append(
-            (
+            Problem(
                 f"image {image} is not present on this host: pull or build it (recipe {d.recipe}, "
                 "container.image); the tool never pulls",
                 "",
-                "image",
+                BlockerCause.IMAGE,
             )
         )
     host = desired.host
     if host.docker.gpu_requests and facts.gpu_runtime == "absent":
         problems.append(
-            (
+            Problem(
                 f"the engine at {host.docker.url} has no NVIDIA runtime ({facts.gpu_runtime_detail}), and "
                 "docker.gpu_requests: true asks it for GPUs by DeviceRequest: install the NVIDIA container toolkit "
                 "(nvidia-container-toolkit, then `nvidia-ctk runtime configure --runtime=docker` and restart the "
                 "engine), or set docker.gpu_requests: false in configs/host.yaml on a host without it",
                 "",
-                "runtime",
+                BlockerCause.RUNTIME,
             )
         )
     tp = command_tensor_parallel_size(recipe.container.command)
     if tp is not None and tp != recipe.tensor_parallel_size:
         problems.append(
-            (
+            Problem(
                 f"recipe {d.recipe}: its command says --tensor-parallel-size {tp} but tensor_parallel_size = "
                 f"{recipe.tensor_parallel_size}: make them equal in configs/recipes/{d.recipe}.toml",
                 "",
-                "recipe",
+                BlockerCause.RECIPE,
             )
         )
     by_id = {c.id: c for c in observed.containers}
@@ -137,13 +138,13 @@ def enter_problems(
             )
             url = recipe.health.url or ""
             problems.append(
-                (
+                Problem(
                     f"port {port} of recipe {d.recipe} ({url or 'probes'}) is already listened on ({x.address}:{port}"
                     f", {who}) before {container_name(d.recipe, d.slots)} is started: its health check could not "
                     "tell the new engine from it. Stop what listens there, or give the recipe another port and "
                     "health.url; nothing was created",
                     owner.name if owner is not None else (f"pid {x.pid}" if x.pid is not None else f"port {port}"),
-                    "port",
+                    BlockerCause.PORT,
                 )
             )
             break

@@ -13,12 +13,11 @@ from dataclasses import dataclass
 from reconciler.base.units import human_bytes
 from reconciler.model import DesiredAssignment, DesiredState, container_name
 from reconciler.plan.actions import Action, ActionKind, Blocker, Fallback, Held
+from reconciler.plan.causes import BlockerCause, Problem, Problems
 from reconciler.plan.claims import describe_container
 from reconciler.plan.enter_checks import enter_problems
 from reconciler.plan.observed import ContainerView, Observed, ShmView
 from reconciler.plan.slot_problems import identity_problems, slot_problems
-
-Problems = list[tuple[str, ...]]
 
 
 @dataclass(frozen=True)
@@ -57,13 +56,13 @@ def place_enters(
             problems = _covered_problems(r, d)
             if not problems:
                 held.append(Held(recipe=d.recipe, gpus=d.slots, reason=r.hold[d.key]))
-            blockers.extend(_blockers(d, problems))
+            blockers.extend(blockers_of(d, problems))
             continue
         problems = _problems(r, d, room)
         if problems and d.key in r.by_fallback:
             continue  # a fallback that cannot be placed is simply not used: the held lane stays held, not blocked
         if problems:
-            blockers.extend(_blockers(d, problems))
+            blockers.extend(blockers_of(d, problems))
             continue
         if d.key in r.hold:
             held.append(Held(recipe=d.recipe, gpus=d.slots, reason=r.hold[d.key]))
@@ -73,11 +72,9 @@ def place_enters(
     return blockers, held, actions
 
 
-def _blockers(d: DesiredAssignment, problems: Problems) -> list[Blocker]:
-    return [
-        Blocker(recipe=d.recipe, gpus=d.slots, reason=why, holder=holder, kind="".join(kind))
-        for why, holder, *kind in problems
-    ]
+def blockers_of(d: DesiredAssignment, problems: Problems) -> list[Blocker]:
+    """The blockers of ``d``, one for each of its problems, each with its cause."""
+    return [Blocker(d.recipe, d.slots, p.reason, p.holder, cause=p.cause) for p in problems]
 
 
 def _covered_problems(r: EnterRound, d: DesiredAssignment) -> Problems:
@@ -113,10 +110,11 @@ def _problems(r: EnterRound, d: DesiredAssignment, room: int) -> Problems:
 
 def kept_lane_problems(r: EnterRound, d: DesiredAssignment) -> Problems:
     return [
-        (
+        Problem(
             f"{describe_container(c)} holds GPU slot {s} and keeps serving it: the lane that would replace it there "
             "is blocked",
             c.name,
+            BlockerCause.HELD,
         )
         for s in d.slots
         for c in r.holders.get(s, ())
@@ -129,16 +127,17 @@ def _offload_problems(r: EnterRound, d: DesiredAssignment, room: int) -> Problem
     file: judged here, not only against the tmpfs size at load."""
     shm = r.observed.shm
     if not (shm.proc.ok and shm.docker.ok):
-        return [("offload files cannot be inspected: " + _sources(shm), "")]
+        return [Problem("offload files cannot be inspected: " + _sources(shm), "", BlockerCause.SOURCE)]
     reserve = r.desired.host.shm.reserve_bytes
     if d.offload_bytes + reserve <= room:
         return []
     return [
-        (
+        Problem(
             f"tmpfs {shm.dir} would have {human_bytes(room)} free after planned leaves and reclaim; "
             f"recipe {d.recipe} needs {human_bytes(d.offload_bytes)} for its offload file"
             + (f" and shm.reserve_gib keeps {human_bytes(reserve)} free beyond it" if reserve else ""),
             "tmpfs",
+            BlockerCause.TMPFS,
         )
     ]
 

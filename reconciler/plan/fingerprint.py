@@ -18,8 +18,9 @@ fingerprint, makes the approval stale.
 
 Used by ``reconciler plan --out FILE`` (saved with the plan), ``reconciler apply FILE`` (a stale plan is refused
 with what changed) and the interactive ``apply`` (the host or the files changed between showing the plan and the
-approval: stop and show the new one). ``observed_parts``, ``input_parts``, ``plan_lines``, ``approval_json`` and
-``plan_from_json`` are pure; ``file_digests`` and ``secret_parts`` read files.
+approval: stop and show the new one). ``observed_parts``, ``input_parts``, ``plan_lines`` and ``approval_json`` are
+pure; ``file_digests`` and ``secret_parts`` read files. The plan's own JSON, both ways, is ``reconciler.plan.actions``'s
+(``Plan.to_json``, ``plan_from_json``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from reconciler.base.redact import redact_data
 from reconciler.base.units import human_bytes
-from reconciler.plan.actions import Action, ActionKind, Blocker, Fallback, Held, Plan
+from reconciler.plan.actions import ActionKind, Plan
 from reconciler.plan.inputs import desired_changes, desired_lines, recipe_spec, source_lines
 from reconciler.plan.observed import LABEL_PREFIX, Observed
 
@@ -342,54 +343,3 @@ def _step_changes(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
 
 def _short(cid: Any) -> str:
     return str(cid)[:12] if cid else "none yet"
-
-
-def plan_from_json(data: Mapping[str, Any]) -> Plan:
-    """A plan rebuilt from its JSON (a saved plan's ``plan``): what ``Applier.converge`` takes as approved. Raises
-    ValueError on a shape that is not a plan's."""
-
-    def tup(v: Any) -> tuple[str, ...]:
-        if v is None:
-            return ()
-        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-            raise ValueError(f"expected a list of strings, not {v!r}")
-        return tuple(v)
-
-    try:
-        actions = tuple(
-            Action(
-                ActionKind(a["kind"]),
-                str(a.get("reason") or ""),
-                recipe=a.get("recipe"),
-                gpus=tup(a.get("gpus")),
-                container=a.get("container"),
-                container_id=a.get("container_id"),
-                recipe_hash=a.get("recipe_hash"),
-                paths=tup(a.get("paths")),
-                bytes=int(a.get("bytes") or 0),
-            )
-            for a in data.get("actions") or ()
-        )
-        blockers = tuple(
-            Blocker(str(b["recipe"]), tup(b.get("gpus")), str(b.get("reason") or ""), str(b.get("holder") or ""))
-            for b in data.get("blockers") or ()
-        )
-        held = tuple(
-            Held(str(h["recipe"]), tup(h.get("gpus")), str(h.get("reason") or "")) for h in data.get("held") or ()
-        )
-        fallbacks = tuple(
-            Fallback(str(f["recipe"]), tup(f.get("gpus")), str(f["instead_of"]), tup(f.get("instead_gpus")))
-            for f in data.get("fallbacks") or ()
-        )
-        return Plan(
-            host=str(data["host"]),
-            actions=actions,
-            blockers=blockers,
-            held=held,
-            unavailable=tup(data.get("unavailable")),
-            satisfied=tup(data.get("satisfied")),
-            fallbacks=fallbacks,
-            kept_serving=tup(data.get("kept_serving")),
-        )
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(f"not a plan: {type(exc).__name__}: {exc}") from None

@@ -16,7 +16,7 @@ from reconciler.model import DesiredAssignment, DesiredState, assignment_key
 from reconciler.plan import spec, upgrades
 from reconciler.plan.actions import Action, ActionKind, Blocker, Fallback, Held, Plan
 from reconciler.plan.claims import claimed_slots, is_ours, slot_holders, slot_ids
-from reconciler.plan.enters import EnterRound, kept_lane_problems, place_enters
+from reconciler.plan.enters import EnterRound, blockers_of, kept_lane_problems, place_enters
 from reconciler.plan.observed import LABEL_SPEC_PARTS, NEVER_STARTED_STATES, ContainerView, Observed, Ownership, ShmView
 from reconciler.plan.sleeping import (
     as_assignment,
@@ -246,10 +246,7 @@ def _wakes(
         if d.key not in r.blocked_before or not problems:
             problems += kept_lane_problems(r, d)
         if problems:
-            blockers.extend(
-                Blocker(recipe=d.recipe, gpus=d.slots, reason=why, holder=holder, kind="".join(kind))
-                for why, holder, *kind in problems
-            )
+            blockers.extend(blockers_of(d, problems))
         else:
             wakes.append(wake_action(c, r.desired, r.observed.shm))
     return wakes, blockers

@@ -20,11 +20,10 @@ from collections.abc import Collection, Mapping, Sequence
 from reconciler.base.units import human_bytes
 from reconciler.model import DesiredAssignment, DesiredState, assignment_key, container_name
 from reconciler.plan.actions import Action, ActionKind
+from reconciler.plan.causes import BlockerCause, Problem, Problems
 from reconciler.plan.claims import is_ours, slot_holders
 from reconciler.plan.observed import ContainerView, Observed, ShmView
 from reconciler.plan.vram import slot_vram
-
-Problems = list[tuple[str, ...]]
 
 
 def rest_and_wake(
@@ -153,12 +152,12 @@ def wake_memory_problems(
         others = [p for p in (view.processes if view else ()) if p.container_id != c.id]
         who = holders_text(others, observed)
         problems.append(
-            (
+            Problem(
                 f"waking {c.name} takes {human_bytes(need)} on {slot} (its awake footprint less what it holds "
                 f"asleep), but {slot} has {human_bytes(v.free_bytes)} free and keeps {human_bytes(v.reserve_bytes)} "
                 f"in reserve: {who}",
                 (others and f"pid {others[0].pid}") or f"{human_bytes(v.used_bytes)} in use",
-                "memory",
+                BlockerCause.MEMORY,
             )
         )
     return problems
@@ -183,8 +182,8 @@ def standby_waits(problems: Problems, awake_ours: Mapping[str, ContainerView]) -
     rest: Problems = []
     waits: list[str] = []
     for p in problems:
-        if len(p) > 1 and p[1] in awake_ours:
-            waits.append(p[1])
+        if p.holder in awake_ours:
+            waits.append(p.holder)
         else:
             rest.append(p)
     return rest, waits

@@ -2,8 +2,8 @@
 they are), GPU processes on them, VRAM in use that no process explains, a slot given twice or two slots on one
 card, a foreign container already carrying the lane's name.
 
-Pure. Called by ``reconciler.plan.planner`` for each enter; each problem is a tuple (reason, holder[, cause]) the
-planner makes a ``Blocker`` of.
+Pure. Called by ``reconciler.plan.planner`` for each enter; each problem is a ``Problem`` (reason, holder, cause)
+the planner makes a ``Blocker`` of.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from reconciler.base.units import human_bytes
 from reconciler.model import DesiredAssignment, DesiredState, container_name
+from reconciler.plan.causes import BlockerCause, Problem, Problems
 from reconciler.plan.claims import (
     DEVICE_RULE,
     EVERY_CARD,
@@ -67,18 +68,19 @@ def identity_problems(
     observed: Observed,
     unsound: Mapping[str, str],
     leaving: set[str | None],
-) -> list[tuple[str, ...]]:
+) -> Problems:
     """Why ``d`` cannot be entered whatever holds its slots: a slot given twice or sharing a card, or a container
     that is not ours already carrying the name its container would get (the engine would refuse the create)."""
-    problems: list[tuple[str, ...]] = [(unsound[s], "") for s in dict.fromkeys(d.slots) if s in unsound]
+    problems = [Problem(unsound[s], "", BlockerCause.SOURCE) for s in dict.fromkeys(d.slots) if s in unsound]
     name = container_name(d.recipe, d.slots)
     for c in observed.containers:
         if c.name == name and c.id not in leaving and not is_ours(c, desired.host.name, observed.ownership):
             problems.append(
-                (
+                Problem(
                     f"{describe_container(c)} already carries the name {name} and is not managed by this tool: rename or "
                     f"remove it (docker rm {c.name})",
                     c.name,
+                    BlockerCause.HELD,
                 )
             )
     return problems
@@ -92,13 +94,15 @@ def slot_problems(
     leaving: set[str | None],
     kept: set[str],
     desired: DesiredState,
-) -> list[tuple[str, ...]]:
+) -> Problems:
     """Why the slots of ``d`` are not free once the planned leaves are done (empty: free)."""
-    problems: list[tuple[str, ...]] = []
+    problems: Problems = []
     gpus = observed.gpus
     ids = slot_ids(desired.host, observed)
     if not gpus.source.ok:
-        problems.append((f"GPU telemetry ({gpus.telemetry}) unavailable: {gpus.source.detail}", ""))
+        problems.append(
+            Problem(f"GPU telemetry ({gpus.telemetry}) unavailable: {gpus.source.detail}", "", BlockerCause.SOURCE)
+        )
     for c, slots in _holders_of(d, holders):
         problems.append(_holder_problem(c, slots, ids, observed, desired))
     going_or_kept = claimed_by(ids, desired, observed, leaving | kept)
@@ -123,25 +127,25 @@ def _holders_of(
 
 def _holder_problem(
     c: ContainerView, slots: list[str], ids: SlotIds, observed: Observed, desired: DesiredState
-) -> tuple[str, ...]:
+) -> Problem:
     """What a container holding slots of an enter is, and what the operator can do about it."""
     held = _held_text(c, slots, ids, observed.gpus.telemetry)
     kind = owner_kind(c, desired.host.name, observed.ownership)
     if kind == "legacy":
-        return (
+        return Problem(
             f"{held} and carries this host's labels but not this install's id (made by an earlier version "
             f"of this tool, or labelled by hand): if it is this host's lane, adopt it with "
             f"`reconciler adopt {c.name}`; otherwise remove it",
             c.name,
-            "adopt",
+            BlockerCause.ADOPT,
         )
     if kind == "copied":
-        return (
+        return Problem(
             f"{held} and carries this install's labels but was not created by it (a copy made from a lane's "
             f"labels): it is never stopped unasked; if it is this host's lane, adopt it with "
             f"`reconciler adopt {c.name}`; otherwise remove it",
             c.name,
-            "adopt",
+            BlockerCause.ADOPT,
         )
     who = "managed by this tool for another assignment" if kind == "ours" else "not managed by this tool"
     other = c.label(LABEL_HOST)
@@ -152,7 +156,7 @@ def _holder_problem(
             f"not managed by this host's install: it belongs to host {other} of this tool (another root: "
             f"assign nothing there and apply to stop it{fix})"
         )
-    return (f"{held} and is {who}", c.name)
+    return Problem(f"{held} and is {who}", c.name, BlockerCause.HELD)
 
 
 def _held_text(c: ContainerView, slots: list[str], ids: SlotIds, telemetry: str) -> str:
@@ -179,16 +183,20 @@ def _process_problems(
     leaving: set[str | None],
     kept: set[str],
     going_or_kept: set[str],
-) -> list[tuple[str, ...]]:
+) -> Problems:
     """The slots of ``d`` whose card is missing, and the GPU processes on them that no planned leave or kept lane
     of ours accounts for."""
-    problems: list[tuple[str, ...]] = []
+    problems: Problems = []
     for slot in d.slots:
         view = observed.gpus.slots.get(slot)
         if view is None:
             continue
         if view.missing:
-            problems.append((f"GPU for slot {slot} not found on this host ({view.error or 'missing'})", ""))
+            problems.append(
+                Problem(
+                    f"GPU for slot {slot} not found on this host ({view.error or 'missing'})", "", BlockerCause.SOURCE
+                )
+            )
             continue
         for p in view.processes:
             owner = by_id.get(p.container_id) if p.container_id else None
@@ -202,7 +210,9 @@ def _process_problems(
                 continue
             where = f"container {owner.name}" if owner else ("a container" if p.container_id else "no container")
             cmd = f" ({p.command})" if p.command else ""
-            problems.append((f"pid {p.pid}{cmd} in {where} uses GPU slot {slot}", f"pid {p.pid}"))
+            problems.append(
+                Problem(f"pid {p.pid}{cmd} in {where} uses GPU slot {slot}", f"pid {p.pid}", BlockerCause.HELD)
+            )
     return problems
 
 
@@ -214,15 +224,17 @@ def node_problems(
     leaving: set[str | None],
     kept: set[str],
     ids: SlotIds,
-) -> list[tuple[str, ...]]:
+) -> Problems:
     """The processes that hold the node of a card of ``d`` open (a descriptor on 195:N, whatever their container's
     configuration says): all but those of a container leaving first or of a lane of ours kept on its own slots, and
     those named already (their container holds the slot, or NVML lists them on its card). A node whose card nothing
     here resolves (no minor numbers without NVML) may be any slot's. Without the /proc scan none is known free."""
     nodes = observed.card_nodes
     if not nodes.read:
-        return [(f"who holds a card's device node open could not be read ({nodes.detail})", "")]
-    problems: list[tuple[str, ...]] = []
+        return [
+            Problem(f"who holds a card's device node open could not be read ({nodes.detail})", "", BlockerCause.SOURCE)
+        ]
+    problems: Problems = []
     for h in nodes.holders:
         node = f"/dev/nvidia{h.minor}"
         on = node_slots(h.minor, ids, d.slots)
@@ -243,10 +255,11 @@ def node_problems(
                 else " (only NVML's minor numbers tell which card that is: it may be any)"
             )
             problems.append(
-                (
+                Problem(
                     f"pid {h.pid}{cmd} in {where} holds {node} open{how}, so it holds GPU slot {s}: it can use the "
                     "card though NVML lists no process of it (no CUDA context yet)",
                     f"pid {h.pid}",
+                    BlockerCause.HELD,
                 )
             )
             break
@@ -260,7 +273,7 @@ def memory_problems(
     leaving: set[str | None],
     desired: DesiredState,
     ids: SlotIds,
-) -> list[tuple[str, ...]]:
+) -> Problems:
     """Occupancy by memory: a slot no container holds and whose card lists no process, yet reports more VRAM in
     use than its idle baseline, is held by something NVML does not show (on WSL2: a Windows program, a process of
     another pid namespace). "I see no process" is not "free". A slot a leaving container claims is judged again
@@ -269,7 +282,7 @@ def memory_problems(
     if gpus.telemetry != "nvml" or not gpus.source.ok:
         return []
     going = claimed_by(ids, desired, observed, leaving)
-    problems: list[tuple[str, ...]] = []
+    problems: Problems = []
     for slot in d.slots:
         if slot in going or holders.get(slot):
             continue
@@ -278,11 +291,11 @@ def memory_problems(
             continue
         idle = desired.host.idle_used_bytes(slot)
         problems.append(
-            (
+            Problem(
                 f"{human_bytes(used)} in use on {slot} and no visible process (more than its idle "
                 f"{human_bytes(idle)}, gpu_reserve.idle_used_gib): something NVML does not list holds the card",
                 f"{human_bytes(used)} unlisted",
-                "memory",
+                BlockerCause.MEMORY,
             )
         )
     return problems

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from reconciler.apply.applier import Applier
 from reconciler.base.errors import ReconcilerError
-from reconciler.plan.actions import ActionKind
+from reconciler.plan.actions import ActionKind, plan_from_json
 from reconciler.plan.fingerprint import (
     FINGERPRINT_VERSION,
     Fingerprint,
@@ -23,7 +23,6 @@ from reconciler.plan.fingerprint import (
     file_digests,
     fingerprint,
     plan_differences,
-    plan_from_json,
 )
 from reconciler.service.loop_view import loop_view
 

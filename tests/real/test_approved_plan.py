@@ -24,6 +24,7 @@ from e2e_helpers import LoopProcess, Root, wait_until
 from real.test_api import TOKEN, Api, token_file
 from real.test_mcp import on_http, structured
 from reconciler.plan.actions import Action, ActionKind, Blocker, Fallback, Held, Plan
+from reconciler.plan.causes import BlockerCause
 
 A, B = "dark-compute-a", "dark-compute-b"
 GIB = 1 << 30
@@ -61,7 +62,9 @@ def test_any_difference_of_the_plan_is_named_and_reasons_and_clocks_are_not() ->
     ]
     for p in cases:
         assert plan_differences(shown, p.to_json()), p
-    blocked = _plan(blockers=(Blocker("s", (B,), "20 GiB in use, no process listed", "", "memory"),)).to_json()
+    blocked = _plan(
+        blockers=(Blocker("s", (B,), "20 GiB in use, no process listed", "", cause=BlockerCause.MEMORY),)
+    ).to_json()
     free = _plan(actions=(enter,)).to_json()
     diff = plan_differences(blocked, free)
     assert any(line.startswith("plan: no longer blocked s@dark-compute-b") for line in diff), diff
@@ -80,14 +83,14 @@ def test_any_difference_of_the_plan_is_named_and_reasons_and_clocks_are_not() ->
 
 
 def test_a_plan_rebuilt_from_its_json_is_the_same_plan() -> None:
-    from reconciler.plan.fingerprint import plan_from_json
+    from reconciler.plan.actions import plan_from_json
 
     p = _plan(
         actions=(
             Action(ActionKind.LEAVE, "x", recipe="r", gpus=(B,), container="c", container_id="id1", paths=("/s/f",)),
             Action(ActionKind.ENTER, "y", recipe="s", gpus=(A, B), recipe_hash="h", bytes=3),
         ),
-        blockers=(Blocker("t", (A,), "held", "squatter"),),
+        blockers=(Blocker("t", (A,), "held", "squatter", cause=BlockerCause.HELD),),
         held=(Held("lane", (A, B), "z"),),
         fallbacks=(Fallback("omni", (B,), "lane", (A, B)),),
         satisfied=("reconciler-omni-b",),

@@ -11,6 +11,7 @@ from e2e_helpers import make_root
 
 from reconciler.cli.render import Style, render_plan
 from reconciler.plan.actions import Blocker, Plan
+from reconciler.plan.causes import BlockerCause
 
 
 def _dead_docker_root(tmp_path: Path, shm: Path):  # type: ignore[no-untyped-def]
@@ -51,9 +52,13 @@ def _plan(*blockers: Blocker) -> Plan:
 
 def test_blocked_advice_follows_the_cause() -> None:
     s = Style(color=False)
-    source = Blocker("r", ("a",), "offload files cannot be inspected: proc unavailable: pid 1 ...", "")
-    held = Blocker("r", ("a",), "container x holds GPU slot a and is not managed by this tool", "x")
-    room = Blocker("r", ("a",), "tmpfs would have 1 MiB free", "tmpfs")
+    source = Blocker(
+        "r", ("a",), "offload files cannot be inspected: proc unavailable: pid 1 ...", "", cause=BlockerCause.SOURCE
+    )
+    held = Blocker(
+        "r", ("a",), "container x holds GPU slot a and is not managed by this tool", "x", cause=BlockerCause.HELD
+    )
+    room = Blocker("r", ("a",), "tmpfs would have 1 MiB free", "tmpfs", cause=BlockerCause.TMPFS)
     assert (source.cause, held.cause, room.cause) == ("source", "held", "tmpfs")
     only_source = render_plan(_plan(source), None, s)
     assert "fix the source named above" in only_source and "never stops" not in only_source

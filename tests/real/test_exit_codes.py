@@ -10,6 +10,7 @@ import pytest
 from e2e_helpers import SLEEP, LoopProcess, Root
 
 from reconciler.plan.actions import Action, ActionKind, Blocker, Held, Plan
+from reconciler.plan.causes import BlockerCause
 from reconciler.service.results import EXIT_HELD, plan_exit_code
 
 A, B = "dark-compute-a", "dark-compute-b"
@@ -54,7 +55,7 @@ def test_a_lane_held_in_backoff_is_exit_4_for_plan_and_status_check(
 def test_the_codes_of_a_plan() -> None:
     enter = Action(ActionKind.ENTER, "wanted", recipe="omni", gpus=(B,))
     held = Held("lane", (A, B), "in backoff; next try in 59 s")
-    blocker = Blocker("lane", (A,), "a foreign container holds it", "c")
+    blocker = Blocker("lane", (A,), "a foreign container holds it", "c", cause=BlockerCause.HELD)
     assert plan_exit_code(Plan(host="h")) == 0
     assert plan_exit_code(Plan(host="h", held=(held,))) == 4  # 0 on the code before: "nothing to do"
     assert plan_exit_code(Plan(host="h", actions=(enter,), held=(held,))) == 2

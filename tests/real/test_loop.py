@@ -50,6 +50,7 @@ from reconciler.loop.metric_families import REFUSAL_REASONS
 from reconciler.loop.refusals import pass_refusals, reclaim_refusals
 from reconciler.model import DesiredAssignment, DesiredState, HostConfig
 from reconciler.plan.actions import Action, ActionKind, Blocker, Plan
+from reconciler.plan.causes import BlockerCause
 from reconciler.plan.observed import ShmFile, ShmView, Source, Tmpfs
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
@@ -460,10 +461,20 @@ def _plan(*blockers: Blocker, unavailable: tuple[str, ...] = ()) -> Plan:
 
 
 def test_pass_refusals_name_what_stands_in_the_way() -> None:
-    held = Blocker("omni", (A,), "jupyter holds GPU slot dark-compute-a and is not managed by this tool", "jupyter")
-    pid = Blocker("omni", (A,), "pid 4242 in no container uses GPU slot dark-compute-a", "pid 4242")
-    room = Blocker("lane", (A, B), "tmpfs /dev/shm would have 1 GiB free ...", "tmpfs")
-    nvml = Blocker("omni", (A,), "GPU telemetry (nvml) unavailable: NVML: Driver Not Loaded", "")
+    held = Blocker(
+        "omni",
+        (A,),
+        "jupyter holds GPU slot dark-compute-a and is not managed by this tool",
+        "jupyter",
+        cause=BlockerCause.HELD,
+    )
+    pid = Blocker(
+        "omni", (A,), "pid 4242 in no container uses GPU slot dark-compute-a", "pid 4242", cause=BlockerCause.HELD
+    )
+    room = Blocker("lane", (A, B), "tmpfs /dev/shm would have 1 GiB free ...", "tmpfs", cause=BlockerCause.TMPFS)
+    nvml = Blocker(
+        "omni", (A,), "GPU telemetry (nvml) unavailable: NVML: Driver Not Loaded", "", cause=BlockerCause.SOURCE
+    )
 
     def result(kind: str, p: Plan) -> PassResult:
         return PassResult(kind, p, p)

@@ -41,6 +41,7 @@ from reconciler.loop.metrics import CONTENT_TYPE, Metrics, SlotOwner, gpu_owners
 from reconciler.model import HostConfig
 from reconciler.model.door import DOOR_DEFAULT_LISTEN
 from reconciler.plan.actions import Action, ActionKind, Blocker, Held, Plan
+from reconciler.plan.causes import BlockerCause
 from reconciler.plan.observed import (
     LABEL_HOST,
     LABEL_INSTALL,
@@ -185,6 +186,7 @@ def busy_host() -> tuple[Observed, Plan]:
                 gpus=(A, B),
                 reason="container jupyter holds GPU slot dark-compute-a",
                 holder="jupyter",
+                cause=BlockerCause.HELD,
             ),
         ),
     )

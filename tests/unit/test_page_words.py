@@ -12,8 +12,8 @@ from typing import Any
 
 from reconciler.api.page import sections, view
 from reconciler.api.page.snapshot import PageData, live_html
+from reconciler.plan.causes import advice_for
 from reconciler.service.status import with_verdict
-from reconciler.service.words import blocker_fix
 
 A, B = "dark-compute-a", "dark-compute-b"
 
@@ -86,7 +86,7 @@ def test_the_loops_own_enter_in_flight_is_not_an_apply_that_stopped() -> None:
 def test_the_blocked_tables_what_to_do_is_the_fix_and_a_failed_audit_row_its_error() -> None:
     blocker = {"recipe": "wide", "gpus": [A, B], "reason": "container x holds dark-compute-a", "holder": "x"}
     part = sections.plan_section({"blockers": [{**blocker, "cause": "held"}]})
-    assert blocker_fix("held") in part and "free the slot or change the manifest" in part
+    assert advice_for("held") in part and "free the slot or change the manifest" in part
     assert part.count("container x holds dark-compute-a") == 1, part
     record = {
         "time": 1.0,

@@ -283,16 +283,22 @@ def test_blocked_counts_the_problems_not_our_lanes_kept_serving_and_the_hint_fit
     where the blocked lane would go is not a problem of its own, and its 'never stops what it does not own' hint does
     not apply to it."""
     from reconciler.plan.actions import Blocker
+    from reconciler.plan.causes import BlockerCause
 
     ours = LANES["small-b"][0]
     foreign = Blocker(
-        "big", (A, B), "container jupyter holds GPU slot dark-compute-a and is not managed by this tool", "jupyter"
+        "big",
+        (A, B),
+        "container jupyter holds GPU slot dark-compute-a and is not managed by this tool",
+        "jupyter",
+        cause=BlockerCause.HELD,
     )
     kept = Blocker(
         "other",
         (B,),
         f"{ours} holds GPU slot {B} and keeps serving it: the lane that would replace it there is blocked",
         ours,
+        cause=BlockerCause.HELD,
     )
     text = render_plan(Plan(host="h", blockers=(foreign, kept), kept_serving=(ours,)), None, Style(color=False))
     assert "Blocked: 1 problem(s)" in text, text

@@ -17,7 +17,8 @@ import reconciler.api.page.paths as paths
 from reconciler.api.page.markup import el, size, table
 from reconciler.api.page.templates import Html, join
 from reconciler.base.requests import DEFAULT_SUITE, PROBE_SUITES
-from reconciler.service.words import audit_what, blocker_fix
+from reconciler.plan.causes import advice_for
+from reconciler.service.words import audit_what
 
 AUDIT_SHOWN = 20
 
@@ -44,7 +45,7 @@ def plan_section(plan: dict[str, Any], aliases: Sequence[dict[str, Any]] = ()) -
                         ", ".join(b.get("gpus") or ()),
                         b.get("holder"),
                         b.get("reason"),
-                        blocker_fix(str(b.get("cause") or "")),
+                        advice_for(str(b.get("cause") or "")),
                     ]
                     for b in blockers
                 ),
