@@ -28,6 +28,10 @@ LANE_GAUGES: Mapping[str, str] = {
     "vllm:kv_offload_store_bytes": "offload_store_bytes",
     "vllm:kv_offload_load_bytes": "offload_load_bytes",
 }
+# Releases before the flat counters above (and beside them, deprecated, in later ones) count both directions in one
+# counter labelled by transfer_type: read only where the flat one is absent, so one transfer is never counted twice.
+LEGACY_OFFLOAD = "vllm:kv_offload_total_bytes"
+LEGACY_DIRECTIONS: Mapping[str, str] = {"gpu_to_cpu": "offload_store_bytes", "cpu_to_gpu": "offload_load_bytes"}
 SLEEP_STATE = "vllm:engine_sleep_state"
 GAUGE_KEYS = (*LANE_GAUGES.values(), "sleeping")  # one sample per sleep_state label, 1 for the state in force
 TIMEOUT_S = 1.0
@@ -69,18 +73,23 @@ def parse_lane_metrics(text: str) -> dict[str, float] | None:
 
     wanted = {**LANE_GAUGES, **{f"{k}_total": v for k, v in LANE_GAUGES.items()}}
     out: dict[str, float] = {}
+    legacy: dict[str, float] = {}
     try:
         for family in text_string_to_metric_families(text):
             for s in family.samples:
                 if s.name in wanted:
                     key = wanted[s.name]
                     out[key] = out.get(key, 0.0) + float(s.value)
+                elif s.name in (LEGACY_OFFLOAD, f"{LEGACY_OFFLOAD}_total"):
+                    key = LEGACY_DIRECTIONS.get(str(s.labels.get("transfer_type", "")).lower(), "")
+                    if key:
+                        legacy[key] = legacy.get(key, 0.0) + float(s.value)
                 elif s.name == SLEEP_STATE and s.value == 1:
                     asleep = 0.0 if s.labels.get("sleep_state") == "awake" else 1.0
                     out["sleeping"] = max(out.get("sleeping", 0.0), asleep)
     except (ValueError, TypeError, IndexError):
         return None
-    return out
+    return {**legacy, **out}
 
 
 def _get(url: str, timeout: float) -> tuple[int, bytes]:

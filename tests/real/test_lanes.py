@@ -62,6 +62,23 @@ def test_the_gauges_are_parsed_from_vllms_exposition() -> None:
     assert parse_lane_metrics("<html>not an exposition</html>\n{") is None
 
 
+LEGACY = """\
+# HELP vllm:kv_offload_total_bytes Number of bytes transferred.
+# TYPE vllm:kv_offload_total_bytes counter
+vllm:kv_offload_total_bytes_total{engine="0",model_name="m",transfer_type="GPU_to_CPU"} 8192.0
+vllm:kv_offload_total_bytes_total{engine="0",model_name="m",transfer_type="CPU_to_GPU"} 2048.0
+"""
+
+
+def test_an_older_vllms_offload_counter_by_transfer_type_is_read_and_never_counted_twice() -> None:
+    """Releases before the flat store and load counters count both directions in one counter labelled by
+    transfer_type; later ones keep it beside the flat ones, deprecated: the flat ones win, never a sum of both."""
+    assert parse_lane_metrics(LEGACY) == {"offload_store_bytes": 8192.0, "offload_load_bytes": 2048.0}
+    both = parse_lane_metrics(CAPTURED + LEGACY)
+    assert both is not None
+    assert (both["offload_store_bytes"], both["offload_load_bytes"]) == (4096.0, 1024.0)
+
+
 @pytest.mark.parametrize(
     ("body", "version"),
     [
