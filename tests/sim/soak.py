@@ -15,7 +15,8 @@ run. For a machine lent for a fixed time: ``SOAK_SEEDS=16 SOAK_STEPS=20000000 SO
 
 A failing run prints hypothesis's shrunk sequence of steps of the first failing seed as soon as it fails (the
 others' lines still printed after it): make it a regression case (tests/cases/plan/, or a test beside tests/sim/test_sim.py). The exit code is 1 on any
-violation, 2 when what the simulation needs cannot be imported (nothing was run).
+violation, 2 when what the simulation needs cannot be imported or an argument is given (nothing was run: the soak
+takes its settings from the environment alone; ``--help`` prints this).
 """
 
 from __future__ import annotations
@@ -117,6 +118,9 @@ def _many(seeds: list[int], total: int, workers: int) -> int:
 
 
 def main() -> int:
+    if sys.argv[1:]:  # set by the environment alone (the docstring): an argument is a mistake, --help included
+        print(__doc__, file=sys.stdout if sys.argv[1:] in (["-h"], ["--help"]) else sys.stderr)
+        return 0 if sys.argv[1:] in (["-h"], ["--help"]) else 2
     try:  # a run that cannot import the simulation stops here, before any worker counts it a violation
         import hypothesis  # noqa: F401
 
