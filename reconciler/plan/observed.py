@@ -1,7 +1,8 @@
 """Plain values describing what is on the host: the output of observation and the input of the planner.
 
-Pure: frozen dataclasses only. Observers in ``reconciler.observe`` build these from Docker, GPU telemetry
-and /proc; the planner and the renderers read them; nothing here talks to the world.
+Pure: frozen dataclasses, and ``observation``, the one constructor of an ``Observed`` (``reconciler.observe.observe``
+assembles every observation of the host through it, from Docker, GPU telemetry and /proc; the tests build theirs
+through it too). The planner and the renderers read them; nothing here talks to the world.
 """
 
 from __future__ import annotations

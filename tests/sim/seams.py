@@ -3,9 +3,11 @@
 The project reaches the host through one object, ``reconciler.apply.host_io.HostIO``; ``sim_io`` builds one whose
 every part is the world's and ``installed`` hands it in whole (``world.io``: the loop, the applier, the guard, the
 service and the loader take it), patching no name of the project. Answered by the world: the container engine (``SimEngine``, an implementation of the engine protocol, ``reconciler.host.engine.protocol.Engine``), the
-NVML read (``observe_gpus``'s ``read``, ``container_of`` and ``command_of``), the /proc and shm.dir reads of one
-inspection (``list_dir`` and the per-process reads of ``scan_holders``, through the real ``settle_scan`` and the
-real pure ``build_view``; the world moves between the reads), the guard's unlink (behind the kernel's write lease,
+sources of one observation (``sim_sources``, a ``reconciler.observe.seams.ObserveSeams``: the project's own
+``observe`` assembles every fact from them, and no copy of it is kept here), among them the NVML read
+(``observe_gpus``'s ``read``, ``container_of`` and ``command_of``), the /proc and shm.dir reads of one inspection
+(``list_dir`` and the per-process reads of ``scan_holders``, through the real ``settle_scan`` and the real pure
+``build_view``; the world moves between the reads) and who listens on the recipes' ports, the guard's unlink (behind the kernel's write lease,
 modelled from who holds the file) and its statvfs, the loader's tmpfs checks, the health URL's answer and vLLM's gauges, the clock and sleep of the apply
 layer, the guard, the loop and the engine-call retries, and a sleeping lane's answers (GET /is_sleeping, the POSTs of a sleep
 and a wake). Kept real: the loader and its files on disk, the model, the
