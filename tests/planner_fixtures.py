@@ -35,6 +35,7 @@ from reconciler.plan.observed import (
     ShmView,
     Source,
     Tmpfs,
+    observation,
 )
 
 SLOTS = {"dark-compute-a": 0, "dark-compute-b": 1}
@@ -277,9 +278,9 @@ def make_observed(case: dict[str, Any], desired: DesiredState) -> Observed:
             )
         )
     )
-    return Observed(
-        host="h",
-        containers=tuple(containers),
+    return observation(
+        "h",
+        containers=containers,
         gpus=gpus,
         shm=shm,
         docker=docker,

@@ -63,6 +63,7 @@ from reconciler.plan.observed import (  # noqa: E402
     ShmView,
     Source,
     Tmpfs,
+    observation,
 )
 from reconciler.plan.planner import plan  # noqa: E402
 from reconciler.service.status import status_data  # noqa: E402
@@ -126,8 +127,8 @@ def observed_now(desired: DesiredState, lane_pid: int, port: int, memory: LaneMe
     gpus = observe_gpus(desired.host, container_of=lambda pid: CID if pid == lane_pid else None)
     answer = ask_sleeping(f"http://127.0.0.1:{port}")
     ok = Source("docker", True)
-    return Observed(
-        host=desired.host.name,
+    return observation(
+        desired.host.name,
         containers=(c,),
         gpus=gpus,
         shm=ShmView(

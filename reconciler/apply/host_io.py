@@ -1,8 +1,9 @@
 """The host's I/O seams as one object: ``HostIO``, handed to the applier, the shm guard and the loop.
 
 Everything the tool reads of the host or does to it, below the decisions, goes through one of its parts: the
-engine (an observer of a host's engine, whose client also writes), the whole observation (the engine, NVML, /proc,
-shm.dir, the ports and the lanes' sleep, ``reconciler.observe.observe``), who listens on a port (/proc/net), the
+engine (an observer of a host's engine, whose client also writes), the sources of one observation (the engine,
+NVML, /proc and shm.dir, the ports, the lanes' sleep: ``reconciler.observe.seams.ObserveSeams``, assembled by
+``reconciler.observe.observe`` alone, which ``HostIO.observe`` calls with them), who listens on a port (/proc/net), the
 lanes' HTTP (their health URL, their POSTs of a sleep, a wake and a drain, their gauges, GET /is_sleeping, what
 they say of themselves), the guard's reads and its one unlink (``shm_guard.ShmIO``), the loader's tmpfs reads
 (``load.tmpfs.TmpfsReads``), the clocks and the wait (``base.clock.Clock``), how a group of actions runs at
@@ -33,11 +34,14 @@ from reconciler.load.tmpfs import REAL_TMPFS, TmpfsReads
 from reconciler.observe import observe
 from reconciler.observe.containers import EngineObserver
 from reconciler.observe.lane_sleep import ask_sleeping
+from reconciler.observe.seams import REAL_SEAMS, ObserveSeams
 from reconciler.store.door_state import door_lane
 from reconciler.store.lock import manifest_edit_lock
 
 if TYPE_CHECKING:
     from reconciler.apply.shm_guard import ShmIO
+    from reconciler.model import HostConfig
+    from reconciler.plan.observed import Observed
 
 
 def _read_gauges(url: str, *, timeout: float = 2.0) -> tuple[float, float] | str:
@@ -76,7 +80,7 @@ class HostIO:
 
     clock: Clock
     engine: Callable[[Any], EngineObserver]  # the observer of a host's engine (``EngineObserver.for_host``)
-    observe: Callable[..., Any]  # one whole observation (``reconciler.observe.observe``'s signature)
+    sources: ObserveSeams  # where one observation reads each source (``reconciler.observe.observe`` assembles it)
     listeners: Callable[[Mapping[int, str]], PortView | None]  # who listens on each port, from /proc
     lanes: LaneHttp
     shm: ShmIO | None
@@ -84,6 +88,11 @@ class HostIO:
     run_group: Callable[[list[Callable[[], Any]]], list[Any]]  # a group's actions, each in a thread of its own
     lock: Callable[[], Any]  # a lock of the apply layer (the guard's, the state files')
     edit_lock: Callable[[str], AbstractContextManager[None]]  # one edit of a host's manifest at a time (a switch)
+
+    def observe(self, host: HostConfig, **needs: Any) -> Observed:
+        """One whole observation of ``host`` from these sources (``reconciler.observe.observe``'s keywords: the
+        engine's observer to read through, what the enters need looked up, the sleeping lanes' origins)."""
+        return observe(host, seams=self.sources, **needs)
 
 
 REAL_LANES = LaneHttp(
@@ -99,7 +108,7 @@ REAL_LANES = LaneHttp(
 REAL_IO = HostIO(
     clock=REAL_CLOCK,
     engine=EngineObserver.for_host,
-    observe=observe,
+    sources=REAL_SEAMS,
     listeners=_port_listeners,
     lanes=REAL_LANES,
     shm=None,

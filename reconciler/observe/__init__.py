@@ -1,9 +1,13 @@
-"""Observation: reads Docker, GPU telemetry and /proc + the shm dir into one ``Observed`` value. Read-only.
+"""Observation: reads the engine, GPU telemetry, /proc and the shm dir, the ports and the lanes' sleep into one
+``Observed`` value. Read-only.
 
-Called by ``plan``, ``status``, ``apply`` (before and after each action) and the loop. Each source that fails
-is recorded as unavailable in the result instead of raising, so callers can fail closed and say which one.
-The submodules are imported inside ``observe`` so that importing one observer (``python -m
-reconciler.observe.shm``, say) does not pay for pydantic, the Docker SDK and NVML.
+Called by ``plan``, ``status``, ``apply`` (before and after each action) and the loop, through ``HostIO.observe``.
+``observe`` is the one place an observation is assembled: each source is read through its seam
+(``reconciler.observe.seams``: the host's own, or the simulation's world) and every fact goes into the one
+constructor, ``reconciler.plan.observed.observation``. Each source that fails is recorded as unavailable in the
+result instead of raising, so callers can fail closed and say which one. The submodules are imported inside
+``observe`` so that importing one observer (``python -m reconciler.observe.shm``, say) does not pay for pydantic,
+the Docker SDK and NVML.
 """
 
 from __future__ import annotations
@@ -14,51 +18,47 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from reconciler.model import HostConfig
     from reconciler.observe.containers import EngineObserver
+    from reconciler.observe.seams import ObserveSeams
     from reconciler.plan.observed import Observed
 
 
 def observe(
     host: HostConfig,
     *,
+    seams: ObserveSeams | None = None,
     docker: EngineObserver | None = None,
-    proc_root: str = "/proc",
     images: Collection[str] = (),
     ports: Collection[int] = (),
     sleep_origins: Mapping[str, str] | None = None,
 ) -> Observed:
-    """One observation. ``images`` and ``ports`` (``enter_checks.enter_needs``: what the recipes' enters need) are
-    looked up for the planner's checks of knowable failures; without them those are not judged. ``sleep_origins``
-    (recipe -> its lane's origin, for the recipes with [sleep]): each running lane of this host of those recipes is
-    asked whether it sleeps."""
+    """One observation, every source read through ``seams`` (``REAL_SEAMS``: the host's own); ``docker``: the
+    engine's observer to read through (its cache kept), else ``seams.engine``'s. ``images`` and ``ports``
+    (``enter_checks.enter_needs``: what the recipes' enters need) are looked up for the planner's checks of knowable
+    failures; without them those are not judged. ``sleep_origins`` (recipe -> its lane's origin, for the recipes
+    with [sleep]): each running lane of this host of those recipes is asked whether it sleeps."""
     # start-up: one observer alone (python -m reconciler.observe.shm) pays for none of the others (docstring)
-    from reconciler.observe.containers import EngineObserver
-    from reconciler.observe.gpu import observe_gpus
-    from reconciler.observe.shm import inspect_shm
-    from reconciler.plan.observed import CardNodes, EnterFacts, NodeHolder, Observed
+    from reconciler.observe.seams import REAL_SEAMS
+    from reconciler.plan.observed import CardNodes, EnterFacts, LaneMemory, NodeHolder, observation
     from reconciler.store.state import read_ownership
 
-    docker = docker or EngineObserver.for_host(host)
+    seams = seams or REAL_SEAMS
+    docker = docker or seams.engine(host)
     containers, docker_source = docker.observe()
     known = {c.id for c in containers} if docker_source.ok else None
-    gpus = observe_gpus(host, known_containers=known)
+    gpus = seams.gpus(host, known_containers=known)
     ownership = read_ownership(host.name)
     found: list[tuple[NodeHolder, ...]] = []
-    shm = inspect_shm(
-        host.shm,
-        containers=containers,
-        docker=docker_source,
-        proc_root=proc_root,
-        settled=ownership.healthy,
-        on_cards=found.append,
+    shm = seams.processes(
+        host.shm, containers=containers, docker=docker_source, settled=ownership.healthy, on_cards=found.append
     )
-    # The card nodes held open are read by the shm guard's scan of every process (the same stat of each descriptor).
+    # The card nodes held open are read by the shm guard's scan of every process (the same stat of each
+    # descriptor), handed over only when that scan was made whole.
     card_nodes = CardNodes(found[0]) if found else CardNodes(read=False, detail=shm.proc.render())
     enter = EnterFacts()
     if docker_source.ok and (images or ports):
-        from reconciler.observe.listeners import read_listeners  # start-up: only a plan with enters reads ports
-
-        runtime, detail = docker.gpu_runtime() if host.docker.gpu_requests and host.gpus else ("unknown", "")
-        looked_up, listeners = read_listeners(ports, known_containers=known, proc_root=proc_root)
+        gpu_asked = host.docker.gpu_requests and host.gpus
+        runtime, detail = docker.gpu_runtime(seams.toolkit_hook) if gpu_asked else ("unknown", "")
+        looked_up, listeners = seams.listeners(ports, known_containers=known)
         enter = EnterFacts(
             images=docker.images_present(images),
             gpu_runtime=runtime,
@@ -67,19 +67,19 @@ def observe(
             listeners=listeners,
         )
     sleeping: dict[str, bool] = {}
-    memory = {}
+    memory: dict[str, LaneMemory] = {}
     if docker_source.ok and sleep_origins:
         from reconciler.observe.lane_sleep import read_sleeping  # start-up: only hosts with sleeping lanes ask
         from reconciler.store.lane_memory import read_lane_memory  # start-up: as above
 
-        sleeping = read_sleeping(host.name, containers, sleep_origins)
+        sleeping = read_sleeping(host.name, containers, sleep_origins, seams.is_sleeping)
         memory = read_lane_memory(host.name)
-    return Observed(
-        host=host.name,
+    return observation(
+        host.name,
         containers=containers,
+        docker=docker_source,
         gpus=gpus,
         shm=shm,
-        docker=docker_source,
         ownership=ownership,
         enter=enter,
         sleeping=sleeping,

@@ -236,6 +236,11 @@ def published_ports_of(summary: Mapping[str, Any]) -> tuple[int, ...]:
 NVIDIA_HOOK_PATHS = ("/usr/bin/nvidia-container-runtime-hook", "/usr/local/bin/nvidia-container-runtime-hook")
 
 
+def toolkit_hook_installed() -> bool:
+    """Whether NVIDIA's container toolkit hook is installed on this machine (one of ``NVIDIA_HOOK_PATHS``)."""
+    return any(os.path.exists(p) for p in NVIDIA_HOOK_PATHS)
+
+
 def gpu_runtime_of(info: Mapping[str, Any], *, engine: str, hook_installed: bool = False) -> tuple[str, str]:
     """Pure: whether the engine's /info answer shows a way to give a container NVIDIA GPUs by DeviceRequest:
     ("present" | "absent" | "unknown", what it listed). An "nvidia" runtime (``nvidia-ctk runtime configure``), a
@@ -389,16 +394,16 @@ class EngineObserver:
                 continue
         return tuple(out)
 
-    def gpu_runtime(self) -> tuple[str, str]:
+    def gpu_runtime(self, hook_installed: Callable[[], bool] = toolkit_hook_installed) -> tuple[str, str]:
         """Whether the engine can give NVIDIA GPUs by DeviceRequest (``gpu_runtime_of``); unknown when it does not
-        answer. The toolkit's hook counts only for an engine on this host (a unix socket)."""
+        answer. The toolkit's hook (``hook_installed``: this machine's, by default) counts only for an engine on
+        this host (a unix socket)."""
         try:
             info = self.engine.info()
             engine = self.kind()
         except Exception as exc:  # noqa: BLE001 - not answered: not judged
             return "unknown", f"the engine's /info did not answer: {_short(exc)}"
-        local = self.url.startswith("unix://")
-        hook = local and any(os.path.exists(p) for p in NVIDIA_HOOK_PATHS)
+        hook = self.url.startswith("unix://") and hook_installed()
         return gpu_runtime_of(info if isinstance(info, Mapping) else {}, engine=engine, hook_installed=hook)
 
     def observe(self) -> tuple[tuple[ContainerView, ...], Source]:

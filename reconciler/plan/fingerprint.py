@@ -25,6 +25,7 @@ pure; ``file_digests`` and ``secret_parts`` read files. The plan's own JSON, bot
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from reconciler.base.redact import redact_data
 from reconciler.base.units import human_bytes
 from reconciler.plan.actions import ActionKind, Plan
-from reconciler.plan.inputs import desired_changes, desired_lines, recipe_spec, source_lines
+from reconciler.plan.inputs import canonical, desired_changes, desired_lines, jsonable, recipe_spec, source_lines
 from reconciler.plan.observed import LABEL_PREFIX, Observed
 
 if TYPE_CHECKING:
@@ -45,8 +46,9 @@ PLAN_FORMAT = "reconciler-plan/1"
 # The fingerprint's own version, saved beside its parts. 1 (no version saved): containers, GPU processes, offload
 # files and sources only. 2: every planner input. A saved plan of an older version is refused as stale: what it
 # did not record could have changed unseen. 3: the desired state as values and the commit in use (``desired``,
-# ``source``), and each action's full specification (``spec``) in the plan.
-FINGERPRINT_VERSION = 3
+# ``source``), and each action's full specification (``spec``) in the plan. 4: every field of the observation, those
+# without words of their own walked whole (``card_nodes``, ``lane_memory``).
+FINGERPRINT_VERSION = 4
 # The parts told in words by ``reconciler.plan.inputs.desired_changes``, not line by line.
 _IN_WORDS = ("desired", "source")
 GPU_MEMORY_QUANTUM = 256 * 1024 * 1024
@@ -126,7 +128,31 @@ def observed_parts(observed: Observed) -> dict[str, list[str]]:
         "ownership": ownership,
         "enter": enter,
         "sources": sources,
+        **_walked_parts(observed),
     }
+
+
+# The fields of ``Observed`` the parts above tell in their own words (the host's name is the desired state's).
+_TOLD = frozenset({"host", "containers", "sleeping", "gpus", "shm", "docker", "ownership", "enter"})
+
+
+def _walked_parts(observed: Observed) -> dict[str, list[str]]:
+    """Pure: every other fact of the observation, a part each by its field's name, walked whole (``jsonable``) as
+    sorted lines of canonical JSON (a map by its keys, a dataclass by its fields, a list by its items): a fact added
+    to ``Observed`` later is in the fingerprint without an edit here (the card nodes held open, the lanes' memory)."""
+    parts: dict[str, list[str]] = {}
+    for f in dataclasses.fields(observed):
+        if f.name in _TOLD:
+            continue
+        value = redact_data(jsonable(getattr(observed, f.name)))  # a fact's words (a command line) keep no secret
+        if isinstance(value, dict):
+            lines = [f"{k} {canonical(v)}" for k, v in value.items()]
+        elif isinstance(value, list):
+            lines = [canonical(v) for v in value]
+        else:
+            lines = [canonical(value)]
+        parts[f.name] = sorted(lines)
+    return parts
 
 
 def _q(value: int | None, quantum: int) -> str:

@@ -1,7 +1,8 @@
 """Plain values describing what is on the host: the output of observation and the input of the planner.
 
-Pure: frozen dataclasses only. Observers in ``reconciler.observe`` build these from Docker, GPU telemetry
-and /proc; the planner and the renderers read them; nothing here talks to the world.
+Pure: frozen dataclasses, and ``observation``, the one constructor of an ``Observed`` (``reconciler.observe.observe``
+assembles every observation of the host through it, from Docker, GPU telemetry and /proc; the tests build theirs
+through it too). The planner and the renderers read them; nothing here talks to the world.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 # Labels this tool puts on every container it creates. Ownership is decided by these alone.
 LABEL_PREFIX = "io.reconciler."
@@ -368,3 +370,27 @@ class Observed:
 
     def unavailable(self) -> list[Source]:
         return [s for s in self.sources.values() if not s.ok]
+
+
+ENGINE_ANSWERED = Source("docker", True)
+
+
+def observation(
+    host: str,
+    *,
+    containers: Collection[ContainerView] = (),
+    docker: Source = ENGINE_ANSWERED,
+    gpus: GpuView | None = None,
+    shm: ShmView | None = None,
+    **facts: Any,
+) -> Observed:
+    """The one constructor of an observation: ``reconciler.observe.observe`` makes every one from the host's sources
+    through it, and the tests' observations go through it too, so all are made alike. A fact not given takes its
+    default: the engine answered, no GPU telemetry (``gpus``: telemetry "none", from the engine alone), an empty
+    /dev/shm whose /proc scan was whole and whose ``docker`` source is the observation's own, and every other field
+    of ``Observed`` (``facts``, by its name) its own default."""
+    if gpus is None:
+        gpus = GpuView(telemetry="none", source=Source("gpu", True, "GPU occupancy from Docker alone"))
+    if shm is None:
+        shm = ShmView("/dev/shm", "vllm_offload_*.mmap", Tmpfs(0, 0, 0), Source("proc", True), docker)
+    return Observed(host=host, containers=tuple(containers), gpus=gpus, shm=shm, docker=docker, **facts)

@@ -40,6 +40,7 @@ from reconciler.plan.observed import (
     ShmView,
     Source,
     Tmpfs,
+    observation,
 )
 
 GOAL_S = 0.010
@@ -103,8 +104,8 @@ def busy_state() -> tuple[HostConfig, Observed, Plan]:
         files=files,
         deleted_mapped_bytes=GiB,
     )
-    observed = Observed(
-        host="workstation",
+    observed = observation(
+        "workstation",
         containers=(omni, other, *stopped),
         gpus=GpuView(telemetry="nvml", source=Source("gpu", True), slots=slots),
         shm=shm,

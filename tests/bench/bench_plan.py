@@ -104,7 +104,7 @@ def bench_pure(sizes: list[int]) -> list[tuple[int, float]]:
     from planner_fixtures import make_recipe
 
     from reconciler.model import DesiredAssignment, DesiredState, HostConfig
-    from reconciler.plan.observed import GpuView, Observed, ShmView, Source, Tmpfs
+    from reconciler.plan.observed import observation
     from reconciler.plan.planner import plan
 
     out = []
@@ -115,13 +115,7 @@ def bench_pure(sizes: list[int]) -> list[tuple[int, float]]:
         )
         assignments = tuple(DesiredAssignment("r", (f"s{i}",), recipe.content_hash(), 0) for i in range(n))
         desired = DesiredState(host=host, recipes={"r": recipe}, assignments=assignments)
-        observed = Observed(
-            host="h",
-            containers=(),
-            gpus=GpuView("none", Source("gpu", True), {}),
-            shm=ShmView("/dev/shm", "x*", Tmpfs(1, 0, 1), Source("proc", True), Source("docker", True)),
-            docker=Source("docker", True),
-        )
+        observed = observation("h")
         reps = max(3, 2000 // n)
         t0 = time.perf_counter()
         for _ in range(reps):

@@ -84,22 +84,11 @@ def test_iso_time_carries_the_local_zone() -> None:
 def test_the_plan_header_says_gpu_n_a_without_gpu_telemetry() -> None:
     from reconciler.cli.render import Style, render_plan
     from reconciler.plan.actions import Plan
-    from reconciler.plan.observed import GpuView, Observed, ShmView, Source, Tmpfs
+    from reconciler.plan.observed import GpuView, Source, observation
 
     def header(telemetry: str) -> str:
-        shm = ShmView(
-            dir="/x",
-            pattern="vllm_offload_*.mmap",
-            tmpfs=Tmpfs(1, 0, 1),
-            proc=Source("proc", True),
-            docker=Source("docker", True),
-        )
-        obs = Observed(
-            host="demo",
-            containers=(),
-            docker=Source("docker", True),
-            shm=shm,
-            gpus=GpuView(telemetry=telemetry, source=Source("gpu", True, "GPU occupancy from Docker alone")),
+        obs = observation(
+            "demo", gpus=GpuView(telemetry=telemetry, source=Source("gpu", True, "GPU occupancy from Docker alone"))
         )
         return render_plan(Plan(host="demo"), obs, Style(color=False)).splitlines()[0]
 

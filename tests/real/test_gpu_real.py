@@ -21,7 +21,7 @@ from planner_fixtures import make_recipe
 
 from reconciler.model import DesiredAssignment, DesiredState, HostConfig
 from reconciler.observe.gpu import observe_gpus, read_nvml
-from reconciler.plan.observed import GpuView, Observed, ShmView, Source, Tmpfs
+from reconciler.plan.observed import GpuView, observation
 from reconciler.plan.planner import plan
 
 HOLDER = Path(__file__).resolve().parents[2] / "examples" / "gpu-proof" / "hold_gpu.py"
@@ -141,9 +141,7 @@ def test_the_plan_for_that_slot_is_blocked_naming_the_pid(holder: dict[str, Any]
         recipes={"m": recipe},
         assignments=(DesiredAssignment("m", ("dark-compute-a",), recipe.content_hash(), 0),),
     )
-    ok = Source("docker", True)
-    shm = ShmView("/dev/shm", "vllm_offload_*.mmap", Tmpfs(1, 0, 1), Source("proc", True), ok)
-    p = plan(desired, Observed(host="gpu-test", containers=(), gpus=view, shm=shm, docker=ok))
+    p = plan(desired, observation("gpu-test", gpus=view))
     assert p.blocked and not p.actions
     assert f"pid {holder['pid']}" in [b.holder for b in p.blockers]
 
@@ -177,9 +175,7 @@ def test_two_slots_naming_one_card_block_every_enter(holder: dict[str, Any], gpu
             recipes={"m": recipe},
             assignments=tuple(DesiredAssignment("m", s, recipe.content_hash(), 0) for s in manifest),
         )
-        ok = Source("docker", True)
-        shm = ShmView("/dev/shm", "vllm_offload_*.mmap", Tmpfs(1, 0, 1), Source("proc", True), ok)
-        p = plan(desired, Observed(host="gpu-test", containers=(), gpus=view, shm=shm, docker=ok))
+        p = plan(desired, observation("gpu-test", gpus=view))
         assert p.blocked and not p.actions, manifest
         assert p.unavailable == ("gpu",)
         for slots in manifest:  # each enter is blocked by the host error (the holder's pid blocks it too)

@@ -60,6 +60,7 @@ from reconciler.plan.observed import (
     Source,
     Tmpfs,
     Uninspectable,
+    observation,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,7 +135,7 @@ def make_observed(
     gpus = GpuView(
         telemetry=telemetry, source=Source("gpu", gpu_ok, "" if gpu_ok else "NVML: Driver Not Loaded"), slots=slots
     )
-    return Observed(host="workstation", containers=containers, gpus=gpus, shm=shm, docker=shm.docker)
+    return observation("workstation", containers=containers, gpus=gpus, shm=shm, docker=shm.docker)
 
 
 def busy_host() -> tuple[Observed, Plan]:

@@ -238,7 +238,7 @@ def test_gpu_processes_and_the_blocker_built_from_them_carry_no_secret(secret_pr
     status renderer on its answer: the pid is named, the key is not."""
     from reconciler.model import DesiredAssignment, DesiredState, HostConfig, Recipe
     from reconciler.observe.gpu import observe_gpus
-    from reconciler.plan.observed import Observed, ShmView, Source, Tmpfs
+    from reconciler.plan.observed import observation
     from reconciler.plan.planner import plan
     from reconciler.service.status import status_data
 
@@ -270,14 +270,7 @@ def test_gpu_processes_and_the_blocker_built_from_them_carry_no_secret(secret_pr
     desired = DesiredState(
         host=host, recipes={"r": recipe}, assignments=(DesiredAssignment("r", ("a",), recipe.content_hash(), 0),)
     )
-    shm = ShmView(
-        dir="/x",
-        pattern="vllm_offload_*.mmap",
-        tmpfs=Tmpfs(1, 0, 1),
-        proc=Source("proc", True),
-        docker=Source("docker", True),
-    )
-    observed = Observed(host="w", containers=(), docker=Source("docker", True), gpus=gpus, shm=shm)
+    observed = observation("w", gpus=gpus)
     p = plan(desired, observed)
     assert p.blocked and any(f"pid {pid}" in b.reason for b in p.blockers)
     text = json.dumps([p.to_json(), status_data(desired, observed, p)])

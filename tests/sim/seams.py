@@ -3,9 +3,11 @@
 The project reaches the host through one object, ``reconciler.apply.host_io.HostIO``; ``sim_io`` builds one whose
 every part is the world's and ``installed`` hands it in whole (``world.io``: the loop, the applier, the guard, the
 service and the loader take it), patching no name of the project. Answered by the world: the container engine (``SimEngine``, an implementation of the engine protocol, ``reconciler.host.engine.protocol.Engine``), the
-NVML read (``observe_gpus``'s ``read``, ``container_of`` and ``command_of``), the /proc and shm.dir reads of one
-inspection (``list_dir`` and the per-process reads of ``scan_holders``, through the real ``settle_scan`` and the
-real pure ``build_view``; the world moves between the reads), the guard's unlink (behind the kernel's write lease,
+sources of one observation (``sim_sources``, a ``reconciler.observe.seams.ObserveSeams``: the project's own
+``observe`` assembles every fact from them, and no copy of it is kept here), among them the NVML read
+(``observe_gpus``'s ``read``, ``container_of`` and ``command_of``), the /proc and shm.dir reads of one inspection
+(``list_dir`` and the per-process reads of ``scan_holders``, through the real ``settle_scan`` and the real pure
+``build_view``; the world moves between the reads) and who listens on the recipes' ports, the guard's unlink (behind the kernel's write lease,
 modelled from who holds the file) and its statvfs, the loader's tmpfs checks, the health URL's answer and vLLM's gauges, the clock and sleep of the apply
 layer, the guard, the loop and the engine-call retries, and a sleeping lane's answers (GET /is_sleeping, the POSTs of a sleep
 and a wake). Kept real: the loader and its files on disk, the model, the
@@ -381,10 +383,11 @@ def sim_scan(world: World) -> Any:
     return scan
 
 
-def sim_shm(world: World, cfg: Any, *, containers: Any, docker: Any, settled: Any = ()) -> Any:
-    """One inspection of shm.dir and every process, as ``inspect_shm`` makes it, from the world's truth."""
+def sim_shm(world: World, cfg: Any, *, containers: Any, docker: Any, settled: Any = (), on_cards: Any = None) -> Any:
+    """One inspection of shm.dir and every process, as ``inspect_shm`` makes it, from the world's truth; hands
+    ``on_cards`` the processes holding a card's node open once the scan was made whole, as the real one does."""
     from reconciler.observe.shm import DirEntry, DirListing, build_view, owner_container, unavailable_view
-    from reconciler.plan.observed import Owner, Tmpfs
+    from reconciler.plan.observed import NodeHolder, Owner, Tmpfs
 
     entries = tuple(
         DirEntry(f.name, 0o100600, 1, f.inode, f.size, f.size, 1)
@@ -403,6 +406,16 @@ def sim_shm(world: World, cfg: Any, *, containers: Any, docker: Any, settled: An
             settled=settled,
         )
     names = {c.id: c.name for c in containers}
+    if on_cards is not None:
+        on_cards(
+            tuple(
+                NodeHolder(p.pid, minor, cid, names.get(cid or ""), world.command_of(p.pid))
+                for p in sorted(world.procs.values(), key=lambda p: p.pid)
+                if p.resolvable
+                for minor in sorted(p.nodes)
+                for cid in [world.container_of(p.pid)]
+            )
+        )
 
     def owner(pid: int, via: str) -> Any:
         p = world.procs.get(pid)  # resolved after the scan, as the real resolver reads cgroup and cmdline then
@@ -425,73 +438,40 @@ def sim_shm(world: World, cfg: Any, *, containers: Any, docker: Any, settled: An
     )
 
 
-def sim_enter_facts(world: World, host: Any, images: Any, ports: Any) -> Any:
-    """What ``observe`` looks up for an enter's knowable failures, from the world: its images, its GPU runtime, and
-    who listens on the recipes' ports."""
-    from reconciler.plan.observed import EnterFacts, Listener
+def sim_listeners(world: World, ports: Any, *, known_containers: Any = None) -> Any:
+    """Who listens on the recipes' ports (``read_listeners``'s answer), from the world: each port looked up."""
+    from reconciler.plan.observed import Listener
 
-    runtime = ("present" if world.gpu_runtime else "absent") if host.docker.gpu_requests and host.gpus else "unknown"
     listeners = tuple(
         Listener("0.0.0.0", port, 1, pid, "sim squatter" if cid is None else "vllm serve", cid)
         for port in ports
         for pid, cid in world.listeners(port)
     )
-    return EnterFacts(
-        images=tuple((i, i in world.images) for i in images),
-        gpu_runtime=runtime,
-        gpu_runtime_detail="runtimes: runc (simulated)",
-        ports=frozenset(ports),
-        listeners=listeners,
-    )
+    return frozenset(ports), listeners
 
 
-def sim_observe(
-    world: World,
-    host: Any,
-    *,
-    docker: Any = None,
-    images: Any = (),
-    ports: Any = (),
-    sleep_origins: Any = None,
-    **_: Any,
-) -> Any:
+def sim_sources(world: World) -> Any:
+    """The sources of one observation (``reconciler.observe.seams.ObserveSeams``) as the world answers them; the
+    observation itself is the project's own ``observe``, which assembles every fact from these."""
+    import functools
+
     from reconciler.observe.gpu import observe_gpus
-    from reconciler.observe.lane_sleep import read_sleeping
-    from reconciler.plan.observed import CardNodes, EnterFacts, NodeHolder, Observed
-    from reconciler.store.lane_memory import read_lane_memory
-    from reconciler.store.state import read_ownership
+    from reconciler.observe.seams import ObserveSeams
 
-    docker = docker or sim_observer(world, host.docker.url)
-    containers, docker_source = docker.observe()
-    gpus = observe_gpus(
-        host, read=lambda _h: world.nvml_raw(), container_of=world.container_of, command_of=world.command_of
-    )
-    ownership = read_ownership(host.name)
-    shm = sim_shm(world, host.shm, containers=containers, docker=docker_source, settled=ownership.healthy)
-    # The card nodes held open, as the shm guard's scan reads them (made whole only when that scan was).
-    names = {c.id: c.name for c in containers}
-    nodes = tuple(
-        NodeHolder(p.pid, minor, cid, names.get(cid or ""), world.command_of(p.pid))
-        for p in sorted(world.procs.values(), key=lambda p: p.pid)
-        if p.resolvable
-        for minor in sorted(p.nodes)
-        for cid in [world.container_of(p.pid)]
-    )
-    card_nodes = CardNodes(nodes) if shm.proc.ok else CardNodes(read=False, detail=shm.proc.render())
-    return Observed(
-        host=host.name,
-        containers=containers,
+    def gpus(host: Any, *, known_containers: Any = None) -> Any:
+        return observe_gpus(
+            host, read=lambda _h: world.nvml_raw(), container_of=world.container_of, command_of=world.command_of
+        )
+
+    return ObserveSeams(
+        engine=lambda host: sim_observer(world, host.docker.url),
+        # No toolkit hook on the simulated host: its engine's runtimes alone say whether it can give GPUs.
+        toolkit_hook=lambda: False,
         gpus=gpus,
-        shm=shm,
-        docker=docker_source,
-        ownership=ownership,
-        enter=sim_enter_facts(world, host, images, ports) if docker_source.ok and (images or ports) else EnterFacts(),
+        processes=functools.partial(sim_shm, world),
+        listeners=functools.partial(sim_listeners, world),
         # Each sleeping-mode lane asked as ``observe`` asks it (the real reader, the world answering GET /is_sleeping).
-        sleeping=read_sleeping(host.name, containers, sleep_origins, _ask_sleeping(world))
-        if docker_source.ok and sleep_origins
-        else {},
-        lane_memory=read_lane_memory(host.name) if docker_source.ok and sleep_origins else {},
-        card_nodes=card_nodes,
+        is_sleeping=_ask_sleeping(world),
     )
 
 
@@ -603,6 +583,7 @@ def sim_io(world: World) -> Any:
     # the apply layer is a SimLock: waiting for it passes the turn to its holder.
     sched = Interleaver(world)
     world.sched = sched
+    sources = sim_sources(world)
 
     def inspect(cfg: Any, observe_docker: Any, proc_root: str, *, settled: Any = ()) -> Any:
         containers, docker = observe_docker()
@@ -617,8 +598,8 @@ def sim_io(world: World) -> Any:
     return HostIO(
         # The world's clocks (the wall clock may jump apart from the monotonic one), and a sleep that moves them.
         clock=Clock(time=world.wall, monotonic=lambda: world.now, sleep=world.sleep),
-        engine=lambda host: sim_observer(world, host.docker.url),
-        observe=lambda host, docker=None, **kw: sim_observe(world, host, docker=docker, **kw),
+        engine=sources.engine,
+        sources=sources,
         listeners=lambda ports: _listeners(world, ports),
         lanes=LaneHttp(
             health_ok=lambda url: _health(world, url) == "ok",
@@ -626,7 +607,7 @@ def sim_io(world: World) -> Any:
             # The lane's POSTs (a sleep, a wake, the drain's /pause: a 404 here, so the gauges) and its GET /version.
             request=_lane_request(world),
             gauges=lambda url, **kw: world.gauges(urlsplit(url).port),
-            is_sleeping=_ask_sleeping(world),
+            is_sleeping=sources.is_sleeping,
             # What each lane's server says of itself (the loop's metrics only): no simulated lane serves HTTP, and
             # no real server on this machine may answer for one.
             readings=lambda desired, observed: {},

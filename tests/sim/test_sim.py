@@ -580,6 +580,7 @@ _REAL_SEAMS = (
     ("reconciler.observe.lane_sleep", "ask_sleeping"),
     ("reconciler.observe.lanes", "lane_readings"),
     ("reconciler.observe", "observe"),
+    ("reconciler.observe.seams", "REAL_SEAMS"),
     ("reconciler.apply.shm_unlink", "_unlink_agreed"),
     ("reconciler.load.tmpfs", "tmpfs_size"),
     ("reconciler.load.tmpfs", "tmpfs_free"),

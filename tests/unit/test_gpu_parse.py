@@ -15,7 +15,7 @@ import pytest
 from reconciler.model import DesiredAssignment, DesiredState, HostConfig, Recipe
 from reconciler.observe.gpu import engine_container_of, observe_gpus, parse_nvml, read_nvml, slots_of_container
 from reconciler.observe.procfs import container_of_pid, innermost_known, parse_cgroup_container_ids
-from reconciler.plan.observed import GpuView, Observed, ShmView, Source, Tmpfs
+from reconciler.plan.observed import ENGINE_ANSWERED, GpuView, Observed, ShmView, Source, Tmpfs, observation
 from reconciler.plan.planner import plan
 
 DATA = Path(__file__).parent.parent / "data"
@@ -429,15 +429,10 @@ def _recipe() -> Recipe:
 
 
 def _observed(gpus: GpuView) -> Observed:
-    ok = Source("docker", True)
     shm = ShmView(
-        dir="/dev/shm",
-        pattern="vllm_offload_*.mmap",
-        tmpfs=Tmpfs(64 * GIB, 0, 64 * GIB),
-        proc=Source("proc", True),
-        docker=ok,
+        "/dev/shm", "vllm_offload_*.mmap", Tmpfs(64 * GIB, 0, 64 * GIB), Source("proc", True), ENGINE_ANSWERED
     )
-    return Observed(host="workstation", containers=(), gpus=gpus, shm=shm, docker=ok)
+    return observation("workstation", gpus=gpus, shm=shm)
 
 
 def _desired() -> DesiredState:
