@@ -235,7 +235,8 @@ class Bench:
         data = self.root.recipe_data(name)
         data["container"]["command"] += ["--fake-tokens-per-s", str(a.pace), "--served-model-name", f"e2e/{name}"]
         data["container"]["command"] += [label]
-        data["probes"] = data["probes"][: a.probes]
+        # The probes that a paced lane passes (its answers are "tok tok ...", so no probe of the text).
+        data["probes"] = [p for p in data["probes"] if p["name"] in ("models", "streaming")][: a.probes]
         self.root.write_recipe(name, data)
         return name
 
@@ -276,7 +277,12 @@ class Bench:
             stderr=(self.base / "door.log").open("wb"),
         )
         want = {f"e2e/{self.day}": "serving", f"e2e/{self.night}": "asleep"}
-        _wait("the day lane serves, the night lane sleeps", lambda: want.items() <= _states(self.door_url).items(), 120)
+        try:
+            _wait("the day lane serves, the night lane sleeps", lambda: want.items() <= _states(self.door_url).items(), 120)
+        except SystemExit:
+            print(f"the door sees {_states(self.door_url)}\n{(self.base / 'door.log').read_text()[-2000:]}")
+            print(self.loop.log()[-4000:])
+            raise
         lanes = {r: f"http://127.0.0.1:{self.root.port_of(r)}" for r in (self.day, self.night)}
         state = Path(self.root.env["RECONCILER_LOCK_DIR"]) / f"reconciler-{self.root.host}.door.json"
         self.watcher = Watcher(lanes, state).start()
@@ -532,7 +538,7 @@ def main() -> int:
     ap.add_argument("--pace", type=float, default=50.0, help="tokens per second of one stream")
     ap.add_argument("--wake-s", type=float, default=1.0)
     ap.add_argument("--stay-s", type=float, default=2.0, help="seconds each topology streams after its return")
-    ap.add_argument("--probes", type=int, default=2, help="the demo's first N preflight probes, run after a wake")
+    ap.add_argument("--probes", type=int, default=2, help="preflight probes run after each wake: the demo's models and streaming ones (0 to 2)")
     ap.add_argument("--dwell", type=float, default=4.0, help="demand.min_dwell_s")
     ap.add_argument("--idle", type=float, default=5.0, help="demand.idle_return_s")
     ap.add_argument("--alternate-s", type=float, default=12.0)
