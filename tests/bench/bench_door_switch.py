@@ -278,7 +278,11 @@ class Bench:
         )
         want = {f"e2e/{self.day}": "serving", f"e2e/{self.night}": "asleep"}
         try:
-            _wait("the day lane serves, the night lane sleeps", lambda: want.items() <= _states(self.door_url).items(), 120)
+            _wait(
+                "the day lane serves, the night lane sleeps",
+                lambda: want.items() <= _states(self.door_url).items(),
+                120,
+            )
         except SystemExit:
             print(f"the door sees {_states(self.door_url)}\n{(self.base / 'door.log').read_text()[-2000:]}")
             print(self.loop.log()[-4000:])
@@ -538,7 +542,12 @@ def main() -> int:
     ap.add_argument("--pace", type=float, default=50.0, help="tokens per second of one stream")
     ap.add_argument("--wake-s", type=float, default=1.0)
     ap.add_argument("--stay-s", type=float, default=2.0, help="seconds each topology streams after its return")
-    ap.add_argument("--probes", type=int, default=2, help="preflight probes run after each wake: the demo's models and streaming ones (0 to 2)")
+    ap.add_argument(
+        "--probes",
+        type=int,
+        default=2,
+        help="preflight probes run after each wake: the demo's models and streaming ones (0 to 2)",
+    )
     ap.add_argument("--dwell", type=float, default=4.0, help="demand.min_dwell_s")
     ap.add_argument("--idle", type=float, default=5.0, help="demand.idle_return_s")
     ap.add_argument("--alternate-s", type=float, default=12.0)
