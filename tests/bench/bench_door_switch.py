@@ -351,11 +351,19 @@ def switches_under_load(b: Bench) -> dict[str, Any]:
         switch_s.append(back - written)
         time.sleep(a.stay_s)
     end = time.monotonic()
+    looks = w.look_gaps(t0 + b.offset)
     stop.touch()
     if load.wait(timeout=120) != 0:
         raise SystemExit("the load process failed")
     recs = json.loads(results.read_text())
-    return {"recs": recs, "periods": periods, "topology_of": topology_of, "switch_s": switch_s, "seconds": end - t0}
+    return {
+        "recs": recs,
+        "periods": periods,
+        "topology_of": topology_of,
+        "switch_s": switch_s,
+        "seconds": end - t0,
+        "look_gaps": looks,
+    }
 
 
 def held_beyond(rec: dict[str, Any], periods: list[list[float]]) -> tuple[bool, float | None]:
@@ -443,12 +451,14 @@ def report_b(b: Bench, res: dict[str, Any]) -> bool:
     kinds = [_bad(r, a.tokens) for r in recs]
     failed, cut = kinds.count("failed"), kinds.count("cut")
     excess: list[float] = []
+    worst: list[tuple[float, dict[str, Any]]] = []
     held = 0
     for r in recs:
         was_held, beyond = held_beyond(r, res["periods"][res["topology_of"][r["model"]]])
         held += was_held
         if beyond is not None:
             excess.append(max(0.0, beyond))
+            worst.append((beyond, r))
     over = sum(1 for x in excess if x > GOAL_HELD_S)
     sw = res["switch_s"]
     print(
@@ -462,8 +472,9 @@ def report_b(b: Bench, res: dict[str, Any]) -> bool:
     row("cut streams", str(cut), "0", cut == 0)
     row("requests held for their topology's return", f"{held:,}", "", None)
     if excess:
-        worst, p99 = max(excess), statistics.quantiles(excess, n=100, method="inclusive")[98] if len(excess) > 1 else 0
-        row("held beyond the return: p99 / max", f"{p99:.2f} / {worst:.2f} s", f"<= {GOAL_HELD_S:g} s", over == 0)
+        most = max(excess)
+        p99 = statistics.quantiles(excess, n=100, method="inclusive")[98] if len(excess) > 1 else most
+        row("held beyond the return: p99 / max", f"{p99:.2f} / {most:.2f} s", f"<= {GOAL_HELD_S:g} s", over == 0)
     row("requests held more than 0.5 s beyond it", str(over), "0", over == 0)
     row(
         "a switch: manifest written -> its lane awake, median / max",
@@ -471,10 +482,25 @@ def report_b(b: Bench, res: dict[str, Any]) -> bool:
         "",
         None,
     )
-    if left:
-        print(
-            f"\n{left} request(s) still held for the sleeping topology when the load stopped (cancelled, not counted)"
+    gaps = res["look_gaps"]
+    if gaps:
+        row(
+            "the door's looks at the host: gap median / max",
+            f"{statistics.median(gaps):.2f} / {max(gaps):.2f} s",
+            "",
+            None,
         )
+    print("\nthe longest held beyond their return:" if worst else "")
+    for beyond, r in sorted(worst, key=lambda x: -x[0])[:3]:
+        back = r["first"] - beyond
+        look = next((x - b.offset for x in b.watcher.looks if x - b.offset >= back), None) if b.watcher else None
+        after = f"{look - back:.2f} s" if look is not None else "-"
+        print(
+            f"  held {beyond:.2f} s beyond its return: {r['model']} sent {back - r['sent']:.2f} s before its topology "
+            f"came back; the door's next look began {after} after it"
+        )
+    if left:
+        print(f"{left} request(s) still held for the sleeping topology when the load stopped (cancelled, not counted)")
     for r, k in zip(recs, kinds, strict=True):
         if k:
             print(f"  {k}: {r['model']} status {r['status']} tokens {r['tokens']} done {r['done']} {r['error'][:200]}")
