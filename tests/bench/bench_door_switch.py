@@ -366,18 +366,19 @@ def switches_under_load(b: Bench) -> dict[str, Any]:
     }
 
 
-def held_beyond(rec: dict[str, Any], periods: list[list[float]]) -> tuple[bool, float | None]:
+def held_beyond(rec: dict[str, Any], periods: list[list[float]]) -> tuple[bool, float | None, float | None]:
     """(whether it was held for its topology's return, its first byte less the later of its sending and that
-    return); None when its topology did not come back within the run."""
+    return, when its topology last came back or next comes back); None when that did not happen within the run."""
     sent = rec["sent"]
-    if any(s <= sent < e for s, e in periods):
+    start = next((s for s, e in periods if s <= sent < e), None)
+    if start is not None:
         back, held = sent, False
     else:
-        back = next((s for s, _ in periods if s > sent), None)
+        start = back = next((s for s, _ in periods if s > sent), None)
         held = True
     if back is None or rec["first"] is None:
-        return held, None
-    return held, rec["first"] - back
+        return held, None, start
+    return held, rec["first"] - back, start
 
 
 # ---------------------------------------------------------------- (c) on demand
@@ -451,14 +452,14 @@ def report_b(b: Bench, res: dict[str, Any]) -> bool:
     kinds = [_bad(r, a.tokens) for r in recs]
     failed, cut = kinds.count("failed"), kinds.count("cut")
     excess: list[float] = []
-    worst: list[tuple[float, dict[str, Any]]] = []
+    worst: list[tuple[float, float, dict[str, Any]]] = []
     held = 0
     for r in recs:
-        was_held, beyond = held_beyond(r, res["periods"][res["topology_of"][r["model"]]])
+        was_held, beyond, start = held_beyond(r, res["periods"][res["topology_of"][r["model"]]])
         held += was_held
-        if beyond is not None:
+        if beyond is not None and start is not None:
             excess.append(max(0.0, beyond))
-            worst.append((beyond, r))
+            worst.append((beyond, start, r))
     over = sum(1 for x in excess if x > GOAL_HELD_S)
     sw = res["switch_s"]
     print(
@@ -491,13 +492,12 @@ def report_b(b: Bench, res: dict[str, Any]) -> bool:
             None,
         )
     print("\nthe longest held beyond their return:" if worst else "")
-    for beyond, r in sorted(worst, key=lambda x: -x[0])[:3]:
-        back = r["first"] - beyond
-        look = next((x - b.offset for x in b.watcher.looks if x - b.offset >= back), None) if b.watcher else None
-        after = f"{look - back:.2f} s" if look is not None else "-"
+    for beyond, start, r in sorted(worst, key=lambda x: -x[0])[:3]:
+        look = next((x - b.offset for x in b.watcher.looks if x - b.offset >= start), None) if b.watcher else None
         print(
-            f"  held {beyond:.2f} s beyond its return: {r['model']} sent {back - r['sent']:.2f} s before its topology "
-            f"came back; the door's next look began {after} after it"
+            f"  {beyond:.2f} s: {r['model']} sent {r['sent'] - start:+.2f} s from its lane's return (awake), first byte "
+            f"{r['first'] - r['sent']:.2f} s after sending; the door's first look after the return began "
+            + (f"{look - start:.2f} s after it" if look is not None else "-")
         )
     if left:
         print(f"{left} request(s) still held for the sleeping topology when the load stopped (cancelled, not counted)")
