@@ -14,7 +14,9 @@ through the door, a quarter to each of the four names (two per topology), while 
 ``[DONE]``, an error event, or fewer tokens than asked) and, for each request, how long it was held beyond its
 topology's return: its first byte less the later of when it was sent and when its topology's lane was next awake
 with its topology in the manifest (each lane's ``GET /is_sleeping`` asked every 50 ms, the manifest's mtime at each
-switch). Goal: 0 failed, 0 cut, none held more than 0.5 s beyond its return.
+switch), over every request and split into those sent while their topology slept or was leaving (held for its
+return) and those sent while it served (their time to first byte: a tail there is the relay's, not a hold). Goal:
+0 failed, 0 cut, none more than 0.5 s beyond its return.
 
 (c) On demand. The same manifest with ``demand: {topologies: [one, two], default: one}`` and ``--dwell``/``--idle``
 as its ``min_dwell_s``/``idle_return_s``:
@@ -452,6 +454,8 @@ def report_b(b: Bench, res: dict[str, Any]) -> bool:
     kinds = [_bad(r, a.tokens) for r in recs]
     failed, cut = kinds.count("failed"), kinds.count("cut")
     excess: list[float] = []
+    held_excess: list[float] = []  # sent while its topology slept or was leaving: first byte beyond its return
+    serving_ttfb: list[float] = []  # sent while its topology served: its time to first byte
     worst: list[tuple[float, float, dict[str, Any]]] = []
     held = 0
     for r in recs:
@@ -459,6 +463,7 @@ def report_b(b: Bench, res: dict[str, Any]) -> bool:
         held += was_held
         if beyond is not None and start is not None:
             excess.append(max(0.0, beyond))
+            (held_excess if was_held else serving_ttfb).append(max(0.0, beyond))
             worst.append((beyond, start, r))
     over = sum(1 for x in excess if x > GOAL_HELD_S)
     sw = res["switch_s"]
@@ -472,11 +477,16 @@ def report_b(b: Bench, res: dict[str, Any]) -> bool:
     row("failed requests", str(failed), "0", failed == 0)
     row("cut streams", str(cut), "0", cut == 0)
     row("requests held for their topology's return", f"{held:,}", "", None)
-    if excess:
-        most = max(excess)
-        p99 = statistics.quantiles(excess, n=100, method="inclusive")[98] if len(excess) > 1 else most
-        row("held beyond the return: p99 / max", f"{p99:.2f} / {most:.2f} s", f"<= {GOAL_HELD_S:g} s", over == 0)
-    row("requests held more than 0.5 s beyond it", str(over), "0", over == 0)
+    for what, xs in (
+        ("every request: first byte beyond max(sent, its topology's return)", excess),
+        ("- held for a return: first byte beyond the return", held_excess),
+        ("- sent while its topology served: time to first byte", serving_ttfb),
+    ):
+        if xs:
+            p99 = statistics.quantiles(xs, n=100, method="inclusive")[98] if len(xs) > 1 else xs[0]
+            met = max(xs) <= GOAL_HELD_S
+            row(f"{what}, p99 / max", f"{p99:.2f} / {max(xs):.2f} s", f"<= {GOAL_HELD_S:g} s", met)
+    row("requests that waited more than 0.5 s beyond it", str(over), "0", over == 0)
     row(
         "a switch: manifest written -> its lane awake, median / max",
         f"{statistics.median(sw):.2f} / {max(sw):.2f} s",
