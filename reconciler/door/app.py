@@ -62,6 +62,9 @@ def openai_error(status: int, message: str, *, kind: str, headers: dict[str, str
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+# What a request whose client went away while it was held is counted as (nginx's "client closed request").
+CLIENT_GONE = 499
+
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -333,13 +336,31 @@ class Door:
             return self._refused(model, self._not_served(model, lane.state, lane.why))
         client = f"{request.client.host if request.client else '-'}/{body.get('user', '')}"
         try:
-            held_s = await self.holds.wait(model, client, why=f"its lane is {lane.state}: {lane.why}")
+            held_s = await self._hold(request, model, client, why=f"its lane is {lane.state}: {lane.why}")
         except Refused as exc:
             return self._refused(model, exc)
         finally:
             self.metrics.queue_depth(model, self.holds.depth(model))
+        if held_s is None:  # the client went away while held: nothing to send, nobody to send it to
+            return self._count(model, Response(status_code=CLIENT_GONE))
         self.metrics.held(held_s)
         return None
+
+    async def _hold(self, request: Request, model: str, client: str, *, why: str) -> float | None:
+        """Hold the request until its lane serves (the seconds held; ``Refused`` as ``Holds.wait``), or None as soon
+        as its client goes away: a gone client gives up its place in the queue at once, so it neither takes a share
+        of ``door.max_queue`` nor asks the demand policy for a switch that nobody waits for."""
+        wait = asyncio.ensure_future(self.holds.wait(model, client, why=why))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({wait, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (wait, gone):
+                task.cancel()
+            await asyncio.gather(wait, gone, return_exceptions=True)  # the waiter leaves its queue before we go on
+        if gone.done() and not gone.cancelled():
+            return None
+        return wait.result()
 
     def _refused(self, model: str, exc: Refused) -> Response:
         headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))} if exc.status == 503 else None
@@ -455,6 +476,12 @@ class Door:
                 await rest(scope, receive, send)
 
         return door
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone (its body is read already, so the next ASGI message is its disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _as_cm(fn: Callable[[Starlette], AsyncIterator[None]]) -> Any:

@@ -336,3 +336,37 @@ def test_demand_wakes_a_sleeping_topology_no_faster_than_min_dwell_and_returns_w
     finally:
         door.stop()
         loop.stop()
+
+
+def _door_metric(door: DoorProcess, line_start: str) -> float | None:
+    text = urllib.request.urlopen(door.url + "/metrics", timeout=2).read().decode()
+    return next((float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(line_start)), None)
+
+
+def test_a_client_gone_while_held_gives_up_its_place_and_asks_for_no_switch(root: Root) -> None:
+    """A client that goes away while its request is held leaves the queue at once: it keeps no place in
+    door.max_queue, and on demand it never switches the host for nobody (the switch benchmark's clients, stopped
+    while held for the sleeping topology, made the door switch to it once demand: was on). No loop runs: the running
+    topology's lane never serves, the other topology's model is held for a demand switch after min_dwell_s."""
+    a = _lane(root, "here", "here")
+    b = _lane(root, "there", "there")
+    dwell = 3.0
+    demand = {"topologies": ["one", "two"], "default": "one", "idle_return_s": 60, "min_dwell_s": dwell}
+    _manifest(root, {"one": [(a, ["dark-compute-a"])], "two": [(b, ["dark-compute-a"])]}, "one", demand=demand)
+    door = DoorProcess(root)
+    depth = 'reconciler_door_queue_depth{model="there"}'
+    try:
+        wait_until(lambda: _state(door, "there") == "not-in-topology", timeout=20, what="the door sees the host")
+        t0 = time.monotonic()
+        conn = http.client.HTTPConnection("127.0.0.1", door.port, timeout=10)
+        body = json.dumps({"model": "there", "messages": [{"role": "user", "content": "x"}], "stream": True})
+        conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+        wait_until(lambda: _door_metric(door, depth) == 1, timeout=5, what="the request held")
+        conn.close()
+        wait_until(lambda: _door_metric(door, depth) == 0, timeout=2, what="the gone client's place given up")
+        assert _door_metric(door, 'reconciler_door_requests_total{code="499",model="there"}') == 1
+        time.sleep(max(0.0, t0 + dwell + 1.5 - time.monotonic()))  # past min_dwell_s: a held request would switch
+        assert "topology: one" in root.manifest_path.read_text()
+        assert _door_switches(root) == []
+    finally:
+        door.stop()
