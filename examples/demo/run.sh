@@ -29,11 +29,12 @@ if [ -t 1 ] && [ -z "${NO_COLOR:-}" ]; then BOLD=$'\033[1m' PLAIN=$'\033[0m'; el
 rc() { set +e; "$@"; local code=$?; set -e; echo "(exit $code)"; }
 step() { printf '\n%s== %s%s\n' "$BOLD" "$*" "$PLAIN"; }
 r() { echo "\$ reconciler --root \$DEMO $*"; "$PYTHON" -m reconciler --root "$DEMO" "$@"; }
+r1() { echo "\$ reconciler --root \$DEMO $* 2>/dev/null | tail -1"; "$PYTHON" -m reconciler --root "$DEMO" "$@" 2>/dev/null | tail -1; }
 
 stop_door() {  # the demo's front door, by the pid it wrote, and only while that pid is still `reconciler door`
   local pid
   pid=$(cat "$DOOR_PID" 2>/dev/null) || return 0
-  if [[ "$pid" =~ ^[0-9]+$ ]] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q ' -m reconciler .* door'; then
+  if [[ "$pid" =~ ^[0-9]+$ ]] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qE '(-m |/)reconciler .*door'; then
     kill "$pid" 2>/dev/null || true
     for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     echo "stopped the demo's front door (pid $pid)"
@@ -71,16 +72,17 @@ if [ "${1:-}" = "--teardown" ]; then
   rmdir "$RUNTIME" 2>/dev/null && echo "removed the demo's runtime directory $RUNTIME"
   # Where the tool keeps the demo host's state and lock, as the tool itself computes them ($RECONCILER_STATE_DIR,
   # $RECONCILER_LOCK_DIR or their defaults), so the teardown follows wherever they are.
-  read -r state lock loopstate < <("$PYTHON" -c 'from reconciler.store.lock import HostLock
+  read -r state lock loopstate doorstate < <("$PYTHON" -c 'from reconciler.store.door_state import door_state_path
+from reconciler.store.lock import HostLock
 from reconciler.store.loop_state import state_path
 from reconciler.store.state import host_dir
-print(host_dir("demo"), HostLock("demo", command="").path, state_path("demo"))')
+print(host_dir("demo"), HostLock("demo", command="").path, state_path("demo"), door_state_path("demo"))')
   if [ "${2:-}" = "--keep-state" ]; then
     echo "kept the demo host's state in $state (--keep-state)"
   elif [ -d "$state" ]; then
     rm -rf -- "$state" && echo "removed the demo host's state $state (install id, API token, audit trail, saved plans)"
   fi
-  rm -f -- "$lock" "$loopstate" && echo "removed the demo host's lock $lock"
+  rm -f -- "$lock" "$loopstate" "$doorstate" && echo "removed the demo host's lock $lock"
   exit 0
 fi
 
@@ -216,7 +218,7 @@ step "13. one endpoint for every model: a client keeps asking one alias through 
 echo "(examples/demo/sleeping: the split (chat-a, chat-b) and the TP=2 lane tp2, both on standby; the alias chat is chat-a)"
 cp examples/demo/sleeping/*.toml "$DEMO/configs/recipes/"
 cp examples/demo/sleeping/demo.yaml "$DEMO/manifests/demo.yaml"
-r apply --yes 2>/dev/null | tail -1
+r1 apply --yes
 echo "(reconciler door, the front door, in the background on $DOOR_URL; an OpenAI client's base_url is $DOOR_URL/v1)"
 stop_door  # one an interrupted run left would hold the port
 "$PYTHON" -m reconciler --root "$DEMO" door >"$DEMO/door.log" 2>&1 &
@@ -229,14 +231,15 @@ done
 echo "\$ curl -s $DOOR_URL/v1/models | jq -c '[.data[] | {id, state: .reconciler.state}]'"
 curl -s "$DOOR_URL/v1/models" | jq -c '[.data[] | {id, state: .reconciler.state}]'
 echo "\$ python examples/demo/door-client.py --base-url $DOOR_URL/v1 --model chat ...   # streams, one request after another"
+rm -f "$DEMO/client-stop"
 "$PYTHON" examples/demo/door-client.py --base-url "$DOOR_URL/v1" --model chat --until "$DEMO/client-stop" \
   --min-switches 2 &
 CLIENT=$!
 sleep 2
-r switch exclusive --wait 2>/dev/null | tail -1
+r1 switch exclusive --wait
 echo "(chat-a sleeps: the door holds the client's requests for chat until its topology runs again)"
 sleep 2
-r switch split --wait 2>/dev/null | tail -1
+r1 switch split --wait
 sleep 1
 touch "$DEMO/client-stop"
 client=0
@@ -251,7 +254,7 @@ fi
 echo "(and the demo's own manifest back: the sleeping lanes leave, omni enters)"
 printf '%s\n' "$SPLIT" >"$DEMO/manifests/demo.yaml"
 rm "$DEMO"/configs/recipes/{chat-a,chat-b,tp2}.toml
-r apply --yes 2>/dev/null | tail -1
+r1 apply --yes
 
 step "done: the demo host is converged"
 cat <<EOF
