@@ -391,10 +391,11 @@ def test_the_demo_teardown_leaves_nothing_of_the_demo(tour: Tour, docker_api) ->
     where = tour.shell(
         ".venv/bin/python -c 'from reconciler.store.lock import HostLock\n"
         "from reconciler.store.loop_state import state_path\n"
+        "from reconciler.store.door_state import door_state_path\n"
         "from reconciler.store.state import host_dir\n"
-        'print(host_dir("demo"), HostLock("demo", command="").path, state_path("demo"))\''
+        'print(host_dir("demo"), HostLock("demo", command="").path, state_path("demo"), door_state_path("demo"))\''
     )
-    demo_state, lock, loop_state = (Path(p) for p in where.stdout.split())
+    demo_state, lock, loop_state, door_state = (Path(p) for p in where.stdout.split())
     if not _mounted(DEMO_SHM):
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m,mode=1777", "tmpfs", DEMO_SHM], check=True)
     # something to tear down: a lane, state, a lock file (the copy's manifest is the split one: the page edits copies)
@@ -402,13 +403,23 @@ def test_the_demo_teardown_leaves_nothing_of_the_demo(tour: Tour, docker_api) ->
     assert up.returncode == 0, up.stdout + up.stderr
     assert docker_api.containers(all=True, filters={"label": "io.reconciler.host=demo"})
     assert demo_state.is_dir() and lock.exists()
+    # and the demo's front door, as an interrupted demo leaves it: running on its own, its pid in the runtime directory
+    door = tour.shell(
+        "setsid reconciler --root examples/demo door >/dev/null 2>&1 </dev/null & echo $! >/run/reconciler-demo/door.pid"
+        "; curl -s --retry 30 --retry-connrefused --retry-delay 1 -o /dev/null -w '%{http_code}' 127.0.0.1:9466/healthz"
+    )
+    assert door.stdout == "200", door.stdout + door.stderr
+    door_pid = int(Path("/run/reconciler-demo/door.pid").read_text())
     kept = tour.shell("bash examples/demo/run.sh --teardown --keep-state")
     assert kept.returncode == 0 and demo_state.is_dir() and not _mounted(DEMO_SHM), kept.stdout + kept.stderr
+    assert f"stopped the demo's front door (pid {door_pid})" in kept.stdout, kept.stdout
+    assert not Path(f"/proc/{door_pid}").exists() or "door" not in Path(f"/proc/{door_pid}/cmdline").read_text()
     down = tour.shell("bash examples/demo/run.sh --teardown")
     assert down.returncode == 0, down.stdout + down.stderr
     assert docker_api.containers(all=True, filters={"label": "io.reconciler.host=demo"}) == []
     assert not _mounted(DEMO_SHM) and not Path("/run/reconciler-demo").exists()
     assert not demo_state.exists() and not lock.exists() and not loop_state.exists()
+    assert not door_state.exists(), "the front door's published state goes with the demo"
 
 
 def test_the_first_host_shown_is_the_shipped_one() -> None:
