@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import secrets
+import signal
 import sys
 import threading
 import time
@@ -71,25 +72,31 @@ class Looker:
         self.host = host
         self.last_error = ""
         self.at = 0.0
-        self.models: dict[str, Any] = {}  # the door's models as status shows them, taken on the event loop
+        self.lock = threading.Lock()  # one write at a time, so an older snapshot never lands after a newer one
 
-    def look(self) -> DoorView | None:
+    def look(self) -> tuple[float, DoorView | None]:
+        """(when this look began, what it saw; None when the files do not load). Made in a thread: the door's
+        ``at`` is set on the event loop once the view is applied (``forever``), never here, so what the door
+        publishes as seen since ``at`` is what its routes act on."""
         at = time.time()
         try:
-            view = door_view(self.service)
+            return at, door_view(self.service)
         except ConfigError as exc:
             self.last_error = str(exc)
-            return None
-        self.at = at  # the door's view of the manifest is at least as new as this
-        return view
+            return at, None
 
-    def publish(self) -> None:
+    def snapshot(self) -> dict[str, Any]:
+        """What the door publishes, taken on the event loop (where its counts and queues change)."""
         lanes: dict[str, Any] = {}
         view = self.door.view
         for recipe in {*self.door.in_flight, *(view.lanes if view else {})}:
             lanes[recipe] = {"in_flight": self.door.in_flight.get(recipe, 0), "admitting": self.door.admitting(recipe)}
+        return {"at": self.at, "lanes": lanes, "models": self.door.models_now()}
+
+    def write(self, data: dict[str, Any]) -> None:
         try:
-            write_door_state(self.host, {"at": self.at, "lanes": lanes, "models": self.models})
+            with self.lock:
+                write_door_state(self.host, data)
         except (OSError, fsafe.UnsafePath, ReconcilerError) as exc:
             # The drain then sees no door and waits for none of its requests: said on stderr, once per cause.
             if str(exc) != self.last_error:
@@ -98,13 +105,13 @@ class Looker:
 
     async def forever(self) -> None:
         while True:
-            view = await asyncio.to_thread(self.look)
+            at, view = await asyncio.to_thread(self.look)
             if view is not None:
                 self.door.apply_view(view)
+                self.at = at  # from now on the routes act on a view at least as new as this
                 await self.door.demand_step(self.service.switch)
             self.door.metrics.oldest.set(self.door.holds.oldest_s())
-            self.models = self.door.models_now()  # here, not in the thread: the queues change on this loop only
-            await asyncio.to_thread(self.publish)
+            await asyncio.to_thread(self.write, self.snapshot())
             await asyncio.sleep(LOOK_S)
 
 
@@ -119,13 +126,7 @@ def serve(root: str, *, listen: str | None = None, token_file: str | None = None
     door = Door(config, token=token)
     door.metrics.hold_s.set(config.hold_s)
     looker = Looker(service, door, host.name)
-    lock = threading.Lock()
-
-    def publish_now() -> None:
-        with lock:
-            looker.publish()
-
-    door.publish = publish_now
+    door.publish = lambda: looker.write(looker.snapshot())
     app = door.app()
     bind, _, port = addr.rpartition(":")
 
@@ -140,14 +141,21 @@ def serve(root: str, *, listen: str | None = None, token_file: str | None = None
             task.cancel()
             clear_door_state(host.name)
 
+    # uvicorn takes SIGTERM while it serves and raises it again once it has stopped: with this handler in place
+    # then, the door leaves through main()'s clean-up (its published state removed) and exits 0, as systemd expects.
+    signal.signal(signal.SIGTERM, _leave_on_term)
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(main())
     return 0
 
 
+def _leave_on_term(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's event loop where it is installed (a dependency on Linux and macOS): the door passes every token of
-    every stream, and uvloop's loop does that at about half the CPU of asyncio's own."""
+    """uvloop's event loop where it is installed (a dependency on Linux and macOS): every token of every stream
+    passes the door's event loop."""
     try:
         import uvloop  # start-up: only the door serves
     except ImportError:

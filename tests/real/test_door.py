@@ -109,6 +109,21 @@ def _stream_words(client: Any, model: str, n: int = 20) -> tuple[str, Any]:
     return text, usage
 
 
+def test_a_door_sent_sigterm_removes_its_published_state_and_exits_0(root: Root) -> None:
+    """As systemd stops it: the drain must never wait for a door that is gone (a pid reused would make a leftover
+    file count), so the state file goes with it, and the exit is a clean one."""
+    a = _lane(root, "term", "term")
+    _manifest(root, {"only": [(a, ["dark-compute-a"])]}, "only")
+    door = DoorProcess(root)
+    state = root.lock_dir / f"reconciler-{root.host}.door.json"
+    wait_until(state.exists, timeout=10, what="the door publishes its state")
+    door.proc.terminate()
+    assert door.proc.wait(timeout=20) == 0
+    out = door.proc.stdout.read() if door.proc.stdout else ""
+    assert "Traceback" not in out, out
+    assert not state.exists()
+
+
 def test_openai_client_streams_through_the_door_by_name_and_alias(root: Root) -> None:
     a = _lane(root, "coder", "coder", "coder-long")
     _manifest(root, {"only": [(a, ["dark-compute-a"])]}, "only", aliases={"coding-agent": a})
