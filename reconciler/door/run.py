@@ -76,7 +76,7 @@ class Looker:
     def look(self) -> DoorView | None:
         at = time.time()
         try:
-            view = door_view(self.service)
+            view = door_view(self.service.context)
         except ConfigError as exc:
             self.last_error = str(exc)
             return None
