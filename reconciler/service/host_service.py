@@ -47,8 +47,6 @@ if TYPE_CHECKING:
     from reconciler.service.switch import SwitchResult
     from reconciler.service.sync import SyncResult
 
-__all__ = ["ActionHooks", "HostService"]
-
 
 class HostService:
     """The calls every front-end makes, for the host described under ``root``.
