@@ -80,7 +80,7 @@ class Looker:
         publishes as seen since ``at`` is what its routes act on."""
         at = time.time()
         try:
-            return at, door_view(self.service)
+            return at, door_view(self.service.context)
         except ConfigError as exc:
             self.last_error = str(exc)
             return at, None

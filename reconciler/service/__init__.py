@@ -9,15 +9,17 @@ record in the audit trail (``reconciler.store.audit``) naming the caller.
 
 This module is the package's one facade: the front-ends import the service from here (``HostService``, the
 ``Caller`` they make, the results the calls return). The parts live in their own modules: ``host_service`` (the
-calls, and the hooks of a loop), ``results``, ``caller``, ``saved_plans``; each longer call in a module of its own,
-which ``HostService`` imports when the call is made (so that a light command such as ``audit`` loads no observer,
-planner or apply layer): ``planning``, ``status``, ``probe``, ``shm``, ``reclaim``, ``apply_session``, ``adopt``,
-``prune``, with ``loop_view`` (a running loop's view, which they plan with). ``render`` turns results into text for
-the command line.
+calls), ``context`` (what the calls share: ``CallContext``, and the hooks of a loop), ``results``, ``caller``,
+``saved_plans``; each longer call in a module of its own, which ``HostService`` imports when the call is made (so
+that a light command such as ``audit`` loads no observer, planner or apply layer) and hands its ``CallContext``, or
+the part of it the call uses, never itself: ``planning``, ``status``, ``probe``, ``shm``, ``reclaim``,
+``apply_session``, ``adopt``, ``prune``, ``switch`` and ``promote`` (one manifest edit, ``manifest_edit``), ``sync``,
+``qualify``, ``evidence``, with ``loop_view`` (a running loop's view, which they plan with).
 """
 
 from reconciler.service.caller import SINCE_HELP, Caller, parse_since, user_caller
-from reconciler.service.host_service import ActionHooks, HostService
+from reconciler.service.context import ActionHooks
+from reconciler.service.host_service import HostService
 from reconciler.service.results import (
     AdoptResult,
     ApplyResult,

@@ -1,7 +1,7 @@
 """``reconciler adopt NAME``: containers with this host's labels but no install id of their own (made by an earlier
 version, or copied) recorded as this install's, under the host's lock, in the install state and the audit trail.
 
-Called by ``reconciler.service.host_service.HostService.adopt``.
+Called by ``reconciler.service.host_service.HostService.adopt``, with its ``CallContext``.
 """
 
 from __future__ import annotations
@@ -15,18 +15,17 @@ from reconciler.service.results import AdoptResult
 from reconciler.store import state
 
 if TYPE_CHECKING:
-    from reconciler.service.host_service import HostService
+    from reconciler.service.context import CallContext
 
 
-def adopt_containers(service: HostService, names: list[str]) -> AdoptResult:
+def adopt_containers(ctx: CallContext, names: list[str]) -> AdoptResult:
     """Record containers that carry this host's labels but no install id as this install's (logged): each named
     by its name or id; nothing is adopted when one of them is not this host's (another install's, or not made by
     this tool)."""
-    desired = service.desired()
+    desired = ctx.desired()
     host = desired.host.name
-    service._host_name = host
-    with service.exclusive(host, "adopt"):
-        containers, source = (service.io or REAL_IO).engine(desired.host).observe()
+    with ctx.exclusive(host, "adopt"):
+        containers, source = (ctx.io or REAL_IO).engine(desired.host).observe()
         if not source.ok:
             raise ReconcilerError(f"docker source unavailable: {source.detail}; nothing adopted")
         own = state.read_ownership(host)
@@ -70,5 +69,5 @@ def adopt_containers(service: HostService, names: list[str]) -> AdoptResult:
                         "slots": a["slots"],
                     },
                 )
-                service.record("adopt", outcome="ok", reason=f"adopted {a['name']}", container=a["name"], id=a["id"])
+                ctx.record(host, "adopt", outcome="ok", reason=f"adopted {a['name']}", container=a["name"], id=a["id"])
     return AdoptResult(host, adopted, notes)

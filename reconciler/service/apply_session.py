@@ -1,7 +1,8 @@
 """One apply under the host's lock: the plan shown, what changed since, and the run of exactly the approved plan.
 
-``ApplySession`` is made by ``reconciler.service.host_service.HostService.apply_session`` (the command line's apply,
-the HTTP API, MCP, a saved plan's apply) and ``viewed_applier`` by it and the simulation: an applier that plans as
+``ApplySession`` is opened (``open_session``, with the service's ``CallContext``) by
+``reconciler.service.host_service.HostService.apply_session`` (the command line's apply, the HTTP API, MCP, a saved
+plan's apply) and ``viewed_applier`` by it and the simulation: an applier that plans as
 ``plan`` does, with a running loop's view (``reconciler.service.loop_view``). Each run leaves an audit record.
 """
 
@@ -30,24 +31,26 @@ if TYPE_CHECKING:
     from reconciler.apply.results import PassResult, Progress
     from reconciler.model import DesiredState
     from reconciler.plan.actions import Plan
-    from reconciler.service.host_service import HostService
+    from reconciler.service.context import CallContext
 
 
 class ApplySession:
     """One apply under the host's lock: the plan to show, a way to see whether anything changed since it was
-    shown, and ``run()`` to carry out exactly that plan. Made by ``HostService.apply_session``.
+    shown, and ``run()`` to carry out exactly that plan. Made by ``open_session`` (``HostService.apply_session``),
+    with the ``CallContext`` of its caller: the root it reloads the files from, and the audit its run is recorded in.
 
     ``approved`` is the plan the operator saw (shown here, or saved earlier): ``run`` passes it to the applier as the
     contract, and ``refresh``/``changes_since`` compare the plan made now with it, besides the fingerprint."""
 
-    def __init__(self, service: HostService, applier: Applier, files: dict[str, str], view: dict[str, Any]):
-        self.service = service
+    def __init__(self, ctx: CallContext, applier: Applier, files: dict[str, str], view: dict[str, Any]):
+        self.ctx = ctx
         self.applier = applier
         self.view = view
         self.observed, self.plan = applier.plan_now()
         self.shown = fingerprint(files, applier.desired, self.observed, view)
         self.approved: Plan = self.plan
         self.started = time.monotonic()
+        self.host = applier.desired.host.name  # the host the session holds, its audit records name
 
     def changes_since(self, before: Fingerprint, approved: dict[str, Any] | None = None) -> list[str]:
         """What changed since ``before`` was taken, and, given the approved plan's JSON, how the plan made now
@@ -71,11 +74,11 @@ class ApplySession:
         """Observe and plan again, and load the desired state again (a commit the loop took, a file edited while
         the plan waited: the plan shown was made from the state loaded before); what changed since the plan was
         shown, the plan itself included (then the new plan is the one to show)."""
-        files = file_digests(self.service.root)
+        files = file_digests(self.ctx.root)
         changes: list[str] = []
         mine = self.applier.desired
         try:
-            desired = self.service.desired()
+            desired = self.ctx.desired()
         except ReconcilerError as exc:
             desired = mine
             changes.append(f"the desired state no longer loads: {exc}")
@@ -93,7 +96,8 @@ class ApplySession:
 
     def run(self, *, source: str = "") -> PassResult:
         result = self.applier.converge(start=(self.observed, self.plan), approved=self.approved)
-        self.service.record(
+        self.ctx.record(
+            self.host,
             "apply",
             outcome=result.result,
             reason=result.message or _summary(self.plan),
@@ -118,18 +122,17 @@ class ApplySession:
 
 @contextlib.contextmanager
 def open_session(
-    service: HostService, *, progress: Progress | None = None, cancel: threading.Event | None = None
+    ctx: CallContext, *, progress: Progress | None = None, cancel: threading.Event | None = None
 ) -> Iterator[ApplySession]:
     """Hold the host for one apply: observe and plan under the lock, then let the caller show, approve, run.
 
     The plan is made as ``plan`` makes it: with a running loop's view (the lanes it holds in backoff, the last
     converged topology its fallback serves), so an apply the loop serves (the command line over its socket, the
     HTTP API, MCP) neither enters a held lane nor takes its fallback down."""
-    files = file_digests(service.root)  # before loading: an edit in between makes the plan look stale, not fresh
-    desired = service.desired()
-    service._host_name = desired.host.name
-    with service.exclusive(desired.host.name, "apply"):
-        hooks = service.hooks
+    files = file_digests(ctx.root)  # before loading: an edit in between makes the plan look stale, not fresh
+    desired = ctx.desired()
+    with ctx.exclusive(desired.host.name, "apply"):
+        hooks = ctx.hooks
         view = loop_view(desired.host.name)
         applier = viewed_applier(
             desired,
@@ -138,9 +141,9 @@ def open_session(
             cancel=cancel,
             on_outcome=hooks.outcome if hooks else None,
             on_reclaim=hooks.reclaim if hooks else None,
-            io=service.io,
+            io=ctx.io,
         )
-        yield ApplySession(service, applier, files, view)
+        yield ApplySession(ctx, applier, files, view)
 
 
 def viewed_applier(desired: DesiredState, view: dict[str, Any], **kwargs: Any) -> Applier:

@@ -13,7 +13,7 @@ its topology no longer runs: it is about to sleep or leave), ``asleep`` (on stan
 not asleep yet or not answering), ``not-in-topology`` (no topology that runs or stands by has it), ``blocked`` (the
 loop's last pass was blocked while its topology runs and it does not serve).
 
-Called by ``reconciler.door``.
+Called by ``reconciler.door`` (``door_view``, with its service's ``CallContext``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from reconciler.store.loop_state import read_loop_state
 
 if TYPE_CHECKING:
     from reconciler.apply.host_io import HostIO
-    from reconciler.service.host_service import HostService
+    from reconciler.service.context import CallContext
 
 # States in which a request is held until the lane serves (else answered at once).
 HOLDABLE = frozenset({"entering", "waking", "leaving", "asleep", "standby"})
@@ -62,10 +62,11 @@ class DoorView:
         return self.names.get(name)
 
 
-def door_view(service: HostService) -> DoorView:
-    """What the door needs to know now (a ``ConfigError`` when the files do not load)."""
-    desired = service.desired()
-    io = service.io if service.io is not None else _real_io()
+def door_view(ctx: CallContext) -> DoorView:
+    """What the door needs to know now, through its service's context (a ``ConfigError`` when the files do not
+    load)."""
+    desired = ctx.desired()
+    io = ctx.io if ctx.io is not None else _real_io()
     loop = read_loop_state(desired.host.name) or {}
     last = loop.get("last_pass")
     blocked = (

@@ -16,7 +16,7 @@ from reconciler.plan.gates import evaluate
 from reconciler.store.evidence import records
 
 if TYPE_CHECKING:
-    from reconciler.service.host_service import HostService
+    from reconciler.model import DesiredState
 
 LADDER_HEAD = ("Target", "Actual prompt", "Cached", "TTFO", "First-visible TTFT", "Effective prefill", "Decode", "E2E")
 
@@ -41,8 +41,9 @@ class EvidenceResult:
         }
 
 
-def list_evidence(service: HostService, recipe: str | None) -> EvidenceResult:
-    desired = service.desired()
+def list_evidence(desired: DesiredState, recipe: str | None) -> EvidenceResult:
+    """The kept records of ``desired``'s host (of ``recipe``, or all), each marked whether it is of its recipe's
+    current hash."""
     hashes = {name: r.content_hash() for name, r in desired.recipes.items()}
     return EvidenceResult(desired.host.name, recipe, records(desired.host.name, recipe), hashes)
 

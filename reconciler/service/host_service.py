@@ -1,12 +1,14 @@
 """The calls every front-end makes to a host: ``HostService``, for the host described under a root, and the hooks
-by which a running loop counts the actions its own front-ends take.
+by which a running loop counts the actions its own front-ends take (``ActionHooks``, in ``context``).
 
 Made by the command line (``reconciler.cli.common``), the HTTP API, MCP and the loop's control socket, each with its
 ``Caller``. Read-only calls (plan, status, probe, shm status, audit) and destructive ones (shm reclaim, apply,
-adopt, prune), the latter serialised with the loop (``exclusive``) and recorded in the audit trail. Each longer
-call lives in a module of its own (``planning``, ``status``, ``probe``, ``shm``, ``reclaim``, ``apply_session``,
-``adopt``, ``prune``), imported when the call is made: a light command such as ``audit`` then loads no observer,
-planner or apply layer, as before (docs/performance.md, "Start-up").
+adopt, prune), the latter serialised with the loop (``exclusive``) and recorded in the audit trail. The service is
+the facade only: what its calls share is one ``CallContext`` (``reconciler.service.context``), and each longer call
+lives in a module of its own (``planning``, ``status``, ``probe``, ``shm``, ``reclaim``, ``apply_session``,
+``adopt``, ``prune``, ``switch``, ``promote``, ``sync``, ``qualify``, ``evidence``) that takes that context, or the
+part of it it uses, and never the service. Each is imported when its call is made: a light command such as
+``audit`` then loads no observer, planner or apply layer, as before (docs/performance.md, "Start-up").
 """
 
 from __future__ import annotations
@@ -14,27 +16,25 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from reconciler.base.errors import ReconcilerError
 from reconciler.base.requests import is_plan_id
-from reconciler.load.desired import load_desired
-from reconciler.load.host_file import load_host
-from reconciler.load.tmpfs import REAL_TMPFS
 from reconciler.plan.fingerprint import Fingerprint
 from reconciler.service.caller import Caller
+from reconciler.service.context import ActionHooks, CallContext
 from reconciler.service.results import ApplyResult, AuditResult
 from reconciler.service.saved_plans import read_plan_document, stored_plan_path
 from reconciler.store.audit import audit_log
-from reconciler.store.lock import HostLock, LockDirUnusable, LockHeld
 
 if TYPE_CHECKING:
     from reconciler.apply.host_io import HostIO
     from reconciler.apply.results import Progress
     from reconciler.model import DesiredState, HostConfig
     from reconciler.service.apply_session import ApplySession
+    from reconciler.service.evidence import EvidenceResult
     from reconciler.service.promote import PromoteResult
+    from reconciler.service.qualify import QualifyResult
     from reconciler.service.results import (
         AdoptResult,
         PlanResult,
@@ -46,19 +46,6 @@ if TYPE_CHECKING:
     from reconciler.service.shm import ShmStatusResult
     from reconciler.service.switch import SwitchResult
     from reconciler.service.sync import SyncResult
-
-
-@dataclass(frozen=True)
-class ActionHooks:
-    """What a running loop counts of the actions its own HTTP API and MCP take in its process, so its metrics
-    (actions, bytes reclaimed, refusals) hold every front-end's work, as the audit trail does: ``outcome`` for each
-    action of an apply, ``reclaim`` for each guarded reclaim inside one, ``shm_reclaim`` for a confirmed
-    ``shm reclaim``."""
-
-    outcome: Callable[[Any], None]
-    reclaim: Callable[[Any], None]
-    shm_reclaim: Callable[[Any], None]
-    wake: Callable[[str], None] = lambda _reason: None  # look again now (a sync took a commit)
 
 
 class HostService:
@@ -79,121 +66,108 @@ class HostService:
         files: Any = None,
         io: HostIO | None = None,
     ):
-        self.root = root
-        # The host's I/O seams (None: the host's own, ``REAL_IO``, resolved by the calls that reach the host: a
-        # light command loads no observer): every call that observes, plans, applies or reclaims goes through them.
-        self.io = io
-        self._tmpfs = io.tmpfs if io else REAL_TMPFS  # the loader's part of them, which light commands read too
-        self.caller = caller
-        self.pass_lock = pass_lock
-        self.hooks = hooks
-        # The caller's files (``plan --out FILE``, ``apply FILE``) when the loop serves a command line for it:
-        # read and written by that process, where it lives (``reconciler.control.ClientFiles``).
-        self.files = files
+        # What every call hands the module that makes it (``CallContext``: the seams, the caller, the lock, the
+        # hooks, the caller's files); the calls' modules never see the service itself.
+        self.context = CallContext(root, caller, io=io, pass_lock=pass_lock, hooks=hooks, files=files)
+        # The host the open apply session was made for: a refusal recorded after it (not approved) names it without
+        # reading the host file again.
+        self._host_name: str | None = None
+
+    @property
+    def root(self) -> str:
+        return self.context.root
+
+    @property
+    def io(self) -> HostIO | None:
+        """The host's I/O seams (None: the host's own, ``REAL_IO``, resolved by the calls that reach the host)."""
+        return self.context.io
+
+    @property
+    def caller(self) -> Caller:
+        return self.context.caller
+
+    @property
+    def pass_lock(self) -> contextlib.AbstractContextManager[object] | None:
+        return self.context.pass_lock
+
+    @property
+    def hooks(self) -> ActionHooks | None:
+        return self.context.hooks
+
+    @property
+    def files(self) -> Any:
+        """The caller's files (``plan --out FILE``, ``apply FILE``) when the loop serves a command line for it."""
+        return self.context.files
 
     # ------------------------------------------------------------ helpers
 
     def desired(self) -> DesiredState:
-        return load_desired(self.root, tmpfs=self._tmpfs)
+        return self.context.desired()
 
     def host(self) -> HostConfig:
-        return load_host(self.root, self._tmpfs)
+        return self.context.host()
 
-    @contextlib.contextmanager
-    def exclusive(self, host: str, command: str) -> Iterator[None]:
+    def exclusive(self, host: str, command: str) -> contextlib.AbstractContextManager[None]:
         """Serialised with the loop: its pass lock in-process, or the host lock file."""
-        if self.pass_lock is not None:
-            with self.pass_lock:
-                yield
-            return
-        try:
-            lock = HostLock(host, command=command).acquire()
-        except (LockHeld, LockDirUnusable) as exc:
-            self.record_refusal(command.replace(" ", "-"), str(exc), host=host)
-            raise
-        try:
-            yield
-        finally:
-            lock.release()
+        return self.context.exclusive(host, command)
 
-    @contextlib.contextmanager
-    def released(self) -> Iterator[None]:
+    def released(self) -> contextlib.AbstractContextManager[None]:
         """Inside ``exclusive``: the loop's pass lock given back for the block (a person deciding on a prompt), so
         the loop's passes go on meanwhile and what they change makes the plan stale; taken again after it. The host
         lock file of a stand-alone command stays held, as before."""
-        if self.pass_lock is None:
-            yield
-            return
-        self.pass_lock.__exit__(None, None, None)
-        try:
-            yield
-        finally:
-            self.pass_lock.__enter__()
+        return self.context.released()
 
     def record_refusal(self, action: str, reason: str, *, host: str | None = None) -> None:
         """An action this caller asked for and was refused before anything was done (the host lock held, no
         approval, a plan file not its own): in the audit trail with why. An audit that cannot be written does not
         hide the refusal itself."""
-        try:
-            audit_log(host or self._host_name or self.host().name).append(
-                {**self.caller.to_json(), "action": action, "outcome": "refused", "reason": reason}
-            )
-        except ReconcilerError:
-            return
+        self.context.record_refusal(action, reason, host=host or self._host_name)
 
     def record(self, action: str, **fields: Any) -> None:
         """One audit record of an action by this caller (for the host under ``root``)."""
-        host = self._host_name or self.host().name
-        audit_log(host).append({**self.caller.to_json(), "action": action, **fields})
-
-    _host_name: str | None = None
+        self.context.record(self._host_name or self.host().name, action, **fields)
 
     # ------------------------------------------------------------ read-only
 
     def plan(self, *, save: bool = False, out: str | None = None) -> PlanResult:
         """A dry run. ``save`` keeps it under the state dir and gives it a ``plan_id`` (for ``apply_saved``);
         ``out`` writes it to a file (``reconciler plan --out``). Either way with the fingerprint of its inputs."""
-        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
-        from reconciler.service.planning import plan_host
+        from reconciler.service.planning import plan_host  # start-up: audit loads no observer, planner or apply layer
 
-        return plan_host(self, save=save, out=out)
+        return plan_host(self.context, save=save, out=out)
 
     def status(self) -> StatusResult:
-        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
-        from reconciler.service.status import host_status
+        from reconciler.service.status import host_status  # start-up: audit loads no observer, planner or apply layer
 
-        return host_status(self)
+        return host_status(self.context)
 
     def probe(self, recipe: str, *, suite: str = "preflight") -> ProbeReport:
         """Run one suite of a recipe's probes (``preflight``, ``regression`` or ``all``) against its running lane,
         now, sampling its cards' free VRAM meanwhile. Read-only for the host: nothing is started or stopped; the
         run goes to the audit trail and is kept as the suite's last run (``status``, the metrics)."""
-        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
-        from reconciler.service.probe import run_probe
+        from reconciler.service.probe import run_probe  # start-up: audit loads no observer or probe's HTTP client
 
-        return run_probe(self, recipe, suite=suite)
+        return run_probe(self.context, recipe, suite=suite)
 
-    def qualify(self, recipe: str, *, ladder: Any = None, reload: bool = False, repeat: int = 1) -> Any:
+    def qualify(self, recipe: str, *, ladder: Any = None, reload: bool = False, repeat: int = 1) -> QualifyResult:
         """The report's qualification against the recipe's running, awake lane (refused otherwise): preflight, the
         context ladder, with ``reload`` the offload reload proof; kept as evidence (a failed run too) and audited.
         Read-only for the host: nothing is started, stopped or switched."""
-        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
+        # start-up: audit loads no observer, NVML reader or lane's HTTP client
         from reconciler.service.qualify import DEFAULT_LADDER, run_qualify
 
-        return run_qualify(self, recipe, ladder=ladder or DEFAULT_LADDER, reload=reload, repeat=repeat)
+        return run_qualify(self.context, recipe, ladder=ladder or DEFAULT_LADDER, reload=reload, repeat=repeat)
 
-    def evidence(self, recipe: str | None = None) -> Any:
+    def evidence(self, recipe: str | None = None) -> EvidenceResult:
         """The kept qualification records (of ``recipe``, or all), oldest first."""
-        # This call's own module, imported here (start-up).
-        from reconciler.service.evidence import list_evidence
+        from reconciler.service.evidence import list_evidence  # start-up: audit loads no gates nor evidence store
 
-        return list_evidence(self, recipe)
+        return list_evidence(self.desired(), recipe)
 
     def shm_status(self) -> ShmStatusResult:
-        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
-        from reconciler.service.shm import shm_status
+        from reconciler.service.shm import shm_status  # start-up: audit loads no observer
 
-        return shm_status(self)
+        return shm_status(self.host())
 
     def audit(self, *, since: float | None = None) -> AuditResult:
         host = self.host().name
@@ -203,10 +177,9 @@ class HostService:
 
     def shm_reclaim(self, *, confirm: bool, paths: list[str] | None = None) -> ReclaimOutcome:
         """The guarded cleanup: a dry run unless ``confirm``; with ``paths``, nothing outside them is removed."""
-        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
-        from reconciler.service.reclaim import shm_reclaim
+        from reconciler.service.reclaim import shm_reclaim  # start-up: audit loads no observer or guard
 
-        return shm_reclaim(self, confirm=confirm, paths=paths)
+        return shm_reclaim(self.context, confirm=confirm, paths=paths)
 
     @contextlib.contextmanager
     def apply_session(
@@ -217,51 +190,47 @@ class HostService:
         The plan is made as ``plan`` makes it: with a running loop's view (the lanes it holds in backoff, the last
         converged topology its fallback serves), so an apply the loop serves (the command line over its socket, the
         HTTP API, MCP) neither enters a held lane nor takes its fallback down."""
-        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
+        # start-up: audit loads no observer, planner or apply layer
         from reconciler.service.apply_session import open_session
 
-        with open_session(self, progress=progress, cancel=cancel) as session:
+        with open_session(self.context, progress=progress, cancel=cancel) as session:
+            self._host_name = session.host
             yield session
 
     def switch(self, name: str) -> SwitchResult:
         """Set the manifest's running topology to ``name`` (its ``topology:`` value alone); the loop converges it."""
-        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
-        from reconciler.service.switch import switch_topology
+        from reconciler.service.switch import switch_topology  # start-up: audit loads no manifest editor
 
-        return switch_topology(self, name)
+        return switch_topology(self.context, name)
 
     def promote(self, alias: str, recipe: str) -> PromoteResult:
         """Set the recipe ``alias`` names to ``recipe`` when its evidence passes every gate of the alias."""
-        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
-        from reconciler.service.promote import promote_alias
+        from reconciler.service.promote import promote_alias  # start-up: audit loads no gates nor manifest editor
 
-        return promote_alias(self, alias, recipe)
+        return promote_alias(self.context, alias, recipe)
 
     def sync(self) -> SyncResult:
         """Fetch the host's git source and take its newest commit when it validates and its canaries converged it
         (``source.after``); the loop converges what it holds."""
-        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
-        from reconciler.service.sync import sync_source
+        from reconciler.service.sync import sync_source  # start-up: audit loads no git source nor fleet client
 
-        res = sync_source(self)
+        res = sync_source(self.context)
         if res.taken and self.hooks is not None:
             self.hooks.wake("sync")
         return res
 
     def adopt(self, names: list[str]) -> AdoptResult:
         """Record containers that carry this host's labels but no install id as this install's (logged)."""
-        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
-        from reconciler.service.adopt import adopt_containers
+        from reconciler.service.adopt import adopt_containers  # start-up: audit loads no observer or apply layer
 
-        return adopt_containers(self, names)
+        return adopt_containers(self.context, names)
 
     def prune(self, *, confirm: bool) -> PruneResult:
         """The failed containers of this install kept for their logs: listed (a dry run), or with ``confirm``
         removed, all of them at once, each only while it is still stopped (logged in the audit trail)."""
-        # This call's own module, imported here: audit loads no observer, planner or apply layer (start-up).
-        from reconciler.service.prune import prune_kept_failed
+        from reconciler.service.prune import prune_kept_failed  # start-up: audit loads no observer or apply layer
 
-        return prune_kept_failed(self, confirm=confirm)
+        return prune_kept_failed(self.context, confirm=confirm)
 
     def saved_plan(self, source: str) -> tuple[str, dict[str, Any], Fingerprint]:
         """A saved plan by its ``plan_id`` (from ``plan(save=True)``) or by file path."""

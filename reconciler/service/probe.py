@@ -1,7 +1,7 @@
 """``reconciler probe RECIPE [--suite S]``: one suite of a recipe's probes against its running lane, now, with its
 cards' free VRAM sampled meanwhile; the run kept as the suite's last (``status``, the metrics) and audited.
 
-Called by ``reconciler.service.host_service.HostService.probe``.
+Called by ``reconciler.service.host_service.HostService.probe``, with its ``CallContext``.
 """
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ from reconciler.service.results import ProbeReport
 from reconciler.store.probe_history import record_suite
 
 if TYPE_CHECKING:
-    from reconciler.service.host_service import HostService
+    from reconciler.service.context import CallContext
 
 
-def run_probe(service: HostService, recipe: str, *, suite: str = "preflight") -> ProbeReport:
+def run_probe(ctx: CallContext, recipe: str, *, suite: str = "preflight") -> ProbeReport:
     """Run one suite of a recipe's probes (``preflight``, ``regression`` or ``all``) against its running lane,
     now, sampling its cards' free VRAM meanwhile. Read-only for the host: nothing is started or stopped; the
     run goes to the audit trail and is kept as the suite's last run (``status``, the metrics)."""
     if suite not in SUITES:
         raise ReconcilerError(f"no probe suite {suite!r}: use {', '.join(SUITES[:-1])} or all")
-    desired = service.desired()
+    desired = ctx.desired()
     r = desired.recipes.get(recipe)
     if r is None:
         raise ReconcilerError(
@@ -56,7 +56,8 @@ def run_probe(service: HostService, recipe: str, *, suite: str = "preflight") ->
         if run.vram.failed
         else f"{len(run.results)}/{run.planned} probe(s) of suite {suite} passed"
     )
-    service.record(
+    ctx.record(
+        desired.host.name,
         "probe",
         target=recipe,
         suite=suite,

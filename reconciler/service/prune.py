@@ -1,7 +1,7 @@
 """``reconciler prune``: the failed containers this install kept for their logs (never another's), listed, or
 removed under the host's lock, each only while it is still stopped, each removal in the audit trail.
 
-Called by ``reconciler.service.host_service.HostService.prune``.
+Called by ``reconciler.service.host_service.HostService.prune``, with its ``CallContext``.
 """
 
 from __future__ import annotations
@@ -17,16 +17,15 @@ from reconciler.service.results import PruneResult
 from reconciler.store import state
 
 if TYPE_CHECKING:
-    from reconciler.service.host_service import HostService
+    from reconciler.service.context import CallContext
 
 
-def prune_kept_failed(service: HostService, *, confirm: bool) -> PruneResult:
+def prune_kept_failed(ctx: CallContext, *, confirm: bool) -> PruneResult:
     """The failed containers of this install kept for their logs: listed (a dry run), or with ``confirm`` removed,
     all of them at once, each only while it is still stopped (logged in the audit trail)."""
-    desired = service.desired()
+    desired = ctx.desired()
     host = desired.host.name
-    service._host_name = host
-    observer = (service.io or REAL_IO).engine(desired.host)
+    observer = (ctx.io or REAL_IO).engine(desired.host)
 
     def look() -> list[Any]:
         containers, source = observer.observe()
@@ -46,7 +45,7 @@ def prune_kept_failed(service: HostService, *, confirm: bool) -> PruneResult:
 
     if not confirm:
         return PruneResult(host, False, [describe(c) for c in look()])
-    with service.exclusive(host, "prune"):
+    with ctx.exclusive(host, "prune"):
         found = look()
         ops = EngineOps(connect=observer.writes, url=observer.url, ping=observer.ping)
         res = PruneResult(host, True, [describe(c) for c in found])
@@ -61,5 +60,5 @@ def prune_kept_failed(service: HostService, *, confirm: bool) -> PruneResult:
                 res.failed.append({"name": c.name, "reason": f"{type(exc).__name__}: {exc}"})
                 continue
             res.removed.append(c.name)
-            service.record("prune", outcome="ok", reason=f"removed kept failed container {c.name}", container=c.name)
+            ctx.record(host, "prune", outcome="ok", reason=f"removed kept failed container {c.name}", container=c.name)
         return res

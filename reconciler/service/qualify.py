@@ -4,7 +4,7 @@ recipe's preflight suite, the context ladder (one cold request per rung), with `
 speculative decoding's drafts and accepted tokens, and with NVML every card of the lane sampled throughout. The
 record is kept as evidence (``reconciler.store.evidence``), a failed run too, and audited.
 
-Called by ``reconciler.service.host_service.HostService.qualify``. What each figure means: docs/design.md,
+Called by ``reconciler.service.host_service.HostService.qualify``, with its ``CallContext``. What each figure means: docs/design.md,
 "Qualification".
 """
 
@@ -31,7 +31,8 @@ from reconciler.plan.vram import LoadLow, VramSampler
 from reconciler.store.evidence import keep
 
 if TYPE_CHECKING:
-    from reconciler.service.host_service import HostService
+    from reconciler.apply.host_io import HostIO
+    from reconciler.service.context import CallContext
 
 DEFAULT_LADDER = (125000, 192000, 250000)
 SINGLE_REQUEST = "single-request capacity evidence, not concurrency proof"
@@ -77,7 +78,7 @@ def _not_running(desired: DesiredState, recipe: str, why: str) -> str:
     return f"recipe {recipe!r} {why}; qualify never enters or switches on its own: {fix}"
 
 
-def _lane(service: HostService, desired: DesiredState, recipe: str) -> tuple[list[Any], str | None, EngineObserver]:
+def _lane(io: HostIO | None, desired: DesiredState, recipe: str) -> tuple[list[Any], str | None, EngineObserver]:
     obs = EngineObserver.for_host(desired.host)
     containers, source = obs.observe()
     if not source.ok:
@@ -96,7 +97,7 @@ def _lane(service: HostService, desired: DesiredState, recipe: str) -> tuple[lis
     if r.sleep is not None and origin:
         from reconciler.apply.host_io import REAL_IO  # the start-up budget: only a qualify asks a lane
 
-        asleep = (service.io or REAL_IO).lanes.is_sleeping(origin)
+        asleep = (io or REAL_IO).lanes.is_sleeping(origin)
         if asleep is True:
             raise QualifyRefused(_not_running(desired, recipe, "is asleep"))
     digest = None
@@ -278,22 +279,23 @@ def make_record(
 
 
 def run_qualify(
-    service: HostService, recipe: str, *, ladder: Sequence[int] = DEFAULT_LADDER, reload: bool = False, repeat: int = 1
+    ctx: CallContext, recipe: str, *, ladder: Sequence[int] = DEFAULT_LADDER, reload: bool = False, repeat: int = 1
 ) -> QualifyResult:
     if not 1 <= repeat <= 20:
         raise QualifyRefused(f"--repeat {repeat}: between 1 and 20 runs")
-    desired = service.desired()
+    desired = ctx.desired()
     r = desired.recipes.get(recipe)
     if r is None:
         raise QualifyRefused(f"no recipe {recipe!r} in configs/recipes/ (known: {', '.join(sorted(desired.recipes))})")
-    mine, digest, _obs = _lane(service, desired, recipe)
+    mine, digest, _obs = _lane(ctx.io, desired, recipe)
     slots = tuple(dict.fromkeys(s for c in mine for s in c.slots if s in desired.host.gpus))
     runs = [one_run(desired, recipe, slots, ladder=ladder, reload=reload) for _ in range(repeat)]
     record = make_record(desired, recipe, runs, containers=[c.name for c in mine], digest=digest, slots=slots,
                          ladder=ladder, reload=reload)  # fmt: skip
     path = keep(desired.host.name, record)
     failed = next((x for x in runs if x["status"] != "passed"), None)
-    service.record(
+    ctx.record(
+        desired.host.name,
         "qualify",
         target=recipe,
         outcome="ok" if failed is None else "failed",

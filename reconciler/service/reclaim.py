@@ -1,7 +1,7 @@
 """``reconciler shm reclaim``: the guarded cleanup of orphan offload files, a dry run unless confirmed; confirmed, it
 is serialised with the loop, counted by a running loop's hooks and audited.
 
-Called by ``reconciler.service.host_service.HostService.shm_reclaim``.
+Called by ``reconciler.service.host_service.HostService.shm_reclaim``, with its ``CallContext``.
 """
 
 from __future__ import annotations
@@ -15,14 +15,13 @@ from reconciler.service.results import ReclaimOutcome
 from reconciler.store.state import read_ownership
 
 if TYPE_CHECKING:
-    from reconciler.service.host_service import HostService
+    from reconciler.service.context import CallContext
 
 
-def shm_reclaim(service: HostService, *, confirm: bool, paths: list[str] | None = None) -> ReclaimOutcome:
+def shm_reclaim(ctx: CallContext, *, confirm: bool, paths: list[str] | None = None) -> ReclaimOutcome:
     """The guarded cleanup: a dry run unless ``confirm``; with ``paths``, nothing outside them is removed."""
-    host = service.host()
-    service._host_name = host.name
-    io = service.io or REAL_IO
+    host = ctx.host()
+    io = ctx.io or REAL_IO
     observer = io.engine(host)
     settled = lambda: read_ownership(host.name).healthy  # noqa: E731 - read afresh for each inspection
     if not confirm:
@@ -38,7 +37,7 @@ def shm_reclaim(service: HostService, *, confirm: bool, paths: list[str] | None 
             )
         )
     t0 = time.monotonic()
-    with service.exclusive(host.name, "shm reclaim"):
+    with ctx.exclusive(host.name, "shm reclaim"):
         result = reclaim(
             host.shm,
             observe_docker=observer.observe,
@@ -48,9 +47,10 @@ def shm_reclaim(service: HostService, *, confirm: bool, paths: list[str] | None 
             io=io.shm,
             clock=io.clock,
         )
-    if service.hooks:
-        service.hooks.shm_reclaim(result)
-    service.record(
+    if ctx.hooks:
+        ctx.hooks.shm_reclaim(result)
+    ctx.record(
+        host.name,
         "shm-reclaim",
         outcome="refused" if result.refused else ("ok" if result.ok else "failed"),
         reason=result.refused or f"{len(result.reclaimed)} orphan offload file(s)",

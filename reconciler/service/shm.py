@@ -15,8 +15,8 @@ from reconciler.service.results import EXIT_ERROR, EXIT_OK
 from reconciler.store.state import read_ownership
 
 if TYPE_CHECKING:
+    from reconciler.model import HostConfig
     from reconciler.plan.observed import ShmView
-    from reconciler.service.host_service import HostService
 
 
 @dataclass
@@ -31,9 +31,8 @@ class ShmStatusResult:
         return EXIT_OK if self.view.sources_ok else EXIT_ERROR
 
 
-def shm_status(service: HostService) -> ShmStatusResult:
-    """``reconciler shm status``: every offload file of the tmpfs with its owners and its state."""
-    host = service.host()
+def shm_status(host: HostConfig) -> ShmStatusResult:
+    """``reconciler shm status``: every offload file of ``host``'s tmpfs with its owners and its state."""
     containers, docker = EngineObserver.for_host(host).observe()
     settled = read_ownership(host.name).healthy
     return ShmStatusResult(inspect_shm(host.shm, containers=containers, docker=docker, settled=settled))

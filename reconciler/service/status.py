@@ -1,7 +1,7 @@
 """``reconciler status`` as data: what each GPU slot should run and what holds it, the containers, the offload shm,
 the sources, the plan and the loop; measured against the last valid desired state while the files do not validate.
 
-Called by ``reconciler.service.host_service.HostService.status``; the JSON (``status_data``) is the contract of
+Called by ``reconciler.service.host_service.HostService.status``, with its ``CallContext``; the JSON (``status_data``) is the contract of
 docs/design.md, "JSON output", and ``reconciler.cli.render.render_status`` turns it into text.
 """
 
@@ -35,7 +35,7 @@ from reconciler.store.probe_history import last_suites
 from reconciler.store.source import read_source_record
 
 if TYPE_CHECKING:
-    from reconciler.service.host_service import HostService
+    from reconciler.service.context import CallContext
 
 
 def status_data(
@@ -184,14 +184,14 @@ def status_data(
     }
 
 
-def host_status(service: HostService) -> StatusResult:
+def host_status(ctx: CallContext) -> StatusResult:
     """``reconciler status``: per slot what is desired and what holds it, as the loop's view plans it, with the last
     run of each recipe's probe suites; against the last valid desired state while the files do not validate."""
+    io = ctx.io or REAL_IO
     try:
-        desired = service.desired()
+        desired = ctx.desired()
     except ConfigError as exc:
-        return status_of_invalid_files(service.root, exc, service.io or REAL_IO)
-    io = service.io or REAL_IO
+        return status_of_invalid_files(ctx.root, exc, io)
     view = loop_view(desired.host.name)
     observed = io.observe(desired.host, **enter_needs(desired, view.get("last_good", ())))
     lanes = io.lanes.readings(desired, observed)

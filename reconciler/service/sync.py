@@ -10,7 +10,7 @@ that leaves a canary blocked, held in backoff or refusing it *stops* the commit 
 (a fix, or a revert) goes on. Each taken, refused or stopped commit is audited once, with its caller.
 
 Taking a commit changes the desired state only: the loop (or the next ``apply``) converges it under every rule a
-local edit meets. Called by ``reconciler.service.host_service.HostService.sync``.
+local edit meets. Called by ``reconciler.service.host_service.HostService.sync``, with its ``CallContext``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from reconciler.load.source_sync import sync_held
 from reconciler.store.source import SourceRecord
 
 if TYPE_CHECKING:
-    from reconciler.service.host_service import HostService
+    from reconciler.service.context import CallContext
 
 
 class SyncRefused(ReconcilerError):
@@ -52,13 +52,13 @@ class SyncResult:
         return {"host": self.host, "before": self.before, "taken": self.taken, "source": self.record.to_json()}
 
 
-def sync_source(service: HostService) -> SyncResult:
-    host = service.host()
+def sync_source(ctx: CallContext) -> SyncResult:
+    host = ctx.host()
     src = host.source
     if src is None:
         why = "configs/host.yaml names no source: (source: {git: URL, ref: BRANCH, path: DIR}); nothing to sync"
-        service.record_refusal("sync", why, host=host.name)
+        ctx.record_refusal("sync", why, host=host.name)
         raise SyncRefused(why)
-    with service.exclusive(host.name, "sync"):
-        before, record = sync_held(service.root, host, lambda **fields: service.record("sync", **fields))
+    with ctx.exclusive(host.name, "sync"):
+        before, record = sync_held(ctx.root, host, lambda **fields: ctx.record(host.name, "sync", **fields))
     return SyncResult(host.name, before, record)

@@ -102,12 +102,12 @@ def test_a_switch_with_no_loop_running_says_nothing_converges_it_yet(root: Path,
 def test_a_file_changed_while_the_switch_read_it_is_refused(
     root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import reconciler.service.switch as switch_mod
+    import reconciler.service.manifest_edit as edit_mod
 
     monkeypatch.setenv("RECONCILER_STATE_DIR", str(tmp_path / "state"))
     manifest(root, SPLIT_AND_EXCLUSIVE)
     path = root / "manifests" / "demo.yaml"
-    real = switch_mod.read_trusted
+    real = edit_mod.read_trusted
     reads = []
 
     def read_then_edit(p: Path, **kw: object) -> bytes:
@@ -117,7 +117,7 @@ def test_a_file_changed_while_the_switch_read_it_is_refused(
             path.write_text(SPLIT_AND_EXCLUSIVE + "# an operator's edit meanwhile\n")
         return data
 
-    monkeypatch.setattr(switch_mod, "read_trusted", read_then_edit)
+    monkeypatch.setattr(edit_mod, "read_trusted", read_then_edit)
     with pytest.raises(SwitchRefused, match="changed while the switch read it"):
         HostService(str(root), caller=user_caller("cli", uid=os.getuid())).switch("exclusive")
     assert path.read_text().endswith("# an operator's edit meanwhile\n") and "topology: split" in path.read_text()
@@ -141,13 +141,14 @@ def test_two_switches_at_once_one_wins_and_the_other_is_refused_as_changed(
     import threading
     import time
 
+    import reconciler.service.manifest_edit as edit_mod
     import reconciler.service.switch as switch_mod
 
     monkeypatch.setenv("RECONCILER_STATE_DIR", str(tmp_path / "state"))
     manifest(root, THREE)
     path = root / "manifests" / "demo.yaml"
     both_read = threading.Barrier(2, timeout=30)
-    real_edit, real_write = switch_mod.set_topology, switch_mod.write_atomic
+    real_edit, real_write = switch_mod.set_topology, edit_mod.write_atomic
 
     def edit_once_both_read(text: str, name: str) -> str:
         both_read.wait()  # each has read the file: neither has written
@@ -158,7 +159,7 @@ def test_two_switches_at_once_one_wins_and_the_other_is_refused_as_changed(
         real_write(*args, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(switch_mod, "set_topology", edit_once_both_read)
-    monkeypatch.setattr(switch_mod, "write_atomic", slow_write)
+    monkeypatch.setattr(edit_mod, "write_atomic", slow_write)
     ended: dict[int, object] = {}
 
     def switch_to(i: int, name: str) -> None:

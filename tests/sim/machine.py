@@ -1102,7 +1102,7 @@ class HostMachine(RuleBasedStateMachine):
         from reconciler.service.loop_view import loop_view
 
         svc = HostService(str(self.root), caller=Caller("cli", "second terminal"), io=self.world.io)
-        return ApplySession(svc, applier, files, loop_view(applier.desired.host.name))
+        return ApplySession(svc.context, applier, files, loop_view(applier.desired.host.name))
 
     @precondition(lambda self: self.world is not None)
     @rule()

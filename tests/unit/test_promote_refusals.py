@@ -17,8 +17,8 @@ from reconciler.service.promote import PromoteRefused, promote_alias
 HOST = Path(__file__).resolve().parents[2] / "examples" / "gpu-proof" / "root" / "configs" / "host.yaml"
 
 
-class Service:
-    """Only what the promotion asks of the service: the desired state and the audit of a refusal."""
+class Context:
+    """Only what the promotion asks of its caller's context: the desired state and the audit of a refusal."""
 
     root = "/nonexistent"
 
@@ -42,10 +42,10 @@ def test_a_git_sourced_host_is_refused_naming_the_commit_that_would_do_it() -> N
     desired = DesiredState(
         host=host, recipes={}, assignments=(), manifest_path="manifests/x.yaml", aliases={"chat": AliasSpec(recipe="a")}
     )
-    service = Service(desired)
+    ctx = Context(desired)
     with pytest.raises(PromoteRefused) as info:
-        promote_alias(service, "chat", "b")  # type: ignore[arg-type]
+        promote_alias(ctx, "chat", "b")  # type: ignore[arg-type]
     msg = str(info.value)
     assert "git source /srv/fleet.git (prod)" in msg and "a commit that sets aliases.chat's recipe to b" in msg, msg
     assert "nothing changed" in msg
-    assert [a for a, _ in service.refused] == ["promote"]
+    assert [a for a, _ in ctx.refused] == ["promote"]
