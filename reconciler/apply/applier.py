@@ -5,9 +5,10 @@ observe again and re-plan, until the plan is empty, blocked, or an action failed
 act, and a postcondition; an action is done when the new plan has nothing left for it. With an approved plan only
 its steps run. Called by ``reconciler apply`` (through the service) and the loop.
 
-The steps of each action kind are ``Applier``'s bases: ``reconciler.apply.enter`` (with ``.ports``),
-``reconciler.apply.leave`` (with ``.drain``), on the ground of ``reconciler.apply.context``; a reclaim goes
-through the one shm guard (``reconciler.apply.shm_guard``). Everything this layer creates carries the ownership
+The steps of each action kind are objects and functions over one value, the applier's ``ActionContext``
+(``reconciler.apply.context``): ``reconciler.apply.enter`` (with ``.port_checks`` and ``.serving``),
+``reconciler.apply.leave`` (with ``.drain``) and ``reconciler.apply.sleep``; a reclaim goes through the one shm
+guard (``reconciler.apply.shm_guard``). Everything this layer creates carries the ownership
 labels from the create call on, so an interrupted pass never leaves an unowned container behind.
 """
 
@@ -19,11 +20,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from reconciler.apply.context import ActionContext
 from reconciler.apply.engine_ops import EngineOps
+from reconciler.apply.enter import EnterSteps
 from reconciler.apply.errors import ActionFailed, ActionRefused, Cancelled, Superseded
 from reconciler.apply.groups import GroupNotStarted, concurrent_group, within
 from reconciler.apply.host_io import REAL_IO, HostIO
+from reconciler.apply.leave import leave, prune
 from reconciler.apply.results import NoProgress, Outcome, OutcomeResult, PassResult, PassVerdict, Progress
+from reconciler.apply.serving import check_reserve
 from reconciler.apply.sleep import SleepSteps
 from reconciler.base.errors import ReconcilerError
 from reconciler.base.units import human_bytes
@@ -31,15 +36,18 @@ from reconciler.model import DesiredState
 from reconciler.observe.containers import EngineObserver
 from reconciler.plan.actions import Action, ActionKind, Plan
 from reconciler.plan.claims import owner_kind
-from reconciler.plan.enter_checks import enter_needs
 from reconciler.plan.observed import LABEL_CREATE_TOKEN, Observed
 from reconciler.plan.planner import plan
+from reconciler.plan.vram import ReserveVerdict
 from reconciler.store.history import expected, record_duration, record_topology
 from reconciler.store.state import ensure_install_id, migrate_created, read_ownership, settle_created
 
 
-class Applier(SleepSteps):
-    """Executes plans for one host. One instance per ``apply`` command or per loop."""
+class Applier:
+    """Executes plans for one host. One instance per ``apply`` command or per loop.
+
+    Its steps are objects and functions over one value, ``context`` (``reconciler.apply.context.ActionContext``):
+    what the applier was given and set up, shared by every step of every action it runs."""
 
     def __init__(
         self,
@@ -58,36 +66,100 @@ class Applier(SleepSteps):
         """``connect``: reach the engine now and raise ``DockerUnavailable`` ("docker source unavailable at URL:
         ...") when it does not answer (``reconciler apply``). The loop passes False: its passes observe the engine
         as a source like any other, report it down and wait for it. ``io``: the host's I/O seams (``REAL_IO``, or
-        the simulation's world), through which every step, the guard and the observation reach the host."""
-        self.desired = desired
-        self.io = io or REAL_IO
-        self.observer = observer or self.io.engine(desired.host)
-        observer_ = self.observer
-        self.ops = EngineOps(connect=observer_.writes, url=observer_.url, ping=observer_.ping, clock=self.io.clock)
+        the simulation's world), through which every step, the guard and the observation reach the host.
+        ``on_reclaim`` sees every guarded reclaim's ReclaimResult (the loop counts the files it kept as refusals)."""
+        io = io or REAL_IO
+        observer = observer or io.engine(desired.host)
+        ops = EngineOps(connect=observer.writes, url=observer.url, ping=observer.ping, clock=io.clock)
         if connect:
-            self.ops.check()
-        self.progress = progress or NoProgress()
-        self.cancel = cancel or threading.Event()
+            ops.check()
+        self.context = ActionContext(
+            desired,
+            io,
+            observer,
+            ops,
+            progress or NoProgress(),
+            cancel or threading.Event(),
+            on_reclaim=on_reclaim,
+            poll_s=poll_s,
+        )
         self.hold = dict(hold or {})
         self.on_outcome = on_outcome
-        # Sees every guarded reclaim's ReclaimResult (the loop counts the files it kept as refusals).
-        self.on_reclaim = on_reclaim
-        self.poll_s = poll_s
-        self._unknown_listeners: dict[str, str] = {}  # container id -> why its ports are not yet its own
-        # The loop's view for the fallback: () -> (last converged topology, seconds to each held lane's next attempt).
-        # None (``reconciler apply``): no fallback; a failed enter leaves its slots as they are.
-        self.fallback_view: Callable[[], tuple[Any, Mapping[str, float]]] | None = None
-        # The loop's check of an edit made while an enter waits for health: why the enter's lane is no longer wanted
-        # (None while it is). None (``reconciler apply``: its plan was approved as shown): never asked.
-        self.superseded: Callable[[Action], str | None] | None = None
-        # Each running action's figures, per thread: actions on disjoint slots run at once (``_execute_group``).
-        self._context = threading.local()
-        # The guard stays serial (its two inspections see one deletion at a time), and the state and history files
-        # are read, changed and written by one action at a time.
-        self._guard_lock = self.io.lock()
-        self._files_lock = self.io.lock()
-        # What each observation looks up for the planner's checks of an enter's knowable failures.
-        self._needs = enter_needs(desired)
+        self._enter = EnterSteps(self.context)
+        self._sleep = SleepSteps(self.context)
+
+    # What the applier was given, held once by its context (every step reads it there).
+    @property
+    def desired(self) -> DesiredState:
+        return self.context.desired
+
+    @property
+    def io(self) -> HostIO:
+        return self.context.io
+
+    @property
+    def observer(self) -> EngineObserver:
+        return self.context.observer
+
+    @property
+    def ops(self) -> EngineOps:
+        return self.context.ops
+
+    @property
+    def progress(self) -> Progress:
+        return self.context.progress
+
+    @property
+    def cancel(self) -> threading.Event:
+        return self.context.cancel
+
+    @property
+    def on_reclaim(self) -> Callable[[Any], None] | None:
+        return self.context.on_reclaim
+
+    @property
+    def fallback_view(self) -> Callable[[], tuple[Any, Mapping[str, float]]] | None:
+        """The loop's view for the fallback: () -> (last converged topology, seconds to each held lane's next
+        attempt). None (``reconciler apply``): no fallback; a failed enter leaves its slots as they are."""
+        return self.context.fallback_view
+
+    @fallback_view.setter
+    def fallback_view(self, view: Callable[[], tuple[Any, Mapping[str, float]]] | None) -> None:
+        self.context.fallback_view = view
+
+    @property
+    def superseded(self) -> Callable[[Action], str | None] | None:
+        """The loop's check of an edit made while an enter waits for health: why the enter's lane is no longer
+        wanted (None while it is). None (``reconciler apply``: its plan was approved as shown): never asked."""
+        return self.context.superseded
+
+    @superseded.setter
+    def superseded(self, check: Callable[[Action], str | None] | None) -> None:
+        self.context.superseded = check
+
+    def observe(self) -> Observed:
+        """The host now (``ActionContext.observe``)."""
+        return self.context.observe()
+
+    # The steps of each action kind, over the context.
+    def enter(self, action: Action, observed: Observed) -> tuple[str, int]:
+        return self._enter.enter(action, observed)
+
+    def leave(self, action: Action, observed: Observed) -> tuple[str, int]:
+        return leave(self.context, action, observed)
+
+    def prune(self, action: Action, observed: Observed) -> tuple[str, int]:
+        return prune(self.context, action, observed)
+
+    def sleep_lane(self, action: Action, observed: Observed) -> tuple[str, int]:
+        return self._sleep.sleep_lane(action, observed)
+
+    def wake_lane(self, action: Action, observed: Observed) -> tuple[str, int]:
+        return self._sleep.wake_lane(action, observed)
+
+    def check_reserve(self, action: Action, observed: Observed) -> ReserveVerdict:
+        """An enter's free-VRAM check of its slots against their reserve (``reconciler.apply.serving``)."""
+        return check_reserve(self.context, action, observed)
 
     def plan_now(self, extra_hold: Mapping[str, str] | None = None) -> tuple[Observed, Plan]:
         observed = self.observe()
@@ -137,7 +209,7 @@ class Applier(SleepSteps):
         containers, source = self.observer.observe()
         if not source.ok:
             return
-        with self._files_lock:
+        with self.context.files_lock:
             if own.created is None:
                 migrate_created(host, [c.id for c in containers if owner_kind(c, host, own) == "ours"])
             settle_created(host, [(c.id, c.name, c.label(LABEL_CREATE_TOKEN)) for c in containers])
@@ -259,7 +331,7 @@ class Applier(SleepSteps):
         refusal = ""
         result: OutcomeResult
         self._announce(action)
-        self._context.figures = {}
+        self.context.begin()
         try:
             if action.kind is ActionKind.ENTER:
                 detail, freed = self.enter(action, observed)
@@ -288,14 +360,14 @@ class Applier(SleepSteps):
             detail, freed, result = f"{type(exc).__name__}: {exc}", 0, "failed"
         seconds = self.io.clock.monotonic() - t0
         if result == "ok" and action.recipe and action.kind in _TIMED:
-            with self._files_lock:
+            with self.context.files_lock:
                 record_duration(self.desired.host.name, action.recipe, action.kind.value, seconds)
         self.progress.done(action, result, seconds, detail)
-        return Outcome(action, result, seconds, detail, freed, refusal, extra=dict(self._figures()))
+        return Outcome(action, result, seconds, detail, freed, refusal, extra=dict(self.context.figures()))
 
     def reclaim(self, action: Action) -> tuple[str, int]:
         self.progress.phase(action, "two inspections", timeout=self.desired.host.shm.confirm_interval_s)
-        res = self._guarded_reclaim(only_paths=list(action.paths))
+        res = self.context.guarded_reclaim(only_paths=list(action.paths))
         if res.refused:
             why = "offload_container_running" if res.blocking_containers else "source_unavailable"
             raise ActionRefused(f"reclaim refused: {res.refused}", reason=why)
