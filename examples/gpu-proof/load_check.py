@@ -3,8 +3,9 @@ card's memory, and the reserve judges the lowest free figure NVML reported meanw
 
 There is no Docker engine where the GPU proof runs, so no enter can be made. The fake vLLM runs as a plain process
 (``examples/fake-vllm/fake_vllm.py``, every completion held ``slow-chat`` seconds so the suite takes a while) and this
-script makes the call the apply layer makes once an enter's lane answers its health URL: ``Applier._run_probes``
-(the recipe's preflight suite, its card sampled by NVML five times a second), then, on demand, ``run_suite`` of the
+script makes the call the apply layer makes once an enter's lane answers its health URL:
+``reconciler.apply.serving.run_probes`` (the recipe's preflight suite, its card sampled by NVML five times a second),
+then, on demand, ``run_suite`` of the
 regression suite (what ``reconciler probe RECIPE --suite regression`` runs). The recipe is the demo's omni with its
 report suites, served by the fake on this machine; the host is ``root/`` (NVML index 0, 3 GiB reserve, enforce).
 
@@ -167,6 +168,7 @@ def main() -> int:
         from reconciler.apply.applier import Applier
         from reconciler.apply.errors import BelowReserve, ProbeFailed
         from reconciler.apply.probes import run_suite
+        from reconciler.apply.serving import run_probes
         from reconciler.load.desired import load_desired
         from reconciler.model import container_name
         from reconciler.plan.actions import Action, ActionKind
@@ -193,10 +195,10 @@ def main() -> int:
                     return None
 
             applier = Applier(desired, connect=False, progress=Progress())
-            applier._context.figures = {}  # this thread's figures, read back below
+            applier.context.begin()  # this thread's figures, read back below
             out: dict[str, Any] = {"run": name, "policy": desired.reserve_policy(lane.recipe)}
             try:
-                applier._run_probes(action, recipe)
+                run_probes(applier.context, action, recipe)
                 out["result"] = "passed"
             except BelowReserve as exc:
                 out.update(result="failed: BelowReserve", cause=exc.cause)
@@ -204,8 +206,8 @@ def main() -> int:
                 out.update(result="failed: ProbeFailed", cause=exc.cause)
             finally:
                 out["held"] = holder.stop() if holder is not None else None
-            out["probes"] = [(p["name"], p["ok"], p["seconds"]) for p in applier._figures().get("probes", [])]
-            out["vram_under_load"] = applier._figures().get("vram_under_load")
+            out["probes"] = [(p["name"], p["ok"], p["seconds"]) for p in applier.context.figures().get("probes", [])]
+            out["vram_under_load"] = applier.context.figures().get("vram_under_load")
             return out
 
         idle = enter_verdict("idle", None)

@@ -5,7 +5,7 @@ GPU memory, asleep only ``RESIDUAL_MIB``. Its process stands for the container o
 the machines this proof runs on: NVML's pid is attributed to that lane's container id here, where the engine's cgroup
 would say it on a real host). Everything else is real: NVML's figures, the lane's own GET /is_sleeping answer, the
 planner (``reconciler.plan.planner.plan``), the status JSON (``reconciler.service.status.status_data``) and the check
-the apply layer makes right before a wake (``SleepSteps._check_wake``). The steps:
+the apply layer makes right before a wake (``reconciler.apply.sleep.check_wake``). The steps:
 
 1. awake, the lane holds AWAKE_MIB; asleep (POST /sleep), its residual; ``status`` shows that residual as the card's
    ``asleep_bytes``;
@@ -40,7 +40,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 
 from reconciler.apply.errors import ActionRefused  # noqa: E402
-from reconciler.apply.sleep import SleepSteps  # noqa: E402
+from reconciler.apply.sleep import check_wake  # noqa: E402
 from reconciler.load.desired import standby_lanes  # noqa: E402
 from reconciler.model import DesiredAssignment, DesiredState, HostConfig, Recipe  # noqa: E402
 from reconciler.observe.gpu import observe_gpus  # noqa: E402
@@ -141,13 +141,6 @@ def observed_now(desired: DesiredState, lane_pid: int, port: int, memory: LaneMe
     )
 
 
-class WakeCheck(SleepSteps):
-    """The apply layer's own check before a wake, on a given observation (no engine to act on here)."""
-
-    def __init__(self, desired: DesiredState):
-        self.desired = desired
-
-
 def lane_bytes(observed: Observed) -> int:
     view = observed.gpus.slots[SLOT]
     return sum(p.used_bytes or 0 for p in view.processes if p.container_id == CID)
@@ -218,7 +211,7 @@ def main() -> int:
         figures["blocked"] = [b.reason for b in p.blockers]
         checks.append(("the plan blocks the wake, naming the CUDA process's pid", bool(named) and not p.actions))
         try:
-            WakeCheck(desired)._check_wake(_wake_action(p, desired, blocked), blocked.containers[0], blocked)
+            check_wake(desired, blocked.containers[0], blocked)
             refused = ""
         except ActionRefused as exc:
             refused = exc.cause
@@ -239,7 +232,7 @@ def main() -> int:
         kinds = [a.kind for a in p.actions]
         checks.append(("released, the plan wakes the lane", kinds == [ActionKind.WAKE]))
         try:
-            WakeCheck(desired)._check_wake(p.actions[0], free.containers[0], free)
+            check_wake(desired, free.containers[0], free)
             passed = True
         except ActionRefused as exc:
             passed = False
@@ -262,13 +255,6 @@ def main() -> int:
     good = all(ok for _, ok in checks) and len(checks) == 10
     print("SLEEP PROOF OK" if good else "SLEEP PROOF FAILED")
     return 0 if good else 1
-
-
-def _wake_action(p: Any, desired: DesiredState, observed: Observed) -> Any:
-    """The wake the plan would make, were its cards free (the plan blocked it)."""
-    from reconciler.plan.sleeping import wake_action
-
-    return wake_action(observed.containers[0], desired)
 
 
 if __name__ == "__main__":

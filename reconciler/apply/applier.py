@@ -5,9 +5,10 @@ observe again and re-plan, until the plan is empty, blocked, or an action failed
 act, and a postcondition; an action is done when the new plan has nothing left for it. With an approved plan only
 its steps run. Called by ``reconciler apply`` (through the service) and the loop.
 
-The steps of each action kind are ``Applier``'s bases: ``reconciler.apply.enter`` (with ``.ports``),
-``reconciler.apply.leave`` (with ``.drain``), on the ground of ``reconciler.apply.context``; a reclaim goes
-through the one shm guard (``reconciler.apply.shm_guard``). Everything this layer creates carries the ownership
+The steps of each action kind are objects and functions over one value, the applier's ``ActionContext``
+(``reconciler.apply.context``): ``reconciler.apply.enter`` (with ``.port_checks`` and ``.serving``),
+``reconciler.apply.leave`` (with ``.drain``) and ``reconciler.apply.sleep``; a reclaim goes through the one shm
+guard (``reconciler.apply.shm_guard``). Everything this layer creates carries the ownership
 labels from the create call on, so an interrupted pass never leaves an unowned container behind.
 """
 
@@ -15,15 +16,19 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from reconciler.apply.context import ActionContext
 from reconciler.apply.engine_ops import EngineOps
+from reconciler.apply.enter import EnterSteps
 from reconciler.apply.errors import ActionFailed, ActionRefused, Cancelled, Superseded
-from reconciler.apply.groups import GroupNotStarted, concurrent_group, within
+from reconciler.apply.groups import GroupNotStarted, concurrent_group
 from reconciler.apply.host_io import REAL_IO, HostIO
-from reconciler.apply.results import NoProgress, Outcome, OutcomeResult, PassResult, PassVerdict, Progress
+from reconciler.apply.leave import leave, prune
+from reconciler.apply.passes import PassRun, as_approved, postcondition, unavailable_message, with_dark
+from reconciler.apply.results import NoProgress, Outcome, OutcomeResult, PassResult, Progress
+from reconciler.apply.serving import check_reserve
 from reconciler.apply.sleep import SleepSteps
 from reconciler.base.errors import ReconcilerError
 from reconciler.base.units import human_bytes
@@ -31,15 +36,18 @@ from reconciler.model import DesiredState
 from reconciler.observe.containers import EngineObserver
 from reconciler.plan.actions import Action, ActionKind, Plan
 from reconciler.plan.claims import owner_kind
-from reconciler.plan.enter_checks import enter_needs
 from reconciler.plan.observed import LABEL_CREATE_TOKEN, Observed
 from reconciler.plan.planner import plan
+from reconciler.plan.vram import ReserveVerdict
 from reconciler.store.history import expected, record_duration, record_topology
 from reconciler.store.state import ensure_install_id, migrate_created, read_ownership, settle_created
 
 
-class Applier(SleepSteps):
-    """Executes plans for one host. One instance per ``apply`` command or per loop."""
+class Applier:
+    """Executes plans for one host. One instance per ``apply`` command or per loop.
+
+    Its steps are objects and functions over one value, ``context`` (``reconciler.apply.context.ActionContext``):
+    what the applier was given and set up, shared by every step of every action it runs."""
 
     def __init__(
         self,
@@ -58,36 +66,100 @@ class Applier(SleepSteps):
         """``connect``: reach the engine now and raise ``DockerUnavailable`` ("docker source unavailable at URL:
         ...") when it does not answer (``reconciler apply``). The loop passes False: its passes observe the engine
         as a source like any other, report it down and wait for it. ``io``: the host's I/O seams (``REAL_IO``, or
-        the simulation's world), through which every step, the guard and the observation reach the host."""
-        self.desired = desired
-        self.io = io or REAL_IO
-        self.observer = observer or self.io.engine(desired.host)
-        observer_ = self.observer
-        self.ops = EngineOps(connect=observer_.writes, url=observer_.url, ping=observer_.ping, clock=self.io.clock)
+        the simulation's world), through which every step, the guard and the observation reach the host.
+        ``on_reclaim`` sees every guarded reclaim's ReclaimResult (the loop counts the files it kept as refusals)."""
+        io = io or REAL_IO
+        observer = observer or io.engine(desired.host)
+        ops = EngineOps(connect=observer.writes, url=observer.url, ping=observer.ping, clock=io.clock)
         if connect:
-            self.ops.check()
-        self.progress = progress or NoProgress()
-        self.cancel = cancel or threading.Event()
+            ops.check()
+        self.context = ActionContext(
+            desired,
+            io,
+            observer,
+            ops,
+            progress or NoProgress(),
+            cancel or threading.Event(),
+            on_reclaim=on_reclaim,
+            poll_s=poll_s,
+        )
         self.hold = dict(hold or {})
         self.on_outcome = on_outcome
-        # Sees every guarded reclaim's ReclaimResult (the loop counts the files it kept as refusals).
-        self.on_reclaim = on_reclaim
-        self.poll_s = poll_s
-        self._unknown_listeners: dict[str, str] = {}  # container id -> why its ports are not yet its own
-        # The loop's view for the fallback: () -> (last converged topology, seconds to each held lane's next attempt).
-        # None (``reconciler apply``): no fallback; a failed enter leaves its slots as they are.
-        self.fallback_view: Callable[[], tuple[Any, Mapping[str, float]]] | None = None
-        # The loop's check of an edit made while an enter waits for health: why the enter's lane is no longer wanted
-        # (None while it is). None (``reconciler apply``: its plan was approved as shown): never asked.
-        self.superseded: Callable[[Action], str | None] | None = None
-        # Each running action's figures, per thread: actions on disjoint slots run at once (``_execute_group``).
-        self._context = threading.local()
-        # The guard stays serial (its two inspections see one deletion at a time), and the state and history files
-        # are read, changed and written by one action at a time.
-        self._guard_lock = self.io.lock()
-        self._files_lock = self.io.lock()
-        # What each observation looks up for the planner's checks of an enter's knowable failures.
-        self._needs = enter_needs(desired)
+        self._enter = EnterSteps(self.context)
+        self._sleep = SleepSteps(self.context)
+
+    # What the applier was given, held once by its context (every step reads it there).
+    @property
+    def desired(self) -> DesiredState:
+        return self.context.desired
+
+    @property
+    def io(self) -> HostIO:
+        return self.context.io
+
+    @property
+    def observer(self) -> EngineObserver:
+        return self.context.observer
+
+    @property
+    def ops(self) -> EngineOps:
+        return self.context.ops
+
+    @property
+    def progress(self) -> Progress:
+        return self.context.progress
+
+    @property
+    def cancel(self) -> threading.Event:
+        return self.context.cancel
+
+    @property
+    def on_reclaim(self) -> Callable[[Any], None] | None:
+        return self.context.on_reclaim
+
+    @property
+    def fallback_view(self) -> Callable[[], tuple[Any, Mapping[str, float]]] | None:
+        """The loop's view for the fallback: () -> (last converged topology, seconds to each held lane's next
+        attempt). None (``reconciler apply``): no fallback; a failed enter leaves its slots as they are."""
+        return self.context.fallback_view
+
+    @fallback_view.setter
+    def fallback_view(self, view: Callable[[], tuple[Any, Mapping[str, float]]] | None) -> None:
+        self.context.fallback_view = view
+
+    @property
+    def superseded(self) -> Callable[[Action], str | None] | None:
+        """The loop's check of an edit made while an enter waits for health: why the enter's lane is no longer
+        wanted (None while it is). None (``reconciler apply``: its plan was approved as shown): never asked."""
+        return self.context.superseded
+
+    @superseded.setter
+    def superseded(self, check: Callable[[Action], str | None] | None) -> None:
+        self.context.superseded = check
+
+    def observe(self) -> Observed:
+        """The host now (``ActionContext.observe``)."""
+        return self.context.observe()
+
+    # The steps of each action kind, over the context.
+    def enter(self, action: Action, observed: Observed) -> tuple[str, int]:
+        return self._enter.enter(action, observed)
+
+    def leave(self, action: Action, observed: Observed) -> tuple[str, int]:
+        return leave(self.context, action, observed)
+
+    def prune(self, action: Action, observed: Observed) -> tuple[str, int]:
+        return prune(self.context, action, observed)
+
+    def sleep_lane(self, action: Action, observed: Observed) -> tuple[str, int]:
+        return self._sleep.sleep_lane(action, observed)
+
+    def wake_lane(self, action: Action, observed: Observed) -> tuple[str, int]:
+        return self._sleep.wake_lane(action, observed)
+
+    def check_reserve(self, action: Action, observed: Observed) -> ReserveVerdict:
+        """An enter's free-VRAM check of its slots against their reserve (``reconciler.apply.serving``)."""
+        return check_reserve(self.context, action, observed)
 
     def plan_now(self, extra_hold: Mapping[str, str] | None = None) -> tuple[Observed, Plan]:
         observed = self.observe()
@@ -137,7 +209,7 @@ class Applier(SleepSteps):
         containers, source = self.observer.observe()
         if not source.ok:
             return
-        with self._files_lock:
+        with self.context.files_lock:
             if own.created is None:
                 migrate_created(host, [c.id for c in containers if owner_kind(c, host, own) == "ours"])
             settle_created(host, [(c.id, c.name, c.label(LABEL_CREATE_TOKEN)) for c in containers])
@@ -147,13 +219,13 @@ class Applier(SleepSteps):
     ) -> PassResult:
         if first.apply_refusal is not None:
             return PassResult(
-                "error", first, first, message=f"{_unavailable(observed, first.unavailable)}; nothing changed"
+                "error", first, first, message=f"{unavailable_message(observed, first.unavailable)}; nothing changed"
             )
         if first.blocked and not first.actions:
             return PassResult("blocked", first, first, message="; ".join(b.reason for b in first.blockers))
         # Blockers are scoped to their slots (the planner plans nothing on a blocked slot): what they do not touch
         # runs, and the pass ends blocked.
-        run = _Pass(
+        run = PassRun(
             first,
             observed,
             first,
@@ -165,7 +237,7 @@ class Applier(SleepSteps):
                 return run.result("interrupted", "stop requested; nothing left half-owned")
             group = concurrent_group(tuple(run.todo()))
             if approved is not None:
-                held = _as_approved(run, approved, group)
+                held = as_approved(run, approved, group)
                 if isinstance(held, PassResult):
                     return held
                 group = held
@@ -178,7 +250,7 @@ class Applier(SleepSteps):
                 break
         return self._verdict(run)
 
-    def _fitted(self, run: _Pass, group: list[Action]) -> list[Action]:
+    def _fitted(self, run: PassRun, group: list[Action]) -> list[Action]:
         """The group cut to the pass's step limit, and to its first action when together they do not fit the tmpfs
         (one at a time, each refused on its own)."""
         group = group[: max(1, run.limit - len(run.outcomes))]
@@ -186,16 +258,16 @@ class Applier(SleepSteps):
             group = group[:1]
         return group
 
-    def _run_round(self, run: _Pass, group: list[Action]) -> Outcome | None:
+    def _run_round(self, run: PassRun, group: list[Action]) -> Outcome | None:
         """Run one group, plan the host again, and record each outcome (its postcondition checked against the new
         plan). Returns the first interrupted or superseded outcome, if any: the pass ends there, unplanned again."""
         started = self.io.clock.monotonic()
         done = self._execute_group(group, run.observed)
         run.observed, run.current = self.plan_now(run.failed)
-        done = [_with_dark(a, o, run.dark_since, started) for a, o in zip(group, done, strict=True)]
+        done = [with_dark(a, o, run.dark_since, started) for a, o in zip(group, done, strict=True)]
         stop: Outcome | None = None
         for action, outcome in zip(group, done, strict=True):
-            outcome = _postcondition(action, outcome, run.current)
+            outcome = postcondition(action, outcome, run.current)
             run.outcomes.append(outcome)
             if self.on_outcome:
                 self.on_outcome(outcome)
@@ -211,7 +283,7 @@ class Applier(SleepSteps):
             run.observed, run.current = self.plan_now(run.failed)
         return None
 
-    def _verdict(self, run: _Pass) -> PassResult:
+    def _verdict(self, run: PassRun) -> PassResult:
         """How a pass that ran its rounds ended; a converged one records its topology (the loop's fallback)."""
         current = run.current
         bad = [o for o in run.outcomes if o.result in ("failed", "refused")]
@@ -219,7 +291,7 @@ class Applier(SleepSteps):
             return run.result("failed", "; ".join(o.detail for o in bad))
         if current.unavailable:
             # the cause too, as before the first action: the operator reads why the pass stopped here
-            return run.result("error", _unavailable(run.observed, current.unavailable))
+            return run.result("error", unavailable_message(run.observed, current.unavailable))
         if current.blocked:
             return run.result("blocked", run.with_kept("; ".join(b.reason for b in current.blockers)))
         if run.todo():
@@ -259,7 +331,7 @@ class Applier(SleepSteps):
         refusal = ""
         result: OutcomeResult
         self._announce(action)
-        self._context.figures = {}
+        self.context.begin()
         try:
             if action.kind is ActionKind.ENTER:
                 detail, freed = self.enter(action, observed)
@@ -288,14 +360,14 @@ class Applier(SleepSteps):
             detail, freed, result = f"{type(exc).__name__}: {exc}", 0, "failed"
         seconds = self.io.clock.monotonic() - t0
         if result == "ok" and action.recipe and action.kind in _TIMED:
-            with self._files_lock:
+            with self.context.files_lock:
                 record_duration(self.desired.host.name, action.recipe, action.kind.value, seconds)
         self.progress.done(action, result, seconds, detail)
-        return Outcome(action, result, seconds, detail, freed, refusal, extra=dict(self._figures()))
+        return Outcome(action, result, seconds, detail, freed, refusal, extra=dict(self.context.figures()))
 
     def reclaim(self, action: Action) -> tuple[str, int]:
         self.progress.phase(action, "two inspections", timeout=self.desired.host.shm.confirm_interval_s)
-        res = self._guarded_reclaim(only_paths=list(action.paths))
+        res = self.context.guarded_reclaim(only_paths=list(action.paths))
         if res.refused:
             why = "offload_container_running" if res.blocking_containers else "source_unavailable"
             raise ActionRefused(f"reclaim refused: {res.refused}", reason=why)
@@ -318,136 +390,3 @@ class Applier(SleepSteps):
 
 # The kinds whose earlier durations give the progress its expected time.
 _TIMED = (ActionKind.ENTER, ActionKind.LEAVE, ActionKind.SLEEP, ActionKind.WAKE)
-
-
-@dataclass
-class _Pass:
-    """A converge pass as it goes: the plan it started from, the latest observation and plan, what it did so far."""
-
-    first: Plan
-    observed: Observed
-    current: Plan
-    limit: int  # the most actions it runs
-    outcomes: list[Outcome] = field(default_factory=list)
-    # key -> why: the actions that failed in this pass, held by each later plan of it
-    failed: dict[str, str] = field(default_factory=dict)
-    # When each slot stopped serving in this pass (its old lane's leave began): an enter on it that succeeds
-    # reports the slot's dark time from there.
-    dark_since: dict[str, float] = field(default_factory=dict)
-
-    # The plan the operator approved (None in the loop, where every step of each new plan runs).
-    approved: Plan | None = None
-
-    def result(self, result: PassVerdict, message: str = "") -> PassResult:
-        return PassResult(result, self.first, self.current, self.outcomes, message)
-
-    def kept(self) -> list[Action]:
-        """The prunes of the current plan that this pass's own steps made: a container one of its leaves stopped and
-        kept for its logs (its lane exited badly, e.g. killed at its stop timeout; or a sleep's lane that would not
-        sleep, left instead). The pass's own consequence, not a change of the host: an approved pass leaves them to
-        the next plan (docs/design.md, safety rule 13) instead of ending as changed; the loop, approving each of
-        its own plans, prunes them at once."""
-        if self.approved is None:
-            return []
-        stopped = {
-            o.action.container_id
-            for o in self.outcomes
-            if o.result == "ok" and o.action.kind in (ActionKind.LEAVE, ActionKind.SLEEP) and o.action.container_id
-        }
-        return [
-            a
-            for a in self.current.actions
-            if a.kind is ActionKind.PRUNE and a.container_id in stopped and within(self.approved, a) is None
-        ]
-
-    def todo(self) -> list[Action]:
-        """The current plan's steps this pass still runs (or ends on, where the approved plan does not hold them)."""
-        kept = self.kept()
-        return [a for a in self.current.actions if a not in kept]
-
-    def with_kept(self, message: str) -> str:
-        """``message`` with what this pass kept for its logs and left to the next plan."""
-        kept = self.kept()
-        if not kept:
-            return message
-        names = ", ".join(a.container or (a.container_id or "")[:12] for a in kept)
-        note = f"kept {names} for its logs (stopped by this pass's leave; the next plan prunes it)"
-        return f"{message}; {note}" if message else note
-
-
-def _as_approved(run: _Pass, approved: Plan, group: list[Action]) -> list[Action] | PassResult:
-    """The group as far as the approved plan holds it, or the end of the pass when its first step is not in it.
-
-    The rest of the group runs only as far as the approved plan holds it; a step it does not hold comes first in a
-    later round and ends the pass there, unseen steps never run."""
-    shown = within(approved, group[0])
-    if shown is not None:
-        return [shown, *(a for a in (within(approved, b) for b in group[1:]) if a is not None)]
-    action = group[0]
-    unseen = (
-        f"the host changed after the plan was shown: the next step ({action.kind.value} "
-        f"{action.key}: {action.reason}) was not in it, so it was not done. "
-        "Run `reconciler plan` to see the new plan"
-    )
-    # A step of the shown plan that failed is the news (a failed enter leaves its crash's file to the next plan,
-    # whose reclaim is such an unseen step): the pass failed, and says both.
-    bad = [o for o in run.outcomes if o.result in ("failed", "refused")]
-    if bad:
-        return run.result("failed", "; ".join([*(o.detail for o in bad), unseen]))
-    return run.result("changed", unseen)
-
-
-def _postcondition(action: Action, outcome: Outcome, current: Plan) -> Outcome:
-    """An action that reported ok is done only when the new plan has nothing left for it; else it failed."""
-    if outcome.result != "ok" or not _still_wanted(action, current):
-        return outcome
-    return Outcome(
-        action,
-        "failed",
-        outcome.seconds,
-        f"postcondition: after the {action.kind.value}, the plan still wants it ({_brief(current)})",
-        outcome.reclaimed_bytes,
-        extra=outcome.extra,
-    )
-
-
-def _unavailable(observed: Observed, names: Iterable[str] = ()) -> str:
-    """A pass's message for sources that did not answer: each with its cause (``names``: the plan's, where the
-    observation holds none)."""
-    down = [f"{s.name} ({s.detail})" for s in observed.unavailable()] or list(names)
-    return "source unavailable: " + ", ".join(down)
-
-
-def _with_dark(action: Action, outcome: Outcome, dark_since: dict[str, float], started: float) -> Outcome:
-    """Record a leave's or a sleep's slots as dark from its start; give a successful enter or wake its slots' dark
-    time."""
-    if action.kind in (ActionKind.LEAVE, ActionKind.SLEEP) and outcome.result == "ok":
-        for slot in action.gpus:
-            dark_since.setdefault(slot, started)
-        return outcome
-    if action.kind not in (ActionKind.ENTER, ActionKind.WAKE) or outcome.result != "ok":
-        return outcome
-    end = started + outcome.seconds
-    dark = {slot: round(end - dark_since.pop(slot, started), 3) for slot in action.gpus}
-    return replace(outcome, extra={**outcome.extra, "dark_s": dark})
-
-
-def _still_wanted(action: Action, current: Plan) -> bool:
-    for a in current.actions:
-        if a.kind is not action.kind:
-            continue
-        if action.kind is ActionKind.LEAVE and a.container_id == action.container_id:
-            return True
-        if action.kind is ActionKind.ENTER and a.key == action.key:
-            return True
-        if action.kind is ActionKind.RECLAIM and set(a.paths) & set(action.paths):
-            return True
-        if action.kind is ActionKind.PRUNE and a.container_id == action.container_id:
-            return True
-        if action.kind in (ActionKind.SLEEP, ActionKind.WAKE) and a.key == action.key:
-            return True
-    return False
-
-
-def _brief(p: Plan) -> str:
-    return "; ".join(f"{a.kind.value} {a.key}: {a.reason}" for a in p.actions[:3]) or "nothing"

@@ -1,15 +1,18 @@
-"""The ground every action's steps stand on: ``ActionContext``, the base of ``Applier`` and of its steps.
+"""The one value every action's steps take: ``ActionContext``, built by ``Applier.__init__``.
 
-It declares what ``Applier.__init__`` sets up and holds what every step uses: an observation of the host (through
-the host's I/O seams, ``self.io``: ``reconciler.apply.host_io``), the figures the running action measured, the one
-guarded reclaim (every removal of an offload file goes through ``reconciler.apply.shm_guard``, serially), and the
-pruning of the failed containers kept for their logs. The steps are ``reconciler.apply.enter``, ``.ports``, ``.drain`` and ``.leave``.
+It holds what the steps use and nothing else reaches for: the host's desired state, its I/O seams (``io``:
+``reconciler.apply.host_io``), its engine (``observer`` to read, ``ops`` to write), the caller's progress and cancel,
+the per-thread figures of the running action, and the locks that keep the one guarded reclaim (every removal of an
+offload file goes through ``reconciler.apply.shm_guard``, serially) and the state files to one action at a time;
+with an observation of the host and the pruning of the failed containers kept for their logs. The steps are objects
+or functions over it: ``reconciler.apply.enter``, ``.port_checks``, ``.serving``, ``.drain``, ``.leave``, ``.sleep``.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from reconciler.apply.engine_ops import EngineOps
@@ -26,10 +29,12 @@ if TYPE_CHECKING:
     from reconciler.apply.shm_results import ReclaimResult
 
 
+@dataclass(eq=False)
 class ActionContext:
-    """What the steps of every action share, set up by ``Applier.__init__``: the host's desired state, its engine
-    (``observer`` to read, ``ops`` to write), the caller's progress and cancel, the per-thread figures of the
-    running action, and the locks that keep the guard and the state files to one action at a time."""
+    """What the steps of every action share: the host's desired state, its seams, its engine (``observer`` to read,
+    ``ops`` to write), the caller's progress and cancel, the per-thread figures of the running action, and the locks
+    that keep the guard and the state files to one action at a time. ``fallback_view`` and ``superseded`` are the
+    loop's (set on the ``Applier``, which passes them here); None under ``reconciler apply``."""
 
     desired: DesiredState
     io: HostIO
@@ -37,15 +42,27 @@ class ActionContext:
     ops: EngineOps
     progress: Progress
     cancel: threading.Event
-    on_reclaim: Callable[[Any], None] | None
-    poll_s: float
-    _unknown_listeners: dict[str, str]
-    _context: threading.local
-    _guard_lock: Any
-    _files_lock: Any
-    _needs: EnterNeeds
-    fallback_view: Callable[[], tuple[Any, Any]] | None
-    superseded: Callable[[Action], str | None] | None
+    on_reclaim: Callable[[Any], None] | None = None  # sees every guarded reclaim's ReclaimResult
+    poll_s: float = 0.2
+    # container id -> why its ports are not yet its own (an enter's wait names it when it times out)
+    unknown_listeners: dict[str, str] = field(default_factory=dict)
+    # The loop's view for the fallback: () -> (last converged topology, seconds to each held lane's next attempt).
+    fallback_view: Callable[[], tuple[Any, Any]] | None = None
+    # The loop's check of an edit made while an enter waits for health: why the enter's lane is no longer wanted.
+    superseded: Callable[[Action], str | None] | None = None
+    # What each observation looks up for the planner's checks of an enter's knowable failures.
+    _needs: EnterNeeds = field(init=False, repr=False)
+    # Each running action's figures, per thread: actions on disjoint slots run at once.
+    _context: threading.local = field(init=False, repr=False, default_factory=threading.local)
+    # The guard stays serial (its two inspections see one deletion at a time), and the state and history files are
+    # read, changed and written by one action at a time.
+    guard_lock: Any = field(init=False, repr=False)
+    files_lock: Any = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._needs = enter_needs(self.desired)
+        self.guard_lock = self.io.lock()
+        self.files_lock = self.io.lock()
 
     def observe(self) -> Observed:
         """The host now, with what the planner's checks of an enter's knowable failures need looked up: for the
@@ -58,18 +75,22 @@ class ActionContext:
                 needs = enter_needs(self.desired, last_good)
         return self.io.observe(self.desired.host, docker=self.observer, **needs)
 
-    def _figures(self) -> dict[str, Any]:
+    def begin(self) -> None:
+        """A new action starts in this thread: its figures start empty."""
+        self._context.figures = {}
+
+    def figures(self) -> dict[str, Any]:
         """The figures the action running in this thread measured so far (its drain, probes, VRAM, page cache)."""
         return getattr(self._context, "figures", {})
 
-    def _note(self, key: str, value: Any) -> None:
-        self._context.figures = {**self._figures(), key: value}
+    def note(self, key: str, value: Any) -> None:
+        self._context.figures = {**self.figures(), key: value}
 
-    def _guarded_reclaim(self, *, only_paths: list[str] | None = None, claimed: Collection[str] = ()) -> ReclaimResult:
+    def guarded_reclaim(self, *, only_paths: list[str] | None = None, claimed: Collection[str] = ()) -> ReclaimResult:
         # the start-up budget: a converged `reconciler apply` removes no file (docs/performance.md, its commands table)
         from reconciler.apply.shm_guard import reclaim
 
-        with self._guard_lock:
+        with self.guard_lock:
             res = reclaim(
                 self.desired.host.shm,
                 observe_docker=self.observer.observe,
@@ -84,7 +105,7 @@ class ActionContext:
             self.on_reclaim(res)
         return res
 
-    def _prune_kept(self, name: str) -> None:
+    def prune_kept(self, name: str) -> None:
         """A recipe that keeps failing must not pile up stopped containers: keep the newest ``keep_failed``."""
         docker = self.desired.host.docker
         try:

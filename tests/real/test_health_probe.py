@@ -116,6 +116,7 @@ def test_an_enter_whose_health_url_already_answers_is_blocked_and_nothing_is_rep
     before the create, with the message it always gave."""
     from reconciler.apply.applier import Applier
     from reconciler.apply.errors import ActionFailed
+    from reconciler.apply.port_checks import check_ports_free
     from reconciler.load.desired import load_desired
     from reconciler.plan.actions import Action, ActionKind
 
@@ -131,7 +132,7 @@ def test_an_enter_whose_health_url_already_answers_is_blocked_and_nothing_is_rep
         applier = Applier(desired, connect=False)
         action = Action(ActionKind.ENTER, "test", recipe=omni, gpus=(B,), container=root.cname(omni, B))
         with pytest.raises(ActionFailed) as failed:
-            applier._check_ports_free(action, desired.recipes[omni])
+            check_ports_free(applier.context, action, desired.recipes[omni])
     assert plan.rc == 3, plan
     reasons = " | ".join(b["reason"] for b in plan.data["blockers"])
     assert f"port {port} of recipe {omni} ({url})" in reasons and f"pid {os.getpid()}" in reasons, reasons

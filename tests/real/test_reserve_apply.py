@@ -43,7 +43,7 @@ def _applier(root: Root, policy: str, monkeypatch: pytest.MonkeyPatch) -> Applie
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     desired = load_desired(str(root.path))
     applier = Applier(desired)
-    real = applier.observe
+    real = applier.context.observe
     # The data's GPUs 0 and 1 become this root's GPU indexes (each test root draws its own, apart from others').
     idle = _at(json.loads((NVML / "wsl2-idle.json").read_text()), root)
     loaded = _at(json.loads((NVML / "wsl2-exclusive-below-reserve.json").read_text()), root)
@@ -57,7 +57,7 @@ def _applier(root: Root, policy: str, monkeypatch: pytest.MonkeyPatch) -> Applie
             gpus = parse_nvml(idle, desired.host, container_of=lambda pid: None, command_of=lambda pid: "")
         return replace(seen, gpus=gpus)
 
-    applier.observe = observe  # type: ignore[method-assign]
+    applier.context.observe = observe  # type: ignore[method-assign]  # every step observes through its context
     return applier
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from planner_fixtures import make_desired, make_observed
 
-from reconciler.apply.applier import _Pass
+from reconciler.apply.passes import PassRun
 from reconciler.apply.results import Outcome
 from reconciler.plan.actions import Action, ActionKind, Plan
 
@@ -18,11 +18,11 @@ KEPT = Action(ActionKind.PRUNE, "kept for its logs", "omni", (), "lane-a-failed-
 OTHER = Action(ActionKind.PRUNE, "kept for its logs", "omni", (), "old-failed-1", "bbb222")
 
 
-def _pass(*, approved: Plan | None, result: str = "ok") -> _Pass:
+def _pass(*, approved: Plan | None, result: str = "ok") -> PassRun:
     desired = make_desired(CASE)
     observed = make_observed(CASE, desired)
     first = Plan(host="h", actions=(LEAVE,))
-    run = _Pass(first, observed, Plan(host="h", actions=(KEPT, OTHER)), limit=8, approved=approved)
+    run = PassRun(first, observed, Plan(host="h", actions=(KEPT, OTHER)), limit=8, approved=approved)
     run.outcomes.append(Outcome(LEAVE, result, 1.0, "exited with code 137: kept as lane-a-failed-1 for its logs"))  # type: ignore[arg-type]
     return run
 

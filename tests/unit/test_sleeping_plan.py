@@ -14,14 +14,13 @@ import pytest
 from planner_fixtures import make_desired, make_observed
 
 from reconciler.apply.errors import ActionRefused
-from reconciler.apply.sleep import SleepSteps
+from reconciler.apply.sleep import check_wake
 from reconciler.cli.render import Style, render_plan
 from reconciler.load.desired import standby_lanes
 from reconciler.model import GIB, DesiredAssignment, DesiredState, Recipe
 from reconciler.plan.actions import ActionKind, Plan
 from reconciler.plan.observed import LaneMemory, Observed
 from reconciler.plan.planner import plan
-from reconciler.plan.sleeping import wake_action
 
 A, B = "dark-compute-a", "dark-compute-b"
 
@@ -197,13 +196,6 @@ def test_a_cold_enter_beside_a_sleeping_lane_is_not_blocked_by_it(asleep: bool) 
     assert steps(p) == ([] if asleep else [("sleep", "big")]) + want, p
 
 
-class _WakeCheck(SleepSteps):
-    """The apply layer's own check before a wake's call, on a given observation."""
-
-    def __init__(self, desired: DesiredState):
-        self.desired = desired
-
-
 @pytest.mark.parametrize(
     ("others", "procs", "refused"),
     [
@@ -221,12 +213,11 @@ def test_right_before_the_call_a_wake_is_refused_unless_every_other_lane_on_its_
     d = desired_with("exclusive")
     o = observed_with(d, {**others, "big": True}, gpu_processes=procs)
     big = next(c for c in o.containers if c.recipe == "big")
-    check = _WakeCheck(d)
     if not refused:
-        check._check_wake(wake_action(big, d), big, o)
+        check_wake(d, big, o)
         return
     with pytest.raises(ActionRefused) as info:
-        check._check_wake(wake_action(big, d), big, o)
+        check_wake(d, big, o)
     assert refused in info.value.cause, info.value.cause
 
 
@@ -239,7 +230,7 @@ def test_right_before_the_call_a_foreign_container_on_its_cards_refuses_the_wake
     o = replace(o, containers=(*o.containers, squatter))
     big = next(c for c in o.containers if c.recipe == "big")
     with pytest.raises(ActionRefused) as info:
-        _WakeCheck(d)._check_wake(wake_action(big, d), big, o)
+        check_wake(d, big, o)
     assert "squatter" in info.value.cause and info.value.reason == "gpu_held", info.value.cause
 
 

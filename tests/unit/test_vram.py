@@ -119,7 +119,7 @@ def test_check_reserve_is_what_enter_calls_enforce_fails_report_stays() -> None:
                 applier.check_reserve(action, observed)
         else:
             assert applier.check_reserve(action, observed).below == slots
-        assert applier._figures()["gpu_reserve"]["policy"] == policy
+        assert applier.context.figures()["gpu_reserve"]["policy"] == policy
 
 
 def test_h200_capture_below_reserve_and_idle() -> None:
