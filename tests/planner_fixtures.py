@@ -31,9 +31,9 @@ from reconciler.plan.observed import (
     Observed,
     Owner,
     Ownership,
+    Reading,
     ShmFile,
     ShmView,
-    Source,
     Tmpfs,
     observation,
 )
@@ -75,10 +75,10 @@ def make_desired(case: dict[str, Any]) -> DesiredState:
     return DesiredState(host=host, recipes=recipes, assignments=tuple(assignments), fallback=case.get("fallback", True))
 
 
-def _source(name: str, spec: Any) -> Source:
+def _source(name: str, spec: Any) -> Reading:
     if spec in (None, "ok"):
-        return Source(name, True)
-    return Source(name, False, str(spec))
+        return Reading(name, True)
+    return Reading(name, False, str(spec))
 
 
 def make_observed(case: dict[str, Any], desired: DesiredState) -> Observed:
@@ -164,7 +164,7 @@ def make_observed(case: dict[str, Any], desired: DesiredState) -> Observed:
             minor=minor,
             mig_uuids=None if migs is None else tuple(migs),
         )
-    gpus = GpuView(telemetry=desired.host.gpu_telemetry, source=_source("gpu", obs.get("gpu")), slots=slots)
+    gpus = GpuView(telemetry=desired.host.gpu_telemetry, reading=_source("gpu", obs.get("gpu")), slots=slots)
     if case.get("nvml"):
         # An NVML answer from tests/data/nvml/ (captured, or built where marked so), through the real parse. `pids`
         # says which pid runs in which container, with what command; a pid not named there does not resolve.

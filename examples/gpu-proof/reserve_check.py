@@ -39,7 +39,7 @@ def main() -> int:
     out: dict = {
         "root": root,
         "policy": desired.reserve_policy(lane.recipe),
-        "gpu_source": observed.gpus.source.render(),
+        "gpu_source": observed.gpus.reading.render(),
     }
     try:
         verdict = applier.check_reserve(action, observed)

@@ -60,8 +60,8 @@ from reconciler.plan.observed import (  # noqa: E402
     LaneMemory,
     Observed,
     Ownership,
+    Reading,
     ShmView,
-    Source,
     Tmpfs,
     observation,
 )
@@ -126,7 +126,7 @@ def observed_now(desired: DesiredState, lane_pid: int, port: int, memory: LaneMe
     )
     gpus = observe_gpus(desired.host, container_of=lambda pid: CID if pid == lane_pid else None)
     answer = ask_sleeping(f"http://127.0.0.1:{port}")
-    ok = Source("docker", True)
+    ok = Reading("docker", True)
     return observation(
         desired.host.name,
         containers=(c,),

@@ -69,7 +69,7 @@ def check_exposure(
             "from other machines. Pass --api-allow-remote to mean it (with a token of your own), or listen on "
             "127.0.0.1"
         )
-    if token.source == "generated":
+    if token.origin == "generated":
         raise ApiSetupError(f"--api-allow-remote needs a token given explicitly: --api-token-file FILE or ${TOKEN_ENV}")
     if not tls and not insecure:
         raise ApiSetupError(

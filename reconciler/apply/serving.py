@@ -27,7 +27,7 @@ from reconciler.store.lane_memory import record_lane_memory
 def record_memory(ctx: ActionContext, cid: str, how: str, observed: Observed) -> dict[str, int]:
     """What the lane's processes hold on each card now (NVML only), recorded for its next wake's check."""
     gpus = observed.gpus
-    if gpus.telemetry != "nvml" or not gpus.source.ok:
+    if gpus.telemetry != "nvml" or not gpus.reading.ok:
         return {}
     held = {
         slot: sum(p.used_bytes or 0 for p in view.processes if p.container_id == cid)
@@ -111,8 +111,8 @@ def check_enter(ctx: ActionContext, action: Action, cid: str) -> Observed:
     if held != set(action.gpus):
         raise ActionFailed(f"{action.container} holds slots {sorted(held)}, expected {list(action.gpus)}")
     if observed.gpus.telemetry == "nvml":
-        if not observed.gpus.source.ok:
-            raise ActionFailed(f"GPU telemetry unavailable after enter: {observed.gpus.source.detail}")
+        if not observed.gpus.reading.ok:
+            raise ActionFailed(f"GPU telemetry unavailable after enter: {observed.gpus.reading.detail}")
         on = set(slots_of_container(observed.gpus, cid))
         # A slot where NVML cannot attribute processes (WSL2) is not held against the container; a process of
         # it on a slot outside its own always is.

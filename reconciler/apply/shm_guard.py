@@ -46,9 +46,9 @@ from reconciler.base import mounts
 from reconciler.base.clock import REAL_CLOCK, Clock
 from reconciler.model import ShmConfig, check_shm_dir, check_shm_pattern
 from reconciler.observe.shm import inspect_shm
-from reconciler.plan.observed import ContainerView, ShmFile, ShmView, Source, Tmpfs
+from reconciler.plan.observed import ContainerView, Reading, ShmFile, ShmView, Tmpfs
 
-DockerObservation = Callable[[], tuple[tuple[ContainerView, ...], Source]]
+DockerObservation = Callable[[], tuple[tuple[ContainerView, ...], Reading]]
 
 
 def _removable(f: ShmFile) -> RemovedFile:
@@ -82,7 +82,7 @@ def refusal_of(view: ShmView) -> Refusal | None:
 def _with_claims(view: ShmView, claimed: Collection[str]) -> ShmView:
     """The view with each claimed file that only a running offload container kept ``blocked`` made an orphan (both
     sources answered; a file with a holder stays owned)."""
-    if not claimed or not view.sources_ok or not view.blocking_containers:
+    if not claimed or not view.readings_ok or not view.blocking_containers:
         return view
     files = tuple(
         replace(
@@ -101,7 +101,7 @@ def _refusal(view: ShmView, selected: Callable[[ShmFile], bool]) -> Refusal | No
     """``refusal_of``, except that running offload containers refuse nothing when no file asked for is one they
     keep (every such file claimed: ``_with_claims``)."""
     refused = refusal_of(view)
-    if refused is None or not view.sources_ok:
+    if refused is None or not view.readings_ok:
         return refused
     asked = [f for f in view.files if selected(f)]
     if not any(f.state == "blocked" for f in asked) and any(f.state == "orphan" for f in asked):
@@ -214,13 +214,13 @@ def reclaim(
     if refused is not None:
         # Refused only matters when something could have gone: with no unowned file there is nothing to do.
         unowned = [f for f in first.files if f.state != "owned" and selected(f)]
-        matters = bool(unowned) or not first.sources_ok
+        matters = bool(unowned) or not first.readings_ok
         return ReclaimResult(
             **common,
             kept=tuple(_kept_from(first)),
             refused=refused.text if matters else None,
             refused_code=refused.code if matters else None,
-            verified=confirm and not unowned and first.sources_ok,
+            verified=confirm and not unowned and first.readings_ok,
             sources=_sources(first),
             inspections=1,
             elapsed_s=clock.monotonic() - t0,

@@ -1,7 +1,7 @@
 """The error hierarchy. Every error the tool raises on purpose is a ReconcilerError.
 
 ConfigError carries the file, line and field so the CLI can print ``path:line: message``. Observation sources
-that fail are not errors: they are recorded as unavailable ``Source`` values, so callers fail closed and say which.
+that fail are not errors: they are recorded as unavailable ``Reading`` values, so callers fail closed and say which.
 """
 
 from __future__ import annotations

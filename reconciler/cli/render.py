@@ -91,7 +91,7 @@ def source_word(observed: Observed, name: str) -> str:
     has none (``gpu_telemetry: none``): nothing was read, so nothing can be "ok"."""
     if name == "gpu" and observed.gpus.telemetry == "none":
         return "n/a"
-    return observed.sources[name].render()
+    return observed.readings[name].render()
 
 
 def _problems(plan: Plan) -> int:
@@ -118,7 +118,7 @@ def _plan_lines(plan: Plan, s: Style) -> list[str]:
 def render_plan(plan: Plan, observed: Observed | None, s: Style) -> str:
     out: list[str] = []
     if observed is not None:
-        src = ", ".join(f"{n} {source_word(observed, n)}" for n in observed.sources)
+        src = ", ".join(f"{n} {source_word(observed, n)}" for n in observed.readings)
         out.append(s.bold(f"host {plan.host}") + f"  ({src})")
     if plan.unavailable:
         out.append(

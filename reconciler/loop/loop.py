@@ -388,7 +388,7 @@ class Loop:
 
     def _reserve_changed(self, desired: DesiredState, observed: Any) -> None:
         """Log each slot that went below its free-VRAM reserve or came back above it (once, not every pass)."""
-        figures = vram_by_slot(desired.host, observed.gpus) if observed.gpus.source.ok else {}
+        figures = vram_by_slot(desired.host, observed.gpus) if observed.gpus.reading.ok else {}
         below = {slot for slot, v in figures.items() if v.below_reserve}
         owner = desired.slot_owner()
         for slot in sorted(below - self._below):
@@ -402,7 +402,7 @@ class Loop:
         for slot in sorted(self._below - below):
             if slot in figures:
                 self.log("gpu-reserve-ok", slot=slot, detail=figures[slot].describe())
-        self._below = below if observed.gpus.source.ok else self._below
+        self._below = below if observed.gpus.reading.ok else self._below
 
     def _fallback_view(self, desired: DesiredState) -> tuple[Any, dict[str, float]]:
         """For the planner: the last converged topology, and the seconds to each held assignment's next attempt."""
@@ -422,7 +422,7 @@ class Loop:
 
     def _sources_changed(self, observed: Any) -> None:
         """Log each source that went down or came back since the last pass (once, not every pass)."""
-        down = {name: src.detail or "unavailable" for name, src in observed.sources.items() if not src.ok}
+        down = {name: src.detail or "unavailable" for name, src in observed.readings.items() if not src.ok}
         for name, detail in sorted(down.items()):
             if name not in self._down:
                 self.log(
@@ -436,7 +436,7 @@ class Loop:
         self._down = down
         self._down_codes = {
             name: src.cause if src.cause in ("slow", "down") else "error"
-            for name, src in observed.sources.items()
+            for name, src in observed.readings.items()
             if not src.ok
         }
 

@@ -119,7 +119,7 @@ def gpu_owners(observed: Observed, host: HostConfig | None = None) -> dict[str, 
                 owner = SlotOwner("process")
             if owner not in found[slot]:
                 found[slot].append(owner)
-    if host is not None and observed.gpus.telemetry == "nvml" and observed.gpus.source.ok:
+    if host is not None and observed.gpus.telemetry == "nvml" and observed.gpus.reading.ok:
         for slot, owners in found.items():
             # VRAM in use, no process listed, no container: held by something NVML does not show (WSL2).
             if not owners and unlisted_used_bytes(host, observed.gpus.slots.get(slot)) is not None:
@@ -257,7 +257,7 @@ class Metrics(MetricFamilies):
         with self._lock:
             self.host_info.clear()
             self.host_info.labels(host=observed.host, gpu_telemetry=observed.gpus.telemetry, shm_dir=shm.dir).set(1)
-            for name, src in observed.sources.items():
+            for name, src in observed.readings.items():
                 self.source_up.labels(source=name).set(1 if src.ok else 0)
                 current = "ok" if src.ok else (src.cause if src.cause in SOURCE_STATES else "error")
                 for state in SOURCE_STATES:
@@ -281,7 +281,7 @@ class Metrics(MetricFamilies):
                 self.lane_sleeping.labels(*lane).set(1 if asleep else 0)
             self._sleep_series = set(lanes)
 
-            telemetry_ok = observed.gpus.telemetry != "none" and observed.gpus.source.ok
+            telemetry_ok = observed.gpus.telemetry != "none" and observed.gpus.reading.ok
             for slot in set(owners) | set(observed.gpus.slots):
                 view = observed.gpus.slots.get(slot)
                 known = telemetry_ok and view is not None and not view.missing

@@ -43,19 +43,19 @@ def observe(
 
     seams = seams or REAL_SEAMS
     docker = docker or seams.engine(host)
-    containers, docker_source = docker.observe()
-    known = {c.id for c in containers} if docker_source.ok else None
+    containers, docker_reading = docker.observe()
+    known = {c.id for c in containers} if docker_reading.ok else None
     gpus = seams.gpus(host, known_containers=known)
     ownership = read_ownership(host.name)
     found: list[tuple[NodeHolder, ...]] = []
     shm = seams.processes(
-        host.shm, containers=containers, docker=docker_source, settled=ownership.healthy, on_cards=found.append
+        host.shm, containers=containers, docker=docker_reading, settled=ownership.healthy, on_cards=found.append
     )
     # The card nodes held open are read by the shm guard's scan of every process (the same stat of each
     # descriptor), handed over only when that scan was made whole.
     card_nodes = CardNodes(found[0]) if found else CardNodes(read=False, detail=shm.proc.render())
     enter = EnterFacts()
-    if docker_source.ok and (images or ports):
+    if docker_reading.ok and (images or ports):
         gpu_asked = host.docker.gpu_requests and host.gpus
         runtime, detail = docker.gpu_runtime(seams.toolkit_hook) if gpu_asked else ("unknown", "")
         looked_up, listeners = seams.listeners(ports, known_containers=known)
@@ -68,7 +68,7 @@ def observe(
         )
     sleeping: dict[str, bool] = {}
     memory: dict[str, LaneMemory] = {}
-    if docker_source.ok and sleep_origins:
+    if docker_reading.ok and sleep_origins:
         from reconciler.observe.lane_sleep import read_sleeping  # start-up: only hosts with sleeping lanes ask
         from reconciler.store.lane_memory import read_lane_memory  # start-up: as above
 
@@ -77,7 +77,7 @@ def observe(
     return observation(
         host.name,
         containers=containers,
-        docker=docker_source,
+        docker=docker_reading,
         gpus=gpus,
         shm=shm,
         ownership=ownership,

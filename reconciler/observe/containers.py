@@ -35,7 +35,7 @@ from reconciler.plan.observed import (
     LABEL_OFFLOAD,
     LABEL_PREFIX,
     ContainerView,
-    Source,
+    Reading,
 )
 
 # vLLM's native KV offload switches; any of them in a running container's config forbids reclaiming.
@@ -406,15 +406,15 @@ class EngineObserver:
         hook = self.url.startswith("unix://") and hook_installed()
         return gpu_runtime_of(info if isinstance(info, Mapping) else {}, engine=engine, hook_installed=hook)
 
-    def observe(self) -> tuple[tuple[ContainerView, ...], Source]:
+    def observe(self) -> tuple[tuple[ContainerView, ...], Reading]:
         """All containers, or an empty tuple and an unavailable source when the engine does not answer."""
         try:
             pairs = self.read()
         except Exception as exc:  # noqa: BLE001 - any failure to talk to the engine makes the source unavailable
             return (), self.unavailable(exc)
-        return parse_all(pairs), Source("docker", True)
+        return parse_all(pairs), Reading("docker", True)
 
-    def unavailable(self, exc: BaseException) -> Source:
+    def unavailable(self, exc: BaseException) -> Reading:
         """The docker source after ``exc``: says whether the engine was slow, down, or answered an error."""
         cause = failure_cause(exc)
         text = _short(exc)
@@ -422,7 +422,7 @@ class EngineObserver:
             text = f"{slow_text(self.timeout)}: {text}"  # the SDK's own words for it are a urllib3 repr
         elif cause == "down" and "does not answer" not in text:
             text = f"the engine does not answer: {text}"
-        return Source("docker", False, f"{self.url}: {text}", cause=cause)
+        return Reading("docker", False, f"{self.url}: {text}", cause=cause)
 
 
 # What an inspect's HostConfig gives a container of the cards (kept in the observer's cache).

@@ -30,7 +30,7 @@ from typing import Any
 
 from reconciler.model import HostConfig
 from reconciler.observe.procfs import container_candidates_of_pid, innermost_known, read_comm
-from reconciler.plan.observed import GpuProcess, GpuSlotView, GpuView, Source
+from reconciler.plan.observed import GpuProcess, GpuSlotView, GpuView, Reading
 
 HOST_FILE = "configs/host.yaml"
 _FIX_NONE = f"on a host without NVIDIA GPUs set 'gpu_telemetry: none' in {HOST_FILE}"
@@ -310,11 +310,11 @@ def parse_nvml(
 
     answers = _driver_answers(slots.values())
     if problems:
-        source = Source("gpu", False, "NVML: " + "; ".join(problems))
-        return GpuView(telemetry="nvml", source=source, slots=slots, **answers)
+        source = Reading("gpu", False, "NVML: " + "; ".join(problems))
+        return GpuView(telemetry="nvml", reading=source, slots=slots, **answers)
     driver = raw.get("driver_version") or "unknown"
     detail = f"NVML driver {driver}, {raw.get('device_count', len(devices))} GPU(s)"
-    return GpuView(telemetry="nvml", source=Source("gpu", True, detail), slots=slots, **answers)
+    return GpuView(telemetry="nvml", reading=Reading("gpu", True, detail), slots=slots, **answers)
 
 
 def _one_card(host: HostConfig, on_card: list[str], dev: Mapping[str, Any]) -> str:
@@ -406,7 +406,7 @@ def _missing(slot: str, index: int | None, uuid: str | None, why: str) -> GpuSlo
 def _unavailable(host: HostConfig, detail: str) -> GpuView:
     return GpuView(
         telemetry="nvml",
-        source=Source("gpu", False, detail),
+        reading=Reading("gpu", False, detail),
         slots={slot: GpuSlotView(slot=slot, index=g.index, uuid=g.uuid, error=detail) for slot, g in host.gpus.items()},
     )
 
@@ -484,7 +484,7 @@ def observe_gpus(
     if host.gpu_telemetry == "none":
         return GpuView(
             telemetry="none",
-            source=Source("gpu", True, "GPU occupancy from Docker alone"),
+            reading=Reading("gpu", True, "GPU occupancy from Docker alone"),
             slots={slot: GpuSlotView(slot=slot, index=g.index, uuid=g.uuid) for slot, g in host.gpus.items()},
         )
     if container_of is None:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from reconciler.model import HostConfig, ShmConfig
     from reconciler.observe.containers import EngineObserver
-    from reconciler.plan.observed import ContainerView, GpuView, Listener, NodeHolder, ShmView, Source
+    from reconciler.plan.observed import ContainerView, GpuView, Listener, NodeHolder, Reading, ShmView
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def _processes(
     cfg: ShmConfig,
     *,
     containers: Sequence[ContainerView],
-    docker: Source,
+    docker: Reading,
     settled: Collection[str] = (),
     on_cards: Callable[[tuple[NodeHolder, ...]], None] | None = None,
 ) -> ShmView:

@@ -44,9 +44,9 @@ from reconciler.plan.observed import (
     ContainerView,
     NodeHolder,
     Owner,
+    Reading,
     ShmFile,
     ShmView,
-    Source,
     Tmpfs,
     Uninspectable,
 )
@@ -145,7 +145,7 @@ def build_view(
     deleted: Sequence[ShmFile],
     unreadable: Mapping[int, tuple[str, str]],
     containers: Sequence[ContainerView],
-    docker: Source,
+    docker: Reading,
     proc_error: str = "",
     settled: Collection[str] = (),
 ) -> ShmView:
@@ -161,11 +161,11 @@ def build_view(
     )
     blocking_pids = [u for u in uninspectable if not u.excused]
     if proc_error:
-        proc = Source("proc", False, proc_error)
+        proc = Reading("proc", False, proc_error)
     elif blocking_pids:
         first = blocking_pids[0]
         more = f" and {len(blocking_pids) - 1} more" if len(blocking_pids) > 1 else ""
-        proc = Source(
+        proc = Reading(
             "proc",
             False,
             f"pid {first.pid} ({first.command or '?'}) cannot be inspected: {first.reason}{more}; if that process "
@@ -173,7 +173,7 @@ def build_view(
             cause="uninspectable",
         )
     else:
-        proc = Source("proc", True)
+        proc = Reading("proc", True)
 
     blocking = offload_blockers(containers, holders, settled)
     if not docker.ok:
@@ -227,7 +227,7 @@ def unavailable_view(
     *,
     listing: DirListing,
     containers: Sequence[ContainerView],
-    docker: Source,
+    docker: Reading,
     proc_error: str,
     settled: Collection[str] = (),
 ) -> ShmView:
@@ -306,7 +306,7 @@ def inspect_shm(
     cfg: ShmConfig | ShmSettings,
     *,
     containers: Sequence[ContainerView],
-    docker: Source,
+    docker: Reading,
     proc_root: str = "/proc",
     workers: int | None = None,
     settled: Collection[str] = (),
@@ -498,11 +498,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.docker_url:
         containers, docker = EngineObserver(args.docker_url).observe()
     else:
-        containers, docker = (), Source("docker", False, "not consulted (no --docker-url)")
+        containers, docker = (), Reading("docker", False, "not consulted (no --docker-url)")
     view = inspect_shm(cfg, containers=containers, docker=docker, workers=args.workers)
     # json.dumps without indent runs the C encoder in one go; json.dump would write piece by piece.
     sys.stdout.write(json.dumps(status_json(view)) + "\n")
-    return 0 if view.sources_ok else 1
+    return 0 if view.readings_ok else 1
 
 
 if __name__ == "__main__":

@@ -18,7 +18,10 @@ class BlockerCause(StrEnum):
     """What kind of problem keeps a change from being made, in the order the advice for each is given: the value is
     the ``cause`` of a blocker in the plan's JSON (the external contract: never renamed)."""
 
-    SOURCE = "source"  # a source could not vouch for the slots or the offload files: telemetry down, GPU not found
+    # A reading of the host (the engine, /proc and the offload dir, the GPUs) could not vouch for the slots or the
+    # offload files: telemetry down, a GPU not found. Its JSON word is "source" since the first release (kept: the
+    # contract); in the code "source" is the git source alone.
+    UNSEEN = "source"
     ADOPT = "adopt"  # a container carries this host's labels but not this install's id
     HELD = "held"  # something not ours, or another assignment of ours, holds a slot
     MEMORY = "memory"  # the card has VRAM in use and lists no process (or not enough free to wake a lane)
@@ -41,8 +44,8 @@ class BlockerCause(StrEnum):
 
 
 _ADVICE: dict[BlockerCause, str] = {
-    BlockerCause.SOURCE: "A source could not vouch for the slots or the offload files, so nothing that needs it is "
-    "changed: fix the source named above.",
+    BlockerCause.UNSEEN: "A reading of the host (the engine, /proc, the GPUs) could not vouch for the slots or the "
+    "offload files, so nothing that needs it is changed: fix what the reading named above says.",
     BlockerCause.ADOPT: "A container with this host's labels but without this install's id is never stopped unasked: "
     "adopt it (`reconciler adopt NAME`, logged) if it is this host's lane, or remove it.",
     BlockerCause.HELD: "The reconciler never stops what it does not own: free the slot or change the manifest.",
@@ -60,10 +63,10 @@ _ADVICE: dict[BlockerCause, str] = {
     BlockerCause.RECIPE: "The recipe contradicts itself: make its command agree with its keys.",
 }
 
-# An enter's own knowable failures that name no holder (image, runtime, recipe) are counted with the sources; one
+# An enter's own knowable failures that name no holder (image, runtime, recipe) are counted with the readings; one
 # that names a holder (port) with the holders.
 _REFUSAL: dict[BlockerCause, str] = {
-    BlockerCause.SOURCE: "source_unavailable",
+    BlockerCause.UNSEEN: "source_unavailable",
     BlockerCause.ADOPT: "gpu_held",
     BlockerCause.HELD: "gpu_held",
     BlockerCause.MEMORY: "gpu_held",

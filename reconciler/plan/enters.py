@@ -127,7 +127,7 @@ def _offload_problems(r: EnterRound, d: DesiredAssignment, room: int) -> Problem
     file: judged here, not only against the tmpfs size at load."""
     shm = r.observed.shm
     if not (shm.proc.ok and shm.docker.ok):
-        return [Problem("offload files cannot be inspected: " + _sources(shm), "", BlockerCause.SOURCE)]
+        return [Problem("offload files cannot be inspected: " + _sources(shm), "", BlockerCause.UNSEEN)]
     reserve = r.desired.host.shm.reserve_bytes
     if d.offload_bytes + reserve <= room:
         return []

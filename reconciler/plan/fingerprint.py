@@ -117,7 +117,7 @@ def observed_parts(observed: Observed) -> dict[str, list[str]]:
         + [f"gpu runtime {e.gpu_runtime}", f"ports looked up {','.join(map(str, sorted(e.ports))) or '-'}"]
         + [f"listener {x.address}:{x.port} pid {x.pid} in {(x.container_id or '-')[:12]}" for x in e.listeners]
     )
-    sources = sorted(f"{s.name} {'ok' if s.ok else 'unavailable'}" for s in observed.sources.values())
+    sources = sorted(f"{s.name} {'ok' if s.ok else 'unavailable'}" for s in observed.readings.values())
     return {
         "containers": containers,
         "gpus": gpus,

@@ -48,8 +48,9 @@ INACTIVE_STATES = NEVER_STARTED_STATES | ENDED_STATES
 
 
 @dataclass(frozen=True)
-class Source:
-    """Whether one observation source answered completely."""
+class Reading:
+    """One reading of the host (the engine, /proc and the offload dir, the GPUs) and whether it answered completely.
+    ("source" in this code is the git source alone; the JSON keeps its word ``sources`` for these readings.)"""
 
     name: str  # "docker" | "proc" | "gpu"
     ok: bool
@@ -176,7 +177,7 @@ class GpuView:
     """GPU telemetry for all configured slots. With ``telemetry == "none"`` there are no processes to see."""
 
     telemetry: str  # "nvml" | "none"
-    source: Source
+    reading: Reading
     slots: dict[str, GpuSlotView] = field(default_factory=dict)
     # What the driver answers, learnt from its answers: "reported", "not reported" (NVML's N/A: WSL2), or
     # "unknown" (nothing to judge by: no process listed, telemetry none or down).
@@ -248,8 +249,8 @@ class ShmView:
     dir: str
     pattern: str
     tmpfs: Tmpfs
-    proc: Source
-    docker: Source
+    proc: Reading
+    docker: Reading
     files: tuple[ShmFile, ...] = ()
     # Running containers with native offload configured: while any exists, nothing is reclaimed.
     blocking_containers: tuple[str, ...] = ()
@@ -261,7 +262,7 @@ class ShmView:
     skipped: tuple[tuple[str, str], ...] = ()
 
     @property
-    def sources_ok(self) -> bool:
+    def readings_ok(self) -> bool:
         return self.proc.ok and self.docker.ok
 
     def by_state(self, state: str) -> tuple[ShmFile, ...]:
@@ -353,7 +354,7 @@ class Observed:
     containers: tuple[ContainerView, ...]
     gpus: GpuView
     shm: ShmView
-    docker: Source
+    docker: Reading
     ownership: Ownership = Ownership()
     enter: EnterFacts = EnterFacts()
     # Container id -> its lane's own answer to GET /is_sleeping (lanes whose recipe has [sleep]); absent: not asked,
@@ -365,21 +366,21 @@ class Observed:
     card_nodes: CardNodes = CardNodes()
 
     @property
-    def sources(self) -> dict[str, Source]:
-        return {"docker": self.docker, "proc": self.shm.proc, "gpu": self.gpus.source}
+    def readings(self) -> dict[str, Reading]:
+        return {"docker": self.docker, "proc": self.shm.proc, "gpu": self.gpus.reading}
 
-    def unavailable(self) -> list[Source]:
-        return [s for s in self.sources.values() if not s.ok]
+    def unavailable(self) -> list[Reading]:
+        return [s for s in self.readings.values() if not s.ok]
 
 
-ENGINE_ANSWERED = Source("docker", True)
+ENGINE_ANSWERED = Reading("docker", True)
 
 
 def observation(
     host: str,
     *,
     containers: Collection[ContainerView] = (),
-    docker: Source = ENGINE_ANSWERED,
+    docker: Reading = ENGINE_ANSWERED,
     gpus: GpuView | None = None,
     shm: ShmView | None = None,
     **facts: Any,
@@ -390,7 +391,7 @@ def observation(
     /dev/shm whose /proc scan was whole and whose ``docker`` source is the observation's own, and every other field
     of ``Observed`` (``facts``, by its name) its own default."""
     if gpus is None:
-        gpus = GpuView(telemetry="none", source=Source("gpu", True, "GPU occupancy from Docker alone"))
+        gpus = GpuView(telemetry="none", reading=Reading("gpu", True, "GPU occupancy from Docker alone"))
     if shm is None:
-        shm = ShmView("/dev/shm", "vllm_offload_*.mmap", Tmpfs(0, 0, 0), Source("proc", True), docker)
+        shm = ShmView("/dev/shm", "vllm_offload_*.mmap", Tmpfs(0, 0, 0), Reading("proc", True), docker)
     return Observed(host=host, containers=tuple(containers), gpus=gpus, shm=shm, docker=docker, **facts)

@@ -138,7 +138,7 @@ def wake_memory_problems(
     again before the call), the memory its wake takes must be free beyond the card's reserve; else who holds it."""
     gpus = observed.gpus
     mem = observed.lane_memory.get(c.id)
-    if gpus.telemetry != "nvml" or not gpus.source.ok or mem is None:
+    if gpus.telemetry != "nvml" or not gpus.reading.ok or mem is None:
         return []
     problems: Problems = []
     for slot in c.slots:

@@ -71,7 +71,7 @@ def identity_problems(
 ) -> Problems:
     """Why ``d`` cannot be entered whatever holds its slots: a slot given twice or sharing a card, or a container
     that is not ours already carrying the name its container would get (the engine would refuse the create)."""
-    problems = [Problem(unsound[s], "", BlockerCause.SOURCE) for s in dict.fromkeys(d.slots) if s in unsound]
+    problems = [Problem(unsound[s], "", BlockerCause.UNSEEN) for s in dict.fromkeys(d.slots) if s in unsound]
     name = container_name(d.recipe, d.slots)
     for c in observed.containers:
         if c.name == name and c.id not in leaving and not is_ours(c, desired.host.name, observed.ownership):
@@ -99,9 +99,9 @@ def slot_problems(
     problems: Problems = []
     gpus = observed.gpus
     ids = slot_ids(desired.host, observed)
-    if not gpus.source.ok:
+    if not gpus.reading.ok:
         problems.append(
-            Problem(f"GPU telemetry ({gpus.telemetry}) unavailable: {gpus.source.detail}", "", BlockerCause.SOURCE)
+            Problem(f"GPU telemetry ({gpus.telemetry}) unavailable: {gpus.reading.detail}", "", BlockerCause.UNSEEN)
         )
     for c, slots in _holders_of(d, holders):
         problems.append(_holder_problem(c, slots, ids, observed, desired))
@@ -194,7 +194,7 @@ def _process_problems(
         if view.missing:
             problems.append(
                 Problem(
-                    f"GPU for slot {slot} not found on this host ({view.error or 'missing'})", "", BlockerCause.SOURCE
+                    f"GPU for slot {slot} not found on this host ({view.error or 'missing'})", "", BlockerCause.UNSEEN
                 )
             )
             continue
@@ -232,7 +232,7 @@ def node_problems(
     nodes = observed.card_nodes
     if not nodes.read:
         return [
-            Problem(f"who holds a card's device node open could not be read ({nodes.detail})", "", BlockerCause.SOURCE)
+            Problem(f"who holds a card's device node open could not be read ({nodes.detail})", "", BlockerCause.UNSEEN)
         ]
     problems: Problems = []
     for h in nodes.holders:
@@ -279,7 +279,7 @@ def memory_problems(
     another pid namespace). "I see no process" is not "free". A slot a leaving container claims is judged again
     after its leave (the apply layer re-plans after every action)."""
     gpus = observed.gpus
-    if gpus.telemetry != "nvml" or not gpus.source.ok:
+    if gpus.telemetry != "nvml" or not gpus.reading.ok:
         return []
     going = claimed_by(ids, desired, observed, leaving)
     problems: Problems = []

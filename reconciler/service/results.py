@@ -57,7 +57,7 @@ class PlanResult:
         data = self.plan.to_json()
         if self.aliases:
             data["aliases"] = self.aliases
-        data["sources"] = {n: v.render() for n, v in self.observed.sources.items()}
+        data["sources"] = {n: v.render() for n, v in self.observed.readings.items()}
         if self.plan_id:
             data["plan_id"] = self.plan_id
         if self.observed.unavailable():

@@ -28,7 +28,7 @@ class ShmStatusResult:
 
     @property
     def exit_code(self) -> int:
-        return EXIT_OK if self.view.sources_ok else EXIT_ERROR
+        return EXIT_OK if self.view.readings_ok else EXIT_ERROR
 
 
 def shm_status(host: HostConfig) -> ShmStatusResult:

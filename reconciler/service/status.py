@@ -50,7 +50,7 @@ def status_data(
     by_id = {c.id: c for c in observed.containers}
     # What could not be observed is unknown, never "free": without Docker no container is known, and without GPU
     # telemetry (where the host has it) a process outside any container may hold a slot.
-    blind = [s.name for s in (observed.docker, observed.gpus.source) if not s.ok]
+    blind = [s.name for s in (observed.docker, observed.gpus.reading) if not s.ok]
     slots: dict[str, Any] = {}
     ids = slot_ids(desired.host, observed)
     # The processes holding a card's node open, by the slots they hold (safety rule 11).
@@ -80,7 +80,7 @@ def status_data(
                 }
             )
         d = want.get(slot)
-        nvml_ok = observed.gpus.telemetry == "nvml" and observed.gpus.source.ok
+        nvml_ok = observed.gpus.telemetry == "nvml" and observed.gpus.reading.ok
         fig = slot_vram(desired.host, view) if nvml_ok else None
         unlisted = unlisted_used_bytes(desired.host, view) if nvml_ok and not holders else None
         slots[slot] = {
@@ -135,13 +135,13 @@ def status_data(
         # The standby topologies' lanes kept asleep beside the running ones (sleeping lanes): wanted, not serving.
         "standby": [{"recipe": a.recipe, "gpus": list(a.slots)} for a in desired.standby],
         "gpu_telemetry": observed.gpus.telemetry,
-        "gpu_source": observed.gpus.source.detail or observed.gpus.source.render(),
+        "gpu_source": observed.gpus.reading.detail or observed.gpus.reading.render(),
         # What the driver answers (learnt from its answers): "reported", "not reported" (WSL2), "unknown".
         "gpu_driver_reports": {
             "process_memory": observed.gpus.process_memory,
             "utilization": observed.gpus.utilization,
         },
-        "sources": {n: v.render() for n, v in observed.sources.items()},
+        "sources": {n: v.render() for n, v in observed.readings.items()},
         "slots": slots,
         "containers": [
             {

@@ -36,9 +36,9 @@ from reconciler.plan.observed import (
     GpuView,
     Observed,
     Owner,
+    Reading,
     ShmFile,
     ShmView,
-    Source,
     Tmpfs,
     observation,
 )
@@ -99,15 +99,15 @@ def busy_state() -> tuple[HostConfig, Observed, Plan]:
         dir="/dev/shm",
         pattern="vllm_offload_*.mmap",
         tmpfs=Tmpfs(64 * GiB, 8 * GiB, 56 * GiB),
-        proc=Source("proc", True),
-        docker=Source("docker", True),
+        proc=Reading("proc", True),
+        docker=Reading("docker", True),
         files=files,
         deleted_mapped_bytes=GiB,
     )
     observed = observation(
         "workstation",
         containers=(omni, other, *stopped),
-        gpus=GpuView(telemetry="nvml", source=Source("gpu", True), slots=slots),
+        gpus=GpuView(telemetry="nvml", reading=Reading("gpu", True), slots=slots),
         shm=shm,
         docker=shm.docker,
     )

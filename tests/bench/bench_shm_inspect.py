@@ -178,14 +178,14 @@ def main() -> int:
         sys.path.insert(0, str(REPO))
         from reconciler.observe.shapes import status_json
         from reconciler.observe.shm import inspect_shm
-        from reconciler.plan.observed import Source
+        from reconciler.plan.observed import Reading
 
         class Cfg:
             dir = str(shm)
             pattern = "vllm_offload_*.mmap"
             ignore_uninspectable_pids = (1,)  # unreadable even by root on these machines
 
-        ok = Source("docker", True)
+        ok = Reading("docker", True)
         py = [sys.executable, "-m", "reconciler.observe.shm", "--dir", str(shm), "--ignore-pid", "1"]
         os.environ["PYTHONPATH"] = str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")
 

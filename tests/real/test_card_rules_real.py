@@ -21,7 +21,7 @@ from e2e_helpers import IMAGE, SLEEP, Root, docker_cli, shm_config, wait_until
 
 from reconciler.observe.procfs import NVIDIA_MAJOR, scan_holders
 from reconciler.observe.shm import inspect_shm
-from reconciler.plan.observed import NodeHolder, Source
+from reconciler.plan.observed import NodeHolder, Reading
 
 # A container process that makes a card's node inside itself and holds it open, then sleeps.
 _MKNOD_AND_HOLD = (
@@ -59,7 +59,7 @@ def test_a_process_holding_a_card_node_open_is_named_by_pid(tmp_path: Path) -> N
         found: list[tuple[NodeHolder, ...]] = []
         shm = tmp_path / "shm"
         shm.mkdir()
-        inspect_shm(shm_config(shm), containers=(), docker=Source("docker", True), on_cards=found.append)
+        inspect_shm(shm_config(shm), containers=(), docker=Reading("docker", True), on_cards=found.append)
         (holders,) = found
         mine = [h for h in holders if h.pid == card.pid]
         assert [(h.minor, h.container_id) for h in mine] == [(3, None)], holders

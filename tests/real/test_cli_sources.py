@@ -53,7 +53,7 @@ def _plan(*blockers: Blocker) -> Plan:
 def test_blocked_advice_follows_the_cause() -> None:
     s = Style(color=False)
     source = Blocker(
-        "r", ("a",), "offload files cannot be inspected: proc unavailable: pid 1 ...", "", cause=BlockerCause.SOURCE
+        "r", ("a",), "offload files cannot be inspected: proc unavailable: pid 1 ...", "", cause=BlockerCause.UNSEEN
     )
     held = Blocker(
         "r", ("a",), "container x holds GPU slot a and is not managed by this tool", "x", cause=BlockerCause.HELD
@@ -61,7 +61,7 @@ def test_blocked_advice_follows_the_cause() -> None:
     room = Blocker("r", ("a",), "tmpfs would have 1 MiB free", "tmpfs", cause=BlockerCause.TMPFS)
     assert (source.cause, held.cause, room.cause) == ("source", "held", "tmpfs")
     only_source = render_plan(_plan(source), None, s)
-    assert "fix the source named above" in only_source and "never stops" not in only_source
+    assert "fix what the reading named above says" in only_source and "never stops" not in only_source
     only_held = render_plan(_plan(held), None, s)
     assert "free the slot or change the manifest" in only_held and "source" not in only_held.split("Blocked")[1]
     assert "Make room on the offload tmpfs" in render_plan(_plan(room), None, s)

@@ -253,7 +253,7 @@ def test_tp2_offload_lane_its_owners_and_gpu_processes_are_its_container_and_orp
         name=root.host, gpus={A: {"index": 0}, B: {"index": 1}}, gpu_telemetry="nvml", docker=desired_host.docker
     )
     view = observe_gpus(gpu_host, read=lambda _h: nvml)
-    assert view.source.ok, view.source
+    assert view.reading.ok, view.reading
     assert [(p.pid, p.container_id) for p in view.slots[A].processes] == [(workers[0], cid)]
     assert {(p.pid, p.container_id) for p in view.slots[B].processes} == {(workers[1], cid), (os.getpid(), None)}
 

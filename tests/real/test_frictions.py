@@ -84,11 +84,11 @@ def test_iso_time_carries_the_local_zone() -> None:
 def test_the_plan_header_says_gpu_n_a_without_gpu_telemetry() -> None:
     from reconciler.cli.render import Style, render_plan
     from reconciler.plan.actions import Plan
-    from reconciler.plan.observed import GpuView, Source, observation
+    from reconciler.plan.observed import GpuView, Reading, observation
 
     def header(telemetry: str) -> str:
         obs = observation(
-            "demo", gpus=GpuView(telemetry=telemetry, source=Source("gpu", True, "GPU occupancy from Docker alone"))
+            "demo", gpus=GpuView(telemetry=telemetry, reading=Reading("gpu", True, "GPU occupancy from Docker alone"))
         )
         return render_plan(Plan(host="demo"), obs, Style(color=False)).splitlines()[0]
 

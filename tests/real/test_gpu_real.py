@@ -94,7 +94,7 @@ def _pids(view: GpuView) -> list[int]:
 @needs_gpu
 def test_the_cuda_process_is_on_its_slot_with_its_memory(holder: dict[str, Any]) -> None:
     view = _until(lambda v: holder["pid"] in _pids(v))
-    assert view.source.ok, view.source.detail
+    assert view.reading.ok, view.reading.detail
     slot = view.slots["dark-compute-a"]
     assert slot.index == 0 and not slot.missing
     assert slot.uuid and slot.uuid.startswith("GPU-")
@@ -114,7 +114,7 @@ def test_the_cuda_process_is_on_its_slot_with_its_memory(holder: dict[str, Any])
 def test_a_slot_given_by_uuid_finds_the_same_gpu(holder: dict[str, Any]) -> None:
     uuid = PROBE["devices"][0]["uuid"]
     view = observe_gpus(host({"uuid": uuid}))
-    assert view.source.ok, view.source.detail
+    assert view.reading.ok, view.reading.detail
     slot = view.slots["dark-compute-a"]
     assert (slot.index, slot.uuid) == (0, uuid)
     assert holder["pid"] in [p.pid for p in slot.processes]
@@ -125,7 +125,7 @@ def test_a_slot_given_by_uuid_finds_the_same_gpu(holder: dict[str, Any]) -> None
 def test_a_slot_past_the_last_gpu_is_missing() -> None:
     count = PROBE["device_count"]
     view = observe_gpus(host({"index": count}))
-    assert view.source.ok
+    assert view.reading.ok
     slot = view.slots["dark-compute-a"]
     assert slot.missing
     assert f"no GPU with index {count}; this host has {count} GPU(s)" in slot.error
@@ -161,12 +161,12 @@ def test_two_slots_naming_one_card_block_every_enter(holder: dict[str, Any], gpu
         docker={"gpu_requests": gpu_requests},
     )
     view = observe_gpus(two)
-    assert not view.source.ok
+    assert not view.reading.ok
     assert (
         f"configs/host.yaml gpus: slots '{a}' (uuid {uuid}) and '{b}' (index 0) are one card, GPU 0 ({uuid})"
-        in view.source.detail
-    ), view.source.detail
-    assert "give each slot its own card in configs/host.yaml" in view.source.detail
+        in view.reading.detail
+    ), view.reading.detail
+    assert "give each slot its own card in configs/host.yaml" in view.reading.detail
     assert view.slots[a].index == view.slots[b].index == 0 and view.slots[a].uuid == view.slots[b].uuid == uuid
     for manifest in (((a,), (b,)), ((a, b),)):  # a recipe on each slot; one TP=2 lane on both
         recipe = make_recipe(tp=len(manifest[0]))
@@ -192,7 +192,7 @@ def test_the_process_is_gone_from_the_slot_once_it_exits(holder: dict[str, Any])
     proc.stdin.close()
     proc.wait(timeout=30)
     view = _until(lambda v: holder["pid"] not in _pids(v))
-    assert view.source.ok
+    assert view.reading.ok
     assert holder["pid"] not in _pids(view)
 
 
@@ -200,7 +200,7 @@ def test_the_process_is_gone_from_the_slot_once_it_exits(holder: dict[str, Any])
 def test_without_nvml_the_source_is_unavailable() -> None:
     view = observe_gpus(host({"index": 0}))
     assert view.telemetry == "nvml"
-    assert not view.source.ok
-    assert view.source.detail.startswith("NVML: NVMLError_")
-    assert view.source.detail.endswith("set 'gpu_telemetry: none' in configs/host.yaml")
+    assert not view.reading.ok
+    assert view.reading.detail.startswith("NVML: NVMLError_")
+    assert view.reading.detail.endswith("set 'gpu_telemetry: none' in configs/host.yaml")
     assert view.slots["dark-compute-a"].processes == ()

@@ -51,7 +51,7 @@ from reconciler.loop.refusals import pass_refusals, reclaim_refusals
 from reconciler.model import DesiredAssignment, DesiredState, HostConfig
 from reconciler.plan.actions import Action, ActionKind, Blocker, Plan
 from reconciler.plan.causes import BlockerCause
-from reconciler.plan.observed import ShmFile, ShmView, Source, Tmpfs
+from reconciler.plan.observed import Reading, ShmFile, ShmView, Tmpfs
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
 
@@ -473,7 +473,7 @@ def test_pass_refusals_name_what_stands_in_the_way() -> None:
     )
     room = Blocker("lane", (A, B), "tmpfs /dev/shm would have 1 GiB free ...", "tmpfs", cause=BlockerCause.TMPFS)
     nvml = Blocker(
-        "omni", (A,), "GPU telemetry (nvml) unavailable: NVML: Driver Not Loaded", "", cause=BlockerCause.SOURCE
+        "omni", (A,), "GPU telemetry (nvml) unavailable: NVML: Driver Not Loaded", "", cause=BlockerCause.UNSEEN
     )
 
     def result(kind: str, p: Plan) -> PassResult:
@@ -493,13 +493,13 @@ def _file(path: str, *, inode: int = 7, size: int = 4096, state: str = "orphan")
 
 
 def _view(*files: ShmFile) -> ShmView:
-    ok = Source("proc", True)
+    ok = Reading("proc", True)
     return ShmView(
         dir="/s",
         pattern="vllm_offload_*.mmap",
         tmpfs=Tmpfs(1, 0, 1),
         proc=ok,
-        docker=Source("docker", True),
+        docker=Reading("docker", True),
         files=files,
     )
 
@@ -532,12 +532,12 @@ def test_reclaim_refusals_map_the_guards_reasons() -> None:
         return reclaim_refusals(_result(refused=r.text, refused_code=r.code))
 
     assert refused(replace(_view(), blocking_containers=("lane",))) == ["offload_container_running"]
-    assert refused(replace(_view(), docker=Source("docker", False, "connection refused", cause="down"))) == [
+    assert refused(replace(_view(), docker=Reading("docker", False, "connection refused", cause="down"))) == [
         "source_unavailable"
     ]
-    stuck = Source("proc", False, "pid 77 (python3) cannot be inspected: Permission denied", cause="uninspectable")
+    stuck = Reading("proc", False, "pid 77 (python3) cannot be inspected: Permission denied", cause="uninspectable")
     assert refused(replace(_view(), proc=stuck)) == ["uninspectable_process"]
-    assert refused(replace(_view(), proc=Source("proc", False, "/proc did not settle"))) == ["source_unavailable"]
+    assert refused(replace(_view(), proc=Reading("proc", False, "/proc did not settle"))) == ["source_unavailable"]
     # A pattern match that is no plain file, kept from the first inspection: its code.
     skipped = replace(_view(), skipped=(("/s/vllm_offload_l.mmap", "a symlink (to '/etc'): never followed"),))
     assert reclaim_refusals(_result(kept=tuple(_kept_from(skipped)))) == ["invalid_entry"]

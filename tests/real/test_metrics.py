@@ -55,9 +55,9 @@ from reconciler.plan.observed import (
     Observed,
     Owner,
     Ownership,
+    Reading,
     ShmFile,
     ShmView,
-    Source,
     Tmpfs,
     Uninspectable,
     observation,
@@ -125,15 +125,15 @@ def make_observed(
         dir="/dev/shm",
         pattern="vllm_offload_*.mmap",
         tmpfs=tmpfs,
-        proc=Source("proc", proc_ok, "" if proc_ok else "/proc/77/maps: Permission denied"),
-        docker=Source("docker", docker_ok, "" if docker_ok else "connection refused"),
+        proc=Reading("proc", proc_ok, "" if proc_ok else "/proc/77/maps: Permission denied"),
+        docker=Reading("docker", docker_ok, "" if docker_ok else "connection refused"),
         files=files,
         deleted_mapped=deleted,
         deleted_mapped_bytes=sum(f.allocated_bytes for f in deleted),
         uninspectable=uninspectable,
     )
     gpus = GpuView(
-        telemetry=telemetry, source=Source("gpu", gpu_ok, "" if gpu_ok else "NVML: Driver Not Loaded"), slots=slots
+        telemetry=telemetry, reading=Reading("gpu", gpu_ok, "" if gpu_ok else "NVML: Driver Not Loaded"), slots=slots
     )
     return observation("workstation", containers=containers, gpus=gpus, shm=shm, docker=shm.docker)
 

@@ -27,7 +27,7 @@ from reconciler.apply.shm_results import ReclaimResult
 from reconciler.model import ShmConfig
 from reconciler.observe.containers import EngineObserver
 from reconciler.observe.shm import inspect_shm
-from reconciler.plan.observed import ContainerView, ShmView, Source
+from reconciler.plan.observed import ContainerView, Reading, ShmView
 
 PATTERN = "vllm_offload_*.mmap"
 REPO = Path(__file__).resolve().parents[2]
@@ -37,12 +37,12 @@ DOCKER_URL = os.environ.get("RECONCILER_TEST_DOCKER_URL", "unix:///var/run/docke
 
 pytestmark = pytest.mark.root
 
-Observation = tuple[tuple[ContainerView, ...], Source]
+Observation = tuple[tuple[ContainerView, ...], Reading]
 
 
 def engine_without_containers() -> Observation:
     """An engine that answers and runs nothing: the in-memory stand-in for the non-Docker cases."""
-    return (), Source("docker", True)
+    return (), Reading("docker", True)
 
 
 # ---------------------------------------------------------------- fixtures and helpers
@@ -439,7 +439,7 @@ def test_reclaim_is_not_verified_when_a_name_survives_its_unlink(shm: Path, monk
 def test_source_failing_at_the_second_inspection_removes_nothing(shm: Path) -> None:
     path = shm / "vllm_offload_a.mmap"
     make_file(path, MIB)
-    answers = iter([engine_without_containers(), ((), Source("docker", False, "unix:///x: connection refused"))])
+    answers = iter([engine_without_containers(), ((), Reading("docker", False, "unix:///x: connection refused"))])
 
     result = run_reclaim(shm, observe_docker=lambda: next(answers))
     assert not result.ok and result.reclaimed == () and path.exists()
@@ -659,14 +659,17 @@ def test_vanished_pid_is_gone_but_unreadable_pid_fails_closed(shm: Path, tmp_pat
     proc = tmp_path / "proc"
     _fake_proc(proc, path, st.st_dev, st.st_ino)
 
-    view = inspect_shm(config(shm), containers=(), docker=Source("docker", True), proc_root=str(proc))
+    view = inspect_shm(config(shm), containers=(), docker=Reading("docker", True), proc_root=str(proc))
     assert [u.pid for u in view.uninspectable] == [4242], "4343 exited: gone, not uninspectable"
     assert not view.proc.ok and "pid 4242" in view.proc.detail
     f = file_in(view, path)
     assert [(o.pid, o.via) for o in f.owners] == [(4444, "map"), (4444, "fd")]
 
     excused = inspect_shm(
-        config(shm, ignore_uninspectable_pids=[4242]), containers=(), docker=Source("docker", True), proc_root=str(proc)
+        config(shm, ignore_uninspectable_pids=[4242]),
+        containers=(),
+        docker=Reading("docker", True),
+        proc_root=str(proc),
     )
     assert excused.proc.ok and excused.uninspectable[0].excused
 
@@ -1151,7 +1154,7 @@ def test_cli_reclaim_removes_only_the_paths_the_dry_run_listed(shm: Path, tmp_pa
 def _starting_offload_lane() -> Observation:
     """An engine running one native-offload container that is not settled yet (another lane still entering)."""
     lane = ContainerView(id="b" * 64, name="reconciler-starting-lane", state="running", image="i", offload=True)
-    return (lane,), Source("docker", True)
+    return (lane,), Reading("docker", True)
 
 
 def test_a_stopped_containers_own_file_goes_while_another_offload_lane_is_starting(shm: Path) -> None:

@@ -21,7 +21,7 @@ from e2e_helpers import make_file, shm_config
 from reconciler.apply.shm_guard import reclaim
 from reconciler.model import ShmConfig
 from reconciler.observe.procfs import scan_holders
-from reconciler.plan.observed import Source
+from reconciler.plan.observed import Reading
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER_URL = os.environ.get("RECONCILER_TEST_DOCKER_URL", "unix:///var/run/docker.sock")
@@ -123,8 +123,8 @@ def config(d: Path, **kw: object) -> ShmConfig:
     return shm_config(d, **{"confirm_interval_s": 0.05, **kw})  # type: ignore[no-any-return]
 
 
-def no_containers() -> tuple[tuple[()], Source]:
-    return (), Source("docker", True)
+def no_containers() -> tuple[tuple[()], Reading]:
+    return (), Reading("docker", True)
 
 
 def _write_root(root: Path, shm: Path) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from reconciler.apply.shm_results import KeptFile, ReclaimResult, RemovedFile
 from reconciler.cli.shm import render_reclaim, render_status
 from reconciler.observe.shapes import status_json
-from reconciler.plan.observed import Owner, ShmFile, ShmView, Source, Tmpfs, Uninspectable
+from reconciler.plan.observed import Owner, Reading, ShmFile, ShmView, Tmpfs, Uninspectable
 
 GIB = 1 << 30
 
@@ -14,8 +14,8 @@ VIEW = ShmView(
     dir="/dev/shm",
     pattern="vllm_offload_*.mmap",
     tmpfs=Tmpfs(size_bytes=32 * GIB, used_bytes=31 * GIB, free_bytes=1 * GIB),
-    proc=Source("proc", True),
-    docker=Source("docker", True),
+    proc=Reading("proc", True),
+    docker=Reading("docker", True),
     files=(
         ShmFile(
             "/dev/shm/vllm_offload_a.mmap",

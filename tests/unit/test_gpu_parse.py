@@ -15,7 +15,7 @@ import pytest
 from reconciler.model import DesiredAssignment, DesiredState, HostConfig, Recipe
 from reconciler.observe.gpu import engine_container_of, observe_gpus, parse_nvml, read_nvml, slots_of_container
 from reconciler.observe.procfs import container_of_pid, innermost_known, parse_cgroup_container_ids
-from reconciler.plan.observed import ENGINE_ANSWERED, GpuView, Observed, ShmView, Source, Tmpfs, observation
+from reconciler.plan.observed import ENGINE_ANSWERED, GpuView, Observed, Reading, ShmView, Tmpfs, observation
 from reconciler.plan.planner import plan
 
 DATA = Path(__file__).parent.parent / "data"
@@ -87,8 +87,8 @@ def with_devices(*devices: dict[str, Any], **top: Any) -> dict[str, Any]:
 def test_slots_by_index_carry_name_uuid_memory_and_processes() -> None:
     view = parse_nvml(TWO_GPUS, SPLIT, **procs({4242: DOCKER_V2_SYSTEMD}, {4242: "python3 -m vllm.entrypoints"}))
     assert view.telemetry == "nvml"
-    assert view.source.ok, view.source.detail
-    assert view.source.detail == "NVML driver 580.159.03, 2 GPU(s)"
+    assert view.reading.ok, view.reading.detail
+    assert view.reading.detail == "NVML driver 580.159.03, 2 GPU(s)"
     a, b = view.slots["dark-compute-a"], view.slots["dark-compute-b"]
     assert (a.index, a.uuid, a.processes, a.missing) == (0, UUID_0, (), False)
     assert (a.memory_total_bytes, a.memory_used_bytes) == (102641958912, 564330496)
@@ -109,7 +109,7 @@ def test_slot_by_uuid_follows_the_uuid_not_the_order() -> None:
     # The slot names GPU 1 by UUID: a reordered bus must not move it.
     h = host({"dark-compute-a": {"uuid": UUID_1}, "dark-compute-b": {"uuid": UUID_0}})
     view = parse_nvml(TWO_GPUS, h, **procs({}))
-    assert view.source.ok
+    assert view.reading.ok
     assert view.slots["dark-compute-a"].index == 1
     assert [p.pid for p in view.slots["dark-compute-a"].processes] == [4242]
     assert view.slots["dark-compute-b"].index == 0
@@ -137,7 +137,7 @@ def test_missing_index_is_missing_and_names_the_file_and_count() -> None:
     h = host({"dark-compute-a": {"index": 0}, "dark-compute-b": {"index": 1}})
     raw = with_devices(TWO_GPUS["devices"][0])  # the second card fell off the bus
     view = parse_nvml(raw, h, **procs({}))
-    assert view.source.ok  # the rest of the host is still known; the planner blocks the one slot
+    assert view.reading.ok  # the rest of the host is still known; the planner blocks the one slot
     b = view.slots["dark-compute-b"]
     assert b.missing and b.index == 1
     assert b.error == (
@@ -198,7 +198,7 @@ def test_captured_h200_with_a_cuda_process() -> None:
     cgroup = (DATA / "cgroup" / "host-process-h200-v2.txt").read_text()
     for slot in ({"index": 0}, {"uuid": H200_UUID}, {"index": 0, "uuid": H200_UUID}):
         view = parse_nvml(_captured("h200-busy.json"), host({"dark-compute-a": slot}), **procs({421: cgroup}))
-        assert view.source.ok and view.source.detail == "NVML driver 580.159.04, 1 GPU(s)"
+        assert view.reading.ok and view.reading.detail == "NVML driver 580.159.04, 1 GPU(s)"
         s = view.slots["dark-compute-a"]
         assert (s.index, s.uuid, s.name) == (0, H200_UUID, "NVIDIA H200")
         assert (s.memory_total_bytes, s.memory_used_bytes) == (150754820096, 2367553536)
@@ -210,7 +210,7 @@ def test_captured_h200_with_a_cuda_process() -> None:
 def test_captured_idle_h200_and_a_second_slot_it_does_not_have() -> None:
     h = host({"dark-compute-a": {"index": 0}, "dark-compute-b": {"index": 1}})
     view = parse_nvml(_captured("h200-idle.json"), h, **procs({}))
-    assert view.source.ok
+    assert view.reading.ok
     assert view.slots["dark-compute-a"].processes == () and not view.slots["dark-compute-a"].missing
     assert view.slots["dark-compute-b"].missing
     assert "this host has 1 GPU(s)" in view.slots["dark-compute-b"].error
@@ -231,19 +231,19 @@ def test_captured_idle_h200_and_a_second_slot_it_does_not_have() -> None:
 def test_an_nvml_error_is_an_unavailable_source(error: str) -> None:
     raw = {"error": error, "driver_version": "", "device_count": 0, "devices": [], "read_s": 0.0}
     view = parse_nvml(raw, SPLIT, **procs({}))
-    assert not view.source.ok
+    assert not view.reading.ok
     fix = "on a host without NVIDIA GPUs set 'gpu_telemetry: none' in configs/host.yaml"
-    assert view.source.detail == f"NVML: {error}; {fix}"
+    assert view.reading.detail == f"NVML: {error}; {fix}"
     assert set(view.slots) == {"dark-compute-a", "dark-compute-b"}
-    assert all(s.processes == () and s.error == view.source.detail for s in view.slots.values())
+    assert all(s.processes == () and s.error == view.reading.detail for s in view.slots.values())
 
 
 def test_a_failed_process_list_on_a_configured_gpu_is_unavailable() -> None:
     dev = {**TWO_GPUS["devices"][1], "errors": {"processes": "NVMLError_GpuIsLost: GPU is lost"}}
     dev.pop("processes")
     view = parse_nvml(with_devices(TWO_GPUS["devices"][0], dev), SPLIT, **procs({}))
-    assert not view.source.ok
-    assert view.source.detail == (
+    assert not view.reading.ok
+    assert view.reading.detail == (
         "NVML: configs/host.yaml gpus.dark-compute-b (GPU 1): processes failed: NVMLError_GpuIsLost: GPU is lost"
     )
     assert view.slots["dark-compute-b"].error == "processes failed: NVMLError_GpuIsLost: GPU is lost"
@@ -252,16 +252,16 @@ def test_a_failed_process_list_on_a_configured_gpu_is_unavailable() -> None:
 def test_a_failed_call_on_a_gpu_no_slot_uses_does_not_matter() -> None:
     dev1 = {"index": 1, "errors": {"handle": "NVMLError_Unknown: Unknown Error"}}
     view = parse_nvml(with_devices(TWO_GPUS["devices"][0], dev1), host({"a": {"index": 0}}), **procs({}))
-    assert view.source.ok, view.source.detail
+    assert view.reading.ok, view.reading.detail
 
 
 def test_a_uuid_slot_with_an_unreadable_gpu_is_unknown_not_missing() -> None:
     dev1 = {"index": 1, "errors": {"handle": "NVMLError_GpuIsLost: GPU is lost"}}
     raw = with_devices(TWO_GPUS["devices"][0], dev1)
     view = parse_nvml(raw, host({"b": {"uuid": UUID_1}}), **procs({}))
-    assert not view.source.ok
+    assert not view.reading.ok
     assert not view.slots["b"].missing
-    assert "GPU(s) 1 did not answer" in view.source.detail
+    assert "GPU(s) 1 did not answer" in view.reading.detail
 
 
 def test_observe_never_raises_on_a_broken_read() -> None:
@@ -269,10 +269,10 @@ def test_observe_never_raises_on_a_broken_read() -> None:
         raise RuntimeError("ctypes went away")
 
     view = observe_gpus(SPLIT, read=explode)
-    assert not view.source.ok
-    assert view.source.detail == "NVML answer could not be read: RuntimeError: ctypes went away"
+    assert not view.reading.ok
+    assert view.reading.detail == "NVML answer could not be read: RuntimeError: ctypes went away"
     malformed = observe_gpus(SPLIT, read=lambda _: {"error": None, "devices": [{"name": "no index"}]})
-    assert not malformed.source.ok and "KeyError" in malformed.source.detail
+    assert not malformed.reading.ok and "KeyError" in malformed.reading.detail
 
 
 def test_telemetry_none_never_reads_nvml() -> None:
@@ -280,8 +280,8 @@ def test_telemetry_none_never_reads_nvml() -> None:
         raise AssertionError("NVML read with gpu_telemetry none")
 
     view = observe_gpus(host({"a": {"index": 0}}, telemetry="none"), read=must_not_be_called)
-    assert view.telemetry == "none" and view.source.ok
-    assert view.source.detail == "GPU occupancy from Docker alone"
+    assert view.telemetry == "none" and view.reading.ok
+    assert view.reading.detail == "GPU occupancy from Docker alone"
 
 
 def test_read_without_the_bindings_reports_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -430,7 +430,7 @@ def _recipe() -> Recipe:
 
 def _observed(gpus: GpuView) -> Observed:
     shm = ShmView(
-        "/dev/shm", "vllm_offload_*.mmap", Tmpfs(64 * GIB, 0, 64 * GIB), Source("proc", True), ENGINE_ANSWERED
+        "/dev/shm", "vllm_offload_*.mmap", Tmpfs(64 * GIB, 0, 64 * GIB), Reading("proc", True), ENGINE_ANSWERED
     )
     return observation("workstation", gpus=gpus, shm=shm)
 
@@ -500,7 +500,7 @@ def test_a_cards_device_node_and_mig_devices_are_its_names_too() -> None:
         {**TWO_GPUS["devices"][1], "minor": 0, "mig": [mig], "identity_errors": {}},
     )
     view = parse_nvml(raw, SPLIT, **procs({}))
-    assert view.source.ok
+    assert view.reading.ok
     a, b = view.slots["dark-compute-a"], view.slots["dark-compute-b"]
     assert (a.minor, a.mig_uuids, b.minor, b.mig_uuids) == (1, (), 0, (mig,))
     unknown = parse_nvml(TWO_GPUS, SPLIT, **procs({})).slots["dark-compute-a"]

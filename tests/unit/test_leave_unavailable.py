@@ -13,7 +13,7 @@ from planner_fixtures import make_desired, make_observed
 from reconciler.apply.applier import Applier
 from reconciler.apply.errors import ActionFailed
 from reconciler.plan.actions import Action, ActionKind
-from reconciler.plan.observed import Source
+from reconciler.plan.observed import Reading
 
 CASE = {"recipes": {"omni": {"tp": 1}}, "manifest": []}
 LEAVE = Action(
@@ -25,7 +25,7 @@ def test_a_leave_on_a_list_the_engine_did_not_give_refuses_instead_of_calling_th
     desired = make_desired(CASE)
     observed = make_observed(CASE, desired)
     applier = Applier(desired, connect=False)
-    down = replace(observed, containers=(), docker=Source("docker", False, "list timed out", "slow"))
+    down = replace(observed, containers=(), docker=Reading("docker", False, "list timed out", "slow"))
     with pytest.raises(ActionFailed, match=r"not in the engine's list, which did not answer \(list timed out\)"):
         applier.leave(LEAVE, down)
 

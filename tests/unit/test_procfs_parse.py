@@ -23,7 +23,7 @@ from reconciler.observe.procfs import (
     scan_holders,
 )
 from reconciler.observe.shm import DirEntry, DirListing, build_view, describe_owners, owner_container
-from reconciler.plan.observed import ContainerView, Owner, Source, Tmpfs
+from reconciler.plan.observed import ContainerView, Owner, Reading, Tmpfs
 
 TMPFS = os.makedev(0, 41)  # printed "00:29"
 
@@ -286,7 +286,7 @@ def _view(containers: list[ContainerView], holders: dict[int, list[Owner]], sett
         deleted=(),
         unreadable={},
         containers=containers,
-        docker=Source("docker", True),
+        docker=Reading("docker", True),
         settled=settled,
     )
 

@@ -47,8 +47,8 @@ def test_an_index_beside_a_uuid_is_refused_where_nothing_can_match_them() -> Non
 
 
 def _one_card_error(view: Any, *slots: str) -> str:
-    assert not view.source.ok, view.source.detail
-    detail = view.source.detail
+    assert not view.reading.ok, view.reading.detail
+    detail = view.reading.detail
     assert detail.startswith("NVML: configs/host.yaml gpus: slots "), detail
     for s in slots:
         assert f"'{s}' (" in detail, detail
@@ -63,15 +63,15 @@ def test_a_slot_by_uuid_and_one_by_index_on_the_same_card_make_the_source_unavai
     assert "give each slot its own card in configs/host.yaml" in detail
     # The same with no NVIDIA runtime: nothing in the parse depends on how GPUs reach the container.
     h = HostConfig(name="h", gpus={A: {"uuid": UUID_0}, B: {"index": 0}}, docker={"gpu_requests": False})
-    assert parse_nvml(TWO_GPUS, h, **procs({})).source.detail == detail
+    assert parse_nvml(TWO_GPUS, h, **procs({})).reading.detail == detail
 
 
 def test_only_the_slots_on_one_card_are_named() -> None:
     h = host({A: {"index": 1}, B: {"uuid": UUID_1}, C: {"index": 0}})
     view = parse_nvml(TWO_GPUS, h, **procs({}))
     _one_card_error(view, A, B)
-    assert f"GPU 1 ({UUID_1})" in view.source.detail
-    assert view.slots[C].error == "" and f"'{C}'" not in view.source.detail
+    assert f"GPU 1 ({UUID_1})" in view.reading.detail
+    assert view.slots[C].error == "" and f"'{C}'" not in view.reading.detail
     # A slot whose card is gone does not hide two that share the card still there.
     three = host({A: {"index": 0}, B: {"uuid": UUID_0}, C: {"uuid": UUID_1}})
     raw = {**TWO_GPUS, "devices": [TWO_GPUS["devices"][0]], "device_count": 1}
@@ -84,7 +84,7 @@ def test_a_uuid_in_other_letters_is_that_card_but_unusable_as_written() -> None:
     upper = "GPU-" + UUID_1[4:].upper()
     view = parse_nvml(TWO_GPUS, host({A: {"uuid": upper}}), **procs({}))
     s = view.slots[A]
-    assert s.missing and view.source.ok  # that slot alone, as a missing card would be
+    assert s.missing and view.reading.ok  # that slot alone, as a missing card would be
     assert f"uuid {upper} is GPU 1's uuid {UUID_1} in other letters; write it as NVML does" in s.error
     # Beside a slot that names the same card by index, it is still one card.
     view = parse_nvml(TWO_GPUS, host({A: {"uuid": upper}, B: {"index": 1}}), **procs({}))
@@ -94,5 +94,5 @@ def test_a_uuid_in_other_letters_is_that_card_but_unusable_as_written() -> None:
 def test_slots_on_distinct_cards_stay_usable() -> None:
     for gpus in ({A: {"uuid": UUID_0}, B: {"index": 1}}, {A: {"index": 1}, B: {"uuid": UUID_0}}):
         view = parse_nvml(TWO_GPUS, host(gpus), **procs({}))
-        assert view.source.ok, view.source.detail
+        assert view.reading.ok, view.reading.detail
         assert {s: v.index for s, v in view.slots.items()} == {s: (0 if "uuid" in g else 1) for s, g in gpus.items()}
