@@ -10,7 +10,7 @@ An invalid edit never tears anything down: the loop keeps the last valid desired
 Hosts the front-ends it is handed (``reconciler.loop.hosting``): the one listener serving ``/metrics``,
 ``/healthz``, the HTTP API (``/v1``) and MCP (``/mcp``), and the socket on which it answers the command line; a
 destructive call from those takes the pass lock, so it never runs during a pass. Holds the host lock for its whole
-life. Built, with its front-ends, by ``reconciler.cli.run``.
+life. Built, with its front-ends, by ``reconciler.cli.commands.run``.
 """
 
 from __future__ import annotations
