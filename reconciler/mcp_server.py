@@ -208,6 +208,16 @@ def _strict_tool(fn: Callable[..., Any], model: type[BaseModel], **kwargs: Any) 
     return tool
 
 
+# What each action of ``host_manage`` asks of the service, once its arguments passed ``_manage_problem``.
+_MANAGE: dict[str, Callable[[HostService, ManageArgs], Any]] = {
+    "reclaim-shared-memory": lambda svc, args: svc.shm_reclaim(confirm=args.confirm, paths=args.paths),
+    "apply": lambda svc, args: svc.apply_saved(args.plan_id or ""),  # never empty: _manage_problem
+    "switch": lambda svc, args: svc.switch(args.topology or ""),
+    "promote": lambda svc, args: svc.promote(args.alias or "", args.recipe or ""),
+    "sync": lambda svc, _args: svc.sync(),
+}
+
+
 def build_server(
     service: Callable[[], HostService], *, name: str = "reconciler", on_refused: Callable[[str], None] | None = None
 ) -> MCPServer:
@@ -249,15 +259,7 @@ def build_server(
         except ToolError as exc:
             refused(str(exc))
             raise
-        if args.action == "reclaim-shared-memory":
-            return _call(lambda: service().shm_reclaim(confirm=args.confirm, paths=args.paths))
-        if args.action == "switch":
-            return _call(lambda: service().switch(args.topology or ""))
-        if args.action == "promote":
-            return _call(lambda: service().promote(args.alias or "", args.recipe or ""))
-        if args.action == "sync":
-            return _call(lambda: service().sync())
-        return _call(lambda: service().apply_saved(args.plan_id))
+        return _call(lambda: _MANAGE[args.action](service(), args))
 
     tools = [
         _strict_tool(

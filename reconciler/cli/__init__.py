@@ -1,8 +1,8 @@
 """The command line: ``reconciler validate | plan | apply | run | status | shm``.
 
-This file is the package's facade: the entry point of the console script (``main``), the parser that registers
-every command (``build_parser``; the commands of ``apply``, ``run``, ``shm`` and ``tools`` live in those modules)
-and the read-only commands. Every command takes ``--root`` and ``--json`` (before or after the command name). Exit
+This file is the package's facade: the entry point of the console script (``main``) and the parser that registers
+every command (``build_parser``; the commands of ``apply``, ``run``, ``shm``, ``tools`` and the others are registered
+by those modules); each command's handler is in ``reconciler.cli.commands``, imported when it runs. Every command takes ``--root`` and ``--json`` (before or after the command name). Exit
 codes are part of the contract (docs/design.md, "The command line"): plan 0 nothing to do, 2 changes pending, 3
 blocked, 4 held, 1 error; ``status --check`` 0 as wanted, 2 converging, 3 blocked, 4 held, 1 error. While ``reconciler run`` runs for the host, the commands in ``LOOP_COMMANDS`` are answered by it
 (``reconciler.control.client``): ``main`` hands them over before importing anything of the model, and the loop runs
@@ -16,18 +16,8 @@ import os
 import sys
 
 from reconciler import __version__
-from reconciler.base.terminal import emit_json
 from reconciler.cli.apply import add_commands as add_apply
-from reconciler.cli.common import (
-    EXIT_ERROR,
-    EXIT_OK,
-    LOOP_COMMANDS,
-    command_name,
-    console,
-    default_root,
-    run_command,
-    service,
-)
+from reconciler.cli.common import LOOP_COMMANDS, Command, command_name, default_root, run_command
 from reconciler.cli.fleet import add_commands as add_fleet
 from reconciler.cli.install import add_commands as add_install
 from reconciler.cli.qualify import add_commands as add_qualify
@@ -36,114 +26,8 @@ from reconciler.cli.shm import add_commands as add_shm
 from reconciler.cli.tools import add_commands as add_tools
 
 # Nothing heavy is imported at module level: `reconciler --help` and a mistyped command pay for argparse only,
-# and each command imports what it needs (pydantic, the engine client, NVML, rich) when it runs.
-
-# ---------------------------------------------------------------- commands
-
-
-def cmd_validate(args: argparse.Namespace) -> int:
-    from reconciler.load.desired import load_desired  # the start-up budget (pydantic, yaml, the model)
-    from reconciler.load.files import HOST_FILE  # the start-up budget, as load_desired
-
-    desired = load_desired(args.root)
-    src = desired.host.source
-    warnings = [f"{HOST_FILE}: {w}" for w in src.warnings()] if src is not None else []
-    if args.json:
-        emit_json(
-            {
-                "valid": True,
-                "warnings": warnings,
-                "host": desired.host.name,
-                "manifest": desired.manifest_path,
-                "recipes": sorted(desired.recipes),
-                "assignments": [
-                    {"recipe": a.recipe, "gpus": list(a.slots), "recipe_hash": a.recipe_hash}
-                    for a in desired.assignments
-                ],
-            }
-        )
-    else:
-        print(
-            f"valid: host {desired.host.name}, {len(desired.recipes)} recipe(s), "
-            f"{len(desired.assignments)} assignment(s) in {desired.manifest_path}",
-            file=console(args).out,
-        )
-        for w in warnings:
-            print(f"warning: {w}", file=console(args).err)
-    return EXIT_OK
-
-
-def cmd_plan(args: argparse.Namespace) -> int:
-    con = console(args)
-    res = service(args).plan(out=args.out)
-    if args.out:
-        print(f"plan saved to {args.out}; apply exactly it with `reconciler apply {args.out}`", file=con.err)
-    if args.json:
-        emit_json(res.to_json(), con.out)
-    else:
-        from reconciler.cli.render import render_aliases, render_plan  # the start-up budget (the text renderer)
-
-        print(render_plan(res.plan, res.observed, con.style()), file=con.out)
-        if res.aliases:
-            print("\n".join(render_aliases(res.aliases, con.style())), file=con.out)
-    if res.exit_code == EXIT_ERROR:
-        for s in res.observed.unavailable():
-            print(f"error: {s.name} source unavailable: {s.detail}", file=con.err)
-    return res.exit_code
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    from reconciler.cli.render import render_status  # the start-up budget (the text renderer)
-
-    con = console(args)
-    res = service(args).status()
-    if args.json:
-        emit_json(res.to_json(), con.out)
-    else:
-        print(render_status(res.data, con.style()), file=con.out)
-    for s in res.observed.unavailable():
-        print(f"error: {s.name} source unavailable: {s.detail}", file=con.err)
-    return res.check_code if args.check else res.exit_code
-
-
-def cmd_audit(args: argparse.Namespace) -> int:
-    con = console(args)
-    res = service(args).audit(since=_since(args.since))
-    if args.json:
-        emit_json(res.to_json(), con.out)
-        return res.exit_code
-    if res.records:
-        from reconciler.cli.render import render_audit  # the start-up budget (the text renderer)
-
-        print(render_audit(res.records), file=con.out)
-    else:
-        print("no audit records" + (f" since {args.since}" if args.since else ""), file=con.err)
-    return res.exit_code
-
-
-def cmd_mcp(args: argparse.Namespace) -> int:
-    """The MCP server over stdin/stdout, for the client that starts it (no token: that client owns the process)."""
-    from reconciler.mcp_server import serve_stdio  # the optional SDK: mcp, for this command alone
-
-    return serve_stdio(args.root)
-
-
-def cmd_door(args: argparse.Namespace) -> int:
-    """The front door, until SIGTERM or SIGINT."""
-    from reconciler.door.run import serve  # start-up: the door's ASGI stack and HTTP client, for this command alone
-
-    return serve(args.root, listen=args.listen, token_file=args.token_file)
-
-
-def _since(text: str | None) -> float | None:
-    """``--since``, parsed by the service layer like the API's ``since``."""
-    from reconciler.base.errors import ReconcilerError  # the start-up budget, as in run_command
-    from reconciler.service import parse_since  # the start-up budget (the service layer loads the model)
-
-    try:
-        return parse_since(text)
-    except ValueError as exc:
-        raise ReconcilerError(f"--since {text!r}: {exc}") from None
+# and each command's handler (``reconciler.cli.commands``, named by a ``Command``) imports what it needs (pydantic,
+# the engine client, NVML) when it runs.
 
 
 # ---------------------------------------------------------------- parser
@@ -175,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     p = sub.add_parser("validate", parents=[common], help="check host, recipes and manifests (0 valid, 1 invalid)")
-    p.set_defaults(func=cmd_validate)
+    p.set_defaults(func=Command("validate", "cmd_validate"))
     p = sub.add_parser(
         "plan",
         parents=[common],
@@ -189,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="also save the plan, with a fingerprint of what it was made from, for `reconciler apply FILE`",
     )
-    p.set_defaults(func=cmd_plan)
+    p.set_defaults(func=Command("views", "cmd_plan"))
     p = sub.add_parser(
         "status",
         parents=[common],
@@ -203,19 +87,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit with the verdict: 0 as wanted, 2 converging (changes pending), 3 blocked, 4 held in backoff, "
         "1 a source unavailable or the files invalid",
     )
-    p.set_defaults(func=cmd_status)
+    p.set_defaults(func=Command("views", "cmd_status"))
     p = sub.add_parser("audit", parents=[common], help="the audit trail: every action by every front-end and the loop")
     p.add_argument(
         "--since", metavar="WHEN", help="only records since: an age (15m, 2h, 7d), an ISO time or epoch seconds"
     )
-    p.set_defaults(func=cmd_audit)
+    p.set_defaults(func=Command("views", "cmd_audit"))
     p = sub.add_parser(
         "mcp",
         parents=[root_only],
         help="MCP server over stdio (host_status, host_plan, "
         "host_shared_memory, host_probe, host_manage) until its client closes it",
     )
-    p.set_defaults(func=cmd_mcp)
+    p.set_defaults(func=Command("mcp", "cmd_mcp"))
     p = sub.add_parser(
         "door",
         parents=[root_only],
@@ -226,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--listen", metavar="HOST:PORT", help="listen here instead of host.yaml's door.listen")
     p.add_argument("--token-file", metavar="FILE", help="the door's own token (needed off loopback)")
-    p.set_defaults(func=cmd_door)
+    p.set_defaults(func=Command("door", "cmd_door"))
 
     add_apply(sub, parents=[common])
     add_qualify(sub, parents=[common])

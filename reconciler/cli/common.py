@@ -2,27 +2,28 @@
 boundary of ``reconciler.base.terminal``), the service for a command, and how a command is run and the errors that
 end it are printed (``run_command``, ``report_error``).
 
-Imported by ``reconciler.cli`` (the parser and the read-only commands), ``reconciler.cli.apply``,
-``reconciler.cli.shm``, ``reconciler.cli.tools`` and ``reconciler.cli.run`` (whose runner gives a command the loop
-answers for a client its console); it imports none of them, so the command-line modules never import each other.
+Imported by ``reconciler.cli`` (the parser), the modules that register commands beside it (``apply``, ``shm``,
+``tools``, ``run``, ...; each command's handler is named by a ``Command`` and imported when it runs), the handlers
+(``reconciler.cli.commands``) and ``reconciler.cli.front_ends`` (whose runner gives a command the loop answers for a
+client its console); it imports none of them.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from typing import TYPE_CHECKING, TextIO
 
 from reconciler.base.terminal import emit_json, print_error, terminal
+from reconciler.cli.style import Style
 
 if TYPE_CHECKING:
     import threading
     from collections.abc import Callable
 
     from reconciler.base.errors import ConfigError
-    from reconciler.cli.render import Style
-    from reconciler.service import HostService
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -77,8 +78,6 @@ class Console:
 
     def style(self, stream: TextIO | None = None) -> Style:
         """Colour only on a terminal and without NO_COLOR (the client's, when the loop answers)."""
-        from reconciler.cli.render import Style  # the start-up budget (the text renderer)
-
         stream = stream or self.out
         return Style(stream, color=stream.isatty() and not self.no_color)
 
@@ -91,16 +90,25 @@ def console(args: argparse.Namespace) -> Console:
     return con
 
 
-def service(args: argparse.Namespace) -> HostService:
-    """The service for this command. Inside a running loop (``reconciler.control``) it carries the loop's pass
-    lock and action hooks, like the loop's HTTP API: destructive calls then wait for a pass to end rather than
-    meeting the host lock the loop holds."""
-    from reconciler.service import HostService, user_caller  # the start-up budget (the text renderer)
+class Command:
+    """A command's handler, named by its module under ``reconciler.cli.commands`` and its function, and imported when
+    the command runs: building the parser (``--help``, a command the loop answers for a client) loads no handler's
+    module, and a command loads its own, with what that module imports at its top (the start-up budget)."""
 
-    # The user: the peer's on the loop's socket (its SO_PEERCRED uid, and the SUDO_USER it came with), else ours.
-    peer = getattr(args, "peer", None) or {"uid": os.getuid(), "sudo_user": os.environ.get("SUDO_USER") or ""}
-    caller = user_caller("cli", uid=peer["uid"], sudo_user=peer["sudo_user"])
-    return HostService(args.root, caller=caller, **getattr(args, "serve", {}))
+    __slots__ = ("function", "module")
+
+    def __init__(self, module: str, function: str):
+        self.module = f"reconciler.cli.commands.{module}"
+        self.function = function
+
+    def handler(self) -> Callable[[argparse.Namespace], int]:
+        return getattr(importlib.import_module(self.module), self.function)
+
+    def __call__(self, args: argparse.Namespace) -> int:
+        return int(self.handler()(args))
+
+    def __repr__(self) -> str:
+        return f"Command({self.module}.{self.function})"
 
 
 # What a running loop answers (``reconciler.control.server``): every command that reads or changes the host through the

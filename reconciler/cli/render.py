@@ -6,47 +6,18 @@ Called by the CLI. Colour only when writing to a terminal (and NO_COLOR is unset
 from __future__ import annotations
 
 import contextlib
-import os
 import pwd
-import sys
 import time
-from typing import Any, TextIO
+from typing import Any
 
 from reconciler.base.errors import ConfigProblem, one_line
-from reconciler.base.units import clip, human_bytes, iso_time, own
+from reconciler.base.units import clip, human_bytes, iso_time
+from reconciler.cli.style import Style
 from reconciler.model import container_name
 from reconciler.plan.actions import Action, ActionKind, Plan
 from reconciler.plan.observed import Observed
 from reconciler.plan.verdict import acting, decide
 from reconciler.service.words import audit_what, blocked_advice
-
-
-class Style:
-    def __init__(self, stream: TextIO | None = None, *, color: bool | None = None):
-        stream = stream or sys.stdout
-        if color is None:
-            color = stream.isatty() and not os.environ.get("NO_COLOR")
-        self.color = color
-
-    def _c(self, code: str, text: str) -> str:
-        # Marked as the tool's own: the console writes these raw and escapes every other control character.
-        return own("\x1b[" + code + "m") + text + own("\x1b[0m") if self.color else text
-
-    def red(self, t: str) -> str:
-        return self._c("31", t)
-
-    def green(self, t: str) -> str:
-        return self._c("32", t)
-
-    def yellow(self, t: str) -> str:
-        return self._c("33", t)
-
-    def bold(self, t: str) -> str:
-        return self._c("1", t)
-
-    def dim(self, t: str) -> str:
-        return self._c("2", t)
-
 
 _SIGN = {
     ActionKind.LEAVE: "-",

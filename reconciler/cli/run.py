@@ -1,50 +1,14 @@
-"""``reconciler run``: its options, and the command, which builds the loop with the front-ends it hosts
-(``reconciler.cli.front_ends``) and runs it until a signal. Registered by ``reconciler.cli``.
+"""``reconciler run``: its options; the command, which builds the loop with the front-ends it hosts and runs it until
+a signal, is ``reconciler.cli.commands.run``'s, loaded when it runs. Registered by ``reconciler.cli``.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 from collections.abc import Callable
 from typing import Any
 
-from reconciler.cli.common import EXIT_ERROR
-
-
-def cmd_run(args: argparse.Namespace, *, command_parser: Callable[[], argparse.ArgumentParser]) -> int:
-    # The parser registers this command for `reconciler --help` too, which must not load the loop, the API, the
-    # model or the error classes: they load when the loop runs (the start-up budget).
-    from reconciler.base.errors import ReconcilerError
-    from reconciler.cli.front_ends import CommandRunner, ControlFrontEnd, HttpFrontEnd
-    from reconciler.loop import Loop
-    from reconciler.loop.backoff import Backoff
-    from reconciler.loop.log import Log
-
-    log = Log(args.log_format)
-    loop = Loop(
-        args.root,
-        resync_s=args.resync,
-        debounce_s=args.debounce,
-        log=log,
-        backoff=Backoff(base_s=args.backoff_base, max_s=args.backoff_max),
-        front_ends=[
-            HttpFrontEnd(
-                args.metrics_addr or None,
-                api_token_file=args.api_token_file,
-                api_allow_remote=args.api_allow_remote,
-                api_hosts=tuple(args.api_host),
-            ),
-            ControlFrontEnd(CommandRunner(command_parser)),
-        ],
-    )
-    try:
-        return loop.run()
-    except ReconcilerError as exc:
-        # Before the loop could start (the host lock, the metrics address): one log line in the loop's own
-        # format, so a supervisor reading JSON sees why, and exit 1 (never a traceback).
-        log("exit", reason="cannot start", error=str(exc))
-        return EXIT_ERROR
+from reconciler.cli.common import Command
 
 
 def add_commands(
@@ -115,4 +79,4 @@ def add_commands(
         metavar="SECONDS",
         help="longest delay between enters (default: %(default)g)",
     )
-    p.set_defaults(func=functools.partial(cmd_run, command_parser=command_parser))
+    p.set_defaults(func=Command("run", "cmd_run"), command_parser=command_parser)

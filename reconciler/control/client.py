@@ -286,24 +286,19 @@ class _Client:
         try:
             while True:
                 try:
-                    kind, msg = self._next(time.monotonic() + _SILENCE_S)
-                except EOFError:
+                    frame = self._answer_frame()
+                except _Unanswered as exc:
+                    return self._unclear(exc.why)
+                if frame is None:
                     break
-                except TimeoutError:
-                    return self._unclear(f"said nothing for {_SILENCE_S:g} s")
-                except _Garbled as exc:
-                    return self._unclear(f"answered what is no frame of this protocol ({exc})")
-                except OSError as exc:
-                    return self._unclear(f"failed to answer ({exc.strerror or type(exc).__name__})")
+                kind, msg = frame
                 if kind == "exit":
                     sys.stdout.flush()
                     return int(msg["exit"])
-                if kind in ("accepted", "other", "busy") or (kind == "ask" and self.args.command != "apply"):
-                    return self._unclear(f"answered a {kind!r} frame in the middle of the command")
+                why = self._out_of_place(kind, msg)
+                if why:
+                    return self._unclear(why)
                 if kind in ("read", "write"):
-                    mine = getattr(self.args, "plan_file" if kind == "read" else "out", None)
-                    if self.args.command not in ("plan", "apply") or msg[kind] != mine:
-                        return self._unclear(f"asked for a file this command did not name ({msg[kind][:200]!r})")
                     self._file(kind, msg)
                 elif kind != "wait":
                     self._show(kind, msg)
@@ -327,6 +322,31 @@ class _Client:
             f"command again (stand-alone once no loop runs, or with {NO_LOOP_ENV}=1)",
         )
         return 1
+
+    def _answer_frame(self) -> tuple[str, dict[str, Any]] | None:
+        """The next frame of the command's answer; None when the loop closed the connection. ``_Unanswered`` with why
+        when it said nothing for ``_SILENCE_S``, said what is no frame of the protocol, or its socket failed."""
+        try:
+            return self._next(time.monotonic() + _SILENCE_S)
+        except EOFError:
+            return None
+        except TimeoutError:
+            raise _Unanswered(f"said nothing for {_SILENCE_S:g} s", sent=True) from None
+        except _Garbled as exc:
+            raise _Unanswered(f"answered what is no frame of this protocol ({exc})", sent=True) from None
+        except OSError as exc:
+            raise _Unanswered(f"failed to answer ({exc.strerror or type(exc).__name__})", sent=True) from None
+
+    def _out_of_place(self, kind: str, msg: dict[str, Any]) -> str:
+        """Why a frame has no place in the middle of this command's answer: a first word again, a question to a
+        command that asks none, a file the command did not name. '' when it has one."""
+        if kind in ("accepted", "other", "busy") or (kind == "ask" and self.args.command != "apply"):
+            return f"answered a {kind!r} frame in the middle of the command"
+        if kind in ("read", "write"):
+            mine = getattr(self.args, "plan_file" if kind == "read" else "out", None)
+            if self.args.command not in ("plan", "apply") or msg[kind] != mine:
+                return f"asked for a file this command did not name ({msg[kind][:200]!r})"
+        return ""
 
     def _unclear(self, why: str) -> int | None:
         if not self.shown and not destructive(self.args):

@@ -1,6 +1,6 @@
 """The loop's end of its socket: ``ControlServer`` listens on ``reconciler-HOST.sock`` in the runtime directory and
 runs each command a client hands over in a thread of its own, its output streamed back as it is written. Started by
-the loop as one of the front-ends it hosts (``reconciler.cli.run`` builds it); what runs a command is the
+the loop as one of the front-ends it hosts (``reconciler.cli.commands.run`` builds it); what runs a command is the
 ``Runner`` handed in (the command line's own ``run_command``, so both ways print the same bytes): this module
 imports nothing of ``reconciler.cli``.
 
@@ -74,7 +74,7 @@ class Client:
 
 
 class Runner(Protocol):
-    """What runs the commands a client hands over (``reconciler.cli.run.CommandRunner``)."""
+    """What runs the commands a client hands over (``reconciler.cli.front_ends.CommandRunner``)."""
 
     def parse(self, argv: list[str], root: str) -> tuple[Any, str]:
         """The command of ``argv`` for ``root``, or None and why this loop does not answer it."""

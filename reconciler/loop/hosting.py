@@ -2,7 +2,7 @@
 control socket) is handed to ``reconciler.loop.Loop``, which starts each once it holds the host lock, in the order
 given, and closes them in reverse order when it ends; ``Hosting`` is what the loop lends each when it starts it.
 The loop builds none of them and imports none of their modules: the command line's ``run``
-(``reconciler.cli.run``) builds them and hands them in.
+(``reconciler.cli.commands.run``) builds them and hands them in.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The loop's log: one line per event, text or JSON (``reconciler run --log-format``), every field redacted.
 
-Made by ``reconciler.cli.run`` for ``reconciler run`` and handed to the loop, which hands it to the front-ends it
+Made by ``reconciler.cli.commands.run`` for ``reconciler run`` and handed to the loop, which hands it to the front-ends it
 hosts; the loop's passes, its triggers and its front-ends all write through it.
 """
 

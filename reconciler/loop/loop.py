@@ -1,6 +1,7 @@
 """``reconciler run``: the level-triggered loop (``Loop``); its parts are the modules beside it (``log``,
-``triggers``, ``hosting``, ``refusals``, ``runtime``, ``backoff``, ``metrics``, ``pass_labels``, ``progress``,
-``source``: the git source's fetches).
+``triggers``, ``hosting``, ``refusals``, ``runtime``, ``backoff``, ``failures``: what a lane's failures do to its
+backoff, ``changes``: what outlives a pass, logged once, ``metrics``, ``pass_labels``, ``progress``, ``source``: the
+git source's fetches).
 
 Triggers only say "look again": a change under manifests/ or configs/ (watchdog, debounced so an editor's
 save-rename-save is one trigger), a Docker event of a container (start, die, destroy), SIGHUP, a backoff that
@@ -9,7 +10,7 @@ An invalid edit never tears anything down: the loop keeps the last valid desired
 Hosts the front-ends it is handed (``reconciler.loop.hosting``): the one listener serving ``/metrics``,
 ``/healthz``, the HTTP API (``/v1``) and MCP (``/mcp``), and the socket on which it answers the command line; a
 destructive call from those takes the pass lock, so it never runs during a pass. Holds the host lock for its whole
-life. Built, with its front-ends, by ``reconciler.cli.run``.
+life. Built, with its front-ends, by ``reconciler.cli.commands.run``.
 """
 
 from __future__ import annotations
@@ -32,9 +33,12 @@ from reconciler.base.redact import redact_data
 from reconciler.load.desired import load_desired
 from reconciler.load.host_file import load_host
 from reconciler.loop.backoff import Backoff
+from reconciler.loop.changes import PassChanges
+from reconciler.loop.failures import LaneFailures
 from reconciler.loop.health import health_answer
 from reconciler.loop.hosting import FrontEnd, FrontEndStates, Hosting
 from reconciler.loop.log import Log
+from reconciler.loop.metrics import Metrics
 from reconciler.loop.pass_labels import pass_label
 from reconciler.loop.progress import LogProgress
 from reconciler.loop.refusals import pass_refusals, reclaim_refusals
@@ -42,11 +46,9 @@ from reconciler.loop.runtime import FairLock
 from reconciler.loop.source import SourceFollower
 from reconciler.loop.still_wanted import StillWanted
 from reconciler.loop.triggers import EngineEvents, Triggers, watch_files
-from reconciler.model import ApiConfig, DesiredState, assignment_key, container_name
+from reconciler.model import ApiConfig, DesiredState, assignment_key
 from reconciler.observe.containers import EngineObserver
-from reconciler.plan.actions import ActionKind, Plan
 from reconciler.plan.verdict import action_label
-from reconciler.plan.vram import vram_by_slot
 from reconciler.store.audit import audit_log
 from reconciler.store.history import last_topology
 from reconciler.store.lock import HostLock
@@ -69,10 +71,6 @@ class Loop:
     ):
         """``io``: the host's I/O seams (``REAL_IO``; the simulation's world), handed to each pass's applier, the
         loader's tmpfs reads and the lanes' readings."""
-        # prometheus_client is needed by `reconciler run` alone (a stand-alone apply imports this package for its
-        # progress lines): an optional SDK.
-        from reconciler.loop.metrics import Metrics
-
         self.root = root
         self.io = io or REAL_IO
         self.front_ends = tuple(front_ends)
@@ -81,6 +79,8 @@ class Loop:
         self.log = log or Log()
         self.backoff = backoff or Backoff()
         self.metrics = Metrics()
+        self.changes = PassChanges(log=self.log, metrics=self.metrics)
+        self.failures = LaneFailures(self.backoff, log=self.log, metrics=self.metrics, clock=self.io.clock)
         self.triggers = Triggers()
         self.source = SourceFollower(root, log=self.log, metrics=self.metrics, clock=self.io.clock)
         self.stop = threading.Event()
@@ -99,13 +99,7 @@ class Loop:
         # Held for each pass; a destructive call of the API or MCP takes it too, so the two never interleave (first
         # come, first served: a call that waits for a pass runs before the next one).
         self.pass_lock = FairLock()
-        self._crashed: set[str] = set()  # ids of crashed containers already counted in the backoff
         self._held: set[str] = set()  # assignments whose enter the last pass held: wake when their backoff ends
-        self._down: dict[str, str] = {}  # sources the last pass could not read, with why: logged when this changes
-        self._down_codes: dict[str, str] = {}  # the same sources, each with its short cause: slow, down or error
-        self._fallbacks: set[str] = set()  # fallback lanes in force after the last pass: logged when this changes
-        self._fallback_json: list[dict[str, Any]] = []
-        self._below: set[str] = set()  # slots below their free-VRAM reserve in the last pass: logged when this changes
         self._acting: list[str] = []  # the actions of the pass running now ("kind recipe@slots"), published
 
     # ------------------------------------------------------------ lifecycle
@@ -131,7 +125,7 @@ class Loop:
                 stop=self.stop,
                 observer=lambda: self.observer,
                 scope=self._event_scope,
-                engine_down=lambda: "docker" in self._down,
+                engine_down=lambda: "docker" in self.changes.down,
             ).start()
             self.log("start", host=desired.host.name, root=self.root, resync_s=self.resync_s, version=__version__)
             self.triggers.fire("start")
@@ -308,10 +302,7 @@ class Loop:
         if desired is None:
             self.metrics.record_pass("error", self.io.clock.monotonic() - t0)
             return None
-        recipes = {name: r.content_hash() for name, r in desired.recipes.items()}  # a fallback's entry stays
-        for key in self.backoff.forget_changed({a.key: a.recipe_hash for a in desired.assignments}, recipes=recipes):
-            self.log("backoff-reset", assignment=key, reason="recipe or assignment edited")
-            self.metrics.set_backoff(key.split("@")[0], None)
+        self.failures.forget_edited(desired)
         try:
             # connect=False: an engine that does not answer is a source down in this pass's observation (logged,
             # exported, /healthz 503), and the loop waits for it; it never ends the loop.
@@ -329,8 +320,8 @@ class Loop:
             applier.fallback_view = lambda: self._fallback_view(desired)
             applier.superseded = StillWanted(self.root, desired, self.triggers, edits, io=self.io)
             observed, plan = applier.plan_now()
-            self._sources_changed(observed)
-            if self._count_crashes(desired, plan):
+            self.changes.sources(observed)
+            if self.failures.crashes(desired, plan):
                 # Counted before its leave runs, so the re-enter planned in this very pass waits for its backoff.
                 applier.hold = self.backoff.holds()
                 plan = applier.plan_of(observed)
@@ -339,8 +330,8 @@ class Loop:
             self.metrics.record_pass("error", self.io.clock.monotonic() - t0)
             return None
         self.metrics.observe_state(observed, plan)  # free VRAM per slot against its reserve, every pass
-        self._reserve_changed(desired, observed)
-        self._settle(desired, plan)
+        self.changes.reserve(desired, observed)
+        self.failures.settle(desired, plan)
         if plan.actions and not plan.unavailable:
             self.log("pass-start", trigger=",".join(sorted(reasons)), actions=len(plan.actions))
             for a in plan.actions:
@@ -359,7 +350,7 @@ class Loop:
             result = applier.converge(start=(observed, plan))  # no actions: classifies only, changes nothing
             self.metrics.observe_lanes(self.io.lanes.readings(desired, observed).values())
         self._held = {assignment_key(h.recipe, h.gpus) for h in result.final.held}
-        self._fallbacks_changed(result.final)
+        self.changes.fallbacks_after(result.final)
         for reason in pass_refusals(result):
             self.metrics.record_refusal(reason)
         kind = pass_label(result)
@@ -378,7 +369,7 @@ class Loop:
             "result": result.result,
             "message": result.message,
             "at": self.last_pass_at,
-            "unavailable": dict(self._down),
+            "unavailable": dict(self.changes.down),
         }
         # The state with this pass ended (no action in flight) is written before /healthz counts the pass: a view
         # that sees the new count never reads the old state (the verdict's samples tell a pass's end by the count).
@@ -386,59 +377,10 @@ class Loop:
         self.passes += 1
         return result
 
-    def _reserve_changed(self, desired: DesiredState, observed: Any) -> None:
-        """Log each slot that went below its free-VRAM reserve or came back above it (once, not every pass)."""
-        figures = vram_by_slot(desired.host, observed.gpus) if observed.gpus.reading.ok else {}
-        below = {slot for slot, v in figures.items() if v.below_reserve}
-        owner = desired.slot_owner()
-        for slot in sorted(below - self._below):
-            lane = owner.get(slot)
-            self.log(
-                "gpu-below-reserve",
-                slot=slot,
-                detail=figures[slot].describe(),
-                policy=desired.reserve_policy(lane.recipe if lane else None),
-            )
-        for slot in sorted(self._below - below):
-            if slot in figures:
-                self.log("gpu-reserve-ok", slot=slot, detail=figures[slot].describe())
-        self._below = below if observed.gpus.reading.ok else self._below
-
     def _fallback_view(self, desired: DesiredState) -> tuple[Any, dict[str, float]]:
         """For the planner: the last converged topology, and the seconds to each held assignment's next attempt."""
         now = self.io.clock.time()
         return last_topology(desired.host.name), {k: max(0.0, e.until - now) for k, e in self.backoff.entries.items()}
-
-    def _fallbacks_changed(self, final: Plan) -> None:
-        """Export the fallbacks in force after a pass; log each one that starts or ends (once)."""
-        now = {f"{f.recipe}@{'+'.join(f.gpus)}": f for f in final.fallbacks}
-        for key in sorted(set(now) - self._fallbacks):
-            self.log("fallback", assignment=key, detail=now[key].text)
-        for key in sorted(self._fallbacks - set(now)):
-            self.log("fallback-ended", assignment=key)
-        self._fallbacks = set(now)
-        self._fallback_json = [f.to_json() for f in final.fallbacks]
-        self.metrics.set_fallbacks(final.fallbacks)
-
-    def _sources_changed(self, observed: Any) -> None:
-        """Log each source that went down or came back since the last pass (once, not every pass)."""
-        down = {name: src.detail or "unavailable" for name, src in observed.readings.items() if not src.ok}
-        for name, detail in sorted(down.items()):
-            if name not in self._down:
-                self.log(
-                    "source-down",
-                    source=name,
-                    detail=detail,
-                    action="nothing that needs it is changed; looking again when it answers",
-                )
-        for name in sorted(set(self._down) - set(down)):
-            self.log("source-up", source=name)
-        self._down = down
-        self._down_codes = {
-            name: src.cause if src.cause in ("slow", "down") else "error"
-            for name, src in observed.readings.items()
-            if not src.ok
-        }
 
     def _count_outcome(self, o: Outcome) -> None:
         """One action's metrics, whoever took it: this loop, or its HTTP API or MCP (``ActionHooks``)."""
@@ -481,38 +423,7 @@ class Loop:
                 )
             except ReconcilerError as exc:
                 self.log("audit-error", error=str(exc))
-        # A wake that failed is a failed enter (sleeping lanes rule 6), and so is a lane that would not sleep: each
-        # is entered cold again only after its backoff. A wake refused by rule 1 waits for its card, not a backoff.
-        failed_lane = a.kind in (ActionKind.ENTER, ActionKind.SLEEP) or (
-            a.kind is ActionKind.WAKE and o.result == "failed"
-        )
-        if failed_lane and a.recipe and o.result in ("failed", "refused"):
-            e = self.backoff.failed(a.key, recipe=a.recipe, recipe_hash=a.recipe_hash or "", error=o.detail)
-            self.metrics.set_backoff(a.recipe, e.until, failures=e.failures)
-            self.log("backoff", assignment=a.key, failures=e.failures, until=round(e.until, 1))
-
-    def _count_crashes(self, desired: DesiredState, plan: Plan) -> bool:
-        """A container of a desired assignment that exited non-zero after it was up counts as a failed enter,
-        so a container that keeps dying is brought back ever slower. Each container is counted once, however
-        many passes plan its leave. True when a new failure was counted."""
-        wanted = {d.key for d in desired.assignments}
-        planned: set[str] = set()
-        counted = False
-        for a in plan.actions:
-            if a.kind is not ActionKind.LEAVE or not a.exit_code or not a.recipe or not a.container_id:
-                continue  # not a container that exited by itself with a non-zero code
-            key = assignment_key(a.recipe, a.gpus)
-            if key not in wanted:
-                continue
-            planned.add(a.container_id)
-            if a.container_id in self._crashed:
-                continue
-            e = self.backoff.failed(key, recipe=a.recipe, recipe_hash=a.recipe_hash or "", error=a.reason)
-            self.metrics.set_backoff(a.recipe, e.until, failures=e.failures)
-            self.log("backoff", assignment=key, failures=e.failures, until=round(e.until, 1), reason=a.reason)
-            counted = True
-        self._crashed = planned  # only containers still waiting for their leave: bounded
-        return counted
+        self.failures.outcome(o)
 
     def _on_reclaim(self, res: Any) -> None:
         for reason in reclaim_refusals(res):
@@ -523,21 +434,6 @@ class Loop:
                 refused=res.refused or "-",
                 kept=";".join(f"{k.path}: {k.reason}" for k in res.kept if k.state != "owned") or "-",
             )
-
-    def _settle(self, desired: DesiredState, plan: Plan) -> None:
-        """Backoff delays that ran out stop counting as held; an assignment that has run long enough since
-        leaves backoff for good."""
-        now = self.io.clock.time()
-        waiting = {e.recipe for e in self.backoff.entries.values() if e.until > now}
-        for recipe in {e.recipe for e in self.backoff.entries.values()} - waiting:
-            self.metrics.end_backoff_wait(recipe)
-        running = {a.key for a in desired.assignments if container_name(a.recipe, a.slots) in plan.satisfied}
-        for key in list(self.backoff.entries):
-            e = self.backoff.entries[key]
-            if key in running and now - e.until > self.backoff.stable_s:
-                self.backoff.succeeded(key)
-                self.metrics.set_backoff(e.recipe, None)
-                self.log("backoff-cleared", assignment=key)
 
     def _write_state(self, desired: DesiredState, *, passes: int | None = None) -> None:
         # The desired state the loop acts on: after an invalid edit the last valid one, which `status` then shows
@@ -552,7 +448,7 @@ class Loop:
                 "pid": os.getpid(),
                 "host": desired.host.name,
                 "backoff": self.backoff.to_json(),
-                "fallbacks": self._fallback_json,
+                "fallbacks": self.changes.fallback_json,
                 "desired": kept,
                 "last_pass": self.last_pass,
                 "passes": self.passes if passes is None else passes,
@@ -584,7 +480,7 @@ class Loop:
         return health_answer(
             age=self.io.clock.time() - self.last_pass_at if self.last_pass_at else None,
             resync_s=self.resync_s,
-            down_codes=self._down_codes,
+            down_codes=self.changes.down_codes,
             last=self.last_pass,
             files_valid=self.files_valid,
             passes=self.passes,

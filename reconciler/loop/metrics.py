@@ -80,6 +80,25 @@ class SlotOwner:
     container: str = ""
 
 
+def _container_owner(c: ContainerView, observed: Observed) -> SlotOwner:
+    """A container on a slot: ours (by this host's labels, not a copy of a lane of ours), or not."""
+    ours = c.managed and c.labels.get(LABEL_HOST, observed.host) == observed.host
+    if ours and owner_kind(c, observed.host, observed.ownership) != "copied":
+        return SlotOwner("managed", c.recipe or "", c.name)
+    return SlotOwner("unmanaged", "", c.name)
+
+
+def _process_owner(container_id: str | None, by_id: Mapping[str, ContainerView], observed: Observed) -> SlotOwner:
+    """A process NVML lists on a slot: its container's owner, or a bare process."""
+    ctr = by_id.get(container_id) if container_id else None
+    if ctr is not None:
+        return _container_owner(ctr, observed)
+    if container_id:
+        # A container Docker did not list (created after the listing): name it by its short id.
+        return SlotOwner("unmanaged", "", container_id[:12])
+    return SlotOwner("process")
+
+
 def gpu_owners(observed: Observed, host: HostConfig | None = None) -> dict[str, tuple[SlotOwner, ...]]:
     """Who holds each GPU slot: containers (by our label or their device requests) and bare GPU processes.
 
@@ -90,33 +109,19 @@ def gpu_owners(observed: Observed, host: HostConfig | None = None) -> dict[str, 
     slots: list[str] = list(host.gpus) if host is not None else []
     slots += [s for s in observed.gpus.slots if s not in slots]
     ids = slot_ids(host, observed)
-
-    def describe(c: ContainerView) -> SlotOwner:
-        ours = c.managed and c.labels.get(LABEL_HOST, observed.host) == observed.host
-        if ours and owner_kind(c, observed.host, observed.ownership) != "copied":
-            return SlotOwner("managed", c.recipe or "", c.name)
-        return SlotOwner("unmanaged", "", c.name)
-
     found: dict[str, list[SlotOwner]] = {s: [] for s in slots}
     all_slots = tuple(slots)
     for c in observed.containers:
         if not c.active:
             continue
         for slot in claimed_slots(c, ids, all_slots, host=observed.host):
-            owner = describe(c)
+            owner = _container_owner(c, observed)
             if slot in found and owner not in found[slot]:
                 found[slot].append(owner)
     by_id = {c.id: c for c in observed.containers}
     for slot, view in observed.gpus.slots.items():
         for p in view.processes:
-            ctr = by_id.get(p.container_id) if p.container_id else None
-            if ctr is not None:
-                owner = describe(ctr)
-            elif p.container_id:
-                # A container Docker did not list (created after the listing): name it by its short id.
-                owner = SlotOwner("unmanaged", "", p.container_id[:12])
-            else:
-                owner = SlotOwner("process")
+            owner = _process_owner(p.container_id, by_id, observed)
             if owner not in found[slot]:
                 found[slot].append(owner)
     if host is not None and observed.gpus.telemetry == "nvml" and observed.gpus.reading.ok:

@@ -1,7 +1,7 @@
 """What the loop shares with the front-ends it hosts while it runs: the pass lock (``FairLock``), held for each
 pass, and the gate a destructive call of a front-end holds on it (``PassGate``), so a call and a pass never
 interleave. Made by ``reconciler.loop.Loop``; taken by the HTTP API (``reconciler.api``) and the command line's
-commands the loop answers (``reconciler.cli.run``).
+commands the loop answers (``reconciler.cli.front_ends``).
 """
 
 from __future__ import annotations

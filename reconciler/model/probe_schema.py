@@ -7,7 +7,10 @@ Called by the probe models' validators (``reconciler.model.probe_spec``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jsonschema.exceptions import SchemaError
 
 # Keywords a JSON Schema may carry that validate nothing (annotations and structure): accepted beside the
 # validating keywords of draft 2020-12. Anything else is refused at load: a misspelt keyword would check nothing,
@@ -64,39 +67,40 @@ def check_json_schema(schema: object, where: str) -> str | None:
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
-        path = list(exc.absolute_path)
-        at = "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in path)
-        if path and path[-1] == "type":
-            return (
-                f"{where}{at} {exc.instance!r} is not a JSON Schema type (object, array, string, integer, number, "
-                "boolean, null, or a list of them)"
-            )
-        return f"{where}{at} is not a valid JSON Schema: {exc.message}"
+        return _not_a_schema(exc, where)
     known = set(Draft202012Validator.VALIDATORS) | _SCHEMA_ANNOTATIONS
+    return _unknown_keyword(schema, where, known) or _unresolved_ref(schema, where)
 
-    def walk(node: object, path: str) -> str | None:
-        if not isinstance(node, dict):
-            return None  # a boolean schema (true/false): nothing to misspell
-        unknown = sorted(set(node) - known)
-        if unknown:
-            return (
-                f"{path}: unknown JSON Schema keyword(s) {', '.join(unknown)} (draft 2020-12); a misspelt keyword "
-                "would check nothing: fix or remove it"
-            )
-        for key in _SUBSCHEMA_MAPS:
-            for name, sub in (node.get(key) or {}).items():
-                if problem := walk(sub, f"{path}.{key}.{name}"):
-                    return problem
-        for key in _SUBSCHEMA_LISTS:
-            for i, sub in enumerate(node.get(key) or ()):
-                if problem := walk(sub, f"{path}.{key}[{i}]"):
-                    return problem
-        for key in _SUBSCHEMA_ONE:
-            if key in node and (problem := walk(node[key], f"{path}.{key}")):
-                return problem
-        return None
 
-    return walk(schema, where) or _unresolved_ref(schema, where)
+def _not_a_schema(exc: SchemaError, where: str) -> str:
+    """What the meta-schema found wrong, at its place in the schema."""
+    path = list(exc.absolute_path)
+    at = "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in path)
+    if path and path[-1] == "type":
+        return (
+            f"{where}{at} {exc.instance!r} is not a JSON Schema type (object, array, string, integer, number, "
+            "boolean, null, or a list of them)"
+        )
+    return f"{where}{at} is not a valid JSON Schema: {exc.message}"
+
+
+def _unknown_keyword(node: object, path: str, known: set[str]) -> str | None:
+    """The first schema object (this one or one below it) with a keyword that is not in ``known``, as a problem."""
+    if not isinstance(node, dict):
+        return None  # a boolean schema (true/false): nothing to misspell
+    unknown = sorted(set(node) - known)
+    if unknown:
+        return (
+            f"{path}: unknown JSON Schema keyword(s) {', '.join(unknown)} (draft 2020-12); a misspelt keyword "
+            "would check nothing: fix or remove it"
+        )
+    subs = [(f"{path}.{key}.{name}", sub) for key in _SUBSCHEMA_MAPS for name, sub in (node.get(key) or {}).items()]
+    subs += [(f"{path}.{key}[{i}]", sub) for key in _SUBSCHEMA_LISTS for i, sub in enumerate(node.get(key) or ())]
+    subs += [(f"{path}.{key}", node[key]) for key in _SUBSCHEMA_ONE if key in node]
+    for at, sub in subs:
+        if problem := _unknown_keyword(sub, at, known):
+            return problem
+    return None
 
 
 def _unresolved_ref(schema: dict[str, object], where: str) -> str | None:

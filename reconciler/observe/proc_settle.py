@@ -1,8 +1,6 @@
 """The holder scan's listings of /proc: when the reads of one more are needed, and when the scan is complete
-(docs/design.md, safety rule 2). Pure over the reads it is handed: ``procfs.scan_holders`` passes /proc's, the
+(docs/design.md, safety rule 2). Pure over the reads it is handed: ``holder_scan.scan_holders`` passes /proc's, the
 simulation its world's.
-
-Apart from ``procfs`` because that file also runs alone, as the scan's worker script (no package to import from).
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """Reading /proc: each source is a read (I/O) and a parse (pure, tested on captured text).
 
-Called by the shm observer (maps, fds) and the GPU observer (pid -> container through cgroup).
+Called by the shm observer (maps, fds, through ``holder_scan``) and the GPU observer (pid -> container through
+cgroup). The holder scan's reads of a share of /proc's processes (``scan_names``) also run in worker interpreters that
+run this file alone as a script (``worker_main``; started by ``holder_scan``), with no package to import from: it
+imports nothing of the package at its top.
 """
 
 from __future__ import annotations
@@ -10,9 +13,7 @@ import marshal
 import os
 import re
 import stat as stat_mod
-import subprocess
 import sys
-import time
 from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 
@@ -120,8 +121,8 @@ def read_comm(pid: int, proc_root: str = "/proc") -> str:
 #
 # Who holds a file on the offload tmpfs: a live process that maps it (a line of /proc/PID/maps) or holds it open
 # (an entry of /proc/PID/fd). Both are matched by device and inode, never by path text: a container sees the same
-# file under another path, and a mapped file may already be unlinked. ``scan_holders`` is the hot path the shm
-# guard runs twice per reclaim; ``parse_maps`` is its pure half, tested on captured text.
+# file under another path, and a mapped file may already be unlinked. ``holder_scan.scan_holders`` is the hot
+# path the shm guard runs twice per reclaim; ``parse_maps`` is its pure half, tested on captured text.
 
 # A card's node, whatever its path: character 195:N for card N (nvidiactl is 255, nvidia-modeset 254: no cards).
 NVIDIA_MAJOR = 195
@@ -414,7 +415,7 @@ def read_stat(pid: int, proc_root: str = "/proc") -> tuple[int, bool] | None:
     return start, fields[6].isdigit() and bool(int(fields[6]) & _PF_KTHREAD)
 
 
-def _scan_names(names: list[str], dev: int, proc_root: str, scan: HolderScan) -> None:
+def scan_names(names: list[str], dev: int, proc_root: str, scan: HolderScan) -> None:
     token = dev_token(dev)
     for name in names:
         pid = int(name)
@@ -433,125 +434,17 @@ def _scan_names(names: list[str], dev: int, proc_root: str, scan: HolderScan) ->
             scan.pids_scanned += 1
 
 
-# Below this many processes one process scans alone: starting a worker (~15 ms) would cost more than it saves.
-PARALLEL_MIN_PIDS = 600
-MAX_WORKERS = 4
+WORKER_FLAG = "--scan-holders-worker"
+WORKER_SCRIPT = os.path.abspath(__file__)  # what a worker interpreter runs, alone
 
 
-def default_workers(n_pids: int) -> int:
-    """How many processes share a scan: one per usable CPU, at most MAX_WORKERS, one per PARALLEL_MIN_PIDS pids.
-
-    Measured on 2 CPUs with 2,000 busy processes: 0.36 s with two against 0.57 s with one when a CPU is
-    free, and about 10% slower than one when other work saturates both. The load average is no guide to
-    which case holds (it counts tasks waiting on I/O), so the CPU count decides; serving hosts have many,
-    mostly idle while the GPUs work.
-    """
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return max(1, min(cpus, MAX_WORKERS, n_pids // PARALLEL_MIN_PIDS))
-
-
-def scan_holders(dev: int, *, proc_root: str = "/proc", workers: int | None = None) -> HolderScan:
-    """Every live process's mappings and open descriptors on device ``dev``.
-
-    A process that exits during the scan is simply gone. One whose maps or fd directory cannot be read for any
-    other reason is recorded in ``unreadable``: the caller must treat the scan as incomplete for it, as it must
-    an ``unstable`` one (``proc_settle.settle_scan``: /proc is listed again while a listing loses a process unread).
-    Raises OSError when ``proc_root`` itself cannot be listed.
-
-    Reading maps is kernel work (the kernel formats every mapping of every process), and Python threads do
-    not spread it over CPUs: each of the many short syscalls hands the GIL back and forth. So on a busy host
-    the pid list is split between this process and ``workers - 1`` child interpreters running this very file
-    as a script (stdlib only, started in ~15 ms, never forked from a possibly threaded caller). Each gets its
-    share of the pids from one listing, so no pid is missed between listings; a worker that fails to start
-    or answer has its share scanned here instead, so parallelism never changes the answer.
-    """
-    t0 = time.perf_counter()
-    names = [n for n in os.listdir(proc_root) if n.isdigit()]
-    n = default_workers(len(names)) if workers is None else max(1, min(workers, len(names) or 1))
-    shards = [names[i::n] for i in range(n)]
-    children = [_start_worker(dev, proc_root, shard) for shard in shards[1:]]
-    scan = HolderScan(dev=dev, workers=n)
-    _scan_names(shards[0], dev, proc_root, scan)
-    for shard, child in zip(shards[1:], children, strict=True):
-        if child is None or not _collect_worker(child, scan):
-            scan.worker_failures += 1
-            _scan_names(shard, dev, proc_root, scan)
-    # start-up: the scan's worker interpreters run this file alone (-I -S, no package): it imports none at the top
-    from reconciler.observe.proc_settle import settle_scan
-
-    settle_scan(
-        scan,
-        list_pids=lambda: [n for n in os.listdir(proc_root) if n.isdigit()],
-        start_time=lambda pid: (read_stat(pid, proc_root) or (None, False))[0],
-        scan_names=lambda more, into: _scan_names(more, dev, proc_root, into),
-    )
-    scan.elapsed_s = time.perf_counter() - t0
-    return scan
-
-
-def _start_worker(dev: int, proc_root: str, names: list[str]) -> subprocess.Popen[bytes] | None:
-    if not sys.executable:
-        return None
-    try:
-        child = subprocess.Popen(
-            [sys.executable, "-I", "-S", os.path.abspath(__file__), _WORKER_FLAG, str(dev), proc_root],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            close_fds=True,
-        )
-        assert child.stdin is not None
-        # A few KiB of pid names: fits the pipe buffer, so this never waits for the child.
-        child.stdin.write(" ".join(names).encode())
-        child.stdin.close()
-        child.stdin = None  # closed: communicate() must not flush it
-        return child
-    except OSError:
-        return None
-
-
-def _collect_worker(child: subprocess.Popen[bytes], scan: HolderScan) -> bool:
-    """Merge a worker's answer into ``scan``; False (and nothing merged) when it did not answer in full."""
-    try:
-        out, _ = child.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        child.communicate()
-        return False
-    if child.returncode != 0:
-        return False
-    try:
-        scanned, mapped, unlinked, fds, unreadable, seen, cards, lost = marshal.loads(out)
-    except (EOFError, ValueError, TypeError):
-        return False
-    scan.pids_scanned += scanned
-    for pid, inodes in mapped:
-        scan.mapped.setdefault(pid, set()).update(inodes)
-    for pid, recs in unlinked:
-        scan.unlinked_maps.setdefault(pid, []).extend(MapRecord(*r) for r in recs)
-    for pid, items in fds:
-        scan.fds.setdefault(pid, []).extend(FdTarget(*f) for f in items)
-    for pid, why in unreadable:
-        scan.unreadable.setdefault(pid, why)
-    scan.seen.update(seen)
-    for pid, minors in cards:
-        scan.cards.setdefault(pid, set()).update(minors)
-    scan.lost.extend(lost)
-    return True
-
-
-_WORKER_FLAG = "--scan-holders-worker"
-
-
-def _worker_main(argv: list[str]) -> int:
-    """A scan worker: pid names on stdin, its part of a HolderScan on stdout (marshal; same interpreter)."""
+def worker_main(argv: list[str]) -> int:
+    """A scan worker: pid names on stdin, its part of a HolderScan on stdout (marshal; same interpreter), read back
+    by ``holder_scan``'s ``_collect_worker`` in the order written here."""
     dev, proc_root = int(argv[0]), argv[1]
     names = sys.stdin.buffer.read().decode().split()
     scan = HolderScan(dev=dev)
-    _scan_names(names, dev, proc_root, scan)
+    scan_names(names, dev, proc_root, scan)
     payload = (
         scan.pids_scanned,
         [(pid, list(inodes)) for pid, inodes in scan.mapped.items()],
@@ -576,6 +469,6 @@ def _worker_main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == _WORKER_FLAG:
-        raise SystemExit(_worker_main(sys.argv[2:]))
-    raise SystemExit(f"usage: {sys.argv[0]} {_WORKER_FLAG} DEV PROC_ROOT  (pid names on stdin)")
+    if len(sys.argv) == 4 and sys.argv[1] == WORKER_FLAG:
+        raise SystemExit(worker_main(sys.argv[2:]))
+    raise SystemExit(f"usage: {sys.argv[0]} {WORKER_FLAG} DEV PROC_ROOT  (pid names on stdin)")

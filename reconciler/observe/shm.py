@@ -8,7 +8,7 @@ reclaim, by ``reconciler.apply.shm_guard.reclaim``. It applies the safety rules 
    an entry (another device) and a file with more than one hard link (another name elsewhere may be in use)
    are listed as skipped, never as candidates.
 2. A file is owned when a live process maps it or holds it open, matched by device and inode
-   (``procfs.scan_holders``), never by path text. While a running container with native offload configured
+   (``holder_scan.scan_holders``), never by path text. While a running container with native offload configured
    could own an unowned file, that file is ``blocked``, not ``orphan``: every such container could, except one
    that is settled (recorded healthy by this install: its model loaded, its offload file made) and seen holding
    a file of the tmpfs in this very inspection (its file is accounted for: an unowned one is not its).
@@ -32,13 +32,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from reconciler.base.redact import redact_argv
 from reconciler.observe.card_nodes import card_holders
-from reconciler.observe.procfs import (
-    HolderScan,
-    innermost_known,
-    parse_cgroup_container_ids,
-    read_comm,
-    scan_holders,
-)
+from reconciler.observe.holder_scan import scan_holders
+from reconciler.observe.procfs import HolderScan, innermost_known, parse_cgroup_container_ids, read_comm
 from reconciler.observe.shapes import status_json
 from reconciler.plan.observed import (
     ContainerView,

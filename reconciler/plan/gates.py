@@ -13,7 +13,7 @@ RECIPE --report``'s decision. Imports nothing but the standard library and the b
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,6 +155,35 @@ def _gate_spec(runs: Sequence[Mapping[str, Any]], want: float) -> list[str]:
     return out
 
 
+def _gate_repeat(runs: Sequence[Mapping[str, Any]], want: int) -> list[str]:
+    passing = sum(1 for r in runs if r.get("status") == "passed")
+    return [f"repeat: {passing} passing run(s) of this hash; the gate is {want}"] if passing < want else []
+
+
+# How each gate of GATE_KEYS judges a record: (its runs, the gate's value, its cards' slots) -> the gate's failures.
+_Judge = Callable[[Sequence[Mapping[str, Any]], Any, Sequence[str]], list[str]]
+_GATES: Mapping[str, _Judge] = {
+    "preflight": lambda runs, want, _cards: _gate_preflight(runs, want),
+    "ladder_tokens": lambda runs, want, _cards: _gate_ladder_tokens(runs, float(want)),
+    "min_decode_tok_s": lambda runs, want, _cards: _gate_min(runs, "decode_tok_s", "min_decode_tok_s", float(want)),
+    "min_prefill_tok_s": lambda runs, want, _cards: _gate_min(runs, "prefill_tok_s", "min_prefill_tok_s", float(want)),
+    "max_ttft_s": lambda runs, want, _cards: _gate_ttft(runs, want if isinstance(want, Mapping) else {}),
+    "reserve_free_gib": lambda runs, want, cards: _gate_reserve(runs, float(want), cards),
+    "reload": lambda runs, want, _cards: _gate_reload(runs, want),
+    "min_spec_acceptance": lambda runs, want, _cards: _gate_spec(runs, float(want)),
+    "repeat": lambda runs, want, _cards: _gate_repeat(runs, int(want)),
+}
+
+
+def _no_evidence(records: Sequence[Mapping[str, Any]], recipe_hash: str) -> str:
+    """Why no record counts: none of this hash, and which hashes the records kept are of (an earlier recipe)."""
+    others = sorted({str(r.get("recipe_hash")) for r in records if r.get("recipe_hash")})
+    why = f"no evidence for recipe hash {recipe_hash}"
+    if others:
+        why += f" (evidence of {', '.join(others)} does not count: the recipe changed since; qualify it again)"
+    return why
+
+
 def evaluate(records: Sequence[Mapping[str, Any]], recipe_hash: str, gates: Mapping[str, Any]) -> GateVerdict:
     """The newest record of ``recipe_hash`` judged against ``gates``; every failed gate named with its figure."""
     unknown = sorted(set(gates) - set(GATE_KEYS))
@@ -162,13 +191,7 @@ def evaluate(records: Sequence[Mapping[str, Any]], recipe_hash: str, gates: Mapp
         return GateVerdict(False, tuple(f"{k}: no such gate (known: {', '.join(GATE_KEYS)})" for k in unknown))
     mine = [r for r in records if r.get("recipe_hash") == recipe_hash and not r.get("unreadable")]
     if not mine:
-        others = sorted({str(r.get("recipe_hash")) for r in records if r.get("recipe_hash")})
-        why = f"no evidence for recipe hash {recipe_hash}" + (
-            f" (evidence of {', '.join(others)} does not count: the recipe changed since; qualify it again)"
-            if others
-            else ""
-        )
-        return GateVerdict(False, (why,))
+        return GateVerdict(False, (_no_evidence(records, recipe_hash),))
     record = max(mine, key=lambda r: float(r.get("started") or 0))
     runs = _runs(record)
     failures: list[str] = []
@@ -178,24 +201,5 @@ def evaluate(records: Sequence[Mapping[str, Any]], recipe_hash: str, gates: Mapp
         failures.append(f"runs: {len(failed_runs)} of {len(runs)} run(s) failed ({cause})")
     cards = [str(c.get("slot")) for c in record.get("cards") or [] if isinstance(c, Mapping)]
     for key, want in gates.items():
-        if key == "preflight":
-            failures += _gate_preflight(runs, want)
-        elif key == "ladder_tokens":
-            failures += _gate_ladder_tokens(runs, float(want))
-        elif key == "min_decode_tok_s":
-            failures += _gate_min(runs, "decode_tok_s", key, float(want))
-        elif key == "min_prefill_tok_s":
-            failures += _gate_min(runs, "prefill_tok_s", key, float(want))
-        elif key == "max_ttft_s":
-            failures += _gate_ttft(runs, want if isinstance(want, Mapping) else {})
-        elif key == "reserve_free_gib":
-            failures += _gate_reserve(runs, float(want), cards)
-        elif key == "reload":
-            failures += _gate_reload(runs, want)
-        elif key == "min_spec_acceptance":
-            failures += _gate_spec(runs, float(want))
-        elif key == "repeat":
-            passing = len(runs) - len(failed_runs)
-            if passing < int(want):
-                failures.append(f"repeat: {passing} passing run(s) of this hash; the gate is {int(want)}")
+        failures += _GATES[key](runs, want, cards)
     return GateVerdict(not failures, tuple(failures), str(record.get("file") or record.get("date")), tuple(gates))

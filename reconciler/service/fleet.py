@@ -5,7 +5,7 @@ tmpfs. A host that does not answer is shown as unreachable, with why, never gues
 only and never printed.
 
 Each host stays a per-host agent (its own loop guards its own cards, tmpfs and processes): this only reads them.
-Called by ``reconciler.cli.fleet``.
+Called by ``reconciler.cli.commands.fleet``.
 """
 
 from __future__ import annotations

@@ -225,6 +225,31 @@ def test_an_import_inside_a_function_says_why() -> None:
     )
 
 
+# Imports of the package left inside functions, across the package. The goal is 40, reached: what is left is a lazy
+# door each (the loop's client before a command is parsed, the error classes and redaction's patterns for the few
+# commands that print one, an SDK one command needs), the service's 13 and observe()'s 8 among them, which are being
+# reworked. An import that waits for its first use is mostly a module that should be split by who uses it (as each
+# command's handler is its own module, imported when the command runs: reconciler/cli/commands/); lower this when
+# the count falls, never raise it.
+MAX_INNER_IMPORTS = 40
+
+
+def test_imports_inside_functions_stay_under_their_ceiling() -> None:
+    """Imports of the package inside functions number at most ``MAX_INNER_IMPORTS``; the goal is 40 (77 before the
+    command line's handlers became modules of their own)."""
+    inner = [
+        f"{path.relative_to(PKG.parent)}:{line} {imp}"
+        for path in sorted(PKG.rglob("*.py"))
+        for imp, line, is_inner in _imports(path)
+        if is_inner
+    ]
+    assert len(inner) <= MAX_INNER_IMPORTS, (
+        f"{len(inner)} imports of the package inside functions, over the ceiling of {MAX_INNER_IMPORTS} (the goal is "
+        "40): import at the top of a module that only its users load, or split the module by who uses it:\n  "
+        + "\n  ".join(inner)
+    )
+
+
 MAX_LINES = 600  # a module past this holds more than one concern: split it by meaning (ruff's C901 bounds functions)
 
 

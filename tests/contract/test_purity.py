@@ -54,17 +54,18 @@ def test_front_ends_stand_on_the_service_never_on_each_other() -> None:
                 names.update(a.name for a in node.names)
         found[mod] = names
     # The allowed edges: the parser (reconciler.cli) registers the other command-line modules' commands, and hands a
-    # command the running loop answers to the client of its socket; `run` builds the loop with the front-ends it
-    # hosts (reconciler.cli.front_ends, the one place that wires the loop to its servers).
+    # command the running loop answers to the client of its socket; `mcp`'s handler serves the MCP server on stdio;
+    # `run`'s builds the loop with the front-ends it hosts (reconciler.cli.front_ends, the one place that wires the
+    # loop to its servers).
     allowed = {
         ("reconciler.cli", "reconciler.cli.apply"),
         ("reconciler.cli", "reconciler.cli.run"),
         ("reconciler.cli", "reconciler.cli.shm"),
         ("reconciler.cli", "reconciler.cli.tools"),
-        ("reconciler.cli", "reconciler.mcp_server"),
+        ("reconciler.cli.commands.mcp", "reconciler.mcp_server"),
         ("reconciler.__main__", "reconciler.cli"),
         ("reconciler.cli", "reconciler.control.client"),
-        ("reconciler.cli.run", "reconciler.cli.front_ends"),
+        ("reconciler.cli.commands.run", "reconciler.cli.front_ends"),
         ("reconciler.cli.front_ends", "reconciler.api"),
         ("reconciler.cli.front_ends", "reconciler.control.server"),
     }

@@ -24,7 +24,8 @@ finally:
         json.dump(sorted(sys.modules), f)
 """
 
-# Every module of the package `--help` may load: the parser's, and what its commands' modules import at their top.
+# Every module of the package `--help` may load: the parser's, and what its commands' modules import at their top
+# (each command's handler, under reconciler.cli.commands, is loaded only when that command runs).
 HELP_MODULES = frozenset(
     {
         "reconciler",
@@ -40,6 +41,7 @@ HELP_MODULES = frozenset(
         "reconciler.cli.qualify",
         "reconciler.cli.run",
         "reconciler.cli.shm",
+        "reconciler.cli.style",
         "reconciler.cli.tools",
         "reconciler.load",
         "reconciler.load.file_schema",
@@ -103,3 +105,32 @@ def test_help_loads_only_the_listed_modules_of_the_package_and_nothing_heavy(tmp
 def test_every_subcommands_help_loads_nothing_heavy(tmp_path: Path) -> None:
     for args in (("plan", "--help"), ("apply", "--help"), ("shm", "status", "--help"), ("run", "--help")):
         assert not heavy(loaded(tmp_path, *args)), args
+
+
+def test_every_commands_handler_is_found_and_none_is_loaded_by_the_parser() -> None:
+    """Each command names its handler (``reconciler.cli.common.Command``) by module and function, imported when it
+    runs: every one named resolves to a function, and building the parser loaded none of their modules."""
+    import argparse
+
+    from reconciler.cli import build_parser
+    from reconciler.cli.common import Command
+
+    before = set(sys.modules)
+    parser = build_parser()
+    named: list[Command] = []
+
+    def walk(p: argparse.ArgumentParser) -> None:
+        func = p.get_default("func")
+        if isinstance(func, Command):
+            named.append(func)
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in dict.fromkeys(action.choices.values()):
+                    walk(sub)
+
+    walk(parser)
+    loaded = {m for m in set(sys.modules) - before if m.startswith("reconciler.cli.commands")}
+    assert not loaded, loaded
+    assert len(named) >= 20, named
+    for command in named:
+        assert callable(command.handler()), command

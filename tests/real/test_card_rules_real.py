@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from e2e_helpers import IMAGE, SLEEP, Root, docker_cli, shm_config, wait_until
 
-from reconciler.observe.procfs import NVIDIA_MAJOR, scan_holders
+from reconciler.observe.holder_scan import scan_holders
+from reconciler.observe.procfs import NVIDIA_MAJOR
 from reconciler.observe.shm import inspect_shm
 from reconciler.plan.observed import NodeHolder, Reading
 

@@ -663,27 +663,31 @@ def test_a_crashed_container_counts_once_in_the_backoff_before_its_leave_runs(tm
         return Plan(host="h", actions=(a,))
 
     # The crash is data the planner carries (the code its container exited with), never read back from the words.
-    assert loop._count_crashes(desired, leave("c0", "reconciler-omni-dark-compute-b is exited with code 137")) is False
+    assert (
+        loop.failures.crashes(desired, leave("c0", "reconciler-omni-dark-compute-b is exited with code 137")) is False
+    )
     crashed = leave("c1", "reconciler-omni-dark-compute-b is exited with code 137", exit_code=137)
-    assert loop._count_crashes(desired, crashed) is True
+    assert loop.failures.crashes(desired, crashed) is True
     assert loop.backoff.entries[f"omni@{B}"].failures == 1
     assert f"omni@{B}" in loop.backoff.holds(), "the enter of this very pass is held"
     # The same container planned to leave again (its leave failed): not counted twice.
-    assert loop._count_crashes(desired, crashed) is False
+    assert loop.failures.crashes(desired, crashed) is False
     assert loop.backoff.entries[f"omni@{B}"].failures == 1
     # The next crash is another container: counted, and the delay doubles.
-    assert loop._count_crashes(
+    assert loop.failures.crashes(
         desired, leave("c2", "reconciler-omni-dark-compute-b is exited with code 1", exit_code=1)
     )
     e = loop.backoff.entries[f"omni@{B}"]
     assert (e.failures, e.until) == (2, 1020.0)
     # A clean exit, a recipe not in the manifest, a container never started: no failure.
     assert (
-        loop._count_crashes(desired, leave("c3", "reconciler-omni-dark-compute-b is exited with code 0", exit_code=0))
+        loop.failures.crashes(desired, leave("c3", "reconciler-omni-dark-compute-b is exited with code 0", exit_code=0))
         is False
     )
-    assert loop._count_crashes(desired, leave("c4", "x is exited with code 137", recipe="gone", exit_code=137)) is False
-    assert loop._count_crashes(desired, leave("c5", "x was created but never started")) is False
+    assert (
+        loop.failures.crashes(desired, leave("c4", "x is exited with code 137", recipe="gone", exit_code=137)) is False
+    )
+    assert loop.failures.crashes(desired, leave("c5", "x was created but never started")) is False
     assert loop.backoff.entries[f"omni@{B}"].failures == 2
     assert loop.metrics.backoff_failures.labels(recipe="omni")._value.get() == 2
 

@@ -675,7 +675,7 @@ def test_vanished_pid_is_gone_but_unreadable_pid_fails_closed(shm: Path, tmp_pat
 
 
 def test_parallel_scan_gives_the_same_answer(shm: Path, holders: Holders) -> None:
-    from reconciler.observe.procfs import scan_holders
+    from reconciler.observe.holder_scan import scan_holders
 
     for i in range(4):
         make_file(shm / f"vllm_offload_{i}.mmap", 64 * 1024)
@@ -692,7 +692,7 @@ def test_parallel_scan_gives_the_same_answer(shm: Path, holders: Holders) -> Non
 
 def test_failed_scan_workers_change_nothing(shm: Path, holders: Holders, monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker that cannot start or dies has its share scanned in-process: same answer, failure counted."""
-    from reconciler.observe.procfs import scan_holders
+    from reconciler.observe.holder_scan import scan_holders
 
     make_file(shm / "vllm_offload_0.mmap", 64 * 1024)
     p = holders.start("map", shm / "vllm_offload_0.mmap")

@@ -20,7 +20,7 @@ from e2e_helpers import make_file, shm_config
 
 from reconciler.apply.shm_guard import reclaim
 from reconciler.model import ShmConfig
-from reconciler.observe.procfs import scan_holders
+from reconciler.observe.holder_scan import scan_holders
 from reconciler.plan.observed import Reading
 
 REPO = Path(__file__).resolve().parents[2]

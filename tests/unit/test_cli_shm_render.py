@@ -4,7 +4,7 @@ real tmpfs in test_shm_guard.py)."""
 from __future__ import annotations
 
 from reconciler.apply.shm_results import KeptFile, ReclaimResult, RemovedFile
-from reconciler.cli.shm import render_reclaim, render_status
+from reconciler.cli.commands.shm import render_reclaim, render_status
 from reconciler.observe.shapes import status_json
 from reconciler.plan.observed import Owner, Reading, ShmFile, ShmView, Tmpfs, Uninspectable
 
@@ -99,7 +99,7 @@ def test_reclaim_texts() -> None:
 
 
 def test_owners_are_grouped_by_container_each_pid_once() -> None:
-    from reconciler.cli.shm import _owners
+    from reconciler.cli.commands.shm import _owners
 
     owners = (
         Owner(7566, "map", "lane"),

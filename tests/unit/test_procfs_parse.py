@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.observe.holder_scan import scan_holders
 from reconciler.observe.proc_settle import settle_scan
 from reconciler.observe.procfs import (
     FdTarget,
@@ -20,7 +21,6 @@ from reconciler.observe.procfs import (
     parse_cgroup_container_ids,
     parse_maps,
     parse_maps_line,
-    scan_holders,
 )
 from reconciler.observe.shm import DirEntry, DirListing, build_view, describe_owners, owner_container
 from reconciler.plan.observed import ContainerView, Owner, Reading, Tmpfs

@@ -258,3 +258,11 @@ def test_the_reports_tables_are_the_records_figures() -> None:
     assert "accepted 1,203 of 2,320 draft tokens (51.9%)" in md
     assert "- single-request capacity evidence, not concurrency proof" in md
     assert "(not the recipe's current hash)" in render_report(copy.deepcopy(rec), current_hash="other", gates=None)
+
+
+def test_every_gate_has_one_judge_in_the_gates_table() -> None:
+    """The gates are judged by a table (``_GATES``), one judge per key of ``GATE_KEYS``: a key added to one and not
+    the other would be refused as unknown or fail with a KeyError."""
+    from reconciler.plan.gates import _GATES, GATE_KEYS
+
+    assert tuple(_GATES) == GATE_KEYS
