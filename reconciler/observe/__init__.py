@@ -15,11 +15,14 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING
 
+# Both light (the seams import each real reader on first use; the values are dataclasses), and loaded by every
+# observer already.
+from reconciler.observe.seams import REAL_SEAMS, ObserveSeams
+from reconciler.plan.observed import CardNodes, EnterFacts, LaneMemory, NodeHolder, Observed, observation
+
 if TYPE_CHECKING:
     from reconciler.model import HostConfig
     from reconciler.observe.containers import EngineObserver
-    from reconciler.observe.seams import ObserveSeams
-    from reconciler.plan.observed import Observed
 
 
 def observe(
@@ -36,9 +39,7 @@ def observe(
     (``enter_checks.enter_needs``: what the recipes' enters need) are looked up for the planner's checks of knowable
     failures; without them those are not judged. ``sleep_origins`` (recipe -> its lane's origin, for the recipes
     with [sleep]): each running lane of this host of those recipes is asked whether it sleeps."""
-    # start-up: one observer alone (python -m reconciler.observe.shm) pays for none of the others (docstring)
-    from reconciler.observe.seams import REAL_SEAMS
-    from reconciler.plan.observed import CardNodes, EnterFacts, LaneMemory, NodeHolder, observation
+    # start-up: one observer alone (python -m reconciler.observe.shm) pays for no state file's reader (docstring)
     from reconciler.store.state import read_ownership
 
     seams = seams or REAL_SEAMS

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from reconciler.apply.host_io import REAL_IO  # the door alone imports this module, and it reads the host
 from reconciler.base.errors import ConfigError
 from reconciler.model import DesiredAssignment, DesiredState, served_names
 from reconciler.store.loop_state import read_loop_state
@@ -76,8 +77,6 @@ def door_view(ctx: CallContext) -> DoorView:
 
 
 def _real_io() -> HostIO:
-    from reconciler.apply.host_io import REAL_IO  # start-up: a command that builds no door view loads no apply layer
-
     return REAL_IO
 
 
