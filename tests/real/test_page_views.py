@@ -182,13 +182,14 @@ def test_every_view_follows_a_switch_between_standby_topologies_at_once(
     while time.monotonic() < deadline:
         shown = b.script(DOM_CARDS)
         if not pictured and any(wake for _, _, wake in shown):
-            # the switch in progress, as the README's pictures show it: the split's lanes waking, tp2 going to sleep
+            # the switch in progress, as the README's pictures show it: the split's lanes waking, tp2 asleep already
             shot(b, "switch-in-progress")
             pictured = True
         whole, got = sample(b, lp, root)
-        for lane, phase, wake in [*shown, *got.pop("cards")]:
+        live = got.pop("cards")
+        for lane, phase, wake in [*shown, *live]:
             # A card whose wake is in flight says so in its phase too: waking, never the asleep it was.
-            assert not wake or phase == "waking", f"{lane} reads {phase} while its wake is in flight: {shown}"
+            assert not wake or phase == "waking", f"{lane} reads {phase} while its wake is in flight: {shown} {live}"
             if phase == "waking":
                 assert lane in (ca, cb) and wake, (lane, shown)
                 woken.add(lane)
