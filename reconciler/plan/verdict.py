@@ -54,6 +54,20 @@ def in_flight(status: Mapping[str, Any], action: Mapping[str, Any]) -> bool:
     return label in acting(status)
 
 
+def acting_on(status: Mapping[str, Any], recipe: str, gpus: Any) -> str | None:
+    """The kind of the action of the status's plan on the lane ``recipe`` on ``gpus`` that the running loop's pass
+    is taking now (``in_flight``): enter, wake, sleep or leave; None when none is. The plan made now holds only
+    what is still to do, so an action the pass has finished (its lane woken, asleep, gone) is no longer in flight
+    here: what a view says of the lane is then what it observes."""
+    lane = tuple(gpus or ())
+    for a in (status.get("plan") or {}).get("actions") or ():
+        if not isinstance(a, Mapping) or a.get("recipe") != recipe or tuple(a.get("gpus") or ()) != lane:
+            continue
+        if a.get("kind") in ("enter", "wake", "sleep", "leave") and in_flight(status, a):
+            return str(a["kind"])
+    return None
+
+
 def _lanes(items: Any) -> str:
     return ", ".join(f"{i.get('recipe')} on {','.join(i.get('gpus') or ())}" for i in items if isinstance(i, Mapping))
 

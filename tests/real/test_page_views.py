@@ -1,4 +1,4 @@
-"""Every view tells the truth at the same moment (issue 44, items 1 and 2), against a real `reconciler run` on the
+"""Every view tells the truth at the same moment (issue 44, items 1, 2 and 6), against a real `reconciler run` on the
 real engine with fake-vLLM lanes that sleep (examples/fake-vllm), in a real headless Chromium (tests/webdriver.py)
 and real HTTP clients:
 
@@ -11,8 +11,9 @@ and real HTTP clients:
   until the pass that converges it ends, converged after. A sample read across the end of a pass (the pass counter
   of /healthz moved between its first and last read) is taken again.
 
-With PAGE_SCREENSHOTS=1 it writes the page during the switch over the API, while the loop wakes the split's lanes
-(each takes two seconds), to docs/page/switch-in-progress.png, and fails when it never saw a wake in flight.
+While the loop wakes the split's lanes (each takes two seconds) a lane card reads ``waking``, never the ``asleep`` it
+was, in the live part at each sample and in the page's DOM (issue 44, item 6). With PAGE_SCREENSHOTS=1 it writes
+the page then to docs/page/switch-in-progress.png, and fails when it never saw a wake in flight.
 """
 
 from __future__ import annotations
@@ -36,19 +37,26 @@ TOKEN = "t0ken-for-the-page-views-" + "v" * 16
 SHOTS = REPO / "docs" / "page"
 FRESH_S = 2.0  # the README's promise: any change on the page within two seconds
 
-# The live part as the browser fetches it now (not the DOM its last poll left): its verdict.
-LIVE_VERDICT = """
-var x = new XMLHttpRequest(); x.open('GET', '/page/live', false); x.send();
-if (x.status !== 200) { return 'http ' + x.status; }
-var d = new DOMParser().parseFromString(x.responseText, 'text/html');
-var h = d.querySelector('#verdict'); return h ? h.getAttribute('data-verdict') : null;
+# The lane cards of a document: each one's lane, its phase, and whether it says the loop's own wake is in flight.
+CARDS = """
+var cards = function (d) { return Array.from(d.querySelectorAll('[data-lane]')).map(e => [e.dataset.lane,
+  e.dataset.phase, Array.from(e.querySelectorAll('p.progress')).some(p => /the running loop's own wake/.test(
+  p.textContent))]); };
 """
 
-# Whether a lane card on the page (its DOM, as the last poll left it) says the loop's own wake is in flight.
-WAKING = (
-    "return Array.from(document.querySelectorAll('[data-lane] p.progress'))"
-    ".some(e => /the running loop's own wake/.test(e.textContent))"
+# The live part as the browser fetches it now (not the DOM its last poll left): its verdict and its lane cards.
+LIVE = (
+    CARDS
+    + """
+var x = new XMLHttpRequest(); x.open('GET', '/page/live', false); x.send();
+if (x.status !== 200) { return ['http ' + x.status, []]; }
+var d = new DOMParser().parseFromString(x.responseText, 'text/html');
+var h = d.querySelector('#verdict'); return [h ? h.getAttribute('data-verdict') : null, cards(d)];
+"""
 )
+
+# The lane cards on the page, as its last poll left the DOM.
+DOM_CARDS = CARDS + "return cards(document);"
 
 
 @pytest.fixture
@@ -108,7 +116,8 @@ def metric_verdict(lp: LoopProcess) -> tuple[str | None, float | None]:
 def sample(b: Browser, lp: LoopProcess, root: Root) -> tuple[bool, dict[str, Any]]:
     """The five views read one after another, as close together as they can be; whether no pass ended meanwhile."""
     before = passes(lp)
-    got: dict[str, Any] = {"page": b.script(LIVE_VERDICT)}
+    page, cards = b.script(LIVE)
+    got: dict[str, Any] = {"page": page, "cards": cards}
     got["healthz"] = lp.healthz()[1]["verdict"]
     got["v1/status"] = api(lp, "GET", "/v1/status")["verdict"]["word"]
     got["metrics"], drift = metric_verdict(lp)
@@ -168,13 +177,22 @@ def test_every_view_follows_a_switch_between_standby_topologies_at_once(
     seen: list[dict[str, Any]] = []
     retaken = 0
     pictured = False
+    woken: set[str] = set()  # the split's lanes a card read waking while the loop's own wake of it was in flight
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        if not pictured and b.script(WAKING):
-            # the switch in progress, as the README's pictures show it: the split's lanes waking, tp2 going to sleep
+        shown = b.script(DOM_CARDS)
+        if not pictured and any(wake for _, _, wake in shown):
+            # the switch in progress, as the README's pictures show it: the split's lanes waking, tp2 asleep already
             shot(b, "switch-in-progress")
             pictured = True
         whole, got = sample(b, lp, root)
+        live = got.pop("cards")
+        for lane, phase, wake in [*shown, *live]:
+            # A card whose wake is in flight says so in its phase too: waking, never the asleep it was.
+            assert not wake or phase == "waking", f"{lane} reads {phase} while its wake is in flight: {shown} {live}"
+            if phase == "waking":
+                assert lane in (ca, cb) and wake, (lane, shown)
+                woken.add(lane)
         if not whole:
             retaken += 1
             continue
@@ -186,6 +204,7 @@ def test_every_view_follows_a_switch_between_standby_topologies_at_once(
             break
     if os.environ.get("PAGE_SCREENSHOTS") == "1":
         assert pictured, "the page never showed the split's lanes waking: docs/page/switch-in-progress.png not taken"
+    assert woken, "no lane card read waking while the loop woke the split's lanes (two seconds each)"
     words = [s["page"] for s in seen]
     assert words and words[-1] == "converged", (words, retaken)
     assert "converging" in words and set(words) == {"converging", "converged"}, (words, retaken)

@@ -83,6 +83,48 @@ def test_the_loops_own_enter_in_flight_is_not_an_apply_that_stopped() -> None:
     assert 'data-lane="omni" data-phase="entering"' in page and st["verdict"]["word"] == "converging"
 
 
+def test_a_lane_card_says_what_the_running_loop_is_doing_to_it_now() -> None:
+    """A switch between standby topologies: the split's lanes being woken read waking (not asleep), the TP=2 lane
+    being put to sleep going to sleep (not serving); an enter in flight entering, a leave leaving. Once the pass has
+    done an action the plan made now no longer holds it: the card says what it observes again."""
+    chat_a = container("reconciler-chat-a-a", "chat-a", [A], sleeping=True)
+    chat_b = container("reconciler-chat-b-b", "chat-b", [B], sleeping=True)
+    tp2 = container("reconciler-tp2-a-b", "tp2", [A, B], sleeping=False)
+    acts = [
+        {"kind": "sleep", "recipe": "tp2", "gpus": [A, B], "reason": "its topology is on standby"},
+        {"kind": "wake", "recipe": "chat-a", "gpus": [A], "reason": "its topology runs now"},
+        {"kind": "wake", "recipe": "chat-b", "gpus": [B], "reason": "its topology runs now"},
+    ]
+    st = doc([chat_a, chat_b, tp2], desired={A: "chat-a", B: "chat-b"}, actions=copy.deepcopy(acts), changes=True)
+    st["standby"] = [{"recipe": "tp2", "gpus": [A, B]}]
+    # Planned, no pass taking it yet: what is observed.
+    page = html(st)
+    assert 'data-lane="chat-a" data-phase="asleep"' in page and 'data-lane="tp2" data-phase="serving"' in page, page
+    st["loop"] = {"pass": {"actions": [f"sleep tp2@{A}+{B}", f"wake chat-a@{A}", f"wake chat-b@{B}"]}}
+    st = with_verdict(st)
+    page = html(st)
+    assert 'data-lane="chat-a" data-phase="waking"' in page and 'data-lane="chat-b" data-phase="waking"' in page
+    assert 'data-lane="tp2" data-phase="going-to-sleep"' in page and ">going to sleep<" in page, page
+    assert st["verdict"]["word"] == "converging"
+    # The pass woke chat-a already: the plan made now holds no wake for it, the pass is still running.
+    st["plan"]["actions"] = [a for a in st["plan"]["actions"] if a["recipe"] != "chat-a"]
+    st["containers"][0]["sleeping"] = False
+    assert 'data-lane="chat-a" data-phase="serving"' in html(st)
+    # An enter and a leave in flight.
+    omni = container("reconciler-omni-b", "omni", [B])
+    leave = {"kind": "leave", "recipe": "omni", "gpus": [B], "reason": "no longer wanted"}
+    enter = {"kind": "enter", "recipe": "wide", "gpus": [A, B], "reason": "wanted by the manifest"}
+    st = doc([omni], desired={A: "wide", B: "wide"}, actions=[leave, enter], changes=True)
+    st["loop"] = {"pass": {"actions": [f"leave omni@{B}", f"enter wide@{A}+{B}"]}}
+    page = html(with_verdict(st))
+    assert 'data-lane="omni" data-phase="leaving"' in page and 'data-lane="wide" data-phase="entering"' in page
+    # This page's own apply in flight says the same words.
+    st = doc([chat_a], desired={A: "chat-a"}, actions=[copy.deepcopy(acts[1])], changes=True)
+    progress = {f"chat-a@{A}": {"kind": "wake", "phase": "waking", "detail": "waking"}}
+    page = live_html(PageData(status=st, files=[], audit=[], health=None, recipes={}, progress=progress))
+    assert 'data-lane="chat-a" data-phase="waking"' in page, page
+
+
 def test_the_blocked_tables_what_to_do_is_the_fix_and_a_failed_audit_row_its_error() -> None:
     blocker = {"recipe": "wide", "gpus": [A, B], "reason": "container x holds dark-compute-a", "holder": "x"}
     part = sections.plan_section({"blockers": [{**blocker, "cause": "held"}]})

@@ -14,7 +14,7 @@ from typing import Any
 
 from reconciler.api.page.markup import ago, el, size, table
 from reconciler.api.page.templates import Html, join, render
-from reconciler.plan.verdict import Verdict, acting, decide, in_flight
+from reconciler.plan.verdict import Verdict, acting, acting_on, decide, in_flight
 
 VERDICTS = {
     "converged": "converged",
@@ -252,15 +252,21 @@ def _matches(item: dict[str, Any], lane: Lane) -> bool:
 
 KEPT_SERVING = "kept serving: what would replace it is blocked"
 
+# A lane's phase while an action on it is in flight (the running loop's pass, or this page's own apply), by kind.
+ACTING = {"enter": "entering", "wake": "waking", "sleep": "going-to-sleep", "leave": "leaving"}
+
 
 def lane_phase(
     lane: Lane, plan: dict[str, Any], progress: dict[str, Any] | None = None, status: dict[str, Any] | None = None
 ) -> str:
-    """A lane's phase in one word: pending, entering, serving, asleep, leaving, kept (serving on a slot whose
-    replacement is blocked), failed, held, blocked, stopped; an action of this page's own apply in flight says which
-    (``progress``)."""
-    if progress:
-        return "entering" if progress.get("kind") in ("enter", "wake") else "leaving"
+    """A lane's phase in one word: pending, entering, waking, going-to-sleep, serving, asleep, leaving, kept
+    (serving on a slot whose replacement is blocked), failed, held, blocked, stopped. What is happening to it now
+    comes first: an action of this page's own apply in flight (``progress``), else the action of the plan the
+    running loop's pass is taking now (``reconciler.plan.verdict.acting_on``, as the verdict and the plan's
+    "in flight" reason read it): a sleeping lane being woken is waking, not asleep."""
+    kind = (progress or {}).get("kind") or acting_on(status or {}, lane.recipe, lane.slots)
+    if kind:
+        return ACTING.get(str(kind), "leaving")
     running = [c for c in lane.containers if c.get("state") == "running"]
     if not lane.wanted:
         if any(c.get("name") in (plan.get("kept_serving") or ()) for c in running):
@@ -352,6 +358,7 @@ def lane_card(
 def phase_text(lane: Lane, phase: str) -> str:
     if phase == "kept":
         return KEPT_SERVING
+    phase = phase.replace("-", " ")  # going-to-sleep: the hook is one token, the words are words
     return phase if lane.wanted else f"{phase} (no longer wanted)"
 
 
