@@ -11,6 +11,8 @@ ones for a lane whose topology no longer runs, and the drain waits until it has 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from reconciler.apply.context import ActionContext
@@ -98,6 +100,18 @@ def _not_drained(ctx: ActionContext, c: Any, recipe: Recipe | None, observed: Ob
     if recipe.health.url and not ctx.io.lanes.health_ok(recipe.health.url):
         return f"not drained: its health URL {recipe.health.url} does not answer (a failing lane)"
     return None
+
+
+@contextlib.contextmanager
+def taking_down(ctx: ActionContext, action: Action) -> Iterator[None]:
+    """While the lane of ``action`` is drained and then stopped or put to sleep: published as being taken down, so the
+    front door holds its new requests from its next look on (its view calls it ``leaving``), whoever takes it down
+    and whatever its topology; the mark goes once the action ends, done or not."""
+    undo = ctx.io.lanes.taking_down(ctx.desired.host.name, action.recipe or "", "+".join(action.gpus))
+    try:
+        yield
+    finally:
+        undo()
 
 
 def _drain_door(ctx: ActionContext, action: Action, timeout: float) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from reconciler.observe import observe
 from reconciler.observe.containers import EngineObserver
 from reconciler.observe.lane_sleep import ask_sleeping
 from reconciler.observe.seams import REAL_SEAMS, ObserveSeams
-from reconciler.store.door_state import door_lane
+from reconciler.store.door_state import door_lane, mark_taken_down, read_taken_down
 from reconciler.store.lock import manifest_edit_lock
 
 if TYPE_CHECKING:
@@ -71,6 +71,10 @@ class LaneHttp:
     # What the host's front door says of a lane (host, recipe): (when it last looked, its requests in flight there,
     # whether it admits new ones), or None without a live door (``reconciler.store.door_state``).
     front: Callable[[str, str], tuple[float, int, bool] | None]
+    # A lane being taken down (host, recipe, slots), published for the door: the undo (``mark_taken_down``); and the
+    # recipes whose lanes are being taken down now (host), as the door reads them.
+    taking_down: Callable[[str, str, str], Callable[[], None]] = mark_taken_down
+    taken_down: Callable[[str], frozenset[str]] = read_taken_down
 
 
 @dataclass(frozen=True)

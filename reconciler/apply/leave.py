@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from reconciler.apply import pagecache
 from reconciler.apply.context import ActionContext
-from reconciler.apply.drain import drain
+from reconciler.apply.drain import drain, taking_down
 from reconciler.apply.errors import ActionFailed
 from reconciler.base.units import human_bytes
 from reconciler.host.engine.protocol import NotFound
@@ -55,10 +55,11 @@ def leave(ctx: ActionContext, action: Action, observed: Observed) -> tuple[str, 
         return f"{action.container} already gone", 0
     recipe = ctx.desired.recipes.get(c.recipe or "")
     timeout = recipe.stop.timeout_s if recipe else DEFAULT_STOP_TIMEOUT_S
-    drained = drain(ctx, action, c, recipe, observed)
-    if c.active:
-        ctx.progress.phase(action, "stopping", timeout=timeout)
-        ctx.ops.stop(cid, timeout)
+    with taking_down(ctx, action):
+        drained = drain(ctx, action, c, recipe, observed)
+        if c.active:
+            ctx.progress.phase(action, "stopping", timeout=timeout)
+            ctx.ops.stop(cid, timeout)
     info = ctx.ops.inspect(cid)
     code = (info.get("State") or {}).get("ExitCode")
     never_started = c.state in NEVER_STARTED_STATES

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from reconciler.apply.context import ActionContext
-from reconciler.apply.drain import drain
+from reconciler.apply.drain import drain, taking_down
 from reconciler.apply.errors import ActionFailed, ActionRefused, Cancelled
 from reconciler.apply.lane_http import body_text, quote
 from reconciler.apply.leave import leave
@@ -50,15 +50,16 @@ class SleepSteps:
         c = self._lane(action, observed)
         t0 = self.ctx.io.clock.monotonic()
         try:
-            drained = drain(self.ctx, action, c, recipe, observed)
-            record = self.ctx.figures().get("drain") or {}
-            if record.get("timed_out"):
-                raise _WontSleep(f"{drained}; it is never put to sleep with requests in flight")
-            if self.ctx.cancel.is_set():
-                raise Cancelled(f"stop requested before {c.name} was put to sleep; it still runs, awake")
-            self.ctx.progress.phase(action, f"sleeping (level {spec.level})", timeout=spec.timeout_s)
-            self._call(origin, f"/sleep?level={spec.level}", None, spec, _WontSleep)
-            self._await_state(action, origin, spec, asleep=True, error=_WontSleep)
+            with taking_down(self.ctx, action):
+                drained = drain(self.ctx, action, c, recipe, observed)
+                record = self.ctx.figures().get("drain") or {}
+                if record.get("timed_out"):
+                    raise _WontSleep(f"{drained}; it is never put to sleep with requests in flight")
+                if self.ctx.cancel.is_set():
+                    raise Cancelled(f"stop requested before {c.name} was put to sleep; it still runs, awake")
+                self.ctx.progress.phase(action, f"sleeping (level {spec.level})", timeout=spec.timeout_s)
+                self._call(origin, f"/sleep?level={spec.level}", None, spec, _WontSleep)
+                self._await_state(action, origin, spec, asleep=True, error=_WontSleep)
         except _WontSleep as exc:
             left = self._leave_instead(action, c, observed)
             raise ActionFailed(f"{c.name} would not sleep ({exc}): left (stopped) instead; {left}") from None

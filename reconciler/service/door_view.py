@@ -9,7 +9,8 @@ states this gives; it writes nothing to the host except through the service's ow
 
 States of a lane (docs/design.md, the front door): ``serving`` (its topology runs, healthy and awake), ``entering``
 (its topology runs, not healthy yet), ``waking`` (its topology runs, still asleep), ``leaving`` (awake and healthy but
-its topology no longer runs: it is about to sleep or leave), ``asleep`` (on standby, asleep), ``standby`` (on standby,
+its topology no longer runs: it is about to sleep or leave; or a leave or a sleep of it has begun its drain, whoever
+runs it, published through ``HostIO.lanes.taking_down``: a lane replaced in place or moved to other slots), ``asleep`` (on standby, asleep), ``standby`` (on standby,
 not asleep yet or not answering), ``not-in-topology`` (no topology that runs or stands by has it), ``blocked`` (the
 loop's last pass was blocked while its topology runs and it does not serve).
 
@@ -73,14 +74,16 @@ def door_view(ctx: CallContext) -> DoorView:
     blocked = (
         str(last.get("message") or "blocked") if isinstance(last, dict) and last.get("result") == "blocked" else ""
     )
-    return build_view(desired, io, blocked=blocked)
+    return build_view(desired, io, blocked=blocked, leaving=io.lanes.taken_down(desired.host.name))
 
 
 def _real_io() -> HostIO:
     return REAL_IO
 
 
-def build_view(desired: DesiredState, io: HostIO, *, blocked: str = "") -> DoorView:
+def build_view(
+    desired: DesiredState, io: HostIO, *, blocked: str = "", leaving: frozenset[str] = frozenset()
+) -> DoorView:
     running = {a.recipe for a in desired.assignments}
     standby = {a.recipe for a in desired.standby}
     where: dict[str, list[str]] = {}
@@ -99,6 +102,8 @@ def build_view(desired: DesiredState, io: HostIO, *, blocked: str = "") -> DoorV
         state, why = _state(recipe_name, origin, recipe.health.url, recipe.sleep_origin(), running, standby, io)
         if state != "serving" and recipe_name in running and blocked:
             state, why = "blocked", blocked
+        elif state == "serving" and recipe_name in leaving:
+            state, why = "leaving", "it is being taken down now (replaced, or moved to other slots)"
         lanes[recipe_name] = LaneState(recipe_name, state, origin, served, tuple(where[recipe_name]), why)
         for n in served:
             # Two topologies may each serve a name by another recipe: the running one's lane answers it.

@@ -10,7 +10,10 @@ counts only while the pid it names is alive. It carries its format version (``re
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 from reconciler.base import fsafe
@@ -81,3 +84,53 @@ def door_status(host: str) -> dict[str, object] | None:
         return None
     models = data.get("models")
     return {"pid": data.get("pid"), "at": data.get("at"), "models": models if isinstance(models, dict) else {}}
+
+
+# A lane being taken down (drained, then stopped or put to sleep): one file per lane, named by its recipe and slots,
+# which are checked at load (never a path); anything else is never written.
+_LANE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*@[A-Za-z0-9][A-Za-z0-9._+-]*$")
+_DOWN = ".down."
+
+
+def mark_taken_down(host: str, recipe: str, slots: str) -> Callable[[], None]:
+    """Publish that the lane of ``recipe`` on ``slots`` is being taken down (its drain begins: a leave or a sleep,
+    whoever runs it, the loop or a stand-alone apply), for the door to hold its new requests (its view calls it
+    ``leaving``); the undo, called once the lane is stopped or asleep. A lane that cannot be marked (the runtime
+    directory unusable) is taken down all the same: the door's look at its health and topology is all it has then."""
+    lane = f"{recipe}@{slots}"
+    if not _LANE.match(lane):
+        return lambda: None
+    path = lock_dir() / f"reconciler-{host}{_DOWN}{lane}.json"
+    try:
+        runtime_dir(create=True)
+        fsafe.write_json(
+            path, stamped({"pid": os.getpid(), "recipe": recipe}, DOOR_STATE_FORMAT), indent=None, durable=False
+        )
+    except (OSError, fsafe.UnsafePath):
+        return lambda: None
+
+    def undo() -> None:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+    return undo
+
+
+def read_taken_down(host: str) -> frozenset[str]:
+    """The recipes of the lanes some live process is taking down now (``mark_taken_down``)."""
+    prefix = f"reconciler-{host}{_DOWN}"
+    out: set[str] = set()
+    try:
+        runtime_dir(create=False)
+        names = [n for n in os.listdir(lock_dir()) if n.startswith(prefix) and n.endswith(".json")]
+    except (OSError, fsafe.UnsafePath):
+        return frozenset()
+    for name in names:
+        try:
+            data = fsafe.read_json(lock_dir() / name, what="a lane's taken-down mark")
+            os.kill(int(data["pid"]), 0)
+        except (OSError, ValueError, KeyError, TypeError, fsafe.UnsafePath):
+            continue
+        if isinstance(data, dict) and not format_problem(data, reads=DOOR_STATE_FORMAT):
+            out.add(str(data.get("recipe")))
+    return frozenset(out)

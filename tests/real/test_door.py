@@ -273,6 +273,41 @@ def test_a_client_gone_cancels_upstream_and_a_dead_lane_ends_the_stream(root: Ro
         loop.stop()
 
 
+def test_a_lane_replaced_in_place_is_held_at_the_door_while_it_drains(root: Root) -> None:
+    """Its recipe edited while its topology keeps running: the loop drains the old lane (for the door's stream in
+    flight too), stops it and enters the new one. From the drain's start the door calls it leaving and holds its new
+    requests, which the new lane then answers: none is sent to the lane being drained."""
+    a = _lane(root, "swap", "swap", pace=20.0, drain_timeout_s=30)
+    _manifest(root, {"only": [(a, ["dark-compute-a"])]}, "only")
+    loop = LoopProcess(root).started(timeout=60)
+    door = DoorProcess(root)
+    try:
+        wait_until(lambda: _state(door, "swap") == "serving", timeout=60, what="the lane serves")
+        stream = door.client().chat.completions.create(
+            model="swap", messages=[{"role": "user", "content": "x"}], stream=True, max_tokens=80
+        )
+        it = iter(stream)
+        next(it)  # a stream of about 4 s in flight through the door: the drain waits for it
+        data = root.recipe_data(a)
+        data["container"]["env"] = {**data["container"].get("env", {}), "SWAP_EDITION": "2"}
+        root.write_recipe(a, data)
+        wait_until(lambda: _state(door, "swap") == "leaving", timeout=30, what="the door calls the lane leaving")
+        body = json.dumps({"model": "swap", "messages": [{"role": "user", "content": "y"}], "max_tokens": 2}).encode()
+        answers: list[tuple[int, bytes]] = []
+        sender = threading.Thread(target=lambda: answers.append(door.post("/v1/chat/completions", body, 150)[::2]))
+        sender.start()
+        for _ in it:  # the stream in flight ends whole: the drain waited for it
+            pass
+        sender.join(timeout=160)
+        assert answers and answers[0][0] == 200, answers
+        metrics = urllib.request.urlopen(door.url + "/metrics", timeout=5).read().decode()
+        held = [ln for ln in metrics.splitlines() if ln.startswith("reconciler_door_held_seconds_count")]
+        assert held and float(held[0].split()[-1]) >= 1, held  # held at the door, not sent to the draining lane
+    finally:
+        door.stop()
+        loop.stop()
+
+
 # ---------------------------------------------------------------- the demand policy
 
 

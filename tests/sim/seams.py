@@ -475,6 +475,18 @@ def sim_sources(world: World) -> Any:
     )
 
 
+def _taking_down(world: World) -> Any:
+    def taking_down(host: str, recipe: str, slots: str) -> Any:
+        world.taken_down[recipe] = world.taken_down.get(recipe, 0) + 1
+
+        def undo() -> None:
+            world.taken_down[recipe] -= 1
+
+        return undo
+
+    return taking_down
+
+
 def _unlink_agreed(world: World) -> Any:
     from reconciler.apply.shm_results import KeptFile, RemovedFile
     from reconciler.apply.shm_unlink import LeaseRefused, lease_kept
@@ -613,6 +625,9 @@ def sim_io(world: World) -> Any:
             readings=lambda desired, observed: {},
             # No front door stands before the simulated host's lanes.
             front=lambda host, recipe: None,
+            # The lanes being taken down, kept in the world (what the door's view reads of them).
+            taking_down=_taking_down(world),
+            taken_down=lambda host: frozenset(r for r, n in world.taken_down.items() if n > 0),
         ),
         shm=ShmIO(
             inspect=inspect,

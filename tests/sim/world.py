@@ -162,6 +162,7 @@ class World:
         self.seed = seed
         self.rng = random.Random(seed)
         self.now = 1_800_000_000.0  # the monotonic clock (only moves forward)
+        self.taken_down: dict[str, int] = {}  # recipe -> its lanes being taken down now (HostIO.lanes.taking_down)
         self._events = 0  # the order of the events ``event`` numbers (an instant of ``now`` holds many)
         # The wall clock is the monotonic one plus this offset, which jumps (NTP stepping it, an operator's date -s).
         self.wall_offset = 0.0
