@@ -16,7 +16,6 @@ import hmac
 import json
 import math
 import sys
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -27,6 +26,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from reconciler.base import jsonstrict
+from reconciler.base.clock import REAL_CLOCK, Clock
 from reconciler.base.errors import ReconcilerError
 from reconciler.door.demand import DemandPolicy
 from reconciler.door.hold import Holds, Refused
@@ -83,8 +83,10 @@ class Door:
         token: str | None = None,
         metrics: DoorMetrics | None = None,
         publish: Callable[[], None] = lambda: None,
+        clock: Clock = REAL_CLOCK,
     ):
         self.config = config
+        self.clock = clock  # the host's clocks (the simulation hands in its world's)
         self.token = token
         self.metrics = metrics or DoorMetrics()
         self.view: DoorView | None = None
@@ -131,7 +133,7 @@ class Door:
         elif self.demand is None or self.demand.spec != spec:
             self.demand = DemandPolicy(spec)
         if self.demand is not None:
-            self.demand.observe(view, time.time())
+            self.demand.observe(view, self.clock.time())
         for model in list(self.holds.queues):
             recipe = view.recipe_of(model)
             lane = view.lanes.get(recipe) if recipe else None
@@ -184,7 +186,7 @@ class Door:
         view, policy = self.view, self.demand
         if view is None or policy is None:
             return
-        now = time.time()
+        now = self.clock.time()
         to, refuse = policy.wanted(view, list(self.holds.queues), now)
         for model, why in refuse.items():
             self.holds.refuse(
@@ -302,7 +304,7 @@ class Door:
                     kind="unknown_model",
                 ),
             )
-        self.last_request[model] = time.time()
+        self.last_request[model] = self.clock.time()
         for last in (False, True):
             refused = await self._admit(request, model, recipe, body)
             if refused is not None:
@@ -383,7 +385,7 @@ class Door:
             if k.lower() not in _HOP and not (self.token is not None and k.lower() == "authorization")
         }
         self._enter(recipe)
-        t0 = time.monotonic()
+        t0 = self.clock.monotonic()
         try:
             resp = await self.session.request(request.method, url, data=raw, headers=headers)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
@@ -396,7 +398,7 @@ class Door:
         except BaseException:
             self._leave(recipe)
             raise
-        self.metrics.first_byte(time.monotonic() - t0)
+        self.metrics.first_byte(self.clock.monotonic() - t0)
         self.metrics.request(model, resp.status)
         stream = "text/event-stream" in resp.headers.get("content-type", "")
 

@@ -30,6 +30,7 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from sim.door_steps import DoorSteps, door_starts
 from sim.seams import installed
 from sim.world import GIB, LIVE_STATES, World
 
@@ -112,7 +113,7 @@ class _Sink(io.TextIOBase):
         return len(s)
 
 
-class HostMachine(RuleBasedStateMachine):
+class HostMachine(DoorSteps, RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.world: World | None = None
@@ -157,6 +158,8 @@ class HostMachine(RuleBasedStateMachine):
         git=st.deferred(
             lambda: st.sampled_from([False] * GIT_SHARE[0] + [True]) if GIT_SHARE[0] >= 0 else st.just(True)
         ),
+        # The front door open from the start in a share of the runs (sim.door.DOOR_SHARE); the others may open it.
+        door=st.deferred(door_starts),
     )
     def setup(
         self,
@@ -169,6 +172,7 @@ class HostMachine(RuleBasedStateMachine):
         podman: bool = False,
         nvml_hides_identity: bool = False,
         git: bool = False,
+        door: Any = None,
     ) -> None:
         self.world = World(seed, tmpfs_gib=tmpfs_gib, wsl2=wsl2)
         self.world.podman = podman
@@ -200,6 +204,7 @@ class HostMachine(RuleBasedStateMachine):
         self._publish("the recipes, and no lane yet")
         self._new_loop()
         self._sync()
+        self._open_door(door)
 
     def _write_host(self, shape: str, gpu_requests: bool, telemetry: str = "nvml") -> None:
         w = self.world
@@ -311,6 +316,7 @@ class HostMachine(RuleBasedStateMachine):
         self.loop = Loop(str(self.root), log=Log(stream=self.sink), backoff=Backoff(clock=lambda: w.wall()), io=w.io)
 
     def teardown(self) -> None:
+        self._close_door()
         if self._ctx is not None:
             self._ctx.__exit__(None, None, None)
             self._ctx = None
@@ -987,6 +993,7 @@ class HostMachine(RuleBasedStateMachine):
         except Exception as exc:  # noqa: BLE001 - invariant (e): nothing escapes a pass
             self.world.violate(f"(e) {type(exc).__name__} escaped a pass: {exc}")
             return None
+        self._door_saw_pass(self.loop)
         self._knowable_failures(result)
         if result is not None:
             self._judge_darkening(result.plan, live)
