@@ -92,7 +92,8 @@ class Door:
         self.view: DoorView | None = None
         self.holds = Holds(max_queue=config.max_queue, hold_s=config.hold_s)
         self.in_flight: dict[str, int] = {}
-        self.last_request: dict[str, float] = {}
+        self.last_request: dict[str, float] = {}  # epoch seconds, as status shows them
+        self.last_asked: dict[str, float] = {}  # the same on the monotonic clock, for the demand policy
         self.publish = publish
         self.session: aiohttp.ClientSession | None = None
         self.demand: DemandPolicy | None = None  # the manifest's demand: (opt-in)
@@ -133,7 +134,7 @@ class Door:
         elif self.demand is None or self.demand.spec != spec:
             self.demand = DemandPolicy(spec)
         if self.demand is not None:
-            self.demand.observe(view, self.clock.time())
+            self.demand.observe(view, self.clock.monotonic())
         for model in list(self.holds.queues):
             recipe = view.recipe_of(model)
             lane = view.lanes.get(recipe) if recipe else None
@@ -186,7 +187,7 @@ class Door:
         view, policy = self.view, self.demand
         if view is None or policy is None:
             return
-        now = self.clock.time()
+        now = self.clock.monotonic()  # durations: never the wall clock, which may be stepped
         to, refuse = policy.wanted(view, list(self.holds.queues), now)
         for model, why in refuse.items():
             self.holds.refuse(
@@ -200,7 +201,7 @@ class Door:
             )
         if to is None:
             to = policy.idle_return(
-                view, in_flight=self.in_flight, held=bool(self.holds.queues), last_request=self.last_request, now=now
+                view, in_flight=self.in_flight, held=bool(self.holds.queues), last_request=self.last_asked, now=now
             )
         if to is None or to == policy.topology:
             return
@@ -305,6 +306,7 @@ class Door:
                 ),
             )
         self.last_request[model] = self.clock.time()
+        self.last_asked[model] = self.clock.monotonic()
         for last in (False, True):
             refused = await self._admit(request, model, recipe, body)
             if refused is not None:

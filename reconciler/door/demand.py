@@ -1,9 +1,10 @@
 """The front door's demand policy (the manifest's ``demand:``, opt-in; docs/design.md, the front door): which switch,
 if any, the requests held now ask for, and when the host goes back to ``demand.default``.
 
-Pure: the door's look at the host and the clock in, a topology name (or a refusal) out; the switch itself is the
-service's (``HostService.switch``, the same call as ``reconciler switch``, audited with the door as its caller),
-made by ``reconciler.door.run``. The rules:
+Pure: the door's look at the host and the monotonic clock in (never the wall clock: a step of it would shorten or
+stretch ``min_dwell_s`` and ``idle_return_s``), a topology name (or a refusal) out; the switch itself is the service's
+(``HostService.switch``, the same call as ``reconciler switch``, audited with the door as its caller), made by
+``reconciler.door.run``. The rules:
 
 - a request for a model whose lane no running topology has, but another topology of ``demand.topologies`` does,
   asks for that topology (the first so listed), and only while the running topology is one of them (a topology the

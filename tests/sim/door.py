@@ -6,11 +6,11 @@ clock: its looks at the host are ``reconciler.service.door_view.door_view`` over
 ``GET /is_sleeping``), handed to ``Door.apply_view``; a client's request is the door's own ``openai`` route, given a
 Starlette request in process (held by its real ``Holds``, released by a look, refused by its real rules), and sent
 through its upstream session, here the world's lane on that port (``_Lanes``: streaming, cut when the lane goes away,
-a refused connection where nothing listens); the demand policy's turn is ``Door.demand_step`` with the service's own switch, audited with the
-door as its caller. What it has in flight per lane is published through ``reconciler.store.door_state`` as the door
-publishes it, and the drain reads it through ``HostIO.lanes.front`` (``seams.sim_io``). The door's event loop keeps
-the world's monotonic clock (``VirtualLoop``): ``door.hold_s`` and the streams' pace run on it, and it is run only
-until nothing more is ready, never waiting in real time.
+a refused connection where nothing listens); the demand policy's turn is ``Door.demand_step`` with the service's own
+switch, audited with the door as its caller. What it has in flight per lane is published through
+``reconciler.store.door_state`` as the door publishes it, and the drain reads it through ``HostIO.lanes.front``
+(``seams.sim_io``). The door's event loop keeps the world's monotonic clock (``VirtualLoop``): ``door.hold_s`` and
+the streams' pace run on it, and it is run only until nothing more is ready, never waiting in real time.
 
 The door looks every ``every`` seconds of the world's clock: while the tool waits (``World.on_sleep``: during a pass,
 so a drain sees it look, as it does on a real host) and before each of its own steps between the loop's passes.
@@ -329,7 +329,7 @@ class SimDoor:
     # ------------------------------------------------------------ clients
 
     def names(self) -> list[str]:
-        """The names a client may ask for now (the door's, as its ``/v1/models`` lists them), and one it does not know."""
+        """The names a client may ask for now (the door's, as its ``/v1/models`` lists them)."""
         self.tick()
         view = self.door.view
         return sorted(view.names) if view is not None and view.names else ["sim/nope"]

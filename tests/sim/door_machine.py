@@ -10,9 +10,10 @@ import inspect
 
 from sim.machine import HostMachine
 
-# The machine's steps that bear on the door (``door_manifest`` writes its named manifests, with aliases and demand): lanes that come, go, sleep, wake, die or are replaced (a recipe edited),
-# switches (the operator's, two at once), blockers (a foreign container on a card), time and the wall clock, requests
-# straight to the lanes, a pass interrupted, the loop restarted, faults cleared.
+# The machine's steps that bear on the door (``door_manifest`` writes its named manifests, with aliases and demand):
+# lanes that come, go, sleep, wake, die or are replaced (a recipe edited), switches (the operator's, two at once),
+# blockers (a foreign container on a card), time and the wall clock, requests straight to the lanes, a pass
+# interrupted, the loop restarted, faults cleared.
 KEPT = frozenset(
     {
         "actions_interleave",
@@ -39,8 +40,8 @@ KEPT = frozenset(
 
 
 class DoorHostMachine(HostMachine):
-    """``HostMachine`` with fewer steps; run it with ``sim.door_steps.DOOR_SHARE`` at -1 (``SIM_DOOR_SHARE=-1``): every run then
-    opens the door at its start."""
+    """``HostMachine`` with fewer steps; run it with ``sim.door_steps.DOOR_SHARE`` at -1 (``SIM_DOOR_SHARE=-1``): every
+    run then opens the door at its start."""
 
 
 for _name, _f in inspect.getmembers(HostMachine):
