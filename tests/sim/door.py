@@ -398,14 +398,20 @@ class SimDoor:
             sent = True
             return {"type": "http.request", "body": body, "more_body": False}
 
-        resp = await self.door.openai(Request(scope, receive))
         cut = False
-        if isinstance(resp, StreamingResponse):
-            async for chunk in resp.body_iterator:
-                cut = cut or b'"lane_failed"' in (chunk if isinstance(chunk, bytes) else chunk.encode())
-        failed = resp.status_code >= 400 and not isinstance(resp, StreamingResponse)
-        code = json.loads(bytes(resp.body)).get("error", {}).get("code", "") if failed else ""
-        self.answers[f"{resp.status_code} {code}{'cut' if cut else ''}".rstrip()] += 1
+        try:
+            resp = await self.door.openai(Request(scope, receive))
+            if isinstance(resp, StreamingResponse):
+                async for chunk in resp.body_iterator:
+                    cut = cut or b'"lane_failed"' in (chunk if isinstance(chunk, bytes) else chunk.encode())
+        except asyncio.CancelledError:
+            raise  # the client went away while its answer streamed
+        except Exception as exc:  # noqa: BLE001 - invariant (e): nothing escapes the door's route
+            self.world.violate(f"(e) {type(exc).__name__} escaped the door's answer to {model!r}: {exc}")
+            return
+        body_of = getattr(resp, "body", b"")
+        code = json.loads(bytes(body_of)).get("error", {}).get("code", "") if body_of.startswith(b"{") else ""
+        self.answers[f"{resp.status_code} {code}{' cut' if cut else ''}".rstrip()] += 1
 
     # ------------------------------------------------------------ the lanes, behind the door's upstream session
 

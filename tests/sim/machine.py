@@ -13,7 +13,9 @@ really there, within a bounded number of passes; (g) no fallback starts while a 
 (a fallback's start is judged by (a)); (j) no plan the tool makes stops (leaves or puts to sleep) a live lane on a
 card a blocked action of the same plan wanted (blockers are scoped to their slots; sleeping lanes rule 8); (k) two
 switches at once lose no update (safety rule 8's lock of the manifest's edits): none writes over a topology it did
-not read, the file holds the last winner's topology with every other byte kept, and each is audited as it ended. Sleeping lanes (docs/design.md, rules 1-6), by the world's truth: (1) no two
+not read, the file holds the last winner's topology with every other byte kept, and each is audited as it ended;
+(l) and (m), the front door's (``sim.door``): nothing sent to a lane that is not healthy and awake or whose drain
+began before the door's last look, and no demand switch to a topology seen blocked or within min_dwell_s. Sleeping lanes (docs/design.md, rules 1-6), by the world's truth: (1) no two
 lanes of ours awake on one card, and no wake beside one; (2) no wake onto a card something foreign uses, or into
 memory that is not free when the tool could know it; (3) status never calls a sleeping lane awake; (4) no unlink of a
 sleeping lane's offload file is tried; (5) no POST /sleep with requests in flight its drain never saw idle; (6) a
