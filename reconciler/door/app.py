@@ -28,7 +28,7 @@ from starlette.routing import Route
 from reconciler.base import jsonstrict
 from reconciler.base.clock import REAL_CLOCK, Clock
 from reconciler.base.errors import ReconcilerError
-from reconciler.door.demand import DemandPolicy
+from reconciler.door.demand import DemandPolicy, note_blocked
 from reconciler.door.hold import Holds, Refused
 from reconciler.door.metrics import DoorMetrics
 from reconciler.model import DoorConfig
@@ -97,6 +97,7 @@ class Door:
         self.publish = publish
         self.session: aiohttp.ClientSession | None = None
         self.demand: DemandPolicy | None = None  # the manifest's demand: (opt-in)
+        self.blocked: dict[str, str] = {}  # topology -> the blocker a look saw while it ran (the policy's own too)
         self.misses: dict[str, int] = {}  # per recipe: looks in a row that found a serving lane not healthy
 
     # ------------------------------------------------------------ the host's state
@@ -132,7 +133,8 @@ class Door:
         if spec is None:
             self.demand = None
         elif self.demand is None or self.demand.spec != spec:
-            self.demand = DemandPolicy(spec)
+            self.demand = DemandPolicy(spec, blocked=self.blocked)  # what it saw blocked outlives the old spec
+        note_blocked(self.blocked, view)
         if self.demand is not None:
             self.demand.observe(view, self.clock.monotonic())
         for model in list(self.holds.queues):

@@ -38,12 +38,7 @@ class DemandPolicy:
     def observe(self, view: DoorView, now: float) -> None:
         if view.topology != self.topology:
             self.topology, self.since = view.topology, now
-        if view.topology is None:
-            return
-        if view.blocked:
-            self.blocked[view.topology] = view.blocked
-        else:
-            self.blocked.pop(view.topology, None)
+        note_blocked(self.blocked, view)
 
     def acting(self) -> bool:
         """Demand acts only while the running topology is one of ``demand.topologies``."""
@@ -96,3 +91,15 @@ class DemandPolicy:
         if any(now - at < idle for at in asked):
             return None
         return self.spec.default
+
+
+def note_blocked(blocked: dict[str, str], view: DoorView) -> None:
+    """What one look says of the running topology: blocked (the loop's last pass blocked while it ran: its blocker) or
+    not. The door notes it at every look, with demand: or without, and keeps it across a change of demand: (a
+    topology it saw blocked is never switched to before a look sees a pass of it unblocked)."""
+    if view.topology is None:
+        return
+    if view.blocked:
+        blocked[view.topology] = view.blocked
+    else:
+        blocked.pop(view.topology, None)

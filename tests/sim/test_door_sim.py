@@ -251,6 +251,26 @@ def test_a_policy_that_forgets_a_blocked_topology_is_caught_by_invariant_m(monke
         m.teardown()
 
 
+def test_a_topology_seen_blocked_stays_so_when_the_manifest_changes_its_demand() -> None:
+    """Found by the simulation: the split was seen blocked (a process outside any container holds card 0's node),
+    then a new manifest changed demand: (its min_dwell_s); the door made a new policy, which forgot what it had
+    seen blocked, and switched to the split for chat at once (m). What the door saw blocked outlives its policy now."""
+    m = _machine(door=(0.2, 5.0, 4, "standby-half", 120.0, 20.0))
+    try:
+        m.card_node_opened(card=0, where="host")
+        m.cli_apply()
+        m.loop_pass()
+        m.door_looks()
+        assert m.world.door.known_blocked.get("split"), m.sink.lines
+        m.door_manifest("standby", "exclusive", True, ("split", "exclusive"), 0.0, 20.0)
+        m.time_passes(1.0)
+        m.door_clients_ask(client=0, n=1, pick=0, seconds=1.0)
+        m.no_violation()
+        assert m.world.door.switches == [] and m.world.door.answers["503 blocked"] == 1, m.world.door.answers
+    finally:
+        m.teardown()
+
+
 # ---------------------------------------------------------------- a budget of the door's machine
 
 
