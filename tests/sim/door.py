@@ -466,14 +466,14 @@ class SimDoor:
         last = self.truth.get(port) if port is not None else None
         cid = c.id if c is not None else (last[0] if last else None)
         began = self._drain_began(cid)
-        if serving and (began is None or began > self.at):
-            return  # healthy, awake, and no drain of it the door has looked since
+        if serving and (began is None or began >= self.at):
+            return  # healthy, awake, and no drain of it the door has looked since (a look begun after it, strictly)
         if c is None and port in w.squatted_ports:
             # A process outside any container answers the lane's health URL on its port: the door, which reads that
             # URL as the loop does, takes it for the lane (the loop's plan blocks the lane's enter, naming it).
             self.excused += 1
             return
-        if not serving and last is not None and last[1] and last[0] == cid and (began is None or began > self.at):
+        if not serving and last is not None and last[1] and last[0] == cid and (began is None or began >= self.at):
             self.excused += 1  # it went away since the door last looked: the world's doing
             return
         if serving:
