@@ -122,8 +122,9 @@ def test_a_door_that_sends_to_a_sleeping_lane_is_caught_by_invariant_l(monkeypat
 @pytest.mark.xfail(
     strict=True,
     reason="found by the simulation, not fixed yet: the door's view (reconciler/service/door_view.py) calls a lane "
-    "serving while the loop replaces it (its recipe edited: drain, leave, enter), so the door sends to it during its "
-    "drain; the view should take the loop's published actions in flight (a leave or a sleep of the lane) as leaving",
+    "serving while the loop replaces it (its recipe edited, or the recipe moved to other slots by a switch: drain, "
+    "leave, enter), so the door sends to it during its drain; the view should take the loop's published actions in "
+    "flight (a leave or a sleep of the lane) as leaving",
 )
 def test_a_lane_replaced_for_its_edited_recipe_is_held_while_it_drains() -> None:
     """Found by the simulation: the split serves, sleepb's recipe is edited (the loop replaces its lane: drain,
