@@ -20,10 +20,10 @@ Invariants, judged by the world's truth at the moment they could break:
     not being drained: a lane whose drain began before the door's last look, or that was not serving at that look,
     is never sent one; a lane that changed since the door last looked (it died, it restarted) is the world's doing,
     and a send that finds nothing listening reaches no lane (the door holds the request again);
-(m) the demand policy never switches the host to a topology that it could know is blocked (a look saw the loop's last
-    pass, made under that topology, blocked, and no look since saw one of it unblocked), and never within
-    ``demand.min_dwell_s`` of the world's monotonic clock of the running topology's start as the door first saw it
-    or of its own last switch.
+(m) the demand policy never switches the host to a topology that it could know is blocked (a look that found it
+    running saw the loop's last pass, made under it, blocked, and no look since saw one of it unblocked), and never
+    within ``demand.min_dwell_s`` of the world's monotonic clock of the running topology's start as the door first
+    saw it or of its own last switch.
 """
 
 from __future__ import annotations
@@ -450,7 +450,10 @@ class SimDoor:
                 self.truth[port] = (c.id if c else None, c is not None and c.sleep_state == "awake")
         last = (read_loop_state(w.host_name) or {}).get("last_pass")
         seen = self.passes.get(float(last["at"])) if isinstance(last, dict) and last.get("at") is not None else None
-        if seen is not None and seen[0] is not None:
+        # Only a look that finds the pass's own topology running can tell whose pass it was: the loop's state names
+        # no topology, and the door's view takes its last pass as the running topology's (a pass made before a
+        # switch is taken for the new topology's, which the door then refuses as blocked until a pass of it).
+        if seen is not None and seen[0] is not None and seen[0] == view.topology:
             if seen[1]:
                 self.known_blocked[seen[0]] = seen[1]
             else:
