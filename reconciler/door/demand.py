@@ -14,7 +14,7 @@ stretch ``min_dwell_s`` and ``idle_return_s``), a topology name (or a refusal) o
 - never to a topology the door has seen blocked (the loop's last pass blocked while it ran): its held requests are
   refused at once, naming the blocker, until a pass of that topology is seen unblocked;
 - after ``idle_return_s`` with nothing in flight, nothing held and no request for the running topology's models, back
-  to ``default``.
+  to ``default`` (and, as every switch it makes, not before the running topology has served ``min_dwell_s``).
 
 Called by ``reconciler.door.app`` and ``reconciler.door.run``.
 """
@@ -82,7 +82,7 @@ class DemandPolicy:
         if self.spec.default in self.blocked:
             return None
         idle = self.spec.idle_return_s
-        if now - self.since < idle:
+        if now - self.since < idle or not self.may_switch(now):  # a return is a switch too: never within min_dwell_s
             return None
         mine = {r for r, lane in view.lanes.items() if self.topology in lane.topologies}
         if any(in_flight.get(r, 0) for r in mine):
