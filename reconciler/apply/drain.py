@@ -129,7 +129,9 @@ def _drain_door(ctx: ActionContext, action: Action, timeout: float) -> dict[str,
             return {} if first is None else {"door_requests_at_start": first, "door_seconds": round(elapsed, 3)}
         at, in_flight, _admitting = seen
         first = in_flight if first is None else first
-        if at >= begun_wall and in_flight <= 0:
+        # A look begun after the drain (strictly: one begun at the same clock reading may have read the manifest
+        # before the switch that brought this drain, and would hold nothing for the lane).
+        if at > begun_wall and in_flight <= 0:
             return {"door_requests_at_start": first, "door_seconds": round(elapsed, 3)}
         if elapsed >= timeout:
             return {"door_requests_at_start": first, "door_seconds": round(elapsed, 3), "door_timed_out": True}

@@ -16,7 +16,6 @@ import hmac
 import json
 import math
 import sys
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -27,8 +26,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from reconciler.base import jsonstrict
+from reconciler.base.clock import REAL_CLOCK, Clock
 from reconciler.base.errors import ReconcilerError
-from reconciler.door.demand import DemandPolicy
+from reconciler.door.demand import DemandPolicy, note_blocked
 from reconciler.door.hold import Holds, Refused
 from reconciler.door.metrics import DoorMetrics
 from reconciler.model import DoorConfig
@@ -83,17 +83,21 @@ class Door:
         token: str | None = None,
         metrics: DoorMetrics | None = None,
         publish: Callable[[], None] = lambda: None,
+        clock: Clock = REAL_CLOCK,
     ):
         self.config = config
+        self.clock = clock  # the host's clocks (the simulation hands in its world's)
         self.token = token
         self.metrics = metrics or DoorMetrics()
         self.view: DoorView | None = None
         self.holds = Holds(max_queue=config.max_queue, hold_s=config.hold_s)
         self.in_flight: dict[str, int] = {}
-        self.last_request: dict[str, float] = {}
+        self.last_request: dict[str, float] = {}  # epoch seconds, as status shows them
+        self.last_asked: dict[str, float] = {}  # the same on the monotonic clock, for the demand policy
         self.publish = publish
         self.session: aiohttp.ClientSession | None = None
         self.demand: DemandPolicy | None = None  # the manifest's demand: (opt-in)
+        self.blocked: dict[str, str] = {}  # topology -> the blocker a look saw while it ran (the policy's own too)
         self.misses: dict[str, int] = {}  # per recipe: looks in a row that found a serving lane not healthy
 
     # ------------------------------------------------------------ the host's state
@@ -129,9 +133,10 @@ class Door:
         if spec is None:
             self.demand = None
         elif self.demand is None or self.demand.spec != spec:
-            self.demand = DemandPolicy(spec)
+            self.demand = DemandPolicy(spec, blocked=self.blocked)  # what it saw blocked outlives the old spec
+        note_blocked(self.blocked, view)
         if self.demand is not None:
-            self.demand.observe(view, time.time())
+            self.demand.observe(view, self.clock.monotonic())
         for model in list(self.holds.queues):
             recipe = view.recipe_of(model)
             lane = view.lanes.get(recipe) if recipe else None
@@ -184,7 +189,7 @@ class Door:
         view, policy = self.view, self.demand
         if view is None or policy is None:
             return
-        now = time.time()
+        now = self.clock.monotonic()  # durations: never the wall clock, which may be stepped
         to, refuse = policy.wanted(view, list(self.holds.queues), now)
         for model, why in refuse.items():
             self.holds.refuse(
@@ -198,7 +203,7 @@ class Door:
             )
         if to is None:
             to = policy.idle_return(
-                view, in_flight=self.in_flight, held=bool(self.holds.queues), last_request=self.last_request, now=now
+                view, in_flight=self.in_flight, held=bool(self.holds.queues), last_request=self.last_asked, now=now
             )
         if to is None or to == policy.topology:
             return
@@ -302,7 +307,8 @@ class Door:
                     kind="unknown_model",
                 ),
             )
-        self.last_request[model] = time.time()
+        self.last_request[model] = self.clock.time()
+        self.last_asked[model] = self.clock.monotonic()
         for last in (False, True):
             refused = await self._admit(request, model, recipe, body)
             if refused is not None:
@@ -383,7 +389,7 @@ class Door:
             if k.lower() not in _HOP and not (self.token is not None and k.lower() == "authorization")
         }
         self._enter(recipe)
-        t0 = time.monotonic()
+        t0 = self.clock.monotonic()
         try:
             resp = await self.session.request(request.method, url, data=raw, headers=headers)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
@@ -396,7 +402,7 @@ class Door:
         except BaseException:
             self._leave(recipe)
             raise
-        self.metrics.first_byte(time.monotonic() - t0)
+        self.metrics.first_byte(self.clock.monotonic() - t0)
         self.metrics.request(model, resp.status)
         stream = "text/event-stream" in resp.headers.get("content-type", "")
 

@@ -1,9 +1,10 @@
 """The front door's demand policy (the manifest's ``demand:``, opt-in; docs/design.md, the front door): which switch,
 if any, the requests held now ask for, and when the host goes back to ``demand.default``.
 
-Pure: the door's look at the host and the clock in, a topology name (or a refusal) out; the switch itself is the
-service's (``HostService.switch``, the same call as ``reconciler switch``, audited with the door as its caller),
-made by ``reconciler.door.run``. The rules:
+Pure: the door's look at the host and the monotonic clock in (never the wall clock: a step of it would shorten or
+stretch ``min_dwell_s`` and ``idle_return_s``), a topology name (or a refusal) out; the switch itself is the service's
+(``HostService.switch``, the same call as ``reconciler switch``, audited with the door as its caller), made by
+``reconciler.door.run``. The rules:
 
 - a request for a model whose lane no running topology has, but another topology of ``demand.topologies`` does,
   asks for that topology (the first so listed), and only while the running topology is one of them (a topology the
@@ -13,7 +14,7 @@ made by ``reconciler.door.run``. The rules:
 - never to a topology the door has seen blocked (the loop's last pass blocked while it ran): its held requests are
   refused at once, naming the blocker, until a pass of that topology is seen unblocked;
 - after ``idle_return_s`` with nothing in flight, nothing held and no request for the running topology's models, back
-  to ``default``.
+  to ``default`` (and, as every switch it makes, not before the running topology has served ``min_dwell_s``).
 
 Called by ``reconciler.door.app`` and ``reconciler.door.run``.
 """
@@ -37,12 +38,7 @@ class DemandPolicy:
     def observe(self, view: DoorView, now: float) -> None:
         if view.topology != self.topology:
             self.topology, self.since = view.topology, now
-        if view.topology is None:
-            return
-        if view.blocked:
-            self.blocked[view.topology] = view.blocked
-        else:
-            self.blocked.pop(view.topology, None)
+        note_blocked(self.blocked, view)
 
     def acting(self) -> bool:
         """Demand acts only while the running topology is one of ``demand.topologies``."""
@@ -86,7 +82,7 @@ class DemandPolicy:
         if self.spec.default in self.blocked:
             return None
         idle = self.spec.idle_return_s
-        if now - self.since < idle:
+        if now - self.since < idle or not self.may_switch(now):  # a return is a switch too: never within min_dwell_s
             return None
         mine = {r for r, lane in view.lanes.items() if self.topology in lane.topologies}
         if any(in_flight.get(r, 0) for r in mine):
@@ -95,3 +91,15 @@ class DemandPolicy:
         if any(now - at < idle for at in asked):
             return None
         return self.spec.default
+
+
+def note_blocked(blocked: dict[str, str], view: DoorView) -> None:
+    """What one look says of the running topology: blocked (the loop's last pass blocked while it ran: its blocker) or
+    not. The door notes it at every look, with demand: or without, and keeps it across a change of demand: (a
+    topology it saw blocked is never switched to before a look sees a pass of it unblocked)."""
+    if view.topology is None:
+        return
+    if view.blocked:
+        blocked[view.topology] = view.blocked
+    else:
+        blocked.pop(view.topology, None)

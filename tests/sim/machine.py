@@ -13,7 +13,9 @@ really there, within a bounded number of passes; (g) no fallback starts while a 
 (a fallback's start is judged by (a)); (j) no plan the tool makes stops (leaves or puts to sleep) a live lane on a
 card a blocked action of the same plan wanted (blockers are scoped to their slots; sleeping lanes rule 8); (k) two
 switches at once lose no update (safety rule 8's lock of the manifest's edits): none writes over a topology it did
-not read, the file holds the last winner's topology with every other byte kept, and each is audited as it ended. Sleeping lanes (docs/design.md, rules 1-6), by the world's truth: (1) no two
+not read, the file holds the last winner's topology with every other byte kept, and each is audited as it ended;
+(l) and (m), the front door's (``sim.door``): nothing sent to a lane that is not healthy and awake or whose drain
+began before the door's last look, and no demand switch to a topology seen blocked or within min_dwell_s. Sleeping lanes (docs/design.md, rules 1-6), by the world's truth: (1) no two
 lanes of ours awake on one card, and no wake beside one; (2) no wake onto a card something foreign uses, or into
 memory that is not free when the tool could know it; (3) status never calls a sleeping lane awake; (4) no unlink of a
 sleeping lane's offload file is tried; (5) no POST /sleep with requests in flight its drain never saw idle; (6) a
@@ -30,6 +32,7 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from sim.door_steps import DoorSteps, door_starts
 from sim.seams import installed
 from sim.world import GIB, LIVE_STATES, World
 
@@ -112,7 +115,7 @@ class _Sink(io.TextIOBase):
         return len(s)
 
 
-class HostMachine(RuleBasedStateMachine):
+class HostMachine(DoorSteps, RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.world: World | None = None
@@ -157,6 +160,8 @@ class HostMachine(RuleBasedStateMachine):
         git=st.deferred(
             lambda: st.sampled_from([False] * GIT_SHARE[0] + [True]) if GIT_SHARE[0] >= 0 else st.just(True)
         ),
+        # The front door open from the start in a share of the runs (sim.door.DOOR_SHARE); the others may open it.
+        door=st.deferred(door_starts),
     )
     def setup(
         self,
@@ -169,6 +174,7 @@ class HostMachine(RuleBasedStateMachine):
         podman: bool = False,
         nvml_hides_identity: bool = False,
         git: bool = False,
+        door: Any = None,
     ) -> None:
         self.world = World(seed, tmpfs_gib=tmpfs_gib, wsl2=wsl2)
         self.world.podman = podman
@@ -200,6 +206,7 @@ class HostMachine(RuleBasedStateMachine):
         self._publish("the recipes, and no lane yet")
         self._new_loop()
         self._sync()
+        self._open_door(door)
 
     def _write_host(self, shape: str, gpu_requests: bool, telemetry: str = "nvml") -> None:
         w = self.world
@@ -311,6 +318,7 @@ class HostMachine(RuleBasedStateMachine):
         self.loop = Loop(str(self.root), log=Log(stream=self.sink), backoff=Backoff(clock=lambda: w.wall()), io=w.io)
 
     def teardown(self) -> None:
+        self._close_door()
         if self._ctx is not None:
             self._ctx.__exit__(None, None, None)
             self._ctx = None
@@ -987,6 +995,7 @@ class HostMachine(RuleBasedStateMachine):
         except Exception as exc:  # noqa: BLE001 - invariant (e): nothing escapes a pass
             self.world.violate(f"(e) {type(exc).__name__} escaped a pass: {exc}")
             return None
+        self._door_saw_pass(self.loop)
         self._knowable_failures(result)
         if result is not None:
             self._judge_darkening(result.plan, live)

@@ -623,8 +623,9 @@ def sim_io(world: World) -> Any:
             # What each lane's server says of itself (the loop's metrics only): no simulated lane serves HTTP, and
             # no real server on this machine may answer for one.
             readings=lambda desired, observed: {},
-            # No front door stands before the simulated host's lanes.
-            front=lambda host, recipe: None,
+            # What the front door says of a lane, as the drain reads it: the simulated door's (tests/sim/door.py)
+            # where one is drawn, else none stands before the lanes.
+            front=lambda host, recipe: world.door.front(host, recipe) if world.door is not None else None,
             # The lanes being taken down, kept in the world (what the door's view reads of them).
             taking_down=_taking_down(world),
             taken_down=lambda host: frozenset(r for r, n in world.taken_down.items() if n > 0),

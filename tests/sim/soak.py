@@ -9,6 +9,11 @@ each seed an independent run of its share of the steps, the ``SOAK_WORKERS`` pro
 One line per seed as above (R that seed's own rate), as each seed finishes, then a total line:
 ``total: N steps, V invariant violations, K seeds, R steps/s``.
 
+``SOAK_MACHINE=door`` runs ``sim.door_machine.DoorHostMachine`` instead: the front door open from the start of every
+run and only the steps that bear on it, so its invariants (l) and (m) meet its clients, looks, demand switches and the
+drains that wait for it often (``SIM_DOOR_SHARE``, the share of ``HostMachine``'s runs that start with the door, is
+then -1: every run).
+
 ``SOAK_SECONDS`` (optional) bounds the wall time: a seed still running then stops after its current batch of
 examples (every step it ran was checked) and its line says ``stopped at the time bound``; the total counts the steps
 run. For a machine lent for a fixed time: ``SOAK_SEEDS=16 SOAK_STEPS=20000000 SOAK_SECONDS=500``.
@@ -46,6 +51,11 @@ def _worker(args: tuple[int, int, float | None]) -> tuple[int, int, str, float, 
 
     from sim.machine import STEPS, HostMachine
 
+    if os.environ.get("SOAK_MACHINE", "") == "door":
+        from sim import door_steps
+        from sim.door_machine import DoorHostMachine as HostMachine  # type: ignore[assignment]
+
+        door_steps.DOOR_SHARE[0] = -1
     STEPS[0] = 0  # a pool's process runs one seed after another
     batch = 0
     while STEPS[0] < budget and (deadline is None or time.monotonic() < deadline):

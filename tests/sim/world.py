@@ -233,6 +233,9 @@ class World:
         # footprint recorded): set by ``seams.installed``; a wake into memory that is not free is judged only then.
         self.wake_memory_known: Any = lambda cid: False
         self.telemetry = "nvml"  # the host file's gpu_telemetry (the machine writes both)
+        # The front door before the lanes (tests/sim/door.py's ``SimDoor``), once a run draws one: the drain reads
+        # what it publishes (``HostIO.lanes.front``), and it looks at the host while the tool waits (``on_sleep``).
+        self.door: Any = None
 
     # ------------------------------------------------------------ the clock
 

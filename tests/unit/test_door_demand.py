@@ -59,3 +59,13 @@ def test_the_idle_return_waits_for_no_request_nothing_in_flight_and_nothing_held
     p.observe(view("elsewhere"), 100.0)
     assert p.idle_return(view("elsewhere"), in_flight={}, held=False, last_request={}, now=1000.0) is None
     assert p.target(view("elsewhere"), "big") is None
+
+
+def test_the_idle_return_too_waits_for_min_dwell_s() -> None:
+    """A return to the default is a switch like any: with idle_return_s under min_dwell_s it waits for the dwell
+    (the simulation found the door returning 40 s after a switch, within min_dwell_s 120 s)."""
+    p = DemandPolicy(DemandSpec(topologies=["day", "night"], default="day", idle_return_s=20, min_dwell_s=120))
+    night = view("night")
+    p.observe(night, 0.0)
+    assert p.idle_return(night, in_flight={}, held=False, last_request={}, now=40.0) is None
+    assert p.idle_return(night, in_flight={}, held=False, last_request={}, now=120.0) == "day"

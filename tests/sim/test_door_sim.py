@@ -1,0 +1,289 @@
+"""The front door in the simulated host (tests/sim/door.py): its invariants (l) (a request is sent only to a lane
+that is then healthy and awake and not being drained) and (m) (the demand policy never switches to a topology it saw
+blocked, nor within min_dwell_s), each shown to catch a door that breaks it on purpose; the sequences the simulation
+found, kept as cases; and a budget of runs of the machine that keeps the door's steps (sim/door_machine.py)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from sim import door_steps
+from sim.door_machine import DoorHostMachine
+from sim.machine import HostMachine
+
+DOOR_EXAMPLES = int(os.environ.get("SIM_DOOR_EXAMPLES", "40"))
+
+
+def _machine(door: tuple[Any, ...] = (0.2, 120.0, 16, "standby", 30.0, 900.0)) -> HostMachine:
+    """A host whose door is open before the named topologies of ``standby`` (split running, the exclusive lane on
+    standby), with the aliases chat (sleepa) and coder (sleepbig) and demand between split and exclusive."""
+    m = HostMachine()
+    m.setup(seed=7, shape="index", gpu_requests=True, wsl2=False, tmpfs_gib=20.0, telemetry="nvml", door=door)
+    return m
+
+
+def _violations(m: HostMachine, letter: str) -> list[str]:
+    return [v for v in m.world.violations if f"({letter})" in v]
+
+
+def _split_serving(m: HostMachine) -> Any:
+    m.loop_pass()
+    m.time_passes(5.0)
+    m.door_looks()
+    door = m.world.door
+    assert {r: lane.state for r, lane in door.door.view.lanes.items()} == {
+        "sleepa": "serving",
+        "sleepb": "serving",
+        "sleepbig": "asleep",
+    }
+    return door
+
+
+# ---------------------------------------------------------------- (l): nothing sent to a lane not serving
+
+
+def _switch_with_requests_during_the_drain(m: HostMachine) -> Any:
+    """The split serves; the operator switches to the exclusive topology, and during the pass that puts the split's
+    lanes to sleep clients keep asking for chat (sleepa's alias) at each of the tool's waits."""
+    door = _split_serving(m)
+    m.operator_switches("exclusive")
+    for during in range(8):
+        m.door_clients_ask_during_pass(pick=0, n=1, seconds=1.0, client=during % 3, during=during)
+    m.loop_pass()
+    return door
+
+
+def test_requests_during_a_switch_are_held_never_sent_to_the_lane_going_to_sleep() -> None:
+    """The drain of sleepa waits until the door has looked since it began; from that look on the door holds chat
+    (its lane is leaving), so nothing reaches sleepa while it drains or sleeps, and the held requests go out once
+    a switch brings the split back."""
+    m = _machine()
+    try:
+        door = _switch_with_requests_during_the_drain(m)
+        assert door.forwarded == 0 or not _violations(m, "l"), m.world.violations
+        m.no_violation()
+        sleepa = next(c.id for c in m.world.containers.values() if c.labels.get("io.reconciler.recipe") == "sleepa")
+        assert sleepa in door.draining, door.draining  # its drain read what the door published
+        assert door.door.holds.depth("chat") > 0, door.answers
+        m.operator_switches("split")
+        m.loop_pass()
+        m.door_looks()
+        m.time_passes(2.0)
+        m.door_looks()
+        m.no_violation()
+        assert door.answers["200"] >= 1 and not door.door.holds.queues, door.answers
+    finally:
+        m.teardown()
+
+
+def test_a_door_that_sends_without_checking_is_caught_by_invariant_l(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A door whose admission lets every request through (no look at its lane's state) sends chat to sleepa while
+    its drain runs after the door has looked: (l) says so."""
+    from reconciler.door.app import Door
+
+    async def admit_all(self: Door, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    monkeypatch.setattr(Door, "_admit", admit_all)
+    m = _machine()
+    try:
+        _switch_with_requests_during_the_drain(m)
+        found = _violations(m, "l")
+        assert found and "drain began before the door's last look" in " ".join(found), m.world.violations
+    finally:
+        m.world.violations.clear()
+        m.teardown()
+
+
+def test_a_door_that_sends_to_a_sleeping_lane_is_caught_by_invariant_l(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without its admission check the door sends coder (the exclusive lane's alias) to sleepbig, asleep on
+    standby: (l) names the lane asleep."""
+    from reconciler.door.app import Door
+
+    async def admit_all(self: Door, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    m = _machine()
+    try:
+        door = _split_serving(m)
+        monkeypatch.setattr(Door, "_admit", admit_all)
+        door.ask("coder", 1, 1.0, 0)
+        assert any("sleepbig" in v and "asleep" in v for v in _violations(m, "l")), m.world.violations
+    finally:
+        m.world.violations.clear()
+        m.teardown()
+
+
+def test_a_lane_replaced_for_its_edited_recipe_is_held_while_it_drains() -> None:
+    """Found by the simulation: the split serves, sleepb's recipe is edited (the loop replaces its lane: drain,
+    leave, enter), and a client asks for sim/sleepb at the pass's first wait. The drain waits for a look of the door
+    begun after it; that look still finds sleepb's topology running and its lane healthy, so the door sends the
+    request to the lane being drained (l)."""
+    m = _machine(door=(0.2, 5.0, 4, "standby", 0.0, 20.0))
+    try:
+        m.cli_apply()
+        m.no_violation()
+        m.edit_recipe(recipe="sleepb")
+        m.door_clients_ask_during_pass(client=0, during=0, n=1, pick=3, seconds=1.0)
+        m.cli_apply()
+        assert not _violations(m, "l"), m.world.violations
+    finally:
+        m.world.violations.clear()
+        m.teardown()
+
+
+# ---------------------------------------------------------------- (m): the demand policy's switches
+
+
+def test_a_request_for_the_standby_topology_switches_once_min_dwell_s_has_passed() -> None:
+    """coder, asked while the split serves, is held; the door switches the host to exclusive only once the split has
+    run min_dwell_s (30 s) as the door saw it, and the loop wakes the exclusive lane for it."""
+    m = _machine()
+    try:
+        door = _split_serving(m)
+        door.ask("coder", 1, 1.0, 0)
+        assert door.switches == [] and door.door.holds.depth("coder") == 1
+        m.time_passes(30.0)
+        m.door_looks()
+        assert [(a, b) for _, a, b in door.switches] == [("split", "exclusive")]
+        m.loop_pass()
+        m.door_looks()
+        m.time_passes(2.0)
+        m.door_looks()
+        m.no_violation()
+        assert door.answers["200"] == 1, door.answers
+    finally:
+        m.teardown()
+
+
+def test_a_wall_clock_step_does_not_shorten_min_dwell_s() -> None:
+    """Found by the simulation: the demand policy measured min_dwell_s on the wall clock, so a step of it forward
+    (NTP, date -s) let the door switch 9 s after it first saw the split run, within min_dwell_s 30 s (m). It counts
+    on the monotonic clock now."""
+    m = _machine(door=(0.2, 5.0, 4, "standby", 30.0, 20.0))
+    try:
+        m.cli_apply()
+        m.no_violation()
+        m.wall_clock_jumps(30.0)
+        m.door_clients_ask(client=0, n=1, pick=1, seconds=1.0)
+        m.no_violation()
+        assert m.world.door.switches == []
+    finally:
+        m.teardown()
+
+
+def test_a_policy_without_its_dwell_is_caught_by_invariant_m(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A demand policy that may always switch (min_dwell_s taken as 0) switches for coder at once, and back for
+    chat right after: (m) says the switch came within min_dwell_s."""
+    from reconciler.door.demand import DemandPolicy
+
+    monkeypatch.setattr(DemandPolicy, "may_switch", lambda self, now: True)
+    m = _machine()
+    try:
+        door = _split_serving(m)
+        door.ask("coder", 1, 1.0, 0)
+        found = _violations(m, "m")
+        assert found and "within demand.min_dwell_s 30 s" in found[0], (door.switches, m.world.violations)
+    finally:
+        m.world.violations.clear()
+        m.teardown()
+
+
+def _exclusive_seen_blocked(m: HostMachine) -> Any:
+    """The exclusive topology blocked while it runs (a foreign container on card 0, where the exclusive lane would
+    wake), the door looking then; back to the split by the operator, which serves on card 1 only."""
+    door = _split_serving(m)
+    m.foreign_container(card=0, by="index", kind="gpu", running=True)
+    m.operator_switches("exclusive")
+    m.loop_pass()
+    m.door_looks()
+    assert door.known_blocked.get("exclusive"), (door.known_blocked, m.sink.lines)
+    m.operator_switches("split")
+    m.loop_pass()
+    m.door_looks()
+    m.time_passes(60.0)  # beyond min_dwell_s of the split as the door saw it
+    m.door_looks()
+    return door
+
+
+def test_a_topology_seen_blocked_is_not_switched_to_and_its_requests_are_refused() -> None:
+    m = _machine()
+    try:
+        door = _exclusive_seen_blocked(m)
+        door.ask("coder", 1, 1.0, 0)
+        m.no_violation()
+        assert door.switches == [] and door.answers["503 blocked"] == 1, (door.switches, door.answers)
+    finally:
+        m.teardown()
+
+
+def test_a_policy_that_forgets_a_blocked_topology_is_caught_by_invariant_m(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A demand policy that never records what it saw blocked switches to the exclusive topology for coder though
+    a look saw it blocked: (m) names the blocker."""
+    from reconciler.door.demand import DemandPolicy
+
+    real = DemandPolicy.observe
+
+    def observe_forgetting(self: DemandPolicy, view: Any, now: float) -> None:
+        real(self, view, now)
+        self.blocked.clear()
+
+    monkeypatch.setattr(DemandPolicy, "observe", observe_forgetting)
+    m = _machine()
+    try:
+        door = _exclusive_seen_blocked(m)
+        door.ask("coder", 1, 1.0, 0)
+        found = _violations(m, "m")
+        assert found and "which a look saw blocked" in found[0], (door.switches, m.world.violations)
+    finally:
+        m.world.violations.clear()
+        m.teardown()
+
+
+def test_a_topology_seen_blocked_stays_so_when_the_manifest_changes_its_demand() -> None:
+    """Found by the simulation: the split was seen blocked (a process outside any container holds card 0's node),
+    then a new manifest changed demand: (its min_dwell_s); the door made a new policy, which forgot what it had
+    seen blocked, and switched to the split for chat at once (m). What the door saw blocked outlives its policy now."""
+    m = _machine(door=(0.2, 5.0, 4, "standby-half", 120.0, 20.0))
+    try:
+        m.card_node_opened(card=0, where="host")
+        m.cli_apply()
+        m.loop_pass()
+        m.door_looks()
+        assert m.world.door.known_blocked.get("split"), m.sink.lines
+        m.door_manifest("standby", "exclusive", True, ("split", "exclusive"), 0.0, 20.0)
+        m.time_passes(1.0)
+        m.door_clients_ask(client=0, n=1, pick=0, seconds=1.0)
+        m.no_violation()
+        assert m.world.door.switches == [] and m.world.door.answers["503 blocked"] == 1, m.world.door.answers
+    finally:
+        m.teardown()
+
+
+# ---------------------------------------------------------------- a budget of the door's machine
+
+
+def test_the_door_machine_holds_every_invariant() -> None:
+    """A derandomised budget of runs of the machine that keeps the door's steps, each opening the door at its start:
+    every invariant, (l) and (m) among them, after every step."""
+    share = door_steps.DOOR_SHARE[0]
+    door_steps.DOOR_SHARE[0] = -1
+    try:
+        run_state_machine_as_test(
+            DoorHostMachine,
+            settings=settings(
+                max_examples=DOOR_EXAMPLES,
+                stateful_step_count=50,
+                deadline=None,
+                derandomize=True,
+                database=None,
+                suppress_health_check=list(HealthCheck),
+            ),
+        )
+    finally:
+        door_steps.DOOR_SHARE[0] = share
