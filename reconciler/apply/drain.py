@@ -119,19 +119,18 @@ def _drain_door(ctx: ActionContext, action: Action, timeout: float) -> dict[str,
     until the door has looked at the host since this drain began (so it saw the switch and holds new requests
     for the lane) and has none in flight to it. The figures for the outcome's ``drain`` (``door_*``)."""
     host, name = ctx.desired.host.name, action.recipe  # the door counts its requests by recipe
-    begun_wall = ctx.io.clock.time()
-    t0 = ctx.io.clock.monotonic()
+    t0 = ctx.io.clock.monotonic()  # the door publishes its looks on this clock too (never stepped)
     first: int | None = None
     while True:
         seen = ctx.io.lanes.front(host, name) if name else None
         elapsed = ctx.io.clock.monotonic() - t0
         if seen is None:
             return {} if first is None else {"door_requests_at_start": first, "door_seconds": round(elapsed, 3)}
-        at, in_flight, _admitting = seen
+        looked, in_flight, _admitting = seen
         first = in_flight if first is None else first
         # A look begun after the drain (strictly: one begun at the same clock reading may have read the manifest
         # before the switch that brought this drain, and would hold nothing for the lane).
-        if at > begun_wall and in_flight <= 0:
+        if looked > t0 and in_flight <= 0:
             return {"door_requests_at_start": first, "door_seconds": round(elapsed, 3)}
         if elapsed >= timeout:
             return {"door_requests_at_start": first, "door_seconds": round(elapsed, 3), "door_timed_out": True}

@@ -71,19 +71,21 @@ class Looker:
         self.door = door
         self.host = host
         self.last_error = ""
-        self.at = 0.0
+        self.at = 0.0  # the wall clock at the start of the last look applied (status shows it)
+        self.looked = 0.0  # the same on CLOCK_MONOTONIC (the drain compares it with its own start)
         self.lock = threading.Lock()  # one write at a time, so an older snapshot never lands after a newer one
 
-    def look(self) -> tuple[float, DoorView | None]:
-        """(when this look began, what it saw; None when the files do not load). Made in a thread: the door's
-        ``at`` is set on the event loop once the view is applied (``forever``), never here, so what the door
-        publishes as seen since ``at`` is what its routes act on."""
-        at = time.time()
+    def look(self) -> tuple[float, float, DoorView | None]:
+        """(when this look began on the wall clock, for ``status``, and on CLOCK_MONOTONIC, for the drain; what it
+        saw, None when the files do not load). Made in a thread: the door's ``at`` and ``looked`` are set on the
+        event loop once the view is applied (``forever``), never here, so what the door publishes as seen since then
+        is what its routes act on."""
+        at, looked = time.time(), time.monotonic()
         try:
-            return at, door_view(self.service.context)
+            return at, looked, door_view(self.service.context)
         except ConfigError as exc:
             self.last_error = str(exc)
-            return at, None
+            return at, looked, None
 
     def snapshot(self) -> dict[str, Any]:
         """What the door publishes, taken on the event loop (where its counts and queues change)."""
@@ -91,7 +93,7 @@ class Looker:
         view = self.door.view
         for recipe in {*self.door.in_flight, *(view.lanes if view else {})}:
             lanes[recipe] = {"in_flight": self.door.in_flight.get(recipe, 0), "admitting": self.door.admitting(recipe)}
-        return {"at": self.at, "lanes": lanes, "models": self.door.models_now()}
+        return {"at": self.at, "looked": self.looked, "lanes": lanes, "models": self.door.models_now()}
 
     def write(self, data: dict[str, Any]) -> None:
         try:
@@ -105,10 +107,10 @@ class Looker:
 
     async def forever(self) -> None:
         while True:
-            at, view = await asyncio.to_thread(self.look)
+            at, looked, view = await asyncio.to_thread(self.look)
             if view is not None:
                 self.door.apply_view(view)
-                self.at = at  # from now on the routes act on a view at least as new as this
+                self.at, self.looked = at, looked  # from now on the routes act on a view at least as new as this
                 await self.door.demand_step(self.service.switch)
             self.door.metrics.oldest.set(self.door.holds.oldest_s())
             await asyncio.to_thread(self.write, self.snapshot())

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -59,18 +60,21 @@ def read_door_state(host: str) -> dict[str, object] | None:
 
 
 def door_lane(host: str, recipe: str) -> tuple[float, int, bool] | None:
-    """(when the door last looked, its requests in flight to ``recipe``'s lane, whether it admits new ones), or None
-    without a live door."""
+    """(when the door's last look began, on CLOCK_MONOTONIC, which every process of the host shares and no one
+    steps; its requests in flight to ``recipe``'s lane; whether it admits new ones), or None without a live door. A
+    door of an earlier release publishes its wall clock only: taken over to the monotonic one as of now."""
     data = read_door_state(host)
     if data is None:
         return None
     try:
-        at = float(data["at"])  # type: ignore[arg-type]
+        looked = data.get("looked")
+        if looked is None:
+            looked = float(data["at"]) - (time.time() - time.monotonic())  # type: ignore[arg-type]
         lanes = data.get("lanes") or {}
         lane = lanes.get(recipe) if isinstance(lanes, dict) else None
         if not isinstance(lane, dict):
-            return at, 0, True
-        return at, int(lane.get("in_flight", 0)), bool(lane.get("admitting", True))
+            return float(looked), 0, True  # type: ignore[arg-type]
+        return float(looked), int(lane.get("in_flight", 0)), bool(lane.get("admitting", True))  # type: ignore[arg-type]
     except (KeyError, TypeError, ValueError):
         return None
 

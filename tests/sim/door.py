@@ -152,6 +152,7 @@ class SimDoor:
         self.door.session = _Lanes(self)  # type: ignore[assignment]
         self.at = -math.inf  # the wall clock at its last look (what it publishes for the drain)
         self.looked = -math.inf  # the monotonic clock at its last look
+        self.applied = -math.inf  # the same at its last look whose view it applied (what it publishes as "looked")
         self._desired: tuple[Any, Any] = (None, None)  # (the files' bytes, the desired state loaded from them)
         self.clients: list[asyncio.Task[None]] = []
         self.gone_clients: dict[asyncio.Task[None], asyncio.Event] = {}  # set when its client goes away
@@ -217,7 +218,7 @@ class SimDoor:
             at, now = self.world.wall(), self.world.now
             view = self._view()
             if view is not None:
-                self.at, self.looked = at, now
+                self.at, self.looked, self.applied = at, now, now
                 self._saw(view)
                 self.door.apply_view(view)
                 self.settle()
@@ -266,7 +267,10 @@ class SimDoor:
             r: {"in_flight": self.door.in_flight.get(r, 0), "admitting": self.door.admitting(r)}
             for r in {*self.door.in_flight, *(view.lanes if view else {})}
         }
-        write_door_state(self.world.host_name, {"at": self.at, "lanes": lanes, "models": self.door.models_now()})
+        write_door_state(
+            self.world.host_name,
+            {"at": self.at, "looked": self.applied, "lanes": lanes, "models": self.door.models_now()},
+        )
 
     def front(self, host: str, recipe: str) -> tuple[float, int, bool] | None:
         """``HostIO.lanes.front`` as the drain calls it (``reconciler.store.door_state.door_lane``, the real reader):

@@ -137,13 +137,6 @@ def test_a_lane_replaced_for_its_edited_recipe_is_held_while_it_drains() -> None
         m.teardown()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="found by the simulation, not fixed yet: the door publishes when it last looked on the wall clock "
-    "(reconciler/door/run.py) and the drain compares it with its own wall clock; stepped back, an old look counts as "
-    "one since the drain began, and the lane sleeps before the door has seen the switch. CLOCK_MONOTONIC is one "
-    "clock for every process of a host: the door should publish it and the drain compare it",
-)
 def test_a_drain_after_the_wall_clock_stepped_back_waits_for_a_new_look_of_the_door() -> None:
     """The split serves (the door looking every 5 s); the wall clock is stepped back a day; a switch to exclusive
     puts sleepa to sleep at once, its drain taking the door's look from before the step for one since; chat, asked
