@@ -477,11 +477,37 @@ class Door:
         async def door(scope: Any, receive: Any, send: Any) -> None:
             if scope["type"] == "http" and scope["method"] == "POST" and scope["path"].startswith("/v1/"):
                 response = await self.openai(Request(scope, receive))
-                await response(scope, receive, send)
+                await _answer(response, scope, receive, send)
             else:
                 await rest(scope, receive, send)
 
         return door
+
+
+async def _answer(response: Response, scope: Any, receive: Any, send: Any) -> None:
+    """Send ``response``; a client that goes away ends it at once. Servers differ in how a send after the client has
+    gone behaves (one raises, another drops it quietly while the stream goes on to its end), so the door watches for
+    the disconnect itself and cancels the response, whose body's clean-up closes the lane's request; the body's
+    generator is closed in any case (a send that raised leaves it suspended, cleaned up only when collected)."""
+
+    async def gone() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    sending = asyncio.ensure_future(response(scope, receive, send))
+    watching = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({sending, watching}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (sending, watching):
+            task.cancel()
+        results = await asyncio.gather(sending, watching, return_exceptions=True)
+        body = getattr(response, "body_iterator", None)
+        if body is not None and hasattr(body, "aclose"):
+            await body.aclose()
+    failed = results[0]
+    if isinstance(failed, BaseException) and not isinstance(failed, asyncio.CancelledError):
+        raise failed
 
 
 async def _disconnected(request: Request) -> None:
