@@ -168,7 +168,9 @@ class SimDoor:
         # The world's truth the judges keep: per lane port (container id, serving) at the last look; per container the
         # wall clock its drain began; per pass the loop made, its topology and its blocker; what a look could know.
         self.truth: dict[int, tuple[str | None, bool]] = {}
-        self.draining: dict[str, tuple[float, int]] = {}  # container id -> (wall clock, sleep calls made before)
+        # container id -> (the monotonic clock its drain began at, as the drain and the door's published look count
+        # time; sleep calls made before)
+        self.draining: dict[str, tuple[float, int]] = {}
         self.passes: dict[float, tuple[str | None, str]] = {}
         self.known_blocked: dict[str, str] = {}
         self.seen: tuple[str | None, float] = (None, world.now)  # the running topology a look first saw, and when
@@ -281,11 +283,11 @@ class SimDoor:
         SEEN["drain reads"] += 1
         if lane is not None and self._drain_began(lane.id) is None:
             SEEN["drains"] += 1
-            self.draining[lane.id] = (self.world.wall(), len(self.world.sleep_calls))
+            self.draining[lane.id] = (self.world.now, len(self.world.sleep_calls))
         return door_lane(host, recipe)
 
     def _drain_began(self, cid: str | None) -> float | None:
-        """When the drain of container ``cid`` began (the wall clock), unless it has been woken since (a lane put to
+        """When the drain of container ``cid`` began (the monotonic clock), unless it has been woken since (a lane put to
         sleep after its drain serves again once woken)."""
         began = self.draining.get(cid) if cid else None
         if began is None:
@@ -473,14 +475,14 @@ class SimDoor:
         last = self.truth.get(port) if port is not None else None
         cid = c.id if c is not None else (last[0] if last else None)
         began = self._drain_began(cid)
-        if serving and (began is None or began >= self.at):
+        if serving and (began is None or began >= self.applied):
             return  # healthy, awake, and no drain of it the door has looked since (a look begun after it, strictly)
         if c is None and port in w.squatted_ports:
             # A process outside any container answers the lane's health URL on its port: the door, which reads that
             # URL as the loop does, takes it for the lane (the loop's plan blocks the lane's enter, naming it).
             self.excused += 1
             return
-        if not serving and last is not None and last[1] and last[0] == cid and (began is None or began >= self.at):
+        if not serving and last is not None and last[1] and last[0] == cid and (began is None or began >= self.applied):
             self.excused += 1  # it went away since the door last looked: the world's doing
             return
         if serving:

@@ -137,6 +137,29 @@ def test_a_lane_replaced_for_its_edited_recipe_is_held_while_it_drains() -> None
         m.teardown()
 
 
+def test_after_the_wall_clock_stepped_back_a_send_before_the_doors_next_look_is_no_violation() -> None:
+    """Found by the soak (seed 5101) once the drain counted the door's looks on the monotonic clock: a request sent
+    during a switch's drain, before the door's first look since, is one the door could not hold; the judge of (l),
+    which compared the drain's start with the door's look on the wall clock, took it for one sent after."""
+    m = _machine(door=(1.0, 5.0, 4, "standby", 0.0, 20.0))
+    try:
+        for _ in range(4):
+            m.cli_apply()
+            m.door_settles()
+        m.wall_clock_jumps(seconds=-86400.0)
+        m.door_settles()
+        m.operator_switches(topology="exclusive")
+        m.door_settles()
+        m.door_clients_ask_during_pass(client=0, during=1, n=1, pick=5, seconds=1.0)
+        m.door_settles()
+        m.cli_apply()
+        m.door_settles()
+        assert not _violations(m, "l"), m.world.violations
+    finally:
+        m.world.violations.clear()
+        m.teardown()
+
+
 def test_a_drain_after_the_wall_clock_stepped_back_waits_for_a_new_look_of_the_door() -> None:
     """The split serves (the door looking every 5 s); the wall clock is stepped back a day; a switch to exclusive
     puts sleepa to sleep at once, its drain taking the door's look from before the step for one since; chat, asked
