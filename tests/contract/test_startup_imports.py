@@ -98,8 +98,10 @@ def test_help_loads_only_the_listed_modules_of_the_package_and_nothing_heavy(tmp
     )
     assert not heavy(modules), heavy(modules)
     third_party = {m.split(".")[0] for m in modules} - set(sys.stdlib_module_names) - {"reconciler", "__main__"}
-    # setuptools' hooks in a venv (its .pth's, and an editable install's finder), not ours
-    assert {m for m in third_party if not m.startswith("__editable__")} <= {"_distutils_hack"}, third_party
+    # setuptools' hooks in a venv (its .pth's, and an editable install's finder), and the interpreter's own site
+    # hook (Debian's python3 ships a sitecustomize), not ours
+    site_hooks = {"_distutils_hack", "sitecustomize", "usercustomize"}
+    assert {m for m in third_party if not m.startswith("__editable__")} <= site_hooks, third_party
 
 
 def test_every_subcommands_help_loads_nothing_heavy(tmp_path: Path) -> None:
