@@ -305,21 +305,5 @@ def test_the_apply_layer_has_no_cycle_even_counting_imports_for_type_checkers() 
     """The apply layer's steps stand on one context value, and the context on the host's seams: an import for type
     checkers counts as an edge too, so no module of the layer needs, even for its annotations, one that needs it."""
     graph = {m: {i for i, _, _ in imps if i != m} for m, imps in _graph().items() if m.startswith("reconciler.apply")}
-    cycles: list[list[str]] = []
-    state: dict[str, int] = {}
-
-    def walk(node: str, path: list[str]) -> None:
-        state[node] = 1
-        for nxt in sorted(graph.get(node, ())):
-            if nxt not in graph:
-                continue
-            if state.get(nxt) == 1:
-                cycles.append([*path[path.index(nxt) :], nxt] if nxt in path else [node, nxt])
-            elif nxt not in state:
-                walk(nxt, [*path, nxt])
-        state[node] = 2
-
-    for mod in sorted(graph):
-        if mod not in state:
-            walk(mod, [mod])
-    assert cycles == [], "import cycles in the apply layer:\n  " + "\n  ".join(" -> ".join(c) for c in cycles)
+    cycles = [sorted(c) for c in _circles(graph)]
+    assert cycles == [], "import cycles in the apply layer:\n  " + "\n  ".join(" <-> ".join(c) for c in cycles)
