@@ -169,8 +169,8 @@ class SimDoor:
         # wall clock its drain began; per pass the loop made, its topology and its blocker; what a look could know.
         self.truth: dict[int, tuple[str | None, bool]] = {}
         # container id -> (the monotonic clock its drain began at, as the drain and the door's published look count
-        # time; sleep calls made before)
-        self.draining: dict[str, tuple[float, int]] = {}
+        # time; sleep calls made before; its restarts then)
+        self.draining: dict[str, tuple[float, int, int]] = {}
         self.passes: dict[float, tuple[str | None, str]] = {}
         self.known_blocked: dict[str, str] = {}
         self.seen: tuple[str | None, float] = (None, world.now)  # the running topology a look first saw, and when
@@ -283,16 +283,19 @@ class SimDoor:
         SEEN["drain reads"] += 1
         if lane is not None and self._drain_began(lane.id) is None:
             SEEN["drains"] += 1
-            self.draining[lane.id] = (self.world.now, len(self.world.sleep_calls))
+            self.draining[lane.id] = (self.world.now, len(self.world.sleep_calls), lane.restarts)
         return door_lane(host, recipe)
 
     def _drain_began(self, cid: str | None) -> float | None:
         """When the drain of container ``cid`` began (the monotonic clock), unless it has been woken since (a lane put to
-        sleep after its drain serves again once woken)."""
+        sleep after its drain serves again once woken) or has woken itself (its container restarted: only a lane
+        asleep restarts in the world, so its drain had ended in that sleep)."""
         began = self.draining.get(cid) if cid else None
         if began is None:
             return None
-        if any(kind == "wake" and c == cid for kind, c, _ in self.world.sleep_calls[began[1] :]):
+        lane = self.world.containers.get(cid)  # type: ignore[arg-type]
+        restarted = lane is not None and lane.restarts > began[2]
+        if restarted or any(kind == "wake" and c == cid for kind, c, _ in self.world.sleep_calls[began[1] :]):
             del self.draining[cid]  # type: ignore[arg-type]
             return None
         return began[0]

@@ -177,6 +177,42 @@ def test_a_drain_after_the_wall_clock_stepped_back_waits_for_a_new_look_of_the_d
         m.teardown()
 
 
+def test_a_lane_that_woke_itself_after_its_drain_serves_again() -> None:
+    """Found by the derandomised run of the door's machine: sleepbig was drained and put to sleep, restarted on its
+    own during the next apply (vLLM keeps no sleep across a restart: awake, healthy, serving), and the door, which
+    saw it serving, sent it coder's request. The judge of (l) took the drain that had ended in the sleep for one
+    still running; a restart ends it as a wake does."""
+    m = DoorHostMachine()
+    m.setup(
+        seed=0,
+        shape="index",
+        gpu_requests=False,
+        wsl2=False,
+        tmpfs_gib=10.0,
+        telemetry="nvml",
+        podman=False,
+        nvml_hides_identity=False,
+        git=False,
+        door=(0.2, 5.0, 4, "standby", 0.0, 20.0),
+    )
+    try:
+        m.door_settles()
+        m.cli_apply()
+        m.door_settles()
+        m.sleeping_lane_restarts(during=0, pick=0)
+        m.door_settles()
+        m.door_clients_ask(client=0, n=1, pick=1, seconds=1.0)
+        m.door_settles()
+        sent = m.world.door.forwarded
+        m.cli_apply()
+        m.door_settles()
+        assert m.world.door.forwarded > sent  # the held request went to the lane that woke itself
+        assert not _violations(m, "l"), m.world.violations
+    finally:
+        m.world.violations.clear()
+        m.teardown()
+
+
 # ---------------------------------------------------------------- (m): the demand policy's switches
 
 
