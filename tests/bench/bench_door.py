@@ -20,7 +20,9 @@ tokens per second; reported met or not (they depend on the machine and its load)
 with its every token: otherwise the exit status is 1.
 
 Run as root with a Docker engine: ``python3 tests/bench/bench_door.py [--rounds 5] [--clients 64]``. Everything it
-made (the lane's container, the processes, the tmpfs) is removed at the end.
+made (the lane's container, the processes, the tmpfs) is removed at the end. On a machine without an engine,
+``--lane process`` starts the recipe's fake vLLM as a plain process on the lane's port instead (the door reads only
+the files and the lane's health URL, so it routes to it as to the container); ``HAPROXY`` names the binary.
 """
 
 from __future__ import annotations
@@ -104,7 +106,36 @@ def _haproxy(cfg: Path, listen: int, lane: int) -> subprocess.Popen[bytes]:
         f"frontend door\n    bind 127.0.0.1:{listen}\n    default_backend lane\n"
         f"backend lane\n    server lane 127.0.0.1:{lane}\n"
     )
-    return subprocess.Popen(["haproxy", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [os.environ.get("HAPROXY", "haproxy"), "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+
+
+def _haproxy_missing() -> str:
+    """Why HAProxy cannot run here (``HAPROXY``, else ``haproxy`` on the PATH), or ""."""
+    try:
+        done = subprocess.run([os.environ.get("HAPROXY", "haproxy"), "-v"], capture_output=True, text=True, timeout=10)
+    except OSError as exc:
+        return str(exc)
+    return "" if done.returncode == 0 else (done.stderr or done.stdout).strip()[:300]
+
+
+class _NoEngine:
+    """``--lane process``: no engine to ask which GPU indexes other roots' lanes claim."""
+
+    def containers(self) -> list[dict[str, Any]]:
+        return []
+
+
+def _lane_process(model: str, port: int, pace: float, log: Path) -> subprocess.Popen[bytes]:
+    """The recipe's fake vLLM as a plain process on the lane's port (``--lane process``), as its container runs it."""
+    fake = REPO / "examples" / "fake-vllm" / "fake_vllm.py"
+    argv = [sys.executable, str(fake), "serve", model, "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--fake-tokens-per-s", str(pace), "--max-num-seqs", "1024"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    _wait(f"http://127.0.0.1:{port}/health", lambda b: True, "the lane's process answers its health URL")
+    return proc
 
 
 def _wait(url: str, ok: Any, what: str, timeout: float = 60) -> None:
@@ -137,6 +168,14 @@ def main() -> int:
     ap.add_argument("--per-client", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--pace", type=float, default=200.0, help="tokens per second of one request")
+    ap.add_argument(
+        "--lane",
+        choices=("engine", "process"),
+        default="engine",
+        help="engine: the lane entered on the Docker engine by `reconciler apply` (the default); process: the fake "
+        "vLLM started as a plain process on the lane's port (a machine without an engine: the door reads only the "
+        "files and the lane's health, so it routes to it the same)",
+    )
     ap.add_argument("--client", nargs=2, metavar=("URL", "MODEL"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.client:
@@ -144,18 +183,25 @@ def main() -> int:
         print(json.dumps(out))
         return 0
 
-    import docker
     import yaml
     from e2e_helpers import free_port, make_root
 
-    api = docker.APIClient(version="auto")
-    subprocess.run([str(REPO / "examples" / "fake-vllm" / "build.sh")], check=True, capture_output=True)
+    on_engine = args.lane == "engine"
+    if on_engine:
+        import docker
+
+        api: Any = docker.APIClient(version="auto")
+        subprocess.run([str(REPO / "examples" / "fake-vllm" / "build.sh")], check=True, capture_output=True)
+    else:
+        api = _NoEngine()
     base = Path(tempfile.mkdtemp(prefix="bench-door-"))
-    shm = base / "shm"
-    shm.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(shm)], check=True)
+    shm = base / "shm" if on_engine else Path("/dev/shm")  # the door refuses a host whose shm.dir is no tmpfs
+    if on_engine:
+        shm.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(shm)], check=True)
     root = make_root(base, shm=shm, api=api, name="bench-door")
     procs: list[subprocess.Popen[bytes]] = []
+    pids: dict[str, int] = {}
     results: dict[str, list[dict[str, Any]]] = {"direct": [], "haproxy": [], "door": []}
     try:
         lane = root.recipe("omni", args=["--fake-tokens-per-s", str(args.pace), "--max-num-seqs", "1024"])
@@ -166,11 +212,20 @@ def main() -> int:
         root.write_manifest_text(
             yaml.safe_dump({"host": root.host, "assignments": [{"recipe": lane, "gpus": ["dark-compute-a"]}]})
         )
-        applied = root.apply()
-        if applied.rc != 0:
-            raise SystemExit(f"the apply failed:\n{applied}")
         lane_port, proxy_port, door_port = root.port_of(lane), free_port(), free_port()
-        procs.append(_haproxy(base / "haproxy.cfg", proxy_port, lane_port))
+        if on_engine:
+            applied = root.apply()
+            if applied.rc != 0:
+                raise SystemExit(f"the apply failed:\n{applied}")
+        else:
+            procs.append(_lane_process(model, lane_port, args.pace, base / "lane.log"))
+        missing = _haproxy_missing()
+        if missing:
+            print(f"HAProxy not run (the proxy peer is left out): {missing}")
+            del results["haproxy"]
+        else:
+            procs.append(_haproxy(base / "haproxy.cfg", proxy_port, lane_port))
+            pids["haproxy"] = procs[-1].pid
         door_env = {**root.env, "PYTHONDONTWRITEBYTECODE": ""}
         procs.append(
             subprocess.Popen(
@@ -185,18 +240,21 @@ def main() -> int:
             lambda b: any(m["reconciler"]["state"] == "serving" for m in json.loads(b)["data"]),
             "the door sees the lane serving",
         )
-        _wait(f"http://127.0.0.1:{proxy_port}/health", lambda b: True, "HAProxy answers")
+        pids["door"] = procs[-1].pid
         urls = {
             "direct": f"http://127.0.0.1:{lane_port}/v1/chat/completions",
             "haproxy": f"http://127.0.0.1:{proxy_port}/v1/chat/completions",
             "door": f"http://127.0.0.1:{door_port}/v1/chat/completions",
         }
+        if missing:
+            del urls["haproxy"]
+        else:
+            _wait(f"http://127.0.0.1:{proxy_port}/health", lambda b: True, "HAProxy answers")
         order = list(urls)
-        pids = {"haproxy": procs[0].pid, "door": procs[1].pid}
         load = [sys.executable, __file__, "--clients", str(args.clients), "--per-client", str(args.per_client)]
         load += ["--tokens", str(args.tokens)]
         for r in range(args.rounds):
-            for name in order[r % 3 :] + order[: r % 3]:
+            for name in order[r % len(order) :] + order[: r % len(order)]:
                 cpu0 = _cpu_s(pids[name]) if name in pids else 0.0
                 done = subprocess.run(
                     [*load, "--client", urls[name], model], capture_output=True, text=True, timeout=600, env=os.environ
@@ -216,10 +274,11 @@ def main() -> int:
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 p.kill()
-        root.write_manifest_text(yaml.safe_dump({"host": root.host, "assignments": []}))
-        root.apply()
-        root.cleanup()
-        subprocess.run(["umount", "-l", str(shm)], check=False)
+        if on_engine:
+            root.write_manifest_text(yaml.safe_dump({"host": root.host, "assignments": []}))
+            root.apply()
+            root.cleanup()
+            subprocess.run(["umount", "-l", str(shm)], check=False)
 
     return report(results, args)
 
