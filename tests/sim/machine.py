@@ -103,6 +103,30 @@ GIT_SHARE = [int(__import__("os").environ.get("SIM_GIT_SHARE", "47"))]
 STEPS = [0]
 
 
+def run_every_time(machine: type[RuleBasedStateMachine], share: list[int], examples: int) -> None:
+    """A derandomised budget of ``examples`` runs of ``machine`` (50 steps each) with the drawn share ``share`` (a
+    ``*_SHARE`` list: one run in ``share[0] + 1``) forced to every run, restored after."""
+    from hypothesis import HealthCheck, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    kept = share[0]
+    share[0] = -1
+    try:
+        run_state_machine_as_test(
+            machine,
+            settings=settings(
+                max_examples=examples,
+                stateful_step_count=50,
+                deadline=None,
+                derandomize=True,
+                database=None,
+                suppress_health_check=list(HealthCheck),
+            ),
+        )
+    finally:
+        share[0] = kept
+
+
 class _Sink(io.TextIOBase):
     """The loop's log: the last lines only (shown with a failure), never the whole run's."""
 

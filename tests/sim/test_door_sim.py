@@ -9,12 +9,10 @@ import os
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
-from hypothesis.stateful import run_state_machine_as_test
 
 from sim import door_steps
 from sim.door_machine import DoorHostMachine
-from sim.machine import HostMachine
+from sim.machine import HostMachine, run_every_time
 
 DOOR_EXAMPLES = int(os.environ.get("SIM_DOOR_EXAMPLES", "40"))
 
@@ -347,19 +345,4 @@ def test_a_topology_seen_blocked_stays_so_when_the_manifest_changes_its_demand()
 def test_the_door_machine_holds_every_invariant() -> None:
     """A derandomised budget of runs of the machine that keeps the door's steps, each opening the door at its start:
     every invariant, (l) and (m) among them, after every step."""
-    share = door_steps.DOOR_SHARE[0]
-    door_steps.DOOR_SHARE[0] = -1
-    try:
-        run_state_machine_as_test(
-            DoorHostMachine,
-            settings=settings(
-                max_examples=DOOR_EXAMPLES,
-                stateful_step_count=50,
-                deadline=None,
-                derandomize=True,
-                database=None,
-                suppress_health_check=list(HealthCheck),
-            ),
-        )
-    finally:
-        door_steps.DOOR_SHARE[0] = share
+    run_every_time(DoorHostMachine, door_steps.DOOR_SHARE, DOOR_EXAMPLES)

@@ -673,26 +673,9 @@ def test_runs_that_follow_a_git_source() -> None:
     """The budget's runs that follow a git source (a real repository, committed to between a plan and its approval,
     taken by ``reconciler sync`` and the loop's fetch), run alone: the soak draws them in a small share only, each
     commit and fetch being git's processes."""
-    from hypothesis.stateful import run_state_machine_as_test
-
     import sim.machine as machine
 
-    share = machine.GIT_SHARE[0]
-    machine.GIT_SHARE[0] = -1
-    try:
-        run_state_machine_as_test(
-            HostMachine,
-            settings=settings(
-                max_examples=GIT_EXAMPLES,
-                stateful_step_count=50,
-                deadline=None,
-                derandomize=True,
-                database=None,
-                suppress_health_check=list(HealthCheck),
-            ),
-        )
-    finally:
-        machine.GIT_SHARE[0] = share
+    machine.run_every_time(HostMachine, machine.GIT_SHARE, GIT_EXAMPLES)
 
 
 def test_two_switches_at_once_lose_no_update_and_are_audited_as_they_ended() -> None:
