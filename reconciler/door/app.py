@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from reconciler.base import jsonstrict
@@ -409,38 +409,9 @@ class Door:
         # OpenAI's completions streams end with "data: [DONE]": one that ends without it was cut (a lane that died
         # answering with a close-delimited body shows no transport error at all).
         ends_done = stream and request.url.path.rstrip("/").endswith(("/chat/completions", "/completions"))
-
-        async def body() -> AsyncIterator[bytes]:
-            tail = b""
-            whole = False
-            try:
-                try:
-                    # Whatever has arrived, at once: under load several of the lane's events go on in one write.
-                    async for chunk in resp.content.iter_any():
-                        tail = (tail + chunk)[-64:]
-                        yield chunk
-                    failed = "the stream ended without [DONE]" if ends_done and b"[DONE]" not in tail else ""
-                    whole = True
-                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                    failed = str(exc) or type(exc).__name__
-                if failed and stream:
-                    err = {
-                        "error": {
-                            "message": f"the lane of {model!r} failed mid-stream: {failed}",
-                            "type": "upstream",
-                            "code": "lane_failed",
-                        }
-                    }
-                    yield b"data: " + json.dumps(err).encode() + b"\n\n"
-            finally:
-                # Read whole, the connection goes back to the pool; cut short (the client went away, the lane
-                # failed), it is closed, which cancels the request upstream.
-                (resp.release if whole else resp.close)()
-                self._leave(recipe)
-
         # The body is passed as the lane sent it (not decompressed): its Content-Encoding goes with it.
         out = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP}
-        return StreamingResponse(body(), status_code=resp.status, headers=out)
+        return _Relay(resp, out, model, stream=stream, ends_done=ends_done, done=lambda: self._leave(recipe))
 
     def _enter(self, recipe: str) -> None:
         self.in_flight[recipe] = self.in_flight.get(recipe, 0) + 1
@@ -484,11 +455,71 @@ class Door:
         return door
 
 
+class _Relay(Response):
+    """The lane's answer passed to the client as it comes: each read of what has arrived (under load several of the
+    lane's events in one) is one ASGI send, with no generator or middleware between (a stream's chunks are the
+    door's whole cost per token). A stream that fails mid-way ends with an OpenAI-shaped error event. ``close``
+    (called by ``_answer`` in any case, and at the end of the send) gives the lane's connection back to the pool when
+    the body was read whole, else closes it, which cancels the request upstream; then ``done`` runs, once."""
+
+    def __init__(
+        self,
+        upstream: aiohttp.ClientResponse,
+        headers: dict[str, str],
+        model: str,
+        *,
+        stream: bool,
+        ends_done: bool,
+        done: Callable[[], None],
+    ):
+        # Response's own fields, set here rather than by its constructor, which would add a Content-Length of 0:
+        # the headers go as the lane sent them (its Content-Length dropped with the other hop headers).
+        self.status_code, self.body, self.background = upstream.status, b"", None
+        self.raw_headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        self.upstream, self.model, self.stream, self.ends_done, self._done = upstream, model, stream, ends_done, done
+        self.whole = False
+        self.closed = False
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            reads = self.upstream.content.iter_any().__aiter__()
+            tail, failed = b"", ""
+            while True:
+                try:
+                    chunk = await reads.__anext__()
+                except StopAsyncIteration:
+                    failed = "the stream ended without [DONE]" if self.ends_done and b"[DONE]" not in tail else ""
+                    self.whole = True
+                    break
+                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                    failed = str(exc) or type(exc).__name__
+                    break
+                tail = (tail + chunk)[-64:]
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            last = b""
+            if failed and self.stream:
+                message = f"the lane of {self.model!r} failed mid-stream: {failed}"
+                error = {"error": {"message": message, "type": "upstream", "code": "lane_failed"}}
+                last = b"data: " + json.dumps(error).encode() + b"\n\n"
+            await send({"type": "http.response.body", "body": last, "more_body": False})
+        except (OSError, ClientDisconnect):
+            return  # the client went away (a server whose send raises then): nobody to answer
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            (self.upstream.release if self.whole else self.upstream.close)()
+            self._done()
+
+
 async def _answer(response: Response, scope: Any, receive: Any, send: Any) -> None:
     """Send ``response``; a client that goes away ends it at once. Servers differ in how a send after the client has
     gone behaves (one raises, another drops it quietly while the stream goes on to its end), so the door watches for
-    the disconnect itself and cancels the response, whose body's clean-up closes the lane's request; the body's
-    generator is closed in any case (a send that raised leaves it suspended, cleaned up only when collected)."""
+    the disconnect itself and cancels the response; a relay is closed in any case, which closes the lane's request
+    when its body was not read whole (a response cancelled before it began never reaches its own clean-up)."""
 
     async def gone() -> None:
         while (await receive())["type"] != "http.disconnect":
@@ -502,9 +533,8 @@ async def _answer(response: Response, scope: Any, receive: Any, send: Any) -> No
         for task in (sending, watching):
             task.cancel()
         results = await asyncio.gather(sending, watching, return_exceptions=True)
-        body = getattr(response, "body_iterator", None)
-        if body is not None and hasattr(body, "aclose"):
-            await body.aclose()
+        if isinstance(response, _Relay):
+            response.close()
     failed = results[0]
     if isinstance(failed, BaseException) and not isinstance(failed, asyncio.CancelledError):
         raise failed

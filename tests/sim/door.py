@@ -376,7 +376,6 @@ class SimDoor:
 
     async def _client(self, model: str, seconds: float, user: str, gone: asyncio.Event) -> None:
         from starlette.requests import Request
-        from starlette.responses import StreamingResponse
 
         body = json.dumps({"model": model, "stream": True, "user": user, "messages": []}).encode()
         scope = {
@@ -408,16 +407,24 @@ class SimDoor:
             return {"type": "http.request", "body": body, "more_body": False}
 
         cut = False
+
+        async def send(message: dict[str, Any]) -> None:
+            nonlocal cut
+            cut = cut or b'"lane_failed"' in message.get("body", b"")
+
+        resp = None
         try:
             resp = await self.door.openai(Request(scope, receive))
-            if isinstance(resp, StreamingResponse):
-                async for chunk in resp.body_iterator:
-                    cut = cut or b'"lane_failed"' in (chunk if isinstance(chunk, bytes) else chunk.encode())
+            if hasattr(resp, "upstream"):  # the lane's answer, relayed as the server runs it
+                await resp(scope, receive, send)
         except asyncio.CancelledError:
             raise  # the client went away while its answer streamed
         except Exception as exc:  # noqa: BLE001 - invariant (e): nothing escapes the door's route
             self.world.violate(f"(e) {type(exc).__name__} escaped the door's answer to {model!r}: {exc}")
             return
+        finally:
+            if hasattr(resp, "upstream"):
+                resp.close()  # as the door's server does, whether the answer was sent or cancelled
         body_of = getattr(resp, "body", b"")
         code = json.loads(bytes(body_of)).get("error", {}).get("code", "") if body_of.startswith(b"{") else ""
         self.answers[f"{resp.status_code} {code}{' cut' if cut else ''}".rstrip()] += 1
