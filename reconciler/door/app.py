@@ -39,6 +39,10 @@ from reconciler.service.door_view import HOLDABLE, DoorView, LaneState
 # them a look or more. A lane that refuses the door's connection is taken as entering at once (``_lane_gone``).
 SLOW_LOOKS = 3
 
+# A request held while the name it asks for moves to another lane (an alias pointed elsewhere) is admitted again for
+# the new one, at most this many times.
+MOVES = 4
+
 # Headers that describe one connection (RFC 9110 7.6.1) or that the door sets itself: never passed on.
 _HOP = frozenset(
     {
@@ -310,10 +314,10 @@ class Door:
         self.last_request[model] = self.clock.time()
         self.last_asked[model] = self.clock.monotonic()
         for last in (False, True):
-            refused = await self._admit(request, model, recipe, body)
-            if refused is not None:
-                return refused
-            view = self.view or view
+            admitted = await self._admit_by_name(request, model, recipe, body)
+            if isinstance(admitted, Response):
+                return admitted
+            view, recipe = admitted
             lane = view.lanes[recipe]
             if model in view.aliases:
                 body["model"] = lane.names[0]  # the lane knows its own names, not the manifest's aliases
@@ -323,6 +327,28 @@ class Door:
                 return sent
             self._lane_gone(recipe)  # held again, once, until a look finds it healthy
         raise AssertionError("unreachable: the last attempt answers")
+
+    async def _admit_by_name(
+        self, request: Request, model: str, recipe: str, body: dict[str, Any]
+    ) -> Response | tuple[DoorView, str]:
+        """``_admit`` for the lane that serves ``model`` under the view it was admitted by: a name may move while its
+        request is held (an alias pointed elsewhere, a topology that serves the name by another recipe), and then the
+        request is admitted again for the lane that serves the name now. (The view, the recipe) once one serves,
+        else the refusal."""
+        for _ in range(MOVES):
+            refused = await self._admit(request, model, recipe, body)
+            if refused is not None:
+                return refused
+            view = self.view
+            now = view.recipe_of(model) if view is not None else None
+            if view is None or now is None:
+                why = f"model {model!r} is no longer served"
+                return self._refused(model, Refused(404, why, retry_after=0, kind="gone"))
+            if now == recipe and recipe in view.lanes:
+                return view, recipe
+            recipe = now
+        why = f"the lane serving {model!r} changed {MOVES} times while the request was held"
+        return self._refused(model, Refused(503, why, retry_after=1, kind="not_served"))
 
     async def _admit(self, request: Request, model: str, recipe: str, body: dict[str, Any]) -> Response | None:
         """None once ``recipe``'s lane serves (at once, or after the request was held for it), else the refusal."""

@@ -211,6 +211,61 @@ def test_a_lane_that_woke_itself_after_its_drain_serves_again() -> None:
         m.teardown()
 
 
+def test_a_request_held_while_its_alias_moves_goes_to_the_lane_that_serves_the_name_now() -> None:
+    """Found by the door machine's soak (seed 6001): chat, an alias of sleepoff under one manifest, was asked and
+    held; the manifest then made chat an alias of another lane, and when the hold ended the door looked sleepoff up in
+    a view that no longer had it (a KeyError out of its route). A held request is admitted again for the lane that
+    serves its name when the hold ends."""
+    m = DoorHostMachine()
+    m.setup(
+        seed=0,
+        shape="index",
+        gpu_requests=False,
+        wsl2=False,
+        tmpfs_gib=10.0,
+        telemetry="nvml",
+        podman=False,
+        nvml_hides_identity=False,
+        git=False,
+        door=(0.2, 5.0, 4, "standby", 0.0, 20.0),
+    )
+    try:
+        m.door_settles()
+        m.sleeping_lane_restarts(during=0, pick=0)
+        m.door_settles()
+        m.cli_apply()
+        m.door_settles()
+        m.edit_recipe(recipe="big")
+        m.door_settles()
+        m.operator_removes_foreign(pick=0)
+        m.door_settles()
+        m.port_squatter(listening=True, recipe="big")
+        m.door_settles()
+        m.sleeping_lane_restarts(during=0, pick=4)
+        m.door_settles()
+        m.door_clients_ask(client=0, n=1, pick=0, seconds=1.0)
+        m.door_settles()
+        m.door_manifest(
+            demand=False, dwell=0.0, idle=20.0, listed=("split", "exclusive"), name="standby-offload", topology="split"
+        )
+        m.door_settles()
+        m.cli_apply()
+        m.door_settles()
+        m.door_clients_ask(client=0, n=1, pick=0, seconds=1.0)
+        m.door_settles()
+        m.door_manifest(
+            demand=False, dwell=0.0, idle=20.0, listed=("split", "exclusive"), name="standby", topology="split"
+        )
+        m.door_settles()
+        m.cli_apply()
+        m.door_settles()
+        assert not _violations(m, "e"), m.world.violations
+        assert m.world.door.answers, "the door answered the requests"
+    finally:
+        m.world.violations.clear()
+        m.teardown()
+
+
 # ---------------------------------------------------------------- (m): the demand policy's switches
 
 
