@@ -147,6 +147,15 @@ def test_openai_client_streams_through_the_door_by_name_and_alias(root: Root) ->
             client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
         status, _, body = door.post("/v1/chat/completions", b"{not json")
         assert status == 400 and json.loads(body)["error"]["code"] == "bad_json"
+        # A relayed answer carries the door's own Date and Server, not the lane's beside them.
+        ask = json.dumps({"model": "coder", "stream": True, "max_tokens": 2, "messages": []}).encode()
+        conn = http.client.HTTPConnection("127.0.0.1", door.port, timeout=10)
+        conn.request("POST", "/v1/chat/completions", body=ask, headers={"Content-Type": "application/json"})
+        answer = conn.getresponse()
+        names = [k.lower() for k, _ in answer.getheaders()]
+        assert answer.status == 200 and names.count("date") == 1 and names.count("server") == 1, answer.getheaders()
+        answer.read()
+        conn.close()
         conn = http.client.HTTPConnection("127.0.0.1", door.port, timeout=10)
         conn.putrequest("POST", "/v1/chat/completions")
         conn.putheader("Content-Type", "application/json")

@@ -18,8 +18,9 @@ then -1: every run).
 examples (every step it ran was checked) and its line says ``stopped at the time bound``; the total counts the steps
 run. For a machine lent for a fixed time: ``SOAK_SEEDS=16 SOAK_STEPS=20000000 SOAK_SECONDS=500``.
 
-A failing run prints hypothesis's shrunk sequence of steps of the first failing seed as soon as it fails (the
-others' lines still printed after it): make it a regression case (tests/cases/plan/, or a test beside tests/sim/test_sim.py). The exit code is 1 on any
+A failing run prints hypothesis's sequence of steps of the first failing seed as soon as it fails (the others' lines
+still printed after it), as drawn: a shrink can take minutes, past a lent machine's time, so it is left to
+``SOAK_SHRINK=1`` (replay the printed batch seed with ``SOAK_SEEDS`` and it) before making it a regression case (tests/cases/plan/, or a test beside tests/sim/test_sim.py). The exit code is 1 on any
 violation, 2 when what the simulation needs cannot be imported or an argument is given (nothing was run: the soak
 takes its settings from the environment alone; ``--help`` prints this).
 """
@@ -45,7 +46,7 @@ def _worker(args: tuple[int, int, float | None]) -> tuple[int, int, str, float, 
     its own seed: its memory of the run stays bounded."""
     seed, budget, deadline = args
     t0 = time.monotonic()
-    from hypothesis import HealthCheck, settings
+    from hypothesis import HealthCheck, Phase, settings
     from hypothesis import seed as hseed
     from hypothesis.stateful import run_state_machine_as_test
 
@@ -71,6 +72,9 @@ def _worker(args: tuple[int, int, float | None]) -> tuple[int, int, str, float, 
                     deadline=None,
                     database=None,
                     suppress_health_check=list(HealthCheck),
+                    # No shrinking unless asked: a shrink can outlast the soak's time bound (minutes), and a run cut
+                    # there reports nothing; the steps as drawn replay from the printed batch seed.
+                    phases=list(Phase) if os.environ.get("SOAK_SHRINK") == "1" else [Phase.generate],
                 ),
             )
         except BaseException as exc:  # noqa: BLE001 - a violation: report it with hypothesis's shrunk steps
