@@ -25,6 +25,7 @@ lane whose sleep or wake failed is stopped (left, or a failed enter) by the end 
 from __future__ import annotations
 
 import io
+import re
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -1412,7 +1413,10 @@ class HostMachine(DoorSteps, RuleBasedStateMachine):
                 continue
             if b.cause == "held" and b.holder not in names and b.holder not in pids:
                 w.violate(f"(f) blocked by {b.holder!r}, which is not on the host: {b.reason}")
-            if b.cause == "memory" and not any(c.hidden_used for c in w.cards) and not w.wsl2:
+            # VRAM is really there when a process of the host the blocker names holds it (a foreign container's
+            # workers on the card, say), or when the card's own figures hide what holds it (hidden use, WSL2).
+            named = set(re.findall(r"pid \d+", b.reason))
+            if b.cause == "memory" and not named & pids and not any(c.hidden_used for c in w.cards) and not w.wsl2:
                 w.violate(f"(f) blocked by unlisted VRAM that nothing holds: {b.reason}")
             if b.cause == "image" and self.images.get(b.recipe, "sim-vllm:1") in w.images:
                 w.violate(f"(f) blocked by a missing image that the engine has: {b.reason}")

@@ -5,7 +5,9 @@ found, kept as cases; and a budget of runs of the machine that keeps the door's 
 
 from __future__ import annotations
 
+import ast
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -391,6 +393,30 @@ def test_a_topology_seen_blocked_stays_so_when_the_manifest_changes_its_demand()
         m.no_violation()
         assert m.world.door.switches == [] and m.world.door.answers["503 blocked"] == 1, m.world.door.answers
     finally:
+        m.teardown()
+
+
+def _replay(m: DoorHostMachine, path: Path) -> None:
+    """Run a kept sequence (``tests/sim/sequences/*.txt``: one ``step(keyword=literal, ...)`` a line, as hypothesis
+    prints them) on the door's machine, the door settling and every invariant checked after each step."""
+    for line in path.read_text().splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        call = ast.parse(line.strip(), mode="eval").body
+        assert isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and not call.args, line
+        getattr(m, call.func.id)(**{k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg})
+        if call.func.id != "setup":
+            m.door_settles()
+        m.no_violation()
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parent / "sequences").glob("door-*.txt")), ids=lambda p: p.stem)
+def test_the_kept_sequences_hold_every_invariant(path: Path) -> None:
+    m = DoorHostMachine()
+    try:
+        _replay(m, path)
+    finally:
+        m.world.violations.clear()
         m.teardown()
 
 
