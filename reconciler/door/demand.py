@@ -96,10 +96,14 @@ class DemandPolicy:
 def note_blocked(blocked: dict[str, str], view: DoorView) -> None:
     """What one look says of the running topology: blocked (the loop's last pass blocked while it ran: its blocker) or
     not. The door notes it at every look, with demand: or without, and keeps it across a change of demand: (a
-    topology it saw blocked is never switched to before a look sees a pass of it unblocked)."""
-    if view.topology is None:
+    topology it saw blocked is never switched to before a look sees a pass of it unblocked). The pass speaks for the
+    topology the loop made it under (``view.pass_topology``), not for the one the manifest names at the look: after a
+    switch, a pass of the old topology unblocked clears nothing of the new one. A loop that records no topology has
+    its pass taken for the running topology's."""
+    topology = view.pass_topology if view.pass_known else view.topology
+    if topology is None:
         return
     if view.blocked:
-        blocked[view.topology] = view.blocked
+        blocked[topology] = view.blocked
     else:
-        blocked.pop(view.topology, None)
+        blocked.pop(topology, None)

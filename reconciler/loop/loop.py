@@ -370,6 +370,9 @@ class Loop:
             "message": result.message,
             "at": self.last_pass_at,
             "unavailable": dict(self.changes.down),
+            # The named topology the pass was made under (None: the manifest names none): the front door tells by it
+            # which topology a blocked or an unblocked pass speaks for, whatever the manifest says by its next look.
+            "topology": desired.topology,
         }
         # The state with this pass ended (no action in flight) is written before /healthz counts the pass: a view
         # that sees the new count never reads the old state (the verdict's samples tell a pass's end by the count).

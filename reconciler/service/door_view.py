@@ -19,6 +19,7 @@ Called by ``reconciler.door`` (``door_view``, with its service's ``CallContext``
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -58,6 +59,10 @@ class DoorView:
     desired: DesiredState | None = None
     error: str = ""  # the files do not load (the last good view is kept by the door)
     blocked: str = ""  # the loop's last pass was blocked: its message
+    # The topology the loop's last pass was made under, as the loop recorded it; ``pass_known`` False: a loop that
+    # records none (the pass is then taken for the running topology's).
+    pass_topology: str | None = None
+    pass_known: bool = False
     extra: Mapping[str, object] = field(default_factory=dict)
 
     def recipe_of(self, name: str) -> str | None:
@@ -74,7 +79,10 @@ def door_view(ctx: CallContext) -> DoorView:
     blocked = (
         str(last.get("message") or "blocked") if isinstance(last, dict) and last.get("result") == "blocked" else ""
     )
-    return build_view(desired, io, blocked=blocked, leaving=io.lanes.taken_down(desired.host.name))
+    view = build_view(desired, io, blocked=blocked, leaving=io.lanes.taken_down(desired.host.name))
+    if isinstance(last, dict) and "topology" in last:
+        return dataclasses.replace(view, pass_topology=last["topology"], pass_known=True)
+    return view
 
 
 def _real_io() -> HostIO:

@@ -466,10 +466,9 @@ class SimDoor:
                 self.truth[port] = (c.id if c else None, c is not None and c.sleep_state == "awake")
         last = (read_loop_state(w.host_name) or {}).get("last_pass")
         seen = self.passes.get(float(last["at"])) if isinstance(last, dict) and last.get("at") is not None else None
-        # Only a look that finds the pass's own topology running can tell whose pass it was: the loop's state names
-        # no topology, and the door's view takes its last pass as the running topology's (a pass made before a
-        # switch is taken for the new topology's, which the door then refuses as blocked until a pass of it).
-        if seen is not None and seen[0] is not None and seen[0] == view.topology:
+        # The loop's state names the topology each pass was made under, and the door reads it: a look learns of
+        # that topology, whichever the manifest names at the look.
+        if seen is not None and seen[0] is not None:
             if seen[1]:
                 self.known_blocked[seen[0]] = seen[1]
             else:

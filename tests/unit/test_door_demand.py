@@ -45,6 +45,22 @@ def test_a_topology_seen_blocked_is_never_switched_to_and_its_requests_are_refus
     assert "night" not in p.blocked
 
 
+def test_a_pass_speaks_for_the_topology_it_was_made_under_not_the_one_the_manifest_names_at_the_look() -> None:
+    """The loop records each pass's topology: a look just after a switch to night, reading the last pass (of day,
+    unblocked), clears nothing of night, which a pass of night had found blocked; a blocked pass of day marks day."""
+    import dataclasses
+
+    p = DemandPolicy(SPEC)
+    p.observe(view("night", blocked="held by pid 77"), 0.0)
+    assert "night" in p.blocked
+    p.observe(dataclasses.replace(view("night"), pass_topology="day", pass_known=True), 1.0)
+    assert p.blocked == {"night": "held by pid 77"}  # the unblocked pass was day's
+    p.observe(dataclasses.replace(view("night", blocked="held by pid 78"), pass_topology="day", pass_known=True), 2.0)
+    assert p.blocked == {"night": "held by pid 77", "day": "held by pid 78"}
+    p.observe(dataclasses.replace(view("day"), pass_topology="night", pass_known=True), 3.0)
+    assert p.blocked == {"day": "held by pid 78"}  # a pass of night unblocked, seen while the manifest says day
+
+
 def test_the_idle_return_waits_for_no_request_nothing_in_flight_and_nothing_held() -> None:
     p = DemandPolicy(SPEC)
     night = view("night")
