@@ -104,26 +104,29 @@ GIT_SHARE = [int(__import__("os").environ.get("SIM_GIT_SHARE", "47"))]
 STEPS = [0]
 
 
+def budget(examples: int) -> Any:
+    """Hypothesis's settings for a derandomised budget of ``examples`` runs of a machine, 50 steps each (CI's)."""
+    from hypothesis import HealthCheck, settings
+
+    return settings(
+        max_examples=examples,
+        stateful_step_count=50,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+
+
 def run_every_time(machine: type[RuleBasedStateMachine], share: list[int], examples: int) -> None:
     """A derandomised budget of ``examples`` runs of ``machine`` (50 steps each) with the drawn share ``share`` (a
     ``*_SHARE`` list: one run in ``share[0] + 1``) forced to every run, restored after."""
-    from hypothesis import HealthCheck, settings
     from hypothesis.stateful import run_state_machine_as_test
 
     kept = share[0]
     share[0] = -1
     try:
-        run_state_machine_as_test(
-            machine,
-            settings=settings(
-                max_examples=examples,
-                stateful_step_count=50,
-                deadline=None,
-                derandomize=True,
-                database=None,
-                suppress_health_check=list(HealthCheck),
-            ),
-        )
+        run_state_machine_as_test(machine, settings=budget(examples))
     finally:
         share[0] = kept
 

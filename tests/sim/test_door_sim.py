@@ -177,11 +177,9 @@ def test_a_drain_after_the_wall_clock_stepped_back_waits_for_a_new_look_of_the_d
         m.teardown()
 
 
-def test_a_lane_that_woke_itself_after_its_drain_serves_again() -> None:
-    """Found by the derandomised run of the door's machine: sleepbig was drained and put to sleep, restarted on its
-    own during the next apply (vLLM keeps no sleep across a restart: awake, healthy, serving), and the door, which
-    saw it serving, sent it coder's request. The judge of (l) took the drain that had ended in the sleep for one
-    still running; a restart ends it as a wake does."""
+def _found_machine() -> DoorHostMachine:
+    """The door's machine as the runs below were drawn: seed 0, one GPU index a slot, the door open before the named
+    topologies of ``standby`` and looking every 0.2 s."""
     m = DoorHostMachine()
     m.setup(
         seed=0,
@@ -195,6 +193,15 @@ def test_a_lane_that_woke_itself_after_its_drain_serves_again() -> None:
         git=False,
         door=(0.2, 5.0, 4, "standby", 0.0, 20.0),
     )
+    return m
+
+
+def test_a_lane_that_woke_itself_after_its_drain_serves_again() -> None:
+    """Found by the derandomised run of the door's machine: sleepbig was drained and put to sleep, restarted on its
+    own during the next apply (vLLM keeps no sleep across a restart: awake, healthy, serving), and the door, which
+    saw it serving, sent it coder's request. The judge of (l) took the drain that had ended in the sleep for one
+    still running; a restart ends it as a wake does."""
+    m = _found_machine()
     try:
         m.door_settles()
         m.cli_apply()
@@ -218,19 +225,7 @@ def test_a_request_held_while_its_alias_moves_goes_to_the_lane_that_serves_the_n
     held; the manifest then made chat an alias of another lane, and when the hold ended the door looked sleepoff up in
     a view that no longer had it (a KeyError out of its route). A held request is admitted again for the lane that
     serves its name when the hold ends."""
-    m = DoorHostMachine()
-    m.setup(
-        seed=0,
-        shape="index",
-        gpu_requests=False,
-        wsl2=False,
-        tmpfs_gib=10.0,
-        telemetry="nvml",
-        podman=False,
-        nvml_hides_identity=False,
-        git=False,
-        door=(0.2, 5.0, 4, "standby", 0.0, 20.0),
-    )
+    m = _found_machine()
     try:
         m.door_settles()
         m.sleeping_lane_restarts(during=0, pick=0)

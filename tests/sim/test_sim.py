@@ -9,9 +9,8 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
 
-from sim.machine import HostMachine
+from sim.machine import HostMachine, budget
 from sim.seams import installed, sim_scan
 from sim.world import World
 
@@ -19,14 +18,7 @@ EXAMPLES = int(os.environ.get("SIM_EXAMPLES", "1200"))
 
 
 TestSimulatedHost = HostMachine.TestCase
-TestSimulatedHost.settings = settings(
-    max_examples=EXAMPLES,
-    stateful_step_count=50,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=list(HealthCheck),
-)
+TestSimulatedHost.settings = budget(EXAMPLES)
 
 
 # ---------------------------------------------------------------- sequences the simulation found, kept as cases
