@@ -39,9 +39,6 @@ from reconciler.service.door_view import HOLDABLE, DoorView, LaneState
 # them a look or more. A lane that refuses the door's connection is taken as entering at once (``_lane_gone``).
 SLOW_LOOKS = 3
 
-# Response headers the door's server sets itself: the lane's are not passed on (a client would get two of each).
-_SERVERS_OWN = frozenset({"date", "server"})
-
 # A request held while the name it asks for moves to another lane (an alias pointed elsewhere) is admitted again for
 # the new one, at most this many times.
 MOVES = 4
@@ -61,6 +58,10 @@ _HOP = frozenset(
         "content-length",
     }
 )
+
+# A lane's answer headers not passed on: the hop headers, and those the door's server sets itself (a client would get two
+# of each).
+_ANSWER_DROPPED = _HOP | {"date", "server"}
 
 
 def openai_error(status: int, message: str, *, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -439,7 +440,7 @@ class Door:
         # answering with a close-delimited body shows no transport error at all).
         ends_done = stream and request.url.path.rstrip("/").endswith(("/chat/completions", "/completions"))
         # The body is passed as the lane sent it (not decompressed): its Content-Encoding goes with it.
-        out = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP and k.lower() not in _SERVERS_OWN}
+        out = {k: v for k, v in resp.headers.items() if k.lower() not in _ANSWER_DROPPED}
         return _Relay(resp, out, model, stream=stream, ends_done=ends_done, done=lambda: self._leave(recipe))
 
     def _enter(self, recipe: str) -> None:
